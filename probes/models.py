@@ -1,0 +1,296 @@
+"""Loaded models behind one interface, whatever the backend.
+
+* :class:`InHouseModel` — headscope's own :class:`~headscope.probes.transformer.Transformer`
+  (BERT and Llama families): every hook point, per-head gates, physical pruning.
+* :class:`BridgeModel` — any HF checkpoint through transformer-lens 4.x
+  ``TransformerBridge``, for architectures the in-house stack does not cover.
+* :class:`HFReference` — plain HF transformers (eager attention), the reference the
+  in-house stack is checked against, and the baseline of ``headscope bench``.
+
+``model.run(batch, quantities, layers)`` returns ``{(quantity, layer): tensor}`` in the
+shapes of :mod:`headscope.probes.attention` plus ``("output", None)``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .checkpoints import (
+    ModelSource,
+    hf_dir,
+    hf_to_inhouse_names,
+    load_state_into,
+    load_tokenizer,
+    read_hf_config,
+    read_state_dict,
+    resolve,
+)
+from .config import ModelConfig, config_from_hf
+from .errors import HeadscopeError, ModelIncompatibleError
+from .hooks import hooks
+from .tokens import TokenBatch, encode
+from .transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+QUANTITIES = ("pattern", "scores", "q", "k", "v", "q_rot", "k_rot", "z", "out", "resid_post")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What analyses need to know about a model, whatever its backend."""
+
+    name: str
+    family: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+    causal: bool
+    max_positions: int
+    backend: str
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    def kv_groups(self) -> dict[int, list[int]]:
+        """``{kv_head: [query heads that read it]}``."""
+        return {g: list(range(g * self.group_size, (g + 1) * self.group_size)) for g in range(self.n_kv_heads)}
+
+
+def _check_quantities(quantities) -> tuple[str, ...]:
+    qs = tuple(quantities)
+    bad = [q for q in qs if q not in QUANTITIES]
+    if bad:
+        raise ValueError(f"unknown quantity {bad[0]!r}; valid quantities: {', '.join(QUANTITIES)}")
+    return qs
+
+
+def _check_layers(layers, n_layers: int) -> tuple[int, ...]:
+    if layers is None:
+        return tuple(range(n_layers))
+    ls = tuple(int(l) for l in layers)
+    bad = [l for l in ls if not 0 <= l < n_layers]
+    if bad:
+        raise ValueError(f"layer {bad[0]} out of range; the model has layers 0..{n_layers - 1}")
+    return ls
+
+
+class InHouseModel:
+    """headscope's own transformer with a tokenizer."""
+
+    backend = "inhouse"
+
+    def __init__(self, module: Transformer, tokenizer=None, *, name: str | None = None, source: ModelSource | None = None):
+        self.module = module.eval()
+        self.tokenizer = tokenizer
+        self.source = source
+        cfg = module.cfg
+        self.cfg = cfg
+        self.spec = ModelSpec(
+            name=name or cfg.name,
+            family=cfg.family,
+            n_layers=cfg.n_layers,
+            n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+            d_head=cfg.d_head,
+            d_model=cfg.d_model,
+            causal=cfg.causal,
+            max_positions=cfg.max_positions,
+            backend=self.backend,
+        )
+
+    @classmethod
+    def from_source(cls, source: ModelSource, dtype: torch.dtype = torch.float32) -> "InHouseModel":
+        hf_cfg = read_hf_config(source)
+        cfg = config_from_hf(hf_cfg, name=source.name)
+        directory = hf_dir(source)
+        module = Transformer(cfg)
+        state = hf_to_inhouse_names(cfg, read_state_dict(directory))
+        load_state_into(module, state, str(directory))
+        return cls(module.to(dtype), load_tokenizer(directory), name=source.name, source=source)
+
+    def encode(self, texts=None, words=None) -> TokenBatch:
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions)
+
+    def run(self, batch: TokenBatch, quantities=("pattern",), layers=None, *, grad: bool = False) -> dict:
+        qs = _check_quantities(quantities)
+        ls = _check_layers(layers, self.spec.n_layers)
+        out: dict = {}
+        pairs = []
+        for layer in ls:
+            for q in qs:
+                hp_name = f"blocks.{layer}.hook_resid_post" if q == "resid_post" else f"blocks.{layer}.attn.hook_{q}"
+                hp = self.module.hook_points[hp_name]
+
+                def keep(t, name, _key=(q, layer)):
+                    out[_key] = t if grad else t.detach()
+
+                pairs.append((hp, keep))
+        stop = max(ls) + 1 if qs and "output" not in qs and not grad else None
+        ctx = torch.enable_grad() if grad else torch.inference_mode()
+        with ctx, hooks(pairs):
+            result = self.module(batch.input_ids, batch.attention_mask, stop_at_layer=stop if stop and stop < self.spec.n_layers else None)
+        if stop is None or stop >= self.spec.n_layers:
+            out[("output", None)] = result
+        return out
+
+
+class HFReference:
+    """Plain HF transformers model, eager attention (``output_attentions`` works)."""
+
+    backend = "hf"
+
+    def __init__(self, hf_model, tokenizer, spec: ModelSpec):
+        self.hf = hf_model.eval()
+        self.tokenizer = tokenizer
+        self.spec = spec
+
+    @classmethod
+    def from_source(cls, source: ModelSource, *, attn_implementation: str = "eager", for_bridge: bool = False):
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+        directory = hf_dir(source)
+        hf_cfg = read_hf_config(source)
+        config = AutoConfig.from_pretrained(str(directory))
+        config._attn_implementation = attn_implementation
+        mtype = hf_cfg["model_type"]
+        if mtype == "bert":
+            klass = AutoModelForMaskedLM if for_bridge else AutoModel
+        else:
+            klass = AutoModelForCausalLM
+        torch.manual_seed(0)  # heads missing from the checkpoint (BERT MLM head) initialise the same every time
+        import transformers
+
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        try:
+            model = klass.from_pretrained(str(directory), config=config, dtype=torch.float32)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        spec = _spec_from_hf(hf_cfg, source.name, "hf")
+        return cls(model, load_tokenizer(directory), spec)
+
+    def encode(self, texts=None, words=None) -> TokenBatch:
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions)
+
+    def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
+        qs = _check_quantities(quantities)
+        if set(qs) - {"pattern"}:
+            raise ValueError("the plain HF reference gives patterns only; use the inhouse or bridge backend")
+        ls = _check_layers(layers, self.spec.n_layers)
+        with torch.inference_mode():
+            res = self.hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions="pattern" in qs)
+        out = {("pattern", l): res.attentions[l] for l in ls} if "pattern" in qs else {}
+        out[("output", None)] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+        return out
+
+
+def _spec_from_hf(hf_cfg: dict, name: str, backend: str) -> ModelSpec:
+    n_heads = hf_cfg.get("num_attention_heads") or hf_cfg.get("n_head")
+    d_model = hf_cfg.get("hidden_size") or hf_cfg.get("n_embd") or hf_cfg.get("d_model")
+    n_layers = hf_cfg.get("num_hidden_layers") or hf_cfg.get("n_layer")
+    if not (n_heads and d_model and n_layers):
+        raise ModelIncompatibleError(f"config of {name!r} lacks heads/layers/hidden size fields")
+    decoder = hf_cfg.get("model_type") not in ("bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2")
+    return ModelSpec(
+        name=name,
+        family=hf_cfg.get("model_type", "?"),
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        d_head=hf_cfg.get("head_dim") or d_model // n_heads,
+        d_model=d_model,
+        causal=decoder,
+        max_positions=hf_cfg.get("max_position_embeddings") or hf_cfg.get("n_positions") or 2048,
+        backend=backend,
+    )
+
+
+class BridgeModel:
+    """transformer-lens 4.x ``TransformerBridge`` over an HF model, same ``run`` API."""
+
+    backend = "bridge"
+    _NAMES = {
+        "pattern": "attn.hook_pattern",
+        "scores": "attn.hook_attn_scores",
+        "q": "attn.hook_q",
+        "k": "attn.hook_k",
+        "v": "attn.hook_v",
+        "z": "attn.hook_z",
+        "out": "hook_attn_out",
+        "resid_post": "hook_resid_post",
+    }
+
+    def __init__(self, bridge, tokenizer, spec: ModelSpec):
+        self.bridge = bridge
+        self.tokenizer = tokenizer
+        self.spec = spec
+
+    @classmethod
+    def from_source(cls, source: ModelSource) -> "BridgeModel":
+        from transformer_lens.model_bridge import TransformerBridge
+
+        ref = HFReference.from_source(source, for_bridge=True)
+        hf_cfg = read_hf_config(source)
+        hub_name = hf_cfg.get("_name_or_path") or source.name
+        try:
+            bridge = TransformerBridge.boot_transformers(hub_name, hf_model=ref.hf, tokenizer=ref.tokenizer)
+        except Exception as e:
+            raise ModelIncompatibleError(
+                f"transformer-lens could not wrap {source.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+            ) from None
+        spec = _spec_from_hf(hf_cfg, source.name, "bridge")
+        return cls(bridge, ref.tokenizer, spec)
+
+    def encode(self, texts=None, words=None) -> TokenBatch:
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions)
+
+    def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
+        qs = _check_quantities(quantities)
+        ls = _check_layers(layers, self.spec.n_layers)
+        unsupported = [q for q in qs if q not in self._NAMES]
+        if unsupported:
+            raise ValueError(f"quantity {unsupported[0]!r} is not exposed by the bridge backend; use --backend inhouse")
+        out: dict = {}
+        fwd_hooks = []
+        for layer in ls:
+            for q in qs:
+
+                def keep(t, hook, _key=(q, layer)):
+                    t = t.detach()
+                    if _key[0] in ("q", "k", "v", "z") and t.dim() == 4:
+                        t = t.transpose(1, 2)  # TL: [batch, pos, head, d_head] -> ours
+                    out[_key] = t
+
+                fwd_hooks.append((f"blocks.{layer}.{self._NAMES[q]}", keep))
+        with torch.inference_mode():
+            res = self.bridge.run_with_hooks(batch.input_ids, attention_mask=batch.attention_mask, fwd_hooks=fwd_hooks)
+        out[("output", None)] = res
+        return out
+
+
+BACKENDS = {"inhouse": InHouseModel, "bridge": BridgeModel, "hf": HFReference}
+
+
+def load_model(model: str = "minilm-l6", backend: str = "inhouse", *, dtype: str = "float32"):
+    """Load ``model`` (shipped name, directory, .gguf, hub id) with ``backend``.
+
+    >>> load_model("no-such-model")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    headscope.probes.errors.HeadscopeError: unknown model 'no-such-model': ...
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(dtypes)}")
+    source = resolve(model)
+    if backend == "inhouse":
+        return InHouseModel.from_source(source, dtype=dtypes[dtype])
+    return BACKENDS[backend].from_source(source)

@@ -1,0 +1,132 @@
+"""Tokenised batches with the metadata analyses need.
+
+:func:`encode` turns texts (or pre-split words) into a :class:`TokenBatch`: ids, padding
+mask, token strings, character offsets, word ids and special-token flags.
+
+>>> from transformers import AutoTokenizer  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .alignment import align_offsets, split_words, word_spans_of
+from .errors import HeadscopeError
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch. ``input_ids``/``attention_mask``: ``[batch, pos]``; per item:
+    ``tokens``, ``offsets`` (char spans in ``texts[i]``), ``word_ids`` (word index or None),
+    ``special`` (True for [CLS]/[SEP]/BOS/EOS), ``words``."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    texts: list[str]
+    words: list[list[str]]
+    tokens: list[list[str]]
+    offsets: list[list[tuple[int, int]]]
+    word_ids: list[list[int | None]]
+    special: list[list[bool]]
+    lengths: list[int] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_ids.shape)
+
+    def special_mask(self) -> torch.Tensor:
+        """``[batch, pos]`` bool: True on special tokens (padding excluded)."""
+        m = torch.zeros(self.input_ids.shape, dtype=torch.bool)
+        for i, flags in enumerate(self.special):
+            m[i, : len(flags)] = torch.tensor(flags, dtype=torch.bool)
+        return m
+
+    def select(self, rows: list[int]) -> "TokenBatch":
+        n = max(self.lengths[r] for r in rows)
+        return TokenBatch(
+            input_ids=self.input_ids[rows, :n],
+            attention_mask=self.attention_mask[rows, :n],
+            **{k: [getattr(self, k)[r] for r in rows] for k in ("texts", "words", "tokens", "offsets", "word_ids", "special", "lengths")},
+        )
+
+
+def tokenize_one(tokenizer, text: str | None = None, words: list[str] | None = None, add_bos: bool = False):
+    """Tokenise one item; return a dict of ids, tokens, offsets, word ids, special flags."""
+    if words is not None:
+        if not words or any((not isinstance(w, str)) or (not w) or any(c.isspace() for c in w) for w in words):
+            raise ValueError(f"words must be a non-empty list of non-empty strings without spaces; got {words!r:.120}")
+        text = " ".join(words)
+        spans = word_spans_of(words)
+    else:
+        if not isinstance(text, str):
+            raise TypeError(f"texts must be strings; got {type(text).__name__}")
+        spans = split_words(text)
+        words = [text[a:b] for a, b in spans]
+    if not text.strip():
+        raise ValueError("empty text: nothing to tokenise")
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    special_ids = set(tokenizer.all_special_ids)
+    special = [i in special_ids and (b - a == 0) for i, (a, b) in zip(ids, offsets)]
+    if add_bos and tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
+        ids = [tokenizer.bos_token_id] + ids
+        offsets = [(0, 0)] + offsets
+        special = [True] + special
+    word_ids = align_offsets(text, spans, offsets, special)
+    return {
+        "ids": ids,
+        "text": text,
+        "words": words,
+        "tokens": tokenizer.convert_ids_to_tokens(ids),
+        "offsets": offsets,
+        "word_ids": word_ids,
+        "special": special,
+    }
+
+
+def collate(items: list[dict], pad_id: int) -> TokenBatch:
+    """Right-pad tokenised items into a :class:`TokenBatch`."""
+    n = max(len(it["ids"]) for it in items)
+    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), n), dtype=torch.long)
+    for r, it in enumerate(items):
+        ids[r, : len(it["ids"])] = torch.tensor(it["ids"], dtype=torch.long)
+        mask[r, : len(it["ids"])] = 1
+    return TokenBatch(
+        input_ids=ids,
+        attention_mask=mask,
+        texts=[it["text"] for it in items],
+        words=[it["words"] for it in items],
+        tokens=[it["tokens"] for it in items],
+        offsets=[it["offsets"] for it in items],
+        word_ids=[it["word_ids"] for it in items],
+        special=[it["special"] for it in items],
+        lengths=[len(it["ids"]) for it in items],
+    )
+
+
+def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = None, add_bos: bool = False) -> TokenBatch:
+    """Texts (``list[str]``) or pre-split words (``list[list[str]]``) -> :class:`TokenBatch`.
+
+    Raises ``ValueError`` on empty input and on an item longer than ``max_positions``
+    (naming the item, its length and the limit).
+    """
+    if (texts is None) == (words is None):
+        raise TypeError("pass exactly one of texts= or words=")
+    seq = texts if texts is not None else words
+    if isinstance(seq, str):
+        seq = [seq] if texts is not None else seq
+    if not seq:
+        raise ValueError("empty input: no texts to encode")
+    items = []
+    for i, x in enumerate(seq):
+        it = tokenize_one(tokenizer, text=x, add_bos=add_bos) if texts is not None else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+        if max_positions is not None and len(it["ids"]) > max_positions:
+            raise ValueError(
+                f"text {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten or split it."
+            )
+        items.append(it)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return collate(items, pad)

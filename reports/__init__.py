@@ -1,0 +1,1 @@
+"""headscope.reports: frames to figures, HTML, Markdown, tables and the command line."""
