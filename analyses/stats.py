@@ -1,0 +1,82 @@
+"""Uncertainty for per-head scores: bootstrap intervals and paired permutation tests.
+
+All functions take per-item values ``[n_items, n_heads]`` (a hit 0/1 or an attention
+mass per item and head) and are vectorised over heads; randomness comes only from the
+``seed`` passed in.
+
+>>> import torch
+>>> x = torch.tensor([[1.0], [1.0], [1.0], [0.0]])
+>>> lo, hi = bootstrap_ci(x, n_boot=2000, seed=0)
+>>> float(lo[0]) <= 0.75 <= float(hi[0])
+True
+>>> p = paired_permutation_p(x, torch.zeros_like(x), n_perm=2000, seed=0)
+>>> round(float(p[0]), 2)  # 3 non-zero differences: all signs positive has probability 1/8
+0.13
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
+    x = torch.as_tensor(x, dtype=torch.float32)
+    if x.dim() == 1:
+        x = x[:, None]
+    if x.dim() != 2:
+        raise ValueError(f"values must be [n_items, n_heads]; got shape {tuple(x.shape)}")
+    return x
+
+
+def bootstrap_ci(values: torch.Tensor, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0):
+    """Percentile bootstrap CI of the mean over items, per column.
+
+    Resamples items with replacement via multinomial count weights
+    (``[n_boot, n_items] @ [n_items, n_heads]``), so memory is ``n_boot × n_items``.
+    Returns ``(low [n_heads], high [n_heads])``; NaN where there are no items.
+    """
+    x = _as_2d(values)
+    n, h = x.shape
+    if n == 0:
+        nan = torch.full((h,), float("nan"))
+        return nan, nan.clone()
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (n_boot, n), generator=gen)
+    counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n))
+    means = counts @ x / n  # [n_boot, n_heads]
+    alpha = (1 - level) / 2
+    q = torch.quantile(means, torch.tensor([alpha, 1 - alpha]), dim=0)
+    return q[0], q[1]
+
+
+def paired_permutation_p(values: torch.Tensor, baseline: torch.Tensor, *, n_perm: int = 2000, seed: int = 0):
+    """One-sided p-value that ``mean(values) > mean(baseline)``, paired by item, by random
+    sign flips of the per-item differences. ``(count + 1) / (n_perm + 1)`` so p > 0.
+
+    ``baseline`` broadcasts against ``values`` (a constant baseline is fine).
+    """
+    x = _as_2d(values)
+    b = torch.as_tensor(baseline, dtype=torch.float32).expand_as(x) if torch.as_tensor(baseline).dim() < 2 else _as_2d(baseline)
+    d = x - b
+    n, h = d.shape
+    if n == 0:
+        return torch.full((h,), float("nan"))
+    observed = d.mean(0)
+    gen = torch.Generator().manual_seed(seed)
+    signs = torch.randint(0, 2, (n_perm, n), generator=gen).float() * 2 - 1
+    null = signs @ d / n  # [n_perm, n_heads]
+    count = (null >= observed[None] - 1e-12).sum(0).float()
+    return (count + 1) / (n_perm + 1)
+
+
+def benjamini_hochberg(p: torch.Tensor) -> torch.Tensor:
+    """BH-adjusted p-values (false discovery rate), for testing many heads at once."""
+    p = torch.as_tensor(p, dtype=torch.float64).flatten()
+    m = p.numel()
+    if m == 0:
+        return p
+    order = torch.argsort(p)
+    ranked = p[order] * m / torch.arange(1, m + 1, dtype=torch.float64)
+    ranked = torch.flip(torch.cummin(torch.flip(ranked, [0]), 0).values, [0]).clamp(max=1.0)
+    out = torch.empty_like(p)
+    out[order] = ranked
+    return out.float()

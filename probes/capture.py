@@ -1,0 +1,222 @@
+"""One call from texts to per-head tensors, and streaming over a corpus.
+
+:func:`capture` runs a model once over a batch of texts (or pre-split words) and returns
+a :class:`Capture`: the tensors asked for, keyed by quantity and layer, with the token
+metadata. :func:`stream` walks a corpus in length-bucketed batches and hands each
+:class:`Capture` to reducers, keeping nothing itself, so memory does not grow with the
+corpus.
+
+Shapes: ``pattern``/``scores`` ``[batch, head, query_pos, key_pos]``; ``q``/``z``
+``[batch, head, pos, d_head]``; ``k``/``v`` ``[batch, kv_head, pos, d_head]`` (not
+expanded; ``capture.kv_groups`` says which query heads read each KV head).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol, Sequence
+
+import torch
+
+from .errors import MemoryBudgetError, NumericalError
+from .tokens import TokenBatch, collate, tokenize_one
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Capture:
+    """Tensors of one batch. ``capture["pattern", 3]`` is layer 3's pattern;
+    ``capture.stack("pattern")`` is ``[layer, batch, head, query_pos, key_pos]``."""
+
+    tokens: TokenBatch
+    data: dict
+    layers: tuple[int, ...]
+    spec: object
+    item_ids: list[int] = field(default_factory=list)
+
+    def __getitem__(self, key):
+        quantity, layer = key
+        try:
+            return self.data[(quantity, layer)]
+        except KeyError:
+            have = sorted({q for q, _ in self.data if q != "output"})
+            raise KeyError(f"({quantity!r}, {layer}) not captured; captured quantities {have}, layers {list(self.layers)}") from None
+
+    def stack(self, quantity: str) -> torch.Tensor:
+        return torch.stack([self[quantity, l] for l in self.layers])
+
+    @property
+    def output(self) -> torch.Tensor | None:
+        return self.data.get(("output", None))
+
+    @property
+    def kv_groups(self) -> dict[int, list[int]]:
+        return self.spec.kv_groups()
+
+    @property
+    def key_mask(self) -> torch.Tensor:
+        """``[batch, key_pos]`` bool, True on real (non-padding) tokens."""
+        return self.tokens.attention_mask.bool()
+
+
+def pattern_bytes(batch: int, n_pos: int, n_heads: int, n_layers: int, bytes_per: int = 4) -> int:
+    """Bytes of full patterns for a batch: ``batch × heads × layers × n² × 4``."""
+    return batch * n_heads * n_layers * n_pos * n_pos * bytes_per
+
+
+def check_finite(cap: Capture) -> None:
+    """Raise :class:`NumericalError` naming layer and head of the first NaN/inf."""
+    for (q, layer), t in cap.data.items():
+        if q == "output" or not t.is_floating_point():
+            continue
+        if not torch.isfinite(t).all():
+            bad = (~torch.isfinite(t)).nonzero()[0].tolist()
+            head = bad[1] if t.dim() == 4 else None
+            raise NumericalError(f"non-finite value in {q} at layer {layer}, head {head} (index {bad})")
+
+
+def capture(
+    model,
+    texts: Sequence[str] | None = None,
+    *,
+    words: Sequence[Sequence[str]] | None = None,
+    quantities: Iterable[str] = ("pattern",),
+    layers: Iterable[int] | None = None,
+    memory_budget: int | None = 4 << 30,
+) -> Capture:
+    """Run ``model`` over ``texts`` (or pre-split ``words``) and capture ``quantities``.
+
+    Raises ``ValueError`` on empty input or text past the context, and
+    :class:`MemoryBudgetError` when full patterns would exceed ``memory_budget`` bytes.
+
+    >>> cap = capture(model, ["The cat sat."], quantities=["pattern", "k"])  # doctest: +SKIP
+    >>> cap["pattern", 0].shape  # doctest: +SKIP
+    torch.Size([1, 12, 6, 6])
+    """
+    batch = model.encode(texts=list(texts) if texts is not None else None, words=[list(w) for w in words] if words is not None else None)
+    qs = tuple(quantities)
+    ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
+    if memory_budget is not None and ("pattern" in qs or "scores" in qs):
+        need = pattern_bytes(batch.shape[0], batch.shape[1], model.spec.n_heads, len(ls)) * (("pattern" in qs) + ("scores" in qs))
+        if need > memory_budget:
+            raise MemoryBudgetError(
+                f"capturing patterns for {batch.shape[0]} texts of {batch.shape[1]} tokens needs {need / 2**30:.1f} GiB, "
+                f"over the budget of {memory_budget / 2**30:.1f} GiB; use stream() or fewer layers/texts"
+            )
+    data = model.run(batch, qs, ls)
+    cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=list(range(batch.shape[0])))
+    check_finite(cap)
+    return cap
+
+
+class Reducer(Protocol):
+    """A streaming statistic: ``update`` with each batch, ``merge`` partial results
+    (e.g. from Ray workers), ``result`` at the end."""
+
+    def update(self, cap: Capture) -> None: ...
+
+    def merge(self, other: "Reducer") -> "Reducer": ...
+
+    def result(self): ...
+
+
+@dataclass
+class StreamReport:
+    """What a streaming run saw: items used, items skipped (by reason, with their index),
+    batches, padding ratio (padded positions / real positions)."""
+
+    n_items: int = 0
+    n_used: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    skipped_items: list[tuple[int, str]] = field(default_factory=list)
+    n_batches: int = 0
+    real_tokens: int = 0
+    padded_tokens: int = 0
+
+    @property
+    def padding_ratio(self) -> float:
+        return self.padded_tokens / max(self.real_tokens, 1)
+
+
+def buckets(lengths: list[int], max_batch: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Group item indices into batches of similar length (sorted by length, then cut),
+    so padding stays small. Deterministic: ties keep input order.
+
+    >>> buckets([5, 2, 9, 3, 2], max_batch=2)
+    [[1, 4], [3, 0], [2]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    out, cur = [], []
+    for i in order:
+        if cur and (len(cur) >= max_batch or (max_tokens and (len(cur) + 1) * lengths[i] > max_tokens)):
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def stream(
+    model,
+    items: Sequence,
+    reducers: Sequence[Reducer] | dict,
+    *,
+    quantities: Iterable[str] = ("pattern",),
+    layers: Iterable[int] | None = None,
+    batch_size: int = 32,
+    max_tokens: int | None = 8192,
+    words: bool | None = None,
+    progress=None,
+) -> StreamReport:
+    """Feed a corpus through ``model`` batch by batch into ``reducers``.
+
+    ``items``: texts, or word lists (``words=True``; inferred from the first item).
+    Items that are empty, too long for the context, or fail to tokenise are skipped and
+    counted in the returned :class:`StreamReport` (never dropped silently).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    red = list(reducers.values()) if isinstance(reducers, dict) else list(reducers)
+    report = StreamReport(n_items=len(items))
+    if words is None:
+        words = bool(items) and not isinstance(items[0], str)
+    toks, keep = [], []
+    for i, it in enumerate(items):
+        try:
+            t = tokenize_one(model.tokenizer, words=list(it), add_bos=False) if words else tokenize_one(model.tokenizer, text=it)
+        except (ValueError, TypeError) as e:
+            reason = "empty" if "empty" in str(e) else "untokenisable"
+            report.skipped[reason] += 1
+            report.skipped_items.append((i, reason))
+            continue
+        if len(t["ids"]) > model.spec.max_positions:
+            report.skipped["longer than context"] += 1
+            report.skipped_items.append((i, f"longer than context ({len(t['ids'])} > {model.spec.max_positions})"))
+            continue
+        toks.append(t)
+        keep.append(i)
+    qs = tuple(quantities)
+    ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    groups = buckets([len(t["ids"]) for t in toks], batch_size, max_tokens)
+    for gi, group in enumerate(groups):
+        batch = collate([toks[j] for j in group], pad)
+        data = model.run(batch, qs, ls)
+        cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=[keep[j] for j in group])
+        check_finite(cap)
+        for r in red:
+            r.update(cap)
+        report.n_batches += 1
+        report.n_used += len(group)
+        real = sum(batch.lengths)
+        report.real_tokens += real
+        report.padded_tokens += batch.input_ids.numel() - real
+        if progress is not None:
+            progress(gi + 1, len(groups))
+    if report.skipped:
+        log.warning("skipped %d of %d items: %s", sum(report.skipped.values()), report.n_items, dict(report.skipped))
+    return report
