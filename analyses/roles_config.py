@@ -1,0 +1,67 @@
+"""Configuration of the head-role analyses, and what each role analysis returns.
+
+Every threshold is here, with its source; all are configurable.
+
+>>> RolesConfig().margin, RolesConfig().positional_threshold
+(0.1, 0.9)
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolesConfig:
+    seed: int = 0
+    # uncertainty
+    n_boot: int = 1000  # bootstrap resamples over items for ci_low/ci_high
+    ci_level: float = 0.95
+    n_perm: int = 2000  # sign-flip permutations for p_value
+    alpha: float = 0.01  # significance level for a verdict (after correction)
+    correction: str = "bh"  # "bh" (Benjamini-Hochberg over the heads of a role) or "none"
+    # thresholds
+    margin: float = 0.10  # score must beat the baseline by this much (Voita et al. 2019)
+    positional_threshold: float = 0.90  # Voita et al. 2019: >=90% of max-attention on one offset
+    special_threshold: float = 0.50  # mean attention mass on [CLS]/[SEP]/BOS/first token for a sink head
+    punctuation_threshold: float = 0.30  # mean attention mass on punctuation, vs its share under uniform attention
+    induction_threshold: float = 0.40  # induction / duplicate / previous-token score (transformer-lens uses 0.4-ish)
+    rare_threshold: float = 0.50  # share of max-attention on the sentence's rarest token (Voita: rare-word head)
+    # syntactic
+    full_labels: bool = False  # True: "nmod:poss"; False: "nmod" (the label before ':')
+    min_instances: int = 20  # relations with fewer instances are reported but get no verdict
+    # summary statistics
+    entropy_smoothing: float = 0.0  # Clark et al. add a small uniform mass before entropy; 0 = none
+    # induction sequences
+    induction_seq_len: int = 20
+    induction_n_sequences: int = 64
+    # running
+    batch_size: int = 32
+
+    def __post_init__(self):
+        if self.correction not in ("bh", "none"):
+            raise ValueError(f"The 'correction' parameter of RolesConfig must be 'bh' or 'none'; got {self.correction!r}.")
+        for k in ("margin", "positional_threshold", "alpha", "ci_level", "special_threshold", "punctuation_threshold", "induction_threshold", "rare_threshold"):
+            v = getattr(self, k)
+            if not 0 <= v <= 1:
+                raise ValueError(f"The {k!r} parameter of RolesConfig must be in [0, 1]; got {v!r}.")
+        if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
+            raise ValueError("n_boot, n_perm and batch_size must be >= 1")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RoleOutput:
+    """What one role analysis returns: ``frame`` (ROLE_COLUMNS rows), optional ``stats``
+    (STAT_COLUMNS rows), ``skipped`` counts by reason (items that could not be used),
+    and ``examples``: for the report, an item index per head worth showing."""
+
+    frame: pd.DataFrame
+    stats: pd.DataFrame | None = None
+    skipped: Counter = field(default_factory=Counter)
+    n_items: int = 0
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,68 @@
+"""Shared fixtures: real models are loaded once per test session.
+
+``minilm`` / ``smollm``: in-house backend; ``*_hf``: HF transformers eager reference;
+``*_bridge``: transformer-lens TransformerBridge. SmolLM2's GGUF is dequantised once and
+cached (``HEADSCOPE_CACHE``), so later sessions load in seconds.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+torch.manual_seed(0)
+
+
+def _load(name, backend):
+    from headscope.probes.models import load_model
+
+    return load_model(name, backend)
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return _load("minilm-l6", "inhouse")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    return _load("smollm2-135m", "inhouse")
+
+
+@pytest.fixture(scope="session")
+def minilm_hf():
+    return _load("minilm-l6", "hf")
+
+
+@pytest.fixture(scope="session")
+def smollm_hf():
+    return _load("smollm2-135m", "hf")
+
+
+@pytest.fixture(scope="session")
+def minilm_bridge():
+    return _load("minilm-l6", "bridge")
+
+
+@pytest.fixture(scope="session")
+def smollm_bridge():
+    return _load("smollm2-135m", "bridge")
+
+
+SENTENCES = [
+    "The cat didn't climb on the table because it was too tired.",
+    "Heads can be pruned.",
+    "After the long meeting, the engineers who had argued about the pruning schedule finally agreed to keep half of the heads in every layer.",
+    "Why?",
+    "Grouped-query attention lets three query heads share one key-value head, which shrinks the cache.",
+]
+
+
+@pytest.fixture(scope="session")
+def sentences():
+    return list(SENTENCES)
