@@ -3,7 +3,8 @@
 Alignment works through character offsets, so it is the same for WordPiece (BERT) and
 byte-level BPE (Llama/SmolLM2) and needs no tokenizer-specific rules: a token belongs
 to the word its non-space characters overlap most. Special tokens ([CLS], [SEP], BOS)
-and whitespace-only tokens belong to no word.
+belong to no word; a whitespace-only token (byte-level BPE's lone ``Ġ``) joins the word
+it precedes.
 
 >>> spans = word_spans_of(["The", "cat", "sat", "."])
 >>> spans
@@ -49,13 +50,16 @@ def align_offsets(
         if is_special or b <= a:
             word_ids.append(None)
             continue
+        a0 = a
         # strip whitespace a BPE token carries (" cat" has offsets covering the space)
         while a < b and text[a].isspace():
             a += 1
         while b > a and text[b - 1].isspace():
             b -= 1
         if b <= a:
-            word_ids.append(None)
+            # a whitespace-only token (BPE's lone "Ġ" before digits) joins the word it precedes
+            j = bisect.bisect_left(starts, a0)
+            word_ids.append(j if j < len(spans) else (len(spans) - 1 if spans else None))
             continue
         i = bisect.bisect_right(starts, a) - 1
         best, best_overlap = None, 0
@@ -86,3 +90,10 @@ def word_matrices(word_ids: list[int | None], n_words: int, n_pos: int) -> tuple
             key_sum[w, pos] = 1.0
     counts = key_sum.sum(1, keepdim=True).clamp_min(1.0)
     return key_sum / counts, key_sum
+
+
+def unaligned_words(word_ids: list[int | None], n_words: int) -> list[int]:
+    """Words no token belongs to (e.g. made only of characters the tokenizer drops, such
+    as a lone zero-width joiner). Analyses skip such items and count them."""
+    seen = {w for w in word_ids if w is not None}
+    return [w for w in range(n_words) if w not in seen]
