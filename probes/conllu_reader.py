@@ -10,8 +10,9 @@ raised (format)           wrong column count; empty column; bad ID or HEAD; word
                           not 1, 2, 3, … in order; HEAD or range beyond the sentence;
                           comment after a token line; undecodable bytes; NUL characters
 skipped (reason key)      ``empty_node`` (each ``8.1`` line; the sentence is kept);
-                          ``unannotated`` (a word with HEAD or DEPREL ``_``);
-                          ``no_root``, ``multiple_roots``, ``cycle`` (not a tree)
+                          ``unannotated`` (a word with HEAD or DEPREL ``_``; recorded at
+                          that word's line); ``no_root``, ``multiple_roots``, ``cycle``
+                          (not a tree; recorded at the sentence's first line)
 ========================  ==============================================================
 
 >>> import pathlib, tempfile
@@ -255,7 +256,8 @@ def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
         raise InputFileError(p, block[0][0], 1, "sentence has no word lines (only ranges or empty nodes)")
     for line_no, end in ranges:
         if end > n_words:
-            raise InputFileError(p, line_no, 1, f"multiword range ends at word {end} but the sentence has {n_words} words")
+            raise InputFileError(p, line_no, 1,
+                                 f"multiword range ends at word {end} but the sentence has {n_words} words")
     for line_no, text in block:
         fields = text.split("\t")
         if not text.startswith("#") and _HEAD.match(fields[6]) and int(fields[6]) > n_words:
@@ -313,7 +315,7 @@ def format_conllu(sentences: Iterable[DependencySentence]) -> str:
 
     >>> s = DependencySentence(words=("do", "n't"), heads=(-1, 0), relations=("root", "advmod"),
     ...                        multiword=((0, 2, "don't"),))
-    >>> print(format_conllu([s]).replace("\\t", " "))
+    >>> print(format_conllu([s]).replace("\\t", " "), end="")
     # text = don't
     1-2 don't _ _ _ _ _ _ _ _
     1 do _ _ _ _ 0 root _ _

@@ -161,7 +161,8 @@ def _parse_line(p: Path, line_no: int, text: str) -> dict:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputFileError(p, line_no, err.colno, f"invalid JSON ({err.msg}); each line must be one JSON object") from None
+        raise InputFileError(p, line_no, err.colno,
+                             f"invalid JSON ({err.msg}); each line must be one JSON object") from None
     except ValueError as err:  # e.g. an integer literal too long to convert
         raise InputFileError(p, line_no, 1, f"invalid JSON value ({err}); each line must be one JSON object") from None
     except RecursionError:
@@ -170,7 +171,8 @@ def _parse_line(p: Path, line_no: int, text: str) -> dict:
         raise InputFileError(p, line_no, 1, f"each line must be a JSON object; got a {type(obj).__name__}")
     for key in ("words", "pronoun", "candidates", "antecedent"):
         if key not in obj:
-            raise InputFileError(p, line_no, 1, f"missing key {key!r}; an item needs words, pronoun, candidates, antecedent")
+            raise InputFileError(p, line_no, 1,
+                                 f"missing key {key!r}; an item needs words, pronoun, candidates, antecedent")
     words, candidates, heads = obj["words"], obj["candidates"], obj.get("heads")
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise _type_error(p, line_no, text, "words", "a list of strings", words)
@@ -201,7 +203,8 @@ def read_coref(path: str | Path, *, strict: bool = False) -> CorefSet:
     skips: list[tuple[int, str]] = []
     for line_no, text in iter_lines(p, max_line_chars=_MAX_LINE_CHARS):
         if text is None:
-            raise InputFileError(p, line_no, 1, f"line is longer than {_MAX_LINE_CHARS} characters; is this the right file?")
+            raise InputFileError(p, line_no, 1,
+                                 f"line is longer than {_MAX_LINE_CHARS} characters; is this the right file?")
         if not text.strip():
             continue
         fields = _parse_line(p, line_no, text)

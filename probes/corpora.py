@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from .conllu_reader import (DependencyCorpus, DependencySentence, arcs_frame, format_conllu, read_conllu,
                             tree_problem, write_conllu)
+from .errors import InputFileError
 from .coref_items import CorefItem, CorefSet, baseline_choice, item_problem, read_coref
 from .text_reader import SkipRecord, TextSet, read_text
 
 __all__ = ["DependencyCorpus", "DependencySentence", "arcs_frame", "format_conllu", "read_conllu", "tree_problem",
            "write_conllu", "CorefItem", "CorefSet", "baseline_choice", "item_problem", "read_coref", "SkipRecord",
-           "TextSet", "read_text"]
+           "TextSet", "read_text", "InputFileError"]

@@ -17,7 +17,7 @@ True
 Command line (rewrites the shipped files deterministically)::
 
     python -m headscope.probes.grammar conllu --seed 0 --n 800 --out data/syntax/generated.conllu
-    python -m headscope.probes.grammar text --seed 1 --n 200 --keep-first 120 --out data/text/sentences.txt
+    python -m headscope.probes.grammar text --seed 1 --n 200 --keep-first 119 --out data/text/sentences.txt
 """
 from __future__ import annotations
 
@@ -233,7 +233,8 @@ class _Grammar:
     def verb_group(self, t: _Tree, forms, num: str, *, simple: bool = False, passive: bool = False) -> int:
         """Emit auxiliaries, negation, a frequency adverb and the verb; returns the verb index."""
         deps: list[tuple[int, str]] = []
-        kind = "past" if simple or passive else self.c(["past", "past", "present", "modal", "perfect", "progressive", "neg"])
+        kinds = ["past", "past", "present", "modal", "perfect", "progressive", "neg"]
+        kind = "past" if simple or passive else self.c(kinds)
         if passive:
             be = self.c(["was", "is"] if num == "sg" else ["were", "are"])
             deps.append((t.add(be, "AUX"), "aux:pass"))

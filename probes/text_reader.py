@@ -91,10 +91,11 @@ def check_input_path(path: str | Path, *, expected: str) -> Path:
     Raises :class:`InputFileError` (one line) for a missing path, a directory, or an
     empty file; ``expected`` says what the file should hold.
 
-    >>> check_input_path("/nonexistent/x.txt", expected="one sentence per line")
-    Traceback (most recent call last):
-    ...
-    headscope.probes.errors.InputFileError: /nonexistent/x.txt: no such file; check the path (expected a file with one sentence per line)
+    >>> try:
+    ...     check_input_path("/nonexistent/x.txt", expected="one sentence per line")
+    ... except InputFileError as err:
+    ...     print(err)
+    /nonexistent/x.txt: no such file; check the path (expected a file with one sentence per line)
     """
     p = Path(path)
     if not p.exists():
@@ -118,7 +119,11 @@ def iter_lines(path: Path, *, max_line_chars: int | None) -> Iterator[tuple[int,
     line and column of the first byte that cannot be decoded, or "file is empty" for a
     file holding only a byte-order mark.
     """
-    with path.open("rb") as f:
+    try:
+        f = path.open("rb")
+    except OSError as err:
+        raise InputFileError(path, None, None, f"cannot be read ({err.strerror}); check its permissions") from None
+    with f:
         head = f.read(4)
         codec, width, newline, bom = "utf-8", 1, b"\n", b""
         for mark, name, _, w, nl in _ENCODINGS:
@@ -204,9 +209,6 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
     if not isinstance(max_line_chars, int) or max_line_chars < 1:
         raise ValueError(f"max_line_chars must be a positive int; got {max_line_chars!r}")
     p = check_input_path(path, expected="one sentence or passage per line")
-    with p.open("rb") as f:
-        head = f.read(4)
-    encoding = next((name for mark, _, name, _, _ in _ENCODINGS if head.startswith(mark)), "utf-8")
     lines: list[str] = []
     numbers: list[int] = []
     skips: list[tuple[int, str]] = []
@@ -221,5 +223,8 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
         else:
             lines.append(unicodedata.normalize("NFC", text) if nfc else text)
             numbers.append(line_no)
+    with p.open("rb") as f:
+        head = f.read(4)
+    encoding = next((name for mark, _, name, _, _ in _ENCODINGS if head.startswith(mark)), "utf-8")
     return TextSet(lines=tuple(lines), line_numbers=tuple(numbers), skipped=SkipRecord(entries=tuple(skips)),
                    blank=blank, encoding=encoding)
