@@ -1,0 +1,132 @@
+"""Heads that attend alike: Jensen-Shannon divergences between heads, MDS map, clusters.
+
+Clark et al. 2019 ("What Does BERT Look At?", §6) compare heads by the Jensen-Shannon
+divergence between their attention distributions: for heads ``i, j`` and one item,
+``JS(P_i[q], P_j[q])`` (nats, in ``[0, log 2]``) for every analysed query row ``q``
+(real, non-special unless ``include_special``), averaged over rows; then averaged over
+items. The reducer keeps only the running ``[H_total, H_total]`` sum and the item
+count, so it streams and merges exactly. The matrix is embedded in 2-D by metric MDS
+(scikit-learn, ``metric="precomputed"``, seeded) and cut into ``k`` clusters by
+agglomerative clustering (``metric="precomputed"``, average linkage). ``distance="js"``
+(default, as Clark et al.) uses the divergence itself; ``distance="sqrt_js"`` uses its
+square root, which is a metric.
+
+>>> import torch
+>>> p = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]], [[[0.0, 1.0], [0.5, 0.5]]]])  # 2 heads, 2 rows
+>>> js = pairwise_js(p[None].transpose(1, 2).reshape(1, 2, 2, 2), torch.ones(1, 2, dtype=torch.bool))
+>>> round(float(js[0, 0, 1]), 4)  # row 0: JS(one-hot a, one-hot b) = log 2; row 1: 0
+0.3466
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope.probes.capture import stream
+from headscope.analyses.roles_config import RolesConfig
+from headscope.analyses.summary import check_layers, query_rows
+
+DISTANCES = ("js", "sqrt_js")
+
+
+def pairwise_js(patterns: torch.Tensor, rows: torch.Tensor, *, max_elements: int = 1 << 24) -> torch.Tensor:
+    """``patterns [batch, head_total, query_pos, key_pos]``, ``rows [batch, query_pos]`` ->
+    ``[batch, head_total, head_total]`` mean JS divergence over the selected rows (NaN for
+    an item without rows). Chunked over the first head so memory stays under
+    ``max_elements`` floats."""
+    p = patterns.float()
+    b, h, q, k = p.shape
+    ent = torch.special.entr(p).sum(-1)  # [b, h, q]
+    r = rows.float()[:, None, None, :]  # [b, 1, 1, q]
+    n_rows = rows.float().sum(-1)[:, None, None]
+    out = torch.empty(b, h, h)
+    chunk = max(1, max_elements // max(b * h * q * k, 1))
+    for s in range(0, h, chunk):
+        e = min(s + chunk, h)
+        m = (p[:, s:e, None] + p[:, None]) / 2  # [b, c, h, q, k]
+        js = torch.special.entr(m).sum(-1) - (ent[:, s:e, None] + ent[:, None]) / 2
+        out[:, s:e] = (js.clamp_min(0) * r).sum(-1)
+    return out / n_rows
+
+
+class JSReducer:
+    """Streaming sum of per-item head-by-head JS divergences; ``result()`` ->
+    ``(matrix [H_total, H_total] mean over items, labels [(layer, head)])``."""
+
+    def __init__(self, *, include_special: bool = False):
+        self.include_special = include_special
+        self.total = None
+        self.n = 0
+        self.layers = None
+        self.n_heads = None
+
+    def update(self, cap) -> None:
+        self.layers = check_layers(cap.layers, self.layers)
+        p = cap.stack("pattern")  # [layer, batch, head, q, k]
+        n_l, b, h, q, k = p.shape
+        self.n_heads = h
+        p = p.permute(1, 0, 2, 3, 4).reshape(b, n_l * h, q, k)
+        rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
+        js = pairwise_js(p, rows)
+        ok = rows.any(-1)
+        s = js[ok].double().sum(0)
+        self.total = s if self.total is None else self.total + s
+        self.n += int(ok.sum())
+
+    def merge(self, other: "JSReducer") -> "JSReducer":
+        if other.total is not None:
+            self.total = other.total.clone() if self.total is None else self.total + other.total
+            self.n += other.n
+            self.layers = self.layers or other.layers
+            self.n_heads = self.n_heads or other.n_heads
+        return self
+
+    def result(self):
+        if self.total is None or self.n == 0:
+            raise ValueError("no items with query rows were seen; nothing to cluster")
+        labels = [(l, h) for l in self.layers for h in range(self.n_heads)]
+        return (self.total / self.n).float(), labels
+
+
+def embed_and_cluster(js: torch.Tensor, labels, *, k: int = 6, seed: int = 0, distance: str = "js") -> pd.DataFrame:
+    """MDS (2-D) and agglomerative clusters of a head-by-head divergence matrix ->
+    frame ``layer, head, x, y, cluster``."""
+    from sklearn.cluster import AgglomerativeClustering
+    from sklearn.manifold import MDS
+
+    if distance not in DISTANCES:
+        raise ValueError(f"distance must be one of {DISTANCES}; got {distance!r}")
+    d = js.double().numpy()
+    d = (d + d.T) / 2
+    np.fill_diagonal(d, 0.0)
+    d = np.clip(d, 0, None)
+    if distance == "sqrt_js":
+        d = np.sqrt(d)
+    n = d.shape[0]
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be between 1 and the number of heads ({n}); got {k}")
+    xy = MDS(n_components=2, metric="precomputed", random_state=seed, n_init=4, init="random").fit_transform(d)
+    clusters = np.zeros(n, dtype=int) if k == 1 else AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(d)
+    return pd.DataFrame(
+        {
+            "layer": [l for l, _ in labels],
+            "head": [h for _, h in labels],
+            "x": xy[:, 0],
+            "y": xy[:, 1],
+            "cluster": clusters.astype("int64"),
+        }
+    )
+
+
+def run(model, items, cfg: RolesConfig = RolesConfig(), *, k: int = 6, distance: str = "js", progress=None, include_special: bool = False):
+    """JS matrix, MDS map and clusters of every head over ``items`` (texts).
+
+    Returns ``(frame [layer, head, x, y, cluster], js [H_total, H_total], report)``.
+    """
+    red = JSReducer(include_special=include_special)
+    rep = stream(model, list(items), [red], batch_size=cfg.batch_size, progress=progress)
+    js, labels = red.result()
+    return embed_and_cluster(js, labels, k=k, seed=cfg.seed, distance=distance), js, rep

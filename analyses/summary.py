@@ -1,0 +1,208 @@
+"""Per-head summary statistics of attention patterns, and the masks every token role uses.
+
+Metrics (rows of :data:`~headscope.analyses.frames.STAT_COLUMNS`; per item the mean over
+its real query rows, then the mean over items; ``n`` = items):
+
+* ``entropy`` — Shannon entropy of a query row over the keys it may see, in nats
+  (Clark et al. 2019, "What does BERT look at?", §3). With ``cfg.entropy_smoothing = s``
+  the row is first mixed with the uniform distribution: ``(1 - s)·p + s/n_keys``
+  (a smoothed variant; ``s = 0`` is plain entropy).
+* ``kl_from_uniform`` — ``KL(p ‖ uniform) = log(n_keys) - entropy``: the gap to the
+  largest entropy the row could have (also called the max-entropy gap); 0 for a uniform head.
+* ``mean_distance`` — attention-weighted mean ``|query_pos - key_pos|`` (Vig & Belinkov 2019,
+  "Analyzing the structure of attention in a transformer language model").
+* ``confidence`` — mean over rows of the largest weight (Voita et al. 2019, "Analyzing
+  multi-head self-attention", §4: "confidence").
+
+Masks (used by every module of the token-level roles):
+
+* :func:`allowed_keys` — ``[batch, query_pos, key_pos]``: the keys a query may attend
+  (real tokens, and ``key <= query`` for causal models). Padded keys are never allowed.
+* :func:`query_rows` — ``[batch, query_pos]``: the query rows analysed (real tokens;
+  special tokens excluded unless ``include_special``). Padded rows are never analysed.
+
+>>> import torch
+>>> p = torch.full((1, 1, 4, 4), 0.25)                    # uniform over 4 keys
+>>> keys = torch.ones(1, 4, dtype=torch.bool)
+>>> m = pattern_metrics(p, allowed_keys(keys, causal=False))
+>>> round(float(m["entropy"][0, 0, 0]), 4) == round(float(torch.log(torch.tensor(4.0))), 4)
+True
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import pandas as pd
+import torch
+
+from headscope.probes.capture import stream
+from headscope.analyses.frames import STAT_COLUMNS
+from headscope.analyses.roles_config import RoleOutput, RolesConfig
+
+METRICS = ("entropy", "kl_from_uniform", "mean_distance", "confidence")
+
+
+# -- masks ------------------------------------------------------------------------------
+def allowed_keys(key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+    """``key_mask [batch, pos]`` (True = real token) -> ``[batch, query_pos, key_pos]`` bool:
+    True where a query may attend the key (real key; ``key <= query`` if ``causal``)."""
+    if key_mask.dim() != 2:
+        raise ValueError(f"key_mask must be [batch, pos]; got shape {tuple(key_mask.shape)}")
+    km = key_mask.bool()
+    n = km.shape[1]
+    allowed = km[:, None, :].expand(km.shape[0], n, n)
+    if causal:
+        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=km.device).tril()
+    return allowed
+
+
+def query_rows(key_mask: torch.Tensor, special: torch.Tensor | None = None, *, include_special: bool = False) -> torch.Tensor:
+    """``[batch, query_pos]`` bool: real query rows, special tokens excluded unless
+    ``include_special``."""
+    rows = key_mask.bool().clone()
+    if special is not None and not include_special:
+        rows &= ~special.bool()
+    return rows
+
+
+def row_mean(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Mean over the selected query rows: ``x [batch, head, query_pos]`` (or
+    ``[batch, query_pos]``), ``rows [batch, query_pos]`` -> ``[batch, head]`` (or
+    ``[batch]``); NaN for an item with no selected row."""
+    r = rows.to(x.dtype)
+    if x.dim() == 3:
+        r = r[:, None, :]
+    return (x * r).sum(-1) / r.sum(-1)
+
+
+def argmax_share(pattern: torch.Tensor, allowed: torch.Tensor, *, rel_tol: float = 1e-6) -> torch.Tensor:
+    """``[batch, head, query_pos, key_pos]`` weights that put each row's "max-attention"
+    on its maximal key; exact ties (within ``rel_tol`` of the max, e.g. a uniform row)
+    share the unit equally, so a uniform row scores each key exactly 1/n_keys."""
+    p = pattern.float().masked_fill(~allowed[:, None], -1.0)
+    top = p.amax(-1, keepdim=True)
+    is_max = (p >= top - rel_tol * top.abs()) & allowed[:, None]
+    return is_max.float() / is_max.sum(-1, keepdim=True).clamp_min(1)
+
+
+# -- metrics ----------------------------------------------------------------------------
+def pattern_metrics(pattern: torch.Tensor, allowed: torch.Tensor, *, smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+    """Row metrics of ``pattern [batch, head, query_pos, key_pos]`` over ``allowed
+    [batch, query_pos, key_pos]`` keys -> dict of ``[batch, head, query_pos]`` tensors
+    (entropy in nats, kl_from_uniform, mean_distance, confidence). Pure: the input is
+    not modified."""
+    if pattern.dim() != 4:
+        raise ValueError(f"pattern must be [batch, head, query_pos, key_pos]; got shape {tuple(pattern.shape)}")
+    if not 0 <= smoothing <= 1:
+        raise ValueError(f"smoothing must be in [0, 1]; got {smoothing}")
+    a = allowed[:, None].float()
+    p = pattern.float() * a
+    n_keys = a.sum(-1).clamp_min(1)
+    if smoothing:
+        p = (1 - smoothing) * p + smoothing * a / n_keys[..., None]
+    entropy = torch.special.entr(p).sum(-1)
+    q = torch.arange(pattern.shape[-2], device=pattern.device)
+    k = torch.arange(pattern.shape[-1], device=pattern.device)
+    dist = (q[:, None] - k[None, :]).abs().float()
+    return {
+        "entropy": entropy,
+        "kl_from_uniform": (n_keys.log() - entropy).clamp_min(0),
+        "mean_distance": (pattern.float() * a * dist).sum(-1),
+        "confidence": (pattern.float() * a).amax(-1),
+    }
+
+
+# -- per-item storage shared by the role reducers -----------------------------------------
+class ItemValues:
+    """Per-item values ``[n_items, n_layers, n_heads]`` collected batch by batch under
+    names; ``merge`` concatenates, ``get`` returns them ordered by item id."""
+
+    def __init__(self):
+        self.parts: dict[str, list[tuple[list[int], torch.Tensor]]] = defaultdict(list)
+
+    def add(self, name: str, item_ids: list[int], values: torch.Tensor) -> None:
+        self.parts[name].append((list(item_ids), values.detach().float().cpu()))
+
+    def merge(self, other: "ItemValues") -> "ItemValues":
+        for k, v in other.parts.items():
+            self.parts[k].extend(v)
+        return self
+
+    def names(self) -> list[str]:
+        return list(self.parts)
+
+    def get(self, name: str) -> tuple[list[int], torch.Tensor]:
+        parts = self.parts.get(name, [])
+        if not parts:
+            return [], torch.zeros(0)
+        ids = [i for p in parts for i in p[0]]
+        vals = torch.cat([p[1] for p in parts])
+        order = sorted(range(len(ids)), key=lambda j: ids[j])
+        return [ids[j] for j in order], vals[order]
+
+
+def check_layers(layers, seen):
+    if seen is not None and tuple(layers) != tuple(seen):
+        raise ValueError(f"reducer saw layers {tuple(seen)} before and {tuple(layers)} now; capture the same layers in every batch")
+    return tuple(layers)
+
+
+class SummaryReducer:
+    """Streaming per-head summary statistics (see module docstring).
+
+    ``update(cap)`` needs ``cap["pattern", layer]``; ``result()`` -> STAT_COLUMNS frame.
+    """
+
+    def __init__(self, *, causal: bool, smoothing: float = 0.0, include_special: bool = False):
+        self.causal = causal
+        self.smoothing = smoothing
+        self.include_special = include_special
+        self.values = ItemValues()
+        self.layers = None
+
+    def update(self, cap) -> None:
+        self.layers = check_layers(cap.layers, self.layers)
+        allowed = allowed_keys(cap.key_mask, self.causal)
+        rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
+        per = defaultdict(list)
+        for layer in cap.layers:
+            m = pattern_metrics(cap["pattern", layer], allowed, smoothing=self.smoothing)
+            for k, v in m.items():
+                per[k].append(row_mean(v, rows))
+        for k, v in per.items():
+            self.values.add(k, cap.item_ids, torch.stack(v, 1))  # [batch, layer, head]
+
+    def merge(self, other: "SummaryReducer") -> "SummaryReducer":
+        self.layers = self.layers or other.layers
+        self.values.merge(other.values)
+        return self
+
+    def result(self) -> pd.DataFrame:
+        return stats_frame({k: self.values.get(k)[1] for k in METRICS if k in self.values.parts}, self.layers or ())
+
+
+def stats_frame(metrics: dict[str, torch.Tensor], layers) -> pd.DataFrame:
+    """``{metric: [n_items, n_layers, n_heads]}`` -> STAT_COLUMNS frame (NaN items skipped)."""
+    rows = []
+    for name, v in metrics.items():
+        if v.numel() == 0:
+            continue
+        ok = ~torch.isnan(v)
+        n = ok.sum(0)
+        mean = torch.where(ok, v, torch.zeros_like(v)).sum(0) / n.clamp_min(1)
+        for li, layer in enumerate(layers):
+            for h in range(v.shape[2]):
+                rows.append({"layer": layer, "head": h, "metric": name, "value": float(mean[li, h]) if n[li, h] else math.nan, "n": int(n[li, h])})
+    df = pd.DataFrame(rows, columns=STAT_COLUMNS)
+    return df.astype({"layer": "int64", "head": "int64", "metric": "object", "value": "float64", "n": "int64"})
+
+
+def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None) -> RoleOutput:
+    """Summary statistics of every head over ``items`` (texts). Returns a
+    :class:`RoleOutput` with an empty role frame and ``stats`` in STAT_COLUMNS."""
+    from .frames import empty_roles
+
+    red = SummaryReducer(causal=model.spec.causal, smoothing=cfg.entropy_smoothing)
+    rep = stream(model, list(items), [red], batch_size=cfg.batch_size, progress=progress)
+    return RoleOutput(frame=empty_roles(), stats=red.result(), skipped=rep.skipped, n_items=rep.n_used)
