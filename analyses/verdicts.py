@@ -86,6 +86,11 @@ def _columns_from_matrix(values: torch.Tensor, baseline, n_layers: int, n_heads:
     b = _to_tensor(baseline, "baseline")
     if b.dim() == 0:
         b = b.expand_as(values)
+    elif b.dim() == 1 and b.numel() == h_total == values.shape[0]:
+        raise ValueError(
+            f"a 1-D baseline of length {h_total} is ambiguous here ({h_total} items and {h_total} heads); "
+            "pass it as [n_items, 1] (per item) or [1, n_layers*n_heads] (per head)"
+        )
     elif b.dim() == 1 and b.numel() == h_total:
         b = b[None].expand_as(values)
     elif b.dim() == 1 and b.numel() == values.shape[0]:
@@ -112,6 +117,7 @@ def tail_p(d: torch.Tensor) -> torch.Tensor:
     p = 0.5 * torch.erfc(z / math.sqrt(2.0))
     floor = torch.pow(torch.tensor(2.0, dtype=torch.float64), -(d != 0).sum(0).double())
     p = torch.maximum(p, floor)
+    p = p.clamp_min(torch.finfo(torch.float64).tiny)  # a p-value is never exactly 0
     return torch.where(s2 > 0, p, torch.ones_like(p))
 
 

@@ -1,0 +1,158 @@
+"""``headscope roles MODEL``: what each head does, as one verdict table.
+
+Reads the probe corpora first (a malformed file fails before the model loads, as
+``headscope: error: file:line:col: ...``, exit 2), runs
+:func:`headscope.analyses.roles.head_roles`, and writes into ``--out`` (default
+``runs/roles-<model>``), each atomically:
+
+``roles.csv``/``roles.parquet`` (ROLE_COLUMNS), ``head_stats.*`` (STAT_COLUMNS),
+``clusters.*``, ``roles_by_head.*`` (the roles each head holds), ``skipped.json``
+(role group / input file -> reason -> count), ``examples.json`` (one item per role's top
+head, for drawing) and ``run.json`` (model, backend, config, items, timings).
+
+Then prints the top heads per role (groups where some head holds the role) and the
+skipped counts; ``--json`` prints the same as JSON; ``--quiet`` prints nothing.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference")
+    p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf")
+    p.add_argument("--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge")
+    p.add_argument("--conllu", action="append", metavar="FILE", help="CoNLL-U treebank (repeatable; default: the shipped data/syntax/*.conllu)")
+    p.add_argument("--coref", metavar="FILE", help="coreference JSONL (default: data/coref/coref.jsonl)")
+    p.add_argument("--text", metavar="FILE", help="plain text, one sentence per line (default: data/text/sentences.txt)")
+    p.add_argument("--roles", metavar="LIST", help="comma-separated role groups to run (default: all): "
+                   "positional,special,rare-word,summary,clustering,induction,syntactic,coreference")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: runs/roles-<model>)")
+    p.add_argument("--seed", type=int, default=0, help="seed for bootstrap, permutations and generated sequences")
+    p.add_argument("--margin", type=float, default=None, help="margin over the baseline for a verdict (default 0.10, Voita et al.)")
+    p.add_argument("--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'")
+    p.add_argument("--batch-size", type=int, default=None, help="items per forward pass (default 32)")
+    p.add_argument("--top", type=int, default=3, help="heads shown per role")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
+    p.set_defaults(func=run)
+
+
+def default_out(model: str) -> Path:
+    """``runs/roles-<model>``, with the model's file stem for a path and unsafe characters replaced."""
+    name = Path(model).stem if ("/" in model or model.endswith(".gguf")) else model
+    return Path("runs") / f"roles-{re.sub(r'[^A-Za-z0-9._-]+', '_', name) or 'model'}"
+
+
+def _config(args):
+    from headscope.analyses.roles_config import RolesConfig
+
+    kw = {"seed": args.seed, "full_labels": args.full_labels}
+    if args.margin is not None:
+        kw["margin"] = args.margin
+    if args.batch_size is not None:
+        kw["batch_size"] = args.batch_size
+    return RolesConfig(**kw)
+
+
+def _read_inputs(args, cfg, groups):
+    """Read the corpora the chosen role groups need (before loading the model)."""
+    from headscope.analyses.roles import TEXT_GROUPS, default_conllu, default_coref, default_text
+    from headscope.probes.corpora import read_conllu, read_coref, read_text
+
+    inputs = {}
+    if "syntactic" in groups:
+        inputs["conllu"] = [read_conllu(p, full_labels=cfg.full_labels) for p in (args.conllu or default_conllu())]
+    if "coreference" in groups:
+        inputs["coref"] = read_coref(args.coref or default_coref())
+    if any(g in groups for g in TEXT_GROUPS):
+        inputs["text"] = read_text(args.text or default_text())
+    return inputs
+
+
+def _summary_records(result, top: int) -> list[dict]:
+    from headscope.analyses.roles import summary
+
+    df = summary(result, top=top, only_verdicts=False)
+    # syntactic: only relations where some head holds the role (there are dozens)
+    keep = (df.role != "syntactic") | df.groupby(["role", "relation", "direction"])["verdict"].transform("any")
+    cols = ["role", "relation", "direction", "rank", "layer", "head", "score", "baseline", "margin", "p_value", "n", "verdict"]
+    return df[keep][cols].to_dict("records")
+
+
+def _print_text(result, records, out: Path) -> None:
+    from headscope.analyses.roles import roles_by_head
+
+    lines = [f"headscope roles: {result.model} — {len(result.frame)} role rows, "
+             f"{int(result.frame.verdict.sum())} verdicts; files in {out}"]
+    lines.append("")
+    lines.append(f"{'role':<22} {'relation':<10} {'direction':<10} {'#':>2} {'head':>6} {'score':>6} {'base':>6} {'margin':>7} {'p':>8} {'n':>6}  holds")
+    for r in records:
+        head = f"L{r['layer']}H{r['head']}"
+        lines.append(f"{r['role']:<22} {r['relation']:<10} {r['direction']:<10} {r['rank']:>2} {head:>6} {r['score']:>6.3f} "
+                     f"{r['baseline']:>6.3f} {r['margin']:>+7.3f} {r['p_value']:>8.2g} {r['n']:>6}  {'yes' if r['verdict'] else 'no'}")
+    multi = roles_by_head(result)
+    multi = multi[multi.n_roles > 1]
+    if len(multi):
+        lines.append("")
+        lines.append(f"{len(multi)} heads hold several roles (roles_by_head.csv)")
+    lines.append("")
+    lines.append("skipped:")
+    any_skip = False
+    for group, reasons in sorted(result.skipped.items()):
+        if reasons:
+            any_skip = True
+            lines.append(f"  {group}: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
+    if not any_skip:
+        lines.append("  nothing")
+    lines.append("items: " + ", ".join(f"{k} {v}" for k, v in result.n_items.items()))
+    print("\n".join(lines))
+
+
+def run(args) -> int:
+    from headscope.analyses.roles import check_roles, head_roles, roles_by_head
+    from headscope.probes.atomic import write_frame, write_json
+    from headscope.probes.models import load_model
+
+    cfg = _config(args)
+    groups = check_roles([g.strip() for g in args.roles.split(",") if g.strip()] if args.roles else None)
+    inputs = _read_inputs(args, cfg, groups)
+    out = Path(args.out) if args.out else default_out(args.model)
+    model = load_model(args.model, args.backend)
+
+    progress = None
+    if not (args.quiet or args.json):
+        from headscope.reports.terminal import StageProgress
+
+        progress = StageProgress(quiet=not sys.stderr.isatty())
+    if progress is not None:
+        with progress:
+            result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
+                                roles=groups, cfg=cfg, progress=progress)
+    else:
+        result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
+                            roles=groups, cfg=cfg)
+
+    write_frame(result.frame, out / "roles")
+    write_frame(result.stats, out / "head_stats")
+    write_frame(result.clusters, out / "clusters")
+    write_frame(roles_by_head(result), out / "roles_by_head")
+    write_json(result.skipped, out / "skipped.json")
+    write_json(result.examples, out / "examples.json")
+    write_json({"model": result.model, "model_arg": args.model, "backend": args.backend, "roles": list(groups),
+                "config": result.config, "n_items": result.n_items, "timings": {k: round(v, 3) for k, v in result.timings.items()},
+                "inputs": {"conllu": [str(c.path) for c in inputs.get("conllu", [])],
+                           "coref": str(inputs["coref"].path) if "coref" in inputs else None,
+                           "text": str(args.text or "") or ("shipped" if "text" in inputs else None)}},
+               out / "run.json")
+
+    records = _summary_records(result, args.top)
+    if args.json:
+        print(json.dumps({"model": result.model, "out": str(out), "top": records, "skipped": result.skipped,
+                          "n_items": result.n_items, "timings": result.timings}, indent=2, default=str))
+    elif not args.quiet:
+        _print_text(result, records, out)
+    return 0
