@@ -95,6 +95,8 @@ def _columns_from_matrix(values: torch.Tensor, baseline, n_layers: int, n_heads:
         b = b[None].expand_as(values)
     elif b.dim() == 1 and b.numel() == values.shape[0]:
         b = b[:, None].expand_as(values)
+    elif b.dim() == 2 and b.shape in ((1, h_total), (values.shape[0], 1)):
+        b = b.expand_as(values)
     elif b.shape != values.shape:
         raise ValueError(
             f"baseline must be a scalar, [n_layers*n_heads]={h_total}, [n_items]={values.shape[0]} or the shape of "
