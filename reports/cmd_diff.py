@@ -1,0 +1,33 @@
+"""``headscope diff RUN_A RUN_B``: how head roles and importance changed between two runs
+of the same architecture (e.g. before/after fine-tuning, two seeds, two backends)."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diff", help="changes in head roles and importance between two runs of the same architecture")
+    p.add_argument("run_a", help="report, roles or prune output folder")
+    p.add_argument("run_b", help="report, roles or prune output folder")
+    p.add_argument("--out", default="runs/diff", metavar="DIR", help="output folder (default: runs/diff)")
+    p.add_argument("--top", type=int, default=10, help="how many of the largest changes to print")
+    p.add_argument("--json", action="store_true", help="print the changes as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import json
+    import sys
+
+    from .diff import diff_runs, largest_changes
+
+    frames, paths = diff_runs(args.run_a, args.run_b, out_dir=args.out)
+    lines = largest_changes(frames, top=args.top)
+    if args.json:
+        json.dump({"out_dir": str(paths["out_dir"]), "largest_changes": lines,
+                   "verdict_changes": frames["role_changes"]["change"].value_counts().to_dict() if "role_changes" in frames else {}},
+                  sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        for line in lines:
+            print(line)
+        print(f"diff written to {paths['out_dir']}")
+    return 0

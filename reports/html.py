@@ -1,0 +1,551 @@
+"""The report's content, built once from frames, and its self-contained HTML rendering.
+
+:func:`build_document` turns the run's frames (roles, stats, examples, pruning
+studies, roles-vs-importance, skipped) plus the model card into a :class:`Document`: sections of
+paragraphs, notes, preformatted text, figures (PNG bytes with alt text and caption) and
+tables (frames with a caption). :func:`render_html` writes it as one HTML file with CSS
+inline and every image a ``data:`` URI, so it opens from disk, offline, with no script.
+:mod:`headscope.reports.markdown` renders the same document as Markdown.
+
+>>> doc = Document(title="t", sections=[Section(id="s", title="S", blocks=[Paragraph("a < b")])])
+>>> "a &lt; b" in render_html(doc)
+True
+"""
+from __future__ import annotations
+
+import html as _html
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from . import figures as F
+
+CAVEAT = (
+    "Attention maps are clues, not proofs: where a head looks need not be what the model uses "
+    "(Jain & Wallace 2019; Wiegreffe & Pinter 2019). The ablation numbers beside each role are the "
+    "causal evidence: the model's behaviour with that role's top heads removed, against removing as "
+    "many heads drawn at random."
+)
+
+
+@dataclass
+class Paragraph:
+    text: str
+
+
+@dataclass
+class Note:
+    """A highlighted remark (the attention caveat, warnings)."""
+
+    text: str
+
+
+@dataclass
+class Pre:
+    text: str
+
+
+@dataclass
+class Figure:
+    name: str  # file stem under figures/ (Markdown) — unique in a document
+    png: bytes
+    alt: str
+    caption: str
+
+
+@dataclass
+class Table:
+    name: str
+    frame: pd.DataFrame
+    caption: str
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    blocks: list = field(default_factory=list)
+    level: int = 2
+
+
+@dataclass
+class Document:
+    title: str
+    sections: list[Section]
+    subtitle: str = ""
+
+    def figures(self) -> list[Figure]:
+        return [b for s in self.sections for b in s.blocks if isinstance(b, Figure)]
+
+    def tables(self) -> list[Table]:
+        return [b for s in self.sections for b in s.blocks if isinstance(b, Table)]
+
+
+# ----------------------------------------------------------------- formatting helpers
+def fmt(v) -> str:
+    """Display a cell: floats to 3 decimals (p-values in scientific notation when small),
+    NaN as an em dash, booleans as yes/no."""
+    if v is None or v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, (bool, np.bool_)):
+        return "yes" if v else "no"
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if v != 0 and abs(v) < 1e-3:
+            return f"{v:.1e}"
+        return f"{v:.3f}"
+    return str(v)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "x"
+
+
+def _n(k: int, one: str, many: str) -> str:
+    return f"{k} {one if k == 1 else many}"
+
+
+def _head(layer, head) -> str:
+    return f"L{int(layer)}H{int(head)}"
+
+
+# ----------------------------------------------------------------- building the document
+def top_heads(roles: pd.DataFrame, top: int = 3) -> dict[str, pd.DataFrame]:
+    """Per role, the ``top`` heads by margin among those with a verdict (a head counted
+    once per role, on its best relation); roles with no verdict get their best-scoring
+    heads instead (the caller says so)."""
+    out = {}
+    if roles is None or roles.empty:
+        return out
+    for role, d in roles.groupby("role", sort=True, observed=True):
+        held = d[d["verdict"].astype(bool)]
+        pool = held if not held.empty else d
+        key = "margin" if not held.empty else "score"
+        best = pool.sort_values([key, "score"], ascending=False).drop_duplicates(["layer", "head"])
+        out[str(role)] = best.head(top).reset_index(drop=True)
+    return out
+
+
+def _role_table(best: pd.DataFrame) -> pd.DataFrame:
+    cols = ["layer", "head", "relation", "direction", "score", "baseline", "margin", "ci_low", "ci_high", "p_value", "n", "verdict"]
+    t = best[[c for c in cols if c in best]].copy()
+    for c in ("relation", "direction"):
+        if c in t and (t[c].astype(str) == "").all():
+            t = t.drop(columns=c)
+    t.insert(0, "head_id", [_head(l, h) for l, h in zip(t["layer"], t["head"])])
+    return t.drop(columns=["layer", "head"]).rename(columns={"head_id": "head", "ci_low": "CI low", "ci_high": "CI high", "p_value": "p (adj.)"})
+
+
+def role_examples(examples: pd.DataFrame | None, role: str, max_n: int = 3) -> list[pd.DataFrame]:
+    """Up to ``max_n`` examples of ``role`` (EXAMPLE_COLUMNS rows, one frame each), in
+    the order the analyses gave them (their best first)."""
+    if examples is None or examples.empty:
+        return []
+    d = examples[examples["role"].astype(str) == role]
+    keys = list(dict.fromkeys(d["example"]))[:max_n]
+    return [d[d["example"] == k] for k in keys]
+
+
+def _example_alt(ex: pd.DataFrame) -> str:
+    layer, head = int(ex["layer"].iloc[0]), int(ex["head"].iloc[0])
+    sentence = str(ex["sentence"].iloc[0])
+    strongest = ex.sort_values("weight", ascending=False, kind="stable").drop_duplicates("query_index").head(3)
+    links = ", ".join(f"'{r.query_word}'→'{r.key_word}' ({r.weight:.2f})" for r in strongest.itertuples())
+    gold = ex[ex["gold"].astype(bool)] if "gold" in ex else ex.iloc[:0]
+    g = ("; expected links: " + ", ".join(f"'{r.query_word}'→'{r.key_word}' ({r.weight:.2f})" for r in gold.itertuples())) if len(gold) else ""
+    level = str(ex["level"].iloc[0]) if "level" in ex else "word"
+    return (f"Heatmap of the {level}-level attention of head {_head(layer, head)} on \"{sentence}\"; "
+            f"strongest links: {links}{g}.")
+
+
+def _example_block(ex: pd.DataFrame) -> Figure:
+    r = ex.iloc[0]
+    what = str(r["role"]) + (f" {r['relation']} ({r['direction']})" if str(r["relation"]) else "")
+    head = _head(r["layer"], r["head"])
+    gold = " Red outlines: the links the role expects (gold)." if ex["gold"].astype(bool).any() else ""
+    if str(r.get("level", "word")) == "token":
+        how = ("rows are query tokens, columns the tokens they attend to (token level, special tokens included: the "
+               "item has no words, or most of this head's attention goes to special tokens, which belong to no word).")
+    else:
+        how = ("on a real sentence; rows are query words, columns the words they attend to (sub-word pieces summed "
+               "over keys, averaged over queries; attention to special tokens left out).")
+    return Figure(
+        name=f"example_{slug(r['example'])}", png=F.png_bytes(F.example_figure(ex, title=f"{what}: {head}")),
+        alt=_example_alt(ex), caption=f"{head}, a top head for {what}; {how}{gold}",
+    )
+
+
+def _relation_table(d: pd.DataFrame, max_rows: int = 15) -> Table | None:
+    """Best head per relation and direction (roles that have relations)."""
+    if (d["relation"].astype(str) == "").all():
+        return None
+    best = d.sort_values(["verdict", "margin"], ascending=False, kind="stable").drop_duplicates(["relation", "direction"])
+    best = best.sort_values(["verdict", "margin"], ascending=False, kind="stable").head(max_rows)
+    t = best[["relation", "direction", "layer", "head", "score", "baseline", "margin", "n", "verdict"]].copy()
+    t.insert(2, "best head", [_head(l, h) for l, h in zip(t["layer"], t["head"])])
+    return Table(name="relations", frame=t.drop(columns=["layer", "head"]),
+                 caption=f"Best head per relation and direction (the {len(t)} with the largest margins; all in tables/roles.csv)")
+
+
+def _causal_rows(rvi: pd.DataFrame, role: str) -> pd.DataFrame:
+    if rvi is None or rvi.empty:
+        return pd.DataFrame()
+    return rvi[rvi["role"].astype(str) == role]
+
+
+def _causal_sentence(rows: pd.DataFrame) -> str:
+    parts = []
+    for r in rows.itertuples(index=False):
+        sd = r.value_random_std if not pd.isna(r.value_random_std) else 0.0
+        z = (r.value_role - r.value_random_mean) / sd if sd > 0 else float("nan")
+        if math.isnan(z):
+            zs = ""
+        elif abs(z) < 2:
+            zs = f", {z:+.1f} sd from random: within 2 sd, so this ablation does not single these heads out"
+        else:
+            zs = f", {z:+.1f} sd from random"
+        parts.append(
+            f"ablating its top {_n(int(r.k), 'head', 'heads')} gives {r.metric} = {fmt(r.value_role)}; "
+            f"ablating {_n(int(r.k), 'random head', 'random heads')} gives {fmt(r.value_random_mean)} ± {fmt(sd)} "
+            f"(mean ± sd over {int(r.n_draws)} draws{zs})"
+        )
+    return "Causal evidence: " + "; ".join(parts) + "."
+
+
+def _card_section(card: dict, card_text: str) -> Section:
+    s = Section(id="model", title="Model")
+    s.blocks.append(Pre(card_text))
+    n, kv = int(card.get("heads", 0)), int(card.get("kv_heads", 0) or card.get("heads", 0))
+    if kv and kv < n:
+        g = n // kv
+        fig = F.gqa_figure(n, kv)
+        s.blocks.append(Figure(
+            name="gqa_groups", png=F.png_bytes(fig),
+            alt=f"Diagram of grouped-query attention: {n} query heads joined to {kv} key-value heads; "
+                + "; ".join(f"KV head {k} is read by query heads {k * g}–{k * g + g - 1}" for k in range(kv)) + ".",
+            caption=f"GQA groups: each KV head is shared by {g} query heads (the same grouping in every layer). "
+                    "Heads in a group see the same keys and values and differ only in their queries.",
+        ))
+        groups = pd.DataFrame([{"kv_head": k, "query_heads": ", ".join(str(h) for h in range(k * g, (k + 1) * g))} for k in range(kv)])
+        s.blocks.append(Table(name="gqa_groups", frame=groups, caption="Query heads sharing each KV head"))
+    else:
+        s.blocks.append(Paragraph("Multi-head attention: every query head has its own key-value head (no GQA groups)."))
+    return s
+
+
+def _roles_overview(roles: pd.DataFrame, n_layers: int, n_heads: int, model: str) -> Section:
+    s = Section(id="roles", title="Head roles")
+    held = F.held_roles(roles)
+    counts = roles[roles["verdict"].astype(bool)].drop_duplicates(["layer", "head", "role"])["role"].value_counts()
+    multi = sum(1 for v in held.values() if len(v) > 1)
+    common = ", ".join(f"{r} ({c} heads)" for r, c in counts.items()) or "none"
+    total = n_layers * n_heads
+    s.blocks.append(Paragraph(
+        f"{len(held)} of {model}'s {total} heads hold at least one role at the configured thresholds; "
+        f"{_n(multi, 'holds', 'hold')} more than one. Heads per role: {common}."
+    ))
+    s.blocks.append(Note(CAVEAT))
+    fig = F.role_map_figure(roles, n_layers=n_layers, n_heads=n_heads)
+    s.blocks.append(Figure(
+        name="role_map", png=F.png_bytes(fig),
+        alt=f"Grid of {n_layers} layers by {n_heads} heads coloured by role. {len(held)} heads hold a role, {multi} several. "
+            f"Heads per role: {common}.",
+        caption="Layer × head map of roles. Each coloured stripe is a role the head holds (verdict: margin over the baseline "
+                "and adjusted p below alpha); a cell with several stripes holds several roles; stronger colour means a larger "
+                "margin relative to the role's best head. Grey: no role.",
+    ))
+    return s
+
+
+def _unheld_section(roles: pd.DataFrame, tops: dict[str, pd.DataFrame]) -> Section | None:
+    """One table for the roles no head holds: each role's best head, for reference."""
+    rows = []
+    for role, best in tops.items():
+        d = roles[roles["role"].astype(str) == role]
+        if d["verdict"].astype(bool).any():
+            continue
+        r = best.iloc[0]
+        rows.append({"role": role, "best head": _head(r["layer"], r["head"]), "score": r["score"], "baseline": r["baseline"],
+                     "margin": r["margin"], "p (adj.)": r["p_value"], "n": r["n"]})
+    if not rows:
+        return None
+    s = Section(id="roles-unheld", title="Roles no head holds", level=3)
+    s.blocks.append(Paragraph(
+        f"No head passes the threshold for {_n(len(rows), 'role', 'roles')} ({', '.join(r['role'] for r in rows)}); "
+        "the best-scoring head of each is listed for reference. A role absent here may still be carried by several heads "
+        "together, or only on inputs unlike the probe corpora."))
+    s.blocks.append(Table(name="roles_unheld", frame=pd.DataFrame(rows), caption="Best head of each role that no head holds"))
+    return s
+
+
+def _role_sections(roles, examples, rvi, top: int) -> list[Section]:
+    out = []
+    tops = top_heads(roles, top)
+    for role, best in tops.items():
+        d = roles[roles["role"].astype(str) == role]
+        n_held = d[d["verdict"].astype(bool)].drop_duplicates(["layer", "head"]).shape[0]
+        if not n_held:
+            continue
+        s = Section(id=f"role-{slug(role)}", title=f"Role: {role}", level=3)
+        s.blocks.append(Paragraph(f"{_n(n_held, 'head holds', 'heads hold')} this role. Top {len(best)} by margin over the baseline:"))
+        s.blocks.append(Table(name=f"top_{slug(role)}", frame=_role_table(best),
+                              caption=f"Top heads for {role}: score, baseline, margin, bootstrap CI of the score, adjusted p"))
+        rel = _relation_table(d)
+        if rel is not None:
+            s.blocks.append(rel)
+        causal = _causal_rows(rvi, role)
+        if not causal.empty:
+            s.blocks.append(Paragraph(_causal_sentence(causal)))
+        else:
+            s.blocks.append(Paragraph("Causal evidence: no ablation of this role's heads was run; the verdict rests on attention alone."))
+        s.blocks.append(Note("Attention maps are clues, not proofs (Jain & Wallace 2019; Wiegreffe & Pinter 2019)."))
+        for ex in role_examples(examples, role):
+            s.blocks.append(_example_block(ex))
+        out.append(s)
+    unheld = _unheld_section(roles, tops)
+    if unheld is not None:
+        out.append(unheld)
+    return out
+
+
+def _clusters_figure(clusters: pd.DataFrame | None) -> Figure | None:
+    if clusters is None or clusters.empty or not {"layer", "head", "x", "y", "cluster"} <= set(clusters.columns):
+        return None
+    sizes = clusters["cluster"].value_counts().sort_index()
+    desc = "; ".join(f"cluster {c}: {n} heads" for c, n in sizes.items())
+    return Figure(name="head_clusters", png=F.png_bytes(F.clusters_figure(clusters)),
+                  alt=f"Scatter plot of the {len(clusters)} heads in two dimensions, coloured by cluster, labelled by layer; {desc}.",
+                  caption="Heads embedded in two dimensions by their attention behaviour and clustered (Clark et al. 2019, §6); "
+                          "marker text is the layer. Heads of one cluster behave alike on the text corpus.")
+
+
+def _stats_section(stats: pd.DataFrame, clusters: pd.DataFrame | None = None) -> Section | None:
+    metrics = F.stats_metrics(stats)
+    if not metrics:
+        return None
+    s = Section(id="stats", title="Attention statistics by layer")
+    means = stats[stats["metric"].astype(str).isin(metrics)].groupby(["metric", "layer"], observed=True)["value"].mean()
+    desc = "; ".join(f"mean {m} by layer: " + ", ".join(f"{v:.2f}" for v in means.loc[m].values) for m in metrics)
+    fig = F.stats_by_layer_figure(stats, metrics)
+    s.blocks.append(Figure(name="stats_by_layer", png=F.png_bytes(fig), alt=f"Dot plots of {', '.join(metrics)} per head by layer; {desc}.",
+                           caption="Per-head attention statistics by layer (dots: heads; line: layer mean)."))
+    wide = means.unstack("metric").reset_index()
+    s.blocks.append(Table(name="stats_by_layer", frame=wide, caption="Layer means of the per-head statistics"))
+    cl = _clusters_figure(clusters)
+    if cl is not None:
+        s.blocks.append(cl)
+    return s
+
+
+COUNT_METRICS = ("query_heads_pruned", "kv_heads_pruned", "kv_cache_bytes_saved_per_token")
+
+
+def curves_frame(frames: dict[str, pd.DataFrame], metric: str | None = None) -> pd.DataFrame | None:
+    """The IMPACT rows the pruning figure plots: ``prune_curve_summary`` (seeds already
+    averaged) or else ``prune_curves`` / ``impact``, restricted to ``metric`` (else to the
+    non-count metrics), with the ``curve:`` prefix taken off the study names."""
+    for name in ("prune_curve_summary", "prune_curves", "impact"):
+        df = frames.get(name)
+        if df is not None and not df.empty:
+            break
+    else:
+        return None
+    d = df[df["fraction_pruned"].notna()]
+    if name == "impact":
+        d = d[d["layer"].isna()]
+    keep = d["metric"].astype(str) == metric if metric and (d["metric"].astype(str) == metric).any() else ~d["metric"].astype(str).isin(COUNT_METRICS)
+    d = d[keep].copy()
+    d["study"] = d["study"].astype(str).str.removeprefix("curve:")
+    return d
+
+
+def _ablation_map(frames, n_layers, n_heads) -> Figure | None:
+    ab = frames.get("prune_ablation")
+    if ab is None or ab.empty:
+        return None
+    d = ab[(ab["study"].astype(str) == "ablation:zero") & ab["metric"].astype(str).str.startswith("delta_")]
+    if d.empty:
+        return None
+    metric = str(d["metric"].iloc[0])
+    fig = F.head_map_figure(d, n_layers=n_layers, n_heads=n_heads, label=metric,
+                            title=f"Single-head zero ablation: {metric} per head")
+    worst = d.loc[d["value"].abs().idxmax()]
+    return Figure(name="ablation_map", png=F.png_bytes(fig),
+                  alt=f"Heatmap of {n_layers} layers by {n_heads} heads: change in the metric when each head alone is zero-ablated; "
+                      f"the largest change is {_head(worst['layer'], worst['head'])} ({worst['value']:+.4f}).",
+                  caption=f"Importance of single heads: {metric} when one head is zero-ablated (the rest intact). "
+                          "Most heads matter little alone; redundancy is why pruning curves stay flat at first.")
+
+
+def _pruning_section(frames: dict, rvi: pd.DataFrame, n_layers: int, n_heads: int, metric: str | None) -> Section:
+    s = Section(id="pruning", title="Pruning")
+    curves = F.curve_rows(curves_frame(frames, metric))
+    base = frames.get("prune_baseline")
+    if base is not None and not base.empty:
+        b = base.iloc[0]
+        s.blocks.append(Paragraph(f"Unpruned model: {b['metric']} = {fmt(b['value'])} (bootstrap SE {fmt(b['spread'])}, {int(b['n'])} items)."))
+    if curves.empty:
+        s.blocks.append(Paragraph("No pruning curves in this run."))
+    else:
+        fig = F.pruning_figure(curves, summarised=True)
+        ends = []
+        for (study, m), d in curves.groupby(["study", "metric"], observed=True):
+            d = d.sort_values("fraction_pruned")
+            ends.append(f"{study}: {m} {d['value'].iloc[0]:.3f} at {d['fraction_pruned'].iloc[0]:.0%} → {d['value'].iloc[-1]:.3f} at {d['fraction_pruned'].iloc[-1]:.0%}")
+        s.blocks.append(Figure(
+            name="pruning_curves", png=F.png_bytes(fig),
+            alt="Line chart of the metric against the fraction of heads pruned, one line per pruning order. " + "; ".join(ends) + ".",
+            caption="Pruning curves: heads are removed in the order each study ranks them; shaded bands are ± the spread "
+                    "(for random orders, the standard deviation over seeds; otherwise the bootstrap SE over items).",
+        ))
+        fr = sorted(curves["fraction_pruned"].unique())
+        pick = [fr[0], fr[len(fr) // 2], fr[-1]] if len(fr) >= 3 else fr
+        t = curves[curves["fraction_pruned"].isin(pick)].copy()
+        t["fraction_pruned"] = t["fraction_pruned"].map(lambda v: f"{v:.0%}")
+        s.blocks.append(Table(name="pruning_points", frame=t.rename(columns={"study": "order", "n_seeds": "curves averaged"}),
+                              caption="Pruning curves at the first, middle and last fraction pruned"))
+    pr = frames.get("prune_prunable")
+    if pr is not None and not pr.empty:
+        t = pr.copy()
+        for c in ("query_heads_pruned", "kv_heads_pruned"):
+            if c in t:
+                t[c] = t[c].round().astype("Int64")
+        t["tolerance"] = t["tolerance"].map(lambda v: f"{v:.0%}")
+        t["fraction_pruned"] = t["fraction_pruned"].map(lambda v: f"{v:.0%}")
+        s.blocks.append(Table(name="prunable", frame=t, caption="Largest fraction of heads prunable while the metric stays within the tolerance of the unpruned model"))
+    amap = _ablation_map(frames, n_layers, n_heads)
+    if amap is not None:
+        s.blocks.append(amap)
+    if rvi is not None and not rvi.empty:
+        fig = F.causal_figure(rvi)
+        s.blocks.append(Figure(
+            name="causal_evidence", png=F.png_bytes(fig),
+            alt="Bar chart per role: metric after ablating the role's top heads versus random heads. "
+                + "; ".join(f"{r.role}: {r.value_role:.3f} vs {r.value_random_mean:.3f}" for r in rvi.itertuples()) + ".",
+            caption="Roles vs importance: ablating a role's top-k heads (red) against k random heads (grey, mean ± sd over draws).",
+        ))
+    return s
+
+
+def _skipped_section(skipped: pd.DataFrame, n_items: dict) -> Section:
+    s = Section(id="skipped", title="Items skipped")
+    used = ", ".join(f"{k}: {v}" for k, v in n_items.items()) if n_items else ""
+    if skipped is None or skipped.empty or int(skipped["count"].sum()) == 0:
+        s.blocks.append(Paragraph("No item was skipped." + (f" Items used — {used}." if used else "")))
+    else:
+        s.blocks.append(Paragraph(
+            f"{int(skipped['count'].sum())} items were skipped, by reason below." + (f" Items used — {used}." if used else "")))
+        s.blocks.append(Table(name="skipped", frame=skipped, caption="Skipped items by analysis and reason"))
+    return s
+
+
+def _run_section(meta: dict) -> Section:
+    s = Section(id="run", title="Run")
+    rows = [("model", meta.get("model")), ("backend", meta.get("backend")), ("mode", "full" if meta.get("full") else "quick"),
+            ("seed", meta.get("seed")), ("model file SHA-256", meta.get("sha256") or "—"),
+            ("trust_remote_code", "false")]
+    rows += [(f"version: {k}", v) for k, v in (meta.get("versions") or {}).items()]
+    rows += [(f"time: {k}", f"{v:.1f} s") for k, v in (meta.get("timings") or {}).items()]
+    s.blocks.append(Table(name="run", frame=pd.DataFrame(rows, columns=["field", "value"]), caption="Configuration, versions and timings"))
+    s.blocks.append(Paragraph("Tables are in tables/ (CSV and Parquet, tidy: one observation per row); the full configuration is in run.json."))
+    return s
+
+
+def build_document(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, top: int = 3) -> Document:
+    """The report's content from frames. ``frames`` keys used: ``roles`` (ROLE_COLUMNS),
+    ``stats`` (STAT_COLUMNS), ``examples`` (EXAMPLE_COLUMNS), ``prune_*`` (IMPACT_COLUMNS; curves from
+    ``prune_curve_summary`` / ``prune_curves``, single-head map from ``prune_ablation``,
+    ``prune_prunable``, ``prune_baseline``),
+    ``roles_vs_importance`` (role, k, metric, value_role, value_random_mean,
+    value_random_std, n_draws), ``skipped`` (analysis, reason, count); any may be missing.
+    ``card`` is :func:`headscope.probes.card.model_card`'s dict, ``card_text`` its rendering;
+    ``meta``: model, backend, full, seed, sha256, versions, timings, n_items."""
+    roles = frames.get("roles")
+    n_layers, n_heads = int(card["layers"]), int(card["heads"])
+    model = meta.get("model") or card.get("name", "model")
+    sections = [_card_section(card, card_text)]
+    if roles is not None and not roles.empty:
+        sections.append(_roles_overview(roles, n_layers, n_heads, model))
+        sections += _role_sections(roles, frames.get("examples"), frames.get("roles_vs_importance"), top)
+    stats = _stats_section(frames.get("stats"), frames.get("clusters"))
+    if stats:
+        sections.append(stats)
+    sections.append(_pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric")))
+    sections.append(_skipped_section(frames.get("skipped"), meta.get("n_items") or {}))
+    sections.append(_run_section(meta))
+    return Document(
+        title=f"What the attention heads of {model} do",
+        subtitle=f"{n_layers} layers × {n_heads} heads = {n_layers * n_heads} heads · backend {meta.get('backend')} · "
+                 f"{'full' if meta.get('full') else 'quick'} pruning studies · seed {meta.get('seed')}",
+        sections=sections,
+    )
+
+
+# ----------------------------------------------------------------- HTML rendering
+CSS = """
+body{font:15px/1.5 Georgia,'DejaVu Serif',serif;color:#222;max-width:980px;margin:2em auto;padding:0 1.2em;background:#fff}
+h1{font-size:1.7em;margin-bottom:.1em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+h3{margin-top:1.6em}.subtitle{color:#666;margin-top:0}
+nav ul{columns:2;font-size:.9em}
+pre{background:#f6f6f4;padding:.8em;overflow-x:auto;font:13px/1.4 'DejaVu Sans Mono',monospace}
+figure{margin:1.2em 0;text-align:center}figure img{max-width:100%;height:auto}
+figcaption{font-size:.88em;color:#444;text-align:left;margin-top:.4em}
+table{border-collapse:collapse;margin:.8em 0;font:13px/1.35 'DejaVu Sans',Arial,sans-serif}
+caption{caption-side:top;text-align:left;font-style:italic;color:#555;padding-bottom:.3em}
+th,td{border-bottom:1px solid #e2e2e2;padding:.25em .6em;text-align:left}
+th{background:#f2f2f2}td.num{text-align:right;font-variant-numeric:tabular-nums}
+.note{border-left:4px solid #c44e52;background:#fbf3f3;padding:.5em .8em;font-size:.92em}
+"""
+
+
+def _num(v) -> str:
+    return ' class="num"' if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) else ""
+
+
+def _table_html(t: Table) -> str:
+    head = "".join(f'<th scope="col">{_html.escape(str(c))}</th>' for c in t.frame.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td{_num(v)}>{_html.escape(fmt(v))}</td>" for v in row) + "</tr>"
+        for row in t.frame.itertuples(index=False)
+    )
+    return f"<table><caption>{_html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _block_html(b) -> str:
+    if isinstance(b, Paragraph):
+        return f"<p>{_html.escape(b.text)}</p>"
+    if isinstance(b, Note):
+        return f'<p class="note" role="note">{_html.escape(b.text)}</p>'
+    if isinstance(b, Pre):
+        return f"<pre>{_html.escape(b.text)}</pre>"
+    if isinstance(b, Figure):
+        return (f'<figure id="fig-{_html.escape(b.name)}"><img src="{F.data_uri(b.png)}" alt="{_html.escape(b.alt, quote=True)}">'
+                f"<figcaption>{_html.escape(b.caption)}</figcaption></figure>")
+    if isinstance(b, Table):
+        return _table_html(b)
+    raise TypeError(f"unknown document block {type(b).__name__}; expected Paragraph, Note, Pre, Figure or Table")
+
+
+def render_html(doc: Document) -> str:
+    """One self-contained HTML page: inline CSS, images as data URIs, no script, no
+    external resource."""
+    toc = "".join(f'<li><a href="#{s.id}">{_html.escape(s.title)}</a></li>' for s in doc.sections)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{_html.escape(doc.title)}</title><style>{CSS}</style></head><body><main>",
+        f"<h1>{_html.escape(doc.title)}</h1>",
+        f'<p class="subtitle">{_html.escape(doc.subtitle)}</p>' if doc.subtitle else "",
+        f'<nav aria-label="contents"><ul>{toc}</ul></nav>',
+    ]
+    for s in doc.sections:
+        h = f"h{s.level}"
+        parts.append(f'<section id="{s.id}"><{h}>{_html.escape(s.title)}</{h}>')
+        parts.extend(_block_html(b) for b in s.blocks)
+        parts.append("</section>")
+    parts.append("</main></body></html>\n")
+    return "\n".join(p for p in parts if p)

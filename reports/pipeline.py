@@ -1,0 +1,430 @@
+"""``build_report``: run the analyses on a model and write the report folder.
+
+The one place in ``reports/`` that calls the analyses (model card, head roles, pruning
+study); everything after :func:`run_analyses` works on frames only
+(:func:`write_report`). The folder is written into ``<out>.tmp-<pid>`` and renamed to
+``<out>`` only once complete (an older report at ``<out>`` is replaced only then), so a
+crash never leaves a half report that looks complete. Every file inside is written
+atomically too (:mod:`headscope.probes.atomic`).
+
+Folder layout::
+
+    report.html      self-contained (inline CSS, images as data URIs)
+    report.md        same findings; figures under figures/
+    figures/*.png
+    tables/*.csv, tables/*.parquet   tidy frames (roles, stats, examples, prune_*, ...)
+    run.json         config, versions, model file SHA-256, seed, timings, skipped counts
+
+Example (runs the analyses; about a minute for MiniLM in quick mode)::
+
+    result = build_report("minilm-l6", out_dir="runs/report-minilm-l6")
+    result.paths["html"], result.summary["roles"]["positional:previous"]["top"][0]
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import inspect
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from headscope.probes.atomic import atomic_write, write_frame, write_json
+
+from . import figures as F
+from .html import build_document, curves_frame, render_html, top_heads
+from .markdown import render_markdown
+
+log = logging.getLogger(__name__)
+
+SKIPPED_COLUMNS = ["analysis", "reason", "count"]
+VERSION_PACKAGES = {"torch": "torch", "transformers": "transformers", "transformer_lens": "transformer-lens",
+                    "headscope": "headscope", "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib"}
+
+
+@dataclass
+class ReportResult:
+    """``frames``: the tidy frames written under tables/; ``paths``: html, markdown,
+    run_json, out_dir; ``summary``: what the terminal shows (JSON-serialisable);
+    ``timings``: seconds per stage."""
+
+    frames: dict[str, pd.DataFrame]
+    paths: dict[str, Path]
+    summary: dict
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def versions() -> dict[str, str | None]:
+    out = {}
+    for key, dist in VERSION_PACKAGES.items():
+        try:
+            out[key] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[key] = None
+    return out
+
+
+@contextmanager
+def _timed(timings: dict, stage: str, progress):
+    if progress:
+        progress(stage, 0, None)  # length unknown until the stage reports it
+    t0 = time.perf_counter()
+    yield
+    timings[stage] = round(time.perf_counter() - t0, 3)
+    if progress:
+        progress(stage, 1, 1)
+
+
+# ----------------------------------------------------------------- adapters: analyses -> frames
+def skipped_frame(skipped) -> pd.DataFrame:
+    """Skipped counts as a tidy frame (analysis, reason, count) from a ``Counter`` of
+    reasons, a dict ``{analysis: Counter}``, or ``{(analysis, reason): n}``.
+
+    >>> skipped_frame({"syntactic": Counter({"too long": 2}), "coref": Counter()}).to_dict("records")
+    [{'analysis': 'syntactic', 'reason': 'too long', 'count': 2}]
+    """
+    rows = []
+    if isinstance(skipped, pd.DataFrame):
+        return skipped.reindex(columns=SKIPPED_COLUMNS)
+    for key, val in (skipped or {}).items():
+        if isinstance(val, (dict, Counter)):
+            rows += [(str(key), str(r), int(n)) for r, n in val.items() if n]
+        elif isinstance(key, tuple) and len(key) == 2:
+            rows.append((str(key[0]), str(key[1]), int(val)))
+        elif val:
+            rows.append(("all", str(key), int(val)))
+    df = pd.DataFrame(rows, columns=SKIPPED_COLUMNS)
+    return df.sort_values(["analysis", "reason"], kind="stable").reset_index(drop=True)
+
+
+def _as_array(x):
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=float)
+
+
+WORD_MASS_MIN = 0.5  # below this mean word-level row mass, an example is drawn at token level
+
+
+def _mean_row_mass(pat) -> float:
+    a = _as_array(pat)
+    return float(a.sum(axis=-1).mean()) if a.ndim == 2 and a.size else 0.0
+
+
+def examples_frame(examples) -> pd.DataFrame:
+    """Example attention maps as EXAMPLE_COLUMNS rows.
+
+    Accepts a frame with those columns, or :attr:`RolesResult.examples`: a mapping
+    ``{example key: record}`` where a record carries ``layer``, ``head``, ``words``, a
+    word-level ``word_pattern`` (or ``pattern``) [query word][key word], and optionally
+    ``role``, ``relation``, ``direction``, ``sentence``, ``marks`` (gold (query, key)
+    word pairs), ``tokens`` and ``token_pattern``. The token-level pattern is drawn instead
+    when the record has no words or when its word-level rows hold less than
+    :data:`WORD_MASS_MIN` of the attention on average (a head looking at [CLS]/[SEP]/BOS,
+    which belong to no word). Records whose pattern does not match the words are left out.
+    """
+    if examples is None:
+        return pd.DataFrame(columns=F.EXAMPLE_COLUMNS)
+    if isinstance(examples, pd.DataFrame):
+        missing = [c for c in F.EXAMPLE_COLUMNS if c not in examples]
+        if missing:
+            raise ValueError(f"examples frame lacks columns {missing}; expected {F.EXAMPLE_COLUMNS}")
+        return examples[F.EXAMPLE_COLUMNS].reset_index(drop=True)
+    if not isinstance(examples, dict):
+        raise TypeError(f"examples must be a DataFrame or a dict of records; got {type(examples).__name__}")
+    rows = []
+    for key, r in examples.items():
+        if not isinstance(r, dict) or "layer" not in r or "head" not in r:
+            continue
+        level, pat, words = "word", r.get("word_pattern", r.get("pattern")), list(r.get("words") or [])
+        has_tokens = r.get("token_pattern") is not None and bool(r.get("tokens"))
+        # token level where there are no words (induction sequences) or where the word-level map would hide
+        # where the head looks: most of its attention on special tokens, which belong to no word
+        if has_tokens and (pat is None or not len(words) or _mean_row_mass(pat) < WORD_MASS_MIN):
+            level, pat, words = "token", r["token_pattern"], list(r["tokens"])
+        if pat is None:
+            continue
+        pat = _as_array(pat)
+        words = [str(w) for w in words]
+        if pat.ndim != 2 or pat.shape != (len(words), len(words)):
+            log.warning("example %r: pattern shape %s does not match %d %ss; left out", key, pat.shape, len(words), level)
+            continue
+        gold = {(int(m[0]), int(m[1])) for m in (r.get("marks") or []) if len(m) == 2} if level == "word" else set()
+        sentence = str(r.get("sentence") or r.get("text") or " ".join(words))
+        role = str(r.get("role") or str(key).split(":")[0])
+        for i in range(pat.shape[0]):
+            for j in range(pat.shape[1]):
+                rows.append((str(key), role, str(r.get("relation") or ""), str(r.get("direction") or ""), int(r["layer"]),
+                             int(r["head"]), level, sentence, i, j, words[i], words[j], float(pat[i, j]), (i, j) in gold))
+    return pd.DataFrame(rows, columns=F.EXAMPLE_COLUMNS)
+
+
+def split_prune_frames(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """PruneResult frames -> ``roles_vs_importance`` (the frame with ``value_role``) and
+    ``prune_<name>`` for the others (baseline, ablation, all_but_one, importance, curves,
+    curve_summary, prunable), each kept tidy and separate."""
+    out = {}
+    for name, df in (frames or {}).items():
+        if not isinstance(df, pd.DataFrame):
+            continue
+        if {"role", "value_role", "value_random_mean"} <= set(df.columns):
+            out["roles_vs_importance"] = df.reset_index(drop=True)
+        else:
+            out[f"prune_{name}"] = df.reset_index(drop=True)
+    return out
+
+
+# ----------------------------------------------------------------- stages that call the analyses
+def _run_card(model_name: str):
+    from headscope.probes.card import model_card, render_card
+
+    card = model_card(model_name)
+    return card, render_card(card)
+
+
+def _load(model_name: str, backend: str):
+    from headscope.probes.models import load_model
+
+    return load_model(model_name, backend)
+
+
+def _model_hash(model_name: str) -> dict:
+    from headscope.probes.checkpoints import file_sha256, resolve
+
+    f = resolve(model_name).file_for_hash
+    return {"path": str(f) if f else None, "name": f.name if f else None, "sha256": file_sha256(f) if f else None}
+
+
+def _stage_progress(progress, stage: str):
+    """Adapt our ``progress(stage, done, total)`` to the analyses' ``progress(done, total)``."""
+    if progress is None:
+        return None
+
+    def cb(done, total=None, *rest, **kw):
+        progress(stage, done, total)
+
+    return cb
+
+
+def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, role_inputs=None):
+    from headscope.analyses.roles import head_roles
+    from headscope.analyses.roles_config import RolesConfig
+
+    cfg = roles_config or RolesConfig(seed=seed)
+    return head_roles(model, cfg=cfg, progress=progress, roles=role_groups, **(role_inputs or {})), cfg  # progress(stage, done, total), stages text/syntactic/...
+
+
+def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFrame | None, progress=None):
+    """The pruning study in memory (the report folder is the output), with the roles
+    frame so that it ablates each role's top heads against random ones."""
+    from headscope.analyses.pruning_study import PruneConfig, pruning_study
+
+    cfg = prune_config or PruneConfig(quick=not full, seed=seed)
+    kw = {}
+    if progress is not None and "progress" in inspect.signature(pruning_study).parameters:
+        kw["progress"] = _stage_progress(progress, "pruning")
+    return pruning_study(model, cfg, None, roles=roles, **kw), cfg
+
+
+def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", full: bool = False, seed: int = 0,
+                 progress=None, roles_config=None, prune_config=None, role_groups=None, role_inputs=None):
+    """Run card, roles and pruning; return ``(frames, card, card_text, meta)``.
+    ``role_groups``: a subset of :data:`headscope.analyses.roles.ROLE_GROUPS` (default all);
+    ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.head_roles`
+    (default: the shipped corpora)."""
+    timings: dict[str, float] = {}
+    with _timed(timings, "card", progress):
+        card, card_text = _run_card(model_name)
+        model_file = _model_hash(model_name)
+    with _timed(timings, "load", progress):
+        model = _load(model_name, backend)
+    with _timed(timings, "roles", None):
+        rr, rcfg = _run_roles(model, seed=seed, roles_config=roles_config, progress=progress, role_groups=role_groups,
+                              role_inputs=role_inputs)
+    frames: dict[str, pd.DataFrame] = {"roles": rr.frame.reset_index(drop=True)}
+    if getattr(rr, "stats", None) is not None:
+        frames["stats"] = rr.stats.reset_index(drop=True)
+    frames["examples"] = examples_frame(getattr(rr, "examples", None))
+    clusters = getattr(rr, "clusters", None)
+    if isinstance(clusters, pd.DataFrame):
+        frames["clusters"] = clusters.reset_index(drop=True)
+    skipped = getattr(rr, "skipped", None) or Counter()
+    if not all(isinstance(v, (dict, Counter)) for v in skipped.values()):
+        skipped = {"roles": skipped}  # a flat Counter of reasons
+    n_items = getattr(rr, "n_items", None)
+    with _timed(timings, "pruning", progress):
+        pr, pcfg = _run_pruning(model, full=full, seed=seed, prune_config=prune_config, roles=frames["roles"], progress=progress)
+    frames.update(split_prune_frames(pr.frames))
+    frames["skipped"] = skipped_frame(skipped)
+    for k, v in (getattr(rr, "timings", None) or {}).items():
+        timings[f"roles.{k}"] = round(float(v), 3)
+    meta = {
+        "model": card.get("name", model_name), "model_arg": model_name, "backend": backend, "full": full, "seed": seed,
+        "model_file": model_file, "sha256": model_file["sha256"], "versions": versions(), "timings": timings,
+        "n_items": (n_items if isinstance(n_items, dict) else {"roles": n_items}) if n_items is not None else {},
+        "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg)},
+        "prune_metric": (getattr(pr, "summary", None) or {}).get("metric"),
+        "prune_summary": getattr(pr, "summary", None) or {},
+    }
+    return frames, card, card_text, meta
+
+
+def _cfg_dict(cfg) -> dict:
+    if dataclasses.is_dataclass(cfg):
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+    return dict(getattr(cfg, "__dict__", {}))
+
+
+# ----------------------------------------------------------------- summary and writing
+def summarise(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top: int = 3) -> dict:
+    """What the terminal shows, JSON-serialisable: top heads per role (with the causal
+    comparison), pruning curve end points, skipped count, where the report is."""
+    roles = frames.get("roles")
+    rvi = frames.get("roles_vs_importance")
+    out_roles = {}
+    for role, best in top_heads(roles, top).items():
+        d = roles[(roles["role"].astype(str) == role) & roles["verdict"].astype(bool)]
+        causal = None
+        if rvi is not None and not rvi.empty:
+            c = rvi[rvi["role"].astype(str) == role]
+            if not c.empty:
+                r = c.iloc[0]
+                causal = f"{r['metric']} {r['value_role']:.3f} vs {r['value_random_mean']:.3f}±{r['value_random_std']:.3f}"
+        out_roles[role] = {
+            "n_heads": int(d.drop_duplicates(["layer", "head"]).shape[0]),
+            "top": [{"head": f"L{int(r.layer)}H{int(r.head)}", "layer": int(r.layer), "head_index": int(r.head),
+                     "score": float(r.score), "baseline": float(r.baseline), "margin": float(r.margin), "verdict": bool(r.verdict)}
+                    for r in best.itertuples()],
+            "causal": causal,
+        }
+    pruning = []
+    curves = F.curve_rows(curves_frame(frames, meta.get("prune_metric")))
+    for (study, metric), d in curves.groupby(["study", "metric"], observed=True):
+        d = d.sort_values("fraction_pruned")
+        mid = d.iloc[len(d) // 2]
+        pruning.append(f"{study}: {metric} {d['value'].iloc[0]:.3f} → {mid['value']:.3f} at {mid['fraction_pruned']:.0%} pruned"
+                       f" → {d['value'].iloc[-1]:.3f} at {d['fraction_pruned'].iloc[-1]:.0%}")
+    sk = frames.get("skipped")
+    return {
+        "model": meta.get("model"), "backend": meta.get("backend"), "out_dir": str(out_dir),
+        "report": str(out_dir / "report.html"), "pruning_figure": str(out_dir / "figures" / "pruning_curves.png"),
+        "roles": out_roles, "pruning": pruning,
+        "skipped": int(sk["count"].sum()) if sk is not None and not sk.empty else 0,
+        "timings": meta.get("timings", {}), "seconds": round(sum(v for k, v in meta.get("timings", {}).items() if "." not in k), 1),
+    }
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "run.json").exists())):
+        raise ValueError(
+            f"output folder {out} exists and is not a headscope report (no run.json); "
+            "pass another --out or remove it (it is replaced only when it holds an older report)"
+        )
+
+
+def write_report(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, out_dir, progress=None) -> dict[str, Path]:
+    """Write the report folder from frames (no model needed). Returns the paths."""
+    out = Path(out_dir)
+    _check_out(out)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    timings = meta.setdefault("timings", {})
+    try:
+        with _timed(timings, "figures", progress):
+            doc = build_document(frames, card=card, card_text=card_text, meta=meta)
+        if progress:
+            progress("write", 0, None)
+        t0 = time.perf_counter()
+        _write_tables(frames, tmp / "tables")
+        md, files = render_markdown(doc)
+        for rel, png in files.items():
+            with atomic_write(tmp / rel, "wb") as f:
+                f.write(png)
+        with atomic_write(tmp / "report.md") as f:
+            f.write(md)
+        with atomic_write(tmp / "report.html") as f:
+            f.write(render_html(doc))
+        timings["write"] = round(time.perf_counter() - t0, 3)  # run.json, written last, records it
+        write_json(_run_json(frames, card, meta), tmp / "run.json")
+        if progress:
+            progress("write", 1, 1)
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"out_dir": out, "html": out / "report.html", "markdown": out / "report.md", "run_json": out / "run.json",
+            "tables": out / "tables", "figures": out / "figures"}
+
+
+def _write_tables(frames: dict[str, pd.DataFrame], folder: Path) -> None:
+    for name, df in frames.items():
+        if isinstance(df, pd.DataFrame):
+            write_frame(df, folder / name)
+
+
+def _run_json(frames, card, meta) -> dict:
+    sk = frames.get("skipped")
+    skipped = {}
+    if sk is not None and not sk.empty:
+        for r in sk.itertuples(index=False):
+            skipped.setdefault(r.analysis, {})[r.reason] = int(r.count)
+    return {
+        "model": meta.get("model"), "model_arg": meta.get("model_arg"), "backend": meta.get("backend"),
+        "full": bool(meta.get("full")), "seed": meta.get("seed"), "config": meta.get("config", {}),
+        "versions": meta.get("versions") or versions(), "model_file": meta.get("model_file", {}),
+        "timings": meta.get("timings", {}), "skipped": skipped, "n_items": meta.get("n_items", {}),
+        "architecture": {"layers": card.get("layers"), "heads": card.get("heads"), "kv_heads": card.get("kv_heads")},
+        "pruning_summary": meta.get("prune_summary", {}), "card": card, "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
+        "trust_remote_code": False,
+    }
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Rename the finished ``tmp`` to ``out``; an existing ``out`` is moved aside first
+    and deleted only after the rename succeeded."""
+    old = None
+    if out.exists():
+        old = out.with_name(f"{out.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", full: bool = False, out_dir=None,
+                 seed: int = 0, quiet: bool = False, progress=None, roles_config=None, prune_config=None,
+                 role_groups=None, role_inputs=None) -> ReportResult:
+    """Run the analyses on ``model_name`` and write the report folder ``out_dir``
+    (default ``runs/report-<model>``). ``progress(stage, done, total)`` is called on every
+    stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
+    defaults (``RolesConfig(seed=seed)``, ``PruneConfig(quick=not full, seed=seed)``);
+    ``role_groups`` / ``role_inputs`` are passed to the roles pipeline. Raises
+    ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
+    if backend not in ("inhouse", "bridge", "hf"):
+        raise ValueError(f"backend must be 'inhouse', 'bridge' or 'hf'; got {backend!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
+    out = Path(out_dir) if out_dir is not None else Path("runs") / f"report-{Path(str(model_name)).name}"
+    _check_out(out)
+    if quiet:
+        progress = None
+    frames, card, card_text, meta = run_analyses(model_name, backend=backend, full=full, seed=seed, progress=progress,
+                                                  roles_config=roles_config, prune_config=prune_config, role_groups=role_groups,
+                                                  role_inputs=role_inputs)
+    paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
+    summary = summarise(frames, meta, out)
+    return ReportResult(frames=frames, paths=paths, summary=summary, timings=dict(meta["timings"]))

@@ -1,0 +1,84 @@
+"""Terminal output of ``headscope report``: rich progress bars and the end-of-run summary.
+
+Everything goes to stderr except the ``--json`` summary, so ``--json`` output can be piped.
+:class:`StageProgress` is the ``progress(stage, done, total)`` callable that
+:func:`headscope.reports.pipeline.build_report` accepts; ``quiet=True`` makes it silent.
+
+>>> p = StageProgress(quiet=True)
+>>> with p:
+...     p("roles", 1, 4)
+>>> p.seen
+{'roles': (1, 4)}
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+class StageProgress:
+    """One rich progress bar per stage; ``__call__(stage, done, total)`` advances it.
+
+    ``total`` may be ``None`` (unknown length: a pulsing bar)."""
+
+    def __init__(self, *, quiet: bool = False, console: Console | None = None):
+        self.quiet = quiet
+        self.console = console or Console(stderr=True)
+        self.seen: dict[str, tuple] = {}
+        self._progress = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        if not self.quiet:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=self.console, transient=False,
+            )
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+            self._progress = None
+        return False
+
+    def __call__(self, stage: str, done: int, total: int | None = None) -> None:
+        self.seen[stage] = (done, total)
+        if self._progress is None:
+            return
+        if stage not in self._tasks:
+            self._tasks[stage] = self._progress.add_task(stage, total=total)
+        self._progress.update(self._tasks[stage], completed=done, total=total)
+
+
+def summary_table(summary: dict) -> Table:
+    """Top heads per role as a rich table."""
+    t = Table(title=f"Top heads per role — {summary.get('model')}", title_justify="left")
+    for c in ("role", "heads holding it", "top heads (score / baseline)", "ablating top vs random"):
+        t.add_column(c)
+    for role, info in summary.get("roles", {}).items():
+        tops = ", ".join(f"{h['head']} ({h['score']:.2f}/{h['baseline']:.2f})" for h in info["top"])
+        t.add_row(role, str(info["n_heads"]), tops or "—", info.get("causal") or "—")
+    return t
+
+
+def print_summary(summary: dict, *, as_json: bool = False, console: Console | None = None) -> None:
+    """``as_json``: the summary as JSON on stdout; else a short table and lines on stderr."""
+    if as_json:
+        json.dump(summary, sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+        return
+    console = console or Console(stderr=True)
+    console.print(summary_table(summary))
+    for line in summary.get("pruning", []):
+        console.print(f"pruning: {line}")
+    if summary.get("pruning"):
+        console.print(f"pruning figure: {summary.get('pruning_figure')}")
+    if summary.get("skipped"):
+        console.print(f"skipped items: {summary['skipped']} (see the report's 'Items skipped' section)")
+    console.print(f"report: {summary.get('report')}  ({summary.get('seconds', 0):.0f} s)")
