@@ -77,7 +77,14 @@ class ModelConfig:
         if self.heads_kept is not None:
             if len(self.heads_kept) != self.n_layers:
                 raise ValueError(f"heads_kept needs one entry per layer ({self.n_layers}); got {len(self.heads_kept)}.")
-            object.__setattr__(self, "heads_kept", tuple(tuple(int(h) for h in hs) for hs in self.heads_kept))
+            kept = tuple(tuple(int(h) for h in hs) for hs in self.heads_kept)
+            for layer, hs in enumerate(kept):
+                if list(hs) != sorted(set(hs)) or any(not 0 <= h < self.n_heads for h in hs):
+                    raise ValueError(
+                        f"heads_kept[{layer}] must list distinct query heads in 0..{self.n_heads - 1} in increasing "
+                        f"order; got {list(hs)}"
+                    )
+            object.__setattr__(self, "heads_kept", kept)
 
     # -- derived facts ---------------------------------------------------------------
     @property
