@@ -179,7 +179,7 @@ def test_mismatched_and_corrupt_checkpoints(minilm_pruned, tmp_path):
     cfg["heads_kept"][3] = []
     cfg["heads_kept"][0] = [2, 0, 3, 4, 6, 7, 8, 9, 10, 11]  # unsorted: would mis-pair Q and KV heads
     (out2 / "headscope_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"heads_kept\[0\] must be sorted"):
+    with pytest.raises(CheckpointError, match=r"heads_kept\[0\] must list distinct query heads"):
         load_pruned(out2)
 
 
