@@ -227,7 +227,11 @@ def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFr
     frame so that it ablates each role's top heads against random ones."""
     from headscope.analyses.pruning_study import PruneConfig, pruning_study
 
-    cfg = prune_config or PruneConfig(quick=not full, seed=seed)
+    if prune_config is None:
+        # the quick report keeps every study but mean ablation (an extra corpus pass and H more
+        # evaluations); --full runs both ablation modes on all items
+        prune_config = PruneConfig(seed=seed) if full else PruneConfig(quick=True, seed=seed, ablation_modes=("zero",))
+    cfg = prune_config
     kw = {}
     if progress is not None and "progress" in inspect.signature(pruning_study).parameters:
         kw["progress"] = _stage_progress(progress, "pruning")
@@ -411,7 +415,7 @@ def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     """Run the analyses on ``model_name`` and write the report folder ``out_dir``
     (default ``runs/report-<model>``). ``progress(stage, done, total)`` is called on every
     stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
-    defaults (``RolesConfig(seed=seed)``, ``PruneConfig(quick=not full, seed=seed)``);
+    defaults (``RolesConfig(seed=seed)``, ``PruneConfig(quick=True, seed=seed, ablation_modes=("zero",))``, or ``PruneConfig(seed=seed)`` with ``full``);
     ``role_groups`` / ``role_inputs`` are passed to the roles pipeline. Raises
     ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
     if backend not in ("inhouse", "bridge", "hf"):
