@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import importlib
 import json
 import logging
@@ -643,6 +644,7 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
         for name in list(prepared):
             if progress:
                 progress(f"{name}: round {r + 1}/{cfg.repeats}")
+            gc.collect()  # no collection of an earlier path's garbage inside this path's time
             try:
                 t0 = time.perf_counter()
                 prepared[name]()

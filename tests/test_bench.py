@@ -131,3 +131,11 @@ def _tok():
     from headscope.probes.checkpoints import resolve
 
     return AutoTokenizer.from_pretrained(str(resolve("minilm-l6").path))
+
+
+def test_cli_help_lists_every_path():
+    from headscope.reports.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    paths_help = next(a.help for a in sub.choices["bench"]._actions if a.dest == "paths")
+    assert paths_help.split(": ", 1)[1].split() == list(B.PATHS)
