@@ -33,6 +33,12 @@ SHIPPED = {
 DEFAULT_MODEL = "minilm-l6"
 
 
+def trust_remote_code() -> bool:
+    """Whether the user allowed code shipped with a checkpoint to run (``--trust-remote-code``,
+    which sets ``HEADSCOPE_TRUST_REMOTE_CODE=1``). Off by default; recorded in run.json."""
+    return os.environ.get("HEADSCOPE_TRUST_REMOTE_CODE") == "1"
+
+
 def cache_dir() -> Path:
     root = os.environ.get("HEADSCOPE_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "headscope"
@@ -290,6 +296,6 @@ def load_tokenizer(directory: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory))
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory}: no usable tokenizer ({str(e).splitlines()[0][:160]})") from None

@@ -26,6 +26,7 @@ from .checkpoints import (
     read_hf_config,
     read_state_dict,
     resolve,
+    trust_remote_code,
 )
 from .config import ModelConfig, config_from_hf
 from .errors import HeadscopeError, ModelIncompatibleError
@@ -156,7 +157,7 @@ class HFReference:
 
         directory = hf_dir(source)
         hf_cfg = read_hf_config(source)
-        config = AutoConfig.from_pretrained(str(directory))
+        config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
         config._attn_implementation = attn_implementation
         mtype = hf_cfg["model_type"]
         if mtype == "bert":
@@ -169,7 +170,9 @@ class HFReference:
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()
         try:
-            model = klass.from_pretrained(str(directory), config=config, dtype=torch.float32)
+            model = klass.from_pretrained(
+                str(directory), config=config, dtype=torch.float32, trust_remote_code=trust_remote_code()
+            )
         finally:
             transformers.logging.set_verbosity(verbosity)
         spec = _spec_from_hf(hf_cfg, source.name, "hf")

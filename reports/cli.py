@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow code shipped with a checkpoint to run (off by default; recorded in run.json)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -51,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if args.trust_remote_code:
+        os.environ["HEADSCOPE_TRUST_REMOTE_CODE"] = "1"
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

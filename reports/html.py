@@ -446,7 +446,7 @@ def _run_section(meta: dict) -> Section:
     s = Section(id="run", title="Run")
     rows = [("model", meta.get("model")), ("backend", meta.get("backend")), ("mode", "full" if meta.get("full") else "quick"),
             ("seed", meta.get("seed")), ("model file SHA-256", meta.get("sha256") or "—"),
-            ("trust_remote_code", "false")]
+            ("trust_remote_code", "true" if meta.get("trust_remote_code") else "false")]
     rows += [(f"version: {k}", v) for k, v in (meta.get("versions") or {}).items()]
     rows += [(f"time: {k}", f"{v:.1f} s") for k, v in (meta.get("timings") or {}).items()]
     s.blocks.append(Table(name="run", frame=pd.DataFrame(rows, columns=["field", "value"]), caption="Configuration, versions and timings"))

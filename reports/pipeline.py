@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from headscope.probes.atomic import atomic_write, write_frame, write_json
+from headscope.probes.checkpoints import trust_remote_code
 
 from . import figures as F
 from .html import build_document, curves_frame, render_html, top_heads
@@ -273,6 +274,7 @@ def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     meta = {
         "model": card.get("name", model_name), "model_arg": model_name, "backend": backend, "full": full, "seed": seed,
         "model_file": model_file, "sha256": model_file["sha256"], "versions": versions(), "timings": timings,
+        "trust_remote_code": trust_remote_code(),
         "n_items": (n_items if isinstance(n_items, dict) else {"roles": n_items}) if n_items is not None else {},
         "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg)},
         "prune_metric": (getattr(pr, "summary", None) or {}).get("metric"),
@@ -387,7 +389,7 @@ def _run_json(frames, card, meta) -> dict:
         "timings": meta.get("timings", {}), "skipped": skipped, "n_items": meta.get("n_items", {}),
         "architecture": {"layers": card.get("layers"), "heads": card.get("heads"), "kv_heads": card.get("kv_heads")},
         "pruning_summary": meta.get("prune_summary", {}), "card": card, "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
-        "trust_remote_code": False,
+        "trust_remote_code": trust_remote_code(),
     }
 
 

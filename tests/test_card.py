@@ -73,3 +73,15 @@ def test_hub_id_offline_is_a_clear_error():
     out = subprocess.run([sys.executable, "-m", "headscope.reports.cli", "card", "someorg/somemodel"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 2
     assert "needs network access" in out.stderr
+
+
+def test_trust_remote_code_is_off_unless_asked(monkeypatch):
+    from headscope.probes.checkpoints import trust_remote_code
+    from headscope.reports.cli import main
+
+    monkeypatch.delenv("HEADSCOPE_TRUST_REMOTE_CODE", raising=False)
+    assert trust_remote_code() is False
+    assert main(["card", "minilm-l6", "--json"]) == 0
+    assert trust_remote_code() is False
+    assert main(["--trust-remote-code", "card", "minilm-l6", "--json"]) == 0
+    assert trust_remote_code() is True
