@@ -79,7 +79,7 @@ def test_trust_remote_code_is_off_unless_asked(monkeypatch):
     from headscope.probes.checkpoints import trust_remote_code
     from headscope.reports.cli import main
 
-    monkeypatch.delenv("HEADSCOPE_TRUST_REMOTE_CODE", raising=False)
+    monkeypatch.setenv("HEADSCOPE_TRUST_REMOTE_CODE", "0")  # recorded, so teardown removes what main() sets
     assert trust_remote_code() is False
     assert main(["card", "minilm-l6", "--json"]) == 0
     assert trust_remote_code() is False
