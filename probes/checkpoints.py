@@ -125,8 +125,6 @@ def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
 
 
 def _hub_dir(source: ModelSource) -> Path:
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        pass
     try:
         from huggingface_hub import snapshot_download
 
