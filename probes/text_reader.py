@@ -1,8 +1,10 @@
 """Plain-text probe sets, and the streaming line reader every corpus reader shares.
 
 A text probe set holds one sentence or passage per line. :func:`read_text` decodes
-UTF-8 (with or without a byte-order mark) and UTF-16 with a byte-order mark, never
-loads an over-long line into memory whole, and records every line it leaves out:
+UTF-8 (with or without a byte-order mark), UTF-16 and UTF-32 (with a byte-order
+mark, or recognised without one by :func:`sniff_encoding`), splits lines at LF, CRLF
+or a lone CR, never loads an over-long line into memory whole, and records every
+line it leaves out:
 
 >>> import pathlib, tempfile
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "s.txt"
@@ -24,14 +26,70 @@ from pathlib import Path
 
 from .errors import InputFileError
 
-__all__ = ["SkipRecord", "TextSet", "check_input_path", "iter_lines", "read_text"]
+__all__ = ["Encoding", "SkipRecord", "TextSet", "check_input_path", "iter_lines", "read_text", "sniff_encoding"]
 
-# (byte-order mark, codec for the rest of the file, reported name, code-unit width, newline bytes)
+# (byte-order mark, codec for the rest of the file, reported name, code-unit width).
+# UTF-32 first: its little-endian mark begins with UTF-16's.
 _ENCODINGS = (
-    (codecs.BOM_UTF8, "utf-8", "utf-8-sig", 1, b"\n"),
-    (codecs.BOM_UTF16_LE, "utf-16-le", "utf-16-le", 2, b"\n\x00"),
-    (codecs.BOM_UTF16_BE, "utf-16-be", "utf-16-be", 2, b"\x00\n"),
+    (codecs.BOM_UTF8, "utf-8", "utf-8-sig", 1),
+    (codecs.BOM_UTF32_LE, "utf-32-le", "utf-32-le", 4),
+    (codecs.BOM_UTF32_BE, "utf-32-be", "utf-32-be", 4),
+    (codecs.BOM_UTF16_LE, "utf-16-le", "utf-16-le", 2),
+    (codecs.BOM_UTF16_BE, "utf-16-be", "utf-16-be", 2),
 )
+_SNIFF_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a file is encoded: the codec, the name reported to the user, the code-unit
+    width in bytes, and the length of the byte-order mark to skip."""
+
+    codec: str
+    name: str
+    width: int
+    bom: int
+
+
+def sniff_encoding(head: bytes) -> Encoding:
+    """Encoding of a file from its first bytes.
+
+    A byte-order mark decides (UTF-8, UTF-16 or UTF-32, either byte order). Without
+    one, UTF-16 and UTF-32 are recognised by where their NUL bytes fall (text that is
+    mostly Latin script has a NUL in every other, or three of every four, bytes);
+    such a file is reported as e.g. ``"utf-16-le (no BOM)"``. Anything else is UTF-8.
+
+    >>> sniff_encoding("hello\\n".encode("utf-16-le")).name
+    'utf-16-le (no BOM)'
+    >>> sniff_encoding("\\ufeffhi".encode("utf-32")).name
+    'utf-32-le'
+    >>> sniff_encoding(b"plain ascii, with one \\x00 NUL").name
+    'utf-8'
+    """
+    for mark, codec, name, width in _ENCODINGS:
+        if head.startswith(mark):
+            return Encoding(codec, name, width, len(mark))
+    sample = head[: len(head) - len(head) % 4]
+    if len(sample) >= 4 and sample.count(0) >= len(sample) // 3:
+        def nul_share(offset: int, step: int) -> float:
+            units = sample[offset::step]
+            return units.count(0) / len(units)
+
+        # (codec, width, positions that are NUL for BMP text, positions that never are)
+        candidates = (("utf-32-le", 4, (1, 2, 3), (0,)), ("utf-32-be", 4, (0, 1, 2), (3,)),
+                      ("utf-16-le", 2, (1,), (0,)), ("utf-16-be", 2, (0,), (1,)))
+        for codec, width, nul_at, text_at in candidates:
+            if (all(nul_share(i, width) >= 0.5 for i in nul_at)
+                    and all(nul_share(i, width) < 0.1 for i in text_at)):
+                try:
+                    sample.decode(codec)
+                except UnicodeDecodeError as err:
+                    if err.start < len(sample) - 4:  # a cut at the sample's end is fine
+                        continue
+                return Encoding(codec, f"{codec} (no BOM)", width, 0)
+    return Encoding("utf-8", "utf-8", 1, 0)
+
+
 _CHUNK_BYTES = 1 << 20
 
 
@@ -112,8 +170,8 @@ def check_input_path(path: str | Path, *, expected: str) -> Path:
 def iter_lines(path: Path, *, max_line_chars: int | None) -> Iterator[tuple[int, str | None]]:
     """Yield ``(line_number, text)`` for each line of ``path``, line ends removed.
 
-    Line ends are LF or CRLF, mixed freely; the last line needs no line end. The
-    encoding is UTF-8 unless a UTF-16 byte-order mark says otherwise. The file is read
+    Line ends are LF, CRLF or a lone CR (old Mac files), mixed freely; the last line
+    needs no line end. The encoding comes from :func:`sniff_encoding`. The file is read
     in 1 MiB chunks; a line longer than ``max_line_chars`` characters is yielded as
     ``None`` and never held in memory whole. Raises :class:`InputFileError` naming the
     line and column of the first byte that cannot be decoded, or "file is empty" for a
@@ -124,30 +182,29 @@ def iter_lines(path: Path, *, max_line_chars: int | None) -> Iterator[tuple[int,
     except OSError as err:
         raise InputFileError(path, None, None, f"cannot be read ({err.strerror}); check its permissions") from None
     with f:
-        head = f.read(4)
-        codec, width, newline, bom = "utf-8", 1, b"\n", b""
-        for mark, name, _, w, nl in _ENCODINGS:
-            if head.startswith(mark):
-                codec, width, newline, bom = name, w, nl, mark
-                break
-        f.seek(len(bom))
-        # A character takes at most 4 bytes in UTF-8 and in UTF-16; a line with more
-        # bytes than this is too long whatever it holds (+2 code units for a CR).
+        enc = sniff_encoding(f.read(_SNIFF_BYTES))
+        f.seek(enc.bom)
+        width = enc.width
+        lf, cr = "\n".encode(enc.codec), "\r".encode(enc.codec)
+        # A character takes at most 4 bytes in every supported encoding; a line with
+        # more bytes than this is too long whatever it holds (+2 code units for CRLF).
         limit = None if max_line_chars is None else 4 * max_line_chars + 2 * width
         buf = bytearray()
-        line_no, overflow, seen_any = 1, False, False
-        while chunk := f.read(_CHUNK_BYTES):
-            seen_any = True
+        line_no, overflow, seen_any, eof = 1, False, False, False
+        while not eof:
+            chunk = f.read(_CHUNK_BYTES)
+            eof = not chunk
+            seen_any = seen_any or bool(chunk)
             buf += chunk
             start = 0
-            while (end := _find_newline(buf, newline, start, width)) >= 0:
+            for line_start, end, after in _line_ends(buf, lf, cr, width, eof):
                 if overflow:
                     yield line_no, None
                     overflow = False
                 else:
-                    yield line_no, _decode(path, line_no, bytes(buf[start:end]), codec, width, max_line_chars)
+                    yield line_no, _decode(path, line_no, bytes(buf[line_start:end]), enc, max_line_chars)
                 line_no += 1
-                start = end + width
+                start = after
             del buf[:start]
             if limit is not None and len(buf) > limit:
                 overflow = True
@@ -157,31 +214,54 @@ def iter_lines(path: Path, *, max_line_chars: int | None) -> Iterator[tuple[int,
         if overflow:
             yield line_no, None
         elif buf:
-            yield line_no, _decode(path, line_no, bytes(buf), codec, width, max_line_chars)
+            yield line_no, _decode(path, line_no, bytes(buf), enc, max_line_chars)
 
 
-def _find_newline(buf: bytearray, newline: bytes, start: int, width: int) -> int:
-    """Index of the next newline code unit at or after ``start`` (aligned to ``width``)."""
-    i = buf.find(newline, start)
+def _line_ends(buf: bytearray, lf: bytes, cr: bytes, width: int, eof: bool) -> Iterator[tuple[int, int, int]]:
+    """``(line start, line end, next line start)`` for every complete line in ``buf``.
+
+    Line ends are LF, CRLF or a lone CR, aligned to ``width``. A CR at the very end of
+    ``buf`` waits for the next chunk (it may be half a CRLF) unless ``eof``. Each
+    terminator is searched for once per pass, so a pass is linear in ``len(buf)``.
+    """
+    start, i_lf, i_cr = 0, -2, -2  # -2: not searched yet; -1: none left in buf
+    while True:
+        if i_lf == -2 or 0 <= i_lf < start:
+            i_lf = _find_unit(buf, lf, start, width)
+        if i_cr == -2 or 0 <= i_cr < start:
+            i_cr = _find_unit(buf, cr, start, width)
+        if i_cr < 0 or (0 <= i_lf < i_cr):
+            if i_lf < 0:
+                return
+            yield start, i_lf, i_lf + width
+            start = i_lf + width
+            continue
+        nxt = i_cr + width
+        if nxt + width > len(buf) and not eof:
+            return
+        after = nxt + width if buf[nxt: nxt + width] == lf else nxt
+        yield start, i_cr, after
+        start = after
+
+
+def _find_unit(buf: bytearray, unit: bytes, start: int, width: int) -> int:
+    """Index of the next ``unit`` at or after ``start`` that is aligned to ``width``."""
+    i = buf.find(unit, start)
     while i >= 0 and (i - start) % width:
-        i = buf.find(newline, i + 1)
+        i = buf.find(unit, i + 1)
     return i
 
 
-def _decode(path: Path, line_no: int, raw: bytes, codec: str, width: int,
-            max_line_chars: int | None) -> str | None:
-    cr = "\r".encode(codec)
-    if raw.endswith(cr) and (len(raw) - width) % width == 0:
-        raw = raw[:-width]
+def _decode(path: Path, line_no: int, raw: bytes, enc: Encoding, max_line_chars: int | None) -> str | None:
     try:
-        text = raw.decode(codec)
+        text = raw.decode(enc.codec)
     except UnicodeDecodeError as err:
-        column = len(raw[: err.start].decode(codec, errors="replace")) + 1
+        column = len(raw[: err.start].decode(enc.codec, errors="replace")) + 1
         bad = raw[err.start: err.start + 1].hex() or "end of line"
         raise InputFileError(
             path, line_no, column,
-            f"byte 0x{bad} cannot be decoded as {codec} ({err.reason}); "
-            "re-save the file as UTF-8, or as UTF-16 with a byte-order mark") from None
+            f"byte 0x{bad} cannot be decoded as {enc.codec} ({err.reason}); "
+            "re-save the file as UTF-8 (or UTF-16/UTF-32 with a byte-order mark)") from None
     if max_line_chars is not None and len(text) > max_line_chars:
         return None
     return text
@@ -224,7 +304,6 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
             lines.append(unicodedata.normalize("NFC", text) if nfc else text)
             numbers.append(line_no)
     with p.open("rb") as f:
-        head = f.read(4)
-    encoding = next((name for mark, _, name, _, _ in _ENCODINGS if head.startswith(mark)), "utf-8")
+        encoding = sniff_encoding(f.read(_SNIFF_BYTES)).name
     return TextSet(lines=tuple(lines), line_numbers=tuple(numbers), skipped=SkipRecord(entries=tuple(skips)),
                    blank=blank, encoding=encoding)

@@ -163,7 +163,11 @@ def test_arcs_frame_on_fixture():
     lambda b: b"\xef\xbb\xbf" + b,
     lambda b: b.rstrip(b"\n"),
     lambda b: b"".join(line + (b"\r\n" if k % 2 else b"\n") for k, line in enumerate(b.split(b"\n"))),
-], ids=["crlf", "bom", "no-final-blank-line", "mixed"])
+    lambda b: b.replace(b"\n", b"\r"),
+    lambda b: b"".join(line + (b"\r\n", b"\n", b"\r")[k % 3] for k, line in enumerate(b.split(b"\n"))),
+    lambda b: b.decode("utf-8").encode("utf-16-le"),
+    lambda b: b.decode("utf-8").encode("utf-32"),
+], ids=["crlf", "bom", "no-final-blank-line", "mixed", "lone-cr", "mixed-three", "utf16-no-bom", "utf32-bom"])
 def test_line_endings_bom_and_missing_final_newline(tmp_path, transform):
     p = tmp_path / "x.conllu"
     p.write_bytes(transform(UD.read_bytes()))
@@ -304,6 +308,41 @@ def test_text_encodings_blank_lines_and_nul(tmp_path):
         ts = read_text(p)
         assert ts.lines == ("one", "two", "four") and ts.line_numbers == (1, 2, 6), encoding
         assert ts.blank == 2 and ts.skipped.entries == ((5, "nul_byte"),) and ts.encoding == name
+
+
+@pytest.mark.parametrize("encoding, name", [
+    ("utf-16-le", "utf-16-le (no BOM)"), ("utf-16-be", "utf-16-be (no BOM)"),
+    ("utf-32-le", "utf-32-le (no BOM)"), ("utf-32-be", "utf-32-be (no BOM)"),
+    ("utf-32", "utf-32-le"), ("utf-8", "utf-8")])
+def test_text_utf16_utf32_are_recognised_with_or_without_bom(tmp_path, encoding, name):
+    body = "The cat sat \u00e9 \u2603 .\r\nIt purred .\rcafe\u0301\n\n\U0001F468\u200D\U0001F469 ok\n"
+    p = tmp_path / "t.txt"
+    p.write_bytes(body.encode(encoding))
+    ts = read_text(p)
+    assert ts.encoding == name
+    assert ts.lines == ("The cat sat \u00e9 \u2603 .", "It purred .", "cafe\u0301", "\U0001F468\u200D\U0001F469 ok")
+    assert ts.line_numbers == (1, 2, 3, 5) and ts.blank == 1 and ts.skipped.total == 0
+
+
+def test_sniffing_leaves_utf8_with_a_few_nul_bytes_alone(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_bytes(b"a\x00b\nplain line\n\x00\x00\nanother plain line of text\n")
+    ts = read_text(p)
+    assert ts.encoding == "utf-8" and ts.lines == ("plain line", "another plain line of text")
+    assert ts.skipped.entries == ((1, "nul_byte"), (3, "nul_byte"))
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 5, 7, 64])
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32-be"])
+def test_line_ends_split_across_read_chunks(tmp_path, monkeypatch, chunk, encoding):
+    """A CRLF cut between two reads is one line end, a CR at a read's end is not yet one."""
+    import headscope.probes.text_reader as text_reader
+    monkeypatch.setattr(text_reader, "_CHUNK_BYTES", chunk * (4 if encoding == "utf-32-be" else 1))
+    body = "ab\r\ncd\ref\n\r\ngh\r\r\n\u00e9\u2603\r"
+    p = tmp_path / "t.txt"
+    p.write_bytes(body.encode(encoding))
+    got = list(text_reader.iter_lines(p, max_line_chars=None))
+    assert got == [(1, "ab"), (2, "cd"), (3, "ef"), (4, ""), (5, "gh"), (6, ""), (7, "\u00e9\u2603")]
 
 
 def test_text_unicode_is_kept_unless_nfc(tmp_path):
