@@ -336,9 +336,44 @@ def _check_out(out: Path) -> None:
         )
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_out(out: Path) -> list[str]:
+    """Tidy what a killed run left beside ``out``; returns what was done, one line each.
+
+    A run killed while writing leaves ``<out>.tmp-<pid>`` (never complete: it is
+    renamed to ``out`` only when it is); it is deleted once that process is gone. A run
+    killed between the two renames of :func:`_swap_in` leaves the previous report at
+    ``<out>.old-<pid>`` and no ``out``; it is moved back.
+    """
+    done = []
+    for stale in sorted(out.parent.glob(f"{out.name}.old-*")) + sorted(out.parent.glob(f"{out.name}.tmp-*")):
+        kind, _, pid = stale.name[len(out.name) + 1:].partition("-")
+        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
+            continue
+        if kind == "old" and not out.exists() and (stale / "run.json").exists():
+            os.replace(stale, out)
+            done.append(f"restored the previous report {out} from {stale.name} (a run was killed while swapping)")
+        else:
+            shutil.rmtree(stale, ignore_errors=True)
+            done.append(f"removed {stale.name}, left by a killed run")
+    for line in done:
+        log.warning(line)
+    return done
+
+
 def write_report(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, out_dir, progress=None) -> dict[str, Path]:
     """Write the report folder from frames (no model needed). Returns the paths."""
     out = Path(out_dir)
+    recover_out(out)
     _check_out(out)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -425,6 +460,7 @@ def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
     out = Path(out_dir) if out_dir is not None else Path("runs") / f"report-{Path(str(model_name)).name}"
+    recover_out(out)
     _check_out(out)
     if quiet:
         progress = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -23,7 +24,9 @@ from rich.table import Table
 class StageProgress:
     """One rich progress bar per stage; ``__call__(stage, done, total)`` advances it.
 
-    ``total`` may be ``None`` (unknown length: a pulsing bar)."""
+    ``total`` may be ``None`` (unknown length: a pulsing bar). When stderr is not a
+    terminal (a log file, CI), bars are replaced by one plain line when a stage starts
+    and one when it ends, with its time, so a log shows where a run is."""
 
     def __init__(self, *, quiet: bool = False, console: Console | None = None):
         self.quiet = quiet
@@ -31,9 +34,11 @@ class StageProgress:
         self.seen: dict[str, tuple] = {}
         self._progress = None
         self._tasks: dict[str, int] = {}
+        self._started: dict[str, float] = {}
+        self._ended: set[str] = set()
 
     def __enter__(self):
-        if not self.quiet:
+        if not self.quiet and self.console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 console=self.console, transient=False,
@@ -49,11 +54,25 @@ class StageProgress:
 
     def __call__(self, stage: str, done: int, total: int | None = None) -> None:
         self.seen[stage] = (done, total)
+        if self.quiet:
+            return
         if self._progress is None:
+            self._log_line(stage, done, total)
             return
         if stage not in self._tasks:
             self._tasks[stage] = self._progress.add_task(stage, total=total)
         self._progress.update(self._tasks[stage], completed=done, total=total)
+
+
+    def _log_line(self, stage: str, done: int, total: int | None) -> None:
+        now = time.perf_counter()
+        if stage not in self._started:
+            self._started[stage] = now
+            self.console.print(f"headscope: {stage} started", markup=False, highlight=False)
+        if total is not None and done >= total and stage not in self._ended:
+            self._ended.add(stage)
+            self.console.print(f"headscope: {stage} done in {now - self._started[stage]:.1f} s",
+                               markup=False, highlight=False)
 
 
 def summary_table(summary: dict) -> Table:

@@ -286,6 +286,106 @@ def test_killed_writer_with_no_previous_file_leaves_none(tmp_path):
         assert len(pd.read_csv(tmp_path / "frame.csv")) == 3_000_000
 
 
+def _cli(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen([sys.executable, "-m", "headscope.reports.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+
+
+def _readable_tables(folder: Path) -> dict[str, int]:
+    """Rows of every visible table in ``folder``; CSV and Parquet of one frame must agree."""
+    rows = {}
+    for csv in sorted(folder.glob("*.csv")):
+        n = len(pd.read_csv(csv))
+        assert len(pd.read_parquet(csv.with_suffix(".parquet"))) == n, csv
+        rows[csv.stem] = n
+    return rows
+
+
+@pytest.mark.slow
+def test_pruning_run_killed_mid_curve_resumes_to_the_uninterrupted_tables(minilm, tmp_path):
+    from headscope.analyses.pruning_study import PruneConfig, pruning_study
+
+    out = tmp_path / "killed"
+    args = ["prune", "minilm-l6", "--quick", "--studies", "curves", "--orders", "random", "--seeds", "1",
+            "--step", "0.02", "--out", str(out)]
+    proc = _cli(*args)
+    try:
+        deadline = time.time() + 300
+        rows = 0
+        while rows < 12 and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+            try:
+                rows = json.loads((out / "state.json").read_text())["rows"].get("curves", 0)
+            except (OSError, ValueError, KeyError):
+                pass  # not written yet (a reader never sees half a file: it is renamed into place)
+    finally:
+        _kill(proc)
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-500:]}"
+    state = json.loads((out / "state.json").read_text())
+    assert not state["complete"] and state["rows"]["curves"] >= 12
+    tables = _readable_tables(out)
+    assert tables["curves"] >= state["rows"]["curves"]  # rows past the committed count are dropped on resume
+    assert not (out / "run.json").exists()  # a finished run's marker, absent
+
+    cfg = PruneConfig(step=0.02, orders=("random",), n_random_seeds=1, quick=True, studies=("curves",))
+    resumed = pruning_study(minilm, cfg, out)
+    fresh = pruning_study(minilm, cfg, tmp_path / "fresh")
+    assert resumed.complete and fresh.complete
+    for name in ("curves", "curve_summary", "prunable", "baseline"):
+        assert (out / f"{name}.csv").read_bytes() == (tmp_path / "fresh" / f"{name}.csv").read_bytes(), name
+    assert len(resumed.frames["curves"]) > state["rows"]["curves"]
+
+
+@pytest.mark.slow
+def test_report_killed_mid_stage_leaves_the_previous_report_untouched(tmp_path):
+    out = tmp_path / "report"
+    (out / "tables").mkdir(parents=True)
+    (out / "run.json").write_text('{"model": "previous"}')
+    (out / "report.html").write_text("<p>previous complete report</p>")
+    write_frame(pd.DataFrame({"a": [1]}), out / "tables" / "roles")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    proc = _cli("report", "minilm-l6", "--out", str(out))
+    lines = []
+    try:
+        for line in proc.stderr:  # not a terminal: one plain line per stage
+            lines.append(line.strip())
+            if line.startswith("headscope: text started"):  # the first roles stage
+                time.sleep(3)
+                break
+    finally:
+        _kill(proc)
+    assert lines[-1] == "headscope: text started" and "headscope: load done" in " ".join(lines), lines
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+def test_stale_folders_of_killed_report_runs_are_recovered(tmp_path):
+    from headscope.reports.pipeline import recover_out
+
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(proc.stdout)  # a pid that has exited
+    out = tmp_path / "report"
+    old = tmp_path / f"report.old-{dead}"  # killed between moving the old report aside and renaming the new one in
+    old.mkdir()
+    (old / "run.json").write_text("{}")
+    half = tmp_path / f"report.tmp-{dead}"  # killed while writing
+    (half / "tables").mkdir(parents=True)
+    mine = tmp_path / f"report.tmp-{os.getpid()}"  # a live run's folder is left alone
+    mine.mkdir()
+    done = recover_out(out)
+    assert (out / "run.json").exists() and not old.exists() and not half.exists() and mine.exists()
+    assert len(done) == 2 and done[0].startswith(f"restored the previous report {out}")
+    assert recover_out(out) == []
+
+
 # ----------------------------------------------------------------------------- hooks
 
 
