@@ -230,7 +230,7 @@ def _summary(model, cfg, texts):
 def _clustering(model, cfg, texts, k: int = 6):
     from . import clustering as m
 
-    red = m.JSReducer()
+    red = m.JSReducer(rows_per_item=cfg.js_rows_per_item, seed=cfg.seed)
 
     def finish(rep):
         js, labels = red.result()

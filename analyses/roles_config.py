@@ -34,6 +34,7 @@ class RolesConfig:
     min_instances: int = 20  # relations with fewer instances are reported but get no verdict
     # summary statistics
     entropy_smoothing: float = 0.0  # Clark et al. add a small uniform mass before entropy; 0 = none
+    js_rows_per_item: int | None = 8  # query rows per item for the head-by-head JS matrix; None = all (slow)
     # induction sequences
     induction_seq_len: int = 20
     induction_n_sequences: int = 64
@@ -47,6 +48,9 @@ class RolesConfig:
             v = getattr(self, k)
             if not 0 <= v <= 1:
                 raise ValueError(f"The {k!r} parameter of RolesConfig must be in [0, 1]; got {v!r}.")
+        if self.js_rows_per_item is not None and (not isinstance(self.js_rows_per_item, int) or self.js_rows_per_item < 1):
+            raise ValueError(f"The 'js_rows_per_item' parameter of RolesConfig must be a positive int or None; "
+                             f"got {self.js_rows_per_item!r}.")
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")
 

@@ -103,6 +103,50 @@ def test_pairwise_js_closed_form():
     assert frame["cluster"].iloc[0] == frame["cluster"].iloc[1] != frame["cluster"].iloc[2]
 
 
+def test_pairwise_js_equals_the_definition_on_random_padded_patterns():
+    g = torch.Generator().manual_seed(3)
+    b, h, n = 3, 5, 7
+    p = torch.rand(b, h, n, n, generator=g) ** 4
+    lengths = [7, 5, 2]
+    rows = torch.zeros(b, n, dtype=torch.bool)
+    for i, L in enumerate(lengths):
+        p[i, :, :, L:] = 0
+        rows[i, :L] = True
+    rows[1, 0] = False  # a row left out (e.g. a special token)
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+    js = clustering.pairwise_js(p, rows)
+
+    def kl_js(x, y):
+        m = (x + y) / 2
+        ent = lambda v: -(v[v > 0] * v[v > 0].log()).sum()
+        return float(ent(m) - (ent(x) + ent(y)) / 2)
+
+    for i in range(b):
+        sel = rows[i].nonzero().flatten().tolist()
+        for a in range(h):
+            for c in range(h):
+                want = sum(kl_js(p[i, a, q], p[i, c, q]) for q in sel) / len(sel)
+                assert js[i, a, c].item() == pytest.approx(want, abs=1e-6)
+
+
+def test_sampled_js_is_the_same_whatever_the_batching(minilm, sentences):
+    from headscope.probes.capture import stream
+
+    texts = (sentences * 3)[:14]
+    got = []
+    for batch_size in (3, 5, 14):
+        red = clustering.JSReducer(rows_per_item=4, seed=1)
+        stream(minilm, texts, [red], batch_size=batch_size)
+        got.append(red.result()[0])
+    assert torch.allclose(got[0], got[1], atol=1e-6) and torch.allclose(got[0], got[2], atol=1e-6)
+    full = clustering.JSReducer(rows_per_item=None)
+    stream(minilm, texts, [full], batch_size=14)
+    assert not torch.allclose(full.result()[0], got[0], atol=1e-6)  # it did sample
+    assert torch.corrcoef(torch.stack([full.result()[0].flatten(), got[0].flatten()]))[0, 1] > 0.97
+    with pytest.raises(ValueError, match="rows_per_item must be a positive int or None; got 0"):
+        clustering.JSReducer(rows_per_item=0)
+
+
 # -- verdict rows ---------------------------------------------------------------------------------
 def test_verdict_rows_on_planted_values():
     g = torch.Generator().manual_seed(1)
