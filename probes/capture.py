@@ -162,7 +162,7 @@ def buckets(lengths: list[int], max_batch: int, max_tokens: int | None = None) -
 
 def stream(
     model,
-    items: Sequence,
+    items: Iterable,
     reducers: Sequence[Reducer] | dict,
     *,
     quantities: Iterable[str] = ("pattern",),
@@ -171,21 +171,57 @@ def stream(
     max_tokens: int | None = 8192,
     words: bool | None = None,
     progress=None,
+    window: int | None = None,
 ) -> StreamReport:
     """Feed a corpus through ``model`` batch by batch into ``reducers``.
 
-    ``items``: texts, or word lists (``words=True``; inferred from the first item).
-    Items that are empty, too long for the context, or fail to tokenise are skipped and
-    counted in the returned :class:`StreamReport` (never dropped silently).
+    ``items``: texts, or word lists (``words=True``; inferred from the first item); a
+    list or any iterable (a generator reading a file works: the corpus is never held
+    whole). Items are tokenised ``window`` at a time (default ``max(64 * batch_size,
+    2048)``), each window cut into length-bucketed batches, so memory does not grow
+    with the corpus while padding stays small. Items that are empty, too long for the
+    context, or fail to tokenise are skipped and counted in the returned
+    :class:`StreamReport` (never dropped silently). ``progress(done, total)`` counts
+    items (``total`` is None for an iterable without a length).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
+    window = max(64 * batch_size, 2048) if window is None else window
+    if window < 1:
+        raise ValueError(f"window must be >= 1; got {window}")
     red = list(reducers.values()) if isinstance(reducers, dict) else list(reducers)
-    report = StreamReport(n_items=len(items))
+    total = len(items) if hasattr(items, "__len__") else None
+    report = StreamReport(n_items=0)
+    it = iter(items)
+    first = next(it, None)
+    if first is None:
+        return report
     if words is None:
-        words = bool(items) and not isinstance(items[0], str)
+        words = not isinstance(first, str)
+    qs = tuple(quantities)
+    ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    chunk = [first]
+    for item in it:
+        chunk.append(item)
+        if len(chunk) >= window:
+            _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, words, progress, total)
+            chunk = []
+    if chunk:
+        _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, words, progress, total)
+    if report.skipped:
+        log.warning("skipped %d of %d items: %s", sum(report.skipped.values()), report.n_items, dict(report.skipped))
+    return report
+
+
+def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, words, progress, total) -> None:
+    """Tokenise one window of items (indices continue from ``report.n_items``), bucket it
+    by length and feed its batches to the reducers."""
+    start = report.n_items
+    report.n_items += len(chunk)
     toks, keep = [], []
-    for i, it in enumerate(items):
+    for k, it in enumerate(chunk):
+        i = start + k
         try:
             t = tokenize_one(model.tokenizer, words=list(it), add_bos=False) if words else tokenize_one(model.tokenizer, text=it)
         except (ValueError, TypeError) as e:
@@ -199,11 +235,8 @@ def stream(
             continue
         toks.append(t)
         keep.append(i)
-    qs = tuple(quantities)
-    ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    groups = buckets([len(t["ids"]) for t in toks], batch_size, max_tokens)
-    for gi, group in enumerate(groups):
+    done = start + len(chunk) - len(toks)  # skipped items count as done
+    for group in buckets([len(t["ids"]) for t in toks], batch_size, max_tokens):
         batch = collate([toks[j] for j in group], pad)
         data = model.run(batch, qs, ls)
         cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=[keep[j] for j in group])
@@ -215,8 +248,6 @@ def stream(
         real = sum(batch.lengths)
         report.real_tokens += real
         report.padded_tokens += batch.input_ids.numel() - real
+        done += len(group)
         if progress is not None:
-            progress(gi + 1, len(groups))
-    if report.skipped:
-        log.warning("skipped %d of %d items: %s", sum(report.skipped.values()), report.n_items, dict(report.skipped))
-    return report
+            progress(done, total)

@@ -90,6 +90,22 @@ def test_stream_equals_one_big_capture_and_counts_skips(minilm, sentences):
     assert report.padding_ratio < 0.2
 
 
+def test_stream_over_a_generator_in_small_windows_equals_the_list(minilm, sentences):
+    items = ["", *sentences, "word " * 600, *sentences[:2]]
+    whole, windowed = FirstTokenMass(), FirstTokenMass()
+    seen = []
+    rep_list = stream(minilm, items, [whole], batch_size=2)
+    rep_gen = stream(minilm, (x for x in items), [windowed], batch_size=2, window=3,
+                     progress=lambda done, total: seen.append((done, total)))
+    assert torch.allclose(whole.result(), windowed.result(), atol=1e-6)
+    assert rep_gen.n_items == rep_list.n_items == 9 and rep_gen.n_used == rep_list.n_used == 7
+    assert rep_gen.skipped_items == rep_list.skipped_items == [(0, "empty"), (6, "longer than context (602 > 512)")]
+    assert rep_gen.n_batches == 4 and seen[-1] == (9, None)  # windows of 3 items hold 2, 3, 2 usable: 1 + 2 + 1 batches
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    with pytest.raises(ValueError, match="window must be >= 1; got 0"):
+        stream(minilm, items, [], window=0)
+
+
 def test_cli_capture_summary_runs():
     out = subprocess.run(
         [sys.executable, "-m", "headscope.reports.cli", "capture", "smollm2-135m", "The cat sat.", "--layers", "0,29"],
