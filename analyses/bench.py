@@ -700,7 +700,8 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
 
 # --------------------------------------------------------------------------- memory mode
 
-MEMORY_COLUMNS = ["n_sentences", "reducer", "peak_rss_mb", "rss_after_load_mb", "stream_growth_mb", "seconds", "n_batches"]
+MEMORY_COLUMNS = ["n_sentences", "reducer", "peak_rss_mb", "rss_after_load_mb", "stream_growth_mb", "seconds", "n_batches",
+                  "padding_ratio", "role_rows"]
 
 
 def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, device: str = "cpu") -> dict:
@@ -712,19 +713,30 @@ def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, d
     from .distributed import AttentionMassReducer, NoOpReducer, on_device
 
     reducers = {"noop": NoOpReducer, "mass": AttentionMassReducer}
-    if reducer not in reducers:
-        raise ValueError(f"unknown memory reducer {reducer!r}; valid: {', '.join(reducers)}")
+    if reducer not in (*reducers, "roles"):
+        raise ValueError(f"unknown memory reducer {reducer!r}; valid: {', '.join((*reducers, 'roles'))}")
     m = on_device(load_model(model), device)
     sents = generate_sentences(n, seed=seed)
     after_load = peak_rss_mb()
     t0 = time.perf_counter()
-    rep = stream(m, sents, [reducers[reducer]()], batch_size=batch_size)
+    if reducer == "roles":  # every text role (positional, special, rare-word, summary, clustering) with its verdicts
+        from .roles import TEXT_GROUPS, head_roles
+        from .roles_config import RolesConfig
+
+        res = head_roles(m, text=sents, roles=TEXT_GROUPS, cfg=RolesConfig(seed=seed, batch_size=batch_size), examples=False)
+        n_batches = None
+        padding = None
+        n_rows = len(res.frame)
+    else:
+        rep = stream(m, sents, [reducers[reducer]()], batch_size=batch_size)
+        n_batches, padding, n_rows = rep.n_batches, rep.padding_ratio, None
     peak = peak_rss_mb()
     return {"n_sentences": n, "reducer": reducer, "peak_rss_mb": peak, "rss_after_load_mb": after_load,
-            "stream_growth_mb": peak - after_load, "seconds": time.perf_counter() - t0, "n_batches": rep.n_batches}
+            "stream_growth_mb": peak - after_load, "seconds": time.perf_counter() - t0, "n_batches": n_batches,
+            "padding_ratio": padding, "role_rows": n_rows}
 
 
-def memory_scaling(model: str = "minilm-l6", sizes: tuple[int, ...] = (1000, 10000), *, reducer: str = "noop",
+def memory_scaling(model: str = "minilm-l6", sizes: tuple[int, ...] = (1000, 10000), *, reducer: str = "roles",
                    batch_size: int = 64, seed: int = 0, device: str = "cpu", timeout: float | None = None) -> tuple[pd.DataFrame, float]:
     """Peak RSS of streaming ``sizes[i]`` sentences, each in its own subprocess.
 

@@ -28,8 +28,9 @@ def register(sub) -> None:
     p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
     p.add_argument("--memory", action="store_true", help="peak RSS of streaming a small vs a 10x corpus instead")
     p.add_argument("--memory-sizes", default="1000,10000", help="corpus sizes for --memory (default 1000,10000)")
-    p.add_argument("--memory-reducer", choices=["noop", "mass"], default="noop",
-                   help="reducer streamed in --memory: noop, or mass (per-head first-token mass and entropy)")
+    p.add_argument("--memory-reducer", choices=["roles", "noop", "mass"], default="roles",
+                   help="what --memory runs: roles (every text role with verdicts, default), noop (capture only), "
+                        "or mass (per-head first-token mass and entropy)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 

@@ -123,6 +123,15 @@ def test_memory_mode_runs_each_size_in_a_subprocess():
     assert frame["n_batches"].tolist() == [1, 3]
     assert ratio == pytest.approx(frame["peak_rss_mb"].iloc[1] / frame["peak_rss_mb"].iloc[0])
     assert (frame["stream_growth_mb"] >= 0).all() and (frame["rss_after_load_mb"] > 50).all()
+    assert frame["padding_ratio"].between(0, 1).all()
+
+
+@pytest.mark.slow
+def test_memory_mode_runs_the_text_roles():
+    frame, _ = B.memory_scaling("minilm-l6", (8, 16), batch_size=8, reducer="roles", timeout=300)
+    assert frame["reducer"].tolist() == ["roles", "roles"]
+    # every head gets a row for each of positional (per offset bucket), special, rare-word...
+    assert (frame["role_rows"] >= 6 * 12 * 3).all()
 
 
 def _tok():
