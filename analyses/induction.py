@@ -44,7 +44,7 @@ from headscope.probes.capture import Capture, check_finite
 from headscope.probes.tokens import collate
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
-from headscope.analyses.summary import ItemValues, allowed_keys, check_layers
+from headscope.analyses.summary import ItemValuesReducer, allowed_keys, check_layers
 from headscope.analyses.verdicts import layered_rows
 
 ROLES = ("induction", "duplicate-token", "previous-token", "next-token")
@@ -157,18 +157,16 @@ def mul_score(pattern: torch.Tensor, detection: torch.Tensor, valid: torch.Tenso
     return (a * detection[:, None].float()).sum((-1, -2)) / a.sum((-1, -2))
 
 
-class InductionReducer:
+class InductionReducer(ItemValuesReducer):
     """Streaming induction / duplicate / previous (/ next) scores of every head;
     works on any capture (random repeats or natural text). ``result()`` ->
     ``({role: [n_items, layer, head]}, {role: [n_items]}, layers)``."""
 
     def __init__(self, *, causal: bool, exclude_bos: bool = False, exclude_current_token: bool = False):
-        self.causal = causal
+        super().__init__(causal=causal)
         self.exclude_bos = exclude_bos
         self.exclude_current_token = exclude_current_token
         self.roles = CAUSAL_ROLES if causal else ROLES
-        self.values = ItemValues()
-        self.layers = None
 
     def update(self, cap) -> None:
         self.layers = check_layers(cap.layers, self.layers)
@@ -184,17 +182,8 @@ class InductionReducer:
             self.values.add(role, cap.item_ids, torch.stack(vals, 1))
             self.values.add("baseline:" + role, cap.item_ids, mul_score(uniform, det, valid, **kw)[:, 0])
 
-    def merge(self, other: "InductionReducer") -> "InductionReducer":
-        self.layers = self.layers or other.layers
-        self.values.merge(other.values)
-        return self
-
     def result(self):
-        return (
-            {r: self.values.get(r)[1] for r in self.roles},
-            {r: self.values.get("baseline:" + r)[1] for r in self.roles},
-            self.layers or (),
-        )
+        return self._by_role(self.roles)
 
 
 def run(

@@ -40,7 +40,7 @@ import torch
 from headscope.probes.capture import stream
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
-from headscope.analyses.summary import ItemValues, allowed_keys, argmax_share, check_layers, query_rows, row_mean
+from headscope.analyses.summary import ItemValuesReducer, argmax_share, row_mean
 from headscope.analyses.verdicts import layered_rows
 
 OFFSETS = {"-2": -2, "previous": -1, "self": 0, "next": 1, "+2": 2}
@@ -74,20 +74,12 @@ def bucket_values(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tens
     return values, base
 
 
-class PositionalReducer:
+class PositionalReducer(ItemValuesReducer):
     """Streaming positional-head statistics; ``result()`` -> (values, baselines, layers),
     ``{bucket: [n_items, layer, head]}``, ``{bucket: [n_items]}``."""
 
-    def __init__(self, *, causal: bool, include_special: bool = False):
-        self.causal = causal
-        self.include_special = include_special
-        self.values = ItemValues()
-        self.layers = None
-
     def update(self, cap) -> None:
-        self.layers = check_layers(cap.layers, self.layers)
-        allowed = allowed_keys(cap.key_mask, self.causal)
-        rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
+        allowed, rows, _ = self._masks(cap)
         per = {b: [] for b in BUCKETS}
         base = None
         for layer in cap.layers:
@@ -98,17 +90,8 @@ class PositionalReducer:
             self.values.add(b, cap.item_ids, torch.stack(per[b], 1))
             self.values.add("baseline:" + b, cap.item_ids, base[b])
 
-    def merge(self, other: "PositionalReducer") -> "PositionalReducer":
-        self.layers = self.layers or other.layers
-        self.values.merge(other.values)
-        return self
-
     def result(self):
-        return (
-            {b: self.values.get(b)[1] for b in BUCKETS},
-            {b: self.values.get("baseline:" + b)[1] for b in BUCKETS},
-            self.layers or (),
-        )
+        return self._by_role(BUCKETS)
 
 
 def frame_from(values: dict, base: dict, layers, cfg: RolesConfig, *, causal: bool) -> tuple[pd.DataFrame, pd.DataFrame]:

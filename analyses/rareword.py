@@ -27,7 +27,7 @@ from headscope.probes.capture import stream
 from headscope.probes.tokens import tokenize_one
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
-from headscope.analyses.summary import ItemValues, allowed_keys, argmax_share, check_layers, query_rows, row_mean
+from headscope.analyses.summary import ItemValuesReducer, argmax_share, row_mean
 from headscope.analyses.verdicts import layered_rows
 
 ROLE = "rare-word"
@@ -65,23 +65,17 @@ def rarest_positions(input_ids: torch.Tensor, candidates: torch.Tensor, freq: to
     return (input_ids == rare_id) & candidates & has
 
 
-class RareWordReducer:
+class RareWordReducer(ItemValuesReducer):
     """Streaming rare-word statistics; needs the corpus ``frequencies`` up front.
     ``result()`` -> (values ``[n_items, layer, head]``, baseline ``[n_items]``, layers)."""
 
     def __init__(self, frequencies: Counter, *, causal: bool, vocab_size: int, include_special: bool = False):
+        super().__init__(causal=causal, include_special=include_special)
         self.freq = frequency_table(frequencies, vocab_size)
-        self.causal = causal
-        self.include_special = include_special
-        self.values = ItemValues()
-        self.layers = None
 
     def update(self, cap) -> None:
-        self.layers = check_layers(cap.layers, self.layers)
+        allowed, rows, special = self._masks(cap)
         km = cap.key_mask
-        special = cap.tokens.special_mask()
-        allowed = allowed_keys(km, self.causal)
-        rows = query_rows(km, special, include_special=self.include_special)
         rare = rarest_positions(cap.tokens.input_ids, km & ~special, self.freq)
         n_keys = allowed.float().sum(-1).clamp_min(1)
         base = row_mean((allowed & rare[:, None]).float().sum(-1) / n_keys, rows)
@@ -91,11 +85,6 @@ class RareWordReducer:
             vals.append(row_mean((w * rare[:, None, None].float()).sum(-1), rows))
         self.values.add(ROLE, cap.item_ids, torch.stack(vals, 1))
         self.values.add("baseline", cap.item_ids, base)
-
-    def merge(self, other: "RareWordReducer") -> "RareWordReducer":
-        self.layers = self.layers or other.layers
-        self.values.merge(other.values)
-        return self
 
     def result(self):
         return self.values.get(ROLE)[1], self.values.get("baseline")[1], self.layers or ()

@@ -34,7 +34,7 @@ import torch
 from headscope.probes.capture import stream
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
-from headscope.analyses.summary import ItemValues, SummaryReducer, allowed_keys, check_layers, query_rows
+from headscope.analyses.summary import ItemValuesReducer, SummaryReducer
 from headscope.analyses.verdicts import layered_rows
 
 ROLES = {"special": "special_threshold", "sink:first-token": "special_threshold", "punctuation": "punctuation_threshold"}
@@ -80,22 +80,13 @@ def set_mass(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, k
     return value, base
 
 
-class SpecialReducer:
+class SpecialReducer(ItemValuesReducer):
     """Streaming masses on special tokens, the first token and punctuation;
     ``result()`` -> ``({role: [n_items, layer, head]}, {role: [n_items]}, layers)``."""
 
-    def __init__(self, *, causal: bool, include_special: bool = False):
-        self.causal = causal
-        self.include_special = include_special
-        self.values = ItemValues()
-        self.layers = None
-
     def update(self, cap) -> None:
-        self.layers = check_layers(cap.layers, self.layers)
+        allowed, rows, special = self._masks(cap)
         km = cap.key_mask
-        special = cap.tokens.special_mask()
-        allowed = allowed_keys(km, self.causal)
-        rows = query_rows(km, special, include_special=self.include_special)
         first = torch.zeros_like(km)
         first[:, 0] = km[:, 0]
         sets = {"special": special & km, "sink:first-token": first, "punctuation": punctuation_mask(cap.tokens) & km}
@@ -107,17 +98,8 @@ class SpecialReducer:
             self.values.add(role, cap.item_ids, torch.stack(vals, 1))
             self.values.add("baseline:" + role, cap.item_ids, base)
 
-    def merge(self, other: "SpecialReducer") -> "SpecialReducer":
-        self.layers = self.layers or other.layers
-        self.values.merge(other.values)
-        return self
-
     def result(self):
-        return (
-            {r: self.values.get(r)[1] for r in ROLES},
-            {r: self.values.get("baseline:" + r)[1] for r in ROLES},
-            self.layers or (),
-        )
+        return self._by_role(ROLES)
 
 
 def frame_from(values: dict, base: dict, layers, cfg: RolesConfig):

@@ -148,23 +148,49 @@ def check_layers(layers, seen):
     return tuple(layers)
 
 
-class SummaryReducer:
+class ItemValuesReducer:
+    """Base of the role reducers that keep per-item values (positional, special,
+    rare-word, induction, summary): the layers seen, an :class:`ItemValues` store, an
+    exact ``merge``, and the masks every ``update`` starts from."""
+
+    def __init__(self, *, causal: bool, include_special: bool = False):
+        self.causal = causal
+        self.include_special = include_special
+        self.values = ItemValues()
+        self.layers = None
+
+    def _masks(self, cap) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Check the batch's layers; return ``(allowed [batch, q, k], rows [batch, q],
+        special [batch, pos])``: visible keys, analysed query rows, special tokens."""
+        self.layers = check_layers(cap.layers, self.layers)
+        special = cap.tokens.special_mask()
+        rows = query_rows(cap.key_mask, special, include_special=self.include_special)
+        return allowed_keys(cap.key_mask, self.causal), rows, special
+
+    def merge(self, other: "ItemValuesReducer") -> "ItemValuesReducer":
+        self.layers = self.layers or other.layers
+        self.values.merge(other.values)
+        return self
+
+    def _by_role(self, roles) -> tuple[dict, dict, tuple]:
+        """``({role: [n_items, layer, head]}, {role: [n_items]} baselines, layers)``."""
+        return ({r: self.values.get(r)[1] for r in roles},
+                {r: self.values.get("baseline:" + r)[1] for r in roles},
+                self.layers or ())
+
+
+class SummaryReducer(ItemValuesReducer):
     """Streaming per-head summary statistics (see module docstring).
 
     ``update(cap)`` needs ``cap["pattern", layer]``; ``result()`` -> STAT_COLUMNS frame.
     """
 
     def __init__(self, *, causal: bool, smoothing: float = 0.0, include_special: bool = False):
-        self.causal = causal
+        super().__init__(causal=causal, include_special=include_special)
         self.smoothing = smoothing
-        self.include_special = include_special
-        self.values = ItemValues()
-        self.layers = None
 
     def update(self, cap) -> None:
-        self.layers = check_layers(cap.layers, self.layers)
-        allowed = allowed_keys(cap.key_mask, self.causal)
-        rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
+        allowed, rows, _ = self._masks(cap)
         per = defaultdict(list)
         for layer in cap.layers:
             m = pattern_metrics(cap["pattern", layer], allowed, smoothing=self.smoothing)
@@ -172,11 +198,6 @@ class SummaryReducer:
                 per[k].append(row_mean(v, rows))
         for k, v in per.items():
             self.values.add(k, cap.item_ids, torch.stack(v, 1))  # [batch, layer, head]
-
-    def merge(self, other: "SummaryReducer") -> "SummaryReducer":
-        self.layers = self.layers or other.layers
-        self.values.merge(other.values)
-        return self
 
     def result(self) -> pd.DataFrame:
         return stats_frame({k: self.values.get(k)[1] for k in METRICS if k in self.values.parts}, self.layers or ())
