@@ -147,7 +147,9 @@ def evaluate(model, metric, masks: torch.Tensor | None = None, *, ablation: torc
     ``masks [R, layer, head]`` (1 = kept; None: one all-ones mask). Returns per-item
     ``values [R, n_items]`` and ``weights [n_items]``; ``metric.aggregate(values, weights)``
     gives the ``R`` reported values. Replicas are stacked so one forward holds at most
-    ``max_rows`` rows.
+    ``max_rows`` rows. Layers before the first one any mask touches are run once per
+    batch and shared by all replicas (ablating the heads of layer ``l`` costs the
+    layers ``l..`` only).
     """
     check_inhouse(model)
     spec = model.spec
@@ -162,15 +164,22 @@ def evaluate(model, metric, masks: torch.Tensor | None = None, *, ablation: torc
     r_total = masks.shape[0]
     values = torch.zeros(r_total, metric.n_items)
     weights = torch.zeros(metric.n_items)
+    changed = (masks != 1).any(0).any(-1)  # [layer]
+    first = int(changed.nonzero()[0]) if bool(changed.any()) else 0  # layers before it run once, not once per mask
     with torch.inference_mode():
         for unit in metric.units:
             chunk = max(1, max_rows // unit.rows)
             ids, am = unit.batch.input_ids, unit.batch.attention_mask
+            prefix = model.module(ids, am, stop_at_layer=first) if first else None
             for start in range(0, r_total, chunk):
                 m = masks[start:start + chunk]
                 r = m.shape[0]
                 with replica_masks(model.module, m, ablation):
-                    out = model.module(ids.repeat(r, 1), am.repeat(r, 1))
+                    if prefix is None:
+                        out = model.module(ids.repeat(r, 1), am.repeat(r, 1))
+                    else:
+                        out = model.module(ids.repeat(r, 1), am.repeat(r, 1), start_at_layer=first,
+                                           resid=prefix.repeat(r, 1, 1))
                 v, w = metric.item_values(out, unit)
                 values[start:start + r, unit.items] = v.float()
                 weights[unit.items] = w.float()

@@ -171,8 +171,17 @@ class Transformer(nn.Module):
         *,
         token_type_ids: torch.Tensor | None = None,
         stop_at_layer: int | None = None,
+        start_at_layer: int | None = None,
+        resid: torch.Tensor | None = None,
         need_pattern: bool = False,
     ) -> torch.Tensor:
+        """Logits / final hidden states (see class doc), or the residual stream.
+
+        ``stop_at_layer=l`` returns the residual stream entering block ``l``
+        ``[batch, pos, d_model]``; ``start_at_layer=l`` with that ``resid`` runs blocks
+        ``l..`` only (``input_ids`` still give the shape and positions), so a prefix
+        shared by many runs (e.g. ablations of later heads) is computed once.
+        """
         batch, pos = input_ids.shape
         if pos > self.cfg.max_positions:
             raise ValueError(
@@ -181,15 +190,23 @@ class Transformer(nn.Module):
             )
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        x, positions = self.embed_tokens(input_ids, token_type_ids)
+        start = start_at_layer or 0
+        if start:
+            if resid is None or tuple(resid.shape[:2]) != (batch, pos):
+                raise ValueError(f"start_at_layer={start} needs resid [batch={batch}, pos={pos}, d_model]; "
+                                 f"got {None if resid is None else tuple(resid.shape)}")
+            x = resid
+            positions = torch.arange(pos, device=input_ids.device)[None].expand_as(input_ids)
+        else:
+            x, positions = self.embed_tokens(input_ids, token_type_ids)
         mask = additive_mask(attention_mask, self.cfg.causal, dtype=x.dtype)
         rope = None
         if self.cfg.positional == "rope":
             rope = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)
-        for layer, block in enumerate(self.blocks):
+        for layer in range(start, len(self.blocks)):
             if stop_at_layer is not None and layer >= stop_at_layer:
                 return x
-            x = block(x, mask, rope=rope, need_pattern=need_pattern)
+            x = self.blocks[layer](x, mask, rope=rope, need_pattern=need_pattern)
         if self.cfg.family == "llama":
             x = self.hook_final(self.ln_final(x))
             return self.unembed(x)

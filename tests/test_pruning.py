@@ -375,6 +375,19 @@ def test_minilm_single_head_ablation_figures(minilm):
     assert isinstance(metric, EmbeddingCosine) and metric.higher_is_better
 
 
+def test_shared_prefix_ablation_equals_the_gated_full_forward(minilm):
+    """Masks touching layers 3.. only: layers 0-2 run once and are shared by the replicas."""
+    metric = build_metric("cosine_to_unpruned", minilm, n_items=8)
+    masks = head_masks(n_layers=6, n_heads=12, heads=[(3, 0), (4, 5), (5, 11)])
+    masks[2, 4, 7] = 0  # one replica removes two heads in two layers
+    shared, w = evaluate(minilm, metric, masks)
+    for r in range(3):
+        with gates_as(minilm.module, masks[r]):
+            full, _ = evaluate(minilm, metric)
+        assert torch.allclose(shared[r], full[0], atol=1e-5), r
+    assert float(metric.aggregate(shared, w)[2]) < float(metric.aggregate(shared, w)[1]) < 1.0
+
+
 def test_smollm2_heldout_perplexity(smollm):
     metric = build_metric("perplexity", smollm, n_items=24)
     v, w = evaluate(smollm, metric)
