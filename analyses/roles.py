@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 
 from headscope.probes.capture import stream
+from headscope.probes.tokens import display_token
 
 from . import coreference as coref_mod
 from . import syntactic as syn_mod
@@ -505,7 +506,7 @@ def build_examples(model, result: RolesResult, inputs: dict) -> dict:
         pat = pats[layer]
         wp = word_patterns(pat, pooling_matrices(batch))[0, head] if batch.words[0] else torch.zeros(0, 0)
         n = batch.lengths[0]
-        tokens = list(batch.tokens[0][:n])
+        tokens = [display_token(model.tokenizer, t) for t in batch.tokens[0][:n]]
         tp = [[round(float(x), 6) for x in r[:n]] for r in pat[0, head, :n]]
         wpl = [[round(float(x), 6) for x in r] for r in wp]
         word_level = source in ("conllu", "coref")

@@ -130,3 +130,19 @@ def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = Non
         items.append(it)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     return collate(items, pad)
+
+
+def display_token(tokenizer, token: str) -> str:
+    """A token as a person reads it: byte-level BPE markers decoded (``"Ġcat"`` ->
+    ``"cat"``, ``"ĠcafÃ©"`` -> ``"café"``), surrounding spaces stripped. A token that is
+    only part of a character's bytes (it would decode to U+FFFD) is kept as it is, and
+    so is a WordPiece token (``"##ing"`` keeps its continuation mark).
+    """
+    try:
+        text = tokenizer.convert_tokens_to_string([token])
+    except Exception:  # a tokenizer without that method, or a token it cannot map
+        return token
+    if "\ufffd" in text or not text.strip():
+        return token
+    return text.strip() if not token.startswith("##") else token
+

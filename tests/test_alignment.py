@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from headscope.probes.alignment import align_offsets, split_words, unaligned_words, word_matrices, word_spans_of
 from headscope.probes.checkpoints import hf_dir, load_tokenizer, resolve
-from headscope.probes.tokens import encode, tokenize_one
+from headscope.probes.tokens import display_token, encode, tokenize_one
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +107,12 @@ def test_encode_refuses_text_past_the_context(tokenizers):
         encode(tokenizers["wordpiece"], ["word " * 40], max_positions=16)
     with pytest.raises(ValueError, match="empty input"):
         encode(tokenizers["wordpiece"], [])
+
+
+def test_display_tokens_read_as_text(tokenizers):
+    bpe, wp = tokenizers["bpe"], tokenizers["wordpiece"]
+    toks = bpe.convert_ids_to_tokens(bpe("The cat's caf\u00e9 \u2603")["input_ids"])
+    assert toks == ["The", "\u0120cat", "'s", "\u0120caf\u00c3\u00a9", "\u0120\u00e2", "\u013a", "\u0125"]
+    # byte-level markers decoded; the three pieces of the snowman's bytes stay raw (they are not text alone)
+    assert [display_token(bpe, t) for t in toks] == ["The", "cat", "'s", "caf\u00e9", "\u0120\u00e2", "\u013a", "\u0125"]
+    assert [display_token(wp, t) for t in ["[CLS]", "un", "##bel", "cafe"]] == ["[CLS]", "un", "##bel", "cafe"]
