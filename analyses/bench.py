@@ -712,6 +712,9 @@ def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, d
 
     from .distributed import AttentionMassReducer, NoOpReducer, on_device
 
+    from headscope.probes.allocator import tune_allocator
+
+    tune_allocator()  # as the headscope command does
     reducers = {"noop": NoOpReducer, "mass": AttentionMassReducer}
     if reducer not in (*reducers, "roles"):
         raise ValueError(f"unknown memory reducer {reducer!r}; valid: {', '.join((*reducers, 'roles'))}")

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from headscope.probes.allocator import tune_allocator
+
+    tune_allocator()  # large pattern tensors reuse heap blocks instead of fresh mmaps (see the module)
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
