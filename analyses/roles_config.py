@@ -34,7 +34,7 @@ class RolesConfig:
     min_instances: int = 20  # relations with fewer instances are reported but get no verdict
     # summary statistics
     entropy_smoothing: float = 0.0  # Clark et al. add a small uniform mass before entropy; 0 = none
-    js_rows_per_item: int | None = 8  # query rows per item for the head-by-head JS matrix; None = all (slow)
+    js_rows_per_item: int | None = 4  # query rows per item for the head-by-head JS matrix; None = all (slow)
     # induction sequences
     induction_seq_len: int = 20
     induction_n_sequences: int = 64
