@@ -48,14 +48,16 @@ BUCKETS = (*OFFSETS, "first")
 CAUSAL_IMPOSSIBLE = ("next", "+2")
 
 
-def bucket_values(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor) -> tuple[dict, dict]:
+def bucket_values(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor,
+                  share: torch.Tensor | None = None) -> tuple[dict, dict]:
     """Per-item bucket shares of one layer.
 
     ``pattern [batch, head, query_pos, key_pos]``, ``allowed [batch, query_pos, key_pos]``,
     ``rows [batch, query_pos]`` -> ``({bucket: [batch, head]}, {bucket: [batch]})``:
-    share of max-attention per bucket, and its uniform-attention baseline.
+    share of max-attention per bucket, and its uniform-attention baseline. ``share``:
+    ``argmax_share(pattern, allowed)`` when the caller has it already.
     """
-    w = argmax_share(pattern, allowed)  # [batch, head, q, k]
+    w = argmax_share(pattern, allowed) if share is None else share  # [batch, head, q, k]
     n_q, n_k = pattern.shape[-2:]
     n_keys = allowed.float().sum(-1).clamp_min(1)  # [batch, q]
     values, base = {}, {}
@@ -83,7 +85,7 @@ class PositionalReducer(ItemValuesReducer):
         per = {b: [] for b in BUCKETS}
         base = None
         for layer in cap.layers:
-            v, base = bucket_values(cap["pattern", layer], allowed, rows)
+            v, base = bucket_values(cap["pattern", layer], allowed, rows, self._argmax_share(cap, layer, allowed))
             for b in BUCKETS:
                 per[b].append(v[b])
         for b in BUCKETS:

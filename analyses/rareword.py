@@ -27,22 +27,24 @@ from headscope.probes.capture import stream
 from headscope.probes.tokens import tokenize_one
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
-from headscope.analyses.summary import ItemValuesReducer, argmax_share, row_mean
+from headscope.analyses.summary import ItemValuesReducer, row_mean
 from headscope.analyses.verdicts import layered_rows
 
 ROLE = "rare-word"
 
 
-def count_tokens(tokenizer, items) -> Counter:
-    """Token-id counts over ``items`` (texts), special tokens excluded; items that fail to
-    tokenise are ignored here (the stream counts them as skipped)."""
+def count_tokens(tokenizer, items, *, chunk: int = 1024) -> Counter:
+    """Token-id counts over ``items`` (texts), special tokens excluded (the rule of
+    :func:`~headscope.probes.tokens.tokenize_one`: a special id with an empty span);
+    items that are not text or are blank are ignored here (the stream counts them as
+    skipped). Texts are tokenised ``chunk`` at a time in one batched call."""
     counts: Counter = Counter()
-    for text in items:
-        try:
-            t = tokenize_one(tokenizer, text=text)
-        except (ValueError, TypeError):
-            continue
-        counts.update(i for i, s in zip(t["ids"], t["special"]) if not s)
+    special_ids = set(tokenizer.all_special_ids)
+    texts = [t for t in items if isinstance(t, str) and t.strip()]
+    for start in range(0, len(texts), chunk):
+        enc = tokenizer(texts[start:start + chunk], return_offsets_mapping=True, add_special_tokens=True)
+        for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"]):
+            counts.update(i for i, (a, b) in zip(ids, offsets) if not (i in special_ids and a == b))
     return counts
 
 
@@ -81,7 +83,7 @@ class RareWordReducer(ItemValuesReducer):
         base = row_mean((allowed & rare[:, None]).float().sum(-1) / n_keys, rows)
         vals = []
         for layer in cap.layers:
-            w = argmax_share(cap["pattern", layer], allowed)
+            w = self._argmax_share(cap, layer, allowed)
             vals.append(row_mean((w * rare[:, None, None].float()).sum(-1), rows))
         self.values.add(ROLE, cap.item_ids, torch.stack(vals, 1))
         self.values.add("baseline", cap.item_ids, base)

@@ -167,6 +167,15 @@ class ItemValuesReducer:
         rows = query_rows(cap.key_mask, special, include_special=self.include_special)
         return allowed_keys(cap.key_mask, self.causal), rows, special
 
+    def _argmax_share(self, cap, layer: int, allowed: torch.Tensor) -> torch.Tensor:
+        """:func:`argmax_share` of a layer's pattern over ``allowed`` (from :meth:`_masks`),
+        computed once per batch and kept on the capture (``cap.derived``) for the other
+        reducers that need it."""
+        key = ("argmax_share", layer, self.causal)
+        if key not in cap.derived:
+            cap.derived[key] = argmax_share(cap["pattern", layer], allowed)
+        return cap.derived[key]
+
     def merge(self, other: "ItemValuesReducer") -> "ItemValuesReducer":
         self.layers = self.layers or other.layers
         self.values.merge(other.values)

@@ -36,6 +36,7 @@ class Capture:
     layers: tuple[int, ...]
     spec: object
     item_ids: list[int] = field(default_factory=list)
+    derived: dict = field(default_factory=dict, repr=False)  # per-batch results reducers share
 
     def __getitem__(self, key):
         quantity, layer = key

@@ -18,10 +18,11 @@ def register(sub) -> None:
     p.add_argument("--sentences", type=int, default=512, help="sentences to run (default 512)")
     p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the model paths")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per path; the median is reported (default 3)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per path; the fastest is reported, the median kept (default 3)")
     p.add_argument("--paths", nargs="+", metavar="PATH", default=None,
                    help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
-                   "capture_patterns inhouse_forward gate_grad bf16_forward roles ablation_separate ablation_batched pruning_50")
+                   "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
+                   "ablation_batched pruning_50")
     p.add_argument("--corpus", default="generated",
                    help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file")
     p.add_argument("--seed", type=int, default=0)

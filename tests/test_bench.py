@@ -93,8 +93,8 @@ def test_targets_follow_the_frame(small_bench):
     row = t.loc["capture / plain forward <= 1.1"]
     assert row["value"] == pytest.approx(f.loc["capture_patterns", "seconds"] / f.loc["hf_sdpa", "seconds"])
     assert row["met"] == (row["value"] <= 1.1)
-    assert t.loc["roles / capture <= 1.5", "met"] is None  # not measured: reported as such
-    assert "roles" in t.loc["roles / capture <= 1.5", "note"]
+    assert t.loc["roles / capture from text <= 1.5", "met"] is None  # not measured: reported as such
+    assert "roles" in t.loc["roles / capture from text <= 1.5", "note"]
 
 
 def test_cli_json_and_table(small_bench, monkeypatch, capsys):

@@ -266,3 +266,23 @@ def test_detect_head_parity_on_smollm_bridge(smollm_bridge, smollm):
             assert (ours_in[role].mean(0) - tl.float()).abs().max().item() <= 1e-4
     # detect_head must not have altered the cached patterns we compared against
     assert torch.allclose(caches[0]["pattern", 18, "attn"].sum(-1), torch.ones(9, ids.shape[1]), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["minilm-l6", "smollm2-135m"])
+def test_batched_token_counts_equal_one_item_at_a_time(name):
+    from collections import Counter
+
+    from headscope.analyses.rareword import count_tokens
+    from headscope.probes.checkpoints import hf_dir, load_tokenizer, resolve
+    from headscope.probes.tokens import tokenize_one
+
+    tok = load_tokenizer(hf_dir(resolve(name)))
+    texts = data_path("text/sentences.txt").read_text(encoding="utf-8").splitlines()[:120]
+    texts += ["", "   ", "caf\u00e9 \u2603 na\u00efve [SEP] <|im_start|> text"]
+    want = Counter()
+    for t in texts:
+        if t.strip():
+            item = tokenize_one(tok, text=t)
+            want.update(i for i, s in zip(item["ids"], item["special"]) if not s)
+    got = count_tokens(tok, texts, chunk=7)
+    assert got == want and sum(got.values()) > 1000
