@@ -31,8 +31,10 @@ def bootstrap_ci(values: torch.Tensor, *, n_boot: int = 1000, level: float = 0.9
     """Percentile bootstrap CI of the mean over items, per column.
 
     Resamples items with replacement via multinomial count weights
-    (``[n_boot, n_items] @ [n_items, n_heads]``), so memory is ``n_boot × n_items``.
-    Returns ``(low [n_heads], high [n_heads])``; NaN where there are no items.
+    (``[resamples, n_items] @ [n_items, n_heads]``), drawn in chunks of at most
+    ``2^21`` indices, so memory stays bounded whatever the number of items (the draws
+    are the same as one ``[n_boot, n_items]`` call). Returns ``(low [n_heads],
+    high [n_heads])``; NaN where there are no items.
     """
     x = _as_2d(values)
     n, h = x.shape
@@ -40,9 +42,11 @@ def bootstrap_ci(values: torch.Tensor, *, n_boot: int = 1000, level: float = 0.9
         nan = torch.full((h,), float("nan"))
         return nan, nan.clone()
     gen = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, n, (n_boot, n), generator=gen)
-    counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n))
-    means = counts @ x / n  # [n_boot, n_heads]
+    means = torch.empty(n_boot, h)
+    for start, rows in _chunks(n_boot, n):
+        idx = torch.randint(0, n, (rows, n), generator=gen)
+        counts = torch.zeros(rows, n).scatter_add_(1, idx, torch.ones(rows, n))
+        means[start:start + rows] = counts @ x / n  # [resamples, n_heads]
     alpha = (1 - level) / 2
     q = torch.quantile(means, torch.tensor([alpha, 1 - alpha]), dim=0)
     return q[0], q[1]
@@ -62,10 +66,19 @@ def paired_permutation_p(values: torch.Tensor, baseline: torch.Tensor, *, n_perm
         return torch.full((h,), float("nan"))
     observed = d.mean(0)
     gen = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (n_perm, n), generator=gen).float() * 2 - 1
-    null = signs @ d / n  # [n_perm, n_heads]
-    count = (null >= observed[None] - 1e-12).sum(0).float()
+    count = torch.zeros(h)
+    for _, rows in _chunks(n_perm, n):  # bounded memory; the same draws as one call
+        signs = torch.randint(0, 2, (rows, n), generator=gen).float().mul_(2).sub_(1)
+        null = signs @ d / n  # [permutations, n_heads]
+        count += (null >= observed[None] - 1e-12).sum(0).float()
     return (count + 1) / (n_perm + 1)
+
+
+def _chunks(n_draws: int, n_items: int, max_elements: int = 1 << 21):
+    """``(start, rows)`` blocks of ``n_draws`` so that ``rows × n_items <= max_elements``."""
+    per = max(1, max_elements // max(n_items, 1))
+    for start in range(0, n_draws, per):
+        yield start, min(per, n_draws - start)
 
 
 def benjamini_hochberg(p: torch.Tensor) -> torch.Tensor:
