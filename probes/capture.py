@@ -142,17 +142,27 @@ class StreamReport:
         return self.padded_tokens / max(self.real_tokens, 1)
 
 
-def buckets(lengths: list[int], max_batch: int, max_tokens: int | None = None) -> list[list[int]]:
+def buckets(lengths: list[int], max_batch: int, max_tokens: int | None = None,
+            max_cells: int | None = None) -> list[list[int]]:
     """Group item indices into batches of similar length (sorted by length, then cut),
     so padding stays small. Deterministic: ties keep input order.
 
+    A batch holds at most ``max_batch`` items, ``max_tokens`` padded tokens (rows ×
+    length) and ``max_cells`` attention cells per head (rows × length²), so the
+    patterns of a batch of long items take no more memory than those of short ones.
+    An item alone is never split.
+
     >>> buckets([5, 2, 9, 3, 2], max_batch=2)
     [[1, 4], [3, 0], [2]]
+    >>> buckets([10, 10, 10, 40, 40], max_batch=8, max_cells=3200)
+    [[0, 1, 2], [3, 4]]
     """
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     out, cur = [], []
     for i in order:
-        if cur and (len(cur) >= max_batch or (max_tokens and (len(cur) + 1) * lengths[i] > max_tokens)):
+        rows, n = len(cur) + 1, lengths[i]
+        if cur and (len(cur) >= max_batch or (max_tokens and rows * n > max_tokens)
+                    or (max_cells and rows * n * n > max_cells)):
             out.append(cur)
             cur = []
         cur.append(i)
@@ -170,6 +180,7 @@ def stream(
     layers: Iterable[int] | None = None,
     batch_size: int = 32,
     max_tokens: int | None = 8192,
+    max_cells: int | None = 1 << 17,
     words: bool | None = None,
     progress=None,
     window: int | None = None,
@@ -178,16 +189,21 @@ def stream(
 
     ``items``: texts, or word lists (``words=True``; inferred from the first item); a
     list or any iterable (a generator reading a file works: the corpus is never held
-    whole). Items are tokenised ``window`` at a time (default ``max(64 * batch_size,
-    2048)``), each window cut into length-bucketed batches, so memory does not grow
-    with the corpus while padding stays small. Items that are empty, too long for the
+    whole). Items are tokenised ``window`` at a time (default ``max(16 * batch_size,
+    512)``), each window cut into length-bucketed batches of at most ``batch_size``
+    items, ``max_tokens`` tokens and ``max_cells`` attention cells per head (rows ×
+    length²), so memory does not grow with the corpus, nor with its longest items,
+    while padding stays small. (A window's batches run from short to long, each
+    allocating larger tensors than the last; short windows let the next window reuse
+    that memory: streaming 6,000 MiniLM sentences peaked at 723 MB with 1,024-item
+    windows, 776 MB with 4,096.) Items that are empty, too long for the
     context, or fail to tokenise are skipped and counted in the returned
     :class:`StreamReport` (never dropped silently). ``progress(done, total)`` counts
     items (``total`` is None for an iterable without a length).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-    window = max(64 * batch_size, 2048) if window is None else window
+    window = max(16 * batch_size, 512) if window is None else window
     if window < 1:
         raise ValueError(f"window must be >= 1; got {window}")
     red = list(reducers.values()) if isinstance(reducers, dict) else list(reducers)
@@ -206,16 +222,17 @@ def stream(
     for item in it:
         chunk.append(item)
         if len(chunk) >= window:
-            _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, words, progress, total)
+            _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total)
             chunk = []
     if chunk:
-        _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, words, progress, total)
+        _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total)
     if report.skipped:
         log.warning("skipped %d of %d items: %s", sum(report.skipped.values()), report.n_items, dict(report.skipped))
     return report
 
 
-def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, words, progress, total) -> None:
+def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress,
+                   total) -> None:
     """Tokenise one window of items (indices continue from ``report.n_items``), bucket it
     by length and feed its batches to the reducers."""
     start = report.n_items
@@ -237,7 +254,7 @@ def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_token
         toks.append(t)
         keep.append(i)
     done = start + len(chunk) - len(toks)  # skipped items count as done
-    for group in buckets([len(t["ids"]) for t in toks], batch_size, max_tokens):
+    for group in buckets([len(t["ids"]) for t in toks], batch_size, max_tokens, max_cells):
         batch = collate([toks[j] for j in group], pad)
         data = model.run(batch, qs, ls)
         cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=[keep[j] for j in group])
