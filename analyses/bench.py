@@ -533,9 +533,8 @@ class _Bench:
             raise PathSkipped(f"module {e.name} is not there yet") from None
         model = self.model("inhouse")
         spec = model.spec
-        heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
-        by_layer = [abl.head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=heads[l * spec.n_heads:(l + 1) * spec.n_heads])
-                    for l in range(spec.n_layers)]
+        by_layer = [abl.head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
+                    for group in abl._group_heads(spec, "layer")]  # as single_head_ablation groups them
         sents = self.sentences[: min(len(self.sentences), 32)]  # the separate way costs layers x heads forwards
         metric = _SentenceMetric(im, model, sents, len(sents))
 
@@ -552,8 +551,9 @@ class _Bench:
             abl.evaluate(model, metric.metric, by_layer[-1][:2])
 
         lengths = [len(tokenize_one(model.tokenizer, text=t)["ids"]) for t in sents]
-        gflop = len(heads) * model_gflop(linear=self.linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=lengths)
-        return one_pass, warm, gflop, f"{len(heads)} heads x the first {len(sents)} sentences ({metric.name}); gflop as separate forwards"
+        n_heads = spec.n_layers * spec.n_heads
+        gflop = n_heads * model_gflop(linear=self.linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=lengths)
+        return one_pass, warm, gflop, f"{n_heads} heads x the first {len(sents)} sentences ({metric.name}); gflop as separate forwards"
 
     def p_ablation_separate(self):
         return self._ablation(False)

@@ -60,10 +60,10 @@ def pairwise_js(patterns: torch.Tensor, rows: torch.Tensor, *, max_elements: int
         for i in range(h - 1):
             js = torch.empty(len(item), h - i - 1)
             for r0 in range(0, len(item), per):
-                pr = p[r0: r0 + per]
-                s_ = pr[:, i + 1:] + pr[:, i: i + 1]  # [rows, h - i - 1, k]
-                h_m = torch.special.entr(s_, out=s_).sum(-1) * 0.5 + half_log2_r[r0: r0 + per, i + 1:] + half_log2_r[r0: r0 + per, i: i + 1]
-                js[r0: r0 + per] = h_m - (ent[r0: r0 + per, i + 1:] + ent[r0: r0 + per, i: i + 1]) * 0.5
+                rs = slice(r0, r0 + per)
+                s_ = p[rs, i + 1:] + p[rs, i: i + 1]  # [rows, h - i - 1, k]
+                h_m = torch.special.entr(s_, out=s_).sum(-1) * 0.5 + half_log2_r[rs, i + 1:] + half_log2_r[rs, i: i + 1]
+                js[rs] = h_m - (ent[rs, i + 1:] + ent[rs, i: i + 1]) * 0.5
             per_item = torch.zeros(b, h - i - 1).index_add_(0, item, js.clamp_min_(0) * weight[:, None])
             out[:, i, i + 1:] = per_item
             out[:, i + 1:, i] = per_item

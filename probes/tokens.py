@@ -145,4 +145,3 @@ def display_token(tokenizer, token: str) -> str:
     if "\ufffd" in text or not text.strip():
         return token
     return text.strip() if not token.startswith("##") else token
-

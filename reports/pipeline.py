@@ -465,8 +465,7 @@ def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
     out = Path(out_dir) if out_dir is not None else Path("runs") / f"report-{Path(str(model_name)).name}"
-    recover_out(out)
-    _check_out(out)
+    _check_out(out)  # before the analyses run; write_report tidies what killed runs left
     if quiet:
         progress = None
     frames, card, card_text, meta = run_analyses(model_name, backend=backend, full=full, seed=seed, progress=progress,

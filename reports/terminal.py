@@ -63,7 +63,6 @@ class StageProgress:
             self._tasks[stage] = self._progress.add_task(stage, total=total)
         self._progress.update(self._tasks[stage], completed=done, total=total)
 
-
     def _log_line(self, stage: str, done: int, total: int | None) -> None:
         now = time.perf_counter()
         if stage not in self._started:
