@@ -29,7 +29,7 @@ import torch
 
 from headscope.probes.capture import stream
 from headscope.analyses.roles_config import RolesConfig
-from headscope.analyses.summary import check_layers, query_rows
+from headscope.analyses.summary import check_layers, entropy, query_rows
 
 DISTANCES = ("js", "sqrt_js")
 
@@ -43,30 +43,39 @@ def pairwise_js(patterns: torch.Tensor, rows: torch.Tensor, *, max_elements: int
     (padding holds no mass), and only pairs ``i < j`` are computed (JS is symmetric,
     zero on the diagonal). With ``s = p_i + p_j`` and row sums ``r``,
     ``H((p_i + p_j) / 2) = (sum entr(s) + log 2 (r_i + r_j)) / 2``, so a pair costs one
-    add, one ``entr`` and one sum over keys.
+    add, one entropy (:func:`~headscope.analyses.summary.entropy`) and one sum over keys.
     """
-    b, h, q, k = patterns.shape
-    n_rows = rows.sum(-1)  # [b]
     item, pos = rows.nonzero(as_tuple=True)
+    return rows_js(patterns[item, :, pos], item, rows.sum(-1), max_elements=max_elements)
+
+
+def rows_js(p: torch.Tensor, item: torch.Tensor, n_rows: torch.Tensor, *, max_elements: int = 1 << 24) -> torch.Tensor:
+    """:func:`pairwise_js` from the gathered rows: ``p [N, head_total, key_pos]`` (row ``r``
+    belongs to item ``item[r]``), ``n_rows [batch]`` rows per item ->
+    ``[batch, head_total, head_total]``."""
+    b, h = n_rows.shape[0], p.shape[1]
     out = torch.zeros(b, h, h)
     if len(item):
-        p = patterns[item, :, pos].float()  # [N, h, k]
+        p = p.float()
         keep = int((p.sum((0, 1)) > 0).nonzero().max()) + 1 if p.any() else 1
         p = p[..., :keep].contiguous()
-        ent = torch.special.entr(p).sum(-1)  # [N, h]
+        ent = entropy(p)  # [N, h]
         half_log2_r = p.sum(-1) * (0.5 * math.log(2.0))  # [N, h]
         weight = 1.0 / n_rows[item].float()  # each item's rows average to that item's value
         per = max(1, max_elements // max(h * keep, 1))  # rows per chunk
+        size = min(per, len(item)) * (h - 1) * keep
+        pair_sum, scratch = torch.empty(size), torch.empty(size)  # reused by every pair block
+        js = torch.zeros(len(item), h, h)  # [N, i, j], filled for i < j
         for i in range(h - 1):
-            js = torch.empty(len(item), h - i - 1)
             for r0 in range(0, len(item), per):
                 rs = slice(r0, r0 + per)
-                s_ = p[rs, i + 1:] + p[rs, i: i + 1]  # [rows, h - i - 1, k]
-                h_m = torch.special.entr(s_, out=s_).sum(-1) * 0.5 + half_log2_r[rs, i + 1:] + half_log2_r[rs, i: i + 1]
-                js[rs] = h_m - (ent[rs, i + 1:] + ent[rs, i: i + 1]) * 0.5
-            per_item = torch.zeros(b, h - i - 1).index_add_(0, item, js.clamp_min_(0) * weight[:, None])
-            out[:, i, i + 1:] = per_item
-            out[:, i + 1:, i] = per_item
+                a, b_ = p[rs, i + 1:], p[rs, i: i + 1]  # [rows, h - i - 1, k], [rows, 1, k]
+                s_ = torch.add(a, b_, out=pair_sum[: a.numel()].view(a.shape))
+                h_m = entropy(s_, out=scratch[: a.numel()].view(a.shape)) * 0.5 + half_log2_r[rs, i + 1:] + half_log2_r[rs, i: i + 1]
+                js[rs, i, i + 1:] = h_m - (ent[rs, i + 1:] + ent[rs, i: i + 1]) * 0.5
+        js.clamp_min_(0).mul_(weight[:, None, None])
+        out.index_add_(0, item, js)  # each item's mean over its rows
+        out += out.transpose(1, 2).clone()
     return out.masked_fill((n_rows == 0)[:, None, None], float("nan"))
 
 
@@ -124,13 +133,12 @@ class JSReducer:
 
     def update(self, cap) -> None:
         self.layers = check_layers(cap.layers, self.layers)
-        p = cap.stack("pattern")  # [layer, batch, head, q, k]
-        n_l, b, h, q, k = p.shape
-        self.n_heads = h
-        p = p.permute(1, 0, 2, 3, 4).reshape(b, n_l * h, q, k)
         rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
         rows = sample_rows(rows, self.rows_per_item, input_ids=cap.tokens.input_ids, key_mask=cap.key_mask, seed=self.seed)
-        js = pairwise_js(p, rows)
+        item, pos = rows.nonzero(as_tuple=True)
+        per_layer = [cap["pattern", layer][item, :, pos] for layer in cap.layers]  # each [N, head, key]
+        self.n_heads = per_layer[0].shape[1]
+        js = rows_js(torch.cat(per_layer, 1), item, rows.sum(-1))  # heads ordered (layer, head)
         ok = rows.any(-1)
         s = js[ok].double().sum(0)
         self.total = s if self.total is None else self.total + s

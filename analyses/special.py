@@ -34,7 +34,7 @@ import torch
 from headscope.probes.capture import stream
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
-from headscope.analyses.summary import ItemValuesReducer, SummaryReducer
+from headscope.analyses.summary import ItemValuesReducer, SummaryReducer, masked_pattern
 from headscope.analyses.verdicts import layered_rows
 
 ROLES = {"special": "special_threshold", "sink:first-token": "special_threshold", "punctuation": "punctuation_threshold"}
@@ -70,13 +70,24 @@ def set_mass(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, k
     ``(value [batch, head], baseline [batch])``; NaN for items where no analysed row sees
     a key of the set.
     """
-    vis = allowed & key_set[:, None, :]  # [batch, q, k]
-    n_set = vis.float().sum(-1)
-    r = (rows & (n_set > 0)).float()  # rows that can see the set
-    mass = (pattern.float() * vis[:, None].float()).sum(-1)  # [batch, head, q]
-    denom = r.sum(-1)
-    value = (mass * r[:, None]).sum(-1) / denom[:, None]
-    base = (n_set / allowed.float().sum(-1).clamp_min(1) * r).sum(-1) / denom
+    value, base = set_masses(pattern, allowed, rows, key_set[..., None])
+    return value[..., 0], base[..., 0]
+
+
+def set_masses(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, key_sets: torch.Tensor):
+    """:func:`set_mass` of several key sets at once: ``key_sets [batch, key_pos, n_sets]``
+    -> ``(value [batch, head, n_sets], baseline [batch, n_sets])``. The masses are one
+    matrix product over keys, ``(pattern * allowed) @ key_sets``."""
+    b, h, q, k = pattern.shape
+    sets = key_sets.float()
+    pa = masked_pattern(pattern, allowed)
+    mass = (pa.reshape(b, h * q, k) @ sets).view(b, h, q, -1)  # [batch, head, q, set]
+    allowed_f = allowed.float()
+    n_set = allowed_f @ sets  # [batch, q, set]: visible keys of each set
+    r = (rows[..., None] & (n_set > 0)).float()  # rows that can see the set
+    denom = r.sum(1)  # [batch, set]
+    value = (mass * r[:, None]).sum(2) / denom[:, None]
+    base = (n_set / allowed_f.sum(-1, keepdim=True).clamp_min(1) * r).sum(1) / denom
     return value, base
 
 
@@ -90,13 +101,15 @@ class SpecialReducer(ItemValuesReducer):
         first = torch.zeros_like(km)
         first[:, 0] = km[:, 0]
         sets = {"special": special & km, "sink:first-token": first, "punctuation": punctuation_mask(cap.tokens) & km}
-        for role, key_set in sets.items():
-            vals, base = [], None
-            for layer in cap.layers:
-                v, base = set_mass(cap["pattern", layer], allowed, rows, key_set)
-                vals.append(v)
-            self.values.add(role, cap.item_ids, torch.stack(vals, 1))
-            self.values.add("baseline:" + role, cap.item_ids, base)
+        key_sets = torch.stack(list(sets.values()), -1)  # [batch, pos, set]
+        vals, base = [], None
+        for layer in cap.layers:
+            v, base = set_masses(self._masked(cap, layer, allowed), allowed, rows, key_sets)
+            vals.append(v)
+        vals = torch.stack(vals, 1)  # [batch, layer, head, set]
+        for i, role in enumerate(sets):
+            self.values.add(role, cap.item_ids, vals[..., i].contiguous())
+            self.values.add("baseline:" + role, cap.item_ids, base[:, i])
 
     def result(self):
         return self._by_role(ROLES)
