@@ -10,6 +10,10 @@ Reads the probe corpora first (a malformed file fails before the model loads, as
 (role group / input file -> reason -> count), ``examples.json`` (one item per role's top
 head, for drawing) and ``run.json`` (model, backend, config, items, timings).
 
+``--dtype bf16`` runs the in-house model in bfloat16 (softmax and norms in fp32, as HF
+does); ``headscope diff`` of an fp32 and a bf16 run says whether each role keeps its
+top heads and by how much the scores moved.
+
 Then prints the top heads per role (groups where some head holds the role) and the
 skipped counts; ``--json`` prints the same as JSON; ``--quiet`` prints nothing.
 """
@@ -25,6 +29,8 @@ def register(sub) -> None:
     p = sub.add_parser("roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference")
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf")
     p.add_argument("--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                   help="weights and activations of the in-house model (bf16: compare with an fp32 run by headscope diff)")
     p.add_argument("--conllu", action="append", metavar="FILE", help="CoNLL-U treebank (repeatable; default: the shipped data/syntax/*.conllu)")
     p.add_argument("--coref", metavar="FILE", help="coreference JSONL (default: data/coref/coref.jsonl)")
     p.add_argument("--text", metavar="FILE", help="plain text, one sentence per line (default: data/text/sentences.txt)")
@@ -117,11 +123,13 @@ def run(args) -> int:
     from headscope.probes.atomic import write_frame, write_json
     from headscope.probes.models import load_model
 
+    if args.dtype != "fp32" and args.backend != "inhouse":
+        raise ValueError(f"--dtype {args.dtype} needs --backend inhouse (the bridge runs in fp32)")
     cfg = _config(args)
     groups = check_roles([g.strip() for g in args.roles.split(",") if g.strip()] if args.roles else None)
     inputs = _read_inputs(args, cfg, groups)
     out = Path(args.out) if args.out else default_out(args.model)
-    model = load_model(args.model, args.backend)
+    model = load_model(args.model, args.backend, dtype=args.dtype)
 
     progress = None
     if not (args.quiet or args.json):
@@ -142,7 +150,7 @@ def run(args) -> int:
     write_frame(roles_by_head(result), out / "roles_by_head")
     write_json(result.skipped, out / "skipped.json")
     write_json(result.examples, out / "examples.json")
-    write_json({"model": result.model, "model_arg": args.model, "backend": args.backend, "roles": list(groups),
+    write_json({"model": result.model, "model_arg": args.model, "backend": args.backend, "dtype": args.dtype, "roles": list(groups),
                 "config": result.config, "n_items": result.n_items, "timings": {k: round(v, 3) for k, v in result.timings.items()},
                 "inputs": {"conllu": [str(c.path) for c in inputs.get("conllu", [])],
                            "coref": str(inputs["coref"].path) if "coref" in inputs else None,

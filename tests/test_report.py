@@ -300,6 +300,11 @@ def test_diff_finds_planted_changes(tmp_path, capsys):
     assert "gained 1: L0H0 punctuation" in out and "lost 1: L2H5 positional:previous" in out
     assert "L3H7 syntactic:nsubj dep->head: 0.710 → 0.910 (+0.200)" in out
     assert "importance ablation:zero L1H3 delta_accuracy: -0.3 → -0.05 (+0.25)" in out
+    # the planted punctuation head (0.138 -> 0.9) takes the lead; the other roles keep their top 3
+    assert "top-3 heads per role: the same heads in 3 of 4 roles (3 in the same order)" in out
+    assert "top heads differ in: punctuation" in out
+    top = pd.read_parquet(tmp_path / "d" / "tables" / "top_heads.parquet").set_index("role")
+    assert top.loc["punctuation", "top_b"] == "L0H0 L4H0 L1H3" and top.loc["punctuation", "max_abs_delta"] == pytest.approx(0.9 - 0.1380754, abs=1e-6)
     rc = pd.read_parquet(tmp_path / "d" / "tables" / "role_changes.parquet")
     assert len(rc) == 4 * 72 and rc["change"].value_counts().to_dict() == {"none": 282, "kept": 4, "gained": 1, "lost": 1}
     row = rc[(rc.layer == 3) & (rc["head"] == 7) & (rc.role == "syntactic")].iloc[0]
