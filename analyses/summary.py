@@ -146,17 +146,33 @@ def pattern_metrics(pattern: torch.Tensor, allowed: torch.Tensor, *, smoothing: 
 # -- per-item storage shared by the role reducers -----------------------------------------
 class ItemValues:
     """Per-item values ``[n_items, n_layers, n_heads]`` collected batch by batch under
-    names; ``merge`` concatenates, ``get`` returns them ordered by item id."""
+    names; ``merge`` concatenates, ``get`` returns them ordered by item id.
 
-    def __init__(self):
-        self.parts: dict[str, list[tuple[list[int], torch.Tensor]]] = defaultdict(list)
+    Each run of ``consolidate_every`` batch parts of a name is joined into one chunk
+    (chunks are never joined again, so no block keeps growing), and ``get`` keeps its
+    ordered result in place of the parts: thousands of small tensors left between freed
+    attention blocks would hold heap pages resident, and a ``get`` that kept the parts
+    beside their concatenation would double the store at the end.
+    """
+
+    def __init__(self, consolidate_every: int = 32):
+        self.parts: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = defaultdict(list)
+        self.loose: dict[str, int] = defaultdict(int)  # batch parts at the end of parts[name], not yet in a chunk
+        self.consolidate_every = consolidate_every
 
     def add(self, name: str, item_ids: list[int], values: torch.Tensor) -> None:
-        self.parts[name].append((list(item_ids), values.detach().float().cpu()))
+        parts = self.parts[name]
+        parts.append((torch.as_tensor(list(item_ids), dtype=torch.int64), values.detach().float().cpu().contiguous()))
+        self.loose[name] += 1
+        if self.loose[name] >= self.consolidate_every:
+            k = self.loose[name]
+            parts[-k:] = [_join(parts[-k:])]
+            self.loose[name] = 0
 
     def merge(self, other: "ItemValues") -> "ItemValues":
         for k, v in other.parts.items():
             self.parts[k].extend(v)
+            self.loose[k] = 0  # the merged parts stay as they are
         return self
 
     def names(self) -> list[str]:
@@ -166,10 +182,18 @@ class ItemValues:
         parts = self.parts.get(name, [])
         if not parts:
             return [], torch.zeros(0)
-        ids = [i for p in parts for i in p[0]]
-        vals = torch.cat([p[1] for p in parts])
-        order = sorted(range(len(ids)), key=lambda j: ids[j])
-        return [ids[j] for j in order], vals[order]
+        ids, vals = _join(parts)
+        order = torch.argsort(ids, stable=True)
+        ids, vals = ids[order], vals[order]
+        self.parts[name] = [(ids, vals)]
+        self.loose[name] = 0
+        return ids.tolist(), vals
+
+
+def _join(parts):
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def check_layers(layers, seen):
@@ -229,11 +253,15 @@ class SummaryReducer(ItemValuesReducer):
     """Streaming per-head summary statistics (see module docstring).
 
     ``update(cap)`` needs ``cap["pattern", layer]``; ``result()`` -> STAT_COLUMNS frame.
+    Only sums and item counts per head are kept (no interval is drawn for these
+    statistics), so memory does not grow with the corpus; ``merge`` adds them.
     """
 
     def __init__(self, *, causal: bool, smoothing: float = 0.0, include_special: bool = False):
         super().__init__(causal=causal, include_special=include_special)
         self.smoothing = smoothing
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
 
     def update(self, cap) -> None:
         allowed, rows, _ = self._masks(cap)
@@ -243,23 +271,42 @@ class SummaryReducer(ItemValuesReducer):
             for k, v in m.items():
                 per[k].append(row_mean(v, rows))
         for k, v in per.items():
-            self.values.add(k, cap.item_ids, torch.stack(v, 1))  # [batch, layer, head]
+            v = torch.stack(v, 1).detach().cpu()  # [batch, layer, head]; NaN for an item without rows
+            ok = ~torch.isnan(v)
+            s = torch.where(ok, v, torch.zeros_like(v)).double().sum(0)
+            n = ok.sum(0)
+            self.sums[k] = self.sums[k] + s if k in self.sums else s
+            self.counts[k] = self.counts[k] + n if k in self.counts else n
+
+    def merge(self, other: "SummaryReducer") -> "SummaryReducer":
+        self.layers = self.layers or other.layers
+        for k in other.sums:
+            self.sums[k] = self.sums[k] + other.sums[k] if k in self.sums else other.sums[k].clone()
+            self.counts[k] = self.counts[k] + other.counts[k] if k in self.counts else other.counts[k].clone()
+        return self
 
     def result(self) -> pd.DataFrame:
-        return stats_frame({k: self.values.get(k)[1] for k in METRICS if k in self.values.parts}, self.layers or ())
+        return stats_frame_from_sums({k: (self.sums[k], self.counts[k]) for k in METRICS if k in self.sums}, self.layers or ())
 
 
 def stats_frame(metrics: dict[str, torch.Tensor], layers) -> pd.DataFrame:
     """``{metric: [n_items, n_layers, n_heads]}`` -> STAT_COLUMNS frame (NaN items skipped)."""
-    rows = []
+    sums = {}
     for name, v in metrics.items():
-        if v.numel() == 0:
-            continue
-        ok = ~torch.isnan(v)
-        n = ok.sum(0)
-        mean = torch.where(ok, v, torch.zeros_like(v)).sum(0) / n.clamp_min(1)
+        if v.numel():
+            ok = ~torch.isnan(v)
+            sums[name] = (torch.where(ok, v, torch.zeros_like(v)).double().sum(0), ok.sum(0))
+    return stats_frame_from_sums(sums, layers)
+
+
+def stats_frame_from_sums(sums: dict[str, tuple[torch.Tensor, torch.Tensor]], layers) -> pd.DataFrame:
+    """``{metric: (sum [n_layers, n_heads], items [n_layers, n_heads])}`` -> STAT_COLUMNS
+    frame, ``value`` = sum / items (NaN for a head without items)."""
+    rows = []
+    for name, (total, n) in sums.items():
+        mean = total / n.clamp_min(1)
         for li, layer in enumerate(layers):
-            for h in range(v.shape[2]):
+            for h in range(total.shape[1]):
                 rows.append({"layer": layer, "head": h, "metric": name, "value": float(mean[li, h]) if n[li, h] else math.nan, "n": int(n[li, h])})
     df = pd.DataFrame(rows, columns=STAT_COLUMNS)
     return df.astype({"layer": "int64", "head": "int64", "metric": "object", "value": "float64", "n": "int64"})

@@ -286,3 +286,25 @@ def test_batched_token_counts_equal_one_item_at_a_time(name):
             want.update(i for i, s in zip(item["ids"], item["special"]) if not s)
     got = count_tokens(tok, texts, chunk=7)
     assert got == want and sum(got.values()) > 1000
+
+
+def test_item_values_chunks_merge_and_order():
+    from headscope.analyses.summary import ItemValues
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randperm(100, generator=g).tolist()
+    store, ref = ItemValues(consolidate_every=3), {}
+    for i in range(0, 100, 7):  # 15 batch parts: joined into chunks of 3, never re-joined
+        v = torch.rand(len(ids[i:i + 7]), 2, 3, generator=g)
+        store.add("a", ids[i:i + 7], v)
+        ref.update(zip(ids[i:i + 7], v))
+    assert len(store.parts["a"]) == 5
+    other = ItemValues()
+    other.add("a", [100, 101], torch.ones(2, 2, 3))
+    store.merge(other)
+    ref.update({100: torch.ones(2, 3), 101: torch.ones(2, 3)})
+    got_ids, got = store.get("a")
+    assert got_ids == sorted(ref) and torch.equal(got, torch.stack([ref[i] for i in sorted(ref)]))
+    assert len(store.parts["a"]) == 1  # the ordered result replaces the parts
+    store.add("a", [102], torch.zeros(1, 2, 3))
+    assert store.get("a")[0][-3:] == [100, 101, 102]
