@@ -62,19 +62,21 @@ def rows_js(p: torch.Tensor, item: torch.Tensor, n_rows: torch.Tensor, *, max_el
         ent = entropy(p)  # [N, h]
         half_log2_r = p.sum(-1) * (0.5 * math.log(2.0))  # [N, h]
         weight = 1.0 / n_rows[item].float()  # each item's rows average to that item's value
-        per = max(1, max_elements // max(h * keep, 1))  # rows per chunk
+        # rows per block: a pair block [rows, h - i - 1, keys] and the block's JS [rows, h, h]
+        # both stay within max_elements
+        per = max(1, min(max_elements // max(h * keep, 1), max_elements // (h * h)))
         size = min(per, len(item)) * (h - 1) * keep
         pair_sum, scratch = torch.empty(size), torch.empty(size)  # reused by every pair block
-        js = torch.zeros(len(item), h, h)  # [N, i, j], filled for i < j
-        for i in range(h - 1):
-            for r0 in range(0, len(item), per):
-                rs = slice(r0, r0 + per)
+        for r0 in range(0, len(item), per):
+            rs = slice(r0, r0 + per)
+            js = torch.zeros(len(item[rs]), h, h)  # [rows, i, j], filled for i < j
+            for i in range(h - 1):
                 a, b_ = p[rs, i + 1:], p[rs, i: i + 1]  # [rows, h - i - 1, k], [rows, 1, k]
                 s_ = torch.add(a, b_, out=pair_sum[: a.numel()].view(a.shape))
                 h_m = entropy(s_, out=scratch[: a.numel()].view(a.shape)) * 0.5 + half_log2_r[rs, i + 1:] + half_log2_r[rs, i: i + 1]
-                js[rs, i, i + 1:] = h_m - (ent[rs, i + 1:] + ent[rs, i: i + 1]) * 0.5
-        js.clamp_min_(0).mul_(weight[:, None, None])
-        out.index_add_(0, item, js)  # each item's mean over its rows
+                js[:, i, i + 1:] = h_m - (ent[rs, i + 1:] + ent[rs, i: i + 1]) * 0.5
+            js.clamp_min_(0).mul_(weight[rs, None, None])
+            out.index_add_(0, item[rs], js)  # each item's mean over its rows
         out += out.transpose(1, 2).clone()
     return out.masked_fill((n_rows == 0)[:, None, None], float("nan"))
 

@@ -127,6 +127,9 @@ def test_pairwise_js_equals_the_definition_on_random_padded_patterns():
             for c in range(h):
                 want = sum(kl_js(p[i, a, q], p[i, c, q]) for q in sel) / len(sel)
                 assert js[i, a, c].item() == pytest.approx(want, abs=1e-6)
+    # blocks of rows (1 row, 2 rows) give the same matrix as one block
+    for max_elements in (1, 100):
+        assert torch.allclose(clustering.pairwise_js(p, rows, max_elements=max_elements), js, atol=1e-7)
 
 
 def test_sampled_js_is_the_same_whatever_the_batching(minilm, sentences):
