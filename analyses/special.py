@@ -78,10 +78,15 @@ def set_masses(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor,
     """:func:`set_mass` of several key sets at once: ``key_sets [batch, key_pos, n_sets]``
     -> ``(value [batch, head, n_sets], baseline [batch, n_sets])``. The masses are one
     matrix product over keys, ``(pattern * allowed) @ key_sets``."""
-    b, h, q, k = pattern.shape
+    return masked_set_masses(masked_pattern(pattern, allowed), allowed, rows, key_sets)
+
+
+def masked_set_masses(masked: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, key_sets: torch.Tensor):
+    """:func:`set_masses` of a pattern already zeroed outside ``allowed``
+    (:func:`~headscope.analyses.summary.masked_pattern`), as the reducers share it."""
+    b, h, q, k = masked.shape
     sets = key_sets.float()
-    pa = masked_pattern(pattern, allowed)
-    mass = (pa.reshape(b, h * q, k) @ sets).view(b, h, q, -1)  # [batch, head, q, set]
+    mass = (masked.reshape(b, h * q, k) @ sets).view(b, h, q, -1)  # [batch, head, q, set]
     allowed_f = allowed.float()
     n_set = allowed_f @ sets  # [batch, q, set]: visible keys of each set
     r = (rows[..., None] & (n_set > 0)).float()  # rows that can see the set
@@ -104,7 +109,7 @@ class SpecialReducer(ItemValuesReducer):
         key_sets = torch.stack(list(sets.values()), -1)  # [batch, pos, set]
         vals, base = [], None
         for layer in cap.layers:
-            v, base = set_masses(self._masked(cap, layer, allowed), allowed, rows, key_sets)
+            v, base = masked_set_masses(self._masked(cap, layer, allowed), allowed, rows, key_sets)
             vals.append(v)
         vals = torch.stack(vals, 1)  # [batch, layer, head, set]
         for i, role in enumerate(sets):

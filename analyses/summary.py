@@ -125,21 +125,26 @@ def pattern_metrics(pattern: torch.Tensor, allowed: torch.Tensor, *, smoothing: 
     not modified."""
     if pattern.dim() != 4:
         raise ValueError(f"pattern must be [batch, head, query_pos, key_pos]; got shape {tuple(pattern.shape)}")
+    return masked_metrics(masked_pattern(pattern, allowed), allowed, smoothing=smoothing)
+
+
+def masked_metrics(masked: torch.Tensor, allowed: torch.Tensor, *, smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+    """:func:`pattern_metrics` of a pattern already zeroed outside ``allowed``
+    (:func:`masked_pattern`), as the reducers share it per batch."""
     if not 0 <= smoothing <= 1:
         raise ValueError(f"smoothing must be in [0, 1]; got {smoothing}")
     a = allowed[:, None].float()
-    pa = pattern.float() * a  # weights on the allowed keys
     n_keys = a.sum(-1).clamp_min(1)
-    p = (1 - smoothing) * pa + smoothing * a / n_keys[..., None] if smoothing else pa
+    p = (1 - smoothing) * masked + smoothing * a / n_keys[..., None] if smoothing else masked
     ent = entropy(p)
-    q = torch.arange(pattern.shape[-2], device=pattern.device)
-    k = torch.arange(pattern.shape[-1], device=pattern.device)
+    q = torch.arange(masked.shape[-2], device=masked.device)
+    k = torch.arange(masked.shape[-1], device=masked.device)
     dist = (q[:, None] - k[None, :]).abs().float()
     return {
         "entropy": ent,
         "kl_from_uniform": (n_keys.log() - ent).clamp_min(0),
-        "mean_distance": (pa * dist).sum(-1),
-        "confidence": pa.amax(-1),
+        "mean_distance": (masked * dist).sum(-1),
+        "confidence": masked.amax(-1),
     }
 
 
@@ -204,8 +209,9 @@ def check_layers(layers, seen):
 
 class ItemValuesReducer:
     """Base of the role reducers that keep per-item values (positional, special,
-    rare-word, induction, summary): the layers seen, an :class:`ItemValues` store, an
-    exact ``merge``, and the masks every ``update`` starts from."""
+    rare-word, induction): the layers seen, an :class:`ItemValues` store, an exact
+    ``merge``, the masks every ``update`` starts from, and the per-batch masked pattern
+    and max-attention shares they share (:class:`SummaryReducer` uses the masks only)."""
 
     def __init__(self, *, causal: bool, include_special: bool = False):
         self.causal = causal
@@ -267,14 +273,11 @@ class SummaryReducer(ItemValuesReducer):
         allowed, rows, _ = self._masks(cap)
         per = defaultdict(list)
         for layer in cap.layers:
-            m = pattern_metrics(self._masked(cap, layer, allowed), allowed, smoothing=self.smoothing)
+            m = masked_metrics(self._masked(cap, layer, allowed), allowed, smoothing=self.smoothing)
             for k, v in m.items():
                 per[k].append(row_mean(v, rows))
         for k, v in per.items():
-            v = torch.stack(v, 1).detach().cpu()  # [batch, layer, head]; NaN for an item without rows
-            ok = ~torch.isnan(v)
-            s = torch.where(ok, v, torch.zeros_like(v)).double().sum(0)
-            n = ok.sum(0)
+            s, n = _nan_sums(torch.stack(v, 1).detach().cpu())  # [batch, layer, head]; NaN: item without rows
             self.sums[k] = self.sums[k] + s if k in self.sums else s
             self.counts[k] = self.counts[k] + n if k in self.counts else n
 
@@ -291,12 +294,13 @@ class SummaryReducer(ItemValuesReducer):
 
 def stats_frame(metrics: dict[str, torch.Tensor], layers) -> pd.DataFrame:
     """``{metric: [n_items, n_layers, n_heads]}`` -> STAT_COLUMNS frame (NaN items skipped)."""
-    sums = {}
-    for name, v in metrics.items():
-        if v.numel():
-            ok = ~torch.isnan(v)
-            sums[name] = (torch.where(ok, v, torch.zeros_like(v)).double().sum(0), ok.sum(0))
-    return stats_frame_from_sums(sums, layers)
+    return stats_frame_from_sums({name: _nan_sums(v) for name, v in metrics.items() if v.numel()}, layers)
+
+
+def _nan_sums(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``v [n_items, ...]`` -> (float64 sum over items, item count), NaN items left out."""
+    ok = ~torch.isnan(v)
+    return torch.where(ok, v, torch.zeros_like(v)).double().sum(0), ok.sum(0)
 
 
 def stats_frame_from_sums(sums: dict[str, tuple[torch.Tensor, torch.Tensor]], layers) -> pd.DataFrame:
