@@ -168,6 +168,29 @@ def peak_rss_mb() -> float:
     return r / 2**20 if sys.platform == "darwin" else r / 2**10
 
 
+def check_device(device, name: str = "device") -> torch.device:
+    """``device`` as a ``torch.device`` the bench can run on: ``cpu``, ``cuda`` or ``cuda:N``
+    with CUDA present (and device N on this machine). ``name`` starts the messages
+    (``--device`` from the command line).
+
+    >>> check_device("bogus", "--device")
+    Traceback (most recent call last):
+    ...
+    ValueError: --device must be cpu, cuda or cuda:N; got bogus
+    """
+    text = str(device).strip()
+    kind, _, index = text.partition(":")
+    if not (kind == "cpu" and not _ and not index) and not (kind == "cuda" and (not _ or index.isdigit())):
+        raise ValueError(f"{name} must be cpu, cuda or cuda:N; got {text or repr(device)}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {text}: CUDA is not available on this machine")
+        n = torch.cuda.device_count()
+        if index and int(index) >= n:
+            raise ValueError(f"{name} {text}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    return torch.device(text)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -274,6 +297,7 @@ class BenchConfig:
             bad = [p for p in self.paths if p not in PATHS]
             if bad:
                 raise ValueError(f"unknown bench path {bad[0]!r}; valid paths: {', '.join(PATHS)}")
+        check_device(self.device)
 
 
 @dataclass
@@ -785,6 +809,7 @@ def memory_scaling(model: str = "minilm-l6", sizes: tuple[int, ...] = (1000, 100
     """
     if len(sizes) < 2:
         raise ValueError(f"sizes needs at least two corpus sizes; got {sizes!r}")
+    check_device(device)
     rows = []
     for n in sizes:
         code = (

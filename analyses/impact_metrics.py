@@ -203,8 +203,8 @@ class LMLoss(ItemMetric):
 
     def __init__(self, model, texts: Sequence[str], *, perplexity: bool = False, batch_size: int = 16, add_bos: bool = False):
         super().__init__(batch_size)
+        self.name = "perplexity" if perplexity else "lm_loss"  # before check_model, whose message names it
         self.check_model(model)
-        self.name = "perplexity" if perplexity else "lm_loss"
         self.perplexity = perplexity
         self.toks = _tokenize_all(model.tokenizer, texts=list(texts), max_positions=model.spec.max_positions, add_bos=add_bos)
         bad = [i for i, t in enumerate(self.toks) if len(t["ids"]) < 2]
@@ -347,9 +347,13 @@ class EmbeddingCosine(ItemMetric):
 
     The loss cannot be ``1 - cosine``: at the unpruned point cosine is at its maximum and
     the gradient is exactly zero. It is instead the cross-entropy of retrieving each
-    sentence's own unpruned embedding among the unit's unpruned embeddings
-    (``softmax(cos(e_i, ref_j) / temperature)``, target ``j = i``): zero-gradient-free,
-    differentiable, and low exactly when embeddings stay where they were. ``temperature``
+    sentence's own unpruned embedding among the unpruned embeddings of *all* the metric's
+    sentences (``softmax(cos(e_i, ref_j) / temperature)`` over ``j < n_items``, target
+    ``j = i``): zero-gradient-free, differentiable, and low exactly when embeddings stay
+    where they were. A sentence's loss does not depend on which sentences share its
+    batch, so a one-sentence unit (per-example gradients) still has ``n_items - 1``
+    distractors; among the unit's sentences only, it would be the constant 0 there. With
+    a single sentence the loss is constant, and :meth:`loss` raises. ``temperature``
     0.2: at 0.05 the softmax saturates and gradients shrink to ~1e-7 (on MiniLM the head
     ranking agreed with single-head ablation about as well: Spearman 0.61 at 0.2, 0.64 at
     0.05, on 16 sentences).
@@ -392,9 +396,13 @@ class EmbeddingCosine(ItemMetric):
         return (emb * unit.extra["ref"].to(emb.dtype)[None]).sum(-1), torch.ones(unit.rows)
 
     def loss(self, out, unit):
-        emb = mean_pool(out, unit.batch.attention_mask)
-        logits = emb @ unit.extra["ref"].to(emb.dtype).T / self.temperature
-        return F.cross_entropy(logits, torch.arange(unit.rows))
+        if self.n_items < 2:
+            raise ValueError(f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of all the "
+                             f"metric's sentences; with {self.n_items} sentence it is constant (zero gradient). "
+                             "Give the metric at least 2 texts.")
+        emb = mean_pool(out, unit.batch.attention_mask)  # [rows, d_model]
+        logits = emb @ self.reference.to(emb.dtype).T / self.temperature  # [rows, n_items]
+        return F.cross_entropy(logits, torch.tensor(unit.items))
 
 
 class ParaphraseAccuracy(ItemMetric):

@@ -14,26 +14,26 @@ KV cache per token = 2 (K and V) × layers × kv_heads × d_head × bytes per va
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import torch
-
-from .checkpoints import ModelSource, cache_dir, file_sha256, read_hf_config, resolve
-from .config import config_from_hf
-from .errors import HeadscopeError, ModelIncompatibleError
+from .checkpoints import (
+    ModelSource,
+    cache_dir,
+    check_gguf,
+    file_sha256,
+    read_config_file,
+    read_hf_config,
+    resolve,
+)
+from .config import check_hf_config, config_from_hf, param_counts
+from .errors import CheckpointError, HeadscopeError, ModelIncompatibleError
 
 BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1, "fp8": 1}
 
 
 def _gguf_hf_config(path: Path) -> dict:
     """Llama-family HF config fields from a GGUF file's metadata (no dequantisation)."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 - any parse failure is a bad file
-        raise HeadscopeError(f"{path}: not a readable GGUF file ({type(e).__name__})") from None
+    reader = check_gguf(path)
     f = {k: v for k, v in reader.fields.items()}
 
     def get(key, default=None):
@@ -45,9 +45,15 @@ def _gguf_hf_config(path: Path) -> dict:
     arch = get("general.architecture")
     if arch != "llama":
         raise ModelIncompatibleError(f"{path}: GGUF architecture {arch!r}; only 'llama' is read in-house")
+    for key in ("block_count", "attention.head_count", "embedding_length", "feed_forward_length"):
+        if not isinstance(get(f"{arch}.{key}"), int):
+            raise CheckpointError(f"{path}: GGUF metadata {arch}.{key} is missing or not an integer")
     n_heads = int(get(f"{arch}.attention.head_count"))
     d_model = int(get(f"{arch}.embedding_length"))
     tensor_names = {t.name for t in reader.tensors}
+    vocab = get(f"{arch}.vocab_size", 0) or (len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0)
+    if not vocab:
+        raise CheckpointError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     return {
         "model_type": "llama",
         "_name_or_path": get("general.name", path.stem),
@@ -57,7 +63,7 @@ def _gguf_hf_config(path: Path) -> dict:
         "num_key_value_heads": int(get(f"{arch}.attention.head_count_kv", n_heads)),
         "head_dim": int(get(f"{arch}.rope.dimension_count", d_model // n_heads)),
         "intermediate_size": int(get(f"{arch}.feed_forward_length")),
-        "vocab_size": int(get(f"{arch}.vocab_size", 0) or len(f["tokenizer.ggml.tokens"].data)),
+        "vocab_size": int(vocab),
         "max_position_embeddings": int(get(f"{arch}.context_length", 2048)),
         "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
         "rms_norm_eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
@@ -70,8 +76,10 @@ def source_hf_config(source: ModelSource) -> dict:
     if source.kind == "gguf":
         cached = cache_dir() / "gguf" / file_sha256(source.path)[:16] / "config.json"
         if cached.exists():
-            return json.loads(cached.read_text())
-        return _gguf_hf_config(source.path)
+            return read_config_file(cached)
+        hf = _gguf_hf_config(source.path)
+        check_hf_config(hf, str(source.path))
+        return hf
     if source.kind == "hub":
         from .checkpoints import hf_dir
 
@@ -80,19 +88,14 @@ def source_hf_config(source: ModelSource) -> dict:
 
 
 def _count_params(hf: dict) -> tuple[int | None, int | None]:
-    """(attention params, total params): exact for the in-house families (built on the
-    meta device, no memory), attention-only estimate otherwise."""
+    """(attention params, total params): exact for the in-house families, by arithmetic
+    (:func:`~headscope.probes.config.param_counts`: nothing allocated, whatever the sizes);
+    None otherwise."""
     try:
         cfg = config_from_hf(hf)
     except ModelIncompatibleError:
         return None, None
-    from .transformer import Transformer
-
-    with torch.device("meta"):
-        model = Transformer(cfg)
-    total = sum(p.numel() for n, p in model.named_parameters() if not n.endswith(".gate"))
-    attn = sum(p.numel() for n, p in model.named_parameters() if ".attn." in n and not n.endswith(".gate"))
-    return attn, total
+    return param_counts(cfg)
 
 
 def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
@@ -103,7 +106,7 @@ def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtyp
     n_heads = hf.get("num_attention_heads") or hf.get("n_head")
     if not (n_layers and d_model and n_heads):
         raise HeadscopeError(f"config of {name!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})")
-    n_kv = hf.get("num_key_value_heads") or n_heads
+    n_kv = (hf.get("num_key_value_heads") if hf.get("model_type") != "bert" else None) or n_heads  # BERT: MHA
     d_head = hf.get("head_dim") or d_model // n_heads
     group = n_heads // n_kv
     kind = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")

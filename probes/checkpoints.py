@@ -10,17 +10,19 @@ loads take seconds, not the ~30 s of dequantisation.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import ModelConfig, config_from_hf
+from .config import ModelConfig, check_hf_config, config_from_hf, param_counts
 from .errors import CheckpointError, HeadscopeError, ModelIncompatibleError
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,13 @@ def trust_remote_code() -> bool:
     """Whether the user allowed code shipped with a checkpoint to run (``--trust-remote-code``,
     which sets ``HEADSCOPE_TRUST_REMOTE_CODE=1``). Off by default; recorded in run.json."""
     return os.environ.get("HEADSCOPE_TRUST_REMOTE_CODE") == "1"
+
+
+def allow_download() -> bool:
+    """Whether a hub id may be fetched over the network (``--allow-download``, which sets
+    ``HEADSCOPE_ALLOW_DOWNLOAD=1``). Off by default: a name that is neither shipped nor a
+    local path is refused without any network access."""
+    return os.environ.get("HEADSCOPE_ALLOW_DOWNLOAD") == "1"
 
 
 def cache_dir() -> Path:
@@ -81,7 +90,8 @@ def resolve(model: str) -> ModelSource:
     """Turn a user's MODEL argument into a :class:`ModelSource`.
 
     Accepts a shipped name, a local HF-format directory, a ``.gguf`` file, a
-    ``config.json`` file, or a hub id (``org/name``; needs network).
+    ``config.json`` file, or a hub id (``org/name``; needs network and
+    :func:`allow_download`). A path that is not there is refused, never looked up online.
     """
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
         raise ValueError(f"MODEL must be a non-empty name or path; got {model!r}")
@@ -107,13 +117,31 @@ def resolve(model: str) -> ModelSource:
         return ModelSource(name=p.stem, kind="config", path=p)
     if p.exists():
         raise HeadscopeError(f"{p}: not a model directory, .gguf or config.json")
-    if "/" in model and not model.startswith((".", "/")) and model.count("/") == 1:
-        return ModelSource(name=model, kind="hub", path=None)
     known = ", ".join(sorted(SHIPPED))
+    if _looks_like_path(model):
+        raise HeadscopeError(f"no such folder: {model} (shipped models: {known})")
+    if "/" in model:  # org/name: a hub id, or a local path mistyped
+        if allow_download():
+            return ModelSource(name=model, kind="hub", path=None)
+        raise HeadscopeError(
+            f"no such model folder or file: {model} (shipped: {known}; a hub id needs network access "
+            "and --allow-download)"
+        )
     raise HeadscopeError(
-        f"unknown model {model!r}: not a shipped model ({known}), a local directory, a .gguf, "
-        "a config.json or a hub id (org/name)"
+        f"unknown model {model!r}: not a shipped model ({known}), nor a local folder or file; "
+        "a hub id (org/name) needs --allow-download"
     )
+
+
+def _looks_like_path(model: str) -> bool:
+    """Whether a name that is not there can only be a local path, never a hub id (``org/name``):
+    it starts with ``.``, ``/`` or ``~``, holds a backslash or more than one ``/``, ends in
+    ``.gguf`` or ``.json``, or its first folder exists here."""
+    if model.startswith((".", "/", "~", os.sep)) or "\\" in model or model.count("/") > 1:
+        return True
+    if model.endswith((".gguf", ".json")):
+        return True
+    return "/" in model and Path(model.split("/", 1)[0]).is_dir()
 
 
 def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
@@ -142,14 +170,25 @@ def gguf_as_hf_dir(path: Path) -> Path:
     out = cache_dir() / "gguf" / digest
     if (out / "model.safetensors").exists() and (out / "config.json").exists():
         return out
+    try:
+        from .card import _gguf_hf_config
+
+        meta = _gguf_hf_config(path)  # refuses a cut or corrupt file first (check_gguf)
+    except ModelIncompatibleError:  # not llama: transformers may still read it; no size check
+        meta = None
+    if meta is not None:
+        check_hf_config(meta, str(path))
+        check_weight_memory(meta, str(path))
     log.info("dequantising %s to float32 (once; cached in %s)", path.name, out)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except (ValueError, OSError, KeyError) as e:
-        raise CheckpointError(f"{path}: cannot read GGUF file ({str(e).splitlines()[0][:200]})") from None
+        with quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except (ValueError, OSError, KeyError, struct.error, EOFError) as e:
+        detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: cannot read GGUF file ({detail})") from None
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     hf.config.quantization_config = None
@@ -186,12 +225,23 @@ def hf_dir(source: ModelSource) -> Path:
 def read_hf_config(source: ModelSource) -> dict:
     """The HF config dict of ``source`` (for ``config`` sources, without weights)."""
     path = source.path if source.kind == "config" else hf_dir(source) / "config.json"
+    return read_config_file(Path(path))
+
+
+def read_config_file(path: Path) -> dict:
+    """A ``config.json`` as a dict, its sizes checked (:func:`~headscope.probes.config.check_hf_config`);
+    every refusal names the file (and line:column for bad JSON)."""
     try:
-        cfg = json.loads(Path(path).read_text(encoding="utf-8"))
+        cfg = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CheckpointError(
+            f"{path}: not UTF-8 (byte 0x{e.object[e.start]:02x} at offset {e.start}); save it as UTF-8 JSON"
+        ) from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise CheckpointError(f"{path}: expected a JSON object with a 'model_type' field")
+    check_hf_config(cfg, str(path))
     return cfg
 
 
@@ -290,10 +340,197 @@ def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor], wher
     model.load_state_dict({k: state[k].float() for k in own}, strict=False)
 
 
+# files that hold a vocabulary: fast (tokenizer.json), WordPiece, BPE, SentencePiece
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+
+
 def load_tokenizer(directory: Path):
+    """The tokenizer of an HF directory. Refuses a folder without vocabulary files (transformers
+    would build an empty tokenizer that maps every word to [UNK])."""
     from transformers import AutoTokenizer
 
+    directory = Path(directory)
+    if not any((directory / f).is_file() for f in TOKENIZER_FILES) and not any(directory.glob("*.tiktoken")):
+        raise CheckpointError(
+            f"{directory}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)}); "
+            "copy the tokenizer files of the model's release into the folder"
+        )
     try:
-        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
+        with quiet_transformers():
+            tok = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory}: no usable tokenizer ({str(e).splitlines()[0][:160]})") from None
+    if len(tok) <= len(set(tok.all_special_ids)):
+        raise CheckpointError(
+            f"{directory}: the tokenizer holds only its {len(tok)} special tokens; "
+            "copy the tokenizer files of the model's release into the folder"
+        )
+    return tok
+
+
+def check_tokenizer_vocab(tokenizer, vocab_size: int, where) -> None:
+    """Refuse a tokenizer whose ids reach past the model's embedding (``vocab_size`` rows)."""
+    try:
+        n = max(tokenizer.get_vocab().values()) + 1
+    except (AttributeError, NotImplementedError, ValueError):
+        n = len(tokenizer)
+    if n > vocab_size:
+        raise CheckpointError(
+            f"{where}: the tokenizer has ids up to {n - 1:,} but config.json's vocab_size is {vocab_size:,} "
+            f"(ids from {vocab_size:,} on have no embedding); use the model's own tokenizer files or fix vocab_size"
+        )
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' warnings (load reports) and progress bars ("Loading weights") off for the
+    block, unless headscope logs progress (``-v``); library code prints nothing itself."""
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    verbosity = transformers.logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()
+    if not log.isEnabledFor(logging.INFO):
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+# ----------------------------------------------------------------------------- sizes and memory
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the system can give without swapping (``MemAvailable``), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - not installed or not supported here
+        return None
+
+
+def estimate_params(hf: dict) -> int | None:
+    """Parameters of the model a config describes, by arithmetic: exact for the in-house
+    families, ``vocab·d + positions·d + layers·(4·d² + 2·d·d_mlp)`` otherwise; None when
+    the config lacks the sizes."""
+    try:
+        return param_counts(config_from_hf(hf))[1]
+    except (ModelIncompatibleError, KeyError, ValueError, TypeError):
+        pass
+    layers = hf.get("num_hidden_layers") or hf.get("n_layer")
+    d = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
+    if not (isinstance(layers, int) and isinstance(d, int)):
+        return None
+    d_mlp = hf.get("intermediate_size") or hf.get("n_inner") or 4 * d
+    vocab = hf.get("vocab_size") or 0
+    positions = hf.get("max_position_embeddings") or hf.get("n_positions") or 0
+    values = (d_mlp, vocab, positions)
+    if not all(isinstance(v, int) for v in values):
+        return None
+    return vocab * d + positions * d + layers * (4 * d * d + 2 * d * d_mlp)
+
+
+_SIZE_NAMES = ("num_hidden_layers", "n_layer", "hidden_size", "n_embd", "intermediate_size", "n_inner", "vocab_size",
+               "max_position_embeddings", "n_positions")
+
+
+def check_weight_memory(hf: dict, where, *, bytes_per_param: int = 4) -> None:
+    """Refuse, before anything is allocated, a model whose weights alone would not fit in the
+    memory available (a config with absurd sizes would otherwise die in the allocator)."""
+    n = estimate_params(hf)
+    avail = available_memory_bytes()
+    if n is None or avail is None or n * bytes_per_param <= avail:
+        return
+    sizes = ", ".join(f"{k}={hf[k]}" for k in _SIZE_NAMES if isinstance(hf.get(k), int))
+    raise CheckpointError(
+        f"{where}: {sizes} need ~{n * bytes_per_param / 2**30:,.1f} GiB of weights ({n:,} parameters of "
+        f"{bytes_per_param} bytes), more than the {avail / 2**30:,.1f} GiB available; check these sizes"
+    )
+
+
+# ----------------------------------------------------------------------------- weight files
+
+
+def check_safetensors(path: Path) -> None:
+    """Read a safetensors file's header (nothing else) and refuse one that is cut short or
+    malformed, naming the file and what its header promised."""
+    path = Path(path)
+    size = path.stat().st_size
+
+    def bad(detail: str):
+        return CheckpointError(f"{path}: corrupt or truncated safetensors ({detail}); copy or download it again")
+
+    if size < 8:
+        raise bad(f"{size} bytes; expected at least the 8-byte header length")
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > size - 8:
+            raise bad(f"the header announces {n:,} bytes of JSON, the file holds {size - 8:,} after the length")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise bad("the header is not the JSON table of tensors") from None
+    if 8 + n + end > size:
+        raise bad(f"{size:,} bytes; its header places tensor data up to byte {8 + n + end:,}")
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of an HF directory (safetensors, its shards, or pytorch_model.bin)."""
+    directory = Path(directory)
+    if (directory / "model.safetensors").is_file():
+        return [directory / "model.safetensors"]
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{index}: not a safetensors shard index (expected a 'weight_map' object)") from None
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: shard {missing[0]!r} is missing ({len(missing)} of {len(shards)} missing)")
+        return [directory / s for s in shards]
+    return [f for f in (directory / "pytorch_model.bin",) if f.is_file()]
+
+
+def check_gguf(path: Path):
+    """Open a GGUF file's header and tensor table; refuse one that is not GGUF or is cut
+    short, naming the file and what it was expected to hold. Returns the ``GGUFReader``."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:4] != b"GGUF":
+        raise CheckpointError(f"{path}: not a GGUF file (expected the magic bytes b'GGUF' first; got {head[:4]!r})")
+    if len(head) < 24:
+        raise CheckpointError(f"{path}: truncated GGUF file ({size} bytes; the fixed header alone needs 24)")
+    _, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - any parse failure is a cut or corrupt file
+        raise CheckpointError(
+            f"{path}: truncated or corrupt GGUF file ({size:,} bytes): the {n_kv:,} metadata entries and "
+            f"{n_tensors:,} tensors its header announces cannot be read ({type(e).__name__}); copy or download it again"
+        ) from None
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise CheckpointError(
+            f"{path}: truncated GGUF file ({size:,} bytes; its tensors end at byte {end:,}); copy or download it again"
+        )
+    return reader

@@ -185,3 +185,100 @@ def config_from_hf(hf: dict[str, Any], name: str = "") -> ModelConfig:
         f"model_type {mtype!r} is not covered by the in-house backend (bert, llama); "
         "use the transformer-lens bridge backend (--backend bridge)."
     )
+
+
+# -- checking a config.json's sizes before anything is built -------------------------------
+
+# keys that hold a size, per family: (required, optional); any of _ANY_SIZE_KEYS present is checked too
+_SIZE_KEYS = {
+    "bert": (
+        ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+         "max_position_embeddings"),
+        ("type_vocab_size",),
+    ),
+    "llama": (
+        ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"),
+        ("num_key_value_heads", "head_dim", "max_position_embeddings"),
+    ),
+}
+_ANY_SIZE_KEYS = (
+    "num_hidden_layers", "n_layer", "hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head",
+    "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "vocab_size", "max_position_embeddings",
+    "n_positions",
+)
+_NULL_MEANS_UNSET = ("num_key_value_heads", "head_dim", "n_inner")  # HF derives these when null
+_MAX_SIZE = 2**63  # torch indexes with int64
+
+
+def check_hf_config(hf: dict[str, Any], where: str) -> None:
+    """Refuse a config whose sizes cannot describe a model: a size missing (for the BERT and
+    Llama families), null, not an integer, not positive, or heads that do not divide.
+    ``where`` (the config file) starts every message.
+
+    Raises :class:`~headscope.probes.errors.CheckpointError`.
+
+    >>> try:
+    ...     check_hf_config({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+    ...         "num_attention_heads": 4, "intermediate_size": 1.5, "vocab_size": 10}, "m/config.json")
+    ... except Exception as e:  # CheckpointError
+    ...     print(e)
+    m/config.json: intermediate_size must be a positive integer; got 1.5
+    """
+    from .errors import CheckpointError
+
+    family = hf.get("model_type")
+    required, optional = _SIZE_KEYS.get(family, ((), _ANY_SIZE_KEYS))
+    for key in required:
+        if key not in hf:
+            raise CheckpointError(f"{where}: {key} is missing (a {family!r} config needs it); add it to the config")
+    for key in dict.fromkeys((*required, *optional, *_ANY_SIZE_KEYS)):
+        if key not in hf or (hf[key] is None and key in _NULL_MEANS_UNSET):
+            continue
+        v = hf[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise CheckpointError(f"{where}: {key} must be a positive integer; got {v!r}")
+        if v >= _MAX_SIZE:
+            raise CheckpointError(f"{where}: {key}={v} is past 2**63, more than any tensor can index")
+    n_heads = hf.get("num_attention_heads") or hf.get("n_head")
+    d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
+    n_kv = hf.get("num_key_value_heads") if family != "bert" else None  # BERT has no KV heads of its own
+    if n_heads and n_kv and n_heads % n_kv:
+        raise CheckpointError(
+            f"{where}: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads} "
+            "(each KV head serves an equal group of query heads)"
+        )
+    if family == "bert" and d_model % n_heads:
+        raise CheckpointError(
+            f"{where}: hidden_size={d_model} is not divisible by num_attention_heads={n_heads}; fix one of them"
+        )
+    if family == "llama":
+        d_head = hf.get("head_dim") or d_model // n_heads
+        if d_head < 1:
+            raise CheckpointError(
+                f"{where}: num_attention_heads={n_heads} exceeds hidden_size={d_model} (d_head would be 0); "
+                "fix one of them or set head_dim"
+            )
+        if d_head % 2:
+            raise CheckpointError(f"{where}: head_dim {d_head} is odd; RoPE rotates pairs of dimensions")
+
+
+def param_counts(cfg: ModelConfig) -> tuple[int, int]:
+    """``(attention params, total params)`` of the in-house model of ``cfg``, by arithmetic
+    (the same counts as the built model's parameters, per-head gates excluded; a tied
+    unembedding counted once). Nothing is allocated, whatever the sizes.
+
+    >>> param_counts(ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, vocab_size=128))
+    (24576, 131392)
+    """
+    d, dh, m = cfg.d_model, cfg.d_head, cfg.d_mlp
+    q, kv = cfg.n_heads * dh, cfg.n_kv_heads * dh
+    attn = d * q + 2 * d * kv + q * d + (q + 2 * kv + d if cfg.attention_bias else 0)
+    if cfg.family == "bert":
+        rest = 2 * d * m + m + d + 4 * d  # up, down with biases; two LayerNorms
+        embed = cfg.vocab_size * d + cfg.type_vocab_size * d + 2 * d
+        if cfg.positional == "learned":
+            embed += cfg.max_positions * d
+    else:
+        rest = 3 * d * m + 2 * d  # gate, up, down; two RMSNorms
+        embed = cfg.vocab_size * d + d + (0 if cfg.tie_embeddings else cfg.vocab_size * d)
+    return cfg.n_layers * attn, cfg.n_layers * (attn + rest) + embed

@@ -19,17 +19,22 @@ import torch
 
 from .checkpoints import (
     ModelSource,
+    check_safetensors,
+    check_tokenizer_vocab,
+    check_weight_memory,
     hf_dir,
     hf_to_inhouse_names,
     load_state_into,
     load_tokenizer,
+    quiet_transformers,
     read_hf_config,
     read_state_dict,
     resolve,
     trust_remote_code,
+    weight_files,
 )
-from .config import ModelConfig, config_from_hf
-from .errors import HeadscopeError, ModelIncompatibleError
+from .config import config_from_hf
+from .errors import CheckpointError, HeadscopeError, ModelIncompatibleError
 from .hooks import hooks
 from .tokens import TokenBatch, encode
 from .transformer import Transformer
@@ -108,15 +113,22 @@ class InHouseModel:
     @classmethod
     def from_source(cls, source: ModelSource, dtype: torch.dtype = torch.float32) -> "InHouseModel":
         hf_cfg = read_hf_config(source)
-        cfg = config_from_hf(hf_cfg, name=source.name)
         directory = hf_dir(source)
+        where = source.path if source.kind == "config" else directory / "config.json"
+        try:
+            cfg = config_from_hf(hf_cfg, name=source.name)
+        except ValueError as e:  # sizes ModelConfig refuses (read_hf_config checked the common ones)
+            raise CheckpointError(f"{where}: {e}") from None
+        check_weight_memory(hf_cfg, where)
+        tokenizer = load_tokenizer(directory)
+        check_tokenizer_vocab(tokenizer, cfg.vocab_size, directory)
         module = Transformer(cfg)
         state = hf_to_inhouse_names(cfg, read_state_dict(directory))
         load_state_into(module, state, str(directory))
-        return cls(module.to(dtype), load_tokenizer(directory), name=source.name, source=source)
+        return cls(module.to(dtype), tokenizer, name=source.name, source=source)
 
     def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions)
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.cfg.vocab_size)
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None, *, grad: bool = False) -> dict:
         qs = _check_quantities(quantities)
@@ -157,29 +169,47 @@ class HFReference:
 
         directory = hf_dir(source)
         hf_cfg = read_hf_config(source)
-        config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
-        config._attn_implementation = attn_implementation
+        check_weight_memory(hf_cfg, directory / "config.json")
+        tokenizer = load_tokenizer(directory)
+        if isinstance(hf_cfg.get("vocab_size"), int):
+            check_tokenizer_vocab(tokenizer, hf_cfg["vocab_size"], directory)
+        files = weight_files(directory)
+        for f in files:
+            if f.suffix == ".safetensors":
+                check_safetensors(f)
+        where = files[0] if len(files) == 1 else directory
         mtype = hf_cfg["model_type"]
         if mtype == "bert":
             klass = AutoModelForMaskedLM if for_bridge else AutoModel
         else:
             klass = AutoModelForCausalLM
         torch.manual_seed(0)  # heads missing from the checkpoint (BERT MLM head) initialise the same every time
-        import transformers
-
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()
         try:
-            model = klass.from_pretrained(
-                str(directory), config=config, dtype=torch.float32, trust_remote_code=trust_remote_code()
-            )
-        finally:
-            transformers.logging.set_verbosity(verbosity)
+            with quiet_transformers():
+                config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
+                config._attn_implementation = attn_implementation
+                model, info = klass.from_pretrained(
+                    str(directory), config=config, dtype=torch.float32, trust_remote_code=trust_remote_code(),
+                    output_loading_info=True, ignore_mismatched_sizes=True,
+                )
+        except (HeadscopeError, ImportError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - unreadable weights: corrupt, truncated, refused pickle
+            detail = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
+            raise CheckpointError(
+                f"{where}: refused or unreadable ({type(e).__name__}: {detail}); only intact safetensors or "
+                "weights-only torch files are loaded"
+            ) from None
+        _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
         spec = _spec_from_hf(hf_cfg, source.name, "hf")
-        return cls(model, load_tokenizer(directory), spec)
+        ref = cls(model, tokenizer, spec)
+        ref.vocab_size = model.config.vocab_size
+        return ref
+
+    vocab_size: int | None = None
 
     def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions)
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
         qs = _check_quantities(quantities)
@@ -191,6 +221,39 @@ class HFReference:
         out = {("pattern", l): res.attentions[l] for l in ls} if "pattern" in qs else {}
         out[("output", None)] = res.logits if hasattr(res, "logits") else res.last_hidden_state
         return out
+
+
+_IGNORED_SUFFIXES = ("position_ids", "rotary_emb.inv_freq", "attn.masked_bias", "attn.bias")
+
+
+def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
+    """Refuse an HF model whose checkpoint lacks tensors of the base model (e.g. a config
+    with more layers than the weights), holds tensors the base model would have used
+    (fewer layers), or holds a tensor of another shape. A task head absent from the
+    checkpoint (BERT's MLM head, seeded) is allowed unless ``strict_head`` (a causal LM:
+    its logits would be random)."""
+    prefix = model.base_model_prefix
+    base = model.base_model
+    in_base = (lambda k: True) if base is model else (lambda k: k.startswith(prefix + "."))
+    missing = sorted(k for k in info.get("missing_keys", ()) if (strict_head or in_base(k)) and not k.endswith(_IGNORED_SUFFIXES))
+    base_children = {n for n, _ in base.named_children()}
+    unexpected = sorted(
+        k for k in info.get("unexpected_keys", ())
+        if k.removeprefix(prefix + ".").split(".")[0] in base_children and not k.endswith(_IGNORED_SUFFIXES)
+    )
+    mismatched = sorted(info.get("mismatched_keys", ()), key=lambda m: str(m[0]))
+    layers = getattr(model.config, "num_hidden_layers", None)
+    hint = f"; does config.json (num_hidden_layers={layers}) describe these weights?"
+    if missing:
+        raise CheckpointError(f"{where}: tensor {missing[0]!r} missing from checkpoint ({len(missing)} missing){hint}")
+    if unexpected:
+        raise CheckpointError(f"{where}: unexpected tensor {unexpected[0]!r} in checkpoint ({len(unexpected)} extra){hint}")
+    if mismatched:
+        key, got, want = mismatched[0][0], mismatched[0][1], mismatched[0][2]
+        raise CheckpointError(
+            f"{where}: tensor {key!r} has shape {tuple(got)}; the config implies {tuple(want)} "
+            f"({len(mismatched)} mismatched)"
+        )
 
 
 def _spec_from_hf(hf_cfg: dict, name: str, backend: str) -> ModelSpec:
@@ -205,7 +268,7 @@ def _spec_from_hf(hf_cfg: dict, name: str, backend: str) -> ModelSpec:
         family=hf_cfg.get("model_type", "?"),
         n_layers=n_layers,
         n_heads=n_heads,
-        n_kv_heads=hf_cfg.get("num_key_value_heads") or n_heads,
+        n_kv_heads=(hf_cfg.get("num_key_value_heads") if decoder else None) or n_heads,  # encoders: MHA
         d_head=hf_cfg.get("head_dim") or d_model // n_heads,
         d_model=d_model,
         causal=decoder,
@@ -242,16 +305,21 @@ class BridgeModel:
         hf_cfg = read_hf_config(source)
         hub_name = hf_cfg.get("_name_or_path") or source.name
         try:
-            bridge = TransformerBridge.boot_transformers(hub_name, hf_model=ref.hf, tokenizer=ref.tokenizer)
+            with quiet_transformers():
+                bridge = TransformerBridge.boot_transformers(hub_name, hf_model=ref.hf, tokenizer=ref.tokenizer)
         except Exception as e:
             raise ModelIncompatibleError(
                 f"transformer-lens could not wrap {source.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
             ) from None
         spec = _spec_from_hf(hf_cfg, source.name, "bridge")
-        return cls(bridge, ref.tokenizer, spec)
+        m = cls(bridge, ref.tokenizer, spec)
+        m.vocab_size = ref.vocab_size
+        return m
+
+    vocab_size: int | None = None
 
     def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions)
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
         qs = _check_quantities(quantities)

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .alignment import align_offsets, split_words, word_spans_of
-from .errors import HeadscopeError
 
 
 @dataclass
@@ -107,11 +106,13 @@ def collate(items: list[dict], pad_id: int) -> TokenBatch:
     )
 
 
-def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = None, add_bos: bool = False) -> TokenBatch:
+def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = None, add_bos: bool = False,
+           vocab_size: int | None = None) -> TokenBatch:
     """Texts (``list[str]``) or pre-split words (``list[list[str]]``) -> :class:`TokenBatch`.
 
-    Raises ``ValueError`` on empty input and on an item longer than ``max_positions``
-    (naming the item, its length and the limit).
+    Raises ``ValueError`` on empty input, on an item longer than ``max_positions``
+    (naming the item, its length and the limit) and on a token id the model has no
+    embedding for (``>= vocab_size``).
     """
     if (texts is None) == (words is None):
         raise TypeError("pass exactly one of texts= or words=")
@@ -126,6 +127,12 @@ def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = Non
         if max_positions is not None and len(it["ids"]) > max_positions:
             raise ValueError(
                 f"text {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten or split it."
+            )
+        if vocab_size is not None and it["ids"] and max(it["ids"]) >= vocab_size:
+            j = max(range(len(it["ids"])), key=it["ids"].__getitem__)
+            raise ValueError(
+                f"text {i}: token {it['tokens'][j]!r} has id {it['ids'][j]}, past the model's vocabulary of "
+                f"{vocab_size} (the tokenizer does not belong to this model); load the model's own tokenizer"
             )
         items.append(it)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

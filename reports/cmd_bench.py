@@ -26,7 +26,7 @@ def register(sub) -> None:
     p.add_argument("--corpus", default="generated",
                    help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--memory", action="store_true", help="peak RSS of streaming a small vs a 10x corpus instead")
     p.add_argument("--memory-sizes", default="1000,10000", help="corpus sizes for --memory (default 1000,10000)")
     p.add_argument("--memory-reducer", choices=["roles", "noop", "mass"], default="roles",
@@ -122,8 +122,14 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args) -> int:
-    from headscope.analyses.bench import BenchConfig, memory_scaling, run_bench
+    from headscope.analyses.bench import (
+        BenchConfig,
+        check_device,
+        memory_scaling,
+        run_bench,
+    )
 
+    check_device(args.device, "--device")  # before any model loads
     if args.memory:
         frame, ratio = memory_scaling(args.model, _sizes(args.memory_sizes), reducer=args.memory_reducer,
                                       batch_size=args.batch, seed=args.seed, device=args.device)
