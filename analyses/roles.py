@@ -71,7 +71,8 @@ class RolesResult:
     * ``stats``: per-head statistics (STAT_COLUMNS);
     * ``clusters``: the clustering module's frame (empty when not run);
     * ``skipped``: ``{role group or "file:<name>": {reason: count}}`` — items each
-      analysis could not use, and units each reader left out of each file;
+      analysis could not use, and units each reader left out of each file (keyed by the
+      path as given when two input files share a name);
     * ``n_items``: items each role group used; ``timings``: seconds per stage;
     * ``examples``: ``{role key: example}`` for the report: the role's top head and one
       item to draw — ``words``, ``word_pattern`` [word][word], ``tokens``,
@@ -118,14 +119,29 @@ def default_text() -> Path:
 # ---------------------------------------------------------------------------------- inputs
 
 
+def _add_file_skips(file_skips: dict, path, counts: dict, *, full_path: bool = False) -> None:
+    """Record ``counts`` under ``file:<name>``, or ``file:<path as given>`` when ``full_path``
+    (several inputs share the name) or the name is taken; never overwrite another file's
+    counts (the same path given twice gets `` (2)``, `` (3)``, ...)."""
+    key = f"file:{path}" if full_path else f"file:{Path(path).name}"
+    if key in file_skips:
+        key = f"file:{path}"
+    base, n = key, 2
+    while key in file_skips:
+        key, n = f"{base} ({n})", n + 1
+    file_skips[key] = counts
+
+
 def _read_conllu(conllu, cfg: RolesConfig, file_skips: dict) -> list:
     from headscope.probes.corpora import DependencyCorpus, read_conllu
 
     sources = default_conllu() if conllu is None else conllu
     if isinstance(sources, (str, Path, DependencyCorpus)):
         sources = [sources]
+    sources = list(sources)
+    names = [Path(str(s.path or "corpus") if isinstance(s, DependencyCorpus) else str(s)).name for s in sources]
     sentences = []
-    for src in sources:
+    for src, name in zip(sources, names):
         if isinstance(src, DependencyCorpus):
             corpus = src
         elif isinstance(src, (str, Path)):
@@ -133,7 +149,8 @@ def _read_conllu(conllu, cfg: RolesConfig, file_skips: dict) -> list:
         else:
             raise TypeError(f"conllu must be a path, a DependencyCorpus or a list of them; got {type(src).__name__}")
         if corpus.skipped.total:
-            file_skips[f"file:{Path(corpus.path or 'corpus').name}"] = dict(corpus.skipped.counts)
+            _add_file_skips(file_skips, corpus.path or "corpus", dict(corpus.skipped.counts),
+                            full_path=names.count(name) > 1)
         sentences.extend(corpus.sentences)
     return sentences
 
@@ -143,7 +160,7 @@ def _read_coref(coref, file_skips: dict) -> list:
 
     cs = read_coref(default_coref() if coref is None else coref) if not isinstance(coref, CorefSet) else coref
     if cs.skipped.total:
-        file_skips[f"file:{Path(cs.path or 'coref').name}"] = dict(cs.skipped.counts)
+        _add_file_skips(file_skips, cs.path or "coref", dict(cs.skipped.counts))
     return list(cs.items)
 
 
@@ -152,12 +169,12 @@ def _read_text(text, file_skips: dict) -> list[str]:
 
     if isinstance(text, TextSet):
         if text.skipped.total:
-            file_skips["file:text"] = dict(text.skipped.counts)
+            _add_file_skips(file_skips, "text", dict(text.skipped.counts))
         return list(text.lines)
     if text is None or isinstance(text, (str, Path)):
         ts = read_text(default_text() if text is None else text)
         if ts.skipped.total:
-            file_skips[f"file:{Path(str(text or default_text())).name}"] = dict(ts.skipped.counts)
+            _add_file_skips(file_skips, str(text or default_text()), dict(ts.skipped.counts))
         return list(ts.lines)
     if isinstance(text, Sequence) and all(isinstance(t, str) for t in text):
         return list(text)

@@ -51,6 +51,8 @@ class RolesConfig:
         if self.js_rows_per_item is not None and (not isinstance(self.js_rows_per_item, int) or self.js_rows_per_item < 1):
             raise ValueError(f"The 'js_rows_per_item' parameter of RolesConfig must be a positive int or None; "
                              f"got {self.js_rows_per_item!r}.")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= 2**32 - 1:
+            raise ValueError(f"The 'seed' parameter of RolesConfig must be an int in [0, 2**32 - 1]; got {self.seed!r}.")
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")
 

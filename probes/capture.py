@@ -13,7 +13,6 @@ expanded; ``capture.kv_groups`` says which query heads read each KV head).
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence
@@ -243,7 +242,10 @@ def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_token
         try:
             t = tokenize_one(model.tokenizer, words=list(it), add_bos=False) if words else tokenize_one(model.tokenizer, text=it)
         except (ValueError, TypeError) as e:
-            reason = "empty" if "empty" in str(e) else "untokenisable"
+            if words and any(isinstance(w, str) and any(c.isspace() for c in w) for w in it):
+                reason = "space_in_word"  # words are matched to tokens at spaces
+            else:
+                reason = "empty" if "empty" in str(e) else "untokenisable"
             report.skipped[reason] += 1
             report.skipped_items.append((i, reason))
             continue

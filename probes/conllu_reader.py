@@ -11,9 +11,15 @@ raised (format)           wrong column count; empty column; bad ID or HEAD; word
                           comment after a token line; undecodable bytes; NUL characters
 skipped (reason key)      ``empty_node`` (each ``8.1`` line; the sentence is kept);
                           ``unannotated`` (a word with HEAD or DEPREL ``_``; recorded at
-                          that word's line); ``no_root``, ``multiple_roots``, ``cycle``
-                          (not a tree; recorded at the sentence's first line)
+                          that word's line); ``space_in_word`` (a FORM with a space,
+                          which UD v2 allows but headscope cannot align: words are
+                          matched to tokens at spaces; recorded at that word's line);
+                          ``no_root``, ``multiple_roots``, ``cycle`` (not a tree;
+                          recorded at the sentence's first line)
 ========================  ==============================================================
+
+A file that yields no usable sentence (comments only, or every sentence skipped)
+raises, with the skip counts and the first skipped line.
 
 >>> import pathlib, tempfile
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.conllu"
@@ -46,6 +52,15 @@ _RANGE_ID = re.compile(r"([1-9][0-9]*)-([1-9][0-9]*)\Z")
 _EMPTY_ID = re.compile(r"(?:0|[1-9][0-9]*)\.[1-9][0-9]*\Z")
 _HEAD = re.compile(r"(?:0|[1-9][0-9]*)\Z")
 _MAX_LINE_CHARS = 1_000_000
+# Why a skipped sentence is unusable, for error messages (strict mode, nothing usable).
+_REASONS = {
+    "unannotated": "a word has HEAD or DEPREL _; annotate it",
+    "space_in_word": "a word (FORM) contains a space; headscope aligns words to tokens at spaces, so split it "
+                     "into words or write it without the space",
+    "no_root": "no word has HEAD 0; give the sentence one root",
+    "multiple_roots": "more than one word has HEAD 0; give the sentence one root",
+    "cycle": "the HEADs form a cycle; every word must reach the root",
+}
 # conllu reads FEATS/DEPS/MISC into dicts; we keep them raw so odd values never trip it.
 _RAW = {name: (lambda fields, i: fields[i]) for name in ("feats", "deps", "misc")}
 
@@ -165,7 +180,8 @@ def read_conllu(path: str | Path, *, full_labels: bool = False, strict: bool = F
     sentence instead of recording it (empty nodes are still only counted).
 
     Raises :class:`InputFileError` (``file:line:column: message``) for format errors,
-    a missing path, a directory or an empty file.
+    a missing path, a directory, an empty file, or a file with no usable sentence
+    (``file: no usable sentences: ...`` with the skip counts).
     """
     p = check_input_path(path, expected="CoNLL-U sentences")
     sentences: list[DependencySentence] = []
@@ -177,8 +193,21 @@ def read_conllu(path: str | Path, *, full_labels: bool = False, strict: bool = F
         elif sentence is not None:
             line, reason = sentence
             if strict:
-                raise InputFileError(p, line, 1, f"sentence is not usable ({reason}); fix it or read with strict=False")
+                why = f": {_REASONS[reason]}" if reason in _REASONS else ""
+                raise InputFileError(p, line, 1, f"sentence is not usable ({reason}){why}; fix it or read with "
+                                     "strict=False")
             skips.append(sentence)
+    if not sentences:
+        dropped = sorted(e for e in skips if e[1] != "empty_node")  # empty nodes never drop a sentence
+        if dropped:
+            line, reason = dropped[0]
+            why = f" ({_REASONS[reason]})" if reason in _REASONS else ""
+            detail = (f"all {len(dropped)} sentences were skipped ({SkipRecord(entries=tuple(dropped)).summary()}); "
+                      f"first at line {line}: {reason}{why}")
+        else:
+            detail = "the file holds only comment and blank lines"
+        raise InputFileError(p, None, None, f"no usable sentences: {detail}; expected CoNLL-U sentences "
+                             f"(word lines of 10 tab-separated columns: {' '.join(COLUMNS)})")
     return DependencyCorpus(sentences=tuple(sentences), skipped=SkipRecord(entries=tuple(sorted(skips))), path=str(p))
 
 
@@ -207,7 +236,7 @@ def _column(fields: list[str], k: int) -> int:
 def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
                 skips: list[tuple[int, str]]) -> DependencySentence | tuple[int, str] | None:
     """Validate one sentence's lines and parse them; a sentence, a (line, reason) skip, or None."""
-    n_words, ranges, unannotated, token_seen = 0, [], None, False
+    n_words, ranges, unannotated, spaced, token_seen = 0, [], None, None, False
     for line_no, text in block:
         if text.startswith("#"):
             if token_seen:
@@ -239,6 +268,8 @@ def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
             n_words += 1
             if (head == "_" or deprel == "_") and unannotated is None:
                 unannotated = line_no
+            if spaced is None and any(c.isspace() for c in fields[1]):
+                spaced = line_no
         elif m := _RANGE_ID.match(ident):
             start, end = int(m[1]), int(m[2])
             if start != n_words + 1 or end <= start or (ranges and ranges[-1][1] >= start):
@@ -265,6 +296,8 @@ def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
                                  f"sentence has {n_words} words (0 = root); point HEAD at one of them")
     if unannotated is not None:
         return unannotated, "unannotated"
+    if spaced is not None:
+        return spaced, "space_in_word"
 
     try:
         tokens = conllu.parse("\n".join(t for _, t in block) + "\n", field_parsers=_RAW)[0]

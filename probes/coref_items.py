@@ -16,12 +16,16 @@ and recorded by line and reason (``strict=True`` raises on the first instead):
 raised                 undecodable bytes, invalid JSON (line and column of the JSON
                        error), a line that is not an object, a missing key, a value of
                        the wrong type (column of the key)
-skipped (reason key)   ``no_words``, ``pronoun_out_of_range``, ``no_candidates``,
+skipped (reason key)   ``no_words``, ``empty_word``, ``space_in_word`` (words are aligned to
+                       tokens at spaces), ``pronoun_out_of_range``, ``no_candidates``,
                        ``empty_span``, ``span_out_of_range``, ``span_overlaps_pronoun``,
+                       ``overlapping_candidates`` (two candidates sharing a word, hence
+                       possibly a head word, cannot be told apart),
                        ``antecedent_out_of_range``, ``heads_length``, ``head_outside_span``
 =====================  ===================================================================
 
-Blank lines are ignored.
+Blank lines are ignored. A file that yields no usable item raises, with the skip counts
+and the first skipped line's reason.
 
 >>> import json, pathlib, tempfile
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "c.jsonl"
@@ -57,6 +61,12 @@ def item_problem(words, pronoun: int, candidates, antecedent: int, heads=None) -
     n = len(words)
     if n == 0:
         return "no_words", "words is empty"
+    for i, w in enumerate(words):
+        if not w:
+            return "empty_word", f"word {i} is an empty string; drop it or give it a form"
+        if any(c.isspace() for c in w):
+            return "space_in_word", (f"word {i} {w[:40]!r} contains a space; words are aligned to tokens at spaces, "
+                                     "so give it as separate words")
     if not 0 <= pronoun < n:
         return "pronoun_out_of_range", f"pronoun index {pronoun} is outside the {n} words"
     if not candidates:
@@ -68,6 +78,12 @@ def item_problem(words, pronoun: int, candidates, antecedent: int, heads=None) -
             return "span_out_of_range", f"candidate {k} span [{start}, {end}) is outside the {n} words"
         if start <= pronoun < end:
             return "span_overlaps_pronoun", f"candidate {k} span [{start}, {end}) contains the pronoun (word {pronoun})"
+    overlap = _overlapping_pair(candidates)
+    if overlap is not None:
+        j, k = overlap
+        return "overlapping_candidates", (
+            f"candidates {j} [{candidates[j][0]}, {candidates[j][1]}) and {k} [{candidates[k][0]}, {candidates[k][1]}) "
+            "overlap; candidate spans must not share words (two candidates with one head word cannot be told apart)")
     if not 0 <= antecedent < len(candidates):
         return "antecedent_out_of_range", f"antecedent {antecedent} is not one of the {len(candidates)} candidates"
     if heads is not None:
@@ -76,6 +92,24 @@ def item_problem(words, pronoun: int, candidates, antecedent: int, heads=None) -
         for k, ((start, end), h) in enumerate(zip(candidates, heads)):
             if not start <= h < end:
                 return "head_outside_span", f"head {h} of candidate {k} is outside its span [{start}, {end})"
+    return None
+
+
+def _overlapping_pair(candidates) -> tuple[int, int] | None:
+    """Indices ``(j, k)``, ``j < k``, of two candidate spans that share a word, or None.
+
+    Linear after sorting, so a line with many candidates stays cheap.
+
+    >>> _overlapping_pair([(0, 3), (4, 5), (2, 3)]), _overlapping_pair([(0, 1), (1, 2)])
+    ((0, 2), None)
+    """
+    order = sorted(range(len(candidates)), key=lambda k: (candidates[k][0], candidates[k][1], k))
+    widest = None  # the span seen so far that reaches furthest right
+    for k in order:
+        if widest is not None and candidates[k][0] < candidates[widest][1]:
+            return min(widest, k), max(widest, k)
+        if widest is None or candidates[k][1] > candidates[widest][1]:
+            widest = k
     return None
 
 
@@ -196,11 +230,14 @@ def read_coref(path: str | Path, *, strict: bool = False) -> CorefSet:
     """Read a coreference JSONL file into a :class:`CorefSet`.
 
     Raises :class:`InputFileError` for format errors (see module doc), a missing path,
-    a directory or an empty file; with ``strict=True`` also for the first unusable item.
+    a directory, an empty file or a file with no usable item (blank lines only, or every
+    item skipped: the message gives the counts and the first skip's reason); with
+    ``strict=True`` also for the first unusable item.
     """
     p = check_input_path(path, expected="one coreference item (JSON object) per line")
     items: list[CorefItem] = []
     skips: list[tuple[int, str]] = []
+    first_problem = None
     for line_no, text in iter_lines(p, max_line_chars=_MAX_LINE_CHARS):
         if text is None:
             raise InputFileError(p, line_no, 1,
@@ -215,7 +252,14 @@ def read_coref(path: str | Path, *, strict: bool = False) -> CorefSet:
                 raise InputFileError(p, line_no, 1, f"unusable item ({problem[0]}): {problem[1]}; "
                                      "fix it or read with strict=False to skip it")
             skips.append((line_no, problem[0]))
+            first_problem = first_problem or (line_no, problem[1])
             continue
         fields["heads"] = fields["heads"] or ()
         items.append(CorefItem(**fields))
+    if not items:
+        skipped = SkipRecord(entries=tuple(skips))
+        detail = (f"{skipped.total} skipped ({skipped.summary()}); first at line {first_problem[0]}: {first_problem[1]}"
+                  if skips else "the file holds only blank lines")
+        raise InputFileError(p, None, None, f"no usable coreference items: {detail}; "
+                             "expected one JSON object per line (words, pronoun, candidates, antecedent)")
     return CorefSet(items=tuple(items), skipped=SkipRecord(entries=tuple(skips)), path=str(p))

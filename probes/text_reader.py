@@ -101,8 +101,8 @@ class SkipRecord:
     :attr:`counts` tallies them.
 
     >>> r = SkipRecord(entries=((3, "nul_byte"), (9, "too_long"), (12, "nul_byte")))
-    >>> r.counts, r.total
-    ({'nul_byte': 2, 'too_long': 1}, 3)
+    >>> r.counts, r.total, r.summary()
+    ({'nul_byte': 2, 'too_long': 1}, 3, 'nul_byte 2, too_long 1')
     """
 
     entries: tuple[tuple[int, str], ...] = ()
@@ -116,6 +116,10 @@ class SkipRecord:
     def total(self) -> int:
         """Number of skipped units."""
         return len(self.entries)
+
+    def summary(self) -> str:
+        """The counts on one line: ``"reason count, reason count"`` (``"nothing"`` when empty)."""
+        return ", ".join(f"{reason} {n}" for reason, n in self.counts.items()) or "nothing"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,7 +280,8 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
     right-to-left text, emoji and ZWJ sequences) unless ``nfc=True`` asks for NFC
     normalisation.
 
-    Raises :class:`InputFileError` for a missing path, a directory, an empty file, or
+    Raises :class:`InputFileError` for a missing path, a directory, an empty file, a
+    file with no usable line (all blank or skipped; the message gives the counts), or
     bytes that cannot be decoded (naming line and column of the first bad byte).
 
     >>> import pathlib, tempfile
@@ -303,6 +308,12 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
         else:
             lines.append(unicodedata.normalize("NFC", text) if nfc else text)
             numbers.append(line_no)
+    if not lines:
+        skipped = SkipRecord(entries=tuple(skips))
+        parts = ([f"{blank} blank"] if blank else []) + (
+            [f"{skipped.total} skipped ({skipped.summary()}; first at line {skips[0][0]})"] if skips else [])
+        raise InputFileError(p, None, None, f"no sentences: every line is blank or skipped ({', '.join(parts)}); "
+                             "expected one sentence or passage per line")
     with p.open("rb") as f:
         encoding = sniff_encoding(f.read(_SNIFF_BYTES)).name
     return TextSet(lines=tuple(lines), line_numbers=tuple(numbers), skipped=SkipRecord(entries=tuple(skips)),
