@@ -34,7 +34,9 @@ import pandas as pd
 import torch
 
 from headscope.probes.atomic import write_frame, write_json
+from headscope.probes.checkpoints import trust_remote_code
 from headscope.probes.errors import CheckpointError
+from headscope.probes.output_folder import claim_output, manifest_header
 
 from .ablation import (all_but_one, bootstrap_se, check_inhouse, evaluate, impact_frame, impact_rows, prune_units,
                        role_ablation, single_head_ablation)
@@ -104,6 +106,8 @@ class PruneConfig:
             bad("n_boot", "None or an int >= 2")
         if self.unit not in ("head", "kv_group"):
             bad("unit", "'head' or 'kv_group'")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= 2**32 - 1:
+            bad("seed", "an int in [0, 2**32 - 1]")
 
     @property
     def items(self) -> int | None:
@@ -165,7 +169,7 @@ class _Store:
     def __init__(self, out_dir, cfg: PruneConfig, model_name: str, metric_name: str):
         self.dir = None if out_dir is None else Path(out_dir)
         self.frames: dict[str, pd.DataFrame] = {}
-        self.state = {"version": STATE_VERSION, "config": cfg.to_dict(), "model": model_name, "metric": metric_name,
+        self.state = {**manifest_header("prune"), "version": STATE_VERSION, "config": cfg.to_dict(), "model": model_name, "metric": metric_name,
                       "done": [], "curves": {}, "rows": {}, "complete": False}
         if self.dir is not None and (self.dir / "state.json").exists():
             self._load(cfg, model_name, metric_name)
@@ -187,7 +191,15 @@ class _Store:
             pq = self.dir / f"{name}.parquet"
             if not pq.exists():
                 raise CheckpointError(f"{pq} is missing but state.json says it holds {n} rows; delete state.json to start over")
-            self.frames[name] = pd.read_parquet(pq).iloc[:n].reset_index(drop=True)
+            try:
+                df = pd.read_parquet(pq)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+                raise CheckpointError(f"{pq}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                                      "delete state.json to start over") from None
+            if len(df) < n:  # rows are written before state.json counts them: fewer means the file was cut or replaced
+                raise CheckpointError(f"{pq} holds {len(df)} rows but state.json says {n} were committed (the file was cut "
+                                      "short or replaced); delete state.json to start over")
+            self.frames[name] = df.iloc[:n].reset_index(drop=True)
         self.state = state
         log.info("resuming pruning study from %s: done %s", path, state["done"])
 
@@ -216,8 +228,17 @@ def pruning_study(model, cfg: PruneConfig = PruneConfig(), out_dir=None, *, metr
 
     ``metric``: a prepared metric object (e.g. a :class:`~headscope.analyses.impact_metrics.CallableMetric`)
     instead of ``cfg.metric``'s shipped data. Raises :class:`CheckpointError` when
-    ``out_dir`` holds a run with another config.
+    ``out_dir`` holds a run with another config, and ``ValueError`` when it is a file,
+    holds anything but an earlier pruning study, or another run is writing it
+    (:func:`~headscope.probes.output_folder.claim_output`).
     """
+    if out_dir is None:
+        return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit)
+    with claim_output(out_dir, "prune"):
+        return _study(model, cfg, out_dir, metric=metric, roles=roles, step_limit=step_limit)
+
+
+def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit) -> PruneResult:
     check_inhouse(model)
     torch.manual_seed(cfg.seed)
     if metric is None:
@@ -309,7 +330,8 @@ def pruning_study(model, cfg: PruneConfig = PruneConfig(), out_dir=None, *, metr
     summary = summarize(store.frames, metric, model.spec, cfg)
     summary["complete"] = complete
     if store.dir is not None and complete:
-        write_json({"config": cfg.to_dict(), "model": model.spec.name, "summary": summary}, store.dir / "run.json")
+        write_json({**manifest_header("prune"), "config": cfg.to_dict(), "model": model.spec.name, "summary": summary,
+                    "trust_remote_code": trust_remote_code()}, store.dir / "run.json")
     return PruneResult(frames=dict(store.frames), summary=summary, config=cfg, complete=complete)
 
 

@@ -1,7 +1,8 @@
 """Atomic output: write to a temporary name in the same folder, then rename.
 
 A crash never leaves a half-written file that looks complete: readers see the old
-file or the new one.
+file or the new one. Files get the usual permissions (``0666 & ~umask``), not the
+``0600`` of a bare temporary file, so a report can be shared as it is.
 
 >>> import tempfile, pathlib
 >>> d = pathlib.Path(tempfile.mkdtemp())
@@ -18,6 +19,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from headscope.probes.output_folder import file_mode
+
 
 @contextmanager
 def atomic_write(path, mode: str = "w", encoding: str | None = "utf-8"):
@@ -26,6 +29,7 @@ def atomic_write(path, mode: str = "w", encoding: str | None = "utf-8"):
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
             f.flush()
@@ -58,6 +62,7 @@ class _AtomicPath:
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
+            os.chmod(self.tmp, file_mode())
             os.replace(self.tmp, self.path)
         else:
             self.tmp.unlink(missing_ok=True)

@@ -41,6 +41,7 @@ from .checkpoints import load_state_into
 from .config import ModelConfig
 from .errors import CheckpointError
 from .models import InHouseModel
+from .output_folder import folder_mode, swap_in
 from .transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -260,6 +261,7 @@ def save_pruned(model, directory, *, overwrite: bool = False) -> Path:
     from safetensors.torch import save_file
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    os.chmod(tmp, folder_mode())  # mkdtemp's 0700 would hide the checkpoint from everyone else
     try:
         save_file(_weights_to_save(module), str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "writer": "headscope"})
         cfg = module.cfg.to_dict()
@@ -267,13 +269,7 @@ def save_pruned(model, directory, *, overwrite: bool = False) -> Path:
         (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if src.tokenizer is not None:
             src.tokenizer.save_pretrained(str(tmp))
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old{os.getpid()}")
-            os.replace(directory, old)
-            os.replace(tmp, directory)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
+        swap_in(tmp, directory)  # one atomic exchange where the system has it
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

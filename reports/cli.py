@@ -7,10 +7,17 @@ on stderr with exit code 2 (``--debug`` shows the traceback).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
 import sys
+
+#: OSErrors that say something about the machine (disk full, read-only, too many files),
+#: reported as one line with exit 2 like any other bad input
+_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
+                                 errno.ENFILE, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EXDEV,
+                                 errno.ENOTEMPTY, errno.EIO, errno.ELOOP})
 
 COMMAND_MODULES = [
     "headscope.reports.cmd_card",
@@ -24,8 +31,16 @@ COMMAND_MODULES = [
 ]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``headscope roles: error: argument --top: ...``)
+    instead of the usage block; ``--help`` still shows the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="headscope",
         description="What each attention head of a transformer does, and what happens when heads are removed.",
     )
@@ -35,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--trust-remote-code",
         action="store_true",
         help="allow code shipped with a checkpoint to run (off by default; recorded in run.json)",
+    )
+    parser.add_argument(
+        "--allow-download",
+        action="store_true",
+        help="let a MODEL that is a hub id (org/name) be fetched over the network (off by default: only shipped "
+        "models and local paths)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -54,13 +75,18 @@ def main(argv: list[str] | None = None) -> int:
 
     tune_allocator()  # large pattern tensors reuse heap blocks instead of fresh mmaps (see the module)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad flag (2, one line already printed): a code, not an exception
+        return e.code if isinstance(e.code, int) else 2
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     if args.trust_remote_code:
         os.environ["HEADSCOPE_TRUST_REMOTE_CODE"] = "1"
+    if args.allow_download:
+        os.environ["HEADSCOPE_ALLOW_DOWNLOAD"] = "1"
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -79,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(e, KeyError):
                 msg = msg.strip("'\"")
             print(f"headscope: error: {msg}", file=sys.stderr)
+            return 2
+        if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:  # the machine, not headscope: one line, exit 2
+            where = f": {e.filename}" if e.filename else ""
+            hint = " (free some space; earlier outputs are left as they were)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            print(f"headscope: error: {os.strerror(e.errno).lower()}{where}{hint}", file=sys.stderr)
             return 2
         print(f"headscope: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (run with --debug for the traceback)", file=sys.stderr)
         return 1

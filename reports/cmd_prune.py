@@ -6,25 +6,28 @@ Re-running with the same ``--out`` and options resumes an interrupted run.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 
 def register(sub) -> None:
     from headscope.analyses.impact_metrics import METRICS
     from headscope.analyses.pruning_curves import ORDERS
 
+    from .argtypes import fraction, int_at_least, positive_int, seed
+
     p = sub.add_parser("prune", help="what happens when heads are removed: ablation, importance, pruning curves")
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name, directory or .gguf (in-house backend)")
     p.add_argument("--metric", choices=list(METRICS), default=None,
                    help="default: lm_loss for decoders, cosine_to_unpruned for encoders")
     p.add_argument("--step", type=float, default=0.10, help="fraction of heads removed per pruning step (default 0.1)")
-    p.add_argument("--max-fraction", type=float, default=None, help="stop the curves at this fraction (default 1.0; 0.5 with --quick)")
+    p.add_argument("--max-fraction", type=fraction, default=None, help="stop the curves at this fraction (default 1.0; 0.5 with --quick)")
     p.add_argument("--orders", nargs="+", choices=list(ORDERS), default=list(ORDERS), help="pruning orders to compare")
-    p.add_argument("--seeds", type=int, default=3, help="random-order seeds (default 3)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=positive_int, default=3, help="random-order seeds (default 3)")
+    p.add_argument("--seed", type=seed, default=0, help="seed for random orders and draws (0 to 2**32 - 1; default 0)")
     p.add_argument("--unit", choices=["head", "kv_group"], default="head",
                    help="kv_group: remove a KV head together with all query heads that read it (GQA)")
-    p.add_argument("--n-items", type=int, default=None, help="items of the metric's data (default all; 24 with --quick)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--n-items", type=int_at_least(2), default=None, help="items of the metric's data (default all; 24 with --quick)")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="items per forward pass (default 16)")
     p.add_argument("--quick", action="store_true", help="fewer items and steps")
     p.add_argument("--studies", nargs="+", choices=["ablation", "all_but_one", "importance", "curves"],
                    default=["ablation", "all_but_one", "importance", "curves"], help="which studies to run")
@@ -35,9 +38,11 @@ def register(sub) -> None:
 
 
 def _read_roles(path):
-    import pandas as pd
+    """The ``--roles`` frame, checked (a file that is not a roles table fails here, naming
+    itself, before the model loads)."""
+    from .diff import read_roles_table
 
-    return pd.read_parquet(path) if str(path).endswith(".parquet") else pd.read_csv(path)
+    return read_roles_table(path)
 
 
 def render_summary(summary: dict) -> str:
@@ -63,12 +68,14 @@ def render_summary(summary: dict) -> str:
 def run(args) -> int:
     from headscope.analyses.pruning_study import PruneConfig, pruning_study
     from headscope.probes.models import load_model
+    from headscope.probes.output_folder import claim_output
 
     cfg = PruneConfig(metric=args.metric, step=args.step, max_fraction=args.max_fraction, orders=tuple(args.orders),
                       n_random_seeds=args.seeds, seed=args.seed, quick=args.quick, batch_size=args.batch_size,
                       n_items=args.n_items, unit=args.unit, studies=tuple(args.studies))
-    model = load_model(args.model, "inhouse")
     roles = _read_roles(args.roles) if args.roles else None
-    result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
+    with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
+        model = load_model(args.model, "inhouse")
+        result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
     print(json.dumps(result.summary, indent=2, sort_keys=True) if args.json else render_summary(result.summary))
     return 0

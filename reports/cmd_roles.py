@@ -26,6 +26,8 @@ from pathlib import Path
 
 
 def register(sub) -> None:
+    from .argtypes import positive_int, seed, unit_interval
+
     p = sub.add_parser("roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference")
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf")
     p.add_argument("--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge")
@@ -37,11 +39,11 @@ def register(sub) -> None:
     p.add_argument("--roles", metavar="LIST", help="comma-separated role groups to run (default: all): "
                    "positional,special,rare-word,summary,clustering,induction,syntactic,coreference")
     p.add_argument("--out", metavar="DIR", help="output folder (default: runs/roles-<model>)")
-    p.add_argument("--seed", type=int, default=0, help="seed for bootstrap, permutations and generated sequences")
-    p.add_argument("--margin", type=float, default=None, help="margin over the baseline for a verdict (default 0.10, Voita et al.)")
+    p.add_argument("--seed", type=seed, default=0, help="seed for bootstrap, permutations and generated sequences (0 to 2**32 - 1)")
+    p.add_argument("--margin", type=unit_interval, default=None, help="margin over the baseline for a verdict (default 0.10, Voita et al.)")
     p.add_argument("--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'")
-    p.add_argument("--batch-size", type=int, default=None, help="items per forward pass (default 32)")
-    p.add_argument("--top", type=int, default=3, help="heads shown per role")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="items per forward pass (default 32)")
+    p.add_argument("--top", type=positive_int, default=3, help="heads shown per role")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
     p.set_defaults(func=run)
@@ -121,41 +123,53 @@ def _print_text(result, records, out: Path) -> None:
 def run(args) -> int:
     from headscope.analyses.roles import check_roles, head_roles, roles_by_head
     from headscope.probes.atomic import write_frame, write_json
+    from headscope.probes.checkpoints import trust_remote_code
     from headscope.probes.models import load_model
+    from headscope.probes.output_folder import claim_output, manifest_header
 
     if args.dtype != "fp32" and args.backend != "inhouse":
         raise ValueError(f"--dtype {args.dtype} needs --backend inhouse (the bridge runs in fp32)")
     cfg = _config(args)
-    groups = check_roles([g.strip() for g in args.roles.split(",") if g.strip()] if args.roles else None)
+    wanted = None
+    if args.roles is not None:
+        wanted = [g.strip() for g in args.roles.split(",") if g.strip()]
+        if not wanted:
+            raise ValueError(f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
+                             "or leave --roles out for all")
+    groups = check_roles(wanted)
     inputs = _read_inputs(args, cfg, groups)
     out = Path(args.out) if args.out else default_out(args.model)
-    model = load_model(args.model, args.backend, dtype=args.dtype)
+    with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
+        model = load_model(args.model, args.backend, dtype=args.dtype)
 
-    progress = None
-    if not (args.quiet or args.json):
-        from headscope.reports.terminal import StageProgress
+        progress = None
+        if not (args.quiet or args.json):
+            from headscope.reports.terminal import StageProgress
 
-        progress = StageProgress(quiet=not sys.stderr.isatty())
-    if progress is not None:
-        with progress:
+            progress = StageProgress(quiet=not sys.stderr.isatty())
+        if progress is not None:
+            with progress:
+                result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
+                                    roles=groups, cfg=cfg, progress=progress)
+        else:
             result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
-                                roles=groups, cfg=cfg, progress=progress)
-    else:
-        result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
-                            roles=groups, cfg=cfg)
+                                roles=groups, cfg=cfg)
 
-    write_frame(result.frame, out / "roles")
-    write_frame(result.stats, out / "head_stats")
-    write_frame(result.clusters, out / "clusters")
-    write_frame(roles_by_head(result), out / "roles_by_head")
-    write_json(result.skipped, out / "skipped.json")
-    write_json(result.examples, out / "examples.json")
-    write_json({"model": result.model, "model_arg": args.model, "backend": args.backend, "dtype": args.dtype, "roles": list(groups),
-                "config": result.config, "n_items": result.n_items, "timings": {k: round(v, 3) for k, v in result.timings.items()},
-                "inputs": {"conllu": [str(c.path) for c in inputs.get("conllu", [])],
-                           "coref": str(inputs["coref"].path) if "coref" in inputs else None,
-                           "text": str(args.text or "") or ("shipped" if "text" in inputs else None)}},
-               out / "run.json")
+        with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json
+            write_frame(result.frame, tmp / "roles")
+            write_frame(result.stats, tmp / "head_stats")
+            write_frame(result.clusters, tmp / "clusters")
+            write_frame(roles_by_head(result), tmp / "roles_by_head")
+            write_json(result.skipped, tmp / "skipped.json")
+            write_json(result.examples, tmp / "examples.json")
+            write_json({**manifest_header("roles"), "model": result.model, "model_arg": args.model, "backend": args.backend,
+                        "dtype": args.dtype, "roles": list(groups), "trust_remote_code": trust_remote_code(),
+                        "config": result.config, "n_items": result.n_items,
+                        "timings": {k: round(v, 3) for k, v in result.timings.items()},
+                        "inputs": {"conllu": [str(c.path) for c in inputs.get("conllu", [])],
+                                   "coref": str(inputs["coref"].path) if "coref" in inputs else None,
+                                   "text": str(args.text or "") or ("shipped" if "text" in inputs else None)}},
+                       tmp / "run.json")
 
     records = _summary_records(result, args.top)
     if args.json:

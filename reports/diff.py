@@ -5,6 +5,12 @@ role frame is read from ``roles.parquet`` (or ``.csv``) at the top or under ``ta
 importance from every table with IMPACT_COLUMNS. Both runs must have the same layers ×
 heads (from ``run.json``'s ``architecture`` when present, else from the frames).
 
+Tables are checked as they are read (:func:`read_table`): a file that is not CSV or
+Parquet, a missing column, or a cell of the wrong type raises ``ValueError`` naming the
+file, the row (1 = the first row after the header) and the value, e.g.
+``roles.csv:row 2: layer must be an integer in [0, 1023]; got 'x'``. Two runs with no
+role in common and no per-head importance in common are refused ("nothing to compare").
+
 Outputs (frames only):
 
 * ``role_changes``: layer, head, role, relation, direction, score_a, score_b, delta
@@ -27,6 +33,7 @@ Outputs (frames only):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +46,9 @@ IMPORTANCE_CHANGE_COLUMNS = ["study", "layer", "head", "metric", "value_a", "val
 TOP_HEADS_COLUMNS = ["role", "relation", "direction", "top_a", "top_b", "same_set", "same_order", "max_abs_delta",
                      "verdicts_a", "verdicts_b", "n_a", "n_b"]
 ROLE_KEYS = ["role", "relation", "direction"]
+ROLE_TABLE_COLUMNS = ["layer", "head", "role", "score", "verdict"]  # what a roles table needs (ROLE_COLUMNS has more)
+MAX_INDEX = 1023  # largest layer or head index accepted in a table (real models have < 200)
+_TRUE, _FALSE = {"true", "1", "1.0"}, {"false", "0", "0.0"}
 
 
 @dataclass
@@ -51,8 +61,175 @@ class Run:
     model: str | None
 
 
-def _read_table(path: Path) -> pd.DataFrame:
-    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path, keep_default_na=False, na_values=[""])
+def _load_table(p: Path, what: str, expected: str) -> pd.DataFrame:
+    """Read a CSV or Parquet file (Parquet by its suffix or its first bytes); any failure
+    becomes one ``ValueError`` naming the file."""
+    fail = f"{p}: not {what}"
+    try:
+        with p.open("rb") as f:
+            parquet = p.suffix == ".parquet" or f.read(4) == b"PAR1"
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such file; expected {what}: {expected}") from None
+    except OSError as err:
+        raise ValueError(f"{fail} (cannot be read: {err.strerror}); expected {expected}") from None
+    try:
+        if parquet:
+            return pd.read_parquet(p)
+        return pd.read_csv(p, keep_default_na=False, na_values=[""], encoding="utf-8")
+    except UnicodeDecodeError as err:
+        why = f"byte 0x{err.object[err.start:err.start + 1].hex()} at offset {err.start} is not UTF-8 text"
+    except pd.errors.EmptyDataError:
+        why = "the file holds no header line"
+    except Exception as err:  # noqa: BLE001 - pyarrow and the CSV parser raise many kinds; all mean "not a table"
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        why = f"cannot be read as {'Parquet' if parquet else 'CSV'}: {first}"
+    raise ValueError(f"{fail} ({why}); expected {expected}") from None
+
+
+def _numbers(s: pd.Series) -> tuple[np.ndarray, int | None]:
+    """``s`` as float64 (missing cells NaN) and the position of the first cell that is
+    not a number (a bool, a word, a list...), or None."""
+    if pd.api.types.is_bool_dtype(s):
+        return np.full(len(s), np.nan), 0 if len(s) else None
+    if pd.api.types.is_numeric_dtype(s):
+        return s.to_numpy(dtype="float64", na_value=np.nan), None
+    out = np.full(len(s), np.nan)
+    for i, v in enumerate(s.to_numpy(dtype=object)):
+        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
+            continue
+        if isinstance(v, (bool, np.bool_)):
+            return out, i
+        if isinstance(v, (int, float, np.integer, np.floating)):
+            out[i] = float(v)
+            continue
+        if isinstance(v, str):
+            try:
+                out[i] = float(v)
+            except ValueError:
+                return out, i
+            continue
+        return out, i
+    return out, None
+
+
+def _cell(v) -> str:
+    """A cell for an error message: ``'x'`` for text, ``1.5`` for a number."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    return "an empty cell" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else repr(v)[:60]
+
+
+def read_table(path, *, what: str = "a table", columns=(), ints=(), ints_or_missing=(), floats=(), bools=(),
+               labels=()) -> pd.DataFrame:
+    """Read a CSV or Parquet table and check it: every name in ``columns`` present;
+    ``ints`` integers in [0, MAX_INDEX] in every row (``ints_or_missing`` may also be
+    empty); ``floats`` numbers or empty; ``bools`` True/False (or 1/0); ``labels``
+    non-empty. Returns the frame with those columns converted (``int64``; ``float64``
+    for ``ints_or_missing`` and ``floats``; ``bool``; ``str``).
+
+    Raises ``ValueError``: ``file: not a roles table (missing column 'layer'); expected
+    ...`` or ``file:row N: layer must be an integer in [0, 1023]; got 'x'`` (row 1 is the
+    first row after the header).
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
+    >>> _ = p.write_text("layer,score\\n0,0.5\\nx,0.1\\n")
+    >>> try:
+    ...     read_table(p, columns=["layer", "score"], ints=["layer"], floats=["score"])
+    ... except ValueError as err:
+    ...     print(str(err).replace(str(p), "t.csv"))
+    t.csv:row 2: layer must be an integer in [0, 1023]; got 'x'
+    """
+    p = Path(path)
+    expected = f"CSV or Parquet with columns {', '.join(columns)}"
+    df = _load_table(p, what, expected)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{p}: not {what} (missing column {missing[0]!r}); expected {expected}")
+    df = df.copy()
+    for c in (*ints, *ints_or_missing):
+        values, bad = _numbers(df[c])
+        rule = f"an integer in [0, {MAX_INDEX}]"
+        if bad is None:
+            wrong = ~np.isnan(values) & ((values != np.floor(values)) | (values < 0) | (values > MAX_INDEX))
+            if c in ints:
+                wrong |= np.isnan(values)
+            bad = int(np.argmax(wrong)) if wrong.any() else None
+        if bad is not None:
+            raise ValueError(f"{p}:row {bad + 1}: {c} must be {rule}; got {_cell(df[c].iloc[bad])}")
+        df[c] = values.astype("int64") if c in ints else values  # float64 keeps the empty cells as NaN
+    for c in floats:
+        values, bad = _numbers(df[c])
+        if bad is None and np.isinf(values).any():
+            bad = int(np.argmax(np.isinf(values)))
+        if bad is not None:
+            raise ValueError(f"{p}:row {bad + 1}: {c} must be a finite number (or empty); got {_cell(df[c].iloc[bad])}")
+        df[c] = values
+    for c in bools:
+        s = df[c]
+        if not pd.api.types.is_bool_dtype(s):
+            flags = []
+            for i, v in enumerate(s.to_numpy(dtype=object)):
+                text = str(v).strip().lower() if isinstance(v, (str, bool, int, float, np.bool_, np.integer, np.floating)) else ""
+                if text not in _TRUE | _FALSE:
+                    raise ValueError(f"{p}:row {i + 1}: {c} must be True or False; got {_cell(v)}")
+                flags.append(text in _TRUE)
+            df[c] = np.array(flags, dtype=bool)
+    for c in labels:
+        s = df[c]
+        blank = s.isna() | (s.astype(str).str.strip() == "")
+        if blank.any():
+            raise ValueError(f"{p}:row {int(np.argmax(blank.to_numpy())) + 1}: {c} must not be empty")
+        df[c] = s.astype(str)
+    return df
+
+
+def read_roles_table(path) -> pd.DataFrame:
+    """A roles frame from CSV or Parquet (``roles.csv`` / ``roles.parquet`` of headscope
+    roles or report), checked by :func:`read_table`; ``relation``/``direction`` become
+    ``""`` where absent, ``n`` is an optional count."""
+    df = read_table(path, what="a roles table", columns=ROLE_TABLE_COLUMNS, ints=["layer", "head"], floats=["score"],
+                    bools=["verdict"], labels=["role"])
+    for c in ("relation", "direction"):
+        df[c] = df[c].fillna("").astype(str) if c in df else ""
+    if "n" in df:
+        values, bad = _numbers(df["n"])
+        if bad is not None or (~np.isnan(values) & ((values < 0) | (values != np.floor(values)))).any():
+            bad = bad if bad is not None else int(np.argmax(~np.isnan(values) & ((values < 0) | (values != np.floor(values)))))
+            raise ValueError(f"{Path(path)}:row {bad + 1}: n must be a count (an integer >= 0) or empty; "
+                             f"got {_cell(df['n'].iloc[bad])}")
+        df["n"] = values
+    return df
+
+
+def _read_impact(path: Path) -> pd.DataFrame:
+    from headscope.analyses.frames import IMPACT_COLUMNS
+
+    return read_table(path, what="a pruning table", columns=IMPACT_COLUMNS, ints_or_missing=["layer", "head"],
+                      floats=["value"])[IMPACT_COLUMNS]
+
+
+def _read_architecture(run_json: Path) -> tuple[int | None, int | None, str | None]:
+    """``(layers, heads, model)`` from a run.json (None where absent); one-line errors."""
+    try:
+        meta = json.loads(run_json.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ValueError(f"{run_json}: not valid JSON ({(str(err).splitlines() or ['nested too deeply'])[0][:120]}); "
+                         "fix or remove it (diff then takes the architecture from the tables)") from None
+    if not isinstance(meta, dict):  # a malformed file: ValueError like every other one
+        raise ValueError(  # noqa: TRY004
+            f"{run_json}: must hold a JSON object; got a {type(meta).__name__}")
+    arch = meta.get("architecture") or {}
+    if not isinstance(arch, dict):
+        raise ValueError(  # noqa: TRY004
+            f"{run_json}: 'architecture' must be an object with 'layers' and 'heads'; got {json.dumps(arch)[:60]}")
+    for key in ("layers", "heads"):
+        v = arch.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_INDEX + 1):
+            raise ValueError(f"{run_json}: architecture.{key} must be an integer in [1, {MAX_INDEX + 1}]; "
+                             f"got {json.dumps(v)[:60]}")
+    model = meta.get("model")
+    return arch.get("layers"), arch.get("heads"), None if model is None else str(model)
 
 
 def _tables(folder: Path) -> list[Path]:
@@ -79,29 +256,33 @@ def read_run(path) -> Run:
     roles, impacts = None, []
     for p in _tables(folder):
         if p.stem == "roles" and roles is None:
-            roles = _read_table(p)
+            roles = read_roles_table(p)
         elif p.stem != "roles":
-            cols = set(pd.read_parquet(p).columns if p.suffix == ".parquet" else pd.read_csv(p, nrows=0).columns)
+            cols = set(_load_table(p, "a table", "CSV or Parquet").columns)
             if set(IMPACT_COLUMNS) <= cols:
-                impacts.append(_read_table(p)[IMPACT_COLUMNS])
+                impacts.append(_read_impact(p))
     impact = pd.concat(impacts, ignore_index=True) if impacts else None
     if roles is None and impact is None:
         raise ValueError(f"{folder}: no roles table (roles.parquet / roles.csv) and no pruning table found; "
                          "pass a folder written by headscope report, roles or prune")
-    if roles is not None:
-        for c in ("relation", "direction"):
-            roles[c] = roles[c].fillna("").astype(str) if c in roles else ""
     n_layers = n_heads = None
     model = None
     run_json = folder / "run.json"
-    if run_json.exists():
-        meta = json.loads(run_json.read_text())
-        arch = meta.get("architecture") or {}
-        n_layers, n_heads, model = arch.get("layers"), arch.get("heads"), meta.get("model")
+    if run_json.is_file():
+        n_layers, n_heads, model = _read_architecture(run_json)
     if n_layers is None or n_heads is None:
         frames = [f for f in (roles, impact) if f is not None]
         both = pd.concat([f[["layer", "head"]].dropna() for f in frames], ignore_index=True)
+        if both.empty:
+            raise ValueError(f"{folder}: its tables hold no row with a layer and head, and there is no run.json "
+                             "giving the architecture; pass the folder of a completed run")
         n_layers, n_heads = int(both["layer"].max()) + 1, int(both["head"].max()) + 1
+    else:
+        for f in (roles, impact):
+            if f is not None and ((f["layer"] >= n_layers) | (f["head"] >= n_heads)).any():
+                r = f[(f["layer"] >= n_layers) | (f["head"] >= n_heads)].iloc[0]
+                raise ValueError(f"{folder}: a table holds L{int(r['layer'])}H{int(r['head'])}, outside the {n_layers} "
+                                 f"× {n_heads} heads of {run_json}; the tables and run.json come from different runs")
     return Run(path=folder, roles=roles, impact=impact, n_layers=int(n_layers), n_heads=int(n_heads), model=model)
 
 
@@ -156,8 +337,14 @@ def top_heads_agreement(a: pd.DataFrame, b: pd.DataFrame, top: int = 3) -> pd.Da
         rows.append({**dict(zip(ROLE_KEYS, key)), "top_a": " ".join(ta), "top_b": " ".join(tb), "same_set": set(ta) == set(tb),
                      "same_order": ta == tb, "max_abs_delta": float(delta.get(key, np.nan)),
                      "verdicts_a": int(da["verdict"].astype(bool).sum()), "verdicts_b": int(db["verdict"].astype(bool).sum()),
-                     "n_a": int(da["n"].max()) if "n" in da else None, "n_b": int(db["n"].max()) if "n" in db else None})
+                     "n_a": _max_count(da), "n_b": _max_count(db)})
     return pd.DataFrame(rows, columns=TOP_HEADS_COLUMNS)
+
+
+def _max_count(df: pd.DataFrame) -> int | None:
+    """Largest ``n`` of a role's rows, None without an ``n`` column or values."""
+    n = df["n"].max() if "n" in df else None
+    return None if n is None or pd.isna(n) else int(n)
 
 
 def agreement_summary(top_heads: pd.DataFrame, top: int) -> dict:
@@ -208,34 +395,55 @@ def compare(run_a: Run, run_b: Run, *, top: int = 3) -> dict[str, pd.DataFrame]:
             f"headscope diff needs two runs of the same architecture (layers × heads); got "
             f"{run_a.n_layers} × {run_a.n_heads} in {run_a.path} and {run_b.n_layers} × {run_b.n_heads} in {run_b.path}"
         )
-    out = {}
+    out, notes = {}, []
     if run_a.roles is not None and run_b.roles is not None:
-        out["role_changes"] = role_changes(run_a.roles, run_b.roles)
-        out["top_heads"] = top_heads_agreement(run_a.roles, run_b.roles, top=top)
-        out["top_heads"].attrs["top"] = top
-    out["importance_changes"] = importance_changes(run_a.impact, run_b.impact)
-    if "role_changes" not in out and out["importance_changes"].empty:
-        raise ValueError(f"nothing to compare: {run_a.path} and {run_b.path} share neither a roles table nor per-head importance")
+        ka, kb = _role_names(run_a.roles), _role_names(run_b.roles)
+        if ka & kb:
+            out["role_changes"] = role_changes(run_a.roles, run_b.roles)
+            out["top_heads"] = top_heads_agreement(run_a.roles, run_b.roles, top=top)
+            out["top_heads"].attrs["top"] = top
+            for only, name in ((ka - kb, "A"), (kb - ka, "B")):
+                if only:
+                    notes.append(f"roles only in run {name} (gained/lost there mean measured in one run only): "
+                                 f"{_few(only)}")
+        else:
+            notes.append(f"no role in common (A: {_few(ka) or 'none'}; B: {_few(kb) or 'none'})")
+    elif run_a.roles is not None or run_b.roles is not None:
+        notes.append(f"only {run_a.path if run_a.roles is not None else run_b.path} has a roles table")
+    ic = importance_changes(run_a.impact, run_b.impact)
+    out["importance_changes"] = ic
+    if "role_changes" not in out and ic.dropna(subset=["value_a", "value_b"]).empty:
+        if run_a.impact is not None and run_b.impact is not None:
+            notes.append("no per-head importance (study, layer, head, metric) in common")
+        raise ValueError(f"nothing to compare between {run_a.path} and {run_b.path}: " + "; ".join(
+            notes or ["they share neither a roles table nor per-head importance"])
+            + "; diff two runs of the same commands (roles, report or prune)")
+    for frame in out.values():
+        frame.attrs["notes"] = notes
     return out
+
+
+def _role_names(roles: pd.DataFrame) -> set[str]:
+    """``role`` or ``role:relation direction`` for each role measured in a frame."""
+    roles = roles.assign(**{c: "" for c in ("relation", "direction") if c not in roles})
+    return set(role_key(roles.drop_duplicates(ROLE_KEYS)))
+
+
+def _few(names, k: int = 6) -> str:
+    names = sorted(names)
+    return ", ".join(names[:k]) + (f" and {len(names) - k} more" if len(names) > k else "")
 
 
 def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir, *, top: int = 3) -> dict[str, Path]:
     """Write tables/*.csv|parquet, figures/role_score_deltas.png and diff.json into
     ``out_dir`` (atomically, folder swapped in when complete)."""
-    import os
-    import shutil
-
     from headscope.probes.atomic import atomic_write, write_frame, write_json
+    from headscope.probes.output_folder import claim_output, manifest_header
 
     from . import figures as F
-    from .pipeline import _swap_in
 
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not (out / "diff.json").exists():
-        raise ValueError(f"output folder {out} exists and is not a headscope diff (no diff.json); pass another --out or remove it")
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with claim_output(out, "diff") as folder, folder.staging() as tmp:
         for name, df in frames.items():
             write_frame(df, tmp / "tables" / name)
         rc = frames.get("role_changes")
@@ -247,15 +455,12 @@ def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir,
                 with atomic_write(tmp / fig_path, "wb") as f:
                     f.write(F.png_bytes(fig))
         counts = rc["change"].value_counts().to_dict() if rc is not None else {}
-        write_json({"run_a": str(run_a.path), "run_b": str(run_b.path), "model_a": run_a.model, "model_b": run_b.model,
+        write_json({**manifest_header("diff"), "run_a": str(run_a.path), "run_b": str(run_b.path),
+                    "model_a": run_a.model, "model_b": run_b.model,
                     "architecture": {"layers": run_a.n_layers, "heads": run_a.n_heads},
                     "verdict_changes": {k: int(counts.get(k, 0)) for k in ("gained", "lost", "kept", "none")},
                     "top_heads": agreement_summary(frames["top_heads"], top) if "top_heads" in frames else None,
                     "figure": fig_path, "tables": sorted(frames)}, tmp / "diff.json")
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"out_dir": out, "figure": out / fig_path if fig_path else None, "tables": out / "tables"}
 
 
@@ -267,8 +472,13 @@ def diff_runs(a, b, *, out_dir="runs/diff", top: int = 3) -> tuple[dict[str, pd.
 
 
 def largest_changes(frames: dict[str, pd.DataFrame], top: int = 10) -> list[str]:
-    """Lines for the terminal: verdicts gained/lost, then the largest score and importance deltas."""
+    """Lines for the terminal: what could not be compared, verdicts gained/lost, then the
+    largest score and importance deltas."""
     lines = []
+    for frame in frames.values():
+        if frame.attrs.get("notes"):
+            lines.extend(f"note: {n}" for n in frame.attrs["notes"])
+            break
     th = frames.get("top_heads")
     if th is not None and not th.empty:
         k = th.attrs.get("top", 3)

@@ -2,10 +2,11 @@
 
 The one place in ``reports/`` that calls the analyses (model card, head roles, pruning
 study); everything after :func:`run_analyses` works on frames only
-(:func:`write_report`). The folder is written into ``<out>.tmp-<pid>`` and renamed to
-``<out>`` only once complete (an older report at ``<out>`` is replaced only then), so a
-crash never leaves a half report that looks complete. Every file inside is written
-atomically too (:mod:`headscope.probes.atomic`).
+(:func:`write_report`). ``<out>`` is claimed before the analyses run (refused at once
+when it is a file, holds anything but an earlier report, or another run is writing it),
+the folder is written into ``<out>.tmp-<pid>`` and swapped in whole once complete
+(:mod:`headscope.probes.output_folder`), so a crash never leaves a half report that
+looks complete, nor no report at all.
 
 Folder layout::
 
@@ -26,8 +27,6 @@ import dataclasses
 import importlib.metadata
 import inspect
 import logging
-import os
-import shutil
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -39,6 +38,8 @@ import pandas as pd
 
 from headscope.probes.atomic import atomic_write, write_frame, write_json
 from headscope.probes.checkpoints import trust_remote_code
+from headscope.probes.output_folder import claim_output, manifest_header
+from headscope.probes.output_folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
 
 from . import figures as F
 from .html import build_document, curves_frame, render_html, top_heads
@@ -333,79 +334,34 @@ def summarise(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top: i
     }
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "run.json").exists())):
-        raise ValueError(
-            f"output folder {out} exists and is not a headscope report (no run.json); "
-            "pass another --out or remove it (it is replaced only when it holds an older report)"
-        )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def recover_out(out: Path) -> list[str]:
-    """Tidy what a killed run left beside ``out``; returns what was done, one line each.
-
-    A run killed while writing leaves ``<out>.tmp-<pid>`` (never complete: it is
-    renamed to ``out`` only when it is); it is deleted once that process is gone. A run
-    killed between the two renames of :func:`_swap_in` leaves the previous report at
-    ``<out>.old-<pid>`` and no ``out``; it is moved back.
-    """
-    done = []
-    for stale in sorted(out.parent.glob(f"{out.name}.old-*")) + sorted(out.parent.glob(f"{out.name}.tmp-*")):
-        kind, _, pid = stale.name[len(out.name) + 1:].partition("-")
-        if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
-            continue
-        if kind == "old" and not out.exists() and (stale / "run.json").exists():
-            os.replace(stale, out)
-            done.append(f"restored the previous report {out} from {stale.name} (a run was killed while swapping)")
-        else:
-            shutil.rmtree(stale, ignore_errors=True)
-            done.append(f"removed {stale.name}, left by a killed run")
-    for line in done:
-        log.warning(line)
-    return done
-
-
 def write_report(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, out_dir, progress=None) -> dict[str, Path]:
-    """Write the report folder from frames (no model needed). Returns the paths."""
+    """Write the report folder from frames (no model needed). Returns the paths.
+
+    The folder is claimed (:func:`~headscope.probes.output_folder.claim_output`: an
+    existing ``out_dir`` is replaced only when it is an earlier report with nothing else
+    in it; a second run into it is refused), written beside it and swapped in whole."""
     out = Path(out_dir)
-    recover_out(out)
-    _check_out(out)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     timings = meta.setdefault("timings", {})
-    try:
+    with claim_output(out, "report") as folder:
         with _timed(timings, "figures", progress):
             doc = build_document(frames, card=card, card_text=card_text, meta=meta)
-        if progress:
-            progress("write", 0, None)
-        t0 = time.perf_counter()
-        _write_tables(frames, tmp / "tables")
-        md, files = render_markdown(doc)
-        for rel, png in files.items():
-            with atomic_write(tmp / rel, "wb") as f:
-                f.write(png)
-        with atomic_write(tmp / "report.md") as f:
-            f.write(md)
-        with atomic_write(tmp / "report.html") as f:
-            f.write(render_html(doc))
-        timings["write"] = round(time.perf_counter() - t0, 3)  # run.json, written last, records it
-        write_json(_run_json(frames, card, meta), tmp / "run.json")
-        if progress:
-            progress("write", 1, 1)
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with folder.staging() as tmp:
+            if progress:
+                progress("write", 0, None)
+            t0 = time.perf_counter()
+            _write_tables(frames, tmp / "tables")
+            md, files = render_markdown(doc)
+            for rel, png in files.items():
+                with atomic_write(tmp / rel, "wb") as f:
+                    f.write(png)
+            with atomic_write(tmp / "report.md") as f:
+                f.write(md)
+            with atomic_write(tmp / "report.html") as f:
+                f.write(render_html(doc))
+            timings["write"] = round(time.perf_counter() - t0, 3)  # run.json, written last, records it
+            write_json(_run_json(frames, card, meta), tmp / "run.json")
+            if progress:
+                progress("write", 1, 1)
     return {"out_dir": out, "html": out / "report.html", "markdown": out / "report.md", "run_json": out / "run.json",
             "tables": out / "tables", "figures": out / "figures"}
 
@@ -423,6 +379,7 @@ def _run_json(frames, card, meta) -> dict:
         for r in sk.itertuples(index=False):
             skipped.setdefault(r.analysis, {})[r.reason] = int(r.count)
     return {
+        **manifest_header("report"),
         "model": meta.get("model"), "model_arg": meta.get("model_arg"), "backend": meta.get("backend"),
         "full": bool(meta.get("full")), "seed": meta.get("seed"), "config": meta.get("config", {}),
         "versions": meta.get("versions") or versions(), "model_file": meta.get("model_file", {}),
@@ -431,24 +388,6 @@ def _run_json(frames, card, meta) -> dict:
         "pruning_summary": meta.get("prune_summary", {}), "card": card, "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
         "trust_remote_code": trust_remote_code(),
     }
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Rename the finished ``tmp`` to ``out``; an existing ``out`` is moved aside first
-    and deleted only after the rename succeeded."""
-    old = None
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", full: bool = False, out_dir=None,
@@ -465,12 +404,12 @@ def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
     out = Path(out_dir) if out_dir is not None else Path("runs") / f"report-{Path(str(model_name)).name}"
-    _check_out(out)  # before the analyses run; write_report tidies what killed runs left
     if quiet:
         progress = None
-    frames, card, card_text, meta = run_analyses(model_name, backend=backend, full=full, seed=seed, progress=progress,
-                                                  roles_config=roles_config, prune_config=prune_config, role_groups=role_groups,
-                                                  role_inputs=role_inputs)
-    paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
+    with claim_output(out, "report"):  # checked and locked before the analyses run
+        frames, card, card_text, meta = run_analyses(model_name, backend=backend, full=full, seed=seed, progress=progress,
+                                                      roles_config=roles_config, prune_config=prune_config,
+                                                      role_groups=role_groups, role_inputs=role_inputs)
+        paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
     summary = summarise(frames, meta, out)
     return ReportResult(frames=frames, paths=paths, summary=summary, timings=dict(meta["timings"]))

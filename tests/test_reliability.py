@@ -347,7 +347,7 @@ def test_pruning_run_killed_mid_curve_resumes_to_the_uninterrupted_tables(minilm
 def test_report_killed_mid_stage_leaves_the_previous_report_untouched(tmp_path):
     out = tmp_path / "report"
     (out / "tables").mkdir(parents=True)
-    (out / "run.json").write_text('{"model": "previous"}')
+    (out / "run.json").write_text('{"output": {"kind": "report", "format": 1}, "model": "previous"}')
     (out / "report.html").write_text("<p>previous complete report</p>")
     write_frame(pd.DataFrame({"a": [1]}), out / "tables" / "roles")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -364,6 +364,12 @@ def test_report_killed_mid_stage_leaves_the_previous_report_untouched(tmp_path):
     assert lines[-1] == "headscope: text started" and "headscope: load done" in " ".join(lines), lines
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before
+    # the killed run's lock file may stay; its lock died with the process: the next claim takes it and removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) in (["report"], [".report.lock", "report"])
+    from headscope.probes.output_folder import claim_output
+
+    with claim_output(out, "report"):
+        pass
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
 
 
@@ -382,7 +388,7 @@ def test_stale_folders_of_killed_report_runs_are_recovered(tmp_path):
     mine.mkdir()
     done = recover_out(out)
     assert (out / "run.json").exists() and not old.exists() and not half.exists() and mine.exists()
-    assert len(done) == 2 and done[0].startswith(f"restored the previous report {out}")
+    assert len(done) == 2 and done[0].startswith(f"restored the previous output {out}")
     assert recover_out(out) == []
 
 
