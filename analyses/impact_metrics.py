@@ -347,13 +347,13 @@ class EmbeddingCosine(ItemMetric):
 
     The loss cannot be ``1 - cosine``: at the unpruned point cosine is at its maximum and
     the gradient is exactly zero. It is instead the cross-entropy of retrieving each
-    sentence's own unpruned embedding among the unpruned embeddings of *all* the metric's
-    sentences (``softmax(cos(e_i, ref_j) / temperature)`` over ``j < n_items``, target
-    ``j = i``): zero-gradient-free, differentiable, and low exactly when embeddings stay
-    where they were. A sentence's loss does not depend on which sentences share its
-    batch, so a one-sentence unit (per-example gradients) still has ``n_items - 1``
-    distractors; among the unit's sentences only, it would be the constant 0 there. With
-    a single sentence the loss is constant, and :meth:`loss` raises. ``temperature``
+    sentence's own unpruned embedding among the unit's unpruned embeddings
+    (``softmax(cos(e_i, ref_j) / temperature)``, target ``j = i``): zero-gradient-free,
+    differentiable, and low exactly when embeddings stay where they were. A one-sentence
+    unit (per-example gradients, or a last batch of one) would make that a softmax over
+    one logit, the constant 0 with zero gradient; such a unit retrieves its sentence among
+    the unpruned embeddings of all the metric's sentences instead (with a single sentence
+    in all, the loss is constant and :meth:`loss` raises). ``temperature``
     0.2: at 0.05 the softmax saturates and gradients shrink to ~1e-7 (on MiniLM the head
     ranking agreed with single-head ablation about as well: Spearman 0.61 at 0.2, 0.64 at
     0.05, on 16 sentences).
@@ -396,12 +396,15 @@ class EmbeddingCosine(ItemMetric):
         return (emb * unit.extra["ref"].to(emb.dtype)[None]).sum(-1), torch.ones(unit.rows)
 
     def loss(self, out, unit):
-        if self.n_items < 2:
-            raise ValueError(f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of all the "
-                             f"metric's sentences; with {self.n_items} sentence it is constant (zero gradient). "
-                             "Give the metric at least 2 texts.")
         emb = mean_pool(out, unit.batch.attention_mask)  # [rows, d_model]
-        logits = emb @ self.reference.to(emb.dtype).T / self.temperature  # [rows, n_items]
+        if unit.rows > 1:  # among the unit's sentences
+            logits = emb @ unit.extra["ref"].to(emb.dtype).T / self.temperature  # [rows, rows]
+            return F.cross_entropy(logits, torch.arange(unit.rows))
+        if self.n_items < 2:
+            raise ValueError(f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of the other "
+                             f"sentences; with {self.n_items} sentence it is constant (zero gradient). "
+                             "Give the metric at least 2 texts.")
+        logits = emb @ self.reference.to(emb.dtype).T / self.temperature  # [1, n_items]
         return F.cross_entropy(logits, torch.tensor(unit.items))
 
 

@@ -21,8 +21,16 @@ the loss when the group's gates go to 0 together.
 The loss is the metric's :meth:`~headscope.analyses.impact_metrics.ItemMetric.loss`
 (next-token cross-entropy; for the encoder, a retrieval or contrastive cross-entropy —
 ``1 - cosine`` to the unpruned embedding would have zero gradient at the unpruned point).
+With ``per_example=True`` it is that loss on a one-item unit, which must still depend on
+the gates: ``cosine_to_unpruned`` retrieves the sentence among all the metric's
+sentences, not only its unit's (on one sentence, the latter is constant and every
+importance would be exactly 0).
 Gradients are taken at the current head ``mask`` (gates set to it for the call and
 restored after), so re-estimating during iterative pruning sees the pruned model.
+
+An importance order sorts heads by importance and breaks ties by head index, so
+:func:`head_importance` warns (:class:`ImportanceTieWarning`) when every importance is
+0 or when heads share a value: such an order is partly head-index order.
 
 >>> import torch
 >>> df = importance_frame(torch.tensor([[0.5, 0.1]]), "lm_loss")
@@ -33,11 +41,17 @@ See ``tests/test_pruning.py`` for the finite-difference check of :func:`gate_gra
 """
 from __future__ import annotations
 
+import warnings
+
 import pandas as pd
 import torch
 
 from .ablation import check_inhouse, gates_as, impact_frame, impact_rows
 from .impact_metrics import CallableMetric
+
+
+class ImportanceTieWarning(UserWarning):
+    """Importances that cannot order heads: all 0, or equal for several heads."""
 
 
 def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=None):
@@ -67,7 +81,9 @@ def head_importance(model, metric, *, mask: torch.Tensor | None = None, unit: st
                     per_example: bool = False, normalize: bool = False) -> torch.Tensor:
     """Importance ``[layer, head]`` (``unit="head"``) or ``[layer, kv_head]`` (``"kv_group"``).
 
-    Raises ``ValueError`` for an unknown unit or a metric without gradients.
+    Raises ``ValueError`` for an unknown unit or a metric without gradients; warns
+    (:class:`ImportanceTieWarning`) when the importances are all 0 or tie (see
+    :func:`importance_ties`).
     """
     if unit not in ("head", "kv_group"):
         raise ValueError(f"unit must be 'head' or 'kv_group'; got {unit!r}")
@@ -79,7 +95,38 @@ def head_importance(model, metric, *, mask: torch.Tensor | None = None, unit: st
     imp = (g.abs() * items[:, None, None]).sum(0) / items.sum()
     if normalize:
         imp = imp / imp.norm(dim=1, keepdim=True).clamp(min=1e-20)
+    problem = importance_ties(imp)
+    if problem:
+        kind = "per-example" if per_example else "batch"
+        warnings.warn(f"{kind} gradient importance of {metric.name!r} ({unit}): {problem}; an importance order breaks "
+                      "these ties by index, so it is partly head-index order", ImportanceTieWarning, stacklevel=2)
     return imp
+
+
+def importance_ties(imp: torch.Tensor) -> str | None:
+    """What keeps importances ``[layer, unit]`` from ordering the units, or None.
+
+    >>> importance_ties(torch.zeros(2, 3))
+    'all 6 importances are 0'
+    >>> importance_ties(torch.tensor([[0.5, 0.0, 0.0], [0.2, 0.5, 0.1]]))
+    '4 of 6 importances tie: L0H0 = L1H1 = 0.5; L0H1 = L0H2 = 0'
+    >>> importance_ties(torch.tensor([[0.3, 0.1]])) is None
+    True
+    """
+    flat = imp.detach().flatten()
+    if not bool((flat != 0).any()):
+        return f"all {flat.numel()} importances are 0"
+    values, counts = torch.unique(flat, return_counts=True)
+    tied = counts > 1
+    if not bool(tied.any()):
+        return None
+    n_units = imp.shape[1]
+    groups = []
+    for v in torch.flip(values[tied], [0]).tolist():  # largest first
+        idx = (flat == v).nonzero().flatten().tolist()
+        groups.append(" = ".join(f"L{i // n_units}H{i % n_units}" for i in idx) + f" = {v:.4g}")
+    more = f"; and {len(groups) - 3} more groups" if len(groups) > 3 else ""
+    return f"{int(counts[tied].sum())} of {flat.numel()} importances tie: " + "; ".join(groups[:3]) + more
 
 
 def importance_frame(imp: torch.Tensor, metric_name: str, *, unit: str = "head", study: str = "importance",

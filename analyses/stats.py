@@ -12,6 +12,9 @@ True
 >>> p = paired_permutation_p(x, torch.zeros_like(x), n_perm=2000, seed=0)
 >>> round(float(p[0]), 2)  # 3 non-zero differences: all signs positive has probability 1/8
 0.13
+>>> p = paired_permutation_p(torch.tensor([0.1, 0.1, 0.1, 0.1, 0.3]), 0.05, n_perm=2000, seed=0)
+>>> round(float(p[0]), 3)  # 1/32 exactly; the no-flip draws count though 0.1 - 0.05 is inexact
+0.036
 """
 from __future__ import annotations
 
@@ -56,21 +59,27 @@ def paired_permutation_p(values: torch.Tensor, baseline: torch.Tensor, *, n_perm
     """One-sided p-value that ``mean(values) > mean(baseline)``, paired by item, by random
     sign flips of the per-item differences. ``(count + 1) / (n_perm + 1)`` so p > 0.
 
-    ``baseline`` broadcasts against ``values`` (a constant baseline is fine).
+    ``baseline`` broadcasts against ``values`` (a constant baseline is fine). A flip whose
+    mean equals the observed one (no flip, or flips of zero differences) counts: the means
+    are float64 and compared with a slack of ``4 n`` float64 ulps of ``mean |d|`` (the two
+    sums, ``d.mean`` and ``signs @ d``, add the same terms in different orders; in
+    float32, with a fixed slack below float32's resolution, an equal mean often fell a
+    rounding error short and went uncounted, so p came out too small).
     """
-    x = _as_2d(values)
-    b = torch.as_tensor(baseline, dtype=torch.float32).expand_as(x) if torch.as_tensor(baseline).dim() < 2 else _as_2d(baseline)
+    x = _as_2d(values).double()
+    b = torch.as_tensor(baseline, dtype=torch.float64).expand_as(x) if torch.as_tensor(baseline).dim() < 2 else _as_2d(baseline).double()
     d = x - b
     n, h = d.shape
     if n == 0:
         return torch.full((h,), float("nan"))
     observed = d.mean(0)
+    slack = 4 * n * torch.finfo(torch.float64).eps * d.abs().mean(0)  # [n_heads]
     gen = torch.Generator().manual_seed(seed)
     count = torch.zeros(h)
     for _, rows in _chunks(n_perm, n):  # bounded memory; the same draws as one call
-        signs = torch.randint(0, 2, (rows, n), generator=gen).float().mul_(2).sub_(1)
+        signs = torch.randint(0, 2, (rows, n), generator=gen).double().mul_(2).sub_(1)
         null = signs @ d / n  # [permutations, n_heads]
-        count += (null >= observed[None] - 1e-12).sum(0).float()
+        count += (null >= (observed - slack)[None]).sum(0).float()
     return (count + 1) / (n_perm + 1)
 
 
