@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -370,16 +371,30 @@ def load_tokenizer(directory: Path):
 
 
 def check_tokenizer_vocab(tokenizer, vocab_size: int, where) -> None:
-    """Refuse a tokenizer whose ids reach past the model's embedding (``vocab_size`` rows)."""
+    """Refuse a tokenizer whose ordinary vocabulary reaches past the model's embedding
+    (``vocab_size`` rows). Ids past it that are only *added* tokens (a pad token added
+    without resizing the embedding, say) are common in real checkpoints: they warn, and
+    :func:`~headscope.probes.tokens.encode` refuses an input that produces one."""
     try:
-        n = max(tokenizer.get_vocab().values()) + 1
+        vocab = tokenizer.get_vocab()
+        n = max(vocab.values()) + 1
     except (AttributeError, NotImplementedError, ValueError):
-        n = len(tokenizer)
-    if n > vocab_size:
-        raise CheckpointError(
-            f"{where}: the tokenizer has ids up to {n - 1:,} but config.json's vocab_size is {vocab_size:,} "
-            f"(ids from {vocab_size:,} on have no embedding); use the model's own tokenizer files or fix vocab_size"
-        )
+        vocab, n = None, len(tokenizer)
+    if n <= vocab_size:
+        return
+    try:
+        added = set(tokenizer.get_added_vocab().values())
+    except (AttributeError, NotImplementedError):
+        added = set()
+    past = sorted(i for i in vocab.values() if i >= vocab_size) if vocab is not None else list(range(vocab_size, n))
+    if past and all(i in added for i in past):
+        warnings.warn(f"{where}: {len(past)} added token(s) have ids {past[0]:,}–{past[-1]:,}, past config.json's "
+                      f"vocab_size {vocab_size:,} (no embedding); an input that produces one is refused", stacklevel=2)
+        return
+    raise CheckpointError(
+        f"{where}: the tokenizer has ids up to {n - 1:,} but config.json's vocab_size is {vocab_size:,} "
+        f"(ids from {vocab_size:,} on have no embedding); use the model's own tokenizer files or fix vocab_size"
+    )
 
 
 @contextlib.contextmanager

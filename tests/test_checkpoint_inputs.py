@@ -385,6 +385,23 @@ def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys, backe
     )
 
 
+@pytest.mark.parametrize("backend", ["inhouse", "bridge"])
+def test_added_tokens_past_the_vocabulary_warn_and_are_refused_only_when_used(tmp_path, capsys, backend):
+    """A pad token added without resizing the embedding (common in real checkpoints) must not
+    block the model; an input that produces that id is refused, never an IndexError."""
+    from transformers import AutoTokenizer
+
+    d = _build(tmp_path / "m", "bert", vocab_size=36)  # the tokenizer's ids are 0..35
+    tok = AutoTokenizer.from_pretrained(str(d))
+    assert tok.add_tokens(["<extra>"]) == 1 and tok.convert_tokens_to_ids("<extra>") == 36
+    tok.save_pretrained(str(d))
+    with pytest.warns(UserWarning, match=r"1 added token\(s\) have ids 36–36, past config.json's vocab_size 36"):
+        model = load_model(str(d), backend)
+    assert model.encode(texts=["the cat"]).input_ids.shape[0] == 1
+    with pytest.raises(ValueError, match=r"token '<extra>' has id 36, past the model's vocabulary of 36"):
+        model.encode(texts=["the <extra> cat"])
+
+
 def test_encode_refuses_an_id_past_the_vocabulary(tiny):
     from transformers import AutoTokenizer
 
