@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import importlib
 import json
 import logging
 import math
@@ -532,14 +531,11 @@ class _Bench:
         return one_pass, warm, self.fwd_gflop, "from text: tokenise, align words, bucket, capture"
 
     def p_roles(self):
-        try:
-            roles = importlib.import_module("headscope.analyses.roles")
-        except ModuleNotFoundError as e:
-            raise PathSkipped(f"module {e.name} is not there yet") from None
+        from headscope.analyses import roles
         from headscope.analyses.roles_config import RolesConfig
 
         model = self.model("inhouse")
-        groups = tuple(getattr(roles, "TEXT_GROUPS", ("positional", "special")))
+        groups = tuple(roles.TEXT_GROUPS)
         rcfg = RolesConfig(batch_size=self.cfg.batch_size)
 
         def one_pass():
@@ -551,11 +547,9 @@ class _Bench:
         return one_pass, warm, self.fwd_gflop, f"groups: {', '.join(groups)}; includes tokenising, bootstrap and permutation tests"
 
     def _ablation(self, batched: bool):
-        try:
-            abl = importlib.import_module("headscope.analyses.ablation")
-            im = importlib.import_module("headscope.analyses.impact_metrics")
-        except ModuleNotFoundError as e:
-            raise PathSkipped(f"module {e.name} is not there yet") from None
+        from headscope.analyses import ablation as abl
+        from headscope.analyses import impact_metrics as im
+
         model = self.model("inhouse")
         spec = model.spec
         by_layer = [abl.head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
@@ -587,10 +581,8 @@ class _Bench:
         return self._ablation(True)
 
     def p_pruning_50(self):
-        try:
-            phys = importlib.import_module("headscope.probes.physical")
-        except ModuleNotFoundError as e:
-            raise PathSkipped(f"module {e.name} is not there yet") from None
+        from headscope.probes import physical as phys
+
         model = self.model("inhouse")
         heads = phys.half_of_heads(model, seed=self.cfg.seed)
         pruned = phys.prune_heads(model, heads).module.to(self.device).eval()

@@ -441,7 +441,7 @@ class ParaphraseAccuracy(ItemMetric):
         return [max(len(t["ids"]) for t in ts) for ts in self.toks]
 
     def _prepare(self, item_ids):
-        flat, role = [], []
+        flat = []
         n_neg = max(len(self.toks[i]) - 2 for i in item_ids)
         index = torch.zeros(len(item_ids), 2 + n_neg, dtype=torch.long)
         valid = torch.zeros(len(item_ids), n_neg, dtype=torch.bool)

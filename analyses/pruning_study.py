@@ -223,23 +223,43 @@ class _Store:
 
 
 def pruning_study(model, cfg: PruneConfig = PruneConfig(), out_dir=None, *, metric=None, roles: pd.DataFrame | None = None,
-                  step_limit: int | None = None) -> PruneResult:
+                  step_limit: int | None = None, progress=None) -> PruneResult:
     """Run (or resume) a pruning study; see the module docstring for the stages and frames.
 
     ``metric``: a prepared metric object (e.g. a :class:`~headscope.analyses.impact_metrics.CallableMetric`)
-    instead of ``cfg.metric``'s shipped data. Raises :class:`CheckpointError` when
+    instead of ``cfg.metric``'s shipped data. ``progress(stage, done, total)``, when given,
+    is called with stage ``"pruning"`` as each part of the study ends (baseline, each
+    ablation mode, all-but-one, importance, role ablation, each curve; parts found done in
+    ``out_dir`` count as done); it changes no figure. Raises :class:`CheckpointError` when
     ``out_dir`` holds a run with another config, and ``ValueError`` when it is a file,
     holds anything but an earlier pruning study, or another run is writing it
     (:func:`~headscope.probes.output_folder.claim_output`).
     """
     if out_dir is None:
-        return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit)
+        return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
     with claim_output(out_dir, "prune"):
-        return _study(model, cfg, out_dir, metric=metric, roles=roles, step_limit=step_limit)
+        return _study(model, cfg, out_dir, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
 
 
-def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit) -> PruneResult:
+def _parts(cfg: PruneConfig, with_roles: bool) -> int:
+    """How many parts :func:`_study` reports to ``progress``."""
+    n = 1 + ("ablation" in cfg.studies) * len(cfg.ablation_modes) + ("all_but_one" in cfg.studies)
+    n += ("importance" in cfg.studies) + with_roles
+    return n + (len(curve_keys(cfg)) if "curves" in cfg.studies else 0)
+
+
+def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progress=None) -> PruneResult:
     check_inhouse(model)
+    n_parts, parts_done = _parts(cfg, roles is not None), 0
+
+    def part_done():
+        nonlocal parts_done
+        parts_done += 1
+        if progress is not None:
+            progress("pruning", parts_done, n_parts)
+
+    if progress is not None:
+        progress("pruning", 0, n_parts)
     torch.manual_seed(cfg.seed)
     if metric is None:
         metric = build_metric(cfg.metric or default_metric(model.spec.family), model, n_items=cfg.items,
@@ -262,22 +282,30 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit) -> Pr
         store.put("baseline", impact_frame([impact_rows("baseline", metric.name, value=metric.aggregate(v, w)[0], spread=se,
                                                         seed=cfg.seed, n=metric.n_items)]))
         store.commit("baseline", ("baseline",))
+    part_done()
     if "ablation" in cfg.studies:
         for mode in cfg.ablation_modes:
             if not store.done(f"ablation:{mode}"):
                 df = single_head_ablation(model, metric, mode=mode, n_boot=boots, seed=cfg.seed, max_rows=mr)
                 store.put("ablation", df, append=True)
                 store.commit(f"ablation:{mode}", ("ablation",))
-    if "all_but_one" in cfg.studies and not store.done("all_but_one"):
-        store.put("all_but_one", all_but_one(model, metric, n_boot=boots, seed=cfg.seed, max_rows=mr))
-        store.commit("all_but_one", ("all_but_one",))
-    if "importance" in cfg.studies and not store.done("importance"):
-        imp = head_importance(model, metric, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance)
-        store.put("importance", importance_frame(imp, metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items))
-        store.commit("importance", ("importance",))
-    if roles is not None and not store.done("roles"):
-        store.put("roles", role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr))
-        store.commit("roles", ("roles",))
+            part_done()
+    if "all_but_one" in cfg.studies:
+        if not store.done("all_but_one"):
+            store.put("all_but_one", all_but_one(model, metric, n_boot=boots, seed=cfg.seed, max_rows=mr))
+            store.commit("all_but_one", ("all_but_one",))
+        part_done()
+    if "importance" in cfg.studies:
+        if not store.done("importance"):
+            imp = head_importance(model, metric, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance)
+            store.put("importance", importance_frame(imp, metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items))
+            store.commit("importance", ("importance",))
+        part_done()
+    if roles is not None:
+        if not store.done("roles"):
+            store.put("roles", role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr))
+            store.commit("roles", ("roles",))
+        part_done()
 
     steps_run = 0
     complete = True
@@ -287,6 +315,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit) -> Pr
         for order, seed in curve_keys(cfg):
             key = order if seed is None else f"{order}:{seed}"
             if key in store.state["curves"] and store.state["curves"][key]["done"]:
+                part_done()
                 continue
             if step_limit is not None and steps_run >= step_limit:
                 complete = False
@@ -317,6 +346,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit) -> Pr
                 log.info("curve %s: step %d, %d units removed", key, state.step, len(state.removed))
             if not complete:
                 break
+            part_done()
         if complete:
             summary = curve_summary(store.frames["curves"])
             store.put("curve_summary", summary)

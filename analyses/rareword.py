@@ -24,7 +24,6 @@ from collections import Counter
 import torch
 
 from headscope.probes.capture import stream
-from headscope.probes.tokens import tokenize_one
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
 from headscope.analyses.summary import ItemValuesReducer, row_mean

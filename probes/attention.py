@@ -24,7 +24,6 @@ True
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -107,14 +106,10 @@ class Attention(nn.Module):
         d_head: int,
         *,
         bias: bool,
-        causal: bool,
-        rope_theta: float | None = None,
         kv_index: list[int] | None = None,
     ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
-        self.causal = causal
-        self.rope_theta = rope_theta
         self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
@@ -140,7 +135,6 @@ class Attention(nn.Module):
         *,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         kv_input: torch.Tensor | None = None,
-        kv_rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         need_pattern: bool = False,
     ) -> torch.Tensor:
         """``x [batch, query_pos, d_model]`` -> ``[batch, query_pos, d_model]``.
@@ -154,7 +148,7 @@ class Attention(nn.Module):
         v = self.hook_v(self._split(self.v_proj(src), self.n_kv_heads))
         if rope is not None:
             q = self.hook_q_rot(apply_rope(q, *rope))
-            k = self.hook_k_rot(apply_rope(k, *(kv_rope if kv_rope is not None else rope)))
+            k = self.hook_k_rot(apply_rope(k, *rope))
         k_full, v_full = repeat_kv(k, self.kv_index), repeat_kv(v, self.kv_index)
 
         if need_pattern or self.hook_scores.active or self.hook_pattern.active:

@@ -13,7 +13,6 @@ Every activation passes a named :class:`~headscope.probes.hooks.HookPoint`
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +73,6 @@ class Block(nn.Module):
             len(kv_kept),
             cfg.d_head,
             bias=cfg.attention_bias,
-            causal=cfg.causal,
             kv_index=kv_index,
         )
         if cfg.family == "bert":

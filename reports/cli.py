@@ -59,13 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue  # command not built yet
-            raise
-        mod.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

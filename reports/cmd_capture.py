@@ -23,8 +23,6 @@ EXAMPLES = [
 
 def summarise(cap) -> dict:
     """Per quantity: shape; per layer: mean pattern entropy (nats) and max weight."""
-    import torch
-
     mask = cap.key_mask
     out = {
         "tokens": cap.tokens.tokens,

@@ -345,17 +345,15 @@ COUNT_METRICS = ("query_heads_pruned", "kv_heads_pruned", "kv_cache_bytes_saved_
 
 def curves_frame(frames: dict[str, pd.DataFrame], metric: str | None = None) -> pd.DataFrame | None:
     """The IMPACT rows the pruning figure plots: ``prune_curve_summary`` (seeds already
-    averaged) or else ``prune_curves`` / ``impact``, restricted to ``metric`` (else to the
+    averaged) or else ``prune_curves``, restricted to ``metric`` (else to the
     non-count metrics), with the ``curve:`` prefix taken off the study names."""
-    for name in ("prune_curve_summary", "prune_curves", "impact"):
+    for name in ("prune_curve_summary", "prune_curves"):
         df = frames.get(name)
         if df is not None and not df.empty:
             break
     else:
         return None
     d = df[df["fraction_pruned"].notna()]
-    if name == "impact":
-        d = d[d["layer"].isna()]
     keep = d["metric"].astype(str) == metric if metric and (d["metric"].astype(str) == metric).any() else ~d["metric"].astype(str).isin(COUNT_METRICS)
     d = d[keep].copy()
     d["study"] = d["study"].astype(str).str.removeprefix("curve:")

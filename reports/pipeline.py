@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import inspect
 import logging
 import time
 from collections import Counter
@@ -208,17 +207,6 @@ def _model_hash(model_name: str) -> dict:
     return {"path": str(f) if f else None, "name": f.name if f else None, "sha256": file_sha256(f) if f else None}
 
 
-def _stage_progress(progress, stage: str):
-    """Adapt our ``progress(stage, done, total)`` to the analyses' ``progress(done, total)``."""
-    if progress is None:
-        return None
-
-    def cb(done, total=None, *rest, **kw):
-        progress(stage, done, total)
-
-    return cb
-
-
 def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, role_inputs=None):
     from headscope.analyses.roles import head_roles
     from headscope.analyses.roles_config import RolesConfig
@@ -238,11 +226,7 @@ def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFr
         # --full runs every study, both ablation modes, on all items
         prune_config = (PruneConfig(seed=seed) if full else
                         PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES))
-    cfg = prune_config
-    kw = {}
-    if progress is not None and "progress" in inspect.signature(pruning_study).parameters:
-        kw["progress"] = _stage_progress(progress, "pruning")
-    return pruning_study(model, cfg, None, roles=roles, **kw), cfg
+    return pruning_study(model, prune_config, None, roles=roles, progress=progress), prune_config  # progress(stage, done, total), stage "pruning"
 
 
 def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", full: bool = False, seed: int = 0,
@@ -261,7 +245,7 @@ def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
         rr, rcfg = _run_roles(model, seed=seed, roles_config=roles_config, progress=progress, role_groups=role_groups,
                               role_inputs=role_inputs)
     frames: dict[str, pd.DataFrame] = {"roles": rr.frame.reset_index(drop=True)}
-    if getattr(rr, "stats", None) is not None:
+    if rr.stats is not None:
         frames["stats"] = rr.stats.reset_index(drop=True)
     frames["examples"] = examples_frame(getattr(rr, "examples", None))
     clusters = getattr(rr, "clusters", None)
@@ -271,7 +255,7 @@ def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     if not all(isinstance(v, (dict, Counter)) for v in skipped.values()):
         skipped = {"roles": skipped}  # a flat Counter of reasons
     n_items = getattr(rr, "n_items", None)
-    with _timed(timings, "pruning", progress):
+    with _timed(timings, "pruning", None):  # pruning_study reports its own parts
         pr, pcfg = _run_pruning(model, full=full, seed=seed, prune_config=prune_config, roles=frames["roles"], progress=progress)
     frames.update(split_prune_frames(pr.frames))
     frames["skipped"] = skipped_frame(skipped)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from headscope.probes.alignment import align_offsets, split_words, unaligned_words, word_matrices, word_spans_of
+from headscope.probes.alignment import split_words, unaligned_words, word_matrices
 from headscope.probes.checkpoints import hf_dir, load_tokenizer, resolve
 from headscope.probes.tokens import display_token, encode, tokenize_one
 

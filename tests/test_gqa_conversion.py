@@ -1,7 +1,6 @@
 """MHA -> GQA conversion by mean-pooling K/V heads."""
 from __future__ import annotations
 
-import pandas as pd
 import pytest
 import torch
 

@@ -4,7 +4,6 @@ padded batch. Figures asserted: patterns ≤ 1e-5, final hidden states / logits 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from headscope.probes.capture import capture
 

@@ -1,7 +1,6 @@
 """Planted ground truth: hand-built heads must get exactly their roles, random heads none."""
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch

@@ -311,8 +311,12 @@ def test_resumed_study_equals_uninterrupted_run(tmp_path, planted):
     model, _ = planted
     cfg = PruneConfig(metric="lm_loss", step=0.34, n_random_seeds=2, n_boot=20)
     metric = LMLoss(model, alternating(8, seed=2))
-    full = pruning_study(model, cfg, tmp_path / "full", metric=metric)
+    calls = []
+    full = pruning_study(model, cfg, tmp_path / "full", metric=metric, progress=lambda *a: calls.append(a))
     assert full.complete and (tmp_path / "full" / "curves.parquet").exists()
+    # baseline, 2 ablation modes, all-but-one, importance, 5 curves (2 random seeds); the
+    # frames below equal runs without progress: it changes no figure
+    assert calls == [("pruning", i, 10) for i in range(11)]
     out = tmp_path / "split"
     first = pruning_study(model, cfg, out, metric=metric, step_limit=2)
     assert not first.complete and "prunable" not in first.frames

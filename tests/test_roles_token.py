@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 import re
 
-import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses import clustering, induction, positional, special, summary
+from headscope.analyses import clustering, induction, positional, special
 from headscope.analyses.frames import ROLE_COLUMNS, roles_frame
 from headscope.analyses.roles_config import RolesConfig
 from headscope.analyses.summary import allowed_keys, pattern_metrics, query_rows
