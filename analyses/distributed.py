@@ -24,6 +24,7 @@ batches to ``device`` (``"cuda"`` where a GPU exists) and its outputs back to th
 >>> r.result()[["metric", "value", "n"]].round(4).values.tolist()
 [['first_token_mass', 0.75, 2], ['entropy', 0.3466, 2]]
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +33,7 @@ import logging
 import os
 import sys
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -75,7 +76,7 @@ class AttentionMassReducer:
             self.entropy[layer] = self.entropy.get(layer, 0) + ent
         self.rows += n_rows
 
-    def merge(self, other: "AttentionMassReducer") -> "AttentionMassReducer":
+    def merge(self, other: AttentionMassReducer) -> AttentionMassReducer:
         if not isinstance(other, AttentionMassReducer):
             raise TypeError(f"can only merge AttentionMassReducer; got {type(other).__name__}")
         for layer in other.mass:
@@ -89,7 +90,9 @@ class AttentionMassReducer:
         for layer in sorted(self.mass):
             for metric, sums in (("first_token_mass", self.mass[layer]), ("entropy", self.entropy[layer])):
                 for head, s in enumerate(sums.tolist()):
-                    rows.append({"layer": layer, "head": head, "metric": metric, "value": s / max(self.rows, 1), "n": self.rows})
+                    rows.append(
+                        {"layer": layer, "head": head, "metric": metric, "value": s / max(self.rows, 1), "n": self.rows}
+                    )
         df = pd.DataFrame(rows, columns=STAT_COLUMNS)
         return df.astype({"layer": "int64", "head": "int64", "value": "float64", "n": "int64"})
 
@@ -103,7 +106,7 @@ class NoOpReducer:
     def update(self, cap: Capture) -> None:
         self.batches += 1
 
-    def merge(self, other: "NoOpReducer") -> "NoOpReducer":
+    def merge(self, other: NoOpReducer) -> NoOpReducer:
         self.batches += other.batches
         return self
 
@@ -126,7 +129,7 @@ class ReducerSet:
         for r in self.reducers.values():
             r.update(cap)
 
-    def merge(self, other: "ReducerSet") -> "ReducerSet":
+    def merge(self, other: ReducerSet) -> ReducerSet:
         if set(other.reducers) != set(self.reducers):
             raise ValueError(f"cannot merge ReducerSets of {sorted(self.reducers)} and {sorted(other.reducers)}")
         for k, r in self.reducers.items():
@@ -164,7 +167,9 @@ class on_device:
     def run(self, batch, quantities=("pattern",), layers=None, **kw):
         if self.device.type == "cpu":
             return self._model.run(batch, quantities, layers, **kw)
-        moved = dataclasses.replace(batch, input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention_mask.to(self.device))
+        moved = dataclasses.replace(
+            batch, input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention_mask.to(self.device)
+        )
         out = self._model.run(moved, quantities, layers, **kw)
         return {k: v.cpu() for k, v in out.items()}
 
@@ -202,8 +207,14 @@ class ShardWorker:
     def run(self, items, offset: int, reducer_factory, quantities, layers, batch_size, max_tokens, words):
         red = reducer_factory()
         rep = stream(
-            self.model, items, [_Offset(red, offset)], quantities=quantities, layers=layers,
-            batch_size=batch_size, max_tokens=max_tokens, words=words,
+            self.model,
+            items,
+            [_Offset(red, offset)],
+            quantities=quantities,
+            layers=layers,
+            batch_size=batch_size,
+            max_tokens=max_tokens,
+            words=words,
         )
         rep.skipped_items = [(i + offset, why) for i, why in rep.skipped_items]
         return red, rep
@@ -292,8 +303,14 @@ def stream_distributed(
         try:
             futures = [
                 workers[s % n_workers].run.remote(
-                    items[a:b], a, reducer_factory, tuple(quantities), None if layers is None else tuple(layers),
-                    batch_size, max_tokens, words,
+                    items[a:b],
+                    a,
+                    reducer_factory,
+                    tuple(quantities),
+                    None if layers is None else tuple(layers),
+                    batch_size,
+                    max_tokens,
+                    words,
                 )
                 for s, (a, b) in enumerate(bounds)
             ]

@@ -9,6 +9,7 @@ Every analysis returns one long-form ``pandas.DataFrame``, one observation per r
 >>> empty_roles().columns.tolist()[:4]
 ['layer', 'head', 'role', 'relation']
 """
+
 from __future__ import annotations
 
 import pandas as pd

@@ -18,10 +18,11 @@ paraphrase than to every hard negative), next to the KV cache each setting would
 >>> g.cfg.n_kv_heads, tuple(g.module.blocks[0].attn.k_proj.weight.shape)
 (2, (32, 64))
 """
+
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -37,24 +38,42 @@ GQA_COLUMNS = ["n_kv_heads", "group_size", "metric", "value", "spread", "n", "kv
 
 # A few items in the shape of data/paraphrase/pairs.jsonl, used when that file is absent.
 FALLBACK_PAIRS = [
-    {"anchor": "The doctor thanked the nurse after the long shift.",
-     "positive": "The nurse was thanked by the doctor after the long shift.",
-     "negatives": ["The nurse thanked the doctor after the long shift.", "The doctor blamed the nurse after the long shift."]},
-    {"anchor": "The children built a snowman in the garden.",
-     "positive": "A snowman was built in the garden by the children.",
-     "negatives": ["The children destroyed a snowman in the garden.", "The children built a sandcastle on the beach."]},
-    {"anchor": "She bought a new bicycle last week.",
-     "positive": "Last week she purchased a new bike.",
-     "negatives": ["She sold her old bicycle last week.", "She will buy a new bicycle next week."]},
-    {"anchor": "The train was delayed because of the storm.",
-     "positive": "The storm caused the train to be late.",
-     "negatives": ["The train was on time despite the storm.", "The storm was delayed because of the train."]},
-    {"anchor": "He rarely drinks coffee in the evening.",
-     "positive": "In the evening he seldom has coffee.",
-     "negatives": ["He always drinks coffee in the evening.", "He rarely drinks tea in the morning."]},
-    {"anchor": "The museum opens at nine every morning.",
-     "positive": "Every morning the museum opens its doors at nine.",
-     "negatives": ["The museum closes at nine every evening.", "The library opens at ten every morning."]},
+    {
+        "anchor": "The doctor thanked the nurse after the long shift.",
+        "positive": "The nurse was thanked by the doctor after the long shift.",
+        "negatives": [
+            "The nurse thanked the doctor after the long shift.",
+            "The doctor blamed the nurse after the long shift.",
+        ],
+    },
+    {
+        "anchor": "The children built a snowman in the garden.",
+        "positive": "A snowman was built in the garden by the children.",
+        "negatives": [
+            "The children destroyed a snowman in the garden.",
+            "The children built a sandcastle on the beach.",
+        ],
+    },
+    {
+        "anchor": "She bought a new bicycle last week.",
+        "positive": "Last week she purchased a new bike.",
+        "negatives": ["She sold her old bicycle last week.", "She will buy a new bicycle next week."],
+    },
+    {
+        "anchor": "The train was delayed because of the storm.",
+        "positive": "The storm caused the train to be late.",
+        "negatives": ["The train was on time despite the storm.", "The storm was delayed because of the train."],
+    },
+    {
+        "anchor": "He rarely drinks coffee in the evening.",
+        "positive": "In the evening he seldom has coffee.",
+        "negatives": ["He always drinks coffee in the evening.", "He rarely drinks tea in the morning."],
+    },
+    {
+        "anchor": "The museum opens at nine every morning.",
+        "positive": "Every morning the museum opens its doors at nine.",
+        "negatives": ["The museum closes at nine every evening.", "The library opens at ten every morning."],
+    },
 ]
 
 
@@ -125,7 +144,9 @@ def _tokenize(model: InHouseModel, texts: Sequence[str]) -> list[dict]:
     for i, t in enumerate(texts):
         tok = tokenize_one(model.tokenizer, text=t)
         if len(tok["ids"]) > model.spec.max_positions:
-            raise ValueError(f"text {i} has {len(tok['ids'])} tokens; the model's context is {model.spec.max_positions}.")
+            raise ValueError(
+                f"text {i} has {len(tok['ids'])} tokens; the model's context is {model.spec.max_positions}."
+            )
         toks.append(tok)
     return toks
 
@@ -206,8 +227,8 @@ def gqa_study(
     cfg = model.module.cfg
     gs = [_check_groups(cfg, int(g)) for g in groups]
     if sentences is None:
-        from headscope.probes.corpora import read_text
         from headscope.data import path
+        from headscope.probes.corpora import read_text
 
         sentences = list(read_text(path("text/sentences.txt")).lines)
     sentences = list(sentences)

@@ -35,11 +35,12 @@ their inputs.
 >>> round(float(nll[0] / n[0]), 4), int(n[0])       # log 4, two predicted tokens
 (1.3863, 2)
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -50,8 +51,9 @@ from headscope.probes.tokens import TokenBatch, collate, tokenize_one
 # ----------------------------------------------------------------------------- pure math
 
 
-def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-              score_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def token_nll(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token negative log-likelihood per row and the number of tokens scored.
 
     ``logits [batch, pos, vocab]`` predict ``input_ids[:, 1:]``; a target counts when it
@@ -59,8 +61,9 @@ def token_nll(logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: tor
     True at the target's position. Returns ``(nll_sum [batch], n_scored [batch])`` in float32 (float64 for float64 logits).
     """
     if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
-        raise ValueError(f"logits must be [batch, pos, vocab] matching input_ids {tuple(input_ids.shape)}; "
-                         f"got {tuple(logits.shape)}")
+        raise ValueError(
+            f"logits must be [batch, pos, vocab] matching input_ids {tuple(input_ids.shape)}; got {tuple(logits.shape)}"
+        )
     logp = F.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     target = input_ids[:, 1:]
     tok = -logp.gather(-1, target[..., None])[..., 0]  # [batch, pos-1]
@@ -79,8 +82,9 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: boo
     return F.normalize(pooled, p=2, dim=-1) if normalize else pooled
 
 
-def paraphrase_hits(anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor,
-                    neg_valid: torch.Tensor) -> torch.Tensor:
+def paraphrase_hits(
+    anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor, neg_valid: torch.Tensor
+) -> torch.Tensor:
     """Unit-norm embeddings ``anchor, positive [item, d]``, ``negatives [item, n_neg, d]``
     (``neg_valid [item, n_neg]`` False on padding) -> ``[item]`` float 1.0 where
     ``cos(anchor, positive)`` beats every valid negative."""
@@ -168,16 +172,24 @@ class ItemMetric:
     def check_model(self, model) -> None:
         fam = model.spec.family
         if fam != self.family:
-            raise ValueError(f"metric {self.name!r} needs a {self.family!r}-family model; got {model.spec.name!r} ({fam})")
+            raise ValueError(
+                f"metric {self.name!r} needs a {self.family!r}-family model; got {model.spec.name!r} ({fam})"
+            )
 
 
 def _tokenize_all(tokenizer, texts=None, words=None, max_positions=None, add_bos=False) -> list[dict]:
     seq = texts if texts is not None else words
     out = []
     for i, x in enumerate(seq):
-        it = tokenize_one(tokenizer, text=x, add_bos=add_bos) if texts is not None else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+        it = (
+            tokenize_one(tokenizer, text=x, add_bos=add_bos)
+            if texts is not None
+            else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+        )
         if max_positions is not None and len(it["ids"]) > max_positions:
-            raise ValueError(f"item {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten it.")
+            raise ValueError(
+                f"item {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten it."
+            )
         out.append(it)
     return out
 
@@ -201,12 +213,16 @@ class LMLoss(ItemMetric):
     higher_is_better = False
     family = "llama"
 
-    def __init__(self, model, texts: Sequence[str], *, perplexity: bool = False, batch_size: int = 16, add_bos: bool = False):
+    def __init__(
+        self, model, texts: Sequence[str], *, perplexity: bool = False, batch_size: int = 16, add_bos: bool = False
+    ):
         super().__init__(batch_size)
         self.name = "perplexity" if perplexity else "lm_loss"  # before check_model, whose message names it
         self.check_model(model)
         self.perplexity = perplexity
-        self.toks = _tokenize_all(model.tokenizer, texts=list(texts), max_positions=model.spec.max_positions, add_bos=add_bos)
+        self.toks = _tokenize_all(
+            model.tokenizer, texts=list(texts), max_positions=model.spec.max_positions, add_bos=add_bos
+        )
         bad = [i for i, t in enumerate(self.toks) if len(t["ids"]) < 2]
         if bad:
             raise ValueError(f"texts need at least 2 tokens to score a next token; text {bad[0]} has fewer")
@@ -238,7 +254,24 @@ class LMLoss(ItemMetric):
         return torch.exp(x) if self.perplexity else x
 
 
-_DETERMINERS = {"The", "A", "An", "This", "That", "These", "Those", "His", "Her", "Their", "Its", "My", "Our", "Your", "Some", "Every"}
+_DETERMINERS = {
+    "The",
+    "A",
+    "An",
+    "This",
+    "That",
+    "These",
+    "Those",
+    "His",
+    "Her",
+    "Their",
+    "Its",
+    "My",
+    "Our",
+    "Your",
+    "Some",
+    "Every",
+}
 
 
 def substitute(words: Sequence[str], pronoun: int, span: tuple[int, int]) -> tuple[list[str], int]:
@@ -249,12 +282,12 @@ def substitute(words: Sequence[str], pronoun: int, span: tuple[int, int]) -> tup
     >>> substitute("The cat sat because it was tired .".split(), 4, (0, 2))
     (['The', 'cat', 'sat', 'because', 'the', 'cat', 'was', 'tired', '.'], 6)
     """
-    cand = list(words[span[0]:span[1]])
+    cand = list(words[span[0] : span[1]])
     if pronoun > 0 and cand[0] in _DETERMINERS:
         cand[0] = cand[0].lower()
     if pronoun == 0:
         cand[0] = cand[0][:1].upper() + cand[0][1:]
-    new = list(words[:pronoun]) + cand + list(words[pronoun + 1:])
+    new = list(words[:pronoun]) + cand + list(words[pronoun + 1 :])
     return new, pronoun + len(cand)
 
 
@@ -276,8 +309,15 @@ class CorefAccuracy(ItemMetric):
     higher_is_better = True
     family = "llama"
 
-    def __init__(self, model, items, *, scoring: str = "partial", kinds: Sequence[str] | None = ("winograd", "number"),
-                 batch_size: int = 16):
+    def __init__(
+        self,
+        model,
+        items,
+        *,
+        scoring: str = "partial",
+        kinds: Sequence[str] | None = ("winograd", "number"),
+        batch_size: int = 16,
+    ):
         super().__init__(batch_size)
         self.check_model(model)
         if scoring not in ("partial", "full"):
@@ -317,16 +357,23 @@ class CorefAccuracy(ItemMetric):
             sm[r, : len(s)] = torch.tensor(s, dtype=torch.bool)
         n_c = max(cand) + 1
         gold = torch.tensor([self.items[i].antecedent for i in item_ids])
-        return Unit(batch, list(item_ids), {"score_mask": sm, "owner": torch.tensor(owner), "cand": torch.tensor(cand),
-                                            "n_cand": n_c, "gold": gold})
+        return Unit(
+            batch,
+            list(item_ids),
+            {"score_mask": sm, "owner": torch.tensor(owner), "cand": torch.tensor(cand), "n_cand": n_c, "gold": gold},
+        )
 
     def _cand_logp(self, out, unit):
         r = out.shape[0] // unit.rows
         e = unit.extra
-        s, _ = token_nll(out, _tile(unit.batch.input_ids, r), _tile(unit.batch.attention_mask, r), _tile(e["score_mask"], r))
+        s, _ = token_nll(
+            out, _tile(unit.batch.input_ids, r), _tile(unit.batch.attention_mask, r), _tile(e["score_mask"], r)
+        )
         logp = -s.view(r, unit.rows)
         table = torch.full((r, len(unit.items), e["n_cand"]), -math.inf, dtype=logp.dtype)
-        return table.index_put((torch.arange(r)[:, None], e["owner"][None].expand(r, -1), e["cand"][None].expand(r, -1)), logp)
+        return table.index_put(
+            (torch.arange(r)[:, None], e["owner"][None].expand(r, -1), e["cand"][None].expand(r, -1)), logp
+        )
 
     def item_values(self, out, unit):
         table = self._cand_logp(out, unit)
@@ -363,8 +410,15 @@ class EmbeddingCosine(ItemMetric):
     higher_is_better = True
     family = "bert"
 
-    def __init__(self, model, texts: Sequence[str], *, batch_size: int = 32, temperature: float = 0.2,
-                 reference: torch.Tensor | None = None):
+    def __init__(
+        self,
+        model,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        temperature: float = 0.2,
+        reference: torch.Tensor | None = None,
+    ):
         super().__init__(batch_size)
         self.check_model(model)
         self.temperature = temperature
@@ -401,9 +455,11 @@ class EmbeddingCosine(ItemMetric):
             logits = emb @ unit.extra["ref"].to(emb.dtype).T / self.temperature  # [rows, rows]
             return F.cross_entropy(logits, torch.arange(unit.rows))
         if self.n_items < 2:
-            raise ValueError(f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of the other "
-                             f"sentences; with {self.n_items} sentence it is constant (zero gradient). "
-                             "Give the metric at least 2 texts.")
+            raise ValueError(
+                f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of the other "
+                f"sentences; with {self.n_items} sentence it is constant (zero gradient). "
+                "Give the metric at least 2 texts."
+            )
         logits = emb @ self.reference.to(emb.dtype).T / self.temperature  # [1, n_items]
         return F.cross_entropy(logits, torch.tensor(unit.items))
 
@@ -432,9 +488,14 @@ class ParaphraseAccuracy(ItemMetric):
         for i, it in enumerate(self.items):
             negs = list(it.get("negatives") or [])
             if not isinstance(it.get("anchor"), str) or not isinstance(it.get("positive"), str) or not negs:
-                raise ValueError(f"paraphrase item {i} needs 'anchor', 'positive' (str) and a non-empty 'negatives' list")
-            self.toks.append(_tokenize_all(model.tokenizer, texts=[it["anchor"], it["positive"], *negs],
-                                           max_positions=model.spec.max_positions))
+                raise ValueError(
+                    f"paraphrase item {i} needs 'anchor', 'positive' (str) and a non-empty 'negatives' list"
+                )
+            self.toks.append(
+                _tokenize_all(
+                    model.tokenizer, texts=[it["anchor"], it["positive"], *negs], max_positions=model.spec.max_positions
+                )
+            )
         self.units = self.make_units()
 
     def _lengths(self):
@@ -540,7 +601,9 @@ def build_metric(name: str, model, *, n_items: int | None = None, batch_size: in
         raise ValueError(f"unknown metric {name!r}; valid metrics: {', '.join(METRICS)}")
     bs = {} if batch_size is None else {"batch_size": batch_size}
     if name in ("lm_loss", "perplexity"):
-        return LMLoss(model, _take(read_lines(path("heldout/lm_text.txt")), n_items), perplexity=name == "perplexity", **bs, **kw)
+        return LMLoss(
+            model, _take(read_lines(path("heldout/lm_text.txt")), n_items), perplexity=name == "perplexity", **bs, **kw
+        )
     if name == "coref_accuracy":
         from headscope.probes.corpora import read_coref
 

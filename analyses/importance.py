@@ -39,6 +39,7 @@ An importance order sorts heads by importance and breaks ties by head index, so
 
 See ``tests/test_pruning.py`` for the finite-difference check of :func:`gate_gradients`.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -61,8 +62,10 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
     """
     check_inhouse(model)
     if isinstance(metric, CallableMetric):
-        raise ValueError(f"gradient importance needs a differentiable metric with items; {metric.name!r} is a plain "
-                         "callable. Use the ablation order instead.")
+        raise ValueError(
+            f"gradient importance needs a differentiable metric with items; {metric.name!r} is a plain "
+            "callable. Use the ablation order instead."
+        )
     spec = model.spec
     mask = torch.ones(spec.n_layers, spec.n_heads) if mask is None else mask
     units = metric.units if units is None else units
@@ -77,8 +80,15 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
     return torch.stack(grads), torch.tensor(items, dtype=torch.float32)
 
 
-def head_importance(model, metric, *, mask: torch.Tensor | None = None, unit: str = "head",
-                    per_example: bool = False, normalize: bool = False) -> torch.Tensor:
+def head_importance(
+    model,
+    metric,
+    *,
+    mask: torch.Tensor | None = None,
+    unit: str = "head",
+    per_example: bool = False,
+    normalize: bool = False,
+) -> torch.Tensor:
     """Importance ``[layer, head]`` (``unit="head"``) or ``[layer, kv_head]`` (``"kv_group"``).
 
     Raises ``ValueError`` for an unknown unit or a metric without gradients; warns
@@ -98,8 +108,12 @@ def head_importance(model, metric, *, mask: torch.Tensor | None = None, unit: st
     problem = importance_ties(imp)
     if problem:
         kind = "per-example" if per_example else "batch"
-        warnings.warn(f"{kind} gradient importance of {metric.name!r} ({unit}): {problem}; an importance order breaks "
-                      "these ties by index, so it is partly head-index order", ImportanceTieWarning, stacklevel=2)
+        warnings.warn(
+            f"{kind} gradient importance of {metric.name!r} ({unit}): {problem}; an importance order breaks "
+            "these ties by index, so it is partly head-index order",
+            ImportanceTieWarning,
+            stacklevel=2,
+        )
     return imp
 
 
@@ -129,11 +143,33 @@ def importance_ties(imp: torch.Tensor) -> str | None:
     return f"{int(counts[tied].sum())} of {flat.numel()} importances tie: " + "; ".join(groups[:3]) + more
 
 
-def importance_frame(imp: torch.Tensor, metric_name: str, *, unit: str = "head", study: str = "importance",
-                     step: int = 0, fraction_pruned: float = 0.0, seed: int | None = None, n: int = 0) -> pd.DataFrame:
+def importance_frame(
+    imp: torch.Tensor,
+    metric_name: str,
+    *,
+    unit: str = "head",
+    study: str = "importance",
+    step: int = 0,
+    fraction_pruned: float = 0.0,
+    seed: int | None = None,
+    n: int = 0,
+) -> pd.DataFrame:
     """``[layer, head-or-kv_head]`` importances -> IMPACT_COLUMNS rows,
     ``metric = "grad_importance_" + metric_name`` (``head`` is the KV head for ``unit="kv_group"``)."""
     name = f"grad_importance_{metric_name}" + ("_kv_group" if unit == "kv_group" else "")
-    rows = [impact_rows(study, name, layer=l, head=h, step=step, fraction_pruned=fraction_pruned, value=float(imp[l, h]),
-                        seed=seed, n=n) for l in range(imp.shape[0]) for h in range(imp.shape[1])]
+    rows = [
+        impact_rows(
+            study,
+            name,
+            layer=l,
+            head=h,
+            step=step,
+            fraction_pruned=fraction_pruned,
+            value=float(imp[l, h]),
+            seed=seed,
+            n=n,
+        )
+        for l in range(imp.shape[0])
+        for h in range(imp.shape[1])
+    ]
     return impact_frame(rows)

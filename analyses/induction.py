@@ -34,18 +34,19 @@ the visible keys. Verdict: score ``>= cfg.induction_threshold`` and BH-adjusted 
 >>> detection_patterns(t, causal=True)["induction"][0].int().tolist()
 [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 0, 1, 0]]
 """
+
 from __future__ import annotations
 
 import re
 
 import torch
 
-from headscope.probes.capture import Capture, check_finite
-from headscope.probes.tokens import collate
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
 from headscope.analyses.summary import ItemValuesReducer, allowed_keys, check_layers
 from headscope.analyses.verdicts import layered_rows
+from headscope.probes.capture import Capture, check_finite
+from headscope.probes.tokens import collate
 
 ROLES = ("induction", "duplicate-token", "previous-token", "next-token")
 CAUSAL_ROLES = ROLES[:3]
@@ -61,7 +62,9 @@ def ordinary_vocab(tokenizer) -> list[int]:
     return [i for i, t in zip(ids, toks) if t is not None and not _PLACEHOLDER.match(t)]
 
 
-def repeated_random_tokens(tokenizer, *, n_sequences: int, seq_len: int, seed: int, vocab_ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+def repeated_random_tokens(
+    tokenizer, *, n_sequences: int, seq_len: int, seed: int, vocab_ids=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids [n_sequences, pos], special [n_sequences, pos])`` for ``[first] + R + R
     (+ [SEP])``; ``R`` drawn uniformly with replacement from ``vocab_ids`` (default
     :func:`ordinary_vocab`) by a ``torch.Generator`` seeded with ``seed``."""
@@ -90,7 +93,9 @@ def repeated_random_tokens(tokenizer, *, n_sequences: int, seq_len: int, seed: i
     return ids, special
 
 
-def capture_ids(model, ids: torch.Tensor, special: torch.Tensor | None = None, *, layers=None, item_ids=None, lengths=None) -> Capture:
+def capture_ids(
+    model, ids: torch.Tensor, special: torch.Tensor | None = None, *, layers=None, item_ids=None, lengths=None
+) -> Capture:
     """Run ``model`` on token ids ``[batch, pos]`` (right-padded to ``lengths``) and
     capture patterns: the route for probes that are not text."""
     n, t = ids.shape
@@ -115,7 +120,13 @@ def capture_ids(model, ids: torch.Tensor, special: torch.Tensor | None = None, *
     batch = collate(items, pad)
     ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
     data = model.run(batch, ("pattern",), ls)
-    cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=list(range(n)) if item_ids is None else list(item_ids))
+    cap = Capture(
+        tokens=batch,
+        data=data,
+        layers=ls,
+        spec=model.spec,
+        item_ids=list(range(n)) if item_ids is None else list(item_ids),
+    )
     check_finite(cap)
     return cap
 
@@ -140,7 +151,14 @@ def detection_patterns(input_ids: torch.Tensor, *, causal: bool) -> dict[str, to
     return out
 
 
-def mul_score(pattern: torch.Tensor, detection: torch.Tensor, valid: torch.Tensor, *, exclude_bos: bool = False, exclude_current_token: bool = False) -> torch.Tensor:
+def mul_score(
+    pattern: torch.Tensor,
+    detection: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+) -> torch.Tensor:
     """transformer-lens ``error_measure="mul"`` score per item and head.
 
     ``pattern [batch, head, query_pos, key_pos]``, ``detection [batch, query_pos, key_pos]``,
@@ -205,7 +223,11 @@ def run(
     """
     if items is None:
         ids, special = repeated_random_tokens(
-            model.tokenizer, n_sequences=cfg.induction_n_sequences, seq_len=cfg.induction_seq_len, seed=cfg.seed, vocab_ids=vocab_ids
+            model.tokenizer,
+            n_sequences=cfg.induction_n_sequences,
+            seq_len=cfg.induction_seq_len,
+            seed=cfg.seed,
+            vocab_ids=vocab_ids,
         )
         lengths = [ids.shape[1]] * ids.shape[0]
     else:
@@ -218,22 +240,42 @@ def run(
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
         specials = set(model.tokenizer.all_special_ids)
-        special = torch.tensor([[int(x) in specials for x in row] for row in ids.tolist()]) & (torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None])
+        special = torch.tensor([[int(x) in specials for x in row] for row in ids.tolist()]) & (
+            torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]
+        )
     too_long = [i for i, n in enumerate(lengths) if n > model.spec.max_positions]
     if too_long:
-        raise ValueError(f"sequence {too_long[0]} has {lengths[too_long[0]]} tokens; the model's context is {model.spec.max_positions}")
-    red = InductionReducer(causal=model.spec.causal, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+        raise ValueError(
+            f"sequence {too_long[0]} has {lengths[too_long[0]]} tokens; the model's context is {model.spec.max_positions}"
+        )
+    red = InductionReducer(
+        causal=model.spec.causal, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token
+    )
     n = ids.shape[0]
     starts = list(range(0, n, cfg.batch_size))
     for bi, s in enumerate(starts):
         e = min(s + cfg.batch_size, n)
-        cap = capture_ids(model, ids[s:e, : max(lengths[s:e])], special[s:e, : max(lengths[s:e])], item_ids=range(s, e), lengths=lengths[s:e])
+        cap = capture_ids(
+            model,
+            ids[s:e, : max(lengths[s:e])],
+            special[s:e, : max(lengths[s:e])],
+            item_ids=range(s, e),
+            lengths=lengths[s:e],
+        )
         red.update(cap)
         if progress is not None:
             progress(bi + 1, len(starts))
     values, base, layers = red.result()
     rows = []
     for role in red.roles:
-        rows += layered_rows(values[role], base[role], layers, role=role, cfg=cfg, threshold_kind="absolute", threshold=cfg.induction_threshold)
+        rows += layered_rows(
+            values[role],
+            base[role],
+            layers,
+            role=role,
+            cfg=cfg,
+            threshold_kind="absolute",
+            threshold=cfg.induction_threshold,
+        )
     notes = [] if not model.spec.causal else ["causal model: next-token is impossible and not reported"]
     return RoleOutput(frame=roles_frame(rows), n_items=n, extra={"sequences": ids, "notes": notes})

@@ -32,24 +32,26 @@ padded keys and padded query rows are always excluded.
 >>> float(v["previous"][0, 0]), round(float(base["previous"][0]), 4)   # baseline: mean of 1/2, 1/3, 1/4
 (1.0, 0.3611)
 """
+
 from __future__ import annotations
 
 import pandas as pd
 import torch
 
-from headscope.probes.capture import stream
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
 from headscope.analyses.summary import ItemValuesReducer, argmax_share, row_mean
 from headscope.analyses.verdicts import layered_rows
+from headscope.probes.capture import stream
 
 OFFSETS = {"-2": -2, "previous": -1, "self": 0, "next": 1, "+2": 2}
 BUCKETS = (*OFFSETS, "first")
 CAUSAL_IMPOSSIBLE = ("next", "+2")
 
 
-def bucket_values(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor,
-                  share: torch.Tensor | None = None) -> tuple[dict, dict]:
+def bucket_values(
+    pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, share: torch.Tensor | None = None
+) -> tuple[dict, dict]:
     """Per-item bucket shares of one layer.
 
     ``pattern [batch, head, query_pos, key_pos]``, ``allowed [batch, query_pos, key_pos]``,
@@ -96,7 +98,9 @@ class PositionalReducer(ItemValuesReducer):
         return self._by_role(BUCKETS)
 
 
-def frame_from(values: dict, base: dict, layers, cfg: RolesConfig, *, causal: bool) -> tuple[pd.DataFrame, pd.DataFrame]:
+def frame_from(
+    values: dict, base: dict, layers, cfg: RolesConfig, *, causal: bool
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Role rows for every bucket, plus a frame of each head's most frequent bucket
     (columns layer, head, bucket, share)."""
     rows = []
@@ -108,14 +112,25 @@ def frame_from(values: dict, base: dict, layers, cfg: RolesConfig, *, causal: bo
             continue
         ok = ~torch.isnan(base[b])  # items with no query row analysed
         rows += layered_rows(
-            v[ok], base[b][ok], layers, role=f"positional:{b}", cfg=cfg, threshold_kind="absolute", threshold=cfg.positional_threshold
+            v[ok],
+            base[b][ok],
+            layers,
+            role=f"positional:{b}",
+            cfg=cfg,
+            threshold_kind="absolute",
+            threshold=cfg.positional_threshold,
         )
     frame = roles_frame(rows)
     top = pd.DataFrame(columns=["layer", "head", "bucket", "share"])
     if len(frame):
         best = frame.loc[frame.groupby(["layer", "head"])["score"].idxmax()]
         top = pd.DataFrame(
-            {"layer": best["layer"].values, "head": best["head"].values, "bucket": best["role"].str.removeprefix("positional:").values, "share": best["score"].values}
+            {
+                "layer": best["layer"].values,
+                "head": best["head"].values,
+                "bucket": best["role"].str.removeprefix("positional:").values,
+                "share": best["score"].values,
+            }
         )
     return frame, top
 
@@ -133,5 +148,7 @@ def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, includ
     frame, top = frame_from(values, base, layers, cfg, causal=model.spec.causal)
     notes = []
     if model.spec.causal:
-        notes.append("causal model: no query sees a later key, so positional:next and positional:+2 are impossible and not reported")
+        notes.append(
+            "causal model: no query sees a later key, so positional:next and positional:+2 are impossible and not reported"
+        )
     return RoleOutput(frame=frame, skipped=rep.skipped, n_items=rep.n_used, extra={"top_bucket": top, "notes": notes})

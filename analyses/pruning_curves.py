@@ -27,6 +27,7 @@ Rows per step (IMPACT_COLUMNS, ``study = "curve:" + order``, ``layer``/``head`` 
 >>> prunable_fraction([0.0, 0.1, 0.2, 0.3], [2.0, 2.01, 2.08, 2.5], higher_is_better=False, tolerance=0.05)
 0.2
 """
+
 from __future__ import annotations
 
 import math
@@ -82,8 +83,14 @@ class CurveState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CurveState":
-        return cls(order=d["order"], seed=d["seed"], step=int(d["step"]), removed=[int(x) for x in d["removed"]], done=bool(d["done"]))
+    def from_dict(cls, d: dict) -> CurveState:
+        return cls(
+            order=d["order"],
+            seed=d["seed"],
+            step=int(d["step"]),
+            removed=[int(x) for x in d["removed"]],
+            done=bool(d["done"]),
+        )
 
 
 def kv_heads_pruned(spec, mask: torch.Tensor) -> int:
@@ -92,8 +99,14 @@ def kv_heads_pruned(spec, mask: torch.Tensor) -> int:
     return int((groups.sum(-1) == 0).sum())
 
 
-def step_rows(model, metric, state: CurveState, mask: torch.Tensor, settings: CurveSettings,
-              scored: tuple[torch.Tensor, torch.Tensor] | None = None) -> list[dict]:
+def step_rows(
+    model,
+    metric,
+    state: CurveState,
+    mask: torch.Tensor,
+    settings: CurveSettings,
+    scored: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> list[dict]:
     """Score the metric at ``mask`` (or take ``scored = (values, weights)`` already
     computed there) and build the rows of ``state``'s current step."""
     spec = model.spec
@@ -125,13 +138,17 @@ def static_order(order: str, n_units: int, *, seed: int | None = None, harms=Non
     raise ValueError(f"{order!r} has no fixed order; fixed orders: 'random', 'ablation'")
 
 
-def ablation_harms(model, metric, units, *, ablation_frame: pd.DataFrame | None = None, max_rows: int = 64) -> list[float]:
+def ablation_harms(
+    model, metric, units, *, ablation_frame: pd.DataFrame | None = None, max_rows: int = 64
+) -> list[float]:
     """Harm (worsening of the metric) of zero-ablating each unit alone. Taken from a
     single-head ablation frame (``study="ablation:zero"``) when it covers the units,
     else measured (replicated forwards)."""
     spec = model.spec
     if ablation_frame is not None and all(len(u) == 1 for u in units):
-        d = ablation_frame[(ablation_frame["study"] == "ablation:zero") & (ablation_frame["metric"] == f"delta_{metric.name}")]
+        d = ablation_frame[
+            (ablation_frame["study"] == "ablation:zero") & (ablation_frame["metric"] == f"delta_{metric.name}")
+        ]
         if len(d) == len(units):
             table = {(int(l), int(h)): float(v) for l, h, v in zip(d["layer"], d["head"], d["value"])}
             return [harm(metric, table[u[0]]) for u in units]
@@ -149,7 +166,9 @@ def n_steps_units(n_units: int, settings: CurveSettings) -> tuple[int, int]:
     return k, total
 
 
-def curve_step(model, metric, state: CurveState, settings: CurveSettings, *, fixed: list[int] | None = None) -> tuple[CurveState, list[dict]]:
+def curve_step(
+    model, metric, state: CurveState, settings: CurveSettings, *, fixed: list[int] | None = None
+) -> tuple[CurveState, list[dict]]:
     """Advance ``state`` by one pruning step; return the new state and the step's rows.
 
     Step 0 scores the unpruned model. ``fixed``: the removal order for ``ablation`` and
@@ -165,8 +184,14 @@ def curve_step(model, metric, state: CurveState, settings: CurveSettings, *, fix
     left = [u for u in range(len(units)) if u not in set(removed)]
     take = min(k, total - len(removed))
     if state.order in ("importance", "reverse_importance"):
-        imp = head_importance(model, metric, mask=mask_of(spec, units, removed), unit=settings.unit,
-                              per_example=settings.per_example, normalize=settings.normalize).flatten()
+        imp = head_importance(
+            model,
+            metric,
+            mask=mask_of(spec, units, removed),
+            unit=settings.unit,
+            per_example=settings.per_example,
+            normalize=settings.normalize,
+        ).flatten()
         sign = 1.0 if state.order == "importance" else -1.0
         chosen = sorted(left, key=lambda u: (sign * float(imp[u]), u))[:take]
     else:
@@ -179,8 +204,15 @@ def curve_step(model, metric, state: CurveState, settings: CurveSettings, *, fix
     return new, rows
 
 
-def start_curve(model, metric, order: str, settings: CurveSettings, *, seed: int | None = None,
-                unpruned: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[CurveState, list[dict]]:
+def start_curve(
+    model,
+    metric,
+    order: str,
+    settings: CurveSettings,
+    *,
+    seed: int | None = None,
+    unpruned: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[CurveState, list[dict]]:
     """Step 0 of a curve: the unpruned model's rows (``unpruned``: its ``(values, weights)``
     from :func:`~headscope.analyses.ablation.evaluate`, to skip re-scoring)."""
     if order not in ORDERS:
@@ -191,8 +223,15 @@ def start_curve(model, metric, order: str, settings: CurveSettings, *, seed: int
     return state, rows
 
 
-def pruning_curve(model, metric, order: str, settings: CurveSettings = CurveSettings(), *, seed: int | None = None,
-                  fixed: list[int] | None = None) -> pd.DataFrame:
+def pruning_curve(
+    model,
+    metric,
+    order: str,
+    settings: CurveSettings = CurveSettings(),
+    *,
+    seed: int | None = None,
+    fixed: list[int] | None = None,
+) -> pd.DataFrame:
     """A whole curve in one call (no saving; see :func:`~headscope.analyses.pruning_study.pruning_study`
     for resumable runs)."""
     state, rows = start_curve(model, metric, order, settings, seed=seed)
@@ -200,7 +239,9 @@ def pruning_curve(model, metric, order: str, settings: CurveSettings = CurveSett
     if order == "random" and fixed is None:
         fixed = static_order("random", len(units), seed=seed)
     if order == "ablation" and fixed is None:
-        fixed = static_order("ablation", len(units), harms=ablation_harms(model, metric, units, max_rows=settings.max_rows))
+        fixed = static_order(
+            "ablation", len(units), harms=ablation_harms(model, metric, units, max_rows=settings.max_rows)
+        )
     while not state.done:
         state, r = curve_step(model, metric, state, settings, fixed=fixed)
         rows += r
@@ -218,8 +259,18 @@ def curve_summary(curves: pd.DataFrame) -> pd.DataFrame:
     for (study, metric, step), g in curves.groupby(["study", "metric", "step"], sort=True):
         vals = g["value"].to_numpy(dtype=float)
         spread = float(np.std(vals, ddof=1)) if len(vals) > 1 else float(g["spread"].iloc[0])
-        rows.append(impact_rows(study, metric, step=int(step), fraction_pruned=float(g["fraction_pruned"].mean()),
-                                value=float(vals.mean()), spread=spread, seed=None, n=len(vals)))
+        rows.append(
+            impact_rows(
+                study,
+                metric,
+                step=int(step),
+                fraction_pruned=float(g["fraction_pruned"].mean()),
+                value=float(vals.mean()),
+                spread=spread,
+                seed=None,
+                n=len(vals),
+            )
+        )
     return impact_frame(rows)
 
 
@@ -236,7 +287,15 @@ def prunable_fraction(fractions, values, *, higher_is_better: bool, tolerance: f
     return best
 
 
-PRUNABLE_COLUMNS = ["order", "tolerance", "fraction_pruned", "query_heads_pruned", "kv_heads_pruned", "value", "base_value"]
+PRUNABLE_COLUMNS = [
+    "order",
+    "tolerance",
+    "fraction_pruned",
+    "query_heads_pruned",
+    "kv_heads_pruned",
+    "value",
+    "base_value",
+]
 
 
 def prunable_table(summary: pd.DataFrame, metric, tolerances=(0.01, 0.05)) -> pd.DataFrame:
@@ -251,7 +310,15 @@ def prunable_table(summary: pd.DataFrame, metric, tolerances=(0.01, 0.05)) -> pd
         for tol in tolerances:
             f = prunable_fraction(fr, vals, higher_is_better=metric.higher_is_better, tolerance=tol)
             i = max(j for j, x in enumerate(fr) if x <= f + 1e-12)
-            rows.append({"order": study.removeprefix("curve:"), "tolerance": float(tol), "fraction_pruned": f,
-                         "query_heads_pruned": float(qh.get(steps[i], math.nan)), "kv_heads_pruned": float(kv.get(steps[i], math.nan)),
-                         "value": float(vals[i]), "base_value": float(vals[0])})
+            rows.append(
+                {
+                    "order": study.removeprefix("curve:"),
+                    "tolerance": float(tol),
+                    "fraction_pruned": f,
+                    "query_heads_pruned": float(qh.get(steps[i], math.nan)),
+                    "kv_heads_pruned": float(kv.get(steps[i], math.nan)),
+                    "value": float(vals[i]),
+                    "base_value": float(vals[0]),
+                }
+            )
     return pd.DataFrame(rows, columns=PRUNABLE_COLUMNS).astype({"order": "str"})

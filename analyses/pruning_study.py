@@ -23,6 +23,7 @@ Traceback (most recent call last):
 ...
 ValueError: The 'step' parameter of PruneConfig must be in (0, 1]; got 0.0 instead.
 """
+
 from __future__ import annotations
 
 import json
@@ -38,12 +39,30 @@ from headscope.probes.checkpoints import trust_remote_code
 from headscope.probes.errors import CheckpointError
 from headscope.probes.output_folder import claim_output, manifest_header
 
-from .ablation import (all_but_one, bootstrap_se, check_inhouse, evaluate, impact_frame, impact_rows, prune_units,
-                       role_ablation, single_head_ablation)
+from .ablation import (
+    all_but_one,
+    bootstrap_se,
+    check_inhouse,
+    evaluate,
+    impact_frame,
+    impact_rows,
+    prune_units,
+    role_ablation,
+    single_head_ablation,
+)
 from .impact_metrics import METRICS, CallableMetric, build_metric, default_metric
 from .importance import head_importance, importance_frame
-from .pruning_curves import (ORDERS, CurveSettings, CurveState, ablation_harms, curve_step, curve_summary,
-                             prunable_table, start_curve, static_order)
+from .pruning_curves import (
+    ORDERS,
+    CurveSettings,
+    CurveState,
+    ablation_harms,
+    curve_step,
+    curve_summary,
+    prunable_table,
+    start_curve,
+    static_order,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +98,9 @@ class PruneConfig:
 
     def __post_init__(self):
         def bad(name, rule):
-            raise ValueError(f"The {name!r} parameter of PruneConfig must be {rule}; got {getattr(self, name)!r} instead.")
+            raise ValueError(
+                f"The {name!r} parameter of PruneConfig must be {rule}; got {getattr(self, name)!r} instead."
+            )
 
         if self.metric is not None and self.metric not in METRICS:
             bad("metric", f"one of {', '.join(METRICS)}")
@@ -122,9 +143,15 @@ class PruneConfig:
         return self.n_boot if self.n_boot is not None else (100 if self.quick else 200)
 
     def curve_settings(self) -> CurveSettings:
-        return CurveSettings(step_fraction=self.step, max_fraction=self.fraction_limit, unit=self.unit,
-                             per_example=self.per_example, normalize=self.normalize_importance, n_boot=self.boots,
-                             max_rows=self.max_rows)
+        return CurveSettings(
+            step_fraction=self.step,
+            max_fraction=self.fraction_limit,
+            unit=self.unit,
+            per_example=self.per_example,
+            normalize=self.normalize_importance,
+            n_boot=self.boots,
+            max_rows=self.max_rows,
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -133,7 +160,7 @@ class PruneConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "PruneConfig":
+    def from_dict(cls, d: dict) -> PruneConfig:
         d = dict(d)
         for k in ("orders", "studies", "ablation_modes"):
             if k in d:
@@ -169,8 +196,17 @@ class _Store:
     def __init__(self, out_dir, cfg: PruneConfig, model_name: str, metric_name: str):
         self.dir = None if out_dir is None else Path(out_dir)
         self.frames: dict[str, pd.DataFrame] = {}
-        self.state = {**manifest_header("prune"), "version": STATE_VERSION, "config": cfg.to_dict(), "model": model_name, "metric": metric_name,
-                      "done": [], "curves": {}, "rows": {}, "complete": False}
+        self.state = {
+            **manifest_header("prune"),
+            "version": STATE_VERSION,
+            "config": cfg.to_dict(),
+            "model": model_name,
+            "metric": metric_name,
+            "done": [],
+            "curves": {},
+            "rows": {},
+            "complete": False,
+        }
         if self.dir is not None and (self.dir / "state.json").exists():
             self._load(cfg, model_name, metric_name)
 
@@ -181,24 +217,34 @@ class _Store:
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path}: unreadable pruning state ({e}); delete it to start over") from None
         if state.get("version") != STATE_VERSION:
-            raise CheckpointError(f"{path}: state version {state.get('version')!r}, expected {STATE_VERSION}; use a new --out")
+            raise CheckpointError(
+                f"{path}: state version {state.get('version')!r}, expected {STATE_VERSION}; use a new --out"
+            )
         mine = {"config": cfg.to_dict(), "model": model_name, "metric": metric_name}
         for k, v in mine.items():
             if state.get(k) != v:
-                raise CheckpointError(f"{path} holds a run with a different {k} ({state.get(k)!r} vs {v!r}); "
-                                      "use a new output folder or delete state.json to start over")
+                raise CheckpointError(
+                    f"{path} holds a run with a different {k} ({state.get(k)!r} vs {v!r}); "
+                    "use a new output folder or delete state.json to start over"
+                )
         for name, n in state["rows"].items():
             pq = self.dir / f"{name}.parquet"
             if not pq.exists():
-                raise CheckpointError(f"{pq} is missing but state.json says it holds {n} rows; delete state.json to start over")
+                raise CheckpointError(
+                    f"{pq} is missing but state.json says it holds {n} rows; delete state.json to start over"
+                )
             try:
                 df = pd.read_parquet(pq)
             except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
-                raise CheckpointError(f"{pq}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                                      "delete state.json to start over") from None
+                raise CheckpointError(
+                    f"{pq}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                    "delete state.json to start over"
+                ) from None
             if len(df) < n:  # rows are written before state.json counts them: fewer means the file was cut or replaced
-                raise CheckpointError(f"{pq} holds {len(df)} rows but state.json says {n} were committed (the file was cut "
-                                      "short or replaced); delete state.json to start over")
+                raise CheckpointError(
+                    f"{pq} holds {len(df)} rows but state.json says {n} were committed (the file was cut "
+                    "short or replaced); delete state.json to start over"
+                )
             self.frames[name] = df.iloc[:n].reset_index(drop=True)
         self.state = state
         log.info("resuming pruning study from %s: done %s", path, state["done"])
@@ -222,8 +268,16 @@ class _Store:
             write_json(self.state, self.dir / "state.json")
 
 
-def pruning_study(model, cfg: PruneConfig = PruneConfig(), out_dir=None, *, metric=None, roles: pd.DataFrame | None = None,
-                  step_limit: int | None = None, progress=None) -> PruneResult:
+def pruning_study(
+    model,
+    cfg: PruneConfig = PruneConfig(),
+    out_dir=None,
+    *,
+    metric=None,
+    roles: pd.DataFrame | None = None,
+    step_limit: int | None = None,
+    progress=None,
+) -> PruneResult:
     """Run (or resume) a pruning study; see the module docstring for the stages and frames.
 
     ``metric``: a prepared metric object (e.g. a :class:`~headscope.analyses.impact_metrics.CallableMetric`)
@@ -262,15 +316,20 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         progress("pruning", 0, n_parts)
     torch.manual_seed(cfg.seed)
     if metric is None:
-        metric = build_metric(cfg.metric or default_metric(model.spec.family), model, n_items=cfg.items,
-                              batch_size=cfg.batch_size)
+        metric = build_metric(
+            cfg.metric or default_metric(model.spec.family), model, n_items=cfg.items, batch_size=cfg.batch_size
+        )
     elif cfg.metric is not None and cfg.metric != metric.name:
         raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
     if isinstance(metric, CallableMetric):
-        grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (["importance"] if "importance" in cfg.studies else [])
+        grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (
+            ["importance"] if "importance" in cfg.studies else []
+        )
         if grad or "mean" in cfg.ablation_modes:
-            raise ValueError(f"metric {metric.name!r} is a plain callable: no gradients and no corpus for mean ablation; "
-                             "use orders=('ablation', 'random'), studies without 'importance' and ablation_modes=('zero',)")
+            raise ValueError(
+                f"metric {metric.name!r} is a plain callable: no gradients and no corpus for mean ablation; "
+                "use orders=('ablation', 'random'), studies without 'importance' and ablation_modes=('zero',)"
+            )
     store = _Store(out_dir, cfg, model.spec.name, metric.name)
     settings = cfg.curve_settings()
     boots, mr = cfg.boots, cfg.max_rows
@@ -279,8 +338,21 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     if not store.done("baseline"):
         v, w = unpruned
         se = bootstrap_se(metric, v, w, n_boot=boots, seed=cfg.seed)[0]
-        store.put("baseline", impact_frame([impact_rows("baseline", metric.name, value=metric.aggregate(v, w)[0], spread=se,
-                                                        seed=cfg.seed, n=metric.n_items)]))
+        store.put(
+            "baseline",
+            impact_frame(
+                [
+                    impact_rows(
+                        "baseline",
+                        metric.name,
+                        value=metric.aggregate(v, w)[0],
+                        spread=se,
+                        seed=cfg.seed,
+                        n=metric.n_items,
+                    )
+                ]
+            ),
+        )
         store.commit("baseline", ("baseline",))
     part_done()
     if "ablation" in cfg.studies:
@@ -297,13 +369,18 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         part_done()
     if "importance" in cfg.studies:
         if not store.done("importance"):
-            imp = head_importance(model, metric, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance)
+            imp = head_importance(
+                model, metric, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance
+            )
             store.put("importance", importance_frame(imp, metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items))
             store.commit("importance", ("importance",))
         part_done()
     if roles is not None:
         if not store.done("roles"):
-            store.put("roles", role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr))
+            store.put(
+                "roles",
+                role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr),
+            )
             store.commit("roles", ("roles",))
         part_done()
 
@@ -325,7 +402,9 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
                 fixed = static_order("random", len(units), seed=seed)
             elif order == "ablation":
                 if fixed_ablation is None:
-                    harms = ablation_harms(model, metric, units, ablation_frame=store.frames.get("ablation"), max_rows=mr)
+                    harms = ablation_harms(
+                        model, metric, units, ablation_frame=store.frames.get("ablation"), max_rows=mr
+                    )
                     fixed_ablation = static_order("ablation", len(units), harms=harms)
                 fixed = fixed_ablation
             if key not in store.state["curves"]:
@@ -360,8 +439,16 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     summary = summarize(store.frames, metric, model.spec, cfg)
     summary["complete"] = complete
     if store.dir is not None and complete:
-        write_json({**manifest_header("prune"), "config": cfg.to_dict(), "model": model.spec.name, "summary": summary,
-                    "trust_remote_code": trust_remote_code()}, store.dir / "run.json")
+        write_json(
+            {
+                **manifest_header("prune"),
+                "config": cfg.to_dict(),
+                "model": model.spec.name,
+                "summary": summary,
+                "trust_remote_code": trust_remote_code(),
+            },
+            store.dir / "run.json",
+        )
     return PruneResult(frames=dict(store.frames), summary=summary, config=cfg, complete=complete)
 
 
@@ -378,8 +465,16 @@ def summarize(frames: dict, metric, spec, cfg: PruneConfig) -> dict:
             sign = -1 if metric.higher_is_better else 1
             worst = d.loc[(sign * d["value"]).idxmax()]
             least = d.loc[(sign * d["value"]).abs().idxmin()]
-            out["most_harmful_head"] = {"layer": int(worst["layer"]), "head": int(worst["head"]), "delta": float(worst["value"])}
-            out["least_harmful_head"] = {"layer": int(least["layer"]), "head": int(least["head"]), "delta": float(least["value"])}
+            out["most_harmful_head"] = {
+                "layer": int(worst["layer"]),
+                "head": int(worst["head"]),
+                "delta": float(worst["value"]),
+            }
+            out["least_harmful_head"] = {
+                "layer": int(least["layer"]),
+                "head": int(least["head"]),
+                "delta": float(least["value"]),
+            }
     if "prunable" in frames:
         p = frames["prunable"]
         out["prunable"] = {f"{o}@{t:g}": float(f) for o, t, f in zip(p["order"], p["tolerance"], p["fraction_pruned"])}

@@ -17,17 +17,18 @@ Role ``rare-word``; verdict: score ``>= cfg.rare_threshold`` and BH-adjusted p <
 >>> rarest_positions(torch.tensor([[5, 7, 9, 7]]), torch.ones(1, 4, dtype=torch.bool), torch.tensor([0.0] * 5 + [3.0, 0, 1.0, 0, 1.0])).tolist()
 [[False, True, False, True]]
 """
+
 from __future__ import annotations
 
 from collections import Counter
 
 import torch
 
-from headscope.probes.capture import stream
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
 from headscope.analyses.summary import ItemValuesReducer, row_mean
 from headscope.analyses.verdicts import layered_rows
+from headscope.probes.capture import stream
 
 ROLE = "rare-word"
 
@@ -41,7 +42,7 @@ def count_tokens(tokenizer, items, *, chunk: int = 1024) -> Counter:
     special_ids = set(tokenizer.all_special_ids)
     texts = [t for t in items if isinstance(t, str) and t.strip()]
     for start in range(0, len(texts), chunk):
-        enc = tokenizer(texts[start:start + chunk], return_offsets_mapping=True, add_special_tokens=True)
+        enc = tokenizer(texts[start : start + chunk], return_offsets_mapping=True, add_special_tokens=True)
         for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"]):
             counts.update(i for i, (a, b) in zip(ids, offsets) if not (i in special_ids and a == b))
     return counts
@@ -91,16 +92,30 @@ class RareWordReducer(ItemValuesReducer):
         return self.values.get(ROLE)[1], self.values.get("baseline")[1], self.layers or ()
 
 
-def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, frequencies: Counter | None = None, include_special: bool = False) -> RoleOutput:
+def run(
+    model,
+    items,
+    cfg: RolesConfig = RolesConfig(),
+    *,
+    progress=None,
+    frequencies: Counter | None = None,
+    include_special: bool = False,
+) -> RoleOutput:
     """Rare-word role of every head over ``items`` (texts); frequencies counted over the
     same items unless ``frequencies`` is given."""
     items = list(items)
     counts = frequencies if frequencies is not None else count_tokens(model.tokenizer, items)
-    red = RareWordReducer(counts, causal=model.spec.causal, vocab_size=len(model.tokenizer), include_special=include_special)
+    red = RareWordReducer(
+        counts, causal=model.spec.causal, vocab_size=len(model.tokenizer), include_special=include_special
+    )
     rep = stream(model, items, [red], batch_size=cfg.batch_size, progress=progress)
     v, b, layers = red.result()
     rows = []
     if v.numel():
         ok = ~torch.isnan(b)
-        rows = layered_rows(v[ok], b[ok], layers, role=ROLE, cfg=cfg, threshold_kind="absolute", threshold=cfg.rare_threshold)
-    return RoleOutput(frame=roles_frame(rows), skipped=rep.skipped, n_items=rep.n_used, extra={"n_token_types": len(counts)})
+        rows = layered_rows(
+            v[ok], b[ok], layers, role=ROLE, cfg=cfg, threshold_kind="absolute", threshold=cfg.rare_threshold
+        )
+    return RoleOutput(
+        frame=roles_frame(rows), skipped=rep.skipped, n_items=rep.n_used, extra={"n_token_types": len(counts)}
+    )

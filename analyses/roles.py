@@ -30,15 +30,16 @@ so the corpus is run once; each adapter mirrors its module's ``run``.
 >>> res = head_roles(load_model("minilm-l6"), roles=["syntactic"])  # doctest: +SKIP
 >>> summary(res, top=1).query("relation == 'det'")  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import importlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pandas as pd
 import torch
@@ -60,7 +61,17 @@ TEXT_GROUPS = ("positional", "special", "rare-word", "summary", "clustering")
 #: columns of ``RolesResult.clusters`` (from :func:`headscope.analyses.clustering.embed_and_cluster`)
 CLUSTER_DTYPES = {"layer": "int64", "head": "int64", "x": "float64", "y": "float64", "cluster": "int64"}
 
-__all__ = ["ROLE_GROUPS", "RolesResult", "head_roles", "check_roles", "summary", "roles_by_head", "default_conllu", "default_coref", "default_text"]
+__all__ = [
+    "ROLE_GROUPS",
+    "RolesResult",
+    "head_roles",
+    "check_roles",
+    "summary",
+    "roles_by_head",
+    "default_conllu",
+    "default_coref",
+    "default_text",
+]
 
 
 @dataclass
@@ -149,8 +160,9 @@ def _read_conllu(conllu, cfg: RolesConfig, file_skips: dict) -> list:
         else:
             raise TypeError(f"conllu must be a path, a DependencyCorpus or a list of them; got {type(src).__name__}")
         if corpus.skipped.total:
-            _add_file_skips(file_skips, corpus.path or "corpus", dict(corpus.skipped.counts),
-                            full_path=names.count(name) > 1)
+            _add_file_skips(
+                file_skips, corpus.path or "corpus", dict(corpus.skipped.counts), full_path=names.count(name) > 1
+            )
         sentences.extend(corpus.sentences)
     return sentences
 
@@ -217,8 +229,8 @@ def _special(model, cfg, texts):
 
 def _rareword(model, cfg, texts):
     from . import rareword as m
-    from .verdicts import layered_rows
     from .frames import roles_frame
+    from .verdicts import layered_rows
 
     counts = m.count_tokens(model.tokenizer, texts)
     red = m.RareWordReducer(counts, causal=model.spec.causal, vocab_size=len(model.tokenizer))
@@ -228,8 +240,15 @@ def _rareword(model, cfg, texts):
         rows = []
         if v.numel():
             ok = ~torch.isnan(b)
-            rows = layered_rows(v[ok], b[ok], layers, role=m.ROLE, cfg=cfg, threshold_kind="absolute", threshold=cfg.rare_threshold)
-        return RoleOutput(frame=roles_frame(rows), skipped=Counter(rep.skipped), n_items=rep.n_used, extra={"n_token_types": len(counts)})
+            rows = layered_rows(
+                v[ok], b[ok], layers, role=m.ROLE, cfg=cfg, threshold_kind="absolute", threshold=cfg.rare_threshold
+            )
+        return RoleOutput(
+            frame=roles_frame(rows),
+            skipped=Counter(rep.skipped),
+            n_items=rep.n_used,
+            extra={"n_token_types": len(counts)},
+        )
 
     return red, finish
 
@@ -253,8 +272,9 @@ def _clustering(model, cfg, texts, k: int = 6):
     def finish(rep):
         js, labels = red.result()
         frame = m.embed_and_cluster(js, labels, k=min(k, len(labels)), seed=cfg.seed)
-        return RoleOutput(frame=empty_roles(), skipped=Counter(rep.skipped), n_items=rep.n_used,
-                          extra={"clusters": frame, "js": js})
+        return RoleOutput(
+            frame=empty_roles(), skipped=Counter(rep.skipped), n_items=rep.n_used, extra={"clusters": frame, "js": js}
+        )
 
     return red, finish
 
@@ -351,8 +371,14 @@ def head_roles(
             reducers.append(red)
             finishers[g] = fin
         if reducers:
-            rep = stream(model, texts, reducers, quantities=("pattern",), batch_size=cfg.batch_size,
-                         progress=_stage_progress(progress, "text"))
+            rep = stream(
+                model,
+                texts,
+                reducers,
+                quantities=("pattern",),
+                batch_size=cfg.batch_size,
+                progress=_stage_progress(progress, "text"),
+            )
             for g, fin in finishers.items():
                 outputs[g] = fin(rep)
         timings["text"] = time.perf_counter() - t0
@@ -373,8 +399,15 @@ def head_roles(
         t0 = time.perf_counter()
         sentences = inputs["conllu"]
         red = syn_mod.SyntacticReducer(sentences, model.spec.n_layers, model.spec.n_heads, full_labels=cfg.full_labels)
-        rep = stream(model, [list(s.words) for s in sentences], [red], quantities=("pattern",), batch_size=cfg.batch_size,
-                     words=True, progress=_stage_progress(progress, "syntactic"))
+        rep = stream(
+            model,
+            [list(s.words) for s in sentences],
+            [red],
+            quantities=("pattern",),
+            batch_size=cfg.batch_size,
+            words=True,
+            progress=_stage_progress(progress, "syntactic"),
+        )
         outputs["syntactic"] = syn_mod.finish(red, rep, cfg)
         timings["syntactic"] = time.perf_counter() - t0
 
@@ -382,16 +415,26 @@ def head_roles(
         t0 = time.perf_counter()
         items = inputs["coref"]
         red = coref_mod.CorefReducer(items, model.spec.n_layers, model.spec.n_heads)
-        rep = stream(model, [list(it.words) for it in items], [red], quantities=("pattern",), batch_size=cfg.batch_size,
-                     words=True, progress=_stage_progress(progress, "coreference"))
+        rep = stream(
+            model,
+            [list(it.words) for it in items],
+            [red],
+            quantities=("pattern",),
+            batch_size=cfg.batch_size,
+            words=True,
+            progress=_stage_progress(progress, "coreference"),
+        )
         outputs["coreference"] = coref_mod.finish(red, rep, cfg)
         timings["coreference"] = time.perf_counter() - t0
 
     frames = [o.frame for o in outputs.values() if o.frame is not None and len(o.frame)]
     frame = empty_roles()
     if frames:
-        frame = (pd.concat(frames, ignore_index=True)[ROLE_COLUMNS]
-                 .sort_values(["role", "relation", "direction", "layer", "head"], kind="stable").reset_index(drop=True))
+        frame = (
+            pd.concat(frames, ignore_index=True)[ROLE_COLUMNS]
+            .sort_values(["role", "relation", "direction", "layer", "head"], kind="stable")
+            .reset_index(drop=True)
+        )
     stats_list = [o.stats for o in outputs.values() if o.stats is not None and len(o.stats)]
     stats = pd.concat(stats_list, ignore_index=True)[STAT_COLUMNS] if stats_list else pd.DataFrame(columns=STAT_COLUMNS)
     clusters = pd.DataFrame({c: pd.Series(dtype=t) for c, t in CLUSTER_DTYPES.items()})
@@ -401,9 +444,17 @@ def head_roles(
     skipped.update(file_skips)
     for g, mod in unavailable.items():
         skipped[g] = {f"module {mod} not available": 1}
-    result = RolesResult(frame=frame, stats=stats, clusters=clusters, skipped=skipped,
-                         n_items={g: int(o.n_items) for g, o in outputs.items()}, timings=timings, outputs=outputs,
-                         config=cfg.to_dict(), model=str(getattr(model.spec, "name", "")))
+    result = RolesResult(
+        frame=frame,
+        stats=stats,
+        clusters=clusters,
+        skipped=skipped,
+        n_items={g: int(o.n_items) for g, o in outputs.items()},
+        timings=timings,
+        outputs=outputs,
+        config=cfg.to_dict(),
+        model=str(getattr(model.spec, "name", "")),
+    )
     if examples:
         t0 = time.perf_counter()
         result.examples = build_examples(model, result, inputs)
@@ -487,7 +538,11 @@ def build_examples(model, result: RolesResult, inputs: dict) -> dict:
             item, marks = _pick_coref(result.outputs["coreference"], row, inputs["coref"])
             words = list(inputs["coref"][item].words) if item is not None else None
             source = "coref"
-        elif "induction" in result.outputs and role in _induction_roles() and "sequences" in result.outputs["induction"].extra:
+        elif (
+            "induction" in result.outputs
+            and role in _induction_roles()
+            and "sequences" in result.outputs["induction"].extra
+        ):
             item, words, source = 0, None, "induction"
         elif "text" in inputs:
             item = _text_item(inputs["text"])
@@ -528,10 +583,21 @@ def build_examples(model, result: RolesResult, inputs: dict) -> dict:
         wpl = [[round(float(x), 6) for x in r] for r in wp]
         word_level = source in ("conllu", "coref")
         out[key] = {
-            "role": row["role"], "label": key, "relation": row["relation"], "direction": row["direction"], "layer": layer,
-            "head": head, "score": float(row["score"]), "verdict": bool(row["verdict"]), "source": source, "item": int(item),
+            "role": row["role"],
+            "label": key,
+            "relation": row["relation"],
+            "direction": row["direction"],
+            "layer": layer,
+            "head": head,
+            "score": float(row["score"]),
+            "verdict": bool(row["verdict"]),
+            "source": source,
+            "item": int(item),
             "sentence": " ".join(batch.words[0]) if batch.words[0] else " ".join(tokens),
-            "words": list(batch.words[0]), "word_pattern": wpl, "tokens": tokens, "token_pattern": tp,
+            "words": list(batch.words[0]),
+            "word_pattern": wpl,
+            "tokens": tokens,
+            "token_pattern": tp,
             "pattern": wpl if word_level else tp,
             "query_words": list(batch.words[0]) if word_level else tokens,
             "key_words": list(batch.words[0]) if word_level else tokens,
@@ -559,7 +625,11 @@ def summary(result: RolesResult | pd.DataFrame, top: int = 3, *, only_verdicts: 
     if not len(frame):
         return frame.assign(rank=pd.Series(dtype="int64"))
     keys = ["role", "relation", "direction"]
-    df = frame.sort_values(keys + ["verdict", "score", "layer", "head"], ascending=[True, True, True, False, False, True, True], kind="stable")
+    df = frame.sort_values(
+        keys + ["verdict", "score", "layer", "head"],
+        ascending=[True, True, True, False, False, True, True],
+        kind="stable",
+    )
     if only_verdicts:
         df = df[df.groupby(keys)["verdict"].transform("any")]
     df = df.groupby(keys, sort=True).head(top).copy()

@@ -5,6 +5,7 @@ Every threshold is here, with its source; all are configurable.
 >>> RolesConfig().margin, RolesConfig().positional_threshold
 (0.1, 0.9)
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -43,16 +44,33 @@ class RolesConfig:
 
     def __post_init__(self):
         if self.correction not in ("bh", "none"):
-            raise ValueError(f"The 'correction' parameter of RolesConfig must be 'bh' or 'none'; got {self.correction!r}.")
-        for k in ("margin", "positional_threshold", "alpha", "ci_level", "special_threshold", "punctuation_threshold", "induction_threshold", "rare_threshold"):
+            raise ValueError(
+                f"The 'correction' parameter of RolesConfig must be 'bh' or 'none'; got {self.correction!r}."
+            )
+        for k in (
+            "margin",
+            "positional_threshold",
+            "alpha",
+            "ci_level",
+            "special_threshold",
+            "punctuation_threshold",
+            "induction_threshold",
+            "rare_threshold",
+        ):
             v = getattr(self, k)
             if not 0 <= v <= 1:
                 raise ValueError(f"The {k!r} parameter of RolesConfig must be in [0, 1]; got {v!r}.")
-        if self.js_rows_per_item is not None and (not isinstance(self.js_rows_per_item, int) or self.js_rows_per_item < 1):
-            raise ValueError(f"The 'js_rows_per_item' parameter of RolesConfig must be a positive int or None; "
-                             f"got {self.js_rows_per_item!r}.")
+        if self.js_rows_per_item is not None and (
+            not isinstance(self.js_rows_per_item, int) or self.js_rows_per_item < 1
+        ):
+            raise ValueError(
+                f"The 'js_rows_per_item' parameter of RolesConfig must be a positive int or None; "
+                f"got {self.js_rows_per_item!r}."
+            )
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= 2**32 - 1:
-            raise ValueError(f"The 'seed' parameter of RolesConfig must be an int in [0, 2**32 - 1]; got {self.seed!r}.")
+            raise ValueError(
+                f"The 'seed' parameter of RolesConfig must be an int in [0, 2**32 - 1]; got {self.seed!r}."
+            )
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")
 

@@ -25,19 +25,24 @@ the keys they see (``n_set_keys / n_keys``). Verdict: score ``>= cfg.special_thr
 >>> punctuation_token("Ġ,") , is_punctuation(" ,"), is_punctuation("a."), is_punctuation("...")
 (False, True, False, True)
 """
+
 from __future__ import annotations
 
 import unicodedata
 
 import torch
 
-from headscope.probes.capture import stream
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
 from headscope.analyses.summary import ItemValuesReducer, SummaryReducer, masked_pattern
 from headscope.analyses.verdicts import layered_rows
+from headscope.probes.capture import stream
 
-ROLES = {"special": "special_threshold", "sink:first-token": "special_threshold", "punctuation": "punctuation_threshold"}
+ROLES = {
+    "special": "special_threshold",
+    "sink:first-token": "special_threshold",
+    "punctuation": "punctuation_threshold",
+}
 
 
 def is_punctuation(s: str) -> bool:
@@ -132,7 +137,9 @@ def frame_from(values: dict, base: dict, layers, cfg: RolesConfig):
         left_out[role] = int((~ok).sum())
         if not bool(ok.any()):
             continue
-        rows += layered_rows(v[ok], b[ok], layers, role=role, cfg=cfg, threshold_kind="absolute", threshold=getattr(cfg, attr))
+        rows += layered_rows(
+            v[ok], b[ok], layers, role=role, cfg=cfg, threshold_kind="absolute", threshold=getattr(cfg, attr)
+        )
     return roles_frame(rows), left_out
 
 
@@ -152,4 +159,6 @@ def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, includ
     for role, n in left_out.items():
         if n:
             skipped[f"no {role} token visible"] += n
-    return RoleOutput(frame=frame, stats=summ.result(), skipped=skipped, n_items=rep.n_used, extra={"left_out": left_out})
+    return RoleOutput(
+        frame=frame, stats=summ.result(), skipped=skipped, n_items=rep.n_used, extra={"left_out": left_out}
+    )

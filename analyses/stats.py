@@ -16,6 +16,7 @@ True
 >>> round(float(p[0]), 3)  # 1/32 exactly; the no-flip draws count though 0.1 - 0.05 is inexact
 0.036
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,7 +50,7 @@ def bootstrap_ci(values: torch.Tensor, *, n_boot: int = 1000, level: float = 0.9
     for start, rows in _chunks(n_boot, n):
         idx = torch.randint(0, n, (rows, n), generator=gen)
         counts = torch.zeros(rows, n).scatter_add_(1, idx, torch.ones(rows, n))
-        means[start:start + rows] = counts @ x / n  # [resamples, n_heads]
+        means[start : start + rows] = counts @ x / n  # [resamples, n_heads]
     alpha = (1 - level) / 2
     q = torch.quantile(means, torch.tensor([alpha, 1 - alpha]), dim=0)
     return q[0], q[1]
@@ -67,7 +68,11 @@ def paired_permutation_p(values: torch.Tensor, baseline: torch.Tensor, *, n_perm
     rounding error short and went uncounted, so p came out too small).
     """
     x = _as_2d(values).double()
-    b = torch.as_tensor(baseline, dtype=torch.float64).expand_as(x) if torch.as_tensor(baseline).dim() < 2 else _as_2d(baseline).double()
+    b = (
+        torch.as_tensor(baseline, dtype=torch.float64).expand_as(x)
+        if torch.as_tensor(baseline).dim() < 2
+        else _as_2d(baseline).double()
+    )
     d = x - b
     n, h = d.shape
     if n == 0:

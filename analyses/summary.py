@@ -28,6 +28,7 @@ Masks (used by every module of the token-level roles):
 >>> round(float(m["entropy"][0, 0, 0]), 4) == round(float(torch.log(torch.tensor(4.0))), 4)
 True
 """
+
 from __future__ import annotations
 
 import math
@@ -36,9 +37,9 @@ from collections import defaultdict
 import pandas as pd
 import torch
 
-from headscope.probes.capture import stream
 from headscope.analyses.frames import STAT_COLUMNS
 from headscope.analyses.roles_config import RoleOutput, RolesConfig
+from headscope.probes.capture import stream
 
 METRICS = ("entropy", "kl_from_uniform", "mean_distance", "confidence")
 
@@ -57,7 +58,9 @@ def allowed_keys(key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
     return allowed
 
 
-def query_rows(key_mask: torch.Tensor, special: torch.Tensor | None = None, *, include_special: bool = False) -> torch.Tensor:
+def query_rows(
+    key_mask: torch.Tensor, special: torch.Tensor | None = None, *, include_special: bool = False
+) -> torch.Tensor:
     """``[batch, query_pos]`` bool: real query rows, special tokens excluded unless
     ``include_special``."""
     rows = key_mask.bool().clone()
@@ -174,7 +177,7 @@ class ItemValues:
             parts[-k:] = [_join(parts[-k:])]
             self.loose[name] = 0
 
-    def merge(self, other: "ItemValues") -> "ItemValues":
+    def merge(self, other: ItemValues) -> ItemValues:
         for k, v in other.parts.items():
             self.parts[k].extend(v)
             self.loose[k] = 0  # the merged parts stay as they are
@@ -203,7 +206,9 @@ def _join(parts):
 
 def check_layers(layers, seen):
     if seen is not None and tuple(layers) != tuple(seen):
-        raise ValueError(f"reducer saw layers {tuple(seen)} before and {tuple(layers)} now; capture the same layers in every batch")
+        raise ValueError(
+            f"reducer saw layers {tuple(seen)} before and {tuple(layers)} now; capture the same layers in every batch"
+        )
     return tuple(layers)
 
 
@@ -243,16 +248,18 @@ class ItemValuesReducer:
             cap.derived[key] = share_of_max(self._masked(cap, layer, allowed), allowed)
         return cap.derived[key]
 
-    def merge(self, other: "ItemValuesReducer") -> "ItemValuesReducer":
+    def merge(self, other: ItemValuesReducer) -> ItemValuesReducer:
         self.layers = self.layers or other.layers
         self.values.merge(other.values)
         return self
 
     def _by_role(self, roles) -> tuple[dict, dict, tuple]:
         """``({role: [n_items, layer, head]}, {role: [n_items]} baselines, layers)``."""
-        return ({r: self.values.get(r)[1] for r in roles},
-                {r: self.values.get("baseline:" + r)[1] for r in roles},
-                self.layers or ())
+        return (
+            {r: self.values.get(r)[1] for r in roles},
+            {r: self.values.get("baseline:" + r)[1] for r in roles},
+            self.layers or (),
+        )
 
 
 class SummaryReducer(ItemValuesReducer):
@@ -281,7 +288,7 @@ class SummaryReducer(ItemValuesReducer):
             self.sums[k] = self.sums[k] + s if k in self.sums else s
             self.counts[k] = self.counts[k] + n if k in self.counts else n
 
-    def merge(self, other: "SummaryReducer") -> "SummaryReducer":
+    def merge(self, other: SummaryReducer) -> SummaryReducer:
         self.layers = self.layers or other.layers
         for k in other.sums:
             self.sums[k] = self.sums[k] + other.sums[k] if k in self.sums else other.sums[k].clone()
@@ -289,7 +296,9 @@ class SummaryReducer(ItemValuesReducer):
         return self
 
     def result(self) -> pd.DataFrame:
-        return stats_frame_from_sums({k: (self.sums[k], self.counts[k]) for k in METRICS if k in self.sums}, self.layers or ())
+        return stats_frame_from_sums(
+            {k: (self.sums[k], self.counts[k]) for k in METRICS if k in self.sums}, self.layers or ()
+        )
 
 
 def stats_frame(metrics: dict[str, torch.Tensor], layers) -> pd.DataFrame:
@@ -311,7 +320,15 @@ def stats_frame_from_sums(sums: dict[str, tuple[torch.Tensor, torch.Tensor]], la
         mean = total / n.clamp_min(1)
         for li, layer in enumerate(layers):
             for h in range(total.shape[1]):
-                rows.append({"layer": layer, "head": h, "metric": name, "value": float(mean[li, h]) if n[li, h] else math.nan, "n": int(n[li, h])})
+                rows.append(
+                    {
+                        "layer": layer,
+                        "head": h,
+                        "metric": name,
+                        "value": float(mean[li, h]) if n[li, h] else math.nan,
+                        "n": int(n[li, h]),
+                    }
+                )
     df = pd.DataFrame(rows, columns=STAT_COLUMNS)
     return df.astype({"layer": "int64", "head": "int64", "metric": "object", "value": "float64", "n": "int64"})
 

@@ -31,12 +31,13 @@ Rows: :data:`~headscope.analyses.frames.ROLE_COLUMNS` with ``role="syntactic"``,
 >>> best_offset([1, 1, 2, -1, 1])
 (1, array([ True,  True, False, False,  True]))
 """
+
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -101,8 +102,16 @@ class ArcHits:
 
     def frame(self) -> pd.DataFrame:
         """Instances as a frame (no per-head hits): sentence, query, partner, relation, direction, offset."""
-        return pd.DataFrame({"sentence": self.sentence, "query": self.query, "partner": self.partner,
-                             "relation": self.relation, "direction": self.direction, "offset": self.offset})
+        return pd.DataFrame(
+            {
+                "sentence": self.sentence,
+                "query": self.query,
+                "partner": self.partner,
+                "relation": self.relation,
+                "direction": self.direction,
+                "offset": self.offset,
+            }
+        )
 
 
 @dataclass
@@ -121,7 +130,9 @@ class SyntacticReducer:
 
     def update(self, cap) -> None:
         if tuple(cap.layers) != tuple(range(self.n_layers)):
-            raise ValueError(f"syntactic analysis needs the pattern of every layer 0..{self.n_layers - 1}; got layers {list(cap.layers)}")
+            raise ValueError(
+                f"syntactic analysis needs the pattern of every layer 0..{self.n_layers - 1}; got layers {list(cap.layers)}"
+            )
         pool = pooling_matrices(cap.tokens)
         pred = most_attended(word_patterns(cap.stack("pattern"), pool), pool)  # [layer, batch, head, word]
         rows, sent, query, partner, rel, dirs = [], [], [], [], [], []
@@ -146,10 +157,19 @@ class SyntacticReducer:
         got = pred[:, torch.tensor(rows), :, torch.tensor(query)]  # [n, layer, head]
         got = got.reshape(len(rows), -1)
         hits = got == torch.tensor(partner)[:, None]
-        self._parts.append((np.array(sent), np.array(query), np.array(partner), np.array(rel, dtype=object),
-                            np.array(dirs, dtype=object), hits, got.to(torch.int16)))
+        self._parts.append(
+            (
+                np.array(sent),
+                np.array(query),
+                np.array(partner),
+                np.array(rel, dtype=object),
+                np.array(dirs, dtype=object),
+                hits,
+                got.to(torch.int16),
+            )
+        )
 
-    def merge(self, other: "SyntacticReducer") -> "SyntacticReducer":
+    def merge(self, other: SyntacticReducer) -> SyntacticReducer:
         self._parts.extend(other._parts)
         self.skipped.update(other.skipped)
         self.n_used += other.n_used
@@ -160,15 +180,33 @@ class SyntacticReducer:
         h = self.n_layers * self.n_heads
         if not self._parts:
             e = np.zeros(0, dtype=np.int64)
-            return ArcHits(e, e, e, np.zeros(0, dtype=object), np.zeros(0, dtype=object),
-                           torch.zeros(0, h, dtype=torch.bool), torch.zeros(0, h, dtype=torch.int16), self.n_layers, self.n_heads)
+            return ArcHits(
+                e,
+                e,
+                e,
+                np.zeros(0, dtype=object),
+                np.zeros(0, dtype=object),
+                torch.zeros(0, h, dtype=torch.bool),
+                torch.zeros(0, h, dtype=torch.int16),
+                self.n_layers,
+                self.n_heads,
+            )
         cols = list(zip(*self._parts))
         sent, query, partner, rel, dirs = (np.concatenate(c) for c in cols[:5])
         hits, got = torch.cat(cols[5]), torch.cat(cols[6])
         order = np.lexsort((dirs.astype(str), query, sent))
         idx = torch.from_numpy(order)
-        return ArcHits(sent[order], query[order], partner[order], rel[order], dirs[order], hits[idx], got[idx],
-                       self.n_layers, self.n_heads)
+        return ArcHits(
+            sent[order],
+            query[order],
+            partner[order],
+            rel[order],
+            dirs[order],
+            hits[idx],
+            got[idx],
+            self.n_layers,
+            self.n_heads,
+        )
 
 
 def syntactic_rows(arcs: ArcHits, cfg: RolesConfig) -> tuple[list[dict], pd.DataFrame]:
@@ -185,10 +223,26 @@ def syntactic_rows(arcs: ArcHits, cfg: RolesConfig) -> tuple[list[dict], pd.Data
         values = arcs.hits[torch.from_numpy(sel)].float()
         # full [n, heads] shape: a 1-D baseline is ambiguous in verdict_rows when n == n_layers*n_heads
         base = torch.from_numpy(base_hits.astype(np.float32))[:, None].expand_as(values)
-        rows += verdict_rows(values, base, n_layers=arcs.n_layers, n_heads=arcs.n_heads, role=ROLE, cfg=cfg,
-                             relation=relation, direction=direction, min_n=cfg.min_instances)
-        offsets.append({"relation": relation, "direction": direction, "offset": k,
-                        "baseline": float(base_hits.mean()), "n": int(len(sel))})
+        rows += verdict_rows(
+            values,
+            base,
+            n_layers=arcs.n_layers,
+            n_heads=arcs.n_heads,
+            role=ROLE,
+            cfg=cfg,
+            relation=relation,
+            direction=direction,
+            min_n=cfg.min_instances,
+        )
+        offsets.append(
+            {
+                "relation": relation,
+                "direction": direction,
+                "offset": k,
+                "baseline": float(base_hits.mean()),
+                "n": int(len(sel)),
+            }
+        )
     return rows, pd.DataFrame(offsets, columns=OFFSET_COLUMNS)
 
 
@@ -202,8 +256,13 @@ def finish(reducer: SyntacticReducer, report, cfg: RolesConfig) -> RoleOutput:
     rows, offsets = syntactic_rows(arcs, cfg)
     skipped = Counter(report.skipped) if report is not None else Counter()
     skipped.update(reducer.skipped)
-    return RoleOutput(frame=roles_frame(rows), stats=None, skipped=skipped, n_items=reducer.n_used,
-                      extra={"offsets": offsets, "arcs": arcs})
+    return RoleOutput(
+        frame=roles_frame(rows),
+        stats=None,
+        skipped=skipped,
+        n_items=reducer.n_used,
+        extra={"offsets": offsets, "arcs": arcs},
+    )
 
 
 def run(model, corpus, cfg: RolesConfig = RolesConfig(), *, progress=None) -> RoleOutput:
@@ -216,6 +275,13 @@ def run(model, corpus, cfg: RolesConfig = RolesConfig(), *, progress=None) -> Ro
     """
     sentences = list(getattr(corpus, "sentences", corpus))
     reducer = SyntacticReducer(sentences, model.spec.n_layers, model.spec.n_heads, full_labels=cfg.full_labels)
-    report = stream(model, [list(s.words) for s in sentences], [reducer], quantities=("pattern",),
-                    batch_size=cfg.batch_size, words=True, progress=progress)
+    report = stream(
+        model,
+        [list(s.words) for s in sentences],
+        [reducer],
+        quantities=("pattern",),
+        batch_size=cfg.batch_size,
+        words=True,
+        progress=progress,
+    )
     return finish(reducer, report, cfg)

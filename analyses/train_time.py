@@ -22,6 +22,7 @@ frame.
 >>> cfg.resolved().steps, cfg.resolved().keep, cfg.resolved().seeds
 (100, (1,), (0,))
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,15 +90,19 @@ class TrainTimeConfig:
             raise ValueError(f"keep must list head counts in 1..{self.n_heads - 1}; got {self.keep!r}.")
         if self.importance not in IMPORTANCE:
             raise ValueError(f"importance must be one of {IMPORTANCE}; got {self.importance!r}.")
-        if self.num_threads is not None and (isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int) or self.num_threads < 1):
+        if self.num_threads is not None and (
+            isinstance(self.num_threads, bool) or not isinstance(self.num_threads, int) or self.num_threads < 1
+        ):
             raise ValueError(f"num_threads must be None or a positive int; got {self.num_threads!r}.")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0; got {self.lr!r}.")
 
-    def resolved(self) -> "TrainTimeConfig":
+    def resolved(self) -> TrainTimeConfig:
         if not self.quick:
             return self
-        return replace(self, seeds=self.seeds[:1], keep=(1,), steps=100, finetune_steps=30, n_eval=256, n_heldout=128, quick=False)
+        return replace(
+            self, seeds=self.seeds[:1], keep=(1,), steps=100, finetune_steps=30, n_eval=256, n_heldout=128, quick=False
+        )
 
 
 # --- model, loss, training ------------------------------------------------------------
@@ -143,7 +148,9 @@ def evaluate(model: Transformer, batch: TaskBatch) -> dict[str, tuple[float, int
     return out
 
 
-def train(model: Transformer, task: SyntheticTask, cfg: TrainTimeConfig, steps: int, gen: torch.Generator) -> Transformer:
+def train(
+    model: Transformer, task: SyntheticTask, cfg: TrainTimeConfig, steps: int, gen: torch.Generator
+) -> Transformer:
     """AdamW with linear warm-up then cosine decay; batches drawn from ``gen``. In place."""
     if steps == 0:
         return model
@@ -299,14 +306,18 @@ def finding(df: pd.DataFrame, metric: str = "accuracy") -> str:
     pruning the full model to ``k`` heads (with and without fine-tuning), whichever way it goes."""
     s = summarize(df)
     s = s[s["metric"] == metric].set_index(["condition", "k"])
-    wide = df[df["metric"] == metric].pivot_table(index="seed", columns=["condition", "k"], values="value", observed=True)
+    wide = df[df["metric"] == metric].pivot_table(
+        index="seed", columns=["condition", "k"], values="value", observed=True
+    )
 
     def fmt(cond, k):
         r = s.loc[(cond, k)]
         return f"{r['mean']:.3f}±{r['std']:.3f}"
 
     full_k = int(df.loc[df["condition"] == "full", "k"].iloc[0])
-    parts = [f"{metric} (mean±sd over {int(s.loc[('full', full_k), 'n_seeds'])} seeds): full H={full_k} {fmt('full', full_k)}"]
+    parts = [
+        f"{metric} (mean±sd over {int(s.loc[('full', full_k), 'n_seeds'])} seeds): full H={full_k} {fmt('full', full_k)}"
+    ]
     for k in sorted(df.loc[df["condition"] == "scratch", "k"].unique()):
         line = f"k={k}: scratch {fmt('scratch', k)}, pruned {fmt('pruned', k)}"
         if ("pruned_ft", k) in s.index:

@@ -29,10 +29,11 @@ Values may be missing for some heads/items: pass NaN in the matrix, or a dict
 >>> [(r["layer"], r["head"], r["score"], r["verdict"]) for r in rows]
 [(0, 0, 0.0, False), (0, 1, 1.0, True), (1, 0, 0.0, False), (1, 1, 0.0, False)]
 """
+
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

@@ -30,6 +30,7 @@ tensor([[0.5000, 0.3000],
 >>> most_attended(word_patterns(p, pool), pool)[0, 0].tolist()  # self excluded
 [1, 0]
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,7 +66,9 @@ class WordPooling:
         return bool(self.aligned[row, : self.n_words[row]].all())
 
 
-def pooling_from_word_ids(word_ids: list[list[int | None]], n_words: list[int], n_pos: int | None = None) -> WordPooling:
+def pooling_from_word_ids(
+    word_ids: list[list[int | None]], n_words: list[int], n_pos: int | None = None
+) -> WordPooling:
     """Pooling matrices from per-item token→word ids (``None`` for special tokens).
 
     ``n_pos`` defaults to the longest ``word_ids`` list. Raises ``ValueError`` when a
@@ -91,7 +94,9 @@ def pooling_from_word_ids(word_ids: list[list[int | None]], n_words: list[int], 
         key_sum[torch.tensor(rows), torch.tensor(words), torch.tensor(poss)] = 1.0
     counts = key_sum.sum(-1)  # [batch, word]
     query_mean = key_sum / counts.clamp_min(1.0)[..., None]
-    return WordPooling(query_mean=query_mean, key_sum=key_sum, n_words=tuple(int(x) for x in n_words), aligned=counts > 0)
+    return WordPooling(
+        query_mean=query_mean, key_sum=key_sum, n_words=tuple(int(x) for x in n_words), aligned=counts > 0
+    )
 
 
 def pooling_matrices(tokens, n_pos: int | None = None) -> WordPooling:
@@ -110,10 +115,14 @@ def word_patterns(pattern: torch.Tensor, pool: WordPooling, *, renormalise: bool
     Raises ``ValueError`` on a shape that does not match the pooling matrices.
     """
     if pattern.dim() not in (4, 5):
-        raise ValueError(f"pattern must be [batch, head, query_pos, key_pos] or [layer, batch, head, query_pos, key_pos]; got shape {tuple(pattern.shape)}")
+        raise ValueError(
+            f"pattern must be [batch, head, query_pos, key_pos] or [layer, batch, head, query_pos, key_pos]; got shape {tuple(pattern.shape)}"
+        )
     b, n = pool.key_sum.shape[0], pool.key_sum.shape[2]
     if pattern.shape[-4] != b or pattern.shape[-1] != n or pattern.shape[-2] != n:
-        raise ValueError(f"pattern batch/positions {tuple(pattern.shape)} do not match the pooling matrices (batch {b}, pos {n})")
+        raise ValueError(
+            f"pattern batch/positions {tuple(pattern.shape)} do not match the pooling matrices (batch {b}, pos {n})"
+        )
     q = pool.query_mean[:, None]  # [batch, 1, word, q]
     k = pool.key_sum.transpose(1, 2)[:, None]  # [batch, 1, k, word]
     if pattern.dim() == 5:

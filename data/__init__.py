@@ -3,6 +3,7 @@
 >>> path("coref/coref.jsonl").name
 'coref.jsonl'
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -12,6 +12,7 @@ it precedes.
 >>> align_offsets("The cat sat .", spans, [(0, 0), (0, 3), (3, 7), (7, 11), (11, 13), (0, 0)], [True, False, False, False, False, True])
 [None, 0, 1, 2, 3, None]
 """
+
 from __future__ import annotations
 
 import re

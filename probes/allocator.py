@@ -14,6 +14,7 @@ only this process, and does nothing off glibc.
 >>> isinstance(tune_allocator(), bool)
 True
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -11,6 +11,7 @@ file or the new one. Files get the usual permissions (``0666 & ~umask``), not th
 >>> (d / "a.txt").read_text(), sorted(p.name for p in d.iterdir())
 ('hello', ['a.txt'])
 """
+
 from __future__ import annotations
 
 import json

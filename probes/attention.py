@@ -22,8 +22,8 @@ Query head ``h`` reads KV head ``kv_index[h]``; for an unpruned model that is
 >>> torch.allclose(p, torch.full((1, 2, 3, 3), 1 / 3))
 True
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F

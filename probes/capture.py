@@ -10,12 +10,14 @@ Shapes: ``pattern``/``scores`` ``[batch, head, query_pos, key_pos]``; ``q``/``z`
 ``[batch, head, pos, d_head]``; ``k``/``v`` ``[batch, kv_head, pos, d_head]`` (not
 expanded; ``capture.kv_groups`` says which query heads read each KV head).
 """
+
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -43,7 +45,9 @@ class Capture:
             return self.data[(quantity, layer)]
         except KeyError:
             have = sorted({q for q, _ in self.data if q != "output"})
-            raise KeyError(f"({quantity!r}, {layer}) not captured; captured quantities {have}, layers {list(self.layers)}") from None
+            raise KeyError(
+                f"({quantity!r}, {layer}) not captured; captured quantities {have}, layers {list(self.layers)}"
+            ) from None
 
     def stack(self, quantity: str) -> torch.Tensor:
         return torch.stack([self[quantity, l] for l in self.layers])
@@ -96,11 +100,15 @@ def capture(
     >>> cap["pattern", 0].shape  # doctest: +SKIP
     torch.Size([1, 12, 6, 6])
     """
-    batch = model.encode(texts=list(texts) if texts is not None else None, words=[list(w) for w in words] if words is not None else None)
+    batch = model.encode(
+        texts=list(texts) if texts is not None else None, words=[list(w) for w in words] if words is not None else None
+    )
     qs = tuple(quantities)
     ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
     if memory_budget is not None and ("pattern" in qs or "scores" in qs):
-        need = pattern_bytes(batch.shape[0], batch.shape[1], model.spec.n_heads, len(ls)) * (("pattern" in qs) + ("scores" in qs))
+        need = pattern_bytes(batch.shape[0], batch.shape[1], model.spec.n_heads, len(ls)) * (
+            ("pattern" in qs) + ("scores" in qs)
+        )
         if need > memory_budget:
             raise MemoryBudgetError(
                 f"capturing patterns for {batch.shape[0]} texts of {batch.shape[1]} tokens needs {need / 2**30:.1f} GiB, "
@@ -118,7 +126,7 @@ class Reducer(Protocol):
 
     def update(self, cap: Capture) -> None: ...
 
-    def merge(self, other: "Reducer") -> "Reducer": ...
+    def merge(self, other: Reducer) -> Reducer: ...
 
     def result(self): ...
 
@@ -141,8 +149,9 @@ class StreamReport:
         return self.padded_tokens / max(self.real_tokens, 1)
 
 
-def buckets(lengths: list[int], max_batch: int, max_tokens: int | None = None,
-            max_cells: int | None = None) -> list[list[int]]:
+def buckets(
+    lengths: list[int], max_batch: int, max_tokens: int | None = None, max_cells: int | None = None
+) -> list[list[int]]:
     """Group item indices into batches of similar length (sorted by length, then cut),
     so padding stays small. Deterministic: ties keep input order.
 
@@ -160,8 +169,9 @@ def buckets(lengths: list[int], max_batch: int, max_tokens: int | None = None,
     out, cur = [], []
     for i in order:
         rows, n = len(cur) + 1, lengths[i]
-        if cur and (len(cur) >= max_batch or (max_tokens and rows * n > max_tokens)
-                    or (max_cells and rows * n * n > max_cells)):
+        if cur and (
+            len(cur) >= max_batch or (max_tokens and rows * n > max_tokens) or (max_cells and rows * n * n > max_cells)
+        ):
             out.append(cur)
             cur = []
         cur.append(i)
@@ -221,17 +231,22 @@ def stream(
     for item in it:
         chunk.append(item)
         if len(chunk) >= window:
-            _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total)
+            _stream_window(
+                model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total
+            )
             chunk = []
     if chunk:
-        _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total)
+        _stream_window(
+            model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total
+        )
     if report.skipped:
         log.warning("skipped %d of %d items: %s", sum(report.skipped.values()), report.n_items, dict(report.skipped))
     return report
 
 
-def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress,
-                   total) -> None:
+def _stream_window(
+    model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total
+) -> None:
     """Tokenise one window of items (indices continue from ``report.n_items``), bucket it
     by length and feed its batches to the reducers."""
     start = report.n_items
@@ -240,7 +255,11 @@ def _stream_window(model, chunk, report, red, qs, ls, pad, batch_size, max_token
     for k, it in enumerate(chunk):
         i = start + k
         try:
-            t = tokenize_one(model.tokenizer, words=list(it), add_bos=False) if words else tokenize_one(model.tokenizer, text=it)
+            t = (
+                tokenize_one(model.tokenizer, words=list(it), add_bos=False)
+                if words
+                else tokenize_one(model.tokenizer, text=it)
+            )
         except (ValueError, TypeError) as e:
             if words and any(isinstance(w, str) and any(c.isspace() for c in w) for w in it):
                 reason = "space_in_word"  # words are matched to tokens at spaces

@@ -12,6 +12,7 @@ KV cache per token = 2 (K and V) × layers × kv_heads × d_head × bytes per va
 >>> card["attention"], card["group_size"], card["heads_x_d_head"], card["kv_cache_bytes_per_token"]
 ('GQA', 3, 576, 46080)
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,7 +52,9 @@ def _gguf_hf_config(path: Path) -> dict:
     n_heads = int(get(f"{arch}.attention.head_count"))
     d_model = int(get(f"{arch}.embedding_length"))
     tensor_names = {t.name for t in reader.tensors}
-    vocab = get(f"{arch}.vocab_size", 0) or (len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0)
+    vocab = get(f"{arch}.vocab_size", 0) or (
+        len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
+    )
     if not vocab:
         raise CheckpointError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
     return {
@@ -105,7 +108,9 @@ def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtyp
     d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
     n_heads = hf.get("num_attention_heads") or hf.get("n_head")
     if not (n_layers and d_model and n_heads):
-        raise HeadscopeError(f"config of {name!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})")
+        raise HeadscopeError(
+            f"config of {name!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
+        )
     n_kv = (hf.get("num_key_value_heads") if hf.get("model_type") != "bert" else None) or n_heads  # BERT: MHA
     d_head = hf.get("head_dim") or d_model // n_heads
     group = n_heads // n_kv

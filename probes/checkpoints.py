@@ -8,6 +8,7 @@ loads take seconds, not the ~30 s of dequantisation.
 >>> sorted(SHIPPED)
 ['minilm-l6', 'smollm2-135m']
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -342,8 +343,14 @@ def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor], wher
 
 
 # files that hold a vocabulary: fast (tokenizer.json), WordPiece, BPE, SentencePiece
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
-                   "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def load_tokenizer(directory: Path):
@@ -388,8 +395,11 @@ def check_tokenizer_vocab(tokenizer, vocab_size: int, where) -> None:
         added = set()
     past = sorted(i for i in vocab.values() if i >= vocab_size) if vocab is not None else list(range(vocab_size, n))
     if past and all(i in added for i in past):
-        warnings.warn(f"{where}: {len(past)} added token(s) have ids {past[0]:,}–{past[-1]:,}, past config.json's "
-                      f"vocab_size {vocab_size:,} (no embedding); an input that produces one is refused", stacklevel=2)
+        warnings.warn(
+            f"{where}: {len(past)} added token(s) have ids {past[0]:,}–{past[-1]:,}, past config.json's "
+            f"vocab_size {vocab_size:,} (no embedding); an input that produces one is refused",
+            stacklevel=2,
+        )
         return
     raise CheckpointError(
         f"{where}: the tokenizer has ids up to {n - 1:,} but config.json's vocab_size is {vocab_size:,} "
@@ -458,8 +468,17 @@ def estimate_params(hf: dict) -> int | None:
     return vocab * d + positions * d + layers * (4 * d * d + 2 * d * d_mlp)
 
 
-_SIZE_NAMES = ("num_hidden_layers", "n_layer", "hidden_size", "n_embd", "intermediate_size", "n_inner", "vocab_size",
-               "max_position_embeddings", "n_positions")
+_SIZE_NAMES = (
+    "num_hidden_layers",
+    "n_layer",
+    "hidden_size",
+    "n_embd",
+    "intermediate_size",
+    "n_inner",
+    "vocab_size",
+    "max_position_embeddings",
+    "n_positions",
+)
 
 
 def check_weight_memory(hf: dict, where, *, bytes_per_param: int = 4) -> None:

@@ -11,6 +11,7 @@ Two families are covered, named after the checkpoints they load:
 >>> cfg.d_head, cfg.attention_kind, cfg.group_size
 (16, 'GQA', 2)
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -112,7 +113,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         d = dict(d)
         if d.get("heads_kept") is not None:
             d["heads_kept"] = tuple(tuple(h) for h in d["heads_kept"])
@@ -122,7 +123,7 @@ class ModelConfig:
             raise ValueError(f"unknown ModelConfig fields {unknown}; valid fields: {sorted(known)}")
         return cls(**d)
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return replace(self, **changes)
 
 
@@ -192,8 +193,14 @@ def config_from_hf(hf: dict[str, Any], name: str = "") -> ModelConfig:
 # keys that hold a size, per family: (required, optional); any of _ANY_SIZE_KEYS present is checked too
 _SIZE_KEYS = {
     "bert": (
-        ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
-         "max_position_embeddings"),
+        (
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "intermediate_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ),
         ("type_vocab_size",),
     ),
     "llama": (
@@ -202,8 +209,19 @@ _SIZE_KEYS = {
     ),
 }
 _ANY_SIZE_KEYS = (
-    "num_hidden_layers", "n_layer", "hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head",
-    "num_key_value_heads", "head_dim", "intermediate_size", "n_inner", "vocab_size", "max_position_embeddings",
+    "num_hidden_layers",
+    "n_layer",
+    "hidden_size",
+    "n_embd",
+    "d_model",
+    "num_attention_heads",
+    "n_head",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "n_inner",
+    "vocab_size",
+    "max_position_embeddings",
     "n_positions",
 )
 _NULL_MEANS_UNSET = ("num_key_value_heads", "head_dim", "n_inner")  # HF derives these when null

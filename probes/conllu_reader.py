@@ -29,6 +29,7 @@ raises, with the skip counts and the first skipped line.
 >>> s.words, s.heads, s.relations, s.sent_id
 (('It', 'runs'), (1, -1), ('nsubj', 'root'), 's1')
 """
+
 from __future__ import annotations
 
 import re
@@ -43,8 +44,15 @@ import pandas as pd
 from .errors import InputFileError
 from .text_reader import SkipRecord, check_input_path, iter_lines
 
-__all__ = ["DependencySentence", "DependencyCorpus", "read_conllu", "arcs_frame", "format_conllu",
-           "write_conllu", "tree_problem"]
+__all__ = [
+    "DependencySentence",
+    "DependencyCorpus",
+    "read_conllu",
+    "arcs_frame",
+    "format_conllu",
+    "write_conllu",
+    "tree_problem",
+]
 
 COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
 _WORD_ID = re.compile(r"[1-9][0-9]*\Z")
@@ -56,7 +64,7 @@ _MAX_LINE_CHARS = 1_000_000
 _REASONS = {
     "unannotated": "a word has HEAD or DEPREL _; annotate it",
     "space_in_word": "a word (FORM) contains a space; headscope aligns words to tokens at spaces, so split it "
-                     "into words or write it without the space",
+    "into words or write it without the space",
     "no_root": "no word has HEAD 0; give the sentence one root",
     "multiple_roots": "more than one word has HEAD 0; give the sentence one root",
     "cycle": "the HEADs form a cycle; every word must reach the root",
@@ -117,16 +125,20 @@ class DependencySentence:
         if len(self.heads) != n or len(self.relations) != n or len(self.upos) not in (0, n):
             raise ValueError(
                 f"words, heads, relations (and upos if given) must have equal lengths; got "
-                f"{n}, {len(self.heads)}, {len(self.relations)}, {len(self.upos)}")
+                f"{n}, {len(self.heads)}, {len(self.relations)}, {len(self.upos)}"
+            )
         problem = tree_problem(self.heads)
         if problem is not None:
-            raise ValueError(f"heads must form a tree (one root -1, no cycle, heads in range); "
-                             f"got {problem} in heads={self.heads}")
+            raise ValueError(
+                f"heads must form a tree (one root -1, no cycle, heads in range); got {problem} in heads={self.heads}"
+            )
         previous_end = 0
         for start, end, _ in self.multiword:
             if not previous_end <= start < end <= n:
-                raise ValueError(f"multiword spans must be ordered, non-overlapping and satisfy "
-                                 f"0 <= start < end <= {n}; got {self.multiword}")
+                raise ValueError(
+                    f"multiword spans must be ordered, non-overlapping and satisfy "
+                    f"0 <= start < end <= {n}; got {self.multiword}"
+                )
             previous_end = end
 
     def __len__(self) -> int:
@@ -194,20 +206,28 @@ def read_conllu(path: str | Path, *, full_labels: bool = False, strict: bool = F
             line, reason = sentence
             if strict:
                 why = f": {_REASONS[reason]}" if reason in _REASONS else ""
-                raise InputFileError(p, line, 1, f"sentence is not usable ({reason}){why}; fix it or read with "
-                                     "strict=False")
+                raise InputFileError(
+                    p, line, 1, f"sentence is not usable ({reason}){why}; fix it or read with strict=False"
+                )
             skips.append(sentence)
     if not sentences:
         dropped = sorted(e for e in skips if e[1] != "empty_node")  # empty nodes never drop a sentence
         if dropped:
             line, reason = dropped[0]
             why = f" ({_REASONS[reason]})" if reason in _REASONS else ""
-            detail = (f"all {len(dropped)} sentences were skipped ({SkipRecord(entries=tuple(dropped)).summary()}); "
-                      f"first at line {line}: {reason}{why}")
+            detail = (
+                f"all {len(dropped)} sentences were skipped ({SkipRecord(entries=tuple(dropped)).summary()}); "
+                f"first at line {line}: {reason}{why}"
+            )
         else:
             detail = "the file holds only comment and blank lines"
-        raise InputFileError(p, None, None, f"no usable sentences: {detail}; expected CoNLL-U sentences "
-                             f"(word lines of 10 tab-separated columns: {' '.join(COLUMNS)})")
+        raise InputFileError(
+            p,
+            None,
+            None,
+            f"no usable sentences: {detail}; expected CoNLL-U sentences "
+            f"(word lines of 10 tab-separated columns: {' '.join(COLUMNS)})",
+        )
     return DependencyCorpus(sentences=tuple(sentences), skipped=SkipRecord(entries=tuple(sorted(skips))), path=str(p))
 
 
@@ -215,8 +235,13 @@ def _blocks(p: Path) -> Iterator[list[tuple[int, str]]]:
     block: list[tuple[int, str]] = []
     for line_no, text in iter_lines(p, max_line_chars=_MAX_LINE_CHARS):
         if text is None:
-            raise InputFileError(p, line_no, 1, f"line is longer than {_MAX_LINE_CHARS} characters; "
-                                 "CoNLL-U lines are one token each — is this the right file?")
+            raise InputFileError(
+                p,
+                line_no,
+                1,
+                f"line is longer than {_MAX_LINE_CHARS} characters; "
+                "CoNLL-U lines are one token each — is this the right file?",
+            )
         if "\x00" in text:
             raise InputFileError(p, line_no, text.index("\x00") + 1, "NUL character in a CoNLL-U line; remove it")
         if text.strip():
@@ -233,38 +258,59 @@ def _column(fields: list[str], k: int) -> int:
     return sum(len(f) + 1 for f in fields[:k]) + 1
 
 
-def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
-                skips: list[tuple[int, str]]) -> DependencySentence | tuple[int, str] | None:
+def _read_block(
+    p: Path, block: list[tuple[int, str]], full_labels: bool, skips: list[tuple[int, str]]
+) -> DependencySentence | tuple[int, str] | None:
     """Validate one sentence's lines and parse them; a sentence, a (line, reason) skip, or None."""
     n_words, ranges, unannotated, spaced, token_seen = 0, [], None, None, False
     for line_no, text in block:
         if text.startswith("#"):
             if token_seen:
-                raise InputFileError(p, line_no, 1, "comment line after a token line; comments must "
-                                     "come before the token lines of a sentence (or add a blank line)")
+                raise InputFileError(
+                    p,
+                    line_no,
+                    1,
+                    "comment line after a token line; comments must "
+                    "come before the token lines of a sentence (or add a blank line)",
+                )
             continue
         token_seen = True
         fields = text.split("\t")
         if len(fields) != 10:
             col = len(text) + 1 if len(fields) < 10 else _column(fields, 10)
-            raise InputFileError(p, line_no, col, f"expected 10 tab-separated columns ({' '.join(COLUMNS)}), "
-                                 f"got {len(fields)}; separate columns with single tabs")
+            raise InputFileError(
+                p,
+                line_no,
+                col,
+                f"expected 10 tab-separated columns ({' '.join(COLUMNS)}), "
+                f"got {len(fields)}; separate columns with single tabs",
+            )
         for k, value in enumerate(fields):
             if value.strip() == "":
-                raise InputFileError(p, line_no, _column(fields, k),
-                                     f"column {k + 1} ({COLUMNS[k]}) is empty or blank; write _ for an unset value")
+                raise InputFileError(
+                    p,
+                    line_no,
+                    _column(fields, k),
+                    f"column {k + 1} ({COLUMNS[k]}) is empty or blank; write _ for an unset value",
+                )
             if "  " in value:
-                raise InputFileError(p, line_no, _column(fields, k) + value.index("  "),
-                                     f"column {k + 1} ({COLUMNS[k]}) holds two spaces in a row, which CoNLL-U "
-                                     "parsers read as a column break; use a single space")
+                raise InputFileError(
+                    p,
+                    line_no,
+                    _column(fields, k) + value.index("  "),
+                    f"column {k + 1} ({COLUMNS[k]}) holds two spaces in a row, which CoNLL-U "
+                    "parsers read as a column break; use a single space",
+                )
         ident, head, deprel = fields[0], fields[6], fields[7]
         if head != "_" and not _HEAD.match(head):
-            raise InputFileError(p, line_no, _column(fields, 6),
-                                 f"HEAD must be a word ID (0 for the root) or _; got {head!r}")
+            raise InputFileError(
+                p, line_no, _column(fields, 6), f"HEAD must be a word ID (0 for the root) or _; got {head!r}"
+            )
         if _WORD_ID.match(ident):
             if int(ident) != n_words + 1:
-                raise InputFileError(p, line_no, 1, f"word IDs must run 1, 2, 3, ... in order; "
-                                     f"expected {n_words + 1}, got {ident}")
+                raise InputFileError(
+                    p, line_no, 1, f"word IDs must run 1, 2, 3, ... in order; expected {n_words + 1}, got {ident}"
+                )
             n_words += 1
             if (head == "_" or deprel == "_") and unannotated is None:
                 unannotated = line_no
@@ -273,27 +319,39 @@ def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
         elif m := _RANGE_ID.match(ident):
             start, end = int(m[1]), int(m[2])
             if start != n_words + 1 or end <= start or (ranges and ranges[-1][1] >= start):
-                raise InputFileError(p, line_no, 1, f"a multiword range must start at the next word ID "
-                                     f"({n_words + 1}), end after it and not overlap another range; got {ident}")
+                raise InputFileError(
+                    p,
+                    line_no,
+                    1,
+                    f"a multiword range must start at the next word ID "
+                    f"({n_words + 1}), end after it and not overlap another range; got {ident}",
+                )
             ranges.append((line_no, end))
         elif _EMPTY_ID.match(ident):
             skips.append((line_no, "empty_node"))
         else:
-            raise InputFileError(p, line_no, 1, f"ID must be a word ID (1, 2, ...), a range (3-4) or an "
-                                 f"empty node (8.1); got {ident!r}")
+            raise InputFileError(
+                p, line_no, 1, f"ID must be a word ID (1, 2, ...), a range (3-4) or an empty node (8.1); got {ident!r}"
+            )
     if not token_seen:
         return None  # comment-only block (e.g. '# newdoc' on its own)
     if n_words == 0:
         raise InputFileError(p, block[0][0], 1, "sentence has no word lines (only ranges or empty nodes)")
     for line_no, end in ranges:
         if end > n_words:
-            raise InputFileError(p, line_no, 1,
-                                 f"multiword range ends at word {end} but the sentence has {n_words} words")
+            raise InputFileError(
+                p, line_no, 1, f"multiword range ends at word {end} but the sentence has {n_words} words"
+            )
     for line_no, text in block:
         fields = text.split("\t")
         if not text.startswith("#") and _HEAD.match(fields[6]) and int(fields[6]) > n_words:
-            raise InputFileError(p, line_no, _column(fields, 6), f"HEAD {fields[6]} is out of range: the "
-                                 f"sentence has {n_words} words (0 = root); point HEAD at one of them")
+            raise InputFileError(
+                p,
+                line_no,
+                _column(fields, 6),
+                f"HEAD {fields[6]} is out of range: the "
+                f"sentence has {n_words} words (0 = root); point HEAD at one of them",
+            )
     if unannotated is not None:
         return unannotated, "unannotated"
     if spaced is not None:
@@ -317,9 +375,15 @@ def _read_block(p: Path, block: list[tuple[int, str]], full_labels: bool,
     problem = tree_problem(heads)
     if problem is not None:
         return block[0][0], problem
-    return DependencySentence(words=tuple(words), heads=tuple(heads), relations=tuple(relations),
-                              upos=tuple(upos), multiword=tuple(multiword),
-                              sent_id=tokens.metadata.get("sent_id"), source_line=block[0][0])
+    return DependencySentence(
+        words=tuple(words),
+        heads=tuple(heads),
+        relations=tuple(relations),
+        upos=tuple(upos),
+        multiword=tuple(multiword),
+        sent_id=tokens.metadata.get("sent_id"),
+        source_line=block[0][0],
+    )
 
 
 def arcs_frame(corpus: DependencyCorpus | Iterable[DependencySentence]) -> pd.DataFrame:
@@ -332,8 +396,7 @@ def arcs_frame(corpus: DependencyCorpus | Iterable[DependencySentence]) -> pd.Da
     >>> arcs_frame([s]).to_dict("list")
     {'sentence': [0, 0], 'dependent': [0, 2], 'head': [1, 1], 'relation': ['nsubj', 'punct'], 'offset': [1, -1]}
     """
-    rows = [(k, d, h, r) for k, s in enumerate(corpus) for d, (h, r) in enumerate(zip(s.heads, s.relations))
-            if h >= 0]
+    rows = [(k, d, h, r) for k, s in enumerate(corpus) for d, (h, r) in enumerate(zip(s.heads, s.relations)) if h >= 0]
     frame = pd.DataFrame(rows, columns=["sentence", "dependent", "head", "relation"])
     frame = frame.astype({"sentence": "int64", "dependent": "int64", "head": "int64", "relation": "category"})
     frame["offset"] = frame["head"] - frame["dependent"]
@@ -359,8 +422,10 @@ def format_conllu(sentences: Iterable[DependencySentence]) -> str:
     for s in sentences:
         for value in (*s.words, *s.relations, *s.upos, *(m[2] for m in s.multiword), s.sent_id or "_"):
             if not value.strip() or any(c in value for c in "\t\n\r") or "  " in value:
-                raise ValueError(f"CoNLL-U fields must be non-blank, without tabs, line breaks or double "
-                                 f"spaces; got {value!r} in sentence {s.sent_id or s.words}")
+                raise ValueError(
+                    f"CoNLL-U fields must be non-blank, without tabs, line breaks or double "
+                    f"spaces; got {value!r} in sentence {s.sent_id or s.words}"
+                )
         if s.sent_id is not None:
             out.append(f"# sent_id = {s.sent_id}")
         starts = {m[0]: m for m in s.multiword}

@@ -37,6 +37,7 @@ and the first skipped line's reason.
 >>> cs.items[0].heads, cs.items[0].antecedent_head, cs.skipped.entries
 ((0, 2), 0, ((2, 'pronoun_out_of_range'),))
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +66,10 @@ def item_problem(words, pronoun: int, candidates, antecedent: int, heads=None) -
         if not w:
             return "empty_word", f"word {i} is an empty string; drop it or give it a form"
         if any(c.isspace() for c in w):
-            return "space_in_word", (f"word {i} {w[:40]!r} contains a space; words are aligned to tokens at spaces, "
-                                     "so give it as separate words")
+            return "space_in_word", (
+                f"word {i} {w[:40]!r} contains a space; words are aligned to tokens at spaces, "
+                "so give it as separate words"
+            )
     if not 0 <= pronoun < n:
         return "pronoun_out_of_range", f"pronoun index {pronoun} is outside the {n} words"
     if not candidates:
@@ -83,7 +86,8 @@ def item_problem(words, pronoun: int, candidates, antecedent: int, heads=None) -
         j, k = overlap
         return "overlapping_candidates", (
             f"candidates {j} [{candidates[j][0]}, {candidates[j][1]}) and {k} [{candidates[k][0]}, {candidates[k][1]}) "
-            "overlap; candidate spans must not share words (two candidates with one head word cannot be told apart)")
+            "overlap; candidate spans must not share words (two candidates with one head word cannot be told apart)"
+        )
     if not 0 <= antecedent < len(candidates):
         return "antecedent_out_of_range", f"antecedent {antecedent} is not one of the {len(candidates)} candidates"
     if heads is not None:
@@ -195,8 +199,9 @@ def _parse_line(p: Path, line_no: int, text: str) -> dict:
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as err:
-        raise InputFileError(p, line_no, err.colno,
-                             f"invalid JSON ({err.msg}); each line must be one JSON object") from None
+        raise InputFileError(
+            p, line_no, err.colno, f"invalid JSON ({err.msg}); each line must be one JSON object"
+        ) from None
     except ValueError as err:  # e.g. an integer literal too long to convert
         raise InputFileError(p, line_no, 1, f"invalid JSON value ({err}); each line must be one JSON object") from None
     except RecursionError:
@@ -205,8 +210,9 @@ def _parse_line(p: Path, line_no: int, text: str) -> dict:
         raise InputFileError(p, line_no, 1, f"each line must be a JSON object; got a {type(obj).__name__}")
     for key in ("words", "pronoun", "candidates", "antecedent"):
         if key not in obj:
-            raise InputFileError(p, line_no, 1,
-                                 f"missing key {key!r}; an item needs words, pronoun, candidates, antecedent")
+            raise InputFileError(
+                p, line_no, 1, f"missing key {key!r}; an item needs words, pronoun, candidates, antecedent"
+            )
     words, candidates, heads = obj["words"], obj["candidates"], obj.get("heads")
     if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
         raise _type_error(p, line_no, text, "words", "a list of strings", words)
@@ -214,16 +220,25 @@ def _parse_line(p: Path, line_no: int, text: str) -> dict:
         if not _is_int(obj[key]):
             raise _type_error(p, line_no, text, key, "an integer", obj[key])
     if not isinstance(candidates, list) or not all(
-            isinstance(c, list) and len(c) == 2 and all(map(_is_int, c)) for c in candidates):
+        isinstance(c, list) and len(c) == 2 and all(map(_is_int, c)) for c in candidates
+    ):
         raise _type_error(p, line_no, text, "candidates", "a list of [start, end] integer pairs", candidates)
     if heads is not None and (not isinstance(heads, list) or not all(map(_is_int, heads))):
         raise _type_error(p, line_no, text, "heads", "a list of integers (one word index per candidate)", heads)
     for key in ("id", "pair", "kind"):
         if obj.get(key) is not None and not isinstance(obj[key], str):
             raise _type_error(p, line_no, text, key, "a string", obj[key])
-    return dict(words=tuple(words), pronoun=obj["pronoun"], candidates=tuple(tuple(c) for c in candidates),
-                antecedent=obj["antecedent"], heads=None if heads is None else tuple(heads),
-                id=obj.get("id"), pair=obj.get("pair"), kind=obj.get("kind"), source_line=line_no)
+    return dict(
+        words=tuple(words),
+        pronoun=obj["pronoun"],
+        candidates=tuple(tuple(c) for c in candidates),
+        antecedent=obj["antecedent"],
+        heads=None if heads is None else tuple(heads),
+        id=obj.get("id"),
+        pair=obj.get("pair"),
+        kind=obj.get("kind"),
+        source_line=line_no,
+    )
 
 
 def read_coref(path: str | Path, *, strict: bool = False) -> CorefSet:
@@ -240,17 +255,23 @@ def read_coref(path: str | Path, *, strict: bool = False) -> CorefSet:
     first_problem = None
     for line_no, text in iter_lines(p, max_line_chars=_MAX_LINE_CHARS):
         if text is None:
-            raise InputFileError(p, line_no, 1,
-                                 f"line is longer than {_MAX_LINE_CHARS} characters; is this the right file?")
+            raise InputFileError(
+                p, line_no, 1, f"line is longer than {_MAX_LINE_CHARS} characters; is this the right file?"
+            )
         if not text.strip():
             continue
         fields = _parse_line(p, line_no, text)
-        problem = item_problem(fields["words"], fields["pronoun"], fields["candidates"], fields["antecedent"],
-                               fields["heads"])
+        problem = item_problem(
+            fields["words"], fields["pronoun"], fields["candidates"], fields["antecedent"], fields["heads"]
+        )
         if problem is not None:
             if strict:
-                raise InputFileError(p, line_no, 1, f"unusable item ({problem[0]}): {problem[1]}; "
-                                     "fix it or read with strict=False to skip it")
+                raise InputFileError(
+                    p,
+                    line_no,
+                    1,
+                    f"unusable item ({problem[0]}): {problem[1]}; fix it or read with strict=False to skip it",
+                )
             skips.append((line_no, problem[0]))
             first_problem = first_problem or (line_no, problem[1])
             continue
@@ -258,8 +279,16 @@ def read_coref(path: str | Path, *, strict: bool = False) -> CorefSet:
         items.append(CorefItem(**fields))
     if not items:
         skipped = SkipRecord(entries=tuple(skips))
-        detail = (f"{skipped.total} skipped ({skipped.summary()}); first at line {first_problem[0]}: {first_problem[1]}"
-                  if skips else "the file holds only blank lines")
-        raise InputFileError(p, None, None, f"no usable coreference items: {detail}; "
-                             "expected one JSON object per line (words, pronoun, candidates, antecedent)")
+        detail = (
+            f"{skipped.total} skipped ({skipped.summary()}); first at line {first_problem[0]}: {first_problem[1]}"
+            if skips
+            else "the file holds only blank lines"
+        )
+        raise InputFileError(
+            p,
+            None,
+            None,
+            f"no usable coreference items: {detail}; "
+            "expected one JSON object per line (words, pronoun, candidates, antecedent)",
+        )
     return CorefSet(items=tuple(items), skipped=SkipRecord(entries=tuple(skips)), path=str(p))

@@ -15,6 +15,7 @@ moves the antecedent: the switch word (``kind="winograd"``), the pronoun's gende
 
     python -m headscope.probes.coref_templates --out data/coref/coref.jsonl
 """
+
 from __future__ import annotations
 
 import argparse

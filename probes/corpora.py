@@ -18,14 +18,37 @@ an empty file or a format error, and records in ``skipped`` the units it leaves 
 >>> read_coref(path("coref/coref.jsonl")).items[0].kind
 'winograd'
 """
+
 from __future__ import annotations
 
-from .conllu_reader import (DependencyCorpus, DependencySentence, arcs_frame, format_conllu, read_conllu,
-                            tree_problem, write_conllu)
-from .errors import InputFileError
+from .conllu_reader import (
+    DependencyCorpus,
+    DependencySentence,
+    arcs_frame,
+    format_conllu,
+    read_conllu,
+    tree_problem,
+    write_conllu,
+)
 from .coref_items import CorefItem, CorefSet, baseline_choice, item_problem, read_coref
+from .errors import InputFileError
 from .text_reader import SkipRecord, TextSet, read_text
 
-__all__ = ["DependencyCorpus", "DependencySentence", "arcs_frame", "format_conllu", "read_conllu", "tree_problem",
-           "write_conllu", "CorefItem", "CorefSet", "baseline_choice", "item_problem", "read_coref", "SkipRecord",
-           "TextSet", "read_text", "InputFileError"]
+__all__ = [
+    "DependencyCorpus",
+    "DependencySentence",
+    "arcs_frame",
+    "format_conllu",
+    "read_conllu",
+    "tree_problem",
+    "write_conllu",
+    "CorefItem",
+    "CorefSet",
+    "baseline_choice",
+    "item_problem",
+    "read_coref",
+    "SkipRecord",
+    "TextSet",
+    "read_text",
+    "InputFileError",
+]

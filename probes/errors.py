@@ -3,6 +3,7 @@
 The command line turns any :class:`HeadscopeError` (and ``ValueError``/``TypeError``
 raised for user input) into one line on stderr and exit code 2.
 """
+
 from __future__ import annotations
 
 

@@ -19,6 +19,7 @@ Command line (rewrites the shipped files deterministically)::
     python -m headscope.probes.grammar conllu --seed 0 --n 800 --out data/syntax/generated.conllu
     python -m headscope.probes.grammar text --seed 1 --n 200 --keep-first 119 --out data/text/sentences.txt
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,25 +32,39 @@ from .conllu_reader import DependencySentence, write_conllu
 __all__ = ["generate", "detokenize", "main"]
 log = logging.getLogger(__name__)
 
-PEOPLE = [w.split("/") for w in (
-    "teacher/teachers farmer/farmers child/children doctor/doctors pilot/pilots student/students "
-    "neighbour/neighbours baker/bakers lawyer/lawyers nurse/nurses driver/drivers gardener/gardeners "
-    "engineer/engineers painter/painters woman/women man/men boy/boys girl/girls dog/dogs cat/cats "
-    "horse/horses fox/foxes goose/geese sailor/sailors librarian/librarians cartographer/cartographers "
-    "apothecary/apothecaries blacksmith/blacksmiths").split()]
-THINGS = [w.split("/") for w in (
-    "book/books letter/letters table/tables box/boxes window/windows apple/apples bicycle/bicycles "
-    "map/maps lamp/lamps key/keys cake/cakes song/songs kettle/kettles ladder/ladders basket/baskets "
-    "coat/coats report/reports photograph/photographs violin/violins lantern/lanterns compass/compasses "
-    "parcel/parcels sextant/sextants quilt/quilts umbrella/umbrellas").split()]
-COMPOUNDS = [w.split("/") for w in (
-    "coffee/machine/machines train/ticket/tickets paper/bag/bags kitchen/table/tables school/bus/buses "
-    "piano/lesson/lessons apple/tree/trees rain/coat/coats city/map/maps football/match/matches "
-    "tea/cup/cups garden/gate/gates birthday/cake/cakes river/boat/boats").split()]
+PEOPLE = [
+    w.split("/")
+    for w in (
+        "teacher/teachers farmer/farmers child/children doctor/doctors pilot/pilots student/students "
+        "neighbour/neighbours baker/bakers lawyer/lawyers nurse/nurses driver/drivers gardener/gardeners "
+        "engineer/engineers painter/painters woman/women man/men boy/boys girl/girls dog/dogs cat/cats "
+        "horse/horses fox/foxes goose/geese sailor/sailors librarian/librarians cartographer/cartographers "
+        "apothecary/apothecaries blacksmith/blacksmiths"
+    ).split()
+]
+THINGS = [
+    w.split("/")
+    for w in (
+        "book/books letter/letters table/tables box/boxes window/windows apple/apples bicycle/bicycles "
+        "map/maps lamp/lamps key/keys cake/cakes song/songs kettle/kettles ladder/ladders basket/baskets "
+        "coat/coats report/reports photograph/photographs violin/violins lantern/lanterns compass/compasses "
+        "parcel/parcels sextant/sextants quilt/quilts umbrella/umbrellas"
+    ).split()
+]
+COMPOUNDS = [
+    w.split("/")
+    for w in (
+        "coffee/machine/machines train/ticket/tickets paper/bag/bags kitchen/table/tables school/bus/buses "
+        "piano/lesson/lessons apple/tree/trees rain/coat/coats city/map/maps football/match/matches "
+        "tea/cup/cups garden/gate/gates birthday/cake/cakes river/boat/boats"
+    ).split()
+]
 PLACES = "kitchen park station market library harbour village garden office museum forest hall attic".split()
 NAMES = "Anna Marco Priya Tomas Yuki Omar Lena Kofi Sofia Ivan Mei Diego Amara Felix Ingrid Ravi".split()
-ADJS = ("old small red quiet tired clever heavy bright young careful famous broken green strange enormous "
-        "cheerful rusty ancient wooden nervous hungry patient").split()
+ADJS = (
+    "old small red quiet tired clever heavy bright young careful famous broken green strange enormous "
+    "cheerful rusty ancient wooden nervous hungry patient"
+).split()
 DEGREE = "very quite rather extremely too".split()
 ADVS = "quickly slowly quietly carefully suddenly there today again".split()
 FREQ = "often always never sometimes".split()
@@ -57,26 +72,48 @@ PREPS_N = "with near from behind".split()
 PREPS_V = "in at near behind".split()
 NUMS = "two three four seven twelve 40 100".split()
 # base, 3sg, past, past participle, -ing
-TRANS = [v.split("/") for v in (
-    "see/sees/saw/seen/seeing find/finds/found/found/finding carry/carries/carried/carried/carrying "
-    "open/opens/opened/opened/opening read/reads/read/read/reading paint/paints/painted/painted/painting "
-    "lift/lifts/lifted/lifted/lifting repair/repairs/repaired/repaired/repairing "
-    "follow/follows/followed/followed/following watch/watches/watched/watched/watching "
-    "clean/cleans/cleaned/cleaned/cleaning bring/brings/brought/brought/bringing "
-    "take/takes/took/taken/taking hold/holds/held/held/holding build/builds/built/built/building "
-    "draw/draws/drew/drawn/drawing sell/sells/sold/sold/selling borrow/borrows/borrowed/borrowed/borrowing "
-    "describe/describes/described/described/describing admire/admires/admired/admired/admiring").split()]
-INTRANS = [v.split("/") for v in (
-    "sleep/sleeps/slept/slept/sleeping arrive/arrives/arrived/arrived/arriving laugh/laughs/laughed/laughed/laughing "
-    "wait/waits/waited/waited/waiting sing/sings/sang/sung/singing run/runs/ran/run/running "
-    "work/works/worked/worked/working swim/swims/swam/swum/swimming smile/smiles/smiled/smiled/smiling").split()]
-DITRANS = [v.split("/") for v in ("give/gives/gave/given/giving send/sends/sent/sent/sending "
-                                  "show/shows/showed/shown/showing hand/hands/handed/handed/handing").split()]
-CONTROL = [v.split("/") for v in (
-    "want/wants/wanted/wanted/wanting decide/decides/decided/decided/deciding hope/hopes/hoped/hoped/hoping "
-    "try/tries/tried/tried/trying refuse/refuses/refused/refused/refusing plan/plans/planned/planned/planning").split()]
-SAY = [v.split("/") for v in ("say/says/said/said/saying think/thinks/thought/thought/thinking "
-                              "know/knows/knew/known/knowing hear/hears/heard/heard/hearing").split()]
+TRANS = [
+    v.split("/")
+    for v in (
+        "see/sees/saw/seen/seeing find/finds/found/found/finding carry/carries/carried/carried/carrying "
+        "open/opens/opened/opened/opening read/reads/read/read/reading paint/paints/painted/painted/painting "
+        "lift/lifts/lifted/lifted/lifting repair/repairs/repaired/repaired/repairing "
+        "follow/follows/followed/followed/following watch/watches/watched/watched/watching "
+        "clean/cleans/cleaned/cleaned/cleaning bring/brings/brought/brought/bringing "
+        "take/takes/took/taken/taking hold/holds/held/held/holding build/builds/built/built/building "
+        "draw/draws/drew/drawn/drawing sell/sells/sold/sold/selling borrow/borrows/borrowed/borrowed/borrowing "
+        "describe/describes/described/described/describing admire/admires/admired/admired/admiring"
+    ).split()
+]
+INTRANS = [
+    v.split("/")
+    for v in (
+        "sleep/sleeps/slept/slept/sleeping arrive/arrives/arrived/arrived/arriving laugh/laughs/laughed/laughed/laughing "
+        "wait/waits/waited/waited/waiting sing/sings/sang/sung/singing run/runs/ran/run/running "
+        "work/works/worked/worked/working swim/swims/swam/swum/swimming smile/smiles/smiled/smiled/smiling"
+    ).split()
+]
+DITRANS = [
+    v.split("/")
+    for v in (
+        "give/gives/gave/given/giving send/sends/sent/sent/sending "
+        "show/shows/showed/shown/showing hand/hands/handed/handed/handing"
+    ).split()
+]
+CONTROL = [
+    v.split("/")
+    for v in (
+        "want/wants/wanted/wanted/wanting decide/decides/decided/decided/deciding hope/hopes/hoped/hoped/hoping "
+        "try/tries/tried/tried/trying refuse/refuses/refused/refused/refusing plan/plans/planned/planned/planning"
+    ).split()
+]
+SAY = [
+    v.split("/")
+    for v in (
+        "say/says/said/said/saying think/thinks/thought/thought/thinking "
+        "know/knows/knew/known/knowing hear/hears/heard/heard/hearing"
+    ).split()
+]
 SUBORD = "because when although after before while if".split()
 MODALS = "will can could should might must".split()
 
@@ -115,8 +152,11 @@ class _Grammar:
     def np(self, t: _Tree, *, animate: bool, depth: int, allow_pron: bool = False) -> tuple[int, str]:
         r = self.r.random()
         if allow_pron and r < 0.08:
-            word, num = self.c([("he", "sg"), ("she", "sg"), ("they", "pl"), ("we", "pl")] if animate
-                               else [("it", "sg"), ("they", "pl")])
+            word, num = self.c(
+                [("he", "sg"), ("she", "sg"), ("they", "pl"), ("we", "pl")]
+                if animate
+                else [("it", "sg"), ("they", "pl")]
+            )
             return t.add(word, "PRON"), num
         if animate and r < 0.3:
             return t.add(self.c(NAMES), "PROPN"), "sg"
@@ -265,8 +305,23 @@ class _Grammar:
 
     def clause(self, t: _Tree, depth: int) -> int:
         """A clause without final punctuation; returns its head (predicate) index."""
-        kind = self.c(["trans", "trans", "trans", "intrans", "ditrans", "cop_adj", "cop_noun", "cop_place",
-                       "passive", "xcomp", "ccomp"] if depth > 0 else ["trans", "intrans", "cop_adj", "cop_place"])
+        kind = self.c(
+            [
+                "trans",
+                "trans",
+                "trans",
+                "intrans",
+                "ditrans",
+                "cop_adj",
+                "cop_noun",
+                "cop_place",
+                "passive",
+                "xcomp",
+                "ccomp",
+            ]
+            if depth > 0
+            else ["trans", "intrans", "cop_adj", "cop_place"]
+        )
         subj, num = self.np(t, animate=kind != "passive", depth=depth, allow_pron=True)
         subj_rel = "nsubj:pass" if kind == "passive" else "nsubj"
         if kind.startswith("cop"):
@@ -381,8 +436,9 @@ def generate(n: int, *, seed: int = 0, min_words: int = 5, max_words: int = 30) 
     """``n`` sentences with gold trees, deterministic for ``seed``; lengths within
     ``[min_words, max_words]`` (punctuation counts as a word)."""
     if n < 0 or min_words < 3 or max_words < min_words:
-        raise ValueError(f"need n >= 0 and 3 <= min_words <= max_words; got n={n}, "
-                         f"min_words={min_words}, max_words={max_words}")
+        raise ValueError(
+            f"need n >= 0 and 3 <= min_words <= max_words; got n={n}, min_words={min_words}, max_words={max_words}"
+        )
     g = _Grammar(random.Random(seed))
     out: list[DependencySentence] = []
     while len(out) < n:
@@ -391,9 +447,15 @@ def generate(n: int, *, seed: int = 0, min_words: int = 5, max_words: int = 30) 
             continue
         if None in t.heads:
             raise RuntimeError(f"grammar bug: a word without a head in {t.words}")
-        out.append(DependencySentence(
-            words=tuple(t.words), heads=tuple(t.heads), relations=tuple(t.rels), upos=tuple(t.upos),
-            sent_id=f"gen-{seed}-{len(out) + 1:04d}"))
+        out.append(
+            DependencySentence(
+                words=tuple(t.words),
+                heads=tuple(t.heads),
+                relations=tuple(t.rels),
+                upos=tuple(t.upos),
+                sent_id=f"gen-{seed}-{len(out) + 1:04d}",
+            )
+        )
     return out
 
 

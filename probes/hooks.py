@@ -13,10 +13,11 @@ duration of a ``with`` block and removes them in ``finally``, even on an excepti
 >>> seen, hp.active
 ([('x', 3.0)], False)
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from typing import Callable, Iterable
 
 import torch
 from torch import nn

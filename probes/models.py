@@ -10,6 +10,7 @@
 ``model.run(batch, quantities, layers)`` returns ``{(quantity, layer): tensor}`` in the
 shapes of :mod:`headscope.probes.attention` plus ``("output", None)``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -91,7 +92,9 @@ class InHouseModel:
 
     backend = "inhouse"
 
-    def __init__(self, module: Transformer, tokenizer=None, *, name: str | None = None, source: ModelSource | None = None):
+    def __init__(
+        self, module: Transformer, tokenizer=None, *, name: str | None = None, source: ModelSource | None = None
+    ):
         self.module = module.eval()
         self.tokenizer = tokenizer
         self.source = source
@@ -111,7 +114,7 @@ class InHouseModel:
         )
 
     @classmethod
-    def from_source(cls, source: ModelSource, dtype: torch.dtype = torch.float32) -> "InHouseModel":
+    def from_source(cls, source: ModelSource, dtype: torch.dtype = torch.float32) -> InHouseModel:
         hf_cfg = read_hf_config(source)
         directory = hf_dir(source)
         where = source.path if source.kind == "config" else directory / "config.json"
@@ -128,7 +131,9 @@ class InHouseModel:
         return cls(module.to(dtype), tokenizer, name=source.name, source=source)
 
     def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.cfg.vocab_size)
+        return encode(
+            self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.cfg.vocab_size
+        )
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None, *, grad: bool = False) -> dict:
         qs = _check_quantities(quantities)
@@ -147,7 +152,11 @@ class InHouseModel:
         stop = max(ls) + 1 if qs and "output" not in qs and not grad else None
         ctx = torch.enable_grad() if grad else torch.inference_mode()
         with ctx, hooks(pairs):
-            result = self.module(batch.input_ids, batch.attention_mask, stop_at_layer=stop if stop and stop < self.spec.n_layers else None)
+            result = self.module(
+                batch.input_ids,
+                batch.attention_mask,
+                stop_at_layer=stop if stop and stop < self.spec.n_layers else None,
+            )
         if stop is None or stop >= self.spec.n_layers:
             out[("output", None)] = result
         return out
@@ -189,8 +198,12 @@ class HFReference:
                 config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
                 config._attn_implementation = attn_implementation
                 model, info = klass.from_pretrained(
-                    str(directory), config=config, dtype=torch.float32, trust_remote_code=trust_remote_code(),
-                    output_loading_info=True, ignore_mismatched_sizes=True,
+                    str(directory),
+                    config=config,
+                    dtype=torch.float32,
+                    trust_remote_code=trust_remote_code(),
+                    output_loading_info=True,
+                    ignore_mismatched_sizes=True,
                 )
         except (HeadscopeError, ImportError, MemoryError):
             raise
@@ -217,7 +230,9 @@ class HFReference:
             raise ValueError("the plain HF reference gives patterns only; use the inhouse or bridge backend")
         ls = _check_layers(layers, self.spec.n_layers)
         with torch.inference_mode():
-            res = self.hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions="pattern" in qs)
+            res = self.hf(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions="pattern" in qs
+            )
         out = {("pattern", l): res.attentions[l] for l in ls} if "pattern" in qs else {}
         out[("output", None)] = res.logits if hasattr(res, "logits") else res.last_hidden_state
         return out
@@ -235,10 +250,13 @@ def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
     prefix = model.base_model_prefix
     base = model.base_model
     in_base = (lambda k: True) if base is model else (lambda k: k.startswith(prefix + "."))
-    missing = sorted(k for k in info.get("missing_keys", ()) if (strict_head or in_base(k)) and not k.endswith(_IGNORED_SUFFIXES))
+    missing = sorted(
+        k for k in info.get("missing_keys", ()) if (strict_head or in_base(k)) and not k.endswith(_IGNORED_SUFFIXES)
+    )
     base_children = {n for n, _ in base.named_children()}
     unexpected = sorted(
-        k for k in info.get("unexpected_keys", ())
+        k
+        for k in info.get("unexpected_keys", ())
         if k.removeprefix(prefix + ".").split(".")[0] in base_children and not k.endswith(_IGNORED_SUFFIXES)
     )
     mismatched = sorted(info.get("mismatched_keys", ()), key=lambda m: str(m[0]))
@@ -247,7 +265,9 @@ def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
     if missing:
         raise CheckpointError(f"{where}: tensor {missing[0]!r} missing from checkpoint ({len(missing)} missing){hint}")
     if unexpected:
-        raise CheckpointError(f"{where}: unexpected tensor {unexpected[0]!r} in checkpoint ({len(unexpected)} extra){hint}")
+        raise CheckpointError(
+            f"{where}: unexpected tensor {unexpected[0]!r} in checkpoint ({len(unexpected)} extra){hint}"
+        )
     if mismatched:
         key, got, want = mismatched[0][0], mismatched[0][1], mismatched[0][2]
         raise CheckpointError(
@@ -298,7 +318,7 @@ class BridgeModel:
         self.spec = spec
 
     @classmethod
-    def from_source(cls, source: ModelSource) -> "BridgeModel":
+    def from_source(cls, source: ModelSource) -> BridgeModel:
         from transformer_lens.model_bridge import TransformerBridge
 
         ref = HFReference.from_source(source, for_bridge=True)

@@ -29,6 +29,7 @@ Files are created with the usual permissions (``0666 & ~umask``; folders ``0777 
 >>> sorted(p.name for p in out.iterdir())
 ['run.json']
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -68,21 +69,58 @@ class OutputKind:
 
 _FRAME = ("*.csv", "*.parquet")
 KINDS: dict[str, OutputKind] = {
-    "report": OutputKind("report", ("run.json",), (frozenset({"tables", "card", "model"}),),
-                         ("run.json", "report.html", "report.md", "tables", "figures"),
-                         (("tables", _FRAME), ("figures", ("*.png",)))),
-    "roles": OutputKind("roles", ("run.json",), (frozenset({"roles", "config", "n_items", "model"}),),
-                        ("run.json", "skipped.json", "examples.json",
-                         *(f"{stem}.{ext}" for stem in ("roles", "head_stats", "clusters", "roles_by_head")
-                           for ext in ("csv", "parquet")))),
-    "prune": OutputKind("prune", ("state.json", "run.json"),
-                        (frozenset({"version", "config", "curves", "done"}), frozenset({"config", "model", "summary"})),
-                        ("state.json", "run.json",
-                         *(f"{stem}.{ext}" for stem in ("baseline", "ablation", "all_but_one", "importance", "roles",
-                                                        "curves", "curve_summary", "prunable")
-                           for ext in ("csv", "parquet")))),
-    "diff": OutputKind("diff", ("diff.json",), (frozenset({"run_a", "run_b", "tables"}),),
-                       ("diff.json", "tables", "figures"), (("tables", _FRAME), ("figures", ("*.png",)))),
+    "report": OutputKind(
+        "report",
+        ("run.json",),
+        (frozenset({"tables", "card", "model"}),),
+        ("run.json", "report.html", "report.md", "tables", "figures"),
+        (("tables", _FRAME), ("figures", ("*.png",))),
+    ),
+    "roles": OutputKind(
+        "roles",
+        ("run.json",),
+        (frozenset({"roles", "config", "n_items", "model"}),),
+        (
+            "run.json",
+            "skipped.json",
+            "examples.json",
+            *(
+                f"{stem}.{ext}"
+                for stem in ("roles", "head_stats", "clusters", "roles_by_head")
+                for ext in ("csv", "parquet")
+            ),
+        ),
+    ),
+    "prune": OutputKind(
+        "prune",
+        ("state.json", "run.json"),
+        (frozenset({"version", "config", "curves", "done"}), frozenset({"config", "model", "summary"})),
+        (
+            "state.json",
+            "run.json",
+            *(
+                f"{stem}.{ext}"
+                for stem in (
+                    "baseline",
+                    "ablation",
+                    "all_but_one",
+                    "importance",
+                    "roles",
+                    "curves",
+                    "curve_summary",
+                    "prunable",
+                )
+                for ext in ("csv", "parquet")
+            ),
+        ),
+    ),
+    "diff": OutputKind(
+        "diff",
+        ("diff.json",),
+        (frozenset({"run_a", "run_b", "tables"}),),
+        ("diff.json", "tables", "figures"),
+        (("tables", _FRAME), ("figures", ("*.png",))),
+    ),
 }
 
 # a temporary file left by a killed atomic write: ".<name>.<8 random chars>.tmp[<suffix>]"
@@ -126,12 +164,19 @@ def _foreign_entries(out: Path, kind: OutputKind) -> list[str]:
             foreign.append(name)
         elif name in subs and entry.is_dir():
             for inner in sorted(entry.iterdir(), key=lambda p: p.name):
-                ok = (inner.is_file() and not inner.is_symlink()
-                      and (any(fnmatch.fnmatchcase(inner.name, p) for p in subs[name])
-                           or _is_atomic_leftover(inner.name, kind, subs[name])))
+                ok = (
+                    inner.is_file()
+                    and not inner.is_symlink()
+                    and (
+                        any(fnmatch.fnmatchcase(inner.name, p) for p in subs[name])
+                        or _is_atomic_leftover(inner.name, kind, subs[name])
+                    )
+                )
                 if not ok:
                     foreign.append(f"{name}/{inner.name}")
-        elif entry.is_file() and (name in kind.entries and name not in subs or _is_atomic_leftover(name, kind, kind.entries)):
+        elif entry.is_file() and (
+            name in kind.entries and name not in subs or _is_atomic_leftover(name, kind, kind.entries)
+        ):
             continue
         else:
             foreign.append(name + ("/" if entry.is_dir() else ""))
@@ -182,7 +227,9 @@ def check_output(out, kind: str) -> Path:
     try:
         entries = list(out.iterdir())
     except PermissionError:
-        raise ValueError(f"{_describe(out)}: the folder cannot be read (permission denied); pass another --out") from None
+        raise ValueError(
+            f"{_describe(out)}: the folder cannot be read (permission denied); pass another --out"
+        ) from None
     if not entries:
         return out
     found = output_kind_of(out)
@@ -192,7 +239,9 @@ def check_output(out, kind: str) -> Path:
             "pass another --out or empty it (only an earlier output of the same kind is replaced)"
         )
     if found != kind:
-        raise ValueError(f"{_describe(out)} holds a headscope {found} output; {kind} does not replace it; pass another --out")
+        raise ValueError(
+            f"{_describe(out)} holds a headscope {found} output; {kind} does not replace it; pass another --out"
+        )
     foreign = _foreign_entries(out, spec)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -275,7 +324,7 @@ def recover(out: Path, kind: str | None = None) -> list[str]:
     folder, the ``.<name>.xxxxxxxx.tmp`` files of killed atomic writes are deleted."""
     done = []
     for stale in sorted(out.parent.glob(f"{out.name}.old-*")) + sorted(out.parent.glob(f"{out.name}.tmp-*")):
-        what, _, pid = stale.name[len(out.name) + 1:].partition("-")
+        what, _, pid = stale.name[len(out.name) + 1 :].partition("-")
         if not pid.isdigit() or int(pid) == os.getpid() or _pid_alive(int(pid)):
             continue
         if what == "old" and not out.exists():  # what was at out before that run: put it back, whatever it holds
@@ -297,7 +346,7 @@ def recover(out: Path, kind: str | None = None) -> list[str]:
 
 # ---------------------------------------------------------------- the claim
 
-_HELD: dict[Path, "OutputFolder"] = {}
+_HELD: dict[Path, OutputFolder] = {}
 
 
 class OutputFolder:
@@ -336,7 +385,9 @@ def _take_lock(out: Path):
         except (FileNotFoundError, NotADirectoryError):
             raise ValueError(f"--out {out}: its folder {out.parent} cannot be created") from None
         except PermissionError:
-            raise ValueError(f"--out {out}: cannot write in {out.parent} (permission denied); pass another --out") from None
+            raise ValueError(
+                f"--out {out}: cannot write in {out.parent} (permission denied); pass another --out"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

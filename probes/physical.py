@@ -21,6 +21,7 @@ original indices, so pruning a pruned model again composes.
 >>> small.cfg.heads_kept, [b.attn.n_kv_heads for b in small.module.blocks]
 (((2, 3), (0, 1, 2)), [1, 2])
 """
+
 from __future__ import annotations
 
 import json
@@ -128,7 +129,8 @@ def prune_heads(model, heads_to_prune: dict[int, list[int]]) -> InHouseModel:
     module, cfg = src.module, src.module.cfg
     drop = _check_heads(module, heads_to_prune)
     kept = tuple(
-        tuple(sorted(h for h in block.heads if h not in drop.get(layer, set()))) for layer, block in enumerate(module.blocks)
+        tuple(sorted(h for h in block.heads if h not in drop.get(layer, set())))
+        for layer, block in enumerate(module.blocks)
     )
     new_cfg = cfg.replace(heads_kept=kept)
     param = next(module.parameters())
@@ -351,7 +353,9 @@ class PruningGain:
 def count_params(module: Transformer, attention_only: bool = False) -> int:
     """Parameters of ``module`` (gates excluded, shared tensors once)."""
     return sum(
-        p.numel() for n, p in module.named_parameters() if not n.endswith(".gate") and (".attn." in n or not attention_only)
+        p.numel()
+        for n, p in module.named_parameters()
+        if not n.endswith(".gate") and (".attn." in n or not attention_only)
     )
 
 

@@ -30,6 +30,7 @@ Heads (``planted_roles(causal)`` returns this map):
 >>> m.encode(texts=["the cat sat ."]).tokens
 [['[BOS]', 'the', 'cat', 'sat', '.']]
 """
+
 from __future__ import annotations
 
 import random
@@ -95,8 +96,18 @@ def planted_model(*, causal: bool = True, seed: int = 0, random_std: float = 0.5
     if PREV + V > D_MODEL:
         raise ValueError(f"the residual layout needs {PREV + V} dims; d_model is {D_MODEL}")
     cfg = ModelConfig(
-        family="llama", n_layers=2, d_model=D_MODEL, n_heads=4, d_head=D_HEAD, d_mlp=32, vocab_size=V,
-        max_positions=N_POS, causal=causal, positional="learned", tie_embeddings=True, pad_token_id=0,
+        family="llama",
+        n_layers=2,
+        d_model=D_MODEL,
+        n_heads=4,
+        d_head=D_HEAD,
+        d_mlp=32,
+        vocab_size=V,
+        max_positions=N_POS,
+        causal=causal,
+        positional="learned",
+        tie_embeddings=True,
+        pad_token_id=0,
         name="planted" + ("" if causal else "-bidirectional"),
     )
     module = Transformer(cfg)

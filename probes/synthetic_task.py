@@ -20,6 +20,7 @@ Everything else is unscored filler. Generation is seeded (``torch.Generator``).
 >>> tuple(batch.input_ids.shape), task.vocab_size, int(batch.kind.eq(AGREEMENT).sum(-1)[0])
 ((2, 24), 33, 2)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

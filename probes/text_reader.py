@@ -15,6 +15,7 @@ line it leaves out:
 
 Errors (:class:`~headscope.probes.errors.InputFileError`) read ``file:line:column: message``.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -71,16 +72,20 @@ def sniff_encoding(head: bytes) -> Encoding:
             return Encoding(codec, name, width, len(mark))
     sample = head[: len(head) - len(head) % 4]
     if len(sample) >= 4 and sample.count(0) >= len(sample) // 3:
+
         def nul_share(offset: int, step: int) -> float:
             units = sample[offset::step]
             return units.count(0) / len(units)
 
         # (codec, width, positions that are NUL for BMP text, positions that never are)
-        candidates = (("utf-32-le", 4, (1, 2, 3), (0,)), ("utf-32-be", 4, (0, 1, 2), (3,)),
-                      ("utf-16-le", 2, (1,), (0,)), ("utf-16-be", 2, (0,), (1,)))
+        candidates = (
+            ("utf-32-le", 4, (1, 2, 3), (0,)),
+            ("utf-32-be", 4, (0, 1, 2), (3,)),
+            ("utf-16-le", 2, (1,), (0,)),
+            ("utf-16-be", 2, (0,), (1,)),
+        )
         for codec, width, nul_at, text_at in candidates:
-            if (all(nul_share(i, width) >= 0.5 for i in nul_at)
-                    and all(nul_share(i, width) < 0.1 for i in text_at)):
+            if all(nul_share(i, width) >= 0.5 for i in nul_at) and all(nul_share(i, width) < 0.1 for i in text_at):
                 try:
                     sample.decode(codec)
                 except UnicodeDecodeError as err:
@@ -141,7 +146,8 @@ class TextSet:
         if len(self.lines) != len(self.line_numbers):
             raise ValueError(
                 f"TextSet needs one line number per line; got {len(self.lines)} lines and "
-                f"{len(self.line_numbers)} line numbers")
+                f"{len(self.line_numbers)} line numbers"
+            )
 
     def __len__(self) -> int:
         return len(self.lines)
@@ -243,7 +249,7 @@ def _line_ends(buf: bytearray, lf: bytes, cr: bytes, width: int, eof: bool) -> I
         nxt = i_cr + width
         if nxt + width > len(buf) and not eof:
             return
-        after = nxt + width if buf[nxt: nxt + width] == lf else nxt
+        after = nxt + width if buf[nxt : nxt + width] == lf else nxt
         yield start, i_cr, after
         start = after
 
@@ -261,11 +267,14 @@ def _decode(path: Path, line_no: int, raw: bytes, enc: Encoding, max_line_chars:
         text = raw.decode(enc.codec)
     except UnicodeDecodeError as err:
         column = len(raw[: err.start].decode(enc.codec, errors="replace")) + 1
-        bad = raw[err.start: err.start + 1].hex() or "end of line"
+        bad = raw[err.start : err.start + 1].hex() or "end of line"
         raise InputFileError(
-            path, line_no, column,
+            path,
+            line_no,
+            column,
             f"byte 0x{bad} cannot be decoded as {enc.codec} ({err.reason}); "
-            "re-save the file as UTF-8 (or UTF-16/UTF-32 with a byte-order mark)") from None
+            "re-save the file as UTF-8 (or UTF-16/UTF-32 with a byte-order mark)",
+        ) from None
     if max_line_chars is not None and len(text) > max_line_chars:
         return None
     return text
@@ -311,10 +320,21 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
     if not lines:
         skipped = SkipRecord(entries=tuple(skips))
         parts = ([f"{blank} blank"] if blank else []) + (
-            [f"{skipped.total} skipped ({skipped.summary()}; first at line {skips[0][0]})"] if skips else [])
-        raise InputFileError(p, None, None, f"no sentences: every line is blank or skipped ({', '.join(parts)}); "
-                             "expected one sentence or passage per line")
+            [f"{skipped.total} skipped ({skipped.summary()}; first at line {skips[0][0]})"] if skips else []
+        )
+        raise InputFileError(
+            p,
+            None,
+            None,
+            f"no sentences: every line is blank or skipped ({', '.join(parts)}); "
+            "expected one sentence or passage per line",
+        )
     with p.open("rb") as f:
         encoding = sniff_encoding(f.read(_SNIFF_BYTES)).name
-    return TextSet(lines=tuple(lines), line_numbers=tuple(numbers), skipped=SkipRecord(entries=tuple(skips)),
-                   blank=blank, encoding=encoding)
+    return TextSet(
+        lines=tuple(lines),
+        line_numbers=tuple(numbers),
+        skipped=SkipRecord(entries=tuple(skips)),
+        blank=blank,
+        encoding=encoding,
+    )

@@ -5,6 +5,7 @@ mask, token strings, character offsets, word ids and special-token flags.
 
 >>> from transformers import AutoTokenizer  # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,12 +42,15 @@ class TokenBatch:
             m[i, : len(flags)] = torch.tensor(flags, dtype=torch.bool)
         return m
 
-    def select(self, rows: list[int]) -> "TokenBatch":
+    def select(self, rows: list[int]) -> TokenBatch:
         n = max(self.lengths[r] for r in rows)
         return TokenBatch(
             input_ids=self.input_ids[rows, :n],
             attention_mask=self.attention_mask[rows, :n],
-            **{k: [getattr(self, k)[r] for r in rows] for k in ("texts", "words", "tokens", "offsets", "word_ids", "special", "lengths")},
+            **{
+                k: [getattr(self, k)[r] for r in rows]
+                for k in ("texts", "words", "tokens", "offsets", "word_ids", "special", "lengths")
+            },
         )
 
 
@@ -106,8 +110,15 @@ def collate(items: list[dict], pad_id: int) -> TokenBatch:
     )
 
 
-def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = None, add_bos: bool = False,
-           vocab_size: int | None = None) -> TokenBatch:
+def encode(
+    tokenizer,
+    texts=None,
+    words=None,
+    *,
+    max_positions: int | None = None,
+    add_bos: bool = False,
+    vocab_size: int | None = None,
+) -> TokenBatch:
     """Texts (``list[str]``) or pre-split words (``list[list[str]]``) -> :class:`TokenBatch`.
 
     Raises ``ValueError`` on empty input, on an item longer than ``max_positions``
@@ -123,7 +134,11 @@ def encode(tokenizer, texts=None, words=None, *, max_positions: int | None = Non
         raise ValueError("empty input: no texts to encode")
     items = []
     for i, x in enumerate(seq):
-        it = tokenize_one(tokenizer, text=x, add_bos=add_bos) if texts is not None else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+        it = (
+            tokenize_one(tokenizer, text=x, add_bos=add_bos)
+            if texts is not None
+            else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+        )
         if max_positions is not None and len(it["ids"]) > max_positions:
             raise ValueError(
                 f"text {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten or split it."

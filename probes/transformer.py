@@ -11,8 +11,8 @@ Every activation passes a named :class:`~headscope.probes.hooks.HookPoint`
 >>> tuple(out.shape), len(model.hook_points)
 ((1, 3, 50), 26)
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -191,8 +191,10 @@ class Transformer(nn.Module):
         start = start_at_layer or 0
         if start:
             if resid is None or tuple(resid.shape[:2]) != (batch, pos):
-                raise ValueError(f"start_at_layer={start} needs resid [batch={batch}, pos={pos}, d_model]; "
-                                 f"got {None if resid is None else tuple(resid.shape)}")
+                raise ValueError(
+                    f"start_at_layer={start} needs resid [batch={batch}, pos={pos}, d_model]; "
+                    f"got {None if resid is None else tuple(resid.shape)}"
+                )
             x = resid
             positions = torch.arange(pos, device=input_ids.device)[None].expand_as(input_ids)
         else:

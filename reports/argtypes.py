@@ -12,6 +12,7 @@ argparse calls them on the raw string; a bad value exits 2 with
 ...     print(err)
 must be an integer >= 1; got '0'
 """
+
 from __future__ import annotations
 
 import argparse

@@ -4,6 +4,7 @@ Each subcommand lives in its own module (``headscope.reports.cmd_*``) exposing
 ``register(subparsers)``; this file only assembles them and turns errors into one line
 on stderr with exit code 2 (``--debug`` shows the traceback).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,9 +16,25 @@ import sys
 
 #: OSErrors that say something about the machine (disk full, read-only, too many files),
 #: reported as one line with exit 2 like any other bad input
-_ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
-                                 errno.ENFILE, errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EXDEV,
-                                 errno.ENOTEMPTY, errno.EIO, errno.ELOOP})
+_ENVIRONMENT_ERRNOS = frozenset(
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EMFILE,
+        errno.ENFILE,
+        errno.ENAMETOOLONG,
+        errno.ENOTDIR,
+        errno.EISDIR,
+        errno.EEXIST,
+        errno.EXDEV,
+        errno.ENOTEMPTY,
+        errno.EIO,
+        errno.ELOOP,
+    }
+)
 
 COMMAND_MODULES = [
     "headscope.reports.cmd_card",
@@ -94,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.debug:
             raise
-        if isinstance(e, (HeadscopeError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError, KeyError)):
+        if isinstance(
+            e, (HeadscopeError, ValueError, TypeError, FileNotFoundError, IsADirectoryError, PermissionError, KeyError)
+        ):
             msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             if isinstance(e, KeyError):
                 msg = msg.strip("'\"")
@@ -102,10 +121,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:  # the machine, not headscope: one line, exit 2
             where = f": {e.filename}" if e.filename else ""
-            hint = " (free some space; earlier outputs are left as they were)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            hint = (
+                " (free some space; earlier outputs are left as they were)"
+                if e.errno in (errno.ENOSPC, errno.EDQUOT)
+                else ""
+            )
             print(f"headscope: error: {os.strerror(e.errno).lower()}{where}{hint}", file=sys.stderr)
             return 2
-        print(f"headscope: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (run with --debug for the traceback)", file=sys.stderr)
+        print(
+            f"headscope: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 

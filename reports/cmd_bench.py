@@ -5,6 +5,7 @@ instead measures the peak RSS of streaming a small and a ten-times larger corpus
 in its own subprocess. Targets are reported (met or not), never enforced. Timings on a
 machine shared with other work are indicative only.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,20 +19,37 @@ def register(sub) -> None:
     p.add_argument("--sentences", type=int, default=512, help="sentences to run (default 512)")
     p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the model paths")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per path; the fastest is reported, the median kept (default 3)")
-    p.add_argument("--paths", nargs="+", metavar="PATH", default=None,
-                   help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
-                   "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
-                   "ablation_batched pruning_50")
-    p.add_argument("--corpus", default="generated",
-                   help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed rounds per path; the fastest is reported, the median kept (default 3)",
+    )
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        metavar="PATH",
+        default=None,
+        help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
+        "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
+        "ablation_batched pruning_50",
+    )
+    p.add_argument(
+        "--corpus",
+        default="generated",
+        help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--memory", action="store_true", help="peak RSS of streaming a small vs a 10x corpus instead")
     p.add_argument("--memory-sizes", default="1000,10000", help="corpus sizes for --memory (default 1000,10000)")
-    p.add_argument("--memory-reducer", choices=["roles", "noop", "mass"], default="roles",
-                   help="what --memory runs: roles (every text role with verdicts, default), noop (capture only), "
-                        "or mass (per-head first-token mass and entropy)")
+    p.add_argument(
+        "--memory-reducer",
+        choices=["roles", "noop", "mass"],
+        default="roles",
+        help="what --memory runs: roles (every text role with verdicts, default), noop (capture only), "
+        "or mass (per-head first-token mass and entropy)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -73,8 +91,17 @@ _COLS = ("path", "status", "seconds", "ratio", "GFLOP/s", "%peak", "RSS MiB", "p
 
 
 def _cells(r) -> list[str]:
-    return [r.path, r.status, _fmt(r.seconds, ".3f"), _fmt(r.ratio, ".2f"), _fmt(r.gflops_per_s, ".2f"),
-            _fmt(r.peak_pct, ".1f"), f"{r.rss_mb:.0f}", f"{r.peak_rss_mb:.0f}", r.note]
+    return [
+        r.path,
+        r.status,
+        _fmt(r.seconds, ".3f"),
+        _fmt(r.ratio, ".2f"),
+        _fmt(r.gflops_per_s, ".2f"),
+        _fmt(r.peak_pct, ".1f"),
+        f"{r.rss_mb:.0f}",
+        f"{r.peak_rss_mb:.0f}",
+        r.note,
+    ]
 
 
 def render(result) -> str:
@@ -131,22 +158,49 @@ def run(args) -> int:
 
     check_device(args.device, "--device")  # before any model loads
     if args.memory:
-        frame, ratio = memory_scaling(args.model, _sizes(args.memory_sizes), reducer=args.memory_reducer,
-                                      batch_size=args.batch, seed=args.seed, device=args.device)
+        frame, ratio = memory_scaling(
+            args.model,
+            _sizes(args.memory_sizes),
+            reducer=args.memory_reducer,
+            batch_size=args.batch,
+            seed=args.seed,
+            device=args.device,
+        )
         if args.json:
-            print(json.dumps({"runs": json.loads(frame.to_json(orient="records")), "ratio": ratio,
-                              "target": 1.10, "met": ratio <= 1.10}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "runs": json.loads(frame.to_json(orient="records")),
+                        "ratio": ratio,
+                        "target": 1.10,
+                        "met": ratio <= 1.10,
+                    },
+                    indent=2,
+                )
+            )
         else:
             print(frame.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
-            print(f"peak RSS ratio, largest/smallest corpus: {ratio:.3f} (target <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'})")
+            print(
+                f"peak RSS ratio, largest/smallest corpus: {ratio:.3f} (target <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'})"
+            )
         return 0
-    cfg = BenchConfig(model=args.model, n_sentences=args.sentences, batch_size=args.batch, dtype=args.dtype,
-                      repeats=args.repeats, paths=tuple(args.paths) if args.paths else None, corpus=args.corpus,
-                      seed=args.seed, device=args.device)
+    cfg = BenchConfig(
+        model=args.model,
+        n_sentences=args.sentences,
+        batch_size=args.batch,
+        dtype=args.dtype,
+        repeats=args.repeats,
+        paths=tuple(args.paths) if args.paths else None,
+        corpus=args.corpus,
+        seed=args.seed,
+        device=args.device,
+    )
     progress = None
     if not args.json and sys.stderr.isatty():
+
         def progress(name):
             print(f"bench: {name} ...", file=sys.stderr)
+
     result = run_bench(cfg, progress=progress)
     if args.json:
         print(json.dumps(result.to_json(), indent=2, default=str))

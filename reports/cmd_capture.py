@@ -1,4 +1,5 @@
 """``headscope capture MODEL TEXT...``: run one capture and summarise what came out."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,11 @@ def register(sub) -> None:
     p.add_argument("model", nargs="?", default="minilm-l6")
     p.add_argument("texts", nargs="*", help="texts (default: two example sentences)")
     p.add_argument("--backend", default="inhouse", choices=["inhouse", "bridge"])
-    p.add_argument("--quantities", default="pattern,q,k,v,z", help="comma-separated: pattern,scores,q,k,v,q_rot,k_rot,z,out,resid_post")
+    p.add_argument(
+        "--quantities",
+        default="pattern,q,k,v,z",
+        help="comma-separated: pattern,scores,q,k,v,q_rot,k_rot,z,out,resid_post",
+    )
     p.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
@@ -53,19 +58,28 @@ def run(args) -> int:
 
     model = load_model(args.model, args.backend)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    cap = capture(model, args.texts or EXAMPLES, quantities=[q.strip() for q in args.quantities.split(",") if q.strip()], layers=layers)
+    cap = capture(
+        model,
+        args.texts or EXAMPLES,
+        quantities=[q.strip() for q in args.quantities.split(",") if q.strip()],
+        layers=layers,
+    )
     s = summarise(cap)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0
     print(render_card(model_card(args.model)))
     print()
-    print(f"captured {len(cap.tokens.texts)} texts, padded to {cap.tokens.shape[1]} tokens ({model.spec.backend} backend)")
+    print(
+        f"captured {len(cap.tokens.texts)} texts, padded to {cap.tokens.shape[1]} tokens ({model.spec.backend} backend)"
+    )
     for q, shape in s["shapes"].items():
         if q != "output":
             print(f"  {q:<10} {shape}")
     if model.spec.n_kv_heads != model.spec.n_heads:
         print("  KV groups: " + "; ".join(f"KV {k} <- heads {v}" for k, v in s["kv_groups"].items()))
     for row in s["layers"]:
-        print(f"  layer {row['layer']:>2}: mean entropy {row['mean_entropy']:.3f} nats, mean max weight {row['mean_max_weight']:.3f}")
+        print(
+            f"  layer {row['layer']:>2}: mean entropy {row['mean_entropy']:.3f} nats, mean max weight {row['mean_max_weight']:.3f}"
+        )
     return 0

@@ -5,6 +5,7 @@ caches and free disk. It only looks; it always exits 0.
 >>> sorted(d)[:4], d["exit"]
 (['cache', 'chromium', 'env', 'exit'], 0)
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -68,7 +69,15 @@ def shipped_models() -> list[dict]:
 
     out = []
     for name, (pkg, inner, hint) in SHIPPED.items():
-        row = {"name": name, "package": pkg, "installed": False, "path": None, "bytes": None, "gguf_cache": None, "hint": hint}
+        row = {
+            "name": name,
+            "package": pkg,
+            "installed": False,
+            "path": None,
+            "bytes": None,
+            "gguf_cache": None,
+            "hint": hint,
+        }
         spec = importlib.util.find_spec(pkg)
         if spec is not None and spec.submodule_search_locations:
             row["installed"] = True
@@ -144,7 +153,9 @@ def render(d: dict) -> str:
         f"oneDNN {'yes' if t['mkldnn'] else 'no'}",
     ]
     if "bf16" in t:
-        lines.append(f"bf16             {'native' if t['bf16']['native'] else 'not native (emulated or missing)'}: {t['bf16']['note']}")
+        lines.append(
+            f"bf16             {'native' if t['bf16']['native'] else 'not native (emulated or missing)'}: {t['bf16']['note']}"
+        )
     lines.append("packages         " + ", ".join(f"{k} {v or 'not installed'}" for k, v in d["packages"].items()))
     for m in d["models"]:
         if not m["installed"]:
@@ -155,12 +166,16 @@ def render(d: dict) -> str:
             extra = f"; float32 cache {m['gguf_cache'] or 'not built yet (first load takes ~40 s)'}"
         lines.append(f"model {m['name']:<11} {m['path']} ({_gib(m['bytes'])}){extra}")
     c = d["chromium"]
-    lines.append(f"chromium         {c['path'] + ' — ' + (c['version'] or '?') if c['found'] else 'not found (HTML reports still work; PDF/screenshot checks need it)'}")
+    lines.append(
+        f"chromium         {c['path'] + ' — ' + (c['version'] or '?') if c['found'] else 'not found (HTML reports still work; PDF/screenshot checks need it)'}"
+    )
     env = ", ".join(f"{k}={v}" for k, v in d["env"].items() if v is not None)
     lines.append(f"environment      {env or '(HF_HUB_OFFLINE etc. not set)'}")
     cache = d["cache"]
-    lines.append(f"cache            {cache['headscope']} ({'exists' if cache['headscope_exists'] else 'not created yet'}); "
-                 f"HF cache {cache['huggingface']}; free disk {_gib(cache['free_bytes'])}")
+    lines.append(
+        f"cache            {cache['headscope']} ({'exists' if cache['headscope_exists'] else 'not created yet'}); "
+        f"HF cache {cache['huggingface']}; free disk {_gib(cache['free_bytes'])}"
+    )
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 ``report.html`` (inline images and CSS, opens offline), ``report.md`` with ``figures/``,
 ``tables/*.csv|parquet`` and ``run.json``; the folder appears only when complete.
 """
+
 from __future__ import annotations
 
 
@@ -23,7 +24,9 @@ def register(sub) -> None:
 
 def model_name(args) -> str:
     if args.model and args.model_opt and args.model != args.model_opt:
-        raise ValueError(f"MODEL given twice with different values ({args.model!r} and --model {args.model_opt!r}); give one")
+        raise ValueError(
+            f"MODEL given twice with different values ({args.model!r} and --model {args.model_opt!r}); give one"
+        )
     return args.model or args.model_opt or "minilm-l6"
 
 
@@ -33,8 +36,15 @@ def run(args) -> int:
 
     name = model_name(args)
     with StageProgress(quiet=args.quiet or args.json) as progress:
-        result = build_report(name, backend=args.backend, full=args.full, out_dir=args.out, seed=args.seed,
-                              quiet=args.quiet, progress=progress)
+        result = build_report(
+            name,
+            backend=args.backend,
+            full=args.full,
+            out_dir=args.out,
+            seed=args.seed,
+            quiet=args.quiet,
+            progress=progress,
+        )
     if args.json:
         print_summary(result.summary, as_json=True)
     elif not args.quiet:

@@ -17,6 +17,7 @@ top heads and by how much the scores moved.
 Then prints the top heads per role (groups where some head holds the role) and the
 skipped counts; ``--json`` prints the same as JSON; ``--quiet`` prints nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,20 +29,50 @@ from pathlib import Path
 def register(sub) -> None:
     from .argtypes import positive_int, seed, unit_interval
 
-    p = sub.add_parser("roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference")
-    p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf")
-    p.add_argument("--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
-                   help="weights and activations of the in-house model (bf16: compare with an fp32 run by headscope diff)")
-    p.add_argument("--conllu", action="append", metavar="FILE", help="CoNLL-U treebank (repeatable; default: the shipped data/syntax/*.conllu)")
+    p = sub.add_parser(
+        "roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference"
+    )
+    p.add_argument(
+        "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
+    )
+    p.add_argument(
+        "--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights and activations of the in-house model (bf16: compare with an fp32 run by headscope diff)",
+    )
+    p.add_argument(
+        "--conllu",
+        action="append",
+        metavar="FILE",
+        help="CoNLL-U treebank (repeatable; default: the shipped data/syntax/*.conllu)",
+    )
     p.add_argument("--coref", metavar="FILE", help="coreference JSONL (default: data/coref/coref.jsonl)")
-    p.add_argument("--text", metavar="FILE", help="plain text, one sentence per line (default: data/text/sentences.txt)")
-    p.add_argument("--roles", metavar="LIST", help="comma-separated role groups to run (default: all): "
-                   "positional,special,rare-word,summary,clustering,induction,syntactic,coreference")
+    p.add_argument(
+        "--text", metavar="FILE", help="plain text, one sentence per line (default: data/text/sentences.txt)"
+    )
+    p.add_argument(
+        "--roles",
+        metavar="LIST",
+        help="comma-separated role groups to run (default: all): "
+        "positional,special,rare-word,summary,clustering,induction,syntactic,coreference",
+    )
     p.add_argument("--out", metavar="DIR", help="output folder (default: runs/roles-<model>)")
-    p.add_argument("--seed", type=seed, default=0, help="seed for bootstrap, permutations and generated sequences (0 to 2**32 - 1)")
-    p.add_argument("--margin", type=unit_interval, default=None, help="margin over the baseline for a verdict (default 0.10, Voita et al.)")
-    p.add_argument("--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'")
+    p.add_argument(
+        "--seed", type=seed, default=0, help="seed for bootstrap, permutations and generated sequences (0 to 2**32 - 1)"
+    )
+    p.add_argument(
+        "--margin",
+        type=unit_interval,
+        default=None,
+        help="margin over the baseline for a verdict (default 0.10, Voita et al.)",
+    )
+    p.add_argument(
+        "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
+    )
     p.add_argument("--batch-size", type=positive_int, default=None, help="items per forward pass (default 32)")
     p.add_argument("--top", type=positive_int, default=3, help="heads shown per role")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -87,21 +118,40 @@ def _summary_records(result, top: int) -> list[dict]:
     df = summary(result, top=top, only_verdicts=False)
     # syntactic: only relations where some head holds the role (there are dozens)
     keep = (df.role != "syntactic") | df.groupby(["role", "relation", "direction"])["verdict"].transform("any")
-    cols = ["role", "relation", "direction", "rank", "layer", "head", "score", "baseline", "margin", "p_value", "n", "verdict"]
+    cols = [
+        "role",
+        "relation",
+        "direction",
+        "rank",
+        "layer",
+        "head",
+        "score",
+        "baseline",
+        "margin",
+        "p_value",
+        "n",
+        "verdict",
+    ]
     return df[keep][cols].to_dict("records")
 
 
 def _print_text(result, records, out: Path) -> None:
     from headscope.analyses.roles import roles_by_head
 
-    lines = [f"headscope roles: {result.model} — {len(result.frame)} role rows, "
-             f"{int(result.frame.verdict.sum())} verdicts; files in {out}"]
+    lines = [
+        f"headscope roles: {result.model} — {len(result.frame)} role rows, "
+        f"{int(result.frame.verdict.sum())} verdicts; files in {out}"
+    ]
     lines.append("")
-    lines.append(f"{'role':<22} {'relation':<10} {'direction':<10} {'#':>2} {'head':>6} {'score':>6} {'base':>6} {'margin':>7} {'p':>8} {'n':>6}  holds")
+    lines.append(
+        f"{'role':<22} {'relation':<10} {'direction':<10} {'#':>2} {'head':>6} {'score':>6} {'base':>6} {'margin':>7} {'p':>8} {'n':>6}  holds"
+    )
     for r in records:
         head = f"L{r['layer']}H{r['head']}"
-        lines.append(f"{r['role']:<22} {r['relation']:<10} {r['direction']:<10} {r['rank']:>2} {head:>6} {r['score']:>6.3f} "
-                     f"{r['baseline']:>6.3f} {r['margin']:>+7.3f} {r['p_value']:>8.2g} {r['n']:>6}  {'yes' if r['verdict'] else 'no'}")
+        lines.append(
+            f"{r['role']:<22} {r['relation']:<10} {r['direction']:<10} {r['rank']:>2} {head:>6} {r['score']:>6.3f} "
+            f"{r['baseline']:>6.3f} {r['margin']:>+7.3f} {r['p_value']:>8.2g} {r['n']:>6}  {'yes' if r['verdict'] else 'no'}"
+        )
     multi = roles_by_head(result)
     multi = multi[multi.n_roles > 1]
     if len(multi):
@@ -134,8 +184,10 @@ def run(args) -> int:
     if args.roles is not None:
         wanted = [g.strip() for g in args.roles.split(",") if g.strip()]
         if not wanted:
-            raise ValueError(f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
-                             "or leave --roles out for all")
+            raise ValueError(
+                f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
+                "or leave --roles out for all"
+            )
     groups = check_roles(wanted)
     inputs = _read_inputs(args, cfg, groups)
     out = Path(args.out) if args.out else default_out(args.model)
@@ -149,11 +201,24 @@ def run(args) -> int:
             progress = StageProgress(quiet=not sys.stderr.isatty())
         if progress is not None:
             with progress:
-                result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
-                                    roles=groups, cfg=cfg, progress=progress)
+                result = head_roles(
+                    model,
+                    conllu=inputs.get("conllu"),
+                    coref=inputs.get("coref"),
+                    text=inputs.get("text"),
+                    roles=groups,
+                    cfg=cfg,
+                    progress=progress,
+                )
         else:
-            result = head_roles(model, conllu=inputs.get("conllu"), coref=inputs.get("coref"), text=inputs.get("text"),
-                                roles=groups, cfg=cfg)
+            result = head_roles(
+                model,
+                conllu=inputs.get("conllu"),
+                coref=inputs.get("coref"),
+                text=inputs.get("text"),
+                roles=groups,
+                cfg=cfg,
+            )
 
         with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json
             write_frame(result.frame, tmp / "roles")
@@ -162,19 +227,43 @@ def run(args) -> int:
             write_frame(roles_by_head(result), tmp / "roles_by_head")
             write_json(result.skipped, tmp / "skipped.json")
             write_json(result.examples, tmp / "examples.json")
-            write_json({**manifest_header("roles"), "model": result.model, "model_arg": args.model, "backend": args.backend,
-                        "dtype": args.dtype, "roles": list(groups), "trust_remote_code": trust_remote_code(),
-                        "config": result.config, "n_items": result.n_items,
-                        "timings": {k: round(v, 3) for k, v in result.timings.items()},
-                        "inputs": {"conllu": [str(c.path) for c in inputs.get("conllu", [])],
-                                   "coref": str(inputs["coref"].path) if "coref" in inputs else None,
-                                   "text": str(args.text or "") or ("shipped" if "text" in inputs else None)}},
-                       tmp / "run.json")
+            write_json(
+                {
+                    **manifest_header("roles"),
+                    "model": result.model,
+                    "model_arg": args.model,
+                    "backend": args.backend,
+                    "dtype": args.dtype,
+                    "roles": list(groups),
+                    "trust_remote_code": trust_remote_code(),
+                    "config": result.config,
+                    "n_items": result.n_items,
+                    "timings": {k: round(v, 3) for k, v in result.timings.items()},
+                    "inputs": {
+                        "conllu": [str(c.path) for c in inputs.get("conllu", [])],
+                        "coref": str(inputs["coref"].path) if "coref" in inputs else None,
+                        "text": str(args.text or "") or ("shipped" if "text" in inputs else None),
+                    },
+                },
+                tmp / "run.json",
+            )
 
     records = _summary_records(result, args.top)
     if args.json:
-        print(json.dumps({"model": result.model, "out": str(out), "top": records, "skipped": result.skipped,
-                          "n_items": result.n_items, "timings": result.timings}, indent=2, default=str))
+        print(
+            json.dumps(
+                {
+                    "model": result.model,
+                    "out": str(out),
+                    "top": records,
+                    "skipped": result.skipped,
+                    "n_items": result.n_items,
+                    "timings": result.timings,
+                },
+                indent=2,
+                default=str,
+            )
+        )
     elif not args.quiet:
         _print_text(result, records, out)
     return 0

@@ -30,6 +30,7 @@ Outputs (frames only):
 >>> role_changes(a, b)[["layer", "head", "delta", "change"]].to_dict("records")
 [{'layer': 0, 'head': 1, 'delta': 0.3, 'change': 'gained'}]
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,20 @@ import pandas as pd
 KEYS = ["layer", "head", "role", "relation", "direction"]
 ROLE_CHANGE_COLUMNS = KEYS + ["score_a", "score_b", "delta", "verdict_a", "verdict_b", "change"]
 IMPORTANCE_CHANGE_COLUMNS = ["study", "layer", "head", "metric", "value_a", "value_b", "delta"]
-TOP_HEADS_COLUMNS = ["role", "relation", "direction", "top_a", "top_b", "same_set", "same_order", "max_abs_delta",
-                     "verdicts_a", "verdicts_b", "n_a", "n_b"]
+TOP_HEADS_COLUMNS = [
+    "role",
+    "relation",
+    "direction",
+    "top_a",
+    "top_b",
+    "same_set",
+    "same_order",
+    "max_abs_delta",
+    "verdicts_a",
+    "verdicts_b",
+    "n_a",
+    "n_b",
+]
 ROLE_KEYS = ["role", "relation", "direction"]
 ROLE_TABLE_COLUMNS = ["layer", "head", "role", "score", "verdict"]  # what a roles table needs (ROLE_COLUMNS has more)
 MAX_INDEX = 1023  # largest layer or head index accepted in a table (real models have < 200)
@@ -77,7 +90,7 @@ def _load_table(p: Path, what: str, expected: str) -> pd.DataFrame:
             return pd.read_parquet(p)
         return pd.read_csv(p, keep_default_na=False, na_values=[""], encoding="utf-8")
     except UnicodeDecodeError as err:
-        why = f"byte 0x{err.object[err.start:err.start + 1].hex()} at offset {err.start} is not UTF-8 text"
+        why = f"byte 0x{err.object[err.start : err.start + 1].hex()} at offset {err.start} is not UTF-8 text"
     except pd.errors.EmptyDataError:
         why = "the file holds no header line"
     except Exception as err:  # noqa: BLE001 - pyarrow and the CSV parser raise many kinds; all mean "not a table"
@@ -119,8 +132,9 @@ def _cell(v) -> str:
     return "an empty cell" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else repr(v)[:60]
 
 
-def read_table(path, *, what: str = "a table", columns=(), ints=(), ints_or_missing=(), floats=(), bools=(),
-               labels=()) -> pd.DataFrame:
+def read_table(
+    path, *, what: str = "a table", columns=(), ints=(), ints_or_missing=(), floats=(), bools=(), labels=()
+) -> pd.DataFrame:
     """Read a CSV or Parquet table and check it: every name in ``columns`` present;
     ``ints`` integers in [0, MAX_INDEX] in every row (``ints_or_missing`` may also be
     empty); ``floats`` numbers or empty; ``bools`` True/False (or 1/0); ``labels``
@@ -170,7 +184,11 @@ def read_table(path, *, what: str = "a table", columns=(), ints=(), ints_or_miss
         if not pd.api.types.is_bool_dtype(s):
             flags = []
             for i, v in enumerate(s.to_numpy(dtype=object)):
-                text = str(v).strip().lower() if isinstance(v, (str, bool, int, float, np.bool_, np.integer, np.floating)) else ""
+                text = (
+                    str(v).strip().lower()
+                    if isinstance(v, (str, bool, int, float, np.bool_, np.integer, np.floating))
+                    else ""
+                )
                 if text not in _TRUE | _FALSE:
                     raise ValueError(f"{p}:row {i + 1}: {c} must be True or False; got {_cell(v)}")
                 flags.append(text in _TRUE)
@@ -188,16 +206,29 @@ def read_roles_table(path) -> pd.DataFrame:
     """A roles frame from CSV or Parquet (``roles.csv`` / ``roles.parquet`` of headscope
     roles or report), checked by :func:`read_table`; ``relation``/``direction`` become
     ``""`` where absent, ``n`` is an optional count."""
-    df = read_table(path, what="a roles table", columns=ROLE_TABLE_COLUMNS, ints=["layer", "head"], floats=["score"],
-                    bools=["verdict"], labels=["role"])
+    df = read_table(
+        path,
+        what="a roles table",
+        columns=ROLE_TABLE_COLUMNS,
+        ints=["layer", "head"],
+        floats=["score"],
+        bools=["verdict"],
+        labels=["role"],
+    )
     for c in ("relation", "direction"):
         df[c] = df[c].fillna("").astype(str) if c in df else ""
     if "n" in df:
         values, bad = _numbers(df["n"])
         if bad is not None or (~np.isnan(values) & ((values < 0) | (values != np.floor(values)))).any():
-            bad = bad if bad is not None else int(np.argmax(~np.isnan(values) & ((values < 0) | (values != np.floor(values)))))
-            raise ValueError(f"{Path(path)}:row {bad + 1}: n must be a count (an integer >= 0) or empty; "
-                             f"got {_cell(df['n'].iloc[bad])}")
+            bad = (
+                bad
+                if bad is not None
+                else int(np.argmax(~np.isnan(values) & ((values < 0) | (values != np.floor(values)))))
+            )
+            raise ValueError(
+                f"{Path(path)}:row {bad + 1}: n must be a count (an integer >= 0) or empty; "
+                f"got {_cell(df['n'].iloc[bad])}"
+            )
         df["n"] = values
     return df
 
@@ -205,8 +236,9 @@ def read_roles_table(path) -> pd.DataFrame:
 def _read_impact(path: Path) -> pd.DataFrame:
     from headscope.analyses.frames import IMPACT_COLUMNS
 
-    return read_table(path, what="a pruning table", columns=IMPACT_COLUMNS, ints_or_missing=["layer", "head"],
-                      floats=["value"])[IMPACT_COLUMNS]
+    return read_table(
+        path, what="a pruning table", columns=IMPACT_COLUMNS, ints_or_missing=["layer", "head"], floats=["value"]
+    )[IMPACT_COLUMNS]
 
 
 def _read_architecture(run_json: Path) -> tuple[int | None, int | None, str | None]:
@@ -214,20 +246,25 @@ def _read_architecture(run_json: Path) -> tuple[int | None, int | None, str | No
     try:
         meta = json.loads(run_json.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(f"{run_json}: not valid JSON ({(str(err).splitlines() or ['nested too deeply'])[0][:120]}); "
-                         "fix or remove it (diff then takes the architecture from the tables)") from None
+        raise ValueError(
+            f"{run_json}: not valid JSON ({(str(err).splitlines() or ['nested too deeply'])[0][:120]}); "
+            "fix or remove it (diff then takes the architecture from the tables)"
+        ) from None
     if not isinstance(meta, dict):  # a malformed file: ValueError like every other one
         raise ValueError(  # noqa: TRY004
-            f"{run_json}: must hold a JSON object; got a {type(meta).__name__}")
+            f"{run_json}: must hold a JSON object; got a {type(meta).__name__}"
+        )
     arch = meta.get("architecture") or {}
     if not isinstance(arch, dict):
         raise ValueError(  # noqa: TRY004
-            f"{run_json}: 'architecture' must be an object with 'layers' and 'heads'; got {json.dumps(arch)[:60]}")
+            f"{run_json}: 'architecture' must be an object with 'layers' and 'heads'; got {json.dumps(arch)[:60]}"
+        )
     for key in ("layers", "heads"):
         v = arch.get(key)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_INDEX + 1):
-            raise ValueError(f"{run_json}: architecture.{key} must be an integer in [1, {MAX_INDEX + 1}]; "
-                             f"got {json.dumps(v)[:60]}")
+            raise ValueError(
+                f"{run_json}: architecture.{key} must be an integer in [1, {MAX_INDEX + 1}]; got {json.dumps(v)[:60]}"
+            )
     model = meta.get("model")
     return arch.get("layers"), arch.get("heads"), None if model is None else str(model)
 
@@ -263,8 +300,10 @@ def read_run(path) -> Run:
                 impacts.append(_read_impact(p))
     impact = pd.concat(impacts, ignore_index=True) if impacts else None
     if roles is None and impact is None:
-        raise ValueError(f"{folder}: no roles table (roles.parquet / roles.csv) and no pruning table found; "
-                         "pass a folder written by headscope report, roles or prune")
+        raise ValueError(
+            f"{folder}: no roles table (roles.parquet / roles.csv) and no pruning table found; "
+            "pass a folder written by headscope report, roles or prune"
+        )
     n_layers = n_heads = None
     model = None
     run_json = folder / "run.json"
@@ -274,15 +313,19 @@ def read_run(path) -> Run:
         frames = [f for f in (roles, impact) if f is not None]
         both = pd.concat([f[["layer", "head"]].dropna() for f in frames], ignore_index=True)
         if both.empty:
-            raise ValueError(f"{folder}: its tables hold no row with a layer and head, and there is no run.json "
-                             "giving the architecture; pass the folder of a completed run")
+            raise ValueError(
+                f"{folder}: its tables hold no row with a layer and head, and there is no run.json "
+                "giving the architecture; pass the folder of a completed run"
+            )
         n_layers, n_heads = int(both["layer"].max()) + 1, int(both["head"].max()) + 1
     else:
         for f in (roles, impact):
             if f is not None and ((f["layer"] >= n_layers) | (f["head"] >= n_heads)).any():
                 r = f[(f["layer"] >= n_layers) | (f["head"] >= n_heads)].iloc[0]
-                raise ValueError(f"{folder}: a table holds L{int(r['layer'])}H{int(r['head'])}, outside the {n_layers} "
-                                 f"× {n_heads} heads of {run_json}; the tables and run.json come from different runs")
+                raise ValueError(
+                    f"{folder}: a table holds L{int(r['layer'])}H{int(r['head'])}, outside the {n_layers} "
+                    f"× {n_heads} heads of {run_json}; the tables and run.json come from different runs"
+                )
     return Run(path=folder, roles=roles, impact=impact, n_layers=int(n_layers), n_heads=int(n_heads), model=model)
 
 
@@ -321,7 +364,9 @@ def top_heads_agreement(a: pd.DataFrame, b: pd.DataFrame, top: int = 3) -> pd.Da
 
     def prep(df):
         df = df.assign(**{c: "" for c in ("relation", "direction") if c not in df})
-        return df.dropna(subset=["score"]).sort_values(["score", "layer", "head"], ascending=[False, True, True], kind="stable")
+        return df.dropna(subset=["score"]).sort_values(
+            ["score", "layer", "head"], ascending=[False, True, True], kind="stable"
+        )
 
     a, b = prep(a), prep(b)
     both = a.merge(b, on=KEYS, suffixes=("_a", "_b"))
@@ -334,10 +379,20 @@ def top_heads_agreement(a: pd.DataFrame, b: pd.DataFrame, top: int = 3) -> pd.Da
         db = gb.get_group(key)
         ta = [f"L{int(r.layer)}H{int(r.head)}" for r in da.head(top).itertuples()]
         tb = [f"L{int(r.layer)}H{int(r.head)}" for r in db.head(top).itertuples()]
-        rows.append({**dict(zip(ROLE_KEYS, key)), "top_a": " ".join(ta), "top_b": " ".join(tb), "same_set": set(ta) == set(tb),
-                     "same_order": ta == tb, "max_abs_delta": float(delta.get(key, np.nan)),
-                     "verdicts_a": int(da["verdict"].astype(bool).sum()), "verdicts_b": int(db["verdict"].astype(bool).sum()),
-                     "n_a": _max_count(da), "n_b": _max_count(db)})
+        rows.append(
+            {
+                **dict(zip(ROLE_KEYS, key)),
+                "top_a": " ".join(ta),
+                "top_b": " ".join(tb),
+                "same_set": set(ta) == set(tb),
+                "same_order": ta == tb,
+                "max_abs_delta": float(delta.get(key, np.nan)),
+                "verdicts_a": int(da["verdict"].astype(bool).sum()),
+                "verdicts_b": int(db["verdict"].astype(bool).sum()),
+                "n_a": _max_count(da),
+                "n_b": _max_count(db),
+            }
+        )
     return pd.DataFrame(rows, columns=TOP_HEADS_COLUMNS)
 
 
@@ -350,15 +405,30 @@ def _max_count(df: pd.DataFrame) -> int | None:
 def agreement_summary(top_heads: pd.DataFrame, top: int) -> dict:
     """``{"top", "roles", "same_set", "same_order", "max_abs_delta", "max_abs_delta_role", "differ"}``."""
     if top_heads.empty:
-        return {"top": top, "roles": 0, "same_set": 0, "same_order": 0, "max_abs_delta": None, "max_abs_delta_role": None, "differ": []}
-    key = top_heads["role"] + np.where(top_heads["relation"] != "", ":" + top_heads["relation"], "") + \
-        np.where(top_heads["direction"] != "", " " + top_heads["direction"], "")
+        return {
+            "top": top,
+            "roles": 0,
+            "same_set": 0,
+            "same_order": 0,
+            "max_abs_delta": None,
+            "max_abs_delta_role": None,
+            "differ": [],
+        }
+    key = (
+        top_heads["role"]
+        + np.where(top_heads["relation"] != "", ":" + top_heads["relation"], "")
+        + np.where(top_heads["direction"] != "", " " + top_heads["direction"], "")
+    )
     worst = top_heads["max_abs_delta"].idxmax() if top_heads["max_abs_delta"].notna().any() else None
-    return {"top": top, "roles": len(top_heads), "same_set": int(top_heads["same_set"].sum()),
-            "same_order": int(top_heads["same_order"].sum()),
-            "max_abs_delta": None if worst is None else float(top_heads.loc[worst, "max_abs_delta"]),
-            "max_abs_delta_role": None if worst is None else str(key[worst]),
-            "differ": [str(k) for k in key[~top_heads["same_set"]]]}
+    return {
+        "top": top,
+        "roles": len(top_heads),
+        "same_set": int(top_heads["same_set"].sum()),
+        "same_order": int(top_heads["same_order"].sum()),
+        "max_abs_delta": None if worst is None else float(top_heads.loc[worst, "max_abs_delta"]),
+        "max_abs_delta_role": None if worst is None else str(key[worst]),
+        "differ": [str(k) for k in key[~top_heads["same_set"]]],
+    }
 
 
 def importance_changes(a: pd.DataFrame | None, b: pd.DataFrame | None) -> pd.DataFrame:
@@ -376,7 +446,9 @@ def importance_changes(a: pd.DataFrame | None, b: pd.DataFrame | None) -> pd.Dat
         return pd.DataFrame(columns=IMPORTANCE_CHANGE_COLUMNS)
     m["delta"] = m["value_b"] - m["value_a"]
     m["layer"], m["head"] = m["layer"].astype(int), m["head"].astype(int)
-    m = m.assign(_abs=m["delta"].abs().fillna(np.inf)).sort_values(["_abs", "study", "layer", "head"], ascending=[False, True, True, True])
+    m = m.assign(_abs=m["delta"].abs().fillna(np.inf)).sort_values(
+        ["_abs", "study", "layer", "head"], ascending=[False, True, True, True]
+    )
     return m[IMPORTANCE_CHANGE_COLUMNS].reset_index(drop=True)
 
 
@@ -404,8 +476,9 @@ def compare(run_a: Run, run_b: Run, *, top: int = 3) -> dict[str, pd.DataFrame]:
             out["top_heads"].attrs["top"] = top
             for only, name in ((ka - kb, "A"), (kb - ka, "B")):
                 if only:
-                    notes.append(f"roles only in run {name} (gained/lost there mean measured in one run only): "
-                                 f"{_few(only)}")
+                    notes.append(
+                        f"roles only in run {name} (gained/lost there mean measured in one run only): {_few(only)}"
+                    )
         else:
             notes.append(f"no role in common (A: {_few(ka) or 'none'}; B: {_few(kb) or 'none'})")
     elif run_a.roles is not None or run_b.roles is not None:
@@ -415,9 +488,11 @@ def compare(run_a: Run, run_b: Run, *, top: int = 3) -> dict[str, pd.DataFrame]:
     if "role_changes" not in out and ic.dropna(subset=["value_a", "value_b"]).empty:
         if run_a.impact is not None and run_b.impact is not None:
             notes.append("no per-head importance (study, layer, head, metric) in common")
-        raise ValueError(f"nothing to compare between {run_a.path} and {run_b.path}: " + "; ".join(
-            notes or ["they share neither a roles table nor per-head importance"])
-            + "; diff two runs of the same commands (roles, report or prune)")
+        raise ValueError(
+            f"nothing to compare between {run_a.path} and {run_b.path}: "
+            + "; ".join(notes or ["they share neither a roles table nor per-head importance"])
+            + "; diff two runs of the same commands (roles, report or prune)"
+        )
     for frame in out.values():
         frame.attrs["notes"] = notes
     return out
@@ -449,18 +524,29 @@ def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir,
         rc = frames.get("role_changes")
         fig_path = None
         if rc is not None and not rc.empty:
-            fig = F.diff_figure(rc.assign(role=role_key(rc)).dropna(subset=["delta"]), n_layers=run_a.n_layers, n_heads=run_a.n_heads)
+            fig = F.diff_figure(
+                rc.assign(role=role_key(rc)).dropna(subset=["delta"]), n_layers=run_a.n_layers, n_heads=run_a.n_heads
+            )
             if fig is not None:
                 fig_path = "figures/role_score_deltas.png"
                 with atomic_write(tmp / fig_path, "wb") as f:
                     f.write(F.png_bytes(fig))
         counts = rc["change"].value_counts().to_dict() if rc is not None else {}
-        write_json({**manifest_header("diff"), "run_a": str(run_a.path), "run_b": str(run_b.path),
-                    "model_a": run_a.model, "model_b": run_b.model,
-                    "architecture": {"layers": run_a.n_layers, "heads": run_a.n_heads},
-                    "verdict_changes": {k: int(counts.get(k, 0)) for k in ("gained", "lost", "kept", "none")},
-                    "top_heads": agreement_summary(frames["top_heads"], top) if "top_heads" in frames else None,
-                    "figure": fig_path, "tables": sorted(frames)}, tmp / "diff.json")
+        write_json(
+            {
+                **manifest_header("diff"),
+                "run_a": str(run_a.path),
+                "run_b": str(run_b.path),
+                "model_a": run_a.model,
+                "model_b": run_b.model,
+                "architecture": {"layers": run_a.n_layers, "heads": run_a.n_heads},
+                "verdict_changes": {k: int(counts.get(k, 0)) for k in ("gained", "lost", "kept", "none")},
+                "top_heads": agreement_summary(frames["top_heads"], top) if "top_heads" in frames else None,
+                "figure": fig_path,
+                "tables": sorted(frames),
+            },
+            tmp / "diff.json",
+        )
     return {"out_dir": out, "figure": out / fig_path if fig_path else None, "tables": out / "tables"}
 
 
@@ -483,18 +569,26 @@ def largest_changes(frames: dict[str, pd.DataFrame], top: int = 10) -> list[str]
     if th is not None and not th.empty:
         k = th.attrs.get("top", 3)
         summ = agreement_summary(th, k)
-        lines.append(f"top-{k} heads per role: the same heads in {summ['same_set']} of {summ['roles']} roles "
-                     f"({summ['same_order']} in the same order); largest |score difference| {summ['max_abs_delta']:.4f} "
-                     f"({summ['max_abs_delta_role']})")
+        lines.append(
+            f"top-{k} heads per role: the same heads in {summ['same_set']} of {summ['roles']} roles "
+            f"({summ['same_order']} in the same order); largest |score difference| {summ['max_abs_delta']:.4f} "
+            f"({summ['max_abs_delta_role']})"
+        )
         if summ["differ"]:
-            lines.append("  top heads differ in: " + ", ".join(summ["differ"][:top]) + (" …" if len(summ["differ"]) > top else ""))
+            lines.append(
+                "  top heads differ in: "
+                + ", ".join(summ["differ"][:top])
+                + (" …" if len(summ["differ"]) > top else "")
+            )
     rc = frames.get("role_changes")
     if rc is not None and not rc.empty:
         key = role_key(rc)
         for ch in ("gained", "lost"):
             d = rc[rc["change"] == ch]
             if not d.empty:
-                heads = ", ".join(f"L{r.layer}H{r.head} {k}" for r, k in zip(d.head(top).itertuples(), key[d.index][:top]))
+                heads = ", ".join(
+                    f"L{r.layer}H{r.head} {k}" for r, k in zip(d.head(top).itertuples(), key[d.index][:top])
+                )
                 lines.append(f"{ch} {len(d)}: {heads}{' …' if len(d) > top else ''}")
         for r, k in zip(rc.head(top).itertuples(), key[:top]):
             if pd.notna(r.delta) and r.delta != 0:
@@ -503,5 +597,7 @@ def largest_changes(frames: dict[str, pd.DataFrame], top: int = 10) -> list[str]
     if ic is not None and not ic.empty:
         for r in ic.head(min(top, 5)).itertuples():
             if pd.notna(r.delta) and r.delta != 0:
-                lines.append(f"importance {r.study} L{r.layer}H{r.head} {r.metric}: {r.value_a:.4g} → {r.value_b:.4g} ({r.delta:+.4g})")
+                lines.append(
+                    f"importance {r.study} L{r.layer}H{r.head} {r.metric}: {r.value_a:.4g} → {r.value_b:.4g} ({r.delta:+.4g})"
+                )
     return lines or ["no change"]

@@ -22,6 +22,7 @@ closes it, :func:`data_uri` into an inline ``data:image/png;base64,...`` string.
 >>> png_bytes(role_map_figure(roles, n_layers=1, n_heads=2))[:4]
 b'\\x89PNG'
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,8 +37,22 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-EXAMPLE_COLUMNS = ["example", "role", "relation", "direction", "layer", "head", "level", "sentence", "query_index",
-                   "key_index", "query_word", "key_word", "weight", "gold"]
+EXAMPLE_COLUMNS = [
+    "example",
+    "role",
+    "relation",
+    "direction",
+    "layer",
+    "head",
+    "level",
+    "sentence",
+    "query_index",
+    "key_index",
+    "query_word",
+    "key_word",
+    "weight",
+    "gold",
+]
 """Columns of the example-attention frame: one row per (example, query word, key word);
 ``example`` names the example (e.g. ``"syntactic:nsubj:dep->head"``), ``gold`` marks the
 pairs the role expects the head to link (where the role defines them); ``level`` is
@@ -46,8 +61,11 @@ that have no words, such as random induction sequences)."""
 
 DPI = 110
 # tab10 without its grey (grey means "no role"), then Dark2 and tab20b for more roles
-_PALETTE = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + list(plt.get_cmap("Dark2").colors)[:7] \
+_PALETTE = (
+    [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7]
+    + list(plt.get_cmap("Dark2").colors)[:7]
     + list(plt.get_cmap("tab20b").colors)
+)
 _STYLE = {
     "font.size": 9,
     "axes.titlesize": 10,
@@ -116,8 +134,14 @@ def role_map_figure(roles: pd.DataFrame, *, n_layers: int, n_heads: int, title: 
                     k = len(cell)
                     alpha = 0.35 + 0.65 * float(np.clip(margin / top[role], 0, 1)) if top[role] > 0 else 1.0
                     ax.add_patch(
-                        Rectangle((head + 0.06 + 0.88 * i / k, layer + 0.06), 0.88 / k, 0.88,
-                                  facecolor=colours[role], alpha=alpha, lw=0)
+                        Rectangle(
+                            (head + 0.06 + 0.88 * i / k, layer + 0.06),
+                            0.88 / k,
+                            0.88,
+                            facecolor=colours[role],
+                            alpha=alpha,
+                            lw=0,
+                        )
                     )
         ax.set_xlim(0, n_heads)
         ax.set_ylim(n_layers, 0)
@@ -158,8 +182,16 @@ def example_figure(example: pd.DataFrame, *, title: str | None = None):
         kpos = {v: i for i, v in enumerate(k["key_index"])}
         if "gold" in example:
             for r in example[example["gold"].astype(bool)].itertuples():
-                ax.add_patch(Rectangle((kpos[r.key_index] - 0.5, qpos[r.query_index] - 0.5), 1, 1, fill=False,
-                                       edgecolor="#c44e52", lw=1.6))
+                ax.add_patch(
+                    Rectangle(
+                        (kpos[r.key_index] - 0.5, qpos[r.query_index] - 0.5),
+                        1,
+                        1,
+                        fill=False,
+                        edgecolor="#c44e52",
+                        lw=1.6,
+                    )
+                )
         unit = str(example["level"].iloc[0]) if "level" in example else "word"
         ax.set_xlabel(f"attends to (key {unit})")
         ax.set_ylabel(f"query {unit}")
@@ -212,8 +244,14 @@ def curve_rows(impact: pd.DataFrame) -> pd.DataFrame:
     d = impact[impact["fraction_pruned"].notna()].copy()
     d["spread"] = d["spread"].fillna(0.0)
     g = d.groupby(["study", "metric", "fraction_pruned"], observed=True)
-    out = g.agg(value=("value", "mean"), own_spread=("spread", "mean"), sd=("value", "std"), rows=("value", "size"),
-                own_n=("n", "max"), seedless=("seed", lambda s: bool(s.isna().all())))
+    out = g.agg(
+        value=("value", "mean"),
+        own_spread=("spread", "mean"),
+        sd=("value", "std"),
+        rows=("value", "size"),
+        own_n=("n", "max"),
+        seedless=("seed", lambda s: bool(s.isna().all())),
+    )
     out["spread"] = np.where(out["rows"] > 1, out["sd"].fillna(0.0), out["own_spread"])
     # a row without a seed is already a mean over curves (curve_summary): its n counts them
     out["n_seeds"] = np.where(out["rows"] > 1, out["rows"], np.where(out["seedless"], out["own_n"], 1)).astype(int)
@@ -237,8 +275,14 @@ def pruning_figure(impact: pd.DataFrame, *, summarised: bool = False):
                 c = colours[str(study)]
                 ax.plot(d["fraction_pruned"], d["value"], color=c, lw=1.8, marker="o", ms=2.5, label=str(study))
                 if (d["spread"] > 0).any():
-                    ax.fill_between(d["fraction_pruned"], d["value"] - d["spread"], d["value"] + d["spread"],
-                                    color=c, alpha=0.2, lw=0)
+                    ax.fill_between(
+                        d["fraction_pruned"],
+                        d["value"] - d["spread"],
+                        d["value"] + d["spread"],
+                        color=c,
+                        alpha=0.2,
+                        lw=0,
+                    )
             ax.set_xlabel("fraction of heads pruned")
             ax.set_ylabel(m)
             ax.set_title(m.replace("_", " "))
@@ -281,11 +325,20 @@ def causal_figure(rvi: pd.DataFrame, *, metric: str | None = None):
             d = rvi[rvi["metric"].astype(str) == m].sort_values("role", ascending=False).reset_index(drop=True)
             y = np.arange(len(d))
             ax.barh(y + 0.2, d["value_role"], height=0.38, color="#c44e52", label="role's top-k heads ablated")
-            ax.barh(y - 0.2, d["value_random_mean"], height=0.38, color="#8c8c8c", xerr=d["value_random_std"].fillna(0),
-                    error_kw={"lw": 1, "capsize": 2}, label="random k heads ablated (mean ± sd)")
+            ax.barh(
+                y - 0.2,
+                d["value_random_mean"],
+                height=0.38,
+                color="#8c8c8c",
+                xerr=d["value_random_std"].fillna(0),
+                error_kw={"lw": 1, "capsize": 2},
+                label="random k heads ablated (mean ± sd)",
+            )
             ax.set_yticks(y, [f"{r} (k={int(k)})" for r, k in zip(d["role"], d["k"])])
             ax.set_xlabel(m)
-            ax.set_title(f"{m.replace('_', ' ')}\nred: role's top-k heads ablated; grey: k random heads (mean ± sd)", fontsize=9)
+            ax.set_title(
+                f"{m.replace('_', ' ')}\nred: role's top-k heads ablated; grey: k random heads (mean ± sd)", fontsize=9
+            )
         fig.tight_layout()
     return fig
 
@@ -312,7 +365,9 @@ def gqa_figure(n_heads: int, n_kv_heads: int):
         ax.set_xlim(-0.6, n_heads - 0.4)
         ax.set_ylim(-0.4, 1.35)
         ax.axis("off")
-        ax.set_title(f"Grouped-query attention: {n_heads} query heads share {n_kv_heads} KV heads (groups of {g}), every layer")
+        ax.set_title(
+            f"Grouped-query attention: {n_heads} query heads share {n_kv_heads} KV heads (groups of {g}), every layer"
+        )
     return fig
 
 
@@ -346,8 +401,9 @@ def diff_figure(diff: pd.DataFrame, *, n_layers: int, n_heads: int, max_roles: i
     cols = min(4, len(roles))
     rows = math.ceil(len(roles) / cols)
     with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(rows, cols, figsize=(2.2 + 0.3 * n_heads * cols, 0.6 + (0.28 * n_layers + 0.8) * rows),
-                                 squeeze=False)
+        fig, axes = plt.subplots(
+            rows, cols, figsize=(2.2 + 0.3 * n_heads * cols, 0.6 + (0.28 * n_layers + 0.8) * rows), squeeze=False
+        )
         for ax, role in zip(axes.flat, roles):
             d = diff[diff["role"] == role]
             mat = d.pivot_table(index="layer", columns="head", values="delta", aggfunc="mean")
@@ -359,11 +415,19 @@ def diff_figure(diff: pd.DataFrame, *, n_layers: int, n_heads: int, max_roles: i
             ax.set_ylabel("layer", fontsize=7)
             if "change" in d:
                 for r in d[d["change"].isin(["gained", "lost"])].itertuples():
-                    ax.text(r.head, r.layer, "+" if r.change == "gained" else "−", ha="center", va="center",
-                            fontsize=9, fontweight="bold", color="black")
+                    ax.text(
+                        r.head,
+                        r.layer,
+                        "+" if r.change == "gained" else "−",
+                        ha="center",
+                        va="center",
+                        fontsize=9,
+                        fontweight="bold",
+                        color="black",
+                    )
             ax.set_title(role, fontsize=8)
             ax.tick_params(labelsize=6)
-        for ax in list(axes.flat)[len(roles):]:
+        for ax in list(axes.flat)[len(roles) :]:
             ax.axis("off")
         sm = plt.cm.ScalarMappable(cmap="RdBu_r", norm=matplotlib.colors.Normalize(-lim, lim))
         fig.colorbar(sm, ax=axes.ravel().tolist(), shrink=0.6, label="score B − A")

@@ -11,6 +11,7 @@ inline and every image a ``data:`` URI, so it opens from disk, offline, with no 
 >>> "a &lt; b" in render_html(doc)
 True
 """
+
 from __future__ import annotations
 
 import html as _html
@@ -130,13 +131,28 @@ def top_heads(roles: pd.DataFrame, top: int = 3) -> dict[str, pd.DataFrame]:
 
 
 def _role_table(best: pd.DataFrame) -> pd.DataFrame:
-    cols = ["layer", "head", "relation", "direction", "score", "baseline", "margin", "ci_low", "ci_high", "p_value", "n", "verdict"]
+    cols = [
+        "layer",
+        "head",
+        "relation",
+        "direction",
+        "score",
+        "baseline",
+        "margin",
+        "ci_low",
+        "ci_high",
+        "p_value",
+        "n",
+        "verdict",
+    ]
     t = best[[c for c in cols if c in best]].copy()
     for c in ("relation", "direction"):
         if c in t and (t[c].astype(str) == "").all():
             t = t.drop(columns=c)
     t.insert(0, "head_id", [_head(l, h) for l, h in zip(t["layer"], t["head"])])
-    return t.drop(columns=["layer", "head"]).rename(columns={"head_id": "head", "ci_low": "CI low", "ci_high": "CI high", "p_value": "p (adj.)"})
+    return t.drop(columns=["layer", "head"]).rename(
+        columns={"head_id": "head", "ci_low": "CI low", "ci_high": "CI high", "p_value": "p (adj.)"}
+    )
 
 
 def role_examples(examples: pd.DataFrame | None, role: str, max_n: int = 3) -> list[pd.DataFrame]:
@@ -155,10 +171,19 @@ def _example_alt(ex: pd.DataFrame) -> str:
     strongest = ex.sort_values("weight", ascending=False, kind="stable").drop_duplicates("query_index").head(3)
     links = ", ".join(f"'{r.query_word}'→'{r.key_word}' ({r.weight:.2f})" for r in strongest.itertuples())
     gold = ex[ex["gold"].astype(bool)] if "gold" in ex else ex.iloc[:0]
-    g = ("; expected links: " + ", ".join(f"'{r.query_word}'→'{r.key_word}' ({r.weight:.2f})" for r in gold.itertuples())) if len(gold) else ""
+    g = (
+        (
+            "; expected links: "
+            + ", ".join(f"'{r.query_word}'→'{r.key_word}' ({r.weight:.2f})" for r in gold.itertuples())
+        )
+        if len(gold)
+        else ""
+    )
     level = str(ex["level"].iloc[0]) if "level" in ex else "word"
-    return (f"Heatmap of the {level}-level attention of head {_head(layer, head)} on \"{sentence}\"; "
-            f"strongest links: {links}{g}.")
+    return (
+        f'Heatmap of the {level}-level attention of head {_head(layer, head)} on "{sentence}"; '
+        f"strongest links: {links}{g}."
+    )
 
 
 def _example_block(ex: pd.DataFrame) -> Figure:
@@ -167,14 +192,20 @@ def _example_block(ex: pd.DataFrame) -> Figure:
     head = _head(r["layer"], r["head"])
     gold = " Red outlines: the links the role expects (gold)." if ex["gold"].astype(bool).any() else ""
     if str(r.get("level", "word")) == "token":
-        how = ("rows are query tokens, columns the tokens they attend to (token level, special tokens included: the "
-               "item has no words, or most of this head's attention goes to special tokens, which belong to no word).")
+        how = (
+            "rows are query tokens, columns the tokens they attend to (token level, special tokens included: the "
+            "item has no words, or most of this head's attention goes to special tokens, which belong to no word)."
+        )
     else:
-        how = ("on a real sentence; rows are query words, columns the words they attend to (sub-word pieces summed "
-               "over keys, averaged over queries; attention to special tokens left out).")
+        how = (
+            "on a real sentence; rows are query words, columns the words they attend to (sub-word pieces summed "
+            "over keys, averaged over queries; attention to special tokens left out)."
+        )
     return Figure(
-        name=f"example_{slug(r['example'])}", png=F.png_bytes(F.example_figure(ex, title=f"{what}: {head}")),
-        alt=_example_alt(ex), caption=f"{head}, a top head for {what}; {how}{gold}",
+        name=f"example_{slug(r['example'])}",
+        png=F.png_bytes(F.example_figure(ex, title=f"{what}: {head}")),
+        alt=_example_alt(ex),
+        caption=f"{head}, a top head for {what}; {how}{gold}",
     )
 
 
@@ -182,12 +213,17 @@ def _relation_table(d: pd.DataFrame, max_rows: int = 15) -> Table | None:
     """Best head per relation and direction (roles that have relations)."""
     if (d["relation"].astype(str) == "").all():
         return None
-    best = d.sort_values(["verdict", "margin"], ascending=False, kind="stable").drop_duplicates(["relation", "direction"])
+    best = d.sort_values(["verdict", "margin"], ascending=False, kind="stable").drop_duplicates(
+        ["relation", "direction"]
+    )
     best = best.sort_values(["verdict", "margin"], ascending=False, kind="stable").head(max_rows)
     t = best[["relation", "direction", "layer", "head", "score", "baseline", "margin", "n", "verdict"]].copy()
     t.insert(2, "best head", [_head(l, h) for l, h in zip(t["layer"], t["head"])])
-    return Table(name="relations", frame=t.drop(columns=["layer", "head"]),
-                 caption=f"Best head per relation and direction (the {len(t)} with the largest margins; all in tables/roles.csv)")
+    return Table(
+        name="relations",
+        frame=t.drop(columns=["layer", "head"]),
+        caption=f"Best head per relation and direction (the {len(t)} with the largest margins; all in tables/roles.csv)",
+    )
 
 
 def _causal_rows(rvi: pd.DataFrame, role: str) -> pd.DataFrame:
@@ -222,14 +258,20 @@ def _card_section(card: dict, card_text: str) -> Section:
     if kv and kv < n:
         g = n // kv
         fig = F.gqa_figure(n, kv)
-        s.blocks.append(Figure(
-            name="gqa_groups", png=F.png_bytes(fig),
-            alt=f"Diagram of grouped-query attention: {n} query heads joined to {kv} key-value heads; "
-                + "; ".join(f"KV head {k} is read by query heads {k * g}–{k * g + g - 1}" for k in range(kv)) + ".",
-            caption=f"GQA groups: each KV head is shared by {g} query heads (the same grouping in every layer). "
-                    "Heads in a group see the same keys and values and differ only in their queries.",
-        ))
-        groups = pd.DataFrame([{"kv_head": k, "query_heads": ", ".join(str(h) for h in range(k * g, (k + 1) * g))} for k in range(kv)])
+        s.blocks.append(
+            Figure(
+                name="gqa_groups",
+                png=F.png_bytes(fig),
+                alt=f"Diagram of grouped-query attention: {n} query heads joined to {kv} key-value heads; "
+                + "; ".join(f"KV head {k} is read by query heads {k * g}–{k * g + g - 1}" for k in range(kv))
+                + ".",
+                caption=f"GQA groups: each KV head is shared by {g} query heads (the same grouping in every layer). "
+                "Heads in a group see the same keys and values and differ only in their queries.",
+            )
+        )
+        groups = pd.DataFrame(
+            [{"kv_head": k, "query_heads": ", ".join(str(h) for h in range(k * g, (k + 1) * g))} for k in range(kv)]
+        )
         s.blocks.append(Table(name="gqa_groups", frame=groups, caption="Query heads sharing each KV head"))
     else:
         s.blocks.append(Paragraph("Multi-head attention: every query head has its own key-value head (no GQA groups)."))
@@ -243,20 +285,25 @@ def _roles_overview(roles: pd.DataFrame, n_layers: int, n_heads: int, model: str
     multi = sum(1 for v in held.values() if len(v) > 1)
     common = ", ".join(f"{r} ({c} heads)" for r, c in counts.items()) or "none"
     total = n_layers * n_heads
-    s.blocks.append(Paragraph(
-        f"{len(held)} of {model}'s {total} heads hold at least one role at the configured thresholds; "
-        f"{_n(multi, 'holds', 'hold')} more than one. Heads per role: {common}."
-    ))
+    s.blocks.append(
+        Paragraph(
+            f"{len(held)} of {model}'s {total} heads hold at least one role at the configured thresholds; "
+            f"{_n(multi, 'holds', 'hold')} more than one. Heads per role: {common}."
+        )
+    )
     s.blocks.append(Note(CAVEAT))
     fig = F.role_map_figure(roles, n_layers=n_layers, n_heads=n_heads)
-    s.blocks.append(Figure(
-        name="role_map", png=F.png_bytes(fig),
-        alt=f"Grid of {n_layers} layers by {n_heads} heads coloured by role. {len(held)} heads hold a role, {multi} several. "
+    s.blocks.append(
+        Figure(
+            name="role_map",
+            png=F.png_bytes(fig),
+            alt=f"Grid of {n_layers} layers by {n_heads} heads coloured by role. {len(held)} heads hold a role, {multi} several. "
             f"Heads per role: {common}.",
-        caption="Layer × head map of roles. Each coloured stripe is a role the head holds (verdict: margin over the baseline "
-                "and adjusted p below alpha); a cell with several stripes holds several roles; stronger colour means a larger "
-                "margin relative to the role's best head. Grey: no role.",
-    ))
+            caption="Layer × head map of roles. Each coloured stripe is a role the head holds (verdict: margin over the baseline "
+            "and adjusted p below alpha); a cell with several stripes holds several roles; stronger colour means a larger "
+            "margin relative to the role's best head. Grey: no role.",
+        )
+    )
     return s
 
 
@@ -268,16 +315,30 @@ def _unheld_section(roles: pd.DataFrame, tops: dict[str, pd.DataFrame]) -> Secti
         if d["verdict"].astype(bool).any():
             continue
         r = best.iloc[0]
-        rows.append({"role": role, "best head": _head(r["layer"], r["head"]), "score": r["score"], "baseline": r["baseline"],
-                     "margin": r["margin"], "p (adj.)": r["p_value"], "n": r["n"]})
+        rows.append(
+            {
+                "role": role,
+                "best head": _head(r["layer"], r["head"]),
+                "score": r["score"],
+                "baseline": r["baseline"],
+                "margin": r["margin"],
+                "p (adj.)": r["p_value"],
+                "n": r["n"],
+            }
+        )
     if not rows:
         return None
     s = Section(id="roles-unheld", title="Roles no head holds", level=3)
-    s.blocks.append(Paragraph(
-        f"No head passes the threshold for {_n(len(rows), 'role', 'roles')} ({', '.join(r['role'] for r in rows)}); "
-        "the best-scoring head of each is listed for reference. A role absent here may still be carried by several heads "
-        "together, or only on inputs unlike the probe corpora."))
-    s.blocks.append(Table(name="roles_unheld", frame=pd.DataFrame(rows), caption="Best head of each role that no head holds"))
+    s.blocks.append(
+        Paragraph(
+            f"No head passes the threshold for {_n(len(rows), 'role', 'roles')} ({', '.join(r['role'] for r in rows)}); "
+            "the best-scoring head of each is listed for reference. A role absent here may still be carried by several heads "
+            "together, or only on inputs unlike the probe corpora."
+        )
+    )
+    s.blocks.append(
+        Table(name="roles_unheld", frame=pd.DataFrame(rows), caption="Best head of each role that no head holds")
+    )
     return s
 
 
@@ -290,9 +351,18 @@ def _role_sections(roles, examples, rvi, top: int) -> list[Section]:
         if not n_held:
             continue
         s = Section(id=f"role-{slug(role)}", title=f"Role: {role}", level=3)
-        s.blocks.append(Paragraph(f"{_n(n_held, 'head holds', 'heads hold')} this role. Top {len(best)} by margin over the baseline:"))
-        s.blocks.append(Table(name=f"top_{slug(role)}", frame=_role_table(best),
-                              caption=f"Top heads for {role}: score, baseline, margin, bootstrap CI of the score, adjusted p"))
+        s.blocks.append(
+            Paragraph(
+                f"{_n(n_held, 'head holds', 'heads hold')} this role. Top {len(best)} by margin over the baseline:"
+            )
+        )
+        s.blocks.append(
+            Table(
+                name=f"top_{slug(role)}",
+                frame=_role_table(best),
+                caption=f"Top heads for {role}: score, baseline, margin, bootstrap CI of the score, adjusted p",
+            )
+        )
         rel = _relation_table(d)
         if rel is not None:
             s.blocks.append(rel)
@@ -300,7 +370,11 @@ def _role_sections(roles, examples, rvi, top: int) -> list[Section]:
         if not causal.empty:
             s.blocks.append(Paragraph(_causal_sentence(causal)))
         else:
-            s.blocks.append(Paragraph("Causal evidence: no ablation of this role's heads was run; the verdict rests on attention alone."))
+            s.blocks.append(
+                Paragraph(
+                    "Causal evidence: no ablation of this role's heads was run; the verdict rests on attention alone."
+                )
+            )
         s.blocks.append(Note("Attention maps are clues, not proofs (Jain & Wallace 2019; Wiegreffe & Pinter 2019)."))
         for ex in role_examples(examples, role):
             s.blocks.append(_example_block(ex))
@@ -316,10 +390,13 @@ def _clusters_figure(clusters: pd.DataFrame | None) -> Figure | None:
         return None
     sizes = clusters["cluster"].value_counts().sort_index()
     desc = "; ".join(f"cluster {c}: {n} heads" for c, n in sizes.items())
-    return Figure(name="head_clusters", png=F.png_bytes(F.clusters_figure(clusters)),
-                  alt=f"Scatter plot of the {len(clusters)} heads in two dimensions, coloured by cluster, labelled by layer; {desc}.",
-                  caption="Heads embedded in two dimensions by their attention behaviour and clustered (Clark et al. 2019, §6); "
-                          "marker text is the layer. Heads of one cluster behave alike on the text corpus.")
+    return Figure(
+        name="head_clusters",
+        png=F.png_bytes(F.clusters_figure(clusters)),
+        alt=f"Scatter plot of the {len(clusters)} heads in two dimensions, coloured by cluster, labelled by layer; {desc}.",
+        caption="Heads embedded in two dimensions by their attention behaviour and clustered (Clark et al. 2019, §6); "
+        "marker text is the layer. Heads of one cluster behave alike on the text corpus.",
+    )
 
 
 def _stats_section(stats: pd.DataFrame, clusters: pd.DataFrame | None = None) -> Section | None:
@@ -330,8 +407,14 @@ def _stats_section(stats: pd.DataFrame, clusters: pd.DataFrame | None = None) ->
     means = stats[stats["metric"].astype(str).isin(metrics)].groupby(["metric", "layer"], observed=True)["value"].mean()
     desc = "; ".join(f"mean {m} by layer: " + ", ".join(f"{v:.2f}" for v in means.loc[m].values) for m in metrics)
     fig = F.stats_by_layer_figure(stats, metrics)
-    s.blocks.append(Figure(name="stats_by_layer", png=F.png_bytes(fig), alt=f"Dot plots of {', '.join(metrics)} per head by layer; {desc}.",
-                           caption="Per-head attention statistics by layer (dots: heads; line: layer mean)."))
+    s.blocks.append(
+        Figure(
+            name="stats_by_layer",
+            png=F.png_bytes(fig),
+            alt=f"Dot plots of {', '.join(metrics)} per head by layer; {desc}.",
+            caption="Per-head attention statistics by layer (dots: heads; line: layer mean).",
+        )
+    )
     wide = means.unstack("metric").reset_index()
     s.blocks.append(Table(name="stats_by_layer", frame=wide, caption="Layer means of the per-head statistics"))
     cl = _clusters_figure(clusters)
@@ -354,7 +437,11 @@ def curves_frame(frames: dict[str, pd.DataFrame], metric: str | None = None) -> 
     else:
         return None
     d = df[df["fraction_pruned"].notna()]
-    keep = d["metric"].astype(str) == metric if metric and (d["metric"].astype(str) == metric).any() else ~d["metric"].astype(str).isin(COUNT_METRICS)
+    keep = (
+        d["metric"].astype(str) == metric
+        if metric and (d["metric"].astype(str) == metric).any()
+        else ~d["metric"].astype(str).isin(COUNT_METRICS)
+    )
     d = d[keep].copy()
     d["study"] = d["study"].astype(str).str.removeprefix("curve:")
     return d
@@ -368,14 +455,18 @@ def _ablation_map(frames, n_layers, n_heads) -> Figure | None:
     if d.empty:
         return None
     metric = str(d["metric"].iloc[0])
-    fig = F.head_map_figure(d, n_layers=n_layers, n_heads=n_heads, label=metric,
-                            title=f"Single-head zero ablation: {metric} per head")
+    fig = F.head_map_figure(
+        d, n_layers=n_layers, n_heads=n_heads, label=metric, title=f"Single-head zero ablation: {metric} per head"
+    )
     worst = d.loc[d["value"].abs().idxmax()]
-    return Figure(name="ablation_map", png=F.png_bytes(fig),
-                  alt=f"Heatmap of {n_layers} layers by {n_heads} heads: change in the metric when each head alone is zero-ablated; "
-                      f"the largest change is {_head(worst['layer'], worst['head'])} ({worst['value']:+.4f}).",
-                  caption=f"Importance of single heads: {metric} when one head is zero-ablated (the rest intact). "
-                          "Most heads matter little alone; redundancy is why pruning curves stay flat at first.")
+    return Figure(
+        name="ablation_map",
+        png=F.png_bytes(fig),
+        alt=f"Heatmap of {n_layers} layers by {n_heads} heads: change in the metric when each head alone is zero-ablated; "
+        f"the largest change is {_head(worst['layer'], worst['head'])} ({worst['value']:+.4f}).",
+        caption=f"Importance of single heads: {metric} when one head is zero-ablated (the rest intact). "
+        "Most heads matter little alone; redundancy is why pruning curves stay flat at first.",
+    )
 
 
 def _pruning_section(frames: dict, rvi: pd.DataFrame, n_layers: int, n_heads: int, metric: str | None) -> Section:
@@ -384,7 +475,11 @@ def _pruning_section(frames: dict, rvi: pd.DataFrame, n_layers: int, n_heads: in
     base = frames.get("prune_baseline")
     if base is not None and not base.empty:
         b = base.iloc[0]
-        s.blocks.append(Paragraph(f"Unpruned model: {b['metric']} = {fmt(b['value'])} (bootstrap SE {fmt(b['spread'])}, {int(b['n'])} items)."))
+        s.blocks.append(
+            Paragraph(
+                f"Unpruned model: {b['metric']} = {fmt(b['value'])} (bootstrap SE {fmt(b['spread'])}, {int(b['n'])} items)."
+            )
+        )
     if curves.empty:
         s.blocks.append(Paragraph("No pruning curves in this run."))
     else:
@@ -392,19 +487,31 @@ def _pruning_section(frames: dict, rvi: pd.DataFrame, n_layers: int, n_heads: in
         ends = []
         for (study, m), d in curves.groupby(["study", "metric"], observed=True):
             d = d.sort_values("fraction_pruned")
-            ends.append(f"{study}: {m} {d['value'].iloc[0]:.3f} at {d['fraction_pruned'].iloc[0]:.0%} → {d['value'].iloc[-1]:.3f} at {d['fraction_pruned'].iloc[-1]:.0%}")
-        s.blocks.append(Figure(
-            name="pruning_curves", png=F.png_bytes(fig),
-            alt="Line chart of the metric against the fraction of heads pruned, one line per pruning order. " + "; ".join(ends) + ".",
-            caption="Pruning curves: heads are removed in the order each study ranks them; shaded bands are ± the spread "
-                    "(for random orders, the standard deviation over seeds; otherwise the bootstrap SE over items).",
-        ))
+            ends.append(
+                f"{study}: {m} {d['value'].iloc[0]:.3f} at {d['fraction_pruned'].iloc[0]:.0%} → {d['value'].iloc[-1]:.3f} at {d['fraction_pruned'].iloc[-1]:.0%}"
+            )
+        s.blocks.append(
+            Figure(
+                name="pruning_curves",
+                png=F.png_bytes(fig),
+                alt="Line chart of the metric against the fraction of heads pruned, one line per pruning order. "
+                + "; ".join(ends)
+                + ".",
+                caption="Pruning curves: heads are removed in the order each study ranks them; shaded bands are ± the spread "
+                "(for random orders, the standard deviation over seeds; otherwise the bootstrap SE over items).",
+            )
+        )
         fr = sorted(curves["fraction_pruned"].unique())
         pick = [fr[0], fr[len(fr) // 2], fr[-1]] if len(fr) >= 3 else fr
         t = curves[curves["fraction_pruned"].isin(pick)].copy()
         t["fraction_pruned"] = t["fraction_pruned"].map(lambda v: f"{v:.0%}")
-        s.blocks.append(Table(name="pruning_points", frame=t.rename(columns={"study": "order", "n_seeds": "curves averaged"}),
-                              caption="Pruning curves at the first, middle and last fraction pruned"))
+        s.blocks.append(
+            Table(
+                name="pruning_points",
+                frame=t.rename(columns={"study": "order", "n_seeds": "curves averaged"}),
+                caption="Pruning curves at the first, middle and last fraction pruned",
+            )
+        )
     pr = frames.get("prune_prunable")
     if pr is not None and not pr.empty:
         t = pr.copy()
@@ -413,18 +520,28 @@ def _pruning_section(frames: dict, rvi: pd.DataFrame, n_layers: int, n_heads: in
                 t[c] = t[c].round().astype("Int64")
         t["tolerance"] = t["tolerance"].map(lambda v: f"{v:.0%}")
         t["fraction_pruned"] = t["fraction_pruned"].map(lambda v: f"{v:.0%}")
-        s.blocks.append(Table(name="prunable", frame=t, caption="Largest fraction of heads prunable while the metric stays within the tolerance of the unpruned model"))
+        s.blocks.append(
+            Table(
+                name="prunable",
+                frame=t,
+                caption="Largest fraction of heads prunable while the metric stays within the tolerance of the unpruned model",
+            )
+        )
     amap = _ablation_map(frames, n_layers, n_heads)
     if amap is not None:
         s.blocks.append(amap)
     if rvi is not None and not rvi.empty:
         fig = F.causal_figure(rvi)
-        s.blocks.append(Figure(
-            name="causal_evidence", png=F.png_bytes(fig),
-            alt="Bar chart per role: metric after ablating the role's top heads versus random heads. "
-                + "; ".join(f"{r.role}: {r.value_role:.3f} vs {r.value_random_mean:.3f}" for r in rvi.itertuples()) + ".",
-            caption="Roles vs importance: ablating a role's top-k heads (red) against k random heads (grey, mean ± sd over draws).",
-        ))
+        s.blocks.append(
+            Figure(
+                name="causal_evidence",
+                png=F.png_bytes(fig),
+                alt="Bar chart per role: metric after ablating the role's top heads versus random heads. "
+                + "; ".join(f"{r.role}: {r.value_role:.3f} vs {r.value_random_mean:.3f}" for r in rvi.itertuples())
+                + ".",
+                caption="Roles vs importance: ablating a role's top-k heads (red) against k random heads (grey, mean ± sd over draws).",
+            )
+        )
     return s
 
 
@@ -434,25 +551,46 @@ def _skipped_section(skipped: pd.DataFrame, n_items: dict) -> Section:
     if skipped is None or skipped.empty or int(skipped["count"].sum()) == 0:
         s.blocks.append(Paragraph("No item was skipped." + (f" Items used — {used}." if used else "")))
     else:
-        s.blocks.append(Paragraph(
-            f"{int(skipped['count'].sum())} items were skipped, by reason below." + (f" Items used — {used}." if used else "")))
+        s.blocks.append(
+            Paragraph(
+                f"{int(skipped['count'].sum())} items were skipped, by reason below."
+                + (f" Items used — {used}." if used else "")
+            )
+        )
         s.blocks.append(Table(name="skipped", frame=skipped, caption="Skipped items by analysis and reason"))
     return s
 
 
 def _run_section(meta: dict) -> Section:
     s = Section(id="run", title="Run")
-    rows = [("model", meta.get("model")), ("backend", meta.get("backend")), ("mode", "full" if meta.get("full") else "quick"),
-            ("seed", meta.get("seed")), ("model file SHA-256", meta.get("sha256") or "—"),
-            ("trust_remote_code", "true" if meta.get("trust_remote_code") else "false")]
+    rows = [
+        ("model", meta.get("model")),
+        ("backend", meta.get("backend")),
+        ("mode", "full" if meta.get("full") else "quick"),
+        ("seed", meta.get("seed")),
+        ("model file SHA-256", meta.get("sha256") or "—"),
+        ("trust_remote_code", "true" if meta.get("trust_remote_code") else "false"),
+    ]
     rows += [(f"version: {k}", v) for k, v in (meta.get("versions") or {}).items()]
     rows += [(f"time: {k}", f"{v:.1f} s") for k, v in (meta.get("timings") or {}).items()]
-    s.blocks.append(Table(name="run", frame=pd.DataFrame(rows, columns=["field", "value"]), caption="Configuration, versions and timings"))
-    s.blocks.append(Paragraph("Tables are in tables/ (CSV and Parquet, tidy: one observation per row); the full configuration is in run.json."))
+    s.blocks.append(
+        Table(
+            name="run",
+            frame=pd.DataFrame(rows, columns=["field", "value"]),
+            caption="Configuration, versions and timings",
+        )
+    )
+    s.blocks.append(
+        Paragraph(
+            "Tables are in tables/ (CSV and Parquet, tidy: one observation per row); the full configuration is in run.json."
+        )
+    )
     return s
 
 
-def build_document(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, top: int = 3) -> Document:
+def build_document(
+    frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, top: int = 3
+) -> Document:
     """The report's content from frames. ``frames`` keys used: ``roles`` (ROLE_COLUMNS),
     ``stats`` (STAT_COLUMNS), ``examples`` (EXAMPLE_COLUMNS), ``prune_*`` (IMPACT_COLUMNS; curves from
     ``prune_curve_summary`` / ``prune_curves``, single-head map from ``prune_ablation``,
@@ -471,13 +609,15 @@ def build_document(frames: dict[str, pd.DataFrame], *, card: dict, card_text: st
     stats = _stats_section(frames.get("stats"), frames.get("clusters"))
     if stats:
         sections.append(stats)
-    sections.append(_pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric")))
+    sections.append(
+        _pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
+    )
     sections.append(_skipped_section(frames.get("skipped"), meta.get("n_items") or {}))
     sections.append(_run_section(meta))
     return Document(
         title=f"What the attention heads of {model} do",
         subtitle=f"{n_layers} layers × {n_heads} heads = {n_layers * n_heads} heads · backend {meta.get('backend')} · "
-                 f"{'full' if meta.get('full') else 'quick'} pruning studies · seed {meta.get('seed')}",
+        f"{'full' if meta.get('full') else 'quick'} pruning studies · seed {meta.get('seed')}",
         sections=sections,
     )
 
@@ -500,7 +640,11 @@ th{background:#f2f2f2}td.num{text-align:right;font-variant-numeric:tabular-nums}
 
 
 def _num(v) -> str:
-    return ' class="num"' if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)) else ""
+    return (
+        ' class="num"'
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+        else ""
+    )
 
 
 def _table_html(t: Table) -> str:
@@ -520,8 +664,10 @@ def _block_html(b) -> str:
     if isinstance(b, Pre):
         return f"<pre>{_html.escape(b.text)}</pre>"
     if isinstance(b, Figure):
-        return (f'<figure id="fig-{_html.escape(b.name)}"><img src="{F.data_uri(b.png)}" alt="{_html.escape(b.alt, quote=True)}">'
-                f"<figcaption>{_html.escape(b.caption)}</figcaption></figure>")
+        return (
+            f'<figure id="fig-{_html.escape(b.name)}"><img src="{F.data_uri(b.png)}" alt="{_html.escape(b.alt, quote=True)}">'
+            f"<figcaption>{_html.escape(b.caption)}</figcaption></figure>"
+        )
     if isinstance(b, Table):
         return _table_html(b)
     raise TypeError(f"unknown document block {type(b).__name__}; expected Paragraph, Note, Pre, Figure or Table")

@@ -5,6 +5,7 @@ HTML page, figures as PNG files under ``figures/``.
 >>> text.splitlines()[:3], files
 (['# T', '', '## S'], {})
 """
+
 from __future__ import annotations
 
 from .html import Document, Figure, Note, Paragraph, Pre, Section, Table, fmt  # noqa: F401 (Section: doctest)

@@ -21,6 +21,7 @@ Example (runs the analyses; about a minute for MiniLM in quick mode)::
     result = build_report("minilm-l6", out_dir="runs/report-minilm-l6")
     result.paths["html"], result.summary["roles"]["positional:previous"]["top"][0]
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,15 @@ log = logging.getLogger(__name__)
 QUICK_STUDIES = ("ablation", "importance", "curves")
 
 SKIPPED_COLUMNS = ["analysis", "reason", "count"]
-VERSION_PACKAGES = {"torch": "torch", "transformers": "transformers", "transformer_lens": "transformer-lens",
-                    "headscope": "headscope", "numpy": "numpy", "pandas": "pandas", "matplotlib": "matplotlib"}
+VERSION_PACKAGES = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "transformer_lens": "transformer-lens",
+    "headscope": "headscope",
+    "numpy": "numpy",
+    "pandas": "pandas",
+    "matplotlib": "matplotlib",
+}
 
 
 @dataclass
@@ -159,15 +167,33 @@ def examples_frame(examples) -> pd.DataFrame:
         pat = _as_array(pat)
         words = [str(w) for w in words]
         if pat.ndim != 2 or pat.shape != (len(words), len(words)):
-            log.warning("example %r: pattern shape %s does not match %d %ss; left out", key, pat.shape, len(words), level)
+            log.warning(
+                "example %r: pattern shape %s does not match %d %ss; left out", key, pat.shape, len(words), level
+            )
             continue
         gold = {(int(m[0]), int(m[1])) for m in (r.get("marks") or []) if len(m) == 2} if level == "word" else set()
         sentence = str(r.get("sentence") or r.get("text") or " ".join(words))
         role = str(r.get("role") or str(key).split(":")[0])
         for i in range(pat.shape[0]):
             for j in range(pat.shape[1]):
-                rows.append((str(key), role, str(r.get("relation") or ""), str(r.get("direction") or ""), int(r["layer"]),
-                             int(r["head"]), level, sentence, i, j, words[i], words[j], float(pat[i, j]), (i, j) in gold))
+                rows.append(
+                    (
+                        str(key),
+                        role,
+                        str(r.get("relation") or ""),
+                        str(r.get("direction") or ""),
+                        int(r["layer"]),
+                        int(r["head"]),
+                        level,
+                        sentence,
+                        i,
+                        j,
+                        words[i],
+                        words[j],
+                        float(pat[i, j]),
+                        (i, j) in gold,
+                    )
+                )
     return pd.DataFrame(rows, columns=F.EXAMPLE_COLUMNS)
 
 
@@ -212,7 +238,9 @@ def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, ro
     from headscope.analyses.roles_config import RolesConfig
 
     cfg = roles_config or RolesConfig(seed=seed)
-    return head_roles(model, cfg=cfg, progress=progress, roles=role_groups, **(role_inputs or {})), cfg  # progress(stage, done, total), stages text/syntactic/...
+    return head_roles(
+        model, cfg=cfg, progress=progress, roles=role_groups, **(role_inputs or {})
+    ), cfg  # progress(stage, done, total), stages text/syntactic/...
 
 
 def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFrame | None, progress=None):
@@ -224,13 +252,28 @@ def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFr
         # the quick report leaves out mean ablation (an extra corpus pass and H more evaluations)
         # and all-but-one (H more evaluations; on SmolLM2 4.5 of its 11 pruning minutes);
         # --full runs every study, both ablation modes, on all items
-        prune_config = (PruneConfig(seed=seed) if full else
-                        PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES))
-    return pruning_study(model, prune_config, None, roles=roles, progress=progress), prune_config  # progress(stage, done, total), stage "pruning"
+        prune_config = (
+            PruneConfig(seed=seed)
+            if full
+            else PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)
+        )
+    return pruning_study(
+        model, prune_config, None, roles=roles, progress=progress
+    ), prune_config  # progress(stage, done, total), stage "pruning"
 
 
-def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", full: bool = False, seed: int = 0,
-                 progress=None, roles_config=None, prune_config=None, role_groups=None, role_inputs=None):
+def run_analyses(
+    model_name: str = "minilm-l6",
+    *,
+    backend: str = "inhouse",
+    full: bool = False,
+    seed: int = 0,
+    progress=None,
+    roles_config=None,
+    prune_config=None,
+    role_groups=None,
+    role_inputs=None,
+):
     """Run card, roles and pruning; return ``(frames, card, card_text, meta)``.
     ``role_groups``: a subset of :data:`headscope.analyses.roles.ROLE_GROUPS` (default all);
     ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.head_roles`
@@ -242,8 +285,14 @@ def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     with _timed(timings, "load", progress):
         model = _load(model_name, backend)
     with _timed(timings, "roles", None):
-        rr, rcfg = _run_roles(model, seed=seed, roles_config=roles_config, progress=progress, role_groups=role_groups,
-                              role_inputs=role_inputs)
+        rr, rcfg = _run_roles(
+            model,
+            seed=seed,
+            roles_config=roles_config,
+            progress=progress,
+            role_groups=role_groups,
+            role_inputs=role_inputs,
+        )
     frames: dict[str, pd.DataFrame] = {"roles": rr.frame.reset_index(drop=True)}
     if rr.stats is not None:
         frames["stats"] = rr.stats.reset_index(drop=True)
@@ -256,14 +305,23 @@ def run_analyses(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
         skipped = {"roles": skipped}  # a flat Counter of reasons
     n_items = getattr(rr, "n_items", None)
     with _timed(timings, "pruning", None):  # pruning_study reports its own parts
-        pr, pcfg = _run_pruning(model, full=full, seed=seed, prune_config=prune_config, roles=frames["roles"], progress=progress)
+        pr, pcfg = _run_pruning(
+            model, full=full, seed=seed, prune_config=prune_config, roles=frames["roles"], progress=progress
+        )
     frames.update(split_prune_frames(pr.frames))
     frames["skipped"] = skipped_frame(skipped)
     for k, v in (getattr(rr, "timings", None) or {}).items():
         timings[f"roles.{k}"] = round(float(v), 3)
     meta = {
-        "model": card.get("name", model_name), "model_arg": model_name, "backend": backend, "full": full, "seed": seed,
-        "model_file": model_file, "sha256": model_file["sha256"], "versions": versions(), "timings": timings,
+        "model": card.get("name", model_name),
+        "model_arg": model_name,
+        "backend": backend,
+        "full": full,
+        "seed": seed,
+        "model_file": model_file,
+        "sha256": model_file["sha256"],
+        "versions": versions(),
+        "timings": timings,
         "trust_remote_code": trust_remote_code(),
         "n_items": (n_items if isinstance(n_items, dict) else {"roles": n_items}) if n_items is not None else {},
         "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg)},
@@ -293,12 +351,23 @@ def summarise(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top: i
             c = rvi[rvi["role"].astype(str) == role]
             if not c.empty:
                 r = c.iloc[0]
-                causal = f"{r['metric']} {r['value_role']:.3f} vs {r['value_random_mean']:.3f}±{r['value_random_std']:.3f}"
+                causal = (
+                    f"{r['metric']} {r['value_role']:.3f} vs {r['value_random_mean']:.3f}±{r['value_random_std']:.3f}"
+                )
         out_roles[role] = {
             "n_heads": int(d.drop_duplicates(["layer", "head"]).shape[0]),
-            "top": [{"head": f"L{int(r.layer)}H{int(r.head)}", "layer": int(r.layer), "head_index": int(r.head),
-                     "score": float(r.score), "baseline": float(r.baseline), "margin": float(r.margin), "verdict": bool(r.verdict)}
-                    for r in best.itertuples()],
+            "top": [
+                {
+                    "head": f"L{int(r.layer)}H{int(r.head)}",
+                    "layer": int(r.layer),
+                    "head_index": int(r.head),
+                    "score": float(r.score),
+                    "baseline": float(r.baseline),
+                    "margin": float(r.margin),
+                    "verdict": bool(r.verdict),
+                }
+                for r in best.itertuples()
+            ],
             "causal": causal,
         }
     pruning = []
@@ -306,19 +375,28 @@ def summarise(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top: i
     for (study, metric), d in curves.groupby(["study", "metric"], observed=True):
         d = d.sort_values("fraction_pruned")
         mid = d.iloc[len(d) // 2]
-        pruning.append(f"{study}: {metric} {d['value'].iloc[0]:.3f} → {mid['value']:.3f} at {mid['fraction_pruned']:.0%} pruned"
-                       f" → {d['value'].iloc[-1]:.3f} at {d['fraction_pruned'].iloc[-1]:.0%}")
+        pruning.append(
+            f"{study}: {metric} {d['value'].iloc[0]:.3f} → {mid['value']:.3f} at {mid['fraction_pruned']:.0%} pruned"
+            f" → {d['value'].iloc[-1]:.3f} at {d['fraction_pruned'].iloc[-1]:.0%}"
+        )
     sk = frames.get("skipped")
     return {
-        "model": meta.get("model"), "backend": meta.get("backend"), "out_dir": str(out_dir),
-        "report": str(out_dir / "report.html"), "pruning_figure": str(out_dir / "figures" / "pruning_curves.png"),
-        "roles": out_roles, "pruning": pruning,
+        "model": meta.get("model"),
+        "backend": meta.get("backend"),
+        "out_dir": str(out_dir),
+        "report": str(out_dir / "report.html"),
+        "pruning_figure": str(out_dir / "figures" / "pruning_curves.png"),
+        "roles": out_roles,
+        "pruning": pruning,
         "skipped": int(sk["count"].sum()) if sk is not None and not sk.empty else 0,
-        "timings": meta.get("timings", {}), "seconds": round(sum(v for k, v in meta.get("timings", {}).items() if "." not in k), 1),
+        "timings": meta.get("timings", {}),
+        "seconds": round(sum(v for k, v in meta.get("timings", {}).items() if "." not in k), 1),
     }
 
 
-def write_report(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, out_dir, progress=None) -> dict[str, Path]:
+def write_report(
+    frames: dict[str, pd.DataFrame], *, card: dict, card_text: str, meta: dict, out_dir, progress=None
+) -> dict[str, Path]:
     """Write the report folder from frames (no model needed). Returns the paths.
 
     The folder is claimed (:func:`~headscope.probes.output_folder.claim_output`: an
@@ -346,8 +424,14 @@ def write_report(frames: dict[str, pd.DataFrame], *, card: dict, card_text: str,
             write_json(_run_json(frames, card, meta), tmp / "run.json")
             if progress:
                 progress("write", 1, 1)
-    return {"out_dir": out, "html": out / "report.html", "markdown": out / "report.md", "run_json": out / "run.json",
-            "tables": out / "tables", "figures": out / "figures"}
+    return {
+        "out_dir": out,
+        "html": out / "report.html",
+        "markdown": out / "report.md",
+        "run_json": out / "run.json",
+        "tables": out / "tables",
+        "figures": out / "figures",
+    }
 
 
 def _write_tables(frames: dict[str, pd.DataFrame], folder: Path) -> None:
@@ -364,19 +448,39 @@ def _run_json(frames, card, meta) -> dict:
             skipped.setdefault(r.analysis, {})[r.reason] = int(r.count)
     return {
         **manifest_header("report"),
-        "model": meta.get("model"), "model_arg": meta.get("model_arg"), "backend": meta.get("backend"),
-        "full": bool(meta.get("full")), "seed": meta.get("seed"), "config": meta.get("config", {}),
-        "versions": meta.get("versions") or versions(), "model_file": meta.get("model_file", {}),
-        "timings": meta.get("timings", {}), "skipped": skipped, "n_items": meta.get("n_items", {}),
+        "model": meta.get("model"),
+        "model_arg": meta.get("model_arg"),
+        "backend": meta.get("backend"),
+        "full": bool(meta.get("full")),
+        "seed": meta.get("seed"),
+        "config": meta.get("config", {}),
+        "versions": meta.get("versions") or versions(),
+        "model_file": meta.get("model_file", {}),
+        "timings": meta.get("timings", {}),
+        "skipped": skipped,
+        "n_items": meta.get("n_items", {}),
         "architecture": {"layers": card.get("layers"), "heads": card.get("heads"), "kv_heads": card.get("kv_heads")},
-        "pruning_summary": meta.get("prune_summary", {}), "card": card, "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
+        "pruning_summary": meta.get("prune_summary", {}),
+        "card": card,
+        "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
         "trust_remote_code": trust_remote_code(),
     }
 
 
-def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", full: bool = False, out_dir=None,
-                 seed: int = 0, quiet: bool = False, progress=None, roles_config=None, prune_config=None,
-                 role_groups=None, role_inputs=None) -> ReportResult:
+def build_report(
+    model_name: str = "minilm-l6",
+    *,
+    backend: str = "inhouse",
+    full: bool = False,
+    out_dir=None,
+    seed: int = 0,
+    quiet: bool = False,
+    progress=None,
+    roles_config=None,
+    prune_config=None,
+    role_groups=None,
+    role_inputs=None,
+) -> ReportResult:
     """Run the analyses on ``model_name`` and write the report folder ``out_dir``
     (default ``runs/report-<model>``). ``progress(stage, done, total)`` is called on every
     stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
@@ -391,9 +495,17 @@ def build_report(model_name: str = "minilm-l6", *, backend: str = "inhouse", ful
     if quiet:
         progress = None
     with claim_output(out, "report"):  # checked and locked before the analyses run
-        frames, card, card_text, meta = run_analyses(model_name, backend=backend, full=full, seed=seed, progress=progress,
-                                                      roles_config=roles_config, prune_config=prune_config,
-                                                      role_groups=role_groups, role_inputs=role_inputs)
+        frames, card, card_text, meta = run_analyses(
+            model_name,
+            backend=backend,
+            full=full,
+            seed=seed,
+            progress=progress,
+            roles_config=roles_config,
+            prune_config=prune_config,
+            role_groups=role_groups,
+            role_inputs=role_inputs,
+        )
         paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
     summary = summarise(frames, meta, out)
     return ReportResult(frames=frames, paths=paths, summary=summary, timings=dict(meta["timings"]))

@@ -10,6 +10,7 @@ Everything goes to stderr except the ``--json`` summary, so ``--json`` output ca
 >>> p.seen
 {'roles': (1, 4)}
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,12 @@ class StageProgress:
     def __enter__(self):
         if not self.quiet and self.console.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=self.console, transient=False,
+                TextColumn("[bold]{task.description:<12}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=False,
             )
             self._progress.__enter__()
         return self
@@ -70,8 +75,9 @@ class StageProgress:
             self.console.print(f"headscope: {stage} started", markup=False, highlight=False)
         if total is not None and done >= total and stage not in self._ended:
             self._ended.add(stage)
-            self.console.print(f"headscope: {stage} done in {now - self._started[stage]:.1f} s",
-                               markup=False, highlight=False)
+            self.console.print(
+                f"headscope: {stage} done in {now - self._started[stage]:.1f} s", markup=False, highlight=False
+            )
 
 
 def summary_table(summary: dict) -> Table:

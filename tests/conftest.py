@@ -4,6 +4,7 @@
 ``*_bridge``: transformer-lens TransformerBridge. SmolLM2's GGUF is dequantised once and
 cached (``HEADSCOPE_CACHE``), so later sessions load in seconds.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Word alignment: subword tokens ↔ words, for WordPiece (MiniLM) and byte-level BPE
 (SmolLM2), by character offsets; property-tested on random text."""
+
 from __future__ import annotations
 
 import pytest
@@ -114,5 +115,13 @@ def test_display_tokens_read_as_text(tokenizers):
     toks = bpe.convert_ids_to_tokens(bpe("The cat's caf\u00e9 \u2603")["input_ids"])
     assert toks == ["The", "\u0120cat", "'s", "\u0120caf\u00c3\u00a9", "\u0120\u00e2", "\u013a", "\u0125"]
     # byte-level markers decoded; the three pieces of the snowman's bytes stay raw (they are not text alone)
-    assert [display_token(bpe, t) for t in toks] == ["The", "cat", "'s", "caf\u00e9", "\u0120\u00e2", "\u013a", "\u0125"]
+    assert [display_token(bpe, t) for t in toks] == [
+        "The",
+        "cat",
+        "'s",
+        "caf\u00e9",
+        "\u0120\u00e2",
+        "\u013a",
+        "\u0125",
+    ]
     assert [display_token(wp, t) for t in ["[CLS]", "un", "##bel", "cafe"]] == ["[CLS]", "un", "##bel", "cafe"]

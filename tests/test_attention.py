@@ -1,4 +1,5 @@
 """The in-house attention: MHA/GQA/MQA, masks, cross-attention, RoPE, gates and hooks."""
+
 from __future__ import annotations
 
 import math
@@ -78,7 +79,9 @@ def test_cross_attention_reads_the_other_sequence():
     x = torch.randn(2, 3, 16)  # queries
     memory = torch.randn(2, 5, 16)  # keys/values from another sequence
     seen = {}
-    with hooks([(attn.hook_pattern, lambda t, n: seen.setdefault("p", t)), (attn.hook_k, lambda t, n: seen.setdefault("k", t))]):
+    with hooks(
+        [(attn.hook_pattern, lambda t, n: seen.setdefault("p", t)), (attn.hook_k, lambda t, n: seen.setdefault("k", t))]
+    ):
         out = attn(x, None, kv_input=memory, need_pattern=True)
     assert out.shape == (2, 3, 16)
     assert seen["p"].shape == (2, 4, 3, 5)
@@ -126,7 +129,14 @@ def test_mean_ablation_substitutes_the_given_value():
     attn.gate.data[1] = 1.0
     attn.ablation_value.zero_()
     # head 1's contribution is W_O[:, 8:16] @ value at every position
-    with hooks([(model.hook_points["blocks.0.attn.hook_z"], lambda t, n: t.index_copy(1, torch.tensor([1]), value.expand(1, 1, 5, 8).clone()))]):
+    with hooks(
+        [
+            (
+                model.hook_points["blocks.0.attn.hook_z"],
+                lambda t, n: t.index_copy(1, torch.tensor([1]), value.expand(1, 1, 5, 8).clone()),
+            )
+        ]
+    ):
         expected = {}
         with hooks([(model.hook_points["blocks.0.attn.hook_out"], lambda t, n: expected.setdefault("out", t))]):
             model(ids)

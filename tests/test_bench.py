@@ -1,4 +1,5 @@
 """``headscope bench``: the plumbing (batches, FLOP counts, ratios, skips, output), never timings."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,14 @@ def test_config_validation():
 
 @pytest.fixture(scope="module")
 def small_bench():
-    cfg = B.BenchConfig(n_sentences=8, batch_size=4, repeats=1, peak_seconds=0.05, peak_size=256,
-                        paths=("hf_sdpa", "capture_patterns", "gate_grad", "roles"))
+    cfg = B.BenchConfig(
+        n_sentences=8,
+        batch_size=4,
+        repeats=1,
+        peak_seconds=0.05,
+        peak_size=256,
+        paths=("hf_sdpa", "capture_patterns", "gate_grad", "roles"),
+    )
 
     def cannot_run(self):
         raise B.PathSkipped(SKIP_NOTE)
@@ -79,7 +86,7 @@ def test_bench_padding_and_pattern_memory(small_bench):
     assert info["batches"] == 2
     assert 0 <= info["padding_ratio_bucketed"] < info["padding_ratio_unsorted"]
     lengths = sorted(len(B.tokenize_one(_tok(), text=s)["ids"]) for s in B.generate_sentences(8, seed=0))
-    per_batch = [pattern_bytes(4, max(lengths[i:i + 4]), 12, 6) for i in (0, 4)]
+    per_batch = [pattern_bytes(4, max(lengths[i : i + 4]), 12, 6) for i in (0, 4)]
     assert info["pattern_bytes_store_all"] == sum(per_batch)
     assert info["pattern_bytes_streaming"] == max(per_batch)
 

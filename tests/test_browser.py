@@ -3,6 +3,7 @@ protocol (``websocket-client``): every image decodes, nothing is logged as an er
 no network request leaves the page, and a screenshot is saved (set
 ``HEADSCOPE_SCREENSHOT_DIR`` to keep it).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,11 +40,24 @@ class Browser:
 
         self.profile = tempfile.mkdtemp(prefix="headscope-chromium-")
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={self.profile}",
-             "--remote-debugging-port=0", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 60
@@ -122,14 +136,22 @@ def open_report(b: Browser, html: Path, shot: Path) -> dict:
     b.wait_for("Page.loadEventFired")
     imgs = b.eval("Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.alt.length])")
     height = b.eval("document.documentElement.scrollHeight")
-    shot_png = b.send("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                      clip={"x": 0, "y": 0, "width": 1100, "height": min(height, 16000), "scale": 1})
+    shot_png = b.send(
+        "Page.captureScreenshot",
+        format="png",
+        captureBeyondViewport=True,
+        clip={"x": 0, "y": 0, "width": 1100, "height": min(height, 16000), "scale": 1},
+    )
     import base64
 
     shot.write_bytes(base64.b64decode(shot_png["data"]))
-    errors = [e for e in b.events if e.get("method") == "Runtime.exceptionThrown"
-              or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
-              or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+    errors = [
+        e
+        for e in b.events
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
     requests = [e["params"]["request"]["url"] for e in b.events if e.get("method") == "Network.requestWillBeSent"]
     return {"imgs": imgs, "errors": errors, "requests": requests, "height": height}
 
@@ -159,7 +181,9 @@ def test_synthetic_report_in_chromium(browser, tmp_path):
     from headscope.reports import pipeline
 
     card = model_card("minilm-l6")
-    paths = pipeline.write_report(synthetic_frames(), card=card, card_text=render_card(card), meta=_meta(), out_dir=tmp_path / "r")
+    paths = pipeline.write_report(
+        synthetic_frames(), card=card, card_text=render_card(card), meta=_meta(), out_dir=tmp_path / "r"
+    )
     seen = open_report(browser, paths["html"], _shot_dir(tmp_path) / "report-synthetic.png")
     _check(seen, 8)
     assert seen["height"] > 3000
@@ -168,8 +192,10 @@ def test_synthetic_report_in_chromium(browser, tmp_path):
 def test_broken_image_is_caught(browser, tmp_path):
     """The check can fail: a page with a corrupt data URI and a console error."""
     page = tmp_path / "bad.html"
-    page.write_text('<!DOCTYPE html><html><body><img alt="x" src="data:image/png;base64,AAAA">'
-                    '<script>console.error("boom")</script></body></html>')
+    page.write_text(
+        '<!DOCTYPE html><html><body><img alt="x" src="data:image/png;base64,AAAA">'
+        '<script>console.error("boom")</script></body></html>'
+    )
     seen = open_report(browser, page, tmp_path / "bad.png")
     assert seen["imgs"] == [[True, 0, 0, 1]]
     assert len(seen["errors"]) == 1

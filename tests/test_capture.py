@@ -1,4 +1,5 @@
 """The capture API: one call, token metadata, K/V un-expanded, streaming with buckets."""
+
 from __future__ import annotations
 
 import subprocess
@@ -95,8 +96,14 @@ def test_stream_over_a_generator_in_small_windows_equals_the_list(minilm, senten
     whole, windowed = FirstTokenMass(), FirstTokenMass()
     seen = []
     rep_list = stream(minilm, items, [whole], batch_size=2)
-    rep_gen = stream(minilm, (x for x in items), [windowed], batch_size=2, window=3,
-                     progress=lambda done, total: seen.append((done, total)))
+    rep_gen = stream(
+        minilm,
+        (x for x in items),
+        [windowed],
+        batch_size=2,
+        window=3,
+        progress=lambda done, total: seen.append((done, total)),
+    )
     assert torch.allclose(whole.result(), windowed.result(), atol=1e-6)
     assert rep_gen.n_items == rep_list.n_items == 9 and rep_gen.n_used == rep_list.n_used == 7
     assert rep_gen.skipped_items == rep_list.skipped_items == [(0, "empty"), (6, "longer than context (602 > 512)")]
@@ -109,7 +116,9 @@ def test_stream_over_a_generator_in_small_windows_equals_the_list(minilm, senten
 def test_cli_capture_summary_runs():
     out = subprocess.run(
         [sys.executable, "-m", "headscope.reports.cli", "capture", "smollm2-135m", "The cat sat.", "--layers", "0,29"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert "KV groups: KV 0 <- heads [0, 1, 2]" in out.stdout

@@ -1,4 +1,5 @@
 """``headscope card``: the spec sheet from config alone."""
+
 from __future__ import annotations
 
 import json
@@ -11,7 +12,9 @@ from headscope.probes.card import model_card
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "headscope.reports.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "headscope.reports.cli", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_smollm2_card_reports_gqa():
@@ -30,9 +33,17 @@ def test_minilm_card_and_context():
 
 
 def test_card_from_a_config_json_alone(tmp_path):
-    cfg = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
-           "max_position_embeddings": 131072, "head_dim": 128}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "head_dim": 128,
+    }
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     out = cli("card", str(p), "--context", "8192", "--dtype", "bf16")
@@ -43,8 +54,15 @@ def test_card_from_a_config_json_alone(tmp_path):
 
 
 def test_card_says_when_heads_times_dhead_differs(tmp_path):
-    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 512, "num_attention_heads": 4,
-           "head_dim": 64, "intermediate_size": 1024, "vocab_size": 100}
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 512,
+        "num_attention_heads": 4,
+        "head_dim": 64,
+        "intermediate_size": 1024,
+        "vocab_size": 100,
+    }
     p = tmp_path / "config.json"
     p.write_text(json.dumps(cfg))
     out = cli("card", str(p))
@@ -70,7 +88,13 @@ def test_hub_id_offline_is_a_clear_error():
     import os
 
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    out = subprocess.run([sys.executable, "-m", "headscope.reports.cli", "card", "someorg/somemodel"], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "headscope.reports.cli", "card", "someorg/somemodel"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "needs network access" in out.stderr
 

@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from headscope.probes import checkpoints
 from headscope.probes.checkpoints import check_gguf, resolve
 from headscope.probes.config import ModelConfig, param_counts
@@ -26,8 +29,6 @@ from headscope.probes.errors import CheckpointError, HeadscopeError
 from headscope.probes.models import InHouseModel, load_model
 from headscope.probes.transformer import Transformer
 from headscope.reports import cli
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 WORDS = [
     "[PAD]",
@@ -65,9 +66,7 @@ def _build(d: Path, family: str, **changes) -> Path:
 
     d.mkdir(parents=True)
     torch.manual_seed(0)
-    with (
-        checkpoints.quiet_transformers()
-    ):  # no "Writing model shards" bar in the captured stderr
+    with checkpoints.quiet_transformers():  # no "Writing model shards" bar in the captured stderr
         if family == "bert":
             BertModel(BertConfig(**{**SIZES, **changes})).save_pretrained(d)
         else:
@@ -88,9 +87,7 @@ def tiny(tmp_path_factory):
     return {family: _build(root / family, family) for family in ("bert", "llama")}
 
 
-def _copy(
-    src: Path, dst: Path, config: dict | None = None, drop: tuple[str, ...] = ()
-) -> Path:
+def _copy(src: Path, dst: Path, config: dict | None = None, drop: tuple[str, ...] = ()) -> Path:
     shutil.copytree(src, dst)
     if config is not None or drop:
         cfg = json.loads((dst / "config.json").read_text())
@@ -106,11 +103,7 @@ def one_line_error(capsys, *argv: str) -> str:
     rc = cli.main(list(argv))
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert (
-        err.count("\n") == 1
-        and err.startswith("headscope: error: ")
-        and "Traceback" not in err
-    ), err
+    assert err.count("\n") == 1 and err.startswith("headscope: error: ") and "Traceback" not in err, err
     return err.strip()
 
 
@@ -215,10 +208,7 @@ def test_card_of_a_billion_layers_is_arithmetic(tiny, tmp_path, capsys):
     attn_per_layer = 16 * 16 + 2 * 16 * 8 + 16 * 16  # q, k, v (2 KV heads of 4), o
     assert card["layers"] == 10**9
     assert card["attention_params"] == 10**9 * attn_per_layer
-    assert (
-        card["total_params"]
-        == 10**9 * (attn_per_layer + 3 * 16 * 32 + 2 * 16) + 36 * 16 + 16
-    )
+    assert card["total_params"] == 10**9 * (attn_per_layer + 3 * 16 * 32 + 2 * 16) + 36 * 16 + 16
 
 
 @pytest.mark.parametrize(
@@ -267,9 +257,7 @@ def test_param_counts_equal_the_built_model(cfg):
     cfg = ModelConfig(**cfg)
     with torch.device("meta"):
         model = Transformer(cfg)
-    params = [
-        (n, p.numel()) for n, p in model.named_parameters() if not n.endswith(".gate")
-    ]
+    params = [(n, p.numel()) for n, p in model.named_parameters() if not n.endswith(".gate")]
     assert param_counts(cfg) == (
         sum(k for n, k in params if ".attn." in n),
         sum(k for _, k in params),
@@ -296,16 +284,11 @@ ABSURD = [
 
 @pytest.mark.parametrize("family, key", ABSURD)
 @pytest.mark.parametrize("backend", ["inhouse", "bridge"])
-def test_absurd_size_is_refused_before_allocating(
-    tiny, tmp_path, capsys, memory_4gib, family, key, backend
-):
+def test_absurd_size_is_refused_before_allocating(tiny, tmp_path, capsys, memory_4gib, family, key, backend):
     d = _copy(tiny[family], tmp_path / "m", {key: 2**40})
     err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", backend)
     assert f"{d / 'config.json'}: " in err and f"{key}={2**40}" in err
-    assert (
-        "GiB of weights" in err
-        and "more than the 4.0 GiB available; check these sizes" in err
-    )
+    assert "GiB of weights" in err and "more than the 4.0 GiB available; check these sizes" in err
 
 
 def test_available_memory_is_read_from_the_system():
@@ -347,18 +330,14 @@ def test_available_memory_is_read_from_the_system():
     ],
 )
 @pytest.mark.parametrize("command", ["card", "capture"])
-def test_bad_size_names_the_file_and_the_key(
-    tiny, tmp_path, capsys, key, value, message, command
-):
+def test_bad_size_names_the_file_and_the_key(tiny, tmp_path, capsys, key, value, message, command):
     d = _copy(
         tiny["bert"],
         tmp_path / "m",
         None if value is ... else {key: value},
         drop=(key,) if value is ... else (),
     )
-    err = one_line_error(
-        capsys, command, str(d), *(["the cat"] if command == "capture" else [])
-    )
+    err = one_line_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
     assert err == f"headscope: error: {d / 'config.json'}: {message}" or err.startswith(
         f"headscope: error: {d / 'config.json'}: {message}"
     ), err
@@ -367,10 +346,7 @@ def test_bad_size_names_the_file_and_the_key(
 def test_kv_heads_that_do_not_divide_the_heads_are_refused(tiny, tmp_path, capsys):
     d = _copy(tiny["llama"], tmp_path / "m", {"num_key_value_heads": 3})
     err = one_line_error(capsys, "card", str(d))
-    assert (
-        f"{d / 'config.json'}: num_key_value_heads=3 does not divide num_attention_heads=4"
-        in err
-    )
+    assert f"{d / 'config.json'}: num_key_value_heads=3 does not divide num_attention_heads=4" in err
 
 
 # ----------------------------------------------------------------------------- 4. tokenizer past the vocabulary
@@ -380,9 +356,7 @@ def test_kv_heads_that_do_not_divide_the_heads_are_refused(tiny, tmp_path, capsy
 def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys, backend):
     d = _build(tmp_path / "m", "bert", vocab_size=20)
     err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", backend)
-    assert (
-        f"{d}: the tokenizer has ids up to 35 but config.json's vocab_size is 20" in err
-    )
+    assert f"{d}: the tokenizer has ids up to 35 but config.json's vocab_size is 20" in err
 
 
 @pytest.mark.parametrize("backend", ["inhouse", "bridge"])
@@ -405,12 +379,8 @@ def test_added_tokens_past_the_vocabulary_warn_and_are_refused_only_when_used(tm
 def test_encode_refuses_an_id_past_the_vocabulary(tiny):
     from transformers import AutoTokenizer
 
-    module = Transformer(
-        ModelConfig(family="bert", n_layers=1, d_model=16, n_heads=2, vocab_size=32)
-    )
-    model = InHouseModel(
-        module, AutoTokenizer.from_pretrained(str(tiny["bert"])), name="tiny"
-    )
+    module = Transformer(ModelConfig(family="bert", n_layers=1, d_model=16, n_heads=2, vocab_size=32))
+    model = InHouseModel(module, AutoTokenizer.from_pretrained(str(tiny["bert"])), name="tiny")
     model.encode(texts=["a b c"])  # ids below 32 pass
     with pytest.raises(
         ValueError,
@@ -458,10 +428,7 @@ def test_not_a_gguf_file_says_what_was_expected(tmp_path, capsys):
     f = tmp_path / "model.gguf"
     f.write_bytes(b"PK\x03\x04" + bytes(100))
     err = one_line_error(capsys, "capture", str(f), "the cat")
-    assert (
-        f"{f}: not a GGUF file (expected the magic bytes b'GGUF' first; got b'PK\\x03\\x04')"
-        in err
-    )
+    assert f"{f}: not a GGUF file (expected the magic bytes b'GGUF' first; got b'PK\\x03\\x04')" in err
 
 
 @pytest.mark.parametrize("command", ["card", "capture"])
@@ -475,9 +442,7 @@ def test_head_of_the_smollm2_gguf_is_one_line(tmp_path, capsys, command):
     f = tmp_path / "smollm2-cut.gguf"
     with open(src, "rb") as fin:
         f.write_bytes(fin.read(2**16))
-    err = one_line_error(
-        capsys, command, str(f), *(["the cat"] if command == "capture" else [])
-    )
+    err = one_line_error(capsys, command, str(f), *(["the cat"] if command == "capture" else []))
     assert (
         f"{f}: truncated or corrupt GGUF file (65,536 bytes): the 33 metadata entries and 272 tensors its header announces cannot be read"
         in err
@@ -486,20 +451,12 @@ def test_head_of_the_smollm2_gguf_is_one_line(tmp_path, capsys, command):
 
 @pytest.mark.parametrize("damage", ["random", "truncated", "empty"])
 @pytest.mark.parametrize("backend", ["bridge", "hf"])
-def test_corrupt_safetensors_on_bridge_and_hf_names_the_file(
-    tiny, tmp_path, backend, damage
-):
+def test_corrupt_safetensors_on_bridge_and_hf_names_the_file(tiny, tmp_path, backend, damage):
     d = _copy(tiny["bert"], tmp_path / "m")
     f = d / "model.safetensors"
     data = f.read_bytes()
-    f.write_bytes(
-        {"random": os.urandom(4096), "truncated": data[: len(data) // 2], "empty": b""}[
-            damage
-        ]
-    )
-    with pytest.raises(
-        CheckpointError, match=rf"^{f}: corrupt or truncated safetensors \("
-    ):
+    f.write_bytes({"random": os.urandom(4096), "truncated": data[: len(data) // 2], "empty": b""}[damage])
+    with pytest.raises(CheckpointError, match=rf"^{f}: corrupt or truncated safetensors \("):
         load_model(str(d), backend)
 
 
@@ -514,9 +471,7 @@ class _Payload:
 
 
 @pytest.mark.parametrize("backend", ["bridge", "hf"])
-def test_refused_pickle_on_bridge_and_hf_names_the_file(
-    tiny, tmp_path, capsys, backend
-):
+def test_refused_pickle_on_bridge_and_hf_names_the_file(tiny, tmp_path, capsys, backend):
     d = _copy(tiny["bert"], tmp_path / "m")
     (d / "model.safetensors").unlink()
     marker = tmp_path / "code_ran"
@@ -531,9 +486,7 @@ def test_refused_pickle_on_bridge_and_hf_names_the_file(
         load_model(str(d), backend)
     assert not marker.exists()
     if backend == "bridge":
-        err = one_line_error(
-            capsys, "capture", str(d), "the cat", "--backend", "bridge"
-        )
+        err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", "bridge")
         assert "only intact safetensors or weights-only torch files are loaded" in err
 
 
@@ -545,28 +498,16 @@ def test_latin1_config_names_the_file(tiny, tmp_path, capsys, command):
     d = _copy(tiny["bert"], tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     cfg["_name_or_path"] = "modèle"
-    (d / "config.json").write_bytes(
-        json.dumps(cfg, ensure_ascii=False).encode("latin-1")
-    )
-    err = one_line_error(
-        capsys, command, str(d), *(["the cat"] if command == "capture" else [])
-    )
-    assert err.startswith(
-        f"headscope: error: {d / 'config.json'}: not UTF-8 (byte 0xe8 at offset "
-    )
+    (d / "config.json").write_bytes(json.dumps(cfg, ensure_ascii=False).encode("latin-1"))
+    err = one_line_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
+    assert err.startswith(f"headscope: error: {d / 'config.json'}: not UTF-8 (byte 0xe8 at offset ")
 
 
 @pytest.mark.parametrize("command", ["card", "capture"])
-def test_invalid_json_config_names_file_line_and_column(
-    tiny, tmp_path, capsys, command
-):
+def test_invalid_json_config_names_file_line_and_column(tiny, tmp_path, capsys, command):
     d = _copy(tiny["bert"], tmp_path / "m")
-    (d / "config.json").write_text(
-        '{\n  "model_type": "bert",\n  "hidden_size": 16,,\n}'
-    )
-    err = one_line_error(
-        capsys, command, str(d), *(["the cat"] if command == "capture" else [])
-    )
+    (d / "config.json").write_text('{\n  "model_type": "bert",\n  "hidden_size": 16,,\n}')
+    err = one_line_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
     assert (
         err
         == f"headscope: error: {d / 'config.json'}:3:21: invalid JSON (Expecting property name enclosed in double quotes)"
@@ -581,9 +522,7 @@ def no_network(monkeypatch):
     """HF offline mode off, downloads not allowed, and any DNS lookup recorded (and failed)."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
-    monkeypatch.setenv(
-        "HEADSCOPE_ALLOW_DOWNLOAD", "0"
-    )  # recorded, so teardown undoes what --allow-download sets
+    monkeypatch.setenv("HEADSCOPE_ALLOW_DOWNLOAD", "0")  # recorded, so teardown undoes what --allow-download sets
     lookups = []
 
     def getaddrinfo(host, *args, **kwargs):
@@ -614,18 +553,14 @@ def no_network(monkeypatch):
         ("model.gguf", "model.gguf: no such GGUF file"),
     ],
 )
-def test_a_name_that_is_not_there_is_refused_without_network(
-    no_network, tmp_path, monkeypatch, capsys, model, message
-):
+def test_a_name_that_is_not_there_is_refused_without_network(no_network, tmp_path, monkeypatch, capsys, model, message):
     monkeypatch.chdir(tmp_path)
     err = one_line_error(capsys, "roles", model)
     assert err.startswith(f"headscope: error: {message}"), err
     assert no_network == []
 
 
-def test_a_path_whose_first_folder_exists_is_a_path(
-    no_network, tmp_path, monkeypatch, capsys
-):
+def test_a_path_whose_first_folder_exists_is_a_path(no_network, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mymodels").mkdir()
     err = one_line_error(capsys, "roles", "mymodels/minilm")
@@ -634,9 +569,7 @@ def test_a_path_whose_first_folder_exists_is_a_path(
 
 
 def test_hub_id_needs_allow_download(no_network, monkeypatch, capsys):
-    with pytest.raises(
-        HeadscopeError, match="a hub id needs network access and --allow-download"
-    ):
+    with pytest.raises(HeadscopeError, match="a hub id needs network access and --allow-download"):
         resolve("someorg/somemodel")
     monkeypatch.setenv("HEADSCOPE_ALLOW_DOWNLOAD", "1")
     assert resolve("someorg/somemodel").kind == "hub"
@@ -644,14 +577,9 @@ def test_hub_id_needs_allow_download(no_network, monkeypatch, capsys):
 
 
 def test_allow_download_flag_reaches_the_hub(no_network, monkeypatch, capsys):
-    monkeypatch.setenv(
-        "HF_HUB_OFFLINE", "1"
-    )  # the hub client itself stays offline in tests
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub client itself stays offline in tests
     err = one_line_error(capsys, "--allow-download", "card", "someorg/somemodel")
-    assert (
-        "hub model 'someorg/somemodel' could not be fetched" in err
-        and "needs network access" in err
-    )
+    assert "hub model 'someorg/somemodel' could not be fetched" in err and "needs network access" in err
     assert os.environ["HEADSCOPE_ALLOW_DOWNLOAD"] == "1"
     assert no_network == []
 
@@ -679,8 +607,7 @@ def test_mistyped_path_in_a_fresh_process_with_offline_mode_off(tmp_path):
     env = {
         k: v
         for k, v in os.environ.items()
-        if k
-        not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HEADSCOPE_ALLOW_DOWNLOAD")
+        if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HEADSCOPE_ALLOW_DOWNLOAD")
     }
     out = subprocess.run(
         [sys.executable, "-c", _NO_DNS, "card", "mymodels/minilm"],
@@ -710,20 +637,14 @@ def test_bench_device_bogus_is_one_line(capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_bench_device_cuda_without_cuda_is_one_line(capsys):
     err = one_line_error(capsys, "bench", "--device", "cuda")
-    assert (
-        err == "headscope: error: --device cuda: CUDA is not available on this machine"
-    )
-    assert "CUDA is not available" in one_line_error(
-        capsys, "bench", "--memory", "--device", "cuda:1"
-    )
+    assert err == "headscope: error: --device cuda: CUDA is not available on this machine"
+    assert "CUDA is not available" in one_line_error(capsys, "bench", "--memory", "--device", "cuda:1")
 
 
 def test_bench_config_checks_its_device():
     from headscope.analyses.bench import BenchConfig
 
-    with pytest.raises(
-        ValueError, match="device must be cpu, cuda or cuda:N; got cpu:0"
-    ):
+    with pytest.raises(ValueError, match="device must be cpu, cuda or cuda:N; got cpu:0"):
         BenchConfig(device="cpu:0")
 
 
@@ -752,12 +673,7 @@ def test_bridge_load_prints_no_progress_bar(tiny, capfd):
 
     before = hf_logging.is_progress_bar_enabled()
     capfd.readouterr()
-    assert (
-        cli.main(
-            ["capture", str(tiny["llama"]), "the cat", "--backend", "bridge", "--json"]
-        )
-        == 0
-    )
+    assert cli.main(["capture", str(tiny["llama"]), "the cat", "--backend", "bridge", "--json"]) == 0
     captured = capfd.readouterr()
     assert captured.err == "", captured.err
     assert hf_logging.is_progress_bar_enabled() == before
@@ -798,23 +714,15 @@ REQUIRED = {
 def expected_exit(family: str, key: str, value) -> tuple[int, int]:
     """(exit of ``card``, exit of ``capture``) for one mutation of the tiny model's config."""
     if family == "bert" and key == "num_key_value_heads":
-        valid = value in (MISSING, None) or (
-            isinstance(value, int) and not isinstance(value, bool) and value > 0
-        )
-        return (
-            (0, 0) if valid else (2, 2)
-        )  # not a BERT size: ignored, but it must still be a size
+        valid = value in (MISSING, None) or (isinstance(value, int) and not isinstance(value, bool) and value > 0)
+        return (0, 0) if valid else (2, 2)  # not a BERT size: ignored, but it must still be a size
     if value is MISSING or (value is None and key == "num_key_value_heads"):
         if key in REQUIRED[family]:
             return 2, 2
-        return (
-            (0, 2) if key == "num_key_value_heads" else (0, 0)
-        )  # KV heads default to 4: the weights hold 2
+        return (0, 2) if key == "num_key_value_heads" else (0, 0)  # KV heads default to 4: the weights hold 2
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         return 2, 2
-    if key == "num_key_value_heads" or (
-        family == "bert" and key == "num_attention_heads"
-    ):
+    if key == "num_key_value_heads" or (family == "bert" and key == "num_attention_heads"):
         return (
             2,
             2,
@@ -836,9 +744,7 @@ def expected_exit(family: str, key: str, value) -> tuple[int, int]:
     value=st.sampled_from(VALUES),
     backend=st.sampled_from(["inhouse", "bridge"]),
 )
-def test_mutated_config_sizes_exit_0_or_one_line(
-    tiny, capsys, memory_4gib, family, key, value, backend
-):
+def test_mutated_config_sizes_exit_0_or_one_line(tiny, capsys, memory_4gib, family, key, value, backend):
     with tempfile.TemporaryDirectory() as tmp:
         d = _copy(
             tiny[family],
@@ -853,11 +759,7 @@ def test_mutated_config_sizes_exit_0_or_one_line(
             err = capsys.readouterr().err
             assert rc == want, (argv[0], backend, family, key, value, err)
             if rc == 2:
-                assert (
-                    err.count("\n") == 1
-                    and err.startswith("headscope: error: ")
-                    and "Traceback" not in err
-                ), err
+                assert err.count("\n") == 1 and err.startswith("headscope: error: ") and "Traceback" not in err, err
                 assert str(d) in err, err
             else:
                 assert err == "", err

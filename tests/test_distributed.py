@@ -1,4 +1,5 @@
 """Ray sharding of streaming reducers: the merged result equals one process's result."""
+
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,13 @@ import sys
 import pytest
 import torch
 
-from headscope.analyses.distributed import AttentionMassReducer, ReducerSet, merge_reports, shard_bounds, stream_distributed
+from headscope.analyses.distributed import (
+    AttentionMassReducer,
+    ReducerSet,
+    merge_reports,
+    shard_bounds,
+    stream_distributed,
+)
 from headscope.data import path
 from headscope.probes.capture import StreamReport, stream
 
@@ -54,10 +61,24 @@ def test_shard_bounds_cover_the_corpus_without_overlap():
 def test_merge_reports_sums_counts_and_sorts_skips():
     from collections import Counter
 
-    a = StreamReport(n_items=5, n_used=4, skipped=Counter(empty=1), skipped_items=[(3, "empty")], n_batches=2,
-                     real_tokens=40, padded_tokens=4)
-    b = StreamReport(n_items=3, n_used=2, skipped=Counter(empty=1), skipped_items=[(1, "empty")], n_batches=1,
-                     real_tokens=20, padded_tokens=0)
+    a = StreamReport(
+        n_items=5,
+        n_used=4,
+        skipped=Counter(empty=1),
+        skipped_items=[(3, "empty")],
+        n_batches=2,
+        real_tokens=40,
+        padded_tokens=4,
+    )
+    b = StreamReport(
+        n_items=3,
+        n_used=2,
+        skipped=Counter(empty=1),
+        skipped_items=[(1, "empty")],
+        n_batches=1,
+        real_tokens=20,
+        padded_tokens=0,
+    )
     m = merge_reports([a, b])
     assert (m.n_items, m.n_used, m.n_batches, m.real_tokens, m.padded_tokens) == (8, 6, 3, 60, 4)
     assert m.skipped == Counter(empty=2) and m.skipped_items == [(1, "empty"), (3, "empty")]

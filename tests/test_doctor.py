@@ -1,4 +1,5 @@
 """``headscope doctor``: reports what is installed, always exits 0."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """bf16 against fp32: the same heads lead each role, and `headscope diff` says by how much
 the scores moved. This CPU emulates bf16 (slow), so only verdicts are checked here; the
 speed-up is `headscope bench --paths bf16_forward` on hardware with native bf16."""
+
 from __future__ import annotations
 
 import json
@@ -47,12 +48,26 @@ def test_bf16_keeps_the_top_heads_of_every_text_role(fp32_bf16):
 
 
 def test_top_heads_agreement_counts_sets_order_and_items():
-    a = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "role": ["r", "r", "s", "s"], "relation": "", "direction": "",
-                      "score": [0.9, 0.8, 0.3, 0.2], "verdict": [True, True, False, False], "n": [40, 40, 3, 3]})
+    a = pd.DataFrame(
+        {
+            "layer": [0, 0, 1, 1],
+            "head": [0, 1, 0, 1],
+            "role": ["r", "r", "s", "s"],
+            "relation": "",
+            "direction": "",
+            "score": [0.9, 0.8, 0.3, 0.2],
+            "verdict": [True, True, False, False],
+            "n": [40, 40, 3, 3],
+        }
+    )
     b = a.assign(score=[0.8, 0.9, 0.1, 0.4], verdict=[True, True, False, True])
     top = top_heads_agreement(a, b, top=1).set_index("role")
     assert top.loc["r", "top_a"] == "L0H0" and top.loc["r", "top_b"] == "L0H1" and not top.loc["r", "same_set"]
-    assert top.loc["s", "max_abs_delta"] == pytest.approx(0.2) and top.loc["s", "verdicts_b"] == 1 and top.loc["s", "n_a"] == 3
+    assert (
+        top.loc["s", "max_abs_delta"] == pytest.approx(0.2)
+        and top.loc["s", "verdicts_b"] == 1
+        and top.loc["s", "n_a"] == 3
+    )
     two = top_heads_agreement(a, b, top=2)
     assert two.same_set.all() and not two.same_order.any()
     summ = agreement_summary(top.reset_index(), 1)
@@ -67,14 +82,37 @@ def test_diff_cli_prints_and_writes_the_agreement(tmp_path, capsys):
     for seed in (0, 1):
         out = tmp_path / f"r{seed}"
         text = tmp_path / "t.txt"
-        text.write_text("".join(path("text/sentences.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:24]), encoding="utf-8")
-        assert main(["roles", "minilm-l6", "--roles", "positional", "--text", str(text), "--seed", str(seed), "--out", str(out), "--quiet"]) == 0
+        text.write_text(
+            "".join(path("text/sentences.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:24]),
+            encoding="utf-8",
+        )
+        assert (
+            main(
+                [
+                    "roles",
+                    "minilm-l6",
+                    "--roles",
+                    "positional",
+                    "--text",
+                    str(text),
+                    "--seed",
+                    str(seed),
+                    "--out",
+                    str(out),
+                    "--quiet",
+                ]
+            )
+            == 0
+        )
         runs.append(out)
     capsys.readouterr()
     assert main(["diff", str(runs[0]), str(runs[1]), "--out", str(tmp_path / "d")]) == 0
     printed = capsys.readouterr().out
     # the seed moves only p-values and CIs: scores are identical, so every top-3 set is too
-    assert "top-3 heads per role: the same heads in 6 of 6 roles (6 in the same order); largest |score difference| 0.0000" in printed
+    assert (
+        "top-3 heads per role: the same heads in 6 of 6 roles (6 in the same order); largest |score difference| 0.0000"
+        in printed
+    )
     doc = json.loads((tmp_path / "d" / "diff.json").read_text())
     assert doc["top_heads"]["same_set"] == 6 and doc["top_heads"]["differ"] == []
     assert (tmp_path / "d" / "tables" / "top_heads.csv").exists()

@@ -2,6 +2,7 @@
 text files, and random flag values. A reader returns usable items or raises
 InputFileError (a ValueError / HeadscopeError) with one line naming the file; the CLI
 exits 0 or 2 with one error line and never a traceback."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,6 +15,9 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
 from headscope.probes.corpora import (
     InputFileError,
     item_problem,
@@ -25,8 +29,6 @@ from headscope.probes.corpora import (
 from headscope.probes.errors import HeadscopeError
 from headscope.reports.argtypes import MAX_SEED
 from headscope.reports.cli import build_parser, main
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 
 FIX = Path(__file__).parent / "fixtures"
 READERS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -34,13 +36,61 @@ CLI_RUNS = settings(max_examples=10, deadline=None, suppress_health_check=[Healt
 
 # Values that broke or nearly broke a reader: bad IDs and heads, huge integers, spaces
 # of every kind, NUL, control and format characters, emoji, a BOM, JSON punctuation.
-TOKENS = ["0", "-1", "1.0", "1-1", "2-1", "1-3", "1.1", "3", "99999999999999999999999", str(2**64), "1e309", "\u0663",
-          "_", "", " ", "  ", "\x00", "\x0b", "\x85", "\u00a0", "\u2028", "\u3000", "New York", "\u200b", "\U0001F600",
-          "e\u0301", "\ufeff", "\t", "#", "# c", "{", "[", "]", '"', "null", "true", "\ud7ff", "root", "nsubj"]
-LINE_OPS = ["truncate", "drop_field", "add_field", "set_field", "insert_text", "delete_line", "duplicate_line",
-            "insert_line"]
-LINE_EDITS = st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(LINE_OPS), st.sampled_from(TOKENS),
-                                st.integers(0, 200)), max_size=6)
+TOKENS = [
+    "0",
+    "-1",
+    "1.0",
+    "1-1",
+    "2-1",
+    "1-3",
+    "1.1",
+    "3",
+    "99999999999999999999999",
+    str(2**64),
+    "1e309",
+    "\u0663",
+    "_",
+    "",
+    " ",
+    "  ",
+    "\x00",
+    "\x0b",
+    "\x85",
+    "\u00a0",
+    "\u2028",
+    "\u3000",
+    "New York",
+    "\u200b",
+    "\U0001f600",
+    "e\u0301",
+    "\ufeff",
+    "\t",
+    "#",
+    "# c",
+    "{",
+    "[",
+    "]",
+    '"',
+    "null",
+    "true",
+    "\ud7ff",
+    "root",
+    "nsubj",
+]
+LINE_OPS = [
+    "truncate",
+    "drop_field",
+    "add_field",
+    "set_field",
+    "insert_text",
+    "delete_line",
+    "duplicate_line",
+    "insert_line",
+]
+LINE_EDITS = st.lists(
+    st.tuples(st.integers(0, 10**6), st.sampled_from(LINE_OPS), st.sampled_from(TOKENS), st.integers(0, 200)),
+    max_size=6,
+)
 BYTE_EDITS = st.just([]) | st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4)
 
 
@@ -61,7 +111,7 @@ def edit_lines(lines: list[str], edits) -> list[str]:
             fields[k % len(fields)] = token
             lines[i] = "\t".join(fields)
         elif op == "insert_text":
-            lines[i] = lines[i][: k % (len(lines[i]) + 1)] + token + lines[i][k % (len(lines[i]) + 1):]
+            lines[i] = lines[i][: k % (len(lines[i]) + 1)] + token + lines[i][k % (len(lines[i]) + 1) :]
         elif op == "delete_line" and len(lines) > 1:
             del lines[i]
         elif op == "duplicate_line":
@@ -101,7 +151,7 @@ def no_space(words) -> bool:
 
 CONLLU_LINES = (FIX / "ud_sample.conllu").read_text(encoding="utf-8").splitlines()
 COREF_LINES = (FIX / "coref_planted.jsonl").read_text(encoding="utf-8").splitlines()
-TEXT_LINES = ["The cat sat on the mat .", "", "It purred \u00e9 \U0001F600 .", "   ", "caf\u00e9 ok"]
+TEXT_LINES = ["The cat sat on the mat .", "", "It purred \u00e9 \U0001f600 .", "   ", "caf\u00e9 ok"]
 
 
 @READERS
@@ -115,13 +165,25 @@ def test_conllu_reader_returns_trees_or_one_line_error(edits, byte_edits, cut):
         assert all(line >= 1 and reason for line, reason in corpus.skipped.entries)
 
 
-JSON_VALUES = st.one_of(st.integers(-(2**70), 2**70), st.sampled_from(TOKENS), st.none(), st.booleans(),
-                        st.floats(allow_nan=True), st.lists(st.integers(-3, 12), max_size=3),
-                        st.lists(st.lists(st.integers(-2, 12), min_size=2, max_size=2), max_size=4),
-                        st.lists(st.sampled_from(TOKENS), max_size=4))
-ITEM_EDITS = st.lists(st.tuples(st.integers(0, 100), st.sampled_from(
-    ["words", "pronoun", "candidates", "antecedent", "heads", "id", "kind", "extra"]), st.booleans(), JSON_VALUES),
-    max_size=4)
+JSON_VALUES = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.sampled_from(TOKENS),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True),
+    st.lists(st.integers(-3, 12), max_size=3),
+    st.lists(st.lists(st.integers(-2, 12), min_size=2, max_size=2), max_size=4),
+    st.lists(st.sampled_from(TOKENS), max_size=4),
+)
+ITEM_EDITS = st.lists(
+    st.tuples(
+        st.integers(0, 100),
+        st.sampled_from(["words", "pronoun", "candidates", "antecedent", "heads", "id", "kind", "extra"]),
+        st.booleans(),
+        JSON_VALUES,
+    ),
+    max_size=4,
+)
 
 
 @READERS
@@ -144,8 +206,7 @@ def test_coref_reader_returns_usable_items_or_one_line_error(item_edits, edits, 
 
 
 @READERS
-@given(edits=LINE_EDITS, byte_edits=BYTE_EDITS, raw=st.none() | st.binary(max_size=200),
-       max_chars=st.integers(1, 40))
+@given(edits=LINE_EDITS, byte_edits=BYTE_EDITS, raw=st.none() | st.binary(max_size=200), max_chars=st.integers(1, 40))
 def test_text_reader_returns_lines_or_one_line_error(edits, byte_edits, raw, max_chars):
     data = raw if raw is not None else encode(edit_lines(TEXT_LINES, edits), byte_edits, None)
     ts = read_or_error(lambda p: read_text(p, max_line_chars=max_chars), data, ".txt")
@@ -155,9 +216,17 @@ def test_text_reader_returns_lines_or_one_line_error(edits, byte_edits, raw, max
 
 # ------------------------------------------------------------------------------- the CLI
 
-TINY_CONLLU = ["# sent_id = a", "1\tDogs\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_", "2\tbark\t_\tVERB\t_\t_\t0\troot\t_\t_",
-               "3\t.\t_\tPUNCT\t_\t_\t2\tpunct\t_\t_", "", "# sent_id = b", "1\tCats\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_",
-               "2\tsleep\t_\tVERB\t_\t_\t0\troot\t_\t_", ""]
+TINY_CONLLU = [
+    "# sent_id = a",
+    "1\tDogs\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_",
+    "2\tbark\t_\tVERB\t_\t_\t0\troot\t_\t_",
+    "3\t.\t_\tPUNCT\t_\t_\t2\tpunct\t_\t_",
+    "",
+    "# sent_id = b",
+    "1\tCats\t_\tNOUN\t_\t_\t2\tnsubj\t_\t_",
+    "2\tsleep\t_\tVERB\t_\t_\t0\troot\t_\t_",
+    "",
+]
 
 
 def run_cli(argv) -> tuple[int, str]:
@@ -178,8 +247,9 @@ def test_roles_cli_on_mutated_treebanks_exits_0_or_2_in_one_line(minilm, edits, 
     with tempfile.TemporaryDirectory() as d, mock.patch.object(models, "load_model", lambda *a, **k: minilm):
         p = Path(d) / "t.conllu"
         p.write_bytes(encode(edit_lines(TINY_CONLLU, edits), byte_edits, None))
-        rc, err = run_cli(["roles", "minilm-l6", "--roles", "syntactic", "--conllu", p, "--out", Path(d) / "o",
-                           "--quiet"])
+        rc, err = run_cli(
+            ["roles", "minilm-l6", "--roles", "syntactic", "--conllu", p, "--out", Path(d) / "o", "--quiet"]
+        )
         assert "Traceback" not in err and rc in (0, 2), err
         event(f"exit {rc}")
         errors = [line for line in err.splitlines() if line.startswith("headscope")]
@@ -189,11 +259,22 @@ def test_roles_cli_on_mutated_treebanks_exits_0_or_2_in_one_line(minilm, edits, 
             assert not errors and (Path(d) / "o" / "roles.csv").exists()
 
 
-FLAGS = [("card", "--context"), ("roles", "--top"), ("roles", "--seed"), ("roles", "--batch-size"), ("roles", "--margin"),
-         ("report", "--seed"), ("prune", "--seeds"), ("prune", "--seed"), ("prune", "--n-items"), ("prune", "--batch-size"),
-         ("prune", "--max-fraction")]
-VALUES = st.one_of(st.integers(-(2**70), 2**70).map(str), st.floats().map(str), st.sampled_from(TOKENS),
-                   st.text(max_size=8))
+FLAGS = [
+    ("card", "--context"),
+    ("roles", "--top"),
+    ("roles", "--seed"),
+    ("roles", "--batch-size"),
+    ("roles", "--margin"),
+    ("report", "--seed"),
+    ("prune", "--seeds"),
+    ("prune", "--seed"),
+    ("prune", "--n-items"),
+    ("prune", "--batch-size"),
+    ("prune", "--max-fraction"),
+]
+VALUES = st.one_of(
+    st.integers(-(2**70), 2**70).map(str), st.floats().map(str), st.sampled_from(TOKENS), st.text(max_size=8)
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -210,9 +291,16 @@ def test_numeric_flags_parse_or_give_one_clear_line(flag, value):
             assert len(lines) == 1 and lines[0].startswith(f"headscope {command}: error: argument {name}: "), lines
             return
     got = getattr(args, name.lstrip("-").replace("-", "_"))
-    rules = {"--context": lambda v: v >= 1, "--top": lambda v: v >= 1, "--batch-size": lambda v: v >= 1,
-             "--seeds": lambda v: v >= 1, "--n-items": lambda v: v >= 2, "--seed": lambda v: 0 <= v <= MAX_SEED,
-             "--margin": lambda v: 0 <= v <= 1, "--max-fraction": lambda v: 0 < v <= 1}
+    rules = {
+        "--context": lambda v: v >= 1,
+        "--top": lambda v: v >= 1,
+        "--batch-size": lambda v: v >= 1,
+        "--seeds": lambda v: v >= 1,
+        "--n-items": lambda v: v >= 2,
+        "--seed": lambda v: 0 <= v <= MAX_SEED,
+        "--margin": lambda v: 0 <= v <= 1,
+        "--max-fraction": lambda v: 0 < v <= 1,
+    }
     assert rules[name](got), (flag, value, got)
 
 

@@ -1,4 +1,5 @@
 """MHA -> GQA conversion by mean-pooling K/V heads."""
+
 from __future__ import annotations
 
 import pytest
@@ -65,7 +66,9 @@ def test_g12_reproduces_minilm_exactly(minilm, sentences):
     same = convert_to_gqa(minilm, 12)
     batch = minilm.encode(texts=sentences)
     with torch.inference_mode():
-        assert torch.equal(same.module(batch.input_ids, batch.attention_mask), minilm.module(batch.input_ids, batch.attention_mask))
+        assert torch.equal(
+            same.module(batch.input_ids, batch.attention_mask), minilm.module(batch.input_ids, batch.attention_mask)
+        )
     assert same.module.blocks[0].attn.k_proj.weight.data_ptr() != minilm.module.blocks[0].attn.k_proj.weight.data_ptr()
 
 

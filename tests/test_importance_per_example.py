@@ -6,6 +6,7 @@ per-example importance was exactly 0 and importance orders fell back to head-ind
 A one-sentence unit now retrieves among all the metric's sentences (larger units keep
 retrieving among their own, so batch importances are unchanged).
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,7 +28,10 @@ def test_retrieval_among_a_one_sentence_unit_has_zero_gradient(minilm):
     metric = build_metric("cosine_to_unpruned", minilm, n_items=16)
     unit = metric.single_item_units()[0]
     spec = minilm.spec
-    with gates_as(minilm.module, torch.ones(spec.n_layers, spec.n_heads), requires_grad=True) as gates, torch.enable_grad():
+    with (
+        gates_as(minilm.module, torch.ones(spec.n_layers, spec.n_heads), requires_grad=True) as gates,
+        torch.enable_grad(),
+    ):
         emb = mean_pool(minilm.module(unit.batch.input_ids, unit.batch.attention_mask), unit.batch.attention_mask)
         old = F.cross_entropy(emb @ unit.extra["ref"].T / metric.temperature, torch.arange(unit.rows))  # [1, 1] logits
         g_old = torch.autograd.grad(old, gates)

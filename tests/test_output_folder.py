@@ -1,5 +1,6 @@
 """Output folders: nothing of the user's is ever deleted, a folder is one run's complete
 output or the previous one, and concurrent runs never mix (issue #12, items 1, 3, 5, 8, 9)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,13 @@ from headscope.probes import output_folder as of
 from headscope.probes.atomic import write_frame, write_json
 from headscope.reports.cli import main
 
-TEXT = ["The cat sat on the mat.", "Heads can be pruned, and often are.", "A dog barked at the old man.",
-        "She read the book that he wrote.", "Birds sing in the morning."]
+TEXT = [
+    "The cat sat on the mat.",
+    "Heads can be pruned, and often are.",
+    "A dog barked at the old man.",
+    "She read the book that he wrote.",
+    "Birds sing in the morning.",
+]
 
 
 @pytest.fixture
@@ -52,8 +58,9 @@ def _one_error_line(capsys) -> str:
 # ------------------------------------------------------------------ 1. data loss
 
 
-@pytest.mark.parametrize("command", [["report", "minilm-l6", "--quiet"], ["roles", "minilm-l6", "--quiet"],
-                                     ["prune", "minilm-l6"]])
+@pytest.mark.parametrize(
+    "command", [["report", "minilm-l6", "--quiet"], ["roles", "minilm-l6", "--quiet"], ["prune", "minilm-l6"]]
+)
 def test_a_folder_with_a_run_json_and_user_files_is_refused_and_untouched(tmp_path, capsys, no_model, command):
     """The reported repro: x/run.json ('{}'), x/important.txt, x/src/ — deleted by `report --out x`."""
     x = tmp_path / "x"
@@ -82,7 +89,9 @@ def test_an_earlier_report_with_a_user_file_inside_is_refused(tmp_path, minilm_r
     assert _tree(out) == before
     (out / "notes.txt").unlink()
     (out / "tables" / "mine.svg").unlink()
-    write_report(frames, card=card, card_text=text, meta={**meta, "seed": 5}, out_dir=out)  # a clean earlier report: replaced
+    write_report(
+        frames, card=card, card_text=text, meta={**meta, "seed": 5}, out_dir=out
+    )  # a clean earlier report: replaced
     assert json.loads((out / "run.json").read_text())["seed"] == 5
 
 
@@ -146,7 +155,9 @@ def test_swap_is_one_exchange_never_two_renames(tmp_path, monkeypatch):
 
 def test_without_exchange_a_kill_between_the_renames_is_repaired(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADSCOPE_NO_EXCHANGE", "1")
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout)
+    dead = int(
+        subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout
+    )
     out = tmp_path / "rep"
     old = tmp_path / f"rep.old-{dead}"
     old.mkdir()
@@ -163,8 +174,13 @@ def test_without_exchange_a_kill_between_the_renames_is_repaired(tmp_path, monke
 def test_a_held_folder_is_refused_with_the_holder_pid(tmp_path, capsys, no_model):
     out = tmp_path / "roles"
     with of.claim_output(out, "roles"):
-        code = subprocess.run([sys.executable, "-m", "headscope.reports.cli", "roles", "minilm-l6", "--quiet", "--out", str(out)],
-                              capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=120)
+        code = subprocess.run(
+            [sys.executable, "-m", "headscope.reports.cli", "roles", "minilm-l6", "--quiet", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, HF_HUB_OFFLINE="1"),
+            timeout=120,
+        )
     assert code.returncode == 2, code.stderr
     assert code.stderr.count("\n") == 1
     assert f"is being written by another headscope run (pid {os.getpid()})" in code.stderr
@@ -176,9 +192,28 @@ def test_a_held_folder_is_refused_with_the_holder_pid(tmp_path, capsys, no_model
 
 def _roles_cli(out: Path, text: Path, seed: int) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen([sys.executable, "-m", "headscope.reports.cli", "roles", "minilm-l6", "--roles", "positional,special",
-                             "--text", str(text), "--seed", str(seed), "--quiet", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "headscope.reports.cli",
+            "roles",
+            "minilm-l6",
+            "--roles",
+            "positional,special",
+            "--text",
+            str(text),
+            "--seed",
+            str(seed),
+            "--quiet",
+            "--out",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 @pytest.mark.slow
@@ -223,7 +258,9 @@ def test_two_concurrent_roles_runs_into_one_out_never_mix(tmp_path, text_file):
 def test_orphan_tmp_files_of_killed_prune_writes_are_removed_and_user_files_kept(tmp_path):
     out = tmp_path / "prune"
     out.mkdir()
-    write_json({**of.manifest_header("prune"), "version": 1, "config": {}, "done": [], "curves": {}}, out / "state.json")
+    write_json(
+        {**of.manifest_header("prune"), "version": 1, "config": {}, "done": [], "curves": {}}, out / "state.json"
+    )
     (out / ".curves.parquet.a1b2c3d4.tmp.parquet").write_bytes(b"PAR1 half")
     (out / ".state.json.x_9Yz0Qw.tmp").write_text("{")
     with of.claim_output(out, "prune") as folder:
@@ -293,7 +330,6 @@ def minilm_report_frames():
     return frames, card, render_card(card), meta
 
 
-
 # ------------------------------------------------------------------ 5. a full disk
 
 
@@ -302,7 +338,9 @@ def small_disk(tmp_path):
     """A 512 KiB tmpfs (root only: skipped with the reason elsewhere)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here: {proc.stderr.strip()}")
     try:

@@ -1,6 +1,7 @@
 """The in-house stack reproduces HF transformers (eager attention) in fp32, and the
 transformer-lens bridge agrees with it, on real sentences of varied length in one
 padded batch. Figures asserted: patterns ≤ 1e-5, final hidden states / logits ≤ 1e-4."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Physical pruning: the pruned model computes what the gated model computes."""
+
 from __future__ import annotations
 
 import json
@@ -57,9 +58,9 @@ def test_minilm_pruned_equals_gated(minilm, minilm_batch, minilm_pruned):
     # the gates of the source model are back on, the source weights untouched
     assert all(bool((g == 1).all()) for g in minilm.module.gates)
     assert minilm.module.blocks[0].attn.q_proj.weight.shape == (384, 384)
-    assert count_params(minilm.module, attention_only=True) - count_params(minilm_pruned.module, attention_only=True) == (
-        14 * (4 * 384 * 32 + 3 * 32)
-    )
+    assert count_params(minilm.module, attention_only=True) - count_params(
+        minilm_pruned.module, attention_only=True
+    ) == (14 * (4 * 384 * 32 + 3 * 32))
 
 
 def test_minilm_mean_ablation_is_folded_into_bias(minilm, minilm_batch):

@@ -1,6 +1,6 @@
 """Planted ground truth: hand-built heads must get exactly their roles, random heads none."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 import torch
@@ -11,7 +11,17 @@ from headscope.probes.capture import capture
 from headscope.probes.planted import RANDOM_HEADS, VOCAB, WORD_CLASSES, planted_model, planted_roles, planted_sentences
 
 CFG = RolesConfig(n_boot=200, n_perm=500)
-TOKEN_ROLES = ("positional", "special", "sink", "punctuation", "induction", "duplicate-token", "previous-token", "next-token", "rare-word")
+TOKEN_ROLES = (
+    "positional",
+    "special",
+    "sink",
+    "punctuation",
+    "induction",
+    "duplicate-token",
+    "previous-token",
+    "next-token",
+    "rare-word",
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +46,12 @@ def verdicts(frame) -> set:
 
 @pytest.fixture(scope="module")
 def causal_roles(causal, texts):
-    frames = [positional.run(causal, texts, CFG).frame, special.run(causal, texts, CFG).frame, induction.run(causal, None, CFG).frame, rareword.run(causal, texts, CFG).frame]
+    frames = [
+        positional.run(causal, texts, CFG).frame,
+        special.run(causal, texts, CFG).frame,
+        induction.run(causal, None, CFG).frame,
+        rareword.run(causal, texts, CFG).frame,
+    ]
     return frames
 
 

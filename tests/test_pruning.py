@@ -5,18 +5,33 @@ attends to the previous token (position one-hots in q/k) and copies its identity
 an output block the unembedding reads; heads 1 and 2 hold small random weights. The
 task alternates two words (``w4 w0 w4 w0 …``), so the next token is the previous one.
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.ablation import (MeanZ, all_but_one, batching_speedup, evaluate, gates_as, head_masks,
-                                         replica_masks, role_ablation, single_head_ablation)
+from headscope.analyses.ablation import (
+    MeanZ,
+    all_but_one,
+    batching_speedup,
+    evaluate,
+    gates_as,
+    head_masks,
+    replica_masks,
+    role_ablation,
+    single_head_ablation,
+)
 from headscope.analyses.frames import IMPACT_COLUMNS, roles_frame
-from headscope.analyses.impact_metrics import (CallableMetric, EmbeddingCosine, LMLoss, build_metric, mean_pool,
-                                               substitute)
+from headscope.analyses.impact_metrics import (
+    CallableMetric,
+    EmbeddingCosine,
+    LMLoss,
+    build_metric,
+    mean_pool,
+    substitute,
+)
 from headscope.analyses.importance import gate_gradients, head_importance
 from headscope.analyses.pruning_curves import CurveSettings, prunable_fraction, pruning_curve
 from headscope.analyses.pruning_study import PruneConfig, pruning_study
@@ -42,8 +57,18 @@ def word_tokenizer():
 def planted_copy_model(seed: int = 0) -> InHouseModel:
     V, P, nh, dh = 11, 16, 3, 16
     d = V + P + V  # [current word | position | copied word]
-    cfg = ModelConfig(family="llama", n_layers=1, d_model=d, n_heads=nh, d_head=dh, vocab_size=V, max_positions=P,
-                      positional="learned", tie_embeddings=False, name="planted-copy")
+    cfg = ModelConfig(
+        family="llama",
+        n_layers=1,
+        d_model=d,
+        n_heads=nh,
+        d_head=dh,
+        vocab_size=V,
+        max_positions=P,
+        positional="learned",
+        tie_embeddings=False,
+        name="planted-copy",
+    )
     net = Transformer(cfg)
     net.init_weights(seed=seed)
     a = net.blocks[0].attn
@@ -52,7 +77,7 @@ def planted_copy_model(seed: int = 0) -> InHouseModel:
         net.embed.weight.zero_()
         net.embed.weight[:, :V] = torch.eye(V)
         net.pos_embed.weight.zero_()
-        net.pos_embed.weight[:, V:V + P] = torch.eye(P)
+        net.pos_embed.weight[:, V : V + P] = torch.eye(P)
         q, k, v, o = a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight
         q[:dh].zero_(), k[:dh].zero_(), v[:dh].zero_(), o[:, :dh].zero_()
         for j in range(P):
@@ -79,8 +104,16 @@ def alternating(n: int, length: int = 12, seed: int = 0) -> list[str]:
 
 
 def random_gqa_model(dtype=torch.float32) -> InHouseModel:
-    cfg = ModelConfig(family="llama", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, vocab_size=11, max_positions=16,
-                      name="random-gqa")
+    cfg = ModelConfig(
+        family="llama",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=11,
+        max_positions=16,
+        name="random-gqa",
+    )
     net = Transformer(cfg)
     net.init_weights(std=0.3, seed=1)
     return InHouseModel(net.to(dtype), word_tokenizer(), name="random-gqa")
@@ -149,7 +182,7 @@ def test_batched_replicas_equal_separate_forwards_and_mean_ablation(planted):
     spec = model.spec
     masks = head_masks(n_layers=1, n_heads=3, heads=[(0, 0), (0, 1), (0, 2)])
     batched, _ = evaluate(model, metric, masks, max_rows=1000)
-    separate = torch.cat([evaluate(model, metric, masks[r:r + 1])[0] for r in range(3)])
+    separate = torch.cat([evaluate(model, metric, masks[r : r + 1])[0] for r in range(3)])
     assert torch.allclose(batched, separate, atol=1e-6)
     # the hook path equals the model's own gate path (z' = g z + (1 - g) a)
     means = torch.randn(1, 3, spec.d_head)
@@ -207,22 +240,60 @@ def test_callable_metric_plugs_in(planted):
         head_importance(model, cm)
     with pytest.raises(ValueError, match="plain callable"):
         pruning_study(model, PruneConfig(), metric=cm)
-    res = pruning_study(model, PruneConfig(orders=("ablation",), studies=("ablation", "curves"), ablation_modes=("zero",),
-                                           step=0.34), metric=cm)
+    res = pruning_study(
+        model,
+        PruneConfig(orders=("ablation",), studies=("ablation", "curves"), ablation_modes=("zero",), step=0.34),
+        metric=cm,
+    )
     curve = res.frames["curves"].query("metric == 'copy_loss'")["value"].tolist()
     assert curve[-1] == pytest.approx(d[0] + curve[0], abs=1e-2)  # the copy head goes last in the ablation order
 
 
 def test_role_ablation_against_random_heads(planted):
     model, metric = planted
-    roles = roles_frame([
-        dict(layer=0, head=0, role="positional:previous", score=0.99, baseline=0.1, margin=0.89, ci_low=0.98, ci_high=1.0,
-             p_value=0.001, n=16, verdict=True),
-        dict(layer=0, head=1, role="positional:previous", score=0.2, baseline=0.1, margin=0.1, ci_low=0.1, ci_high=0.3,
-             p_value=0.4, n=16, verdict=False),
-        dict(layer=0, head=2, role="punctuation", score=0.7, baseline=0.1, margin=0.6, ci_low=0.6, ci_high=0.8,
-             p_value=0.01, n=16, verdict=True),
-    ])
+    roles = roles_frame(
+        [
+            dict(
+                layer=0,
+                head=0,
+                role="positional:previous",
+                score=0.99,
+                baseline=0.1,
+                margin=0.89,
+                ci_low=0.98,
+                ci_high=1.0,
+                p_value=0.001,
+                n=16,
+                verdict=True,
+            ),
+            dict(
+                layer=0,
+                head=1,
+                role="positional:previous",
+                score=0.2,
+                baseline=0.1,
+                margin=0.1,
+                ci_low=0.1,
+                ci_high=0.3,
+                p_value=0.4,
+                n=16,
+                verdict=False,
+            ),
+            dict(
+                layer=0,
+                head=2,
+                role="punctuation",
+                score=0.7,
+                baseline=0.1,
+                margin=0.6,
+                ci_low=0.6,
+                ci_high=0.8,
+                p_value=0.01,
+                n=16,
+                verdict=True,
+            ),
+        ]
+    )
     df = role_ablation(model, metric, roles, k=1, n_draws=6, seed=0)
     prev = df.set_index("role").loc["positional:previous"]
     assert prev["k"] == 1 and prev["n_draws"] == 6
@@ -256,7 +327,9 @@ def _finite_difference_check(model, metric, mask, eps, rel, abs_tol=1e-9):
 
 def test_gate_gradient_matches_finite_difference():
     # float64 BERT-family model: every op runs in float64, so the check holds to 1e-4 relative
-    cfg = ModelConfig(family="bert", n_layers=2, d_model=32, n_heads=4, vocab_size=11, max_positions=16, name="random-bert")
+    cfg = ModelConfig(
+        family="bert", n_layers=2, d_model=32, n_heads=4, vocab_size=11, max_positions=16, name="random-bert"
+    )
     net = Transformer(cfg)
     net.init_weights(std=0.3, seed=2)
     model = InHouseModel(net.to(torch.float64), word_tokenizer(), name="random-bert")
@@ -324,8 +397,11 @@ def test_resumed_study_equals_uninterrupted_run(tmp_path, planted):
     assert not second.complete
     third = pruning_study(model, cfg, out, metric=metric)
     assert third.complete
-    assert set(third.frames) == set(full.frames) == {"baseline", "ablation", "all_but_one", "importance", "curves",
-                                                     "curve_summary", "prunable"}
+    assert (
+        set(third.frames)
+        == set(full.frames)
+        == {"baseline", "ablation", "all_but_one", "importance", "curves", "curve_summary", "prunable"}
+    )
     for name, df in full.frames.items():
         pd.testing.assert_frame_equal(third.frames[name], df, check_exact=True, obj=name)
         pd.testing.assert_frame_equal(pd.read_parquet(out / f"{name}.parquet"), df, check_exact=True, obj=name)
@@ -405,8 +481,27 @@ def test_cli_prune_writes_frames_and_summary(minilm, tmp_path, capsys):
     from headscope.reports.cli import main
 
     out = tmp_path / "prune"
-    rc = main(["prune", "minilm-l6", "--studies", "curves", "--orders", "random", "--seeds", "1", "--n-items", "8",
-               "--step", "0.1", "--max-fraction", "0.2", "--out", str(out), "--json"])
+    rc = main(
+        [
+            "prune",
+            "minilm-l6",
+            "--studies",
+            "curves",
+            "--orders",
+            "random",
+            "--seeds",
+            "1",
+            "--n-items",
+            "8",
+            "--step",
+            "0.1",
+            "--max-fraction",
+            "0.2",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["metric"] == "cosine_to_unpruned" and summary["base_value"] == pytest.approx(1.0, abs=1e-6)
@@ -429,8 +524,16 @@ def test_smollm2_full_heldout_perplexity(smollm):
 
 @pytest.mark.slow
 def test_smollm2_importance_order_beats_random_at_30_percent(smollm):
-    cfg = PruneConfig(metric="lm_loss", step=0.1, max_fraction=0.3, orders=("importance", "random"), n_random_seeds=3,
-                      n_items=8, studies=("curves",), n_boot=20)
+    cfg = PruneConfig(
+        metric="lm_loss",
+        step=0.1,
+        max_fraction=0.3,
+        orders=("importance", "random"),
+        n_random_seeds=3,
+        n_items=8,
+        studies=("curves",),
+        n_boot=20,
+    )
     res = pruning_study(smollm, cfg)
     c = res.frames["curves"]
     at30 = c[(c["metric"] == "lm_loss") & (c["step"] == 3)]

@@ -1,5 +1,6 @@
 """Reliability: broken checkpoints, hostile pickles, bad inputs, numbers, memory guard,
 reproducible outputs, crash-safe writes, hook hygiene and the CLI's error lines."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,13 @@ from headscope.probes.atomic import write_frame
 from headscope.probes.capture import capture, stream
 from headscope.probes.checkpoints import resolve
 from headscope.probes.config import ModelConfig
-from headscope.probes.errors import CheckpointError, HeadscopeError, MemoryBudgetError, ModelIncompatibleError, NumericalError
+from headscope.probes.errors import (
+    CheckpointError,
+    HeadscopeError,
+    MemoryBudgetError,
+    ModelIncompatibleError,
+    NumericalError,
+)
 from headscope.probes.hooks import hooks
 from headscope.probes.models import InHouseModel, load_model
 from headscope.probes.transformer import Transformer
@@ -66,7 +73,9 @@ def test_intact_copy_loads_and_matches_the_shipped_model(minilm_parts, tmp_path,
 def test_missing_tensor_is_named(minilm_parts, tmp_path):
     state = dict(minilm_parts[1])
     del state["encoder.layer.3.attention.self.key.weight"]
-    with pytest.raises(CheckpointError, match=r"tensor 'blocks\.3\.attn\.k_proj\.weight' missing from checkpoint \(1 missing\)"):
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'blocks\.3\.attn\.k_proj\.weight' missing from checkpoint \(1 missing\)"
+    ):
         load_model(str(_model_dir(minilm_parts, tmp_path, state)))
 
 
@@ -74,13 +83,19 @@ def test_extra_tensor_is_named(minilm_parts, tmp_path):
     state = dict(minilm_parts[1])
     state["encoder.layer.0.attention.self.rotary.weight"] = torch.zeros(3)
     # named after the in-house renaming of the HF prefixes it recognised
-    with pytest.raises(CheckpointError, match=r"unexpected tensor 'blocks\.0\.attention\.self\.rotary\.weight' in checkpoint \(1 extra\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"unexpected tensor 'blocks\.0\.attention\.self\.rotary\.weight' in checkpoint \(1 extra\)",
+    ):
         load_model(str(_model_dir(minilm_parts, tmp_path, state)))
 
 
 def test_config_shape_mismatch_names_first_tensor_and_both_shapes(minilm_parts, tmp_path):
     d = _model_dir(minilm_parts, tmp_path, config_changes={"intermediate_size": 1024})
-    with pytest.raises(CheckpointError, match=r"'blocks\.0\.mlp\.down\.weight' has shape \(384, 1536\); the config implies \(384, 1024\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'blocks\.0\.mlp\.down\.weight' has shape \(384, 1536\); the config implies \(384, 1024\)",
+    ):
         load_model(str(d))
 
 
@@ -100,7 +115,9 @@ def test_safetensors_cut_anywhere_is_a_checkpoint_error(tmp_path, keep):
 
     from headscope.probes.checkpoints import read_state_dict
 
-    save_file({"a.weight": torch.arange(64.0).reshape(8, 8), "b.bias": torch.ones(8)}, str(tmp_path / "model.safetensors"))
+    save_file(
+        {"a.weight": torch.arange(64.0).reshape(8, 8), "b.bias": torch.ones(8)}, str(tmp_path / "model.safetensors")
+    )
     data = (tmp_path / "model.safetensors").read_bytes()
     assert len(data) > 300
     (tmp_path / "model.safetensors").write_bytes(data[:keep])
@@ -288,8 +305,13 @@ def test_killed_writer_with_no_previous_file_leaves_none(tmp_path):
 
 def _cli(*args: str) -> subprocess.Popen:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.Popen([sys.executable, "-m", "headscope.reports.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "headscope.reports.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -313,8 +335,21 @@ def test_pruning_run_killed_mid_curve_resumes_to_the_uninterrupted_tables(minilm
     from headscope.analyses.pruning_study import PruneConfig, pruning_study
 
     out = tmp_path / "killed"
-    args = ["prune", "minilm-l6", "--quick", "--studies", "curves", "--orders", "random", "--seeds", "1",
-            "--step", "0.02", "--out", str(out)]
+    args = [
+        "prune",
+        "minilm-l6",
+        "--quick",
+        "--studies",
+        "curves",
+        "--orders",
+        "random",
+        "--seeds",
+        "1",
+        "--step",
+        "0.02",
+        "--out",
+        str(out),
+    ]
     proc = _cli(*args)
     try:
         deadline = time.time() + 300
@@ -428,5 +463,7 @@ def test_cli_unknown_model_is_one_line_naming_the_known_models(capsys):
     assert err.count("\n") == 1
     assert err.startswith("headscope: error: unknown model 'nope'")
     assert "minilm-l6" in err and "smollm2-135m" in err
-    with pytest.raises(HeadscopeError, match="unknown model 'nope'"):  # --debug: the exception (traceback) comes through
+    with pytest.raises(
+        HeadscopeError, match="unknown model 'nope'"
+    ):  # --debug: the exception (traceback) comes through
         cli.main(["--debug", "card", "nope"])

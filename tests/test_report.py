@@ -3,6 +3,7 @@
 Rendering is checked on synthetic frames with planted content (exact values must reach
 the page); the end-to-end run on MiniLM checks the real pipeline once per session.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,26 +46,72 @@ def synthetic_frames(seed: int = 0, shift: float = 0.0) -> dict[str, pd.DataFram
                     score += shift
                 base = 0.2
                 hit = (l, h) in heads
-                rows.append(dict(layer=l, head=h, role=role, relation=rel, direction=direction, score=score, baseline=base,
-                                 margin=score - base, ci_low=score - 0.03, ci_high=score + 0.03,
-                                 p_value=1e-4 if hit else 0.5, n=120, verdict=hit))
+                rows.append(
+                    dict(
+                        layer=l,
+                        head=h,
+                        role=role,
+                        relation=rel,
+                        direction=direction,
+                        score=score,
+                        baseline=base,
+                        margin=score - base,
+                        ci_low=score - 0.03,
+                        ci_high=score + 0.03,
+                        p_value=1e-4 if hit else 0.5,
+                        n=120,
+                        verdict=hit,
+                    )
+                )
     roles = roles_frame(rows)
     stats = pd.DataFrame(
-        [dict(layer=l, head=h, metric=m, value=(1.0 + 0.2 * l if m == "entropy" else 2.0 + 0.5 * l) + 0.01 * h, n=50)
-         for m in ("entropy", "distance") for l in range(N_LAYERS) for h in range(N_HEADS)], columns=STAT_COLUMNS)
+        [
+            dict(layer=l, head=h, metric=m, value=(1.0 + 0.2 * l if m == "entropy" else 2.0 + 0.5 * l) + 0.01 * h, n=50)
+            for m in ("entropy", "distance")
+            for l in range(N_LAYERS)
+            for h in range(N_HEADS)
+        ],
+        columns=STAT_COLUMNS,
+    )
     words = ["The", "cat", "sat", "on", "the", "mat", "."]
     n = len(words)
     prev = [[1.0 if j == max(i - 1, 0) else 0.0 for j in range(n)] for i in range(n)]
     punct = [[1.0 if j == n - 1 else 0.0 for j in range(n)] for i in range(n)]
     # as analyses.roles.build_examples gives them: {key: record}
-    examples = pipeline.examples_frame({
-        "positional:previous": {"role": "positional:previous", "relation": "", "direction": "", "layer": 1, "head": 3,
-                                "words": words, "word_pattern": prev, "marks": []},
-        "punctuation": {"role": "punctuation", "relation": "", "direction": "", "layer": 4, "head": 0, "words": words,
-                        "word_pattern": punct, "marks": []},
-        "syntactic:nsubj:dep->head": {"role": "syntactic", "relation": "nsubj", "direction": "dep->head", "layer": 3,
-                                      "head": 7, "words": words, "word_pattern": prev, "marks": [[1, 2]]},
-    })
+    examples = pipeline.examples_frame(
+        {
+            "positional:previous": {
+                "role": "positional:previous",
+                "relation": "",
+                "direction": "",
+                "layer": 1,
+                "head": 3,
+                "words": words,
+                "word_pattern": prev,
+                "marks": [],
+            },
+            "punctuation": {
+                "role": "punctuation",
+                "relation": "",
+                "direction": "",
+                "layer": 4,
+                "head": 0,
+                "words": words,
+                "word_pattern": punct,
+                "marks": [],
+            },
+            "syntactic:nsubj:dep->head": {
+                "role": "syntactic",
+                "relation": "nsubj",
+                "direction": "dep->head",
+                "layer": 3,
+                "head": 7,
+                "words": words,
+                "word_pattern": prev,
+                "marks": [[1, 2]],
+            },
+        }
+    )
     imp = []
     for study, slope in (("importance", 0.2), ("reverse", 1.4)):
         for step, f in enumerate(np.linspace(0, 1, 6)):
@@ -74,16 +121,52 @@ def synthetic_frames(seed: int = 0, shift: float = 0.0) -> dict[str, pd.DataFram
         for step, f in enumerate(np.linspace(0, 1, 6)):
             imp.append(("curve:random", np.nan, np.nan, step, f, "accuracy", 0.9 - 0.5 * f + 0.02 * s, 0.0, s, 200))
     curves = pd.DataFrame(imp, columns=IMPACT_COLUMNS)
-    ablation = pd.DataFrame([("ablation:zero", l, h, 0, 0.0, "delta_accuracy", -0.3 if (l, h) == (1, 3) else -0.001 * h, 0.01, 0, 200)
-                             for l in range(N_LAYERS) for h in range(N_HEADS)], columns=IMPACT_COLUMNS)
-    baseline = pd.DataFrame([("baseline", np.nan, np.nan, 0, 0.0, "accuracy", 0.9, 0.012, 0, 200)], columns=IMPACT_COLUMNS)
-    rvi = pd.DataFrame([
-        dict(role="positional:previous", k=2, metric="accuracy", value_role=0.41, value_random_mean=0.86, value_random_std=0.03, n_draws=20),
-        dict(role="punctuation", k=2, metric="accuracy", value_role=0.85, value_random_mean=0.86, value_random_std=0.03, n_draws=20),
-    ])
-    skipped = pipeline.skipped_frame({"syntactic": {"longer than max_positions": 3, "no aligned words": 1}, "coreference": {}})
-    return {"roles": roles, "stats": stats, "examples": examples, "prune_curves": curves, "prune_ablation": ablation,
-            "prune_baseline": baseline, "roles_vs_importance": rvi, "skipped": skipped}
+    ablation = pd.DataFrame(
+        [
+            ("ablation:zero", l, h, 0, 0.0, "delta_accuracy", -0.3 if (l, h) == (1, 3) else -0.001 * h, 0.01, 0, 200)
+            for l in range(N_LAYERS)
+            for h in range(N_HEADS)
+        ],
+        columns=IMPACT_COLUMNS,
+    )
+    baseline = pd.DataFrame(
+        [("baseline", np.nan, np.nan, 0, 0.0, "accuracy", 0.9, 0.012, 0, 200)], columns=IMPACT_COLUMNS
+    )
+    rvi = pd.DataFrame(
+        [
+            dict(
+                role="positional:previous",
+                k=2,
+                metric="accuracy",
+                value_role=0.41,
+                value_random_mean=0.86,
+                value_random_std=0.03,
+                n_draws=20,
+            ),
+            dict(
+                role="punctuation",
+                k=2,
+                metric="accuracy",
+                value_role=0.85,
+                value_random_mean=0.86,
+                value_random_std=0.03,
+                n_draws=20,
+            ),
+        ]
+    )
+    skipped = pipeline.skipped_frame(
+        {"syntactic": {"longer than max_positions": 3, "no aligned words": 1}, "coreference": {}}
+    )
+    return {
+        "roles": roles,
+        "stats": stats,
+        "examples": examples,
+        "prune_curves": curves,
+        "prune_ablation": ablation,
+        "prune_baseline": baseline,
+        "roles_vs_importance": rvi,
+        "skipped": skipped,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +178,18 @@ def minilm_card():
 
 
 def _meta(**kw):
-    meta = dict(model="minilm-l6", backend="inhouse", full=False, seed=0, sha256="ab" * 32,
-                model_file={"name": "model.safetensors", "sha256": "ab" * 32}, versions=pipeline.versions(),
-                timings={"roles": 1.0}, n_items={"roles": 120}, config={})
+    meta = dict(
+        model="minilm-l6",
+        backend="inhouse",
+        full=False,
+        seed=0,
+        sha256="ab" * 32,
+        model_file={"name": "model.safetensors", "sha256": "ab" * 32},
+        versions=pipeline.versions(),
+        timings={"roles": 1.0},
+        n_items={"roles": 120},
+        config={},
+    )
     meta.update(kw)
     return meta
 
@@ -120,7 +212,9 @@ class _Imgs(HTMLParser):
         a = dict(attrs)
         if tag == "img":
             self.imgs.append(a)
-        if tag in ("script", "link") or (tag != "a" and any(str(v).startswith(("http:", "https:", "//")) for v in a.values() if v)):
+        if tag in ("script", "link") or (
+            tag != "a" and any(str(v).startswith(("http:", "https:", "//")) for v in a.values() if v)
+        ):
             self.external.append((tag, a))
         self.tables += tag == "table"
         self.th += tag == "th"
@@ -132,8 +226,16 @@ def test_html_self_contained_and_accessible(synthetic_report):
     p = _Imgs()
     p.feed(html)
     assert p.external == []  # no script, stylesheet link or remote resource
-    names = {"role_map", "example_positional-previous", "example_punctuation", "example_syntactic-nsubj-dep-head", "stats_by_layer",
-             "pruning_curves", "ablation_map", "causal_evidence"}
+    names = {
+        "role_map",
+        "example_positional-previous",
+        "example_punctuation",
+        "example_syntactic-nsubj-dep-head",
+        "stats_by_layer",
+        "pruning_curves",
+        "ablation_map",
+        "causal_evidence",
+    }
     assert len(p.imgs) == len(names)
     for img in p.imgs:
         assert img["src"].startswith("data:image/png;base64,")
@@ -193,7 +295,6 @@ def test_markdown_tables_and_run_json(synthetic_report):
 
 def test_pruning_curves_average_random_seeds():
     from headscope.reports.figures import curve_rows
-
     from headscope.reports.html import curves_frame
 
     c = curve_rows(curves_frame(synthetic_frames()))
@@ -210,7 +311,9 @@ def test_gqa_groups_from_the_card(tmp_path):
     card = model_card("smollm2-135m")
     fr = synthetic_frames()
     fr = {k: v for k, v in fr.items() if k in ("skipped", "prune_baseline")}  # only the GQA figure to draw
-    paths = pipeline.write_report(fr, card=card, card_text=render_card(card), meta=_meta(model="smollm2-135m"), out_dir=tmp_path / "r")
+    paths = pipeline.write_report(
+        fr, card=card, card_text=render_card(card), meta=_meta(model="smollm2-135m"), out_dir=tmp_path / "r"
+    )
     html = paths["html"].read_text()
     assert "GQA groups: each KV head is shared by 3 query heads" in html
     assert '<td class="num">0</td><td>0, 1, 2</td>' in html and '<td class="num">2</td><td>6, 7, 8</td>' in html
@@ -221,7 +324,9 @@ def test_gqa_groups_from_the_card(tmp_path):
 def test_failed_write_leaves_no_folder_and_keeps_the_old_one(tmp_path, minilm_card, monkeypatch):
     card, text = minilm_card
     out = tmp_path / "rep"
-    frames = {k: v for k, v in synthetic_frames().items() if k in ("skipped", "prune_baseline", "stats")}  # one figure: fast
+    frames = {
+        k: v for k, v in synthetic_frames().items() if k in ("skipped", "prune_baseline", "stats")
+    }  # one figure: fast
 
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
@@ -253,19 +358,40 @@ def test_refuses_to_replace_a_folder_that_is_not_a_report(tmp_path, minilm_card)
 def test_examples_frame_from_records():
     import torch
 
-    ex = pipeline.examples_frame({"syntactic:det:dep->head": {
-        "role": "syntactic", "relation": "det", "direction": "dep->head", "layer": 3, "head": 7, "words": ["a", "b"],
-        "word_pattern": torch.tensor([[0.1, 0.9], [0.7, 0.3]]), "marks": [[0, 1]]},
-        "broken": {"layer": 0, "head": 0, "words": ["a"], "word_pattern": [[0.5, 0.5]]}})  # shape mismatch: left out
+    ex = pipeline.examples_frame(
+        {
+            "syntactic:det:dep->head": {
+                "role": "syntactic",
+                "relation": "det",
+                "direction": "dep->head",
+                "layer": 3,
+                "head": 7,
+                "words": ["a", "b"],
+                "word_pattern": torch.tensor([[0.1, 0.9], [0.7, 0.3]]),
+                "marks": [[0, 1]],
+            },
+            "broken": {"layer": 0, "head": 0, "words": ["a"], "word_pattern": [[0.5, 0.5]]},
+        }
+    )  # shape mismatch: left out
     assert ex.shape == (4, len(EXAMPLE_COLUMNS)) and set(ex["example"]) == {"syntactic:det:dep->head"}
     assert ex.loc[(ex.query_word == "a") & (ex.key_word == "b"), "weight"].item() == pytest.approx(0.9)
     assert ex["gold"].tolist() == [False, True, False, False]
     assert set(ex["relation"]) == {"det"} and set(ex["sentence"]) == {"a b"} and set(ex["level"]) == {"word"}
     # a [CLS]-looking head: its word rows hold 0.1 of the attention, so the token map is drawn
-    sink = pipeline.examples_frame({"special": {
-        "role": "special", "layer": 2, "head": 7, "words": ["hi", "there"], "word_pattern": [[0.05, 0.05], [0.05, 0.05]],
-        "tokens": ["[CLS]", "hi", "there", "[SEP]"], "token_pattern": [[1, 0, 0, 0], [0.9, 0.05, 0.05, 0], [0.9, 0.05, 0.05, 0], [1, 0, 0, 0]],
-        "marks": [[0, 1]]}})
+    sink = pipeline.examples_frame(
+        {
+            "special": {
+                "role": "special",
+                "layer": 2,
+                "head": 7,
+                "words": ["hi", "there"],
+                "word_pattern": [[0.05, 0.05], [0.05, 0.05]],
+                "tokens": ["[CLS]", "hi", "there", "[SEP]"],
+                "token_pattern": [[1, 0, 0, 0], [0.9, 0.05, 0.05, 0], [0.9, 0.05, 0.05, 0], [1, 0, 0, 0]],
+                "marks": [[0, 1]],
+            }
+        }
+    )
     assert set(sink["level"]) == {"token"} and len(sink) == 16 and not sink["gold"].any()
     assert sink.loc[(sink.query_word == "hi") & (sink.key_word == "[CLS]"), "weight"].item() == pytest.approx(0.9)
 
@@ -304,9 +430,16 @@ def test_diff_finds_planted_changes(tmp_path, capsys):
     assert "top-3 heads per role: the same heads in 3 of 4 roles (3 in the same order)" in out
     assert "top heads differ in: punctuation" in out
     top = pd.read_parquet(tmp_path / "d" / "tables" / "top_heads.parquet").set_index("role")
-    assert top.loc["punctuation", "top_b"] == "L0H0 L4H0 L1H3" and top.loc["punctuation", "max_abs_delta"] == pytest.approx(0.9 - 0.1380754, abs=1e-6)
+    assert top.loc["punctuation", "top_b"] == "L0H0 L4H0 L1H3" and top.loc[
+        "punctuation", "max_abs_delta"
+    ] == pytest.approx(0.9 - 0.1380754, abs=1e-6)
     rc = pd.read_parquet(tmp_path / "d" / "tables" / "role_changes.parquet")
-    assert len(rc) == 4 * 72 and rc["change"].value_counts().to_dict() == {"none": 282, "kept": 4, "gained": 1, "lost": 1}
+    assert len(rc) == 4 * 72 and rc["change"].value_counts().to_dict() == {
+        "none": 282,
+        "kept": 4,
+        "gained": 1,
+        "lost": 1,
+    }
     row = rc[(rc.layer == 3) & (rc["head"] == 7) & (rc.role == "syntactic")].iloc[0]
     assert row["delta"] == pytest.approx(0.2) and row["change"] == "kept"
     ic = pd.read_parquet(tmp_path / "d" / "tables" / "importance_changes.parquet")
@@ -354,10 +487,20 @@ def real_report_dir(tmp_path_factory) -> Path:
     if not (out / "run.json").exists():
         text = list(read_text(data_path("text/sentences.txt")).lines)[:80]
         res = pipeline.build_report(
-            "minilm-l6", out_dir=out, quiet=True,
+            "minilm-l6",
+            out_dir=out,
+            quiet=True,
             roles_config=RolesConfig(seed=0, n_boot=200),
-            prune_config=PruneConfig(quick=True, seed=0, n_items=12, ablation_modes=("zero",), orders=("importance", "random"),
-                                     n_random_seeds=2, role_draws=3, studies=("ablation", "importance", "curves")),
+            prune_config=PruneConfig(
+                quick=True,
+                seed=0,
+                n_items=12,
+                ablation_modes=("zero",),
+                orders=("importance", "random"),
+                n_random_seeds=2,
+                role_draws=3,
+                studies=("ablation", "importance", "curves"),
+            ),
             role_inputs={"text": text, "conllu": [data_path("syntax/handwritten.conllu")]},
         )
         (out.parent / "real-report-summary.json").write_text(json.dumps(res.summary, default=str))
@@ -376,8 +519,18 @@ def test_real_report_minilm(real_report):
     from headscope.probes.checkpoints import resolve
 
     out = real_report
-    for rel in ("report.html", "report.md", "run.json", "tables/roles.csv", "tables/roles.parquet", "tables/stats.csv",
-                "tables/prune_curves.parquet", "tables/roles_vs_importance.csv", "figures/role_map.png", "figures/pruning_curves.png"):
+    for rel in (
+        "report.html",
+        "report.md",
+        "run.json",
+        "tables/roles.csv",
+        "tables/roles.parquet",
+        "tables/stats.csv",
+        "tables/prune_curves.parquet",
+        "tables/roles_vs_importance.csv",
+        "figures/role_map.png",
+        "figures/pruning_curves.png",
+    ):
         assert (out / rel).is_file(), rel
     html = (out / "report.html").read_text()
     assert "12 heads × 32 = 384" in html
@@ -408,13 +561,18 @@ def test_real_report_minilm(real_report):
     assert run["model_file"]["sha256"] == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert run["trust_remote_code"] is False and run["seed"] == 0
     assert {"card", "load", "roles", "pruning", "figures", "write"} <= set(run["timings"])
-    assert run["config"]["pruning"]["n_items"] == 12 and run["architecture"] == {"layers": 6, "heads": 12, "kv_heads": 12}
+    assert run["config"]["pruning"]["n_items"] == 12 and run["architecture"] == {
+        "layers": 6,
+        "heads": 12,
+        "kv_heads": 12,
+    }
     md = (out / "report.md").read_text()
     assert "12 heads × 32 = 384" in md and "![" in md
 
 
 def test_crash_mid_run_leaves_no_report(tmp_path, monkeypatch, minilm_card):
     """A stage that raises after the model is loaded: no <out>, and an older report stays."""
+
     def boom(*a, **k):
         raise RuntimeError("roles stage crashed")
 
@@ -423,7 +581,9 @@ def test_crash_mid_run_leaves_no_report(tmp_path, monkeypatch, minilm_card):
         pipeline.build_report("minilm-l6", out_dir=tmp_path / "rep", quiet=True)
     assert list(tmp_path.iterdir()) == []
     card, text = minilm_card
-    pipeline.write_report({"skipped": pipeline.skipped_frame({})}, card=card, card_text=text, meta=_meta(seed=7), out_dir=tmp_path / "rep")
+    pipeline.write_report(
+        {"skipped": pipeline.skipped_frame({})}, card=card, card_text=text, meta=_meta(seed=7), out_dir=tmp_path / "rep"
+    )
     with pytest.raises(RuntimeError):
         pipeline.build_report("minilm-l6", out_dir=tmp_path / "rep", quiet=True)
     assert json.loads((tmp_path / "rep" / "run.json").read_text())["seed"] == 7

@@ -1,4 +1,5 @@
 """``headscope roles``: files written, figures in them, skipped counts, and input errors."""
+
 from __future__ import annotations
 
 import json
@@ -20,24 +21,44 @@ def small_inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("roles_in")
     sents = list(read_conllu(path("syntax/handwritten.conllu")).sentences[:15])
     # a word the WordPiece normaliser deletes (zero-width space): the sentence cannot align
-    sents.append(DependencySentence(words=("Dogs", "\u200b", "bark"), heads=(2, 2, -1), relations=("nsubj", "dep", "root")))
+    sents.append(
+        DependencySentence(words=("Dogs", "\u200b", "bark"), heads=(2, 2, -1), relations=("nsubj", "dep", "root"))
+    )
     conllu = write_conllu(d / "small.conllu", sents)
     # an unannotated sentence (HEAD "_"): the reader skips it and says so
     with open(conllu, "a", encoding="utf-8") as f:
         f.write("# sent_id = unannotated\n1\tHi\t_\t_\t_\t_\t_\t_\t_\t_\n\n")
     coref = d / "small.jsonl"
-    coref.write_text("".join(path("coref/coref.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:20]), encoding="utf-8")
+    coref.write_text(
+        "".join(path("coref/coref.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)[:20]), encoding="utf-8"
+    )
     text = d / "small.txt"
-    text.write_text("".join(path("text/sentences.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:20]), encoding="utf-8")
+    text.write_text(
+        "".join(path("text/sentences.txt").read_text(encoding="utf-8").splitlines(keepends=True)[:20]), encoding="utf-8"
+    )
     return {"conllu": conllu, "coref": coref, "text": text}
 
 
 @pytest.fixture(scope="module")
 def cli_run(small_inputs, tmp_path_factory):
     out = tmp_path_factory.mktemp("roles_out")
-    argv = ["roles", "minilm-l6", "--conllu", str(small_inputs["conllu"]), "--coref", str(small_inputs["coref"]),
-            "--text", str(small_inputs["text"]), "--roles", "positional,special,summary,syntactic,coreference",
-            "--out", str(out), "--seed", "3", "--json"]
+    argv = [
+        "roles",
+        "minilm-l6",
+        "--conllu",
+        str(small_inputs["conllu"]),
+        "--coref",
+        str(small_inputs["coref"]),
+        "--text",
+        str(small_inputs["text"]),
+        "--roles",
+        "positional,special,summary,syntactic,coreference",
+        "--out",
+        str(out),
+        "--seed",
+        "3",
+        "--json",
+    ]
     return main(argv), out
 
 
@@ -82,7 +103,19 @@ def test_cli_skipped_counts(cli_run, small_inputs):
 
 
 def test_cli_json_summary(small_inputs, tmp_path, capsys):
-    rc = main(["roles", "minilm-l6", "--text", str(small_inputs["text"]), "--roles", "positional", "--out", str(tmp_path), "--json"])
+    rc = main(
+        [
+            "roles",
+            "minilm-l6",
+            "--text",
+            str(small_inputs["text"]),
+            "--roles",
+            "positional",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     prev = [r for r in doc["top"] if r["role"] == "positional:previous"]
@@ -90,10 +123,13 @@ def test_cli_json_summary(small_inputs, tmp_path, capsys):
     assert prev[0]["score"] == pytest.approx(1.0) and doc["n_items"] == {"positional": 20}
 
 
-@pytest.mark.parametrize("flag,fixture,where", [
-    ("--conllu", "bad_columns.conllu", "bad_columns.conllu:3:27: expected 10 tab-separated columns"),
-    ("--coref", "coref_bad_json.jsonl", "coref_bad_json.jsonl:2:61: invalid JSON"),
-])
+@pytest.mark.parametrize(
+    "flag,fixture,where",
+    [
+        ("--conllu", "bad_columns.conllu", "bad_columns.conllu:3:27: expected 10 tab-separated columns"),
+        ("--coref", "coref_bad_json.jsonl", "coref_bad_json.jsonl:2:61: invalid JSON"),
+    ],
+)
 def test_cli_malformed_input_exits_2_with_file_line_col(flag, fixture, where, tmp_path, capsys):
     rc = main(["roles", "minilm-l6", flag, str(FIXTURES / fixture), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err

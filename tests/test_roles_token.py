@@ -1,5 +1,6 @@
 """Token-level head roles: closed-form units, verdict rows, and figures measured on the
 shipped MiniLM-L6 (in-house) and SmolLM2-135M (in-house + transformer-lens bridge)."""
+
 from __future__ import annotations
 
 import math
@@ -27,14 +28,16 @@ def test_uniform_pattern_entropy_is_log_t():
     assert torch.allclose(m["kl_from_uniform"], torch.zeros(2, 3, T), atol=1e-5)
     assert torch.allclose(m["confidence"], torch.full((2, 3, T), 1 / T))
     # causal uniform: row q has q + 1 keys
-    c = torch.tril(torch.ones(T, T)); c = (c / c.sum(-1, keepdim=True)).expand(1, 1, T, T)
+    c = torch.tril(torch.ones(T, T))
+    c = (c / c.sum(-1, keepdim=True)).expand(1, 1, T, T)
     mc = pattern_metrics(c, allowed_keys(torch.ones(1, T, dtype=torch.bool), causal=True))
     assert torch.allclose(mc["entropy"][0, 0], torch.log(torch.arange(1, T + 1).float()), atol=1e-5)
     assert torch.allclose(mc["mean_distance"][0, 0], torch.arange(T).float() / 2, atol=1e-5)
 
 
 def test_entropy_smoothing_mixes_with_uniform():
-    p = torch.zeros(1, 1, 1, 4); p[..., 0] = 1.0
+    p = torch.zeros(1, 1, 1, 4)
+    p[..., 0] = 1.0
     a = allowed_keys(torch.ones(1, 4, dtype=torch.bool), causal=False)[:, :1]
     h = pattern_metrics(p, a, smoothing=0.2)["entropy"].item()
     q = torch.tensor([0.85, 0.05, 0.05, 0.05])
@@ -50,7 +53,8 @@ def test_shifted_identity_is_previous_token_with_score_one():
     km[1, -1] = False  # item 1 is padded: its last key and row must be excluded
     p[1, 0, -1] = 0
     p[1, 0, -1, 0] = 1.0  # garbage in the padded row must not count
-    special = torch.zeros(2, T, dtype=torch.bool); special[:, 0] = True
+    special = torch.zeros(2, T, dtype=torch.bool)
+    special[:, 0] = True
     v, b = positional.bucket_values(p, allowed_keys(km, causal=True), query_rows(km, special))
     assert v["previous"].flatten().tolist() == [1.0, 1.0]
     assert v["self"].flatten().tolist() == [0.0, 0.0]
@@ -58,19 +62,28 @@ def test_shifted_identity_is_previous_token_with_score_one():
     assert v["first"].flatten().tolist() == pytest.approx([1 / 5, 1 / 4])
     # baseline: 1/n_keys for rows 1..T-1 of a causal model
     assert float(b["previous"][0]) == pytest.approx(sum(1 / (q + 1) for q in range(1, T)) / (T - 1))
-    score = induction.mul_score(p[:1], induction.detection_patterns(torch.arange(T)[None], causal=True)["previous-token"], allowed_keys(km[:1], True))
+    score = induction.mul_score(
+        p[:1],
+        induction.detection_patterns(torch.arange(T)[None], causal=True)["previous-token"],
+        allowed_keys(km[:1], True),
+    )
     assert float(score) == pytest.approx((T - 1) / T)
 
 
 def test_uniform_row_ties_share_the_max():
     p = torch.full((1, 1, 3, 3), 1 / 3)
-    v, b = positional.bucket_values(p, allowed_keys(torch.ones(1, 3, dtype=torch.bool), False), torch.ones(1, 3, dtype=torch.bool))
+    v, b = positional.bucket_values(
+        p, allowed_keys(torch.ones(1, 3, dtype=torch.bool), False), torch.ones(1, 3, dtype=torch.bool)
+    )
     for k in v:
         assert float(v[k]) == pytest.approx(float(b[k]))
 
 
 def test_mul_score_matches_transformer_lens_formula_and_leaves_input_alone():
-    from transformer_lens.head_detector import compute_head_attention_similarity_score, get_induction_head_detection_pattern
+    from transformer_lens.head_detector import (
+        compute_head_attention_similarity_score,
+        get_induction_head_detection_pattern,
+    )
 
     g = torch.Generator().manual_seed(0)
     T = 9
@@ -85,7 +98,9 @@ def test_mul_score_matches_transformer_lens_formula_and_leaves_input_alone():
         for ec in (False, True):
             ours = induction.mul_score(p, det, valid, exclude_bos=eb, exclude_current_token=ec)
             for h in range(2):
-                tl = compute_head_attention_similarity_score(p[0, h].clone(), det[0].float(), exclude_bos=eb, exclude_current_token=ec, error_measure="mul")
+                tl = compute_head_attention_similarity_score(
+                    p[0, h].clone(), det[0].float(), exclude_bos=eb, exclude_current_token=ec, error_measure="mul"
+                )
                 assert float(ours[0, h]) == pytest.approx(tl, abs=1e-6)
     assert torch.equal(p, before)
 
@@ -117,7 +132,10 @@ def test_pairwise_js_equals_the_definition_on_random_padded_patterns():
 
     def kl_js(x, y):
         m = (x + y) / 2
-        ent = lambda v: -(v[v > 0] * v[v > 0].log()).sum()
+
+        def ent(v):
+            return -(v[v > 0] * v[v > 0].log()).sum()
+
         return float(ent(m) - (ent(x) + ent(y)) / 2)
 
     for i in range(b):
@@ -161,13 +179,31 @@ def test_verdict_rows_on_planted_values():
     assert list(df.columns) == ROLE_COLUMNS
     assert df["verdict"].tolist() == [False, False, False, False, True, False]
     r = df.iloc[4]
-    assert (r["layer"], r["head"], r["score"], r["margin"], r["n"]) == (1, 1, pytest.approx(0.95), pytest.approx(0.85), 50)
+    assert (r["layer"], r["head"], r["score"], r["margin"], r["n"]) == (
+        1,
+        1,
+        pytest.approx(0.95),
+        pytest.approx(0.85),
+        50,
+    )
     assert r["ci_low"] == pytest.approx(0.95) and r["p_value"] < 1e-6
     assert df.iloc[2]["p_value"] < 0.01 and not df.iloc[2]["verdict"]
     # absolute threshold, NaN-missing items, BH off
     values[:10, 4] = float("nan")
-    rows = verdict_rows(values, 0.1, n_layers=2, n_heads=3, role="demo", cfg=RolesConfig(n_boot=50, n_perm=50, correction="none"), threshold_kind="absolute", threshold=0.9)
-    assert [r["n"] for r in rows] == [50, 50, 50, 50, 40, 50] and [r["verdict"] for r in rows] == [False] * 4 + [True, False]
+    rows = verdict_rows(
+        values,
+        0.1,
+        n_layers=2,
+        n_heads=3,
+        role="demo",
+        cfg=RolesConfig(n_boot=50, n_perm=50, correction="none"),
+        threshold_kind="absolute",
+        threshold=0.9,
+    )
+    assert [r["n"] for r in rows] == [50, 50, 50, 50, 40, 50] and [r["verdict"] for r in rows] == [False] * 4 + [
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match="n_layers\\*n_heads"):
         verdict_rows(values[:, :5], 0.1, n_layers=2, n_heads=3, role="x", cfg=CFG)
     with pytest.raises(ValueError, match="explicit threshold"):
@@ -175,8 +211,21 @@ def test_verdict_rows_on_planted_values():
 
 
 def test_verdict_rows_dict_and_min_n():
-    rows = verdict_rows({(0, 1): [1.0] * 12, (1, 0): [1.0] * 3}, {(0, 1): 0.0, (1, 0): 0.0}, n_layers=2, n_heads=2, role="r", cfg=CFG, relation="nsubj", direction="dep->head", min_n=5)
-    assert [(r["layer"], r["head"], r["n"], r["verdict"], r["relation"]) for r in rows] == [(0, 1, 12, True, "nsubj"), (1, 0, 3, False, "nsubj")]
+    rows = verdict_rows(
+        {(0, 1): [1.0] * 12, (1, 0): [1.0] * 3},
+        {(0, 1): 0.0, (1, 0): 0.0},
+        n_layers=2,
+        n_heads=2,
+        role="r",
+        cfg=CFG,
+        relation="nsubj",
+        direction="dep->head",
+        min_n=5,
+    )
+    assert [(r["layer"], r["head"], r["n"], r["verdict"], r["relation"]) for r in rows] == [
+        (0, 1, 12, True, "nsubj"),
+        (1, 0, 3, False, "nsubj"),
+    ]
 
 
 def test_tail_p_is_the_exact_floor_for_constant_differences():
@@ -221,7 +270,10 @@ def test_minilm_special_heads(minilm, texts):
 
 def test_minilm_bidirectional_induction_family(minilm):
     f = induction.run(minilm, None, RolesConfig(induction_n_sequences=8, n_boot=100, n_perm=200)).frame
-    top = {r: f[f["role"] == r].sort_values("score").iloc[-1] for r in ("previous-token", "next-token", "duplicate-token", "induction")}
+    top = {
+        r: f[f["role"] == r].sort_values("score").iloc[-1]
+        for r in ("previous-token", "next-token", "duplicate-token", "induction")
+    }
     assert (top["previous-token"]["layer"], top["previous-token"]["head"]) == (0, 2)
     assert top["previous-token"]["score"] == pytest.approx(0.973261, abs=1e-4)
     assert (top["next-token"]["layer"], top["next-token"]["head"]) == (1, 8)
@@ -251,10 +303,17 @@ def test_detect_head_parity_on_smollm_bridge(smollm_bridge, smollm):
     assert torch.equal(smollm_bridge.bridge.to_tokens(prompts[0])[0].cpu(), ids[0])  # same prompt, BOS included
     cap = induction.capture_ids(smollm_bridge, ids, spec)
     cap_in = induction.capture_ids(smollm, ids, spec)
-    names = {"induction": "induction_head", "duplicate-token": "duplicate_token_head", "previous-token": "previous_token_head"}
+    names = {
+        "induction": "induction_head",
+        "duplicate-token": "duplicate_token_head",
+        "previous-token": "previous_token_head",
+    }
     # one run_with_cache per prompt, then detect_head(cache=...) per pattern; a list of prompts
     # in detect_head is the mean of these per-prompt scores
-    caches = [smollm_bridge.bridge.run_with_cache(smollm_bridge.bridge.to_tokens(s), remove_batch_dim=True)[1] for s in prompts]
+    caches = [
+        smollm_bridge.bridge.run_with_cache(smollm_bridge.bridge.to_tokens(s), remove_batch_dim=True)[1]
+        for s in prompts
+    ]
     for exclude_bos in (False, True):
         red = induction.InductionReducer(causal=True, exclude_bos=exclude_bos)
         red.update(cap)
@@ -263,7 +322,12 @@ def test_detect_head_parity_on_smollm_bridge(smollm_bridge, smollm):
         ours, _, _ = red.result()
         ours_in, _, _ = red_in.result()
         for role, name in names.items():
-            tl = torch.stack([detect_head(smollm_bridge.bridge, s, name, cache=c, exclude_bos=exclude_bos, error_measure="mul") for s, c in zip(prompts, caches)]).mean(0)
+            tl = torch.stack(
+                [
+                    detect_head(smollm_bridge.bridge, s, name, cache=c, exclude_bos=exclude_bos, error_measure="mul")
+                    for s, c in zip(prompts, caches)
+                ]
+            ).mean(0)
             assert (ours[role].mean(0) - tl.float()).abs().max().item() <= 1e-4
             assert (ours_in[role].mean(0) - tl.float()).abs().max().item() <= 1e-4
     # detect_head must not have altered the cached patterns we compared against
@@ -297,9 +361,9 @@ def test_item_values_chunks_merge_and_order():
     ids = torch.randperm(100, generator=g).tolist()
     store, ref = ItemValues(consolidate_every=3), {}
     for i in range(0, 100, 7):  # 15 batch parts: joined into chunks of 3, never re-joined
-        v = torch.rand(len(ids[i:i + 7]), 2, 3, generator=g)
-        store.add("a", ids[i:i + 7], v)
-        ref.update(zip(ids[i:i + 7], v))
+        v = torch.rand(len(ids[i : i + 7]), 2, 3, generator=g)
+        store.add("a", ids[i : i + 7], v)
+        ref.update(zip(ids[i : i + 7], v))
     assert len(store.parts["a"]) == 5
     other = ItemValues()
     other.add("a", [100, 101], torch.ones(2, 2, 3))

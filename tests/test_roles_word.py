@@ -3,6 +3,7 @@
 Closed-form and planted checks first; then figures measured on MiniLM-L6 (in-house)
 with the shipped CoNLL-U (first 200 generated sentences) and coreference data.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -31,18 +32,23 @@ FAST = RolesConfig(n_boot=200, n_perm=1000)
 def test_word_pattern_hand_computed():
     # [CLS] w0a w0b w1 [SEP]: word 0 has two pieces, word 1 one; specials drop out
     pool = pooling_from_word_ids([[None, 0, 0, 1, None]], [2])
-    p = torch.tensor([[.2, .2, .2, .2, .2],
-                      [.1, .3, .1, .4, .1],
-                      [.0, .5, .1, .2, .2],
-                      [.3, .1, .1, .1, .4],
-                      [.2, .2, .2, .2, .2]])
+    p = torch.tensor(
+        [
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+            [0.1, 0.3, 0.1, 0.4, 0.1],
+            [0.0, 0.5, 0.1, 0.2, 0.2],
+            [0.3, 0.1, 0.1, 0.1, 0.4],
+            [0.2, 0.2, 0.2, 0.2, 0.2],
+        ]
+    )
     pattern = torch.stack([p, p.T.contiguous() / p.T.sum(-1, keepdim=True)])[None]  # [batch 1, head 2, 5, 5]
     wp = word_patterns(pattern, pool)
     # head 0: from word 0 = mean of rows 1,2 = [.05,.4,.1,.3,.15]; to word 0 = .4+.1, to word 1 = .3
     torch.testing.assert_close(wp[0, 0], torch.tensor([[0.5, 0.3], [0.2, 0.1]]))
     q = p.T / p.T.sum(-1, keepdim=True)
-    expect = torch.tensor([[(q[1, 1] + q[1, 2] + q[2, 1] + q[2, 2]) / 2, (q[1, 3] + q[2, 3]) / 2],
-                           [q[3, 1] + q[3, 2], q[3, 3]]])
+    expect = torch.tensor(
+        [[(q[1, 1] + q[1, 2] + q[2, 1] + q[2, 2]) / 2, (q[1, 3] + q[2, 3]) / 2], [q[3, 1] + q[3, 2], q[3, 3]]]
+    )
     torch.testing.assert_close(wp[0, 1], expect)
     # stacked layers give the same per layer
     wp5 = word_patterns(torch.stack([pattern, pattern.flip(1)]), pool)
@@ -87,7 +93,7 @@ def _planted_capture(items_words, pieces, attend, n_heads=2, item_ids=None):
     [CLS]/[SEP] around. Head 0 of layer 0: every token of word w attends to the first
     token of word attend[i][w] (None: to [CLS]); head 1: uniform over the real tokens."""
     rows = []
-    for words, pc in zip(items_words, pieces):
+    for _words, pc in zip(items_words, pieces):
         wid = [None] + [w for w, k in enumerate(pc) for _ in range(k)] + [None]
         rows.append(wid)
     n = max(len(r) for r in rows)
@@ -106,18 +112,31 @@ def _planted_capture(items_words, pieces, attend, n_heads=2, item_ids=None):
     tokens = TokenBatch(
         input_ids=torch.zeros(b, n, dtype=torch.long),
         attention_mask=torch.tensor([[1] * len(r) + [0] * (n - len(r)) for r in rows]),
-        texts=[" ".join(w) for w in items_words], words=[list(w) for w in items_words],
-        tokens=[["x"] * len(r) for r in rows], offsets=[[(0, 0)] * len(r) for r in rows],
-        word_ids=rows, special=[[w is None for w in r] for r in rows], lengths=[len(r) for r in rows],
+        texts=[" ".join(w) for w in items_words],
+        words=[list(w) for w in items_words],
+        tokens=[["x"] * len(r) for r in rows],
+        offsets=[[(0, 0)] * len(r) for r in rows],
+        word_ids=rows,
+        special=[[w is None for w in r] for r in rows],
+        lengths=[len(r) for r in rows],
     )
-    return Capture(tokens=tokens, data={("pattern", 0): pat}, layers=(0,), spec=None,
-                   item_ids=list(range(b)) if item_ids is None else item_ids)
+    return Capture(
+        tokens=tokens,
+        data={("pattern", 0): pat},
+        layers=(0,),
+        spec=None,
+        item_ids=list(range(b)) if item_ids is None else item_ids,
+    )
 
 
-S1 = DependencySentence(words=("The", "big", "dog", "barked", "."), heads=(2, 2, 3, -1, 3),
-                        relations=("det", "amod", "nsubj", "root", "punct"))
-S2 = DependencySentence(words=("Dogs", "bark", "loudly", "."), heads=(1, -1, 1, 1),
-                        relations=("nsubj", "root", "advmod", "punct"))
+S1 = DependencySentence(
+    words=("The", "big", "dog", "barked", "."),
+    heads=(2, 2, 3, -1, 3),
+    relations=("det", "amod", "nsubj", "root", "punct"),
+)
+S2 = DependencySentence(
+    words=("Dogs", "bark", "loudly", "."), heads=(1, -1, 1, 1), relations=("nsubj", "root", "advmod", "punct")
+)
 
 
 def test_planted_dependency_head_scores_one_and_beats_the_offset_baseline():
@@ -134,7 +153,9 @@ def test_planted_dependency_head_scores_one_and_beats_the_offset_baseline():
     frame = pd.DataFrame(rows)
     punct = frame[(frame.relation == "punct") & (frame.direction == "dep->head")].set_index("head")
     # punct offsets are -1 (S1) and -2 (S2): the best fixed offset is right half the time
-    assert offsets.query("relation == 'punct' and direction == 'dep->head'")[["offset", "baseline", "n"]].values.tolist() == [[-1, 0.5, 40]]
+    assert offsets.query("relation == 'punct' and direction == 'dep->head'")[
+        ["offset", "baseline", "n"]
+    ].values.tolist() == [[-1, 0.5, 40]]
     assert punct.loc[0, "score"] == 1.0 and punct.loc[0, "baseline"] == 0.5 and bool(punct.loc[0, "verdict"])
     # uniform head: the most-attended other word is the one with most pieces ("dog" / "Dogs")
     assert punct.loc[1, "score"] == 0.0 and not bool(punct.loc[1, "verdict"])
@@ -149,10 +170,17 @@ def test_planted_dependency_head_scores_one_and_beats_the_offset_baseline():
 
 def test_per_item_baseline_when_instances_equal_head_count():
     # 2 instances, 1 layer x 2 heads: a 1-D baseline of length 2 must stay per instance
-    arcs = syntactic.ArcHits(sentence=np.array([0, 1]), query=np.array([0, 0]), partner=np.array([1, 2]),
-                             relation=np.array(["x", "x"], dtype=object), direction=np.array(["dep->head"] * 2, dtype=object),
-                             hits=torch.tensor([[True, False], [True, False]]), predicted=torch.zeros(2, 2, dtype=torch.int16),
-                             n_layers=1, n_heads=2)
+    arcs = syntactic.ArcHits(
+        sentence=np.array([0, 1]),
+        query=np.array([0, 0]),
+        partner=np.array([1, 2]),
+        relation=np.array(["x", "x"], dtype=object),
+        direction=np.array(["dep->head"] * 2, dtype=object),
+        hits=torch.tensor([[True, False], [True, False]]),
+        predicted=torch.zeros(2, 2, dtype=torch.int16),
+        n_layers=1,
+        n_heads=2,
+    )
     rows, offsets = syntactic.syntactic_rows(arcs, RolesConfig(n_boot=20, n_perm=20, min_instances=1))
     assert [r["baseline"] for r in rows] == [0.5, 0.5]
     assert [r["score"] for r in rows] == [1.0, 0.0]
@@ -169,16 +197,31 @@ def test_unaligned_sentences_are_skipped_and_counted(minilm):
     ok = DependencySentence(words=("Dogs", "bark", "."), heads=(1, -1, 1), relations=("nsubj", "root", "punct"))
     # a zero-width space is removed by the WordPiece normaliser: that word owns no token
     bad = DependencySentence(words=("Dogs", "\u200b", "bark"), heads=(2, 2, -1), relations=("nsubj", "dep", "root"))
-    long = DependencySentence(words=tuple(["word"] * 600), heads=tuple([1] + [-1] + [1] * 598),
-                              relations=tuple(["dep", "root"] + ["dep"] * 598))
+    long = DependencySentence(
+        words=tuple(["word"] * 600),
+        heads=tuple([1] + [-1] + [1] * 598),
+        relations=tuple(["dep", "root"] + ["dep"] * 598),
+    )
     out = syntactic.run(minilm, [ok, bad, long], RolesConfig(n_boot=10, n_perm=10, min_instances=1))
     assert out.skipped == Counter({"unaligned": 1, "longer than context": 1})
     assert out.n_items == 1 and len(out.extra["arcs"]) == 4
 
 
 def _coref_items():
-    a = CorefItem(words=("Mary", "met", "John", "and", "she", "smiled", "."), pronoun=4, candidates=((0, 1), (2, 3)), antecedent=0, kind="g")
-    b = CorefItem(words=("Mary", "met", "John", "and", "he", "smiled", "."), pronoun=4, candidates=((0, 1), (2, 3)), antecedent=1, kind="g")
+    a = CorefItem(
+        words=("Mary", "met", "John", "and", "she", "smiled", "."),
+        pronoun=4,
+        candidates=((0, 1), (2, 3)),
+        antecedent=0,
+        kind="g",
+    )
+    b = CorefItem(
+        words=("Mary", "met", "John", "and", "he", "smiled", "."),
+        pronoun=4,
+        candidates=((0, 1), (2, 3)),
+        antecedent=1,
+        kind="g",
+    )
     return [a, b] * 15
 
 
@@ -209,9 +252,13 @@ def test_coreference_skips_items_whose_pronoun_or_candidate_owns_no_token():
 
 
 def test_nearest_and_first_candidate_rules():
-    it = CorefItem(words=("he", "said", "Tom", "and", "Bob", "left"), pronoun=0, candidates=((2, 3), (4, 5)), antecedent=0)
+    it = CorefItem(
+        words=("he", "said", "Tom", "and", "Bob", "left"), pronoun=0, candidates=((2, 3), (4, 5)), antecedent=0
+    )
     assert coreference.nearest_candidate(it) == 0  # none precedes: nearest overall
-    it2 = CorefItem(words=("Ann", "and", "Sue", "said", "she", "won"), pronoun=4, candidates=((2, 3), (0, 1)), antecedent=1)
+    it2 = CorefItem(
+        words=("Ann", "and", "Sue", "said", "she", "won"), pronoun=4, candidates=((2, 3), (0, 1)), antecedent=1
+    )
     assert coreference.nearest_candidate(it2) == 0 and coreference.first_candidate(it2) == 1
 
 
@@ -221,23 +268,36 @@ def test_nearest_and_first_candidate_rules():
 @pytest.fixture(scope="module")
 def minilm_roles(minilm):
     sents = read_conllu(path("syntax/generated.conllu")).sentences[:200]
-    return head_roles(minilm, conllu=DependencyCorpus(sentences=sents), coref=path("coref/coref.jsonl"),
-                      roles=["syntactic", "coreference"], cfg=FAST)
+    return head_roles(
+        minilm,
+        conllu=DependencyCorpus(sentences=sents),
+        coref=path("coref/coref.jsonl"),
+        roles=["syntactic", "coreference"],
+        cfg=FAST,
+    )
 
 
 def _row(frame, role, relation, direction, layer, head):
-    r = frame[(frame.role == role) & (frame.relation == relation) & (frame.direction == direction)
-              & (frame.layer == layer) & (frame["head"] == head)]
+    r = frame[
+        (frame.role == role)
+        & (frame.relation == relation)
+        & (frame.direction == direction)
+        & (frame.layer == layer)
+        & (frame["head"] == head)
+    ]
     assert len(r) == 1
     return r.iloc[0]
 
 
-@pytest.mark.parametrize("relation,direction,layer,head,hits,n,offset,base_hits", [
-    ("det", "dep->head", 3, 1, 427, 524, 1, 287),     # determiner -> its noun; the +1 offset is right 54.8%
-    ("obj", "head->dep", 3, 1, 98, 146, 3, 43),       # verb -> its object
-    ("nsubj", "dep->head", 2, 3, 164, 345, 2, 96),    # subject -> its verb
-    ("punct", "head->dep", 3, 11, 162, 256, 1, 40),
-])
+@pytest.mark.parametrize(
+    "relation,direction,layer,head,hits,n,offset,base_hits",
+    [
+        ("det", "dep->head", 3, 1, 427, 524, 1, 287),  # determiner -> its noun; the +1 offset is right 54.8%
+        ("obj", "head->dep", 3, 1, 98, 146, 3, 43),  # verb -> its object
+        ("nsubj", "dep->head", 2, 3, 164, 345, 2, 96),  # subject -> its verb
+        ("punct", "head->dep", 3, 11, 162, 256, 1, 40),
+    ],
+)
 def test_minilm_best_syntactic_heads(minilm_roles, relation, direction, layer, head, hits, n, offset, base_hits):
     frame = minilm_roles.frame
     g = frame[(frame.role == "syntactic") & (frame.relation == relation) & (frame.direction == direction)]
@@ -267,7 +327,11 @@ def test_minilm_coreference(minilm_roles):
     assert (int(best.layer), int(best["head"])) == (1, 3)
     assert best.score == pytest.approx(158 / 220, abs=1e-9) and int(best.n) == 220
     out = minilm_roles.outputs["coreference"]
-    assert out.extra["baseline_scores"] == {"nearest": pytest.approx(100 / 220), "first": pytest.approx(110 / 220), "chosen": "first"}
+    assert out.extra["baseline_scores"] == {
+        "nearest": pytest.approx(100 / 220),
+        "first": pytest.approx(110 / 220),
+        "chosen": "first",
+    }
     assert best.baseline == pytest.approx(0.5) and best.p_value < 0.01 and bool(best.verdict)
     bb = out.extra["by_baseline"]
     vs_near = bb[(bb.relation == "vs-nearest") & (bb.layer == 1) & (bb["head"] == 3)].iloc[0]
@@ -285,7 +349,10 @@ def test_pipeline_summary_examples_and_multi_role_heads(minilm_roles):
     assert len(top[top.role == "coreference"]) == 2
     # a head can hold several roles: L3H1 holds det and obj (and more)
     held = roles_by_head(minilm_roles).set_index(["layer", "head"])
-    assert "syntactic/det/dep->head" in held.loc[(3, 1), "roles"] and "syntactic/obj/head->dep" in held.loc[(3, 1), "roles"]
+    assert (
+        "syntactic/det/dep->head" in held.loc[(3, 1), "roles"]
+        and "syntactic/obj/head->dep" in held.loc[(3, 1), "roles"]
+    )
     assert held.loc[(3, 1), "n_roles"] >= 2
     ex = minilm_roles.examples["coreference"]
     assert (ex["layer"], ex["head"], ex["source"]) == (1, 3, "coref")

@@ -1,4 +1,5 @@
 """Train-time pruning experiment: the synthetic task, importance, determinism, learning."""
+
 from __future__ import annotations
 
 import pandas as pd
