@@ -33,7 +33,6 @@ so the corpus is run once; each adapter mirrors its module's ``run``.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
 from collections import Counter
@@ -48,6 +47,7 @@ from headscope.probes.capture import stream
 from headscope.probes.tokens import display_token
 
 from . import coreference as coref_mod
+from . import induction as induction_mod
 from . import syntactic as syn_mod
 from .frames import ROLE_COLUMNS, STAT_COLUMNS, empty_roles
 from .roles_config import RoleOutput, RolesConfig
@@ -342,7 +342,6 @@ def head_roles(
     file_skips: dict[str, dict] = {}
     outputs: dict[str, RoleOutput] = {}
     inputs: dict = {}
-    unavailable: dict[str, str] = {}  # role group -> missing module
 
     t0 = time.perf_counter()
     if any(g in wanted for g in TEXT_GROUPS):
@@ -360,14 +359,7 @@ def head_roles(
         texts = inputs["text"]
         reducers, finishers = [], {}
         for g in text_groups:
-            try:
-                red, fin = TEXT_ADAPTERS[g](model, cfg, texts)
-            except ModuleNotFoundError as e:
-                if not (e.name or "").startswith("headscope.analyses"):
-                    raise
-                log.warning("role group %r is not available (%s); skipped", g, e.name)
-                unavailable[g] = e.name
-                continue
+            red, fin = TEXT_ADAPTERS[g](model, cfg, texts)
             reducers.append(red)
             finishers[g] = fin
         if reducers:
@@ -385,14 +377,7 @@ def head_roles(
 
     if "induction" in wanted:
         t0 = time.perf_counter()
-        try:
-            m = importlib.import_module("headscope.analyses.induction")
-        except ModuleNotFoundError as e:
-            if e.name != "headscope.analyses.induction":
-                raise
-            unavailable["induction"] = e.name
-        else:
-            outputs["induction"] = m.run(model, None, cfg, progress=_stage_progress(progress, "induction"))
+        outputs["induction"] = induction_mod.run(model, None, cfg, progress=_stage_progress(progress, "induction"))
         timings["induction"] = time.perf_counter() - t0
 
     if "syntactic" in wanted:
@@ -442,8 +427,6 @@ def head_roles(
         clusters = outputs["clustering"].extra["clusters"]
     skipped = {g: dict(o.skipped) for g, o in outputs.items()}
     skipped.update(file_skips)
-    for g, mod in unavailable.items():
-        skipped[g] = {f"module {mod} not available": 1}
     result = RolesResult(
         frame=frame,
         stats=stats,
@@ -508,10 +491,7 @@ def _pick_coref(out: RoleOutput, row, items) -> tuple[int | None, list]:
 
 
 def _induction_roles() -> tuple[str, ...]:
-    try:
-        return importlib.import_module("headscope.analyses.induction").ROLES
-    except (ImportError, AttributeError):
-        return ()
+    return induction_mod.ROLES
 
 
 def _text_item(texts: list[str]) -> int | None:
