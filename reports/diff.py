@@ -1,8 +1,9 @@
 """Compare two runs of the same architecture: changes in head roles and in importance.
 
-A run is a report folder (``headscope report``) or a roles / prune output folder: the
-role frame is read from ``roles.parquet`` (or ``.csv``) at the top or under ``tables/``;
-importance from every table with IMPACT_COLUMNS. Both runs must have the same layers ×
+A run is a report folder (``headscope report``) or a roles / prune output folder, read
+by :func:`headscope.reports.load_run` (a folder of tables without a manifest is read
+from its table files at the top and under ``tables/``): the role frame is the ``roles``
+table (Parquet preferred over CSV); importance every table with IMPACT_COLUMNS. Both runs must have the same layers ×
 heads (from ``run.json``'s ``architecture`` when present, else from the frames).
 
 Tables are checked as they are read (:func:`read_table`): a file that is not CSV or
@@ -41,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headscope.reports.runs import read_frame
+
 KEYS = ["layer", "head", "role", "relation", "direction"]
 ROLE_CHANGE_COLUMNS = KEYS + ["score_a", "score_b", "delta", "verdict_a", "verdict_b", "change"]
 IMPORTANCE_CHANGE_COLUMNS = ["study", "layer", "head", "metric", "value_a", "value_b", "delta"]
@@ -72,31 +75,6 @@ class Run:
     n_layers: int
     n_heads: int
     model: str | None
-
-
-def _load_table(p: Path, what: str, expected: str) -> pd.DataFrame:
-    """Read a CSV or Parquet file (Parquet by its suffix or its first bytes); any failure
-    becomes one ``ValueError`` naming the file."""
-    fail = f"{p}: not {what}"
-    try:
-        with p.open("rb") as f:
-            parquet = p.suffix == ".parquet" or f.read(4) == b"PAR1"
-    except FileNotFoundError:
-        raise ValueError(f"{p}: no such file; expected {what}: {expected}") from None
-    except OSError as err:
-        raise ValueError(f"{fail} (cannot be read: {err.strerror}); expected {expected}") from None
-    try:
-        if parquet:
-            return pd.read_parquet(p)
-        return pd.read_csv(p, keep_default_na=False, na_values=[""], encoding="utf-8")
-    except UnicodeDecodeError as err:
-        why = f"byte 0x{err.object[err.start : err.start + 1].hex()} at offset {err.start} is not UTF-8 text"
-    except pd.errors.EmptyDataError:
-        why = "the file holds no header line"
-    except Exception as err:  # noqa: BLE001 - pyarrow and the CSV parser raise many kinds; all mean "not a table"
-        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        why = f"cannot be read as {'Parquet' if parquet else 'CSV'}: {first}"
-    raise ValueError(f"{fail} ({why}); expected {expected}") from None
 
 
 def _numbers(s: pd.Series) -> tuple[np.ndarray, int | None]:
@@ -132,6 +110,10 @@ def _cell(v) -> str:
     return "an empty cell" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else repr(v)[:60]
 
 
+def _expected(columns) -> str:
+    return f"CSV or Parquet with columns {', '.join(columns)}"
+
+
 def read_table(
     path, *, what: str = "a table", columns=(), ints=(), ints_or_missing=(), floats=(), bools=(), labels=()
 ) -> pd.DataFrame:
@@ -155,11 +137,37 @@ def read_table(
     t.csv:row 2: layer must be an integer in [0, 1023]; got 'x'
     """
     p = Path(path)
-    expected = f"CSV or Parquet with columns {', '.join(columns)}"
-    df = _load_table(p, what, expected)
+    return check_table(
+        read_frame(p, what, _expected(columns)),
+        p,
+        what=what,
+        columns=columns,
+        ints=ints,
+        ints_or_missing=ints_or_missing,
+        floats=floats,
+        bools=bools,
+        labels=labels,
+    )
+
+
+def check_table(
+    df: pd.DataFrame,
+    path,
+    *,
+    what: str = "a table",
+    columns=(),
+    ints=(),
+    ints_or_missing=(),
+    floats=(),
+    bools=(),
+    labels=(),
+) -> pd.DataFrame:
+    """The checks and conversions of :func:`read_table` on a frame already read from
+    ``path`` (named in the errors)."""
+    p = Path(path)
     missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{p}: not {what} (missing column {missing[0]!r}); expected {expected}")
+        raise ValueError(f"{p}: not {what} (missing column {missing[0]!r}); expected {_expected(columns)}")
     df = df.copy()
     for c in (*ints, *ints_or_missing):
         values, bad = _numbers(df[c])
@@ -206,7 +214,13 @@ def read_roles_table(path) -> pd.DataFrame:
     """A roles frame from CSV or Parquet (``roles.csv`` / ``roles.parquet`` of headscope
     roles or report), checked by :func:`read_table`; ``relation``/``direction`` become
     ``""`` where absent, ``n`` is an optional count."""
-    df = read_table(
+    return check_roles_table(read_frame(Path(path), "a roles table", _expected(ROLE_TABLE_COLUMNS)), path)
+
+
+def check_roles_table(df: pd.DataFrame, path) -> pd.DataFrame:
+    """The checks of :func:`read_roles_table` on a frame already read from ``path``."""
+    df = check_table(
+        df,
         path,
         what="a roles table",
         columns=ROLE_TABLE_COLUMNS,
@@ -233,11 +247,11 @@ def read_roles_table(path) -> pd.DataFrame:
     return df
 
 
-def _read_impact(path: Path) -> pd.DataFrame:
+def _check_impact(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     from headscope.analyses.frames import IMPACT_COLUMNS
 
-    return read_table(
-        path, what="a pruning table", columns=IMPACT_COLUMNS, ints_or_missing=["layer", "head"], floats=["value"]
+    return check_table(
+        df, path, what="a pruning table", columns=IMPACT_COLUMNS, ints_or_missing=["layer", "head"], floats=["value"]
     )[IMPACT_COLUMNS]
 
 
@@ -269,35 +283,36 @@ def _read_architecture(run_json: Path) -> tuple[int | None, int | None, str | No
     return arch.get("layers"), arch.get("heads"), None if model is None else str(model)
 
 
-def _tables(folder: Path) -> list[Path]:
-    """Table files at the top of ``folder`` and under ``tables/``; Parquet preferred over
-    a CSV of the same stem."""
-    found = {}
-    for d in (folder, folder / "tables"):
-        if d.is_dir():
-            for p in sorted(d.iterdir()):
-                if p.suffix in (".parquet", ".csv") and not p.name.startswith("."):
-                    key = (d, p.stem)
-                    if key not in found or p.suffix == ".parquet":
-                        found[key] = p
-    return list(found.values())
-
-
 def read_run(path) -> Run:
-    """Read the role and impact frames and the architecture of a run folder."""
+    """Read the role and impact frames and the architecture of a run folder.
+
+    A headscope roles, report or prune output is read by
+    :func:`~headscope.reports.runs.load_run`; a folder without a manifest (tables written
+    by hand) is read from its table files at the top and under ``tables/``. The ``roles``
+    table (not a prune folder's: that one is its role ablation) is checked by
+    :func:`check_roles_table`; every other table holding
+    IMPACT_COLUMNS is a pruning table, checked row by row."""
     from headscope.analyses.frames import IMPACT_COLUMNS
+    from headscope.probes.output_folder import output_kind_of
+    from headscope.reports.runs import TABLE_DIRS, load_run, read_tables, table_files
 
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: no such run folder (pass a report, roles or prune output folder)")
+    kind = output_kind_of(folder)
+    if kind is not None:
+        run = load_run(folder)
+        paths = table_files(folder / TABLE_DIRS[kind])
+        frames = run.tables
+    else:
+        paths = table_files(folder, folder / "tables")
+        frames = read_tables(paths)
     roles, impacts = None, []
-    for p in _tables(folder):
-        if p.stem == "roles" and roles is None:
-            roles = read_roles_table(p)
-        elif p.stem != "roles":
-            cols = set(_load_table(p, "a table", "CSV or Parquet").columns)
-            if set(IMPACT_COLUMNS) <= cols:
-                impacts.append(_read_impact(p))
+    for stem, df in frames.items():
+        if stem == "roles" and kind != "prune":  # a pruning study's "roles" is its role ablation, not verdicts
+            roles = check_roles_table(df, paths[stem])
+        elif set(IMPACT_COLUMNS) <= set(df.columns):
+            impacts.append(_check_impact(df, paths[stem]))
     impact = pd.concat(impacts, ignore_index=True) if impacts else None
     if roles is None and impact is None:
         raise ValueError(
