@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def register(sub) -> None:
@@ -17,6 +18,13 @@ def register(sub) -> None:
     )
     p.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--export",
+        metavar="FILE",
+        default=None,
+        help="write the first text's attention patterns to FILE as JSON (tokens, [layer][head][dest][src], kv_groups) "
+        "for bertviz or CircuitsVis; adds 'pattern' to --quantities",
+    )
     p.set_defaults(func=run)
 
 
@@ -51,19 +59,31 @@ def summarise(cap) -> dict:
     return out
 
 
+def _export_path(text: str) -> Path:
+    """``--export FILE``: checked before the model loads, so a typo costs no time."""
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"--export must name a file; {text!r} is a folder")
+    if not path.parent.is_dir():
+        raise ValueError(f"--export {text!r}: folder {str(path.parent)!r} does not exist; create it first")
+    return path
+
+
 def run(args) -> int:
     from headscope.probes.capture import capture
     from headscope.probes.card import model_card, render_card
+    from headscope.probes.export import write_patterns_json
     from headscope.probes.models import load_model
 
+    export = _export_path(args.export) if args.export else None
+    quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
+    if export is not None and "pattern" not in quantities:
+        quantities.append("pattern")
     model = load_model(args.model, args.backend)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
-    cap = capture(
-        model,
-        args.texts or EXAMPLES,
-        quantities=[q.strip() for q in args.quantities.split(",") if q.strip()],
-        layers=layers,
-    )
+    cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
+    if export is not None:
+        write_patterns_json(cap, export, item=0, tokenizer=model.tokenizer)
     s = summarise(cap)
     if args.json:
         print(json.dumps(s, indent=2))
@@ -82,4 +102,6 @@ def run(args) -> int:
         print(
             f"  layer {row['layer']:>2}: mean entropy {row['mean_entropy']:.3f} nats, mean max weight {row['mean_max_weight']:.3f}"
         )
+    if export is not None:
+        print(f"wrote the first text's patterns to {export} (bertviz / CircuitsVis input; see the README)")
     return 0
