@@ -14,6 +14,8 @@ shapes of :mod:`headscope.probes.attention` plus ``("output", None)``.
 from __future__ import annotations
 
 import logging
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -368,20 +370,161 @@ class BridgeModel:
 BACKENDS = {"inhouse": InHouseModel, "bridge": BridgeModel, "hf": HFReference}
 
 
-def load_model(model: str = "minilm-l6", backend: str = "inhouse", *, dtype: str = "float32"):
-    """Load ``model`` (shipped name, directory, .gguf, hub id) with ``backend``.
+def load_model(model="minilm-l6", backend: str | None = None, *, dtype: str = "float32", tokenizer=None):
+    """Load ``model`` with ``backend`` (``"inhouse"``, ``"bridge"`` or ``"hf"``; ``None``:
+    ``"inhouse"``, or the backend of a bridge or loaded model passed in).
+
+    ``model`` is a shipped name, a directory, a ``.gguf`` or ``config.json`` file, or a hub
+    id — or an object a notebook already holds:
+
+    * an HF ``transformers.PreTrainedModel`` (pass ``tokenizer=``): ``"hf"`` wraps it as
+      :class:`HFReference` and ``"bridge"`` boots a ``TransformerBridge`` on it — both need
+      it loaded with ``attn_implementation="eager"``, and the bridge replaces the model's
+      modules in place (a warning says so; pass a copy to keep it plain); ``"inhouse"``
+      copies its weights into headscope's transformer (BERT and Llama families);
+    * a transformer-lens ``TransformerBridge`` (``tokenizer`` defaults to its own) →
+      :class:`BridgeModel`;
+    * an :class:`InHouseModel`, :class:`HFReference` or :class:`BridgeModel` → returned as is.
+
+    Raises ``ValueError`` for an unknown backend or dtype, a backend other than a loaded
+    model's own, a missing tokenizer, or a non-eager HF model; ``TypeError`` for another
+    kind of object; :class:`~headscope.probes.errors.ModelIncompatibleError` for a family
+    the backend does not cover; :class:`~headscope.probes.errors.HeadscopeError` for an
+    unknown name.
 
     >>> load_model("no-such-model")  # doctest: +ELLIPSIS, +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
     ...
     headscope.probes.errors.HeadscopeError: unknown model 'no-such-model': ...
+    >>> load_model(3.14)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: load_model takes a model name or path, ...; got float
     """
-    if backend not in BACKENDS:
+    if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
     dtypes = {"float32": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(dtypes)}")
+    if not isinstance(model, (str, os.PathLike)):
+        return _from_object(model, backend, dtypes[dtype], tokenizer)
+    if tokenizer is not None:
+        raise ValueError(f"tokenizer= goes with a model object; {str(model)!r} is loaded with its own tokenizer files")
     source = resolve(model)
-    if backend == "inhouse":
+    if backend in (None, "inhouse"):
         return InHouseModel.from_source(source, dtype=dtypes[dtype])
     return BACKENDS[backend].from_source(source)
+
+
+_ACCEPTED = (
+    "a model name or path, a transformers PreTrainedModel (with tokenizer=), a transformer-lens "
+    "TransformerBridge, or a loaded InHouseModel/HFReference/BridgeModel"
+)
+
+
+def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
+    """Wrap a model object a user already holds; see :func:`load_model`."""
+    if isinstance(obj, tuple(BACKENDS.values())):
+        if backend not in (None, obj.backend):
+            raise ValueError(
+                f"model is an already-loaded {type(obj).__name__} (backend {obj.backend!r}); got backend="
+                f"{backend!r}; pass backend={obj.backend!r} or load the checkpoint again with {backend!r}"
+            )
+        return obj
+    if _is_bridge(obj):
+        if backend not in (None, "bridge"):
+            raise ValueError(f"a TransformerBridge loads with backend='bridge'; got backend={backend!r}")
+        return _wrap_bridge(obj, tokenizer if tokenizer is not None else getattr(obj, "tokenizer", None))
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        PreTrainedModel = ()
+    if not isinstance(obj, PreTrainedModel):
+        raise TypeError(f"load_model takes {_ACCEPTED}; got {type(obj).__name__}")
+    config = obj.config
+    name = getattr(config, "_name_or_path", None) or type(obj).__name__
+    if tokenizer is None:
+        raise ValueError(f"an HF model object needs its tokenizer: pass tokenizer=... with {name!r}")
+    backend = backend or "inhouse"
+    hf_cfg = config.to_dict()
+    vocab = hf_cfg.get("vocab_size")
+    if isinstance(vocab, int):
+        check_tokenizer_vocab(tokenizer, vocab, name)
+    if backend == "inhouse":
+        try:
+            cfg = config_from_hf(hf_cfg, name=name)
+        except ValueError as e:  # sizes ModelConfig refuses
+            raise CheckpointError(f"{name}: {e}") from None
+        module = Transformer(cfg)
+        state = hf_to_inhouse_names(cfg, {k: v.detach() for k, v in obj.state_dict().items()})
+        load_state_into(module, state, name)
+        return InHouseModel(module.to(dtype), tokenizer, name=name)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl != "eager":
+        raise ValueError(
+            f"{name!r} uses attn_implementation={impl!r}; attention patterns need eager attention: load it with "
+            'from_pretrained(..., attn_implementation="eager")'
+        )
+    if backend == "hf":
+        ref = HFReference(obj, tokenizer, _spec_from_hf(hf_cfg, name, "hf"))
+        ref.vocab_size = vocab if isinstance(vocab, int) else None
+        return ref
+    from transformer_lens.model_bridge import TransformerBridge
+
+    warnings.warn(
+        f"the bridge wraps {name!r}'s modules in place: the HF model now runs through transformer-lens "
+        "(output_attentions stops working); pass copy.deepcopy(model) to keep a plain one",
+        stacklevel=3,
+    )
+    try:
+        with quiet_transformers():
+            bridge = TransformerBridge.boot_transformers(name, hf_model=obj, tokenizer=tokenizer)
+    except Exception as e:
+        hint = (
+            "; transformer-lens wraps a model with its head (AutoModelForMaskedLM, AutoModelForCausalLM), "
+            f"not a bare {type(obj).__name__}"
+            if obj.base_model is obj
+            else ""
+        )
+        raise ModelIncompatibleError(
+            f"transformer-lens could not wrap {name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}){hint}"
+        ) from None
+    m = BridgeModel(bridge, tokenizer, _spec_from_hf(hf_cfg, name, "bridge"))
+    m.vocab_size = vocab if isinstance(vocab, int) else None
+    return m
+
+
+def _is_bridge(obj) -> bool:
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError:  # pragma: no cover - transformer-lens is a dependency
+        return False
+    return isinstance(obj, TransformerBridge)
+
+
+def _wrap_bridge(bridge, tokenizer) -> BridgeModel:
+    """A :class:`BridgeModel` over a user's ``TransformerBridge``, spec from its ``cfg``."""
+    cfg = bridge.cfg
+    name = getattr(cfg, "model_name", None) or type(bridge).__name__
+    if tokenizer is None:
+        raise ValueError(f"the TransformerBridge {name!r} has no tokenizer: pass tokenizer=...")
+    original = getattr(bridge, "original_model", None)
+    if original is not None and hasattr(original, "config"):  # family named as the string path names it
+        spec = _spec_from_hf(original.config.to_dict(), name, "bridge")
+    else:
+        n_heads = cfg.n_heads
+        spec = ModelSpec(
+            name=name,
+            family=getattr(cfg, "original_architecture", None) or getattr(cfg, "architecture", None) or "?",
+            n_layers=cfg.n_layers,
+            n_heads=n_heads,
+            n_kv_heads=getattr(cfg, "n_key_value_heads", None) or n_heads,
+            d_head=cfg.d_head,
+            d_model=cfg.d_model,
+            causal=getattr(cfg, "attention_dir", "causal") == "causal",
+            max_positions=getattr(cfg, "n_ctx", None) or 2048,
+            backend="bridge",
+        )
+    m = BridgeModel(bridge, tokenizer, spec)
+    m.vocab_size = getattr(cfg, "d_vocab", None)
+    return m
