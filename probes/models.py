@@ -36,7 +36,7 @@ from .checkpoints import (
     trust_remote_code,
     weight_files,
 )
-from .config import config_from_hf
+from .config import ModelConfig, config_from_hf
 from .errors import CheckpointError, HeadscopeError, ModelIncompatibleError
 from .hooks import hooks
 from .tokens import TokenBatch, encode
@@ -89,6 +89,15 @@ def _check_layers(layers, n_layers: int) -> tuple[int, ...]:
     return ls
 
 
+def inhouse_config(hf_cfg: dict, name: str, where) -> ModelConfig:
+    """The in-house :class:`ModelConfig` of an HF config dict; ``CheckpointError`` naming
+    ``where`` for sizes ``ModelConfig`` refuses (``read_hf_config`` checked the common ones)."""
+    try:
+        return config_from_hf(hf_cfg, name=name)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
 class InHouseModel:
     """headscope's own transformer with a tokenizer."""
 
@@ -120,17 +129,23 @@ class InHouseModel:
         hf_cfg = read_hf_config(source)
         directory = hf_dir(source)
         where = source.path if source.kind == "config" else directory / "config.json"
-        try:
-            cfg = config_from_hf(hf_cfg, name=source.name)
-        except ValueError as e:  # sizes ModelConfig refuses (read_hf_config checked the common ones)
-            raise CheckpointError(f"{where}: {e}") from None
+        cfg = inhouse_config(hf_cfg, source.name, where)
         check_weight_memory(hf_cfg, where)
         tokenizer = load_tokenizer(directory)
         check_tokenizer_vocab(tokenizer, cfg.vocab_size, directory)
+        return cls.from_hf_state(
+            cfg, read_state_dict(directory), tokenizer, name=source.name, where=directory, dtype=dtype, source=source
+        )
+
+    @classmethod
+    def from_hf_state(
+        cls, cfg: ModelConfig, state: dict, tokenizer, *, name: str, where, dtype=torch.float32, source=None
+    ) -> InHouseModel:
+        """The in-house stack with an HF ``state`` dict (HF tensor names) loaded; ``where``
+        names the weights in errors."""
         module = Transformer(cfg)
-        state = hf_to_inhouse_names(cfg, read_state_dict(directory))
-        load_state_into(module, state, str(directory))
-        return cls(module.to(dtype), tokenizer, name=source.name, source=source)
+        load_state_into(module, hf_to_inhouse_names(cfg, state), str(where))
+        return cls(module.to(dtype), tokenizer, name=name, source=source)
 
     def encode(self, texts=None, words=None) -> TokenBatch:
         return encode(
@@ -321,21 +336,33 @@ class BridgeModel:
 
     @classmethod
     def from_source(cls, source: ModelSource) -> BridgeModel:
-        from transformer_lens.model_bridge import TransformerBridge
-
         ref = HFReference.from_source(source, for_bridge=True)
         hf_cfg = read_hf_config(source)
         hub_name = hf_cfg.get("_name_or_path") or source.name
+        return cls.wrap_hf(
+            ref.hf,
+            ref.tokenizer,
+            _spec_from_hf(hf_cfg, source.name, "bridge"),
+            hub_name=hub_name,
+            vocab_size=ref.vocab_size,
+        )
+
+    @classmethod
+    def wrap_hf(cls, hf_model, tokenizer, spec: ModelSpec, *, hub_name: str, vocab_size=None, hint: str = ""):
+        """Boot a ``TransformerBridge`` over ``hf_model`` (wrapped in place by transformer-lens);
+        ``ModelIncompatibleError`` naming ``spec.name`` (and ``hint``) when it cannot."""
+        from transformer_lens.model_bridge import TransformerBridge
+
         try:
             with quiet_transformers():
-                bridge = TransformerBridge.boot_transformers(hub_name, hf_model=ref.hf, tokenizer=ref.tokenizer)
+                bridge = TransformerBridge.boot_transformers(hub_name, hf_model=hf_model, tokenizer=tokenizer)
         except Exception as e:
             raise ModelIncompatibleError(
-                f"transformer-lens could not wrap {source.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+                f"transformer-lens could not wrap {spec.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+                f"{hint}"
             ) from None
-        spec = _spec_from_hf(hf_cfg, source.name, "bridge")
-        m = cls(bridge, ref.tokenizer, spec)
-        m.vocab_size = ref.vocab_size
+        m = cls(bridge, tokenizer, spec)
+        m.vocab_size = vocab_size
         return m
 
     vocab_size: int | None = None
@@ -451,14 +478,9 @@ def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
     if isinstance(vocab, int):
         check_tokenizer_vocab(tokenizer, vocab, name)
     if backend == "inhouse":
-        try:
-            cfg = config_from_hf(hf_cfg, name=name)
-        except ValueError as e:  # sizes ModelConfig refuses
-            raise CheckpointError(f"{name}: {e}") from None
-        module = Transformer(cfg)
-        state = hf_to_inhouse_names(cfg, {k: v.detach() for k, v in obj.state_dict().items()})
-        load_state_into(module, state, name)
-        return InHouseModel(module.to(dtype), tokenizer, name=name)
+        cfg = inhouse_config(hf_cfg, name, name)
+        state = {k: v.detach() for k, v in obj.state_dict().items()}
+        return InHouseModel.from_hf_state(cfg, state, tokenizer, name=name, where=name, dtype=dtype)
     impl = getattr(config, "_attn_implementation", None)
     if impl != "eager":
         raise ValueError(
@@ -469,29 +491,25 @@ def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
         ref = HFReference(obj, tokenizer, _spec_from_hf(hf_cfg, name, "hf"))
         ref.vocab_size = vocab if isinstance(vocab, int) else None
         return ref
-    from transformer_lens.model_bridge import TransformerBridge
-
     warnings.warn(
         f"the bridge wraps {name!r}'s modules in place: the HF model now runs through transformer-lens "
         "(output_attentions stops working); pass copy.deepcopy(model) to keep a plain one",
         stacklevel=3,
     )
-    try:
-        with quiet_transformers():
-            bridge = TransformerBridge.boot_transformers(name, hf_model=obj, tokenizer=tokenizer)
-    except Exception as e:
-        hint = (
-            "; transformer-lens wraps a model with its head (AutoModelForMaskedLM, AutoModelForCausalLM), "
-            f"not a bare {type(obj).__name__}"
-            if obj.base_model is obj
-            else ""
-        )
-        raise ModelIncompatibleError(
-            f"transformer-lens could not wrap {name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]}){hint}"
-        ) from None
-    m = BridgeModel(bridge, tokenizer, _spec_from_hf(hf_cfg, name, "bridge"))
-    m.vocab_size = vocab if isinstance(vocab, int) else None
-    return m
+    hint = (
+        "; transformer-lens wraps a model with its head (AutoModelForMaskedLM, AutoModelForCausalLM), "
+        f"not a bare {type(obj).__name__}"
+        if obj.base_model is obj
+        else ""
+    )
+    return BridgeModel.wrap_hf(
+        obj,
+        tokenizer,
+        _spec_from_hf(hf_cfg, name, "bridge"),
+        hub_name=name,
+        vocab_size=vocab if isinstance(vocab, int) else None,
+        hint=hint,
+    )
 
 
 def _is_bridge(obj) -> bool:
