@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_checks import cli_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -98,15 +99,6 @@ def _copy(src: Path, dst: Path, config: dict | None = None, drop: tuple[str, ...
     return dst
 
 
-def one_line_error(capsys, *argv: str) -> str:
-    """Run the CLI; it must exit 2 with exactly one stderr line and no traceback."""
-    rc = cli.main(list(argv))
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert err.count("\n") == 1 and err.startswith("headscope: error: ") and "Traceback" not in err, err
-    return err.strip()
-
-
 @pytest.fixture
 def memory_4gib(monkeypatch):
     """The memory guard sees 4 GiB available, whatever this machine has."""
@@ -144,7 +136,7 @@ def test_folder_without_tokenizer_files_is_refused(tiny, tmp_path, capsys, backe
     d = _copy(tiny["bert"], tmp_path / "m")
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (d / f).unlink()
-    err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", backend)
+    err = cli_error(capsys, "capture", str(d), "the cat", "--backend", backend)
     assert f"{d}: no tokenizer files (expected one of tokenizer.json, vocab.txt" in err
     assert "copy the tokenizer files" in err
 
@@ -185,7 +177,7 @@ def test_bridge_and_hf_name_a_tensor_of_another_shape(tiny, tmp_path, backend):
 
 def test_bridge_cli_names_the_weight_file_and_the_layer_count(tiny, tmp_path, capsys):
     d = _copy(tiny["bert"], tmp_path / "m", {"num_hidden_layers": 3})
-    err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", "bridge")
+    err = cli_error(capsys, "capture", str(d), "the cat", "--backend", "bridge")
     assert f"{d / 'model.safetensors'}: tensor 'bert.encoder.layer.2." in err
     assert "does config.json (num_hidden_layers=3) describe these weights?" in err
 
@@ -286,7 +278,7 @@ ABSURD = [
 @pytest.mark.parametrize("backend", ["inhouse", "bridge"])
 def test_absurd_size_is_refused_before_allocating(tiny, tmp_path, capsys, memory_4gib, family, key, backend):
     d = _copy(tiny[family], tmp_path / "m", {key: 2**40})
-    err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", backend)
+    err = cli_error(capsys, "capture", str(d), "the cat", "--backend", backend)
     assert f"{d / 'config.json'}: " in err and f"{key}={2**40}" in err
     assert "GiB of weights" in err and "more than the 4.0 GiB available; check these sizes" in err
 
@@ -337,7 +329,7 @@ def test_bad_size_names_the_file_and_the_key(tiny, tmp_path, capsys, key, value,
         None if value is ... else {key: value},
         drop=(key,) if value is ... else (),
     )
-    err = one_line_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
+    err = cli_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
     assert err == f"headscope: error: {d / 'config.json'}: {message}" or err.startswith(
         f"headscope: error: {d / 'config.json'}: {message}"
     ), err
@@ -345,7 +337,7 @@ def test_bad_size_names_the_file_and_the_key(tiny, tmp_path, capsys, key, value,
 
 def test_kv_heads_that_do_not_divide_the_heads_are_refused(tiny, tmp_path, capsys):
     d = _copy(tiny["llama"], tmp_path / "m", {"num_key_value_heads": 3})
-    err = one_line_error(capsys, "card", str(d))
+    err = cli_error(capsys, "card", str(d))
     assert f"{d / 'config.json'}: num_key_value_heads=3 does not divide num_attention_heads=4" in err
 
 
@@ -355,7 +347,7 @@ def test_kv_heads_that_do_not_divide_the_heads_are_refused(tiny, tmp_path, capsy
 @pytest.mark.parametrize("backend", ["inhouse", "bridge"])
 def test_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path, capsys, backend):
     d = _build(tmp_path / "m", "bert", vocab_size=20)
-    err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", backend)
+    err = cli_error(capsys, "capture", str(d), "the cat", "--backend", backend)
     assert f"{d}: the tokenizer has ids up to 35 but config.json's vocab_size is 20" in err
 
 
@@ -421,13 +413,13 @@ def test_gguf_cut_anywhere_is_a_checkpoint_error(tmp_path, capsys, cut):
         match=rf"{f}: (truncated|truncated or corrupt) GGUF file \({len(data[:cut]):,} bytes",
     ):
         check_gguf(f)
-    assert "GGUF file" in one_line_error(capsys, "card", str(f))
+    assert "GGUF file" in cli_error(capsys, "card", str(f))
 
 
 def test_not_a_gguf_file_says_what_was_expected(tmp_path, capsys):
     f = tmp_path / "model.gguf"
     f.write_bytes(b"PK\x03\x04" + bytes(100))
-    err = one_line_error(capsys, "capture", str(f), "the cat")
+    err = cli_error(capsys, "capture", str(f), "the cat")
     assert f"{f}: not a GGUF file (expected the magic bytes b'GGUF' first; got b'PK\\x03\\x04')" in err
 
 
@@ -442,7 +434,7 @@ def test_head_of_the_smollm2_gguf_is_one_line(tmp_path, capsys, command):
     f = tmp_path / "smollm2-cut.gguf"
     with open(src, "rb") as fin:
         f.write_bytes(fin.read(2**16))
-    err = one_line_error(capsys, command, str(f), *(["the cat"] if command == "capture" else []))
+    err = cli_error(capsys, command, str(f), *(["the cat"] if command == "capture" else []))
     assert (
         f"{f}: truncated or corrupt GGUF file (65,536 bytes): the 33 metadata entries and 272 tensors its header announces cannot be read"
         in err
@@ -486,7 +478,7 @@ def test_refused_pickle_on_bridge_and_hf_names_the_file(tiny, tmp_path, capsys, 
         load_model(str(d), backend)
     assert not marker.exists()
     if backend == "bridge":
-        err = one_line_error(capsys, "capture", str(d), "the cat", "--backend", "bridge")
+        err = cli_error(capsys, "capture", str(d), "the cat", "--backend", "bridge")
         assert "only intact safetensors or weights-only torch files are loaded" in err
 
 
@@ -499,7 +491,7 @@ def test_latin1_config_names_the_file(tiny, tmp_path, capsys, command):
     cfg = json.loads((d / "config.json").read_text())
     cfg["_name_or_path"] = "modèle"
     (d / "config.json").write_bytes(json.dumps(cfg, ensure_ascii=False).encode("latin-1"))
-    err = one_line_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
+    err = cli_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
     assert err.startswith(f"headscope: error: {d / 'config.json'}: not UTF-8 (byte 0xe8 at offset ")
 
 
@@ -507,7 +499,7 @@ def test_latin1_config_names_the_file(tiny, tmp_path, capsys, command):
 def test_invalid_json_config_names_file_line_and_column(tiny, tmp_path, capsys, command):
     d = _copy(tiny["bert"], tmp_path / "m")
     (d / "config.json").write_text('{\n  "model_type": "bert",\n  "hidden_size": 16,,\n}')
-    err = one_line_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
+    err = cli_error(capsys, command, str(d), *(["the cat"] if command == "capture" else []))
     assert (
         err
         == f"headscope: error: {d / 'config.json'}:3:21: invalid JSON (Expecting property name enclosed in double quotes)"
@@ -555,7 +547,7 @@ def no_network(monkeypatch):
 )
 def test_a_name_that_is_not_there_is_refused_without_network(no_network, tmp_path, monkeypatch, capsys, model, message):
     monkeypatch.chdir(tmp_path)
-    err = one_line_error(capsys, "roles", model)
+    err = cli_error(capsys, "roles", model)
     assert err.startswith(f"headscope: error: {message}"), err
     assert no_network == []
 
@@ -563,7 +555,7 @@ def test_a_name_that_is_not_there_is_refused_without_network(no_network, tmp_pat
 def test_a_path_whose_first_folder_exists_is_a_path(no_network, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mymodels").mkdir()
-    err = one_line_error(capsys, "roles", "mymodels/minilm")
+    err = cli_error(capsys, "roles", "mymodels/minilm")
     assert err.startswith("headscope: error: no such folder: mymodels/minilm")
     assert no_network == []
 
@@ -578,7 +570,7 @@ def test_hub_id_needs_allow_download(no_network, monkeypatch, capsys):
 
 def test_allow_download_flag_reaches_the_hub(no_network, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the hub client itself stays offline in tests
-    err = one_line_error(capsys, "--allow-download", "card", "someorg/somemodel")
+    err = cli_error(capsys, "--allow-download", "card", "someorg/somemodel")
     assert "hub model 'someorg/somemodel' could not be fetched" in err and "needs network access" in err
     assert os.environ["HEADSCOPE_ALLOW_DOWNLOAD"] == "1"
     assert no_network == []
@@ -630,15 +622,15 @@ def test_mistyped_path_in_a_fresh_process_with_offline_mode_off(tmp_path):
 
 
 def test_bench_device_bogus_is_one_line(capsys):
-    err = one_line_error(capsys, "bench", "--device", "bogus")
+    err = cli_error(capsys, "bench", "--device", "bogus")
     assert err == "headscope: error: --device must be cpu, cuda or cuda:N; got bogus"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_bench_device_cuda_without_cuda_is_one_line(capsys):
-    err = one_line_error(capsys, "bench", "--device", "cuda")
+    err = cli_error(capsys, "bench", "--device", "cuda")
     assert err == "headscope: error: --device cuda: CUDA is not available on this machine"
-    assert "CUDA is not available" in one_line_error(capsys, "bench", "--memory", "--device", "cuda:1")
+    assert "CUDA is not available" in cli_error(capsys, "bench", "--memory", "--device", "cuda:1")
 
 
 def test_bench_config_checks_its_device():

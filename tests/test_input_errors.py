@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from cli_checks import cli_error
 
 from headscope.analyses.frames import IMPACT_COLUMNS
 from headscope.probes.corpora import (
@@ -20,16 +21,6 @@ from headscope.probes.corpora import (
     read_text,
 )
 from headscope.reports.cli import build_parser, main
-
-
-def cli_error(capsys, *argv) -> str:
-    """Run the CLI; assert exit 2 and exactly one stderr line; return it."""
-    rc = main([str(a) for a in argv])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("headscope: error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 def flag_error(capsys, *argv) -> str:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from cli_checks import cli_error
 
 from headscope.probes import output_folder as of
 from headscope.probes.atomic import write_frame, write_json
-from headscope.reports.cli import main
 
 TEXT = [
     "The cat sat on the mat.",
@@ -48,13 +48,6 @@ def _tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def _one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert err.startswith("headscope: error: "), err
-    return err
-
-
 # ------------------------------------------------------------------ 1. data loss
 
 
@@ -69,8 +62,7 @@ def test_a_folder_with_a_run_json_and_user_files_is_refused_and_untouched(tmp_pa
     (x / "run.json").write_text("{}")
     (x / "important.txt").write_text("keep")
     before = _tree(x)
-    assert main([*command, "--out", str(x)]) == 2
-    err = _one_error_line(capsys)
+    err = cli_error(capsys, *command, "--out", x)
     assert str(x) in err and "not a headscope" in err
     assert _tree(x) == before and sorted(p.name for p in tmp_path.iterdir()) == ["x"]
 
@@ -101,10 +93,10 @@ def test_each_kind_refuses_the_others_folder(tmp_path, capsys, no_model):
     write_json({**of.manifest_header("roles"), "model": "m"}, roles / "run.json")
     write_frame(pd.DataFrame({"layer": [0]}), roles / "roles")
     before = _tree(roles)
-    assert main(["prune", "minilm-l6", "--out", str(roles)]) == 2  # used to overwrite the roles run.json
-    assert "holds a headscope roles output; prune does not replace it" in _one_error_line(capsys)
-    assert main(["report", "minilm-l6", "--quiet", "--out", str(roles)]) == 2
-    assert "holds a headscope roles output; report does not replace it" in _one_error_line(capsys)
+    err = cli_error(capsys, "prune", "minilm-l6", "--out", roles)  # used to overwrite the roles run.json
+    assert "holds a headscope roles output; prune does not replace it" in err
+    err = cli_error(capsys, "report", "minilm-l6", "--quiet", "--out", roles)
+    assert "holds a headscope roles output; report does not replace it" in err
     assert _tree(roles) == before
     # outputs written before the manifest carried its kind are recognised by their keys
     legacy = tmp_path / "legacy"
@@ -123,10 +115,8 @@ def test_out_that_is_a_file_or_under_one_fails_before_the_model_loads(tmp_path, 
     f = tmp_path / "a-file"
     f.write_text("data")
     for command in (["roles", "minilm-l6", "--quiet"], ["report", "minilm-l6", "--quiet"], ["prune", "minilm-l6"]):
-        assert main([*command, "--out", str(f)]) == 2
-        assert "is a file, not a folder" in _one_error_line(capsys)
-        assert main([*command, "--out", str(f / "sub" / "out")]) == 2
-        assert f"{f} is a file, not a folder" in _one_error_line(capsys)
+        assert "is a file, not a folder" in cli_error(capsys, *command, "--out", f)
+        assert f"{f} is a file, not a folder" in cli_error(capsys, *command, "--out", f / "sub" / "out")
     assert f.read_text() == "data" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
@@ -363,8 +353,7 @@ def test_a_full_disk_is_one_line_and_the_earlier_output_stays(small_disk, text_f
     finally:
         os.close(fd)
     os.truncate(small_disk / "filler", os.path.getsize(small_disk / "filler") - 8192)
-    code = main(["roles", "minilm-l6", "--roles", "positional", "--text", str(text_file), "--quiet", "--out", str(out)])
-    err = _one_error_line(capsys)
-    assert code == 2 and "no space left on device" in err, err
+    err = cli_error(capsys, "roles", "minilm-l6", "--roles", "positional", "--text", text_file, "--quiet", "--out", out)
+    assert "no space left on device" in err, err
     assert _tree(out) == before
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "roles"]
