@@ -252,6 +252,7 @@ def _stream_window(
     start = report.n_items
     report.n_items += len(chunk)
     toks, keep = [], []
+    vocab = getattr(model, "vocab_size", None)  # None: a model-like object that does not say
     for k, it in enumerate(chunk):
         i = start + k
         try:
@@ -267,6 +268,10 @@ def _stream_window(
                 reason = "empty" if "empty" in str(e) else "untokenisable"
             report.skipped[reason] += 1
             report.skipped_items.append((i, reason))
+            continue
+        if vocab is not None and t["ids"] and max(t["ids"]) >= vocab:  # an added token with no embedding row
+            report.skipped["id past vocabulary"] += 1
+            report.skipped_items.append((i, f"id past vocabulary ({max(t['ids'])} >= {vocab})"))
             continue
         if len(t["ids"]) > model.spec.max_positions:
             report.skipped["longer than context"] += 1

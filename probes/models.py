@@ -147,10 +147,12 @@ class InHouseModel:
         load_state_into(module, hf_to_inhouse_names(cfg, state), str(where))
         return cls(module.to(dtype), tokenizer, name=name, source=source)
 
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
     def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(
-            self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.cfg.vocab_size
-        )
+        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None, *, grad: bool = False) -> dict:
         qs = _check_quantities(quantities)

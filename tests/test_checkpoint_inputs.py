@@ -366,6 +366,19 @@ def test_added_tokens_past_the_vocabulary_warn_and_are_refused_only_when_used(tm
     assert model.encode(texts=["the cat"]).input_ids.shape[0] == 1
     with pytest.raises(ValueError, match=r"token '<extra>' has id 36, past the model's vocabulary of 36"):
         model.encode(texts=["the <extra> cat"])
+    # the streaming path (roles, metrics over corpora) counts such an item as skipped, never an IndexError
+    from headscope.probes.capture import stream
+
+    class Rows:
+        n = 0
+
+        def update(self, cap):
+            self.n += len(cap.item_ids)
+
+    rows = Rows()
+    report = stream(model, ["the cat", "the <extra> cat", "a cat"], [rows])
+    assert rows.n == 2 and dict(report.skipped) == {"id past vocabulary": 1}
+    assert report.skipped_items == [(1, "id past vocabulary (36 >= 36)")]
 
 
 def test_encode_refuses_an_id_past_the_vocabulary(tiny):
