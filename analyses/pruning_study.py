@@ -63,6 +63,7 @@ from .pruning_curves import (
     start_curve,
     static_order,
 )
+from .roles_config import is_seed
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class PruneConfig:
             bad("n_boot", "None or an int >= 2")
         if self.unit not in ("head", "kv_group"):
             bad("unit", "'head' or 'kv_group'")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= 2**32 - 1:
+        if not is_seed(self.seed):
             bad("seed", "an int in [0, 2**32 - 1]")
 
     @property

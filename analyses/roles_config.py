@@ -13,6 +13,14 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+#: seeds the generators take: numpy's classic bound; derived seeds (clustering: seed * 1_000_003 + crc32) stay < 2**64
+MAX_SEED = 2**32 - 1
+
+
+def is_seed(value) -> bool:
+    """An int (not a bool) in ``[0, MAX_SEED]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
+
 
 @dataclass(frozen=True, kw_only=True)
 class RolesConfig:
@@ -67,7 +75,7 @@ class RolesConfig:
                 f"The 'js_rows_per_item' parameter of RolesConfig must be a positive int or None; "
                 f"got {self.js_rows_per_item!r}."
             )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= 2**32 - 1:
+        if not is_seed(self.seed):
             raise ValueError(
                 f"The 'seed' parameter of RolesConfig must be an int in [0, 2**32 - 1]; got {self.seed!r}."
             )

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["MAX_SEED", "fraction", "int_at_least", "positive_int", "seed", "unit_interval"]
+from headscope.analyses.roles_config import MAX_SEED  # one bound for the CLI and the configs
 
-MAX_SEED = 2**32 - 1  # numpy's classic bound; derived seeds (clustering: seed * 1_000_003 + crc32) stay < 2**64
+__all__ = ["MAX_SEED", "fraction", "int_at_least", "positive_int", "seed", "unit_interval"]
 
 
 def _int(text: str, rule: str) -> int:
