@@ -204,10 +204,6 @@ def output_kind_of(out: Path) -> str | None:
     return None
 
 
-def _describe(out: Path) -> str:
-    return f"--out {out}"
-
-
 def check_output(out, kind: str) -> Path:
     """Raise ``ValueError`` (one line) unless ``kind`` may write ``out``; return it as a Path.
 
@@ -218,35 +214,33 @@ def check_output(out, kind: str) -> Path:
     for parent in [out, *out.parents]:
         if parent.exists() or parent.is_symlink():
             if parent != out and not parent.is_dir():
-                raise ValueError(f"{_describe(out)}: {parent} is a file, not a folder; pass another --out")
+                raise ValueError(f"--out {out}: {parent} is a file, not a folder; pass another --out")
             break
     if not out.exists():
         return out
     if not out.is_dir():
-        raise ValueError(f"{_describe(out)} is a file, not a folder; pass another --out (nothing was written)")
+        raise ValueError(f"--out {out} is a file, not a folder; pass another --out (nothing was written)")
     try:
         entries = list(out.iterdir())
     except PermissionError:
-        raise ValueError(
-            f"{_describe(out)}: the folder cannot be read (permission denied); pass another --out"
-        ) from None
+        raise ValueError(f"--out {out}: the folder cannot be read (permission denied); pass another --out") from None
     if not entries:
         return out
     found = output_kind_of(out)
     if found is None:
         raise ValueError(
-            f"{_describe(out)} exists and is not a headscope {kind} output (no {' or '.join(spec.manifests)} of one); "
+            f"--out {out} exists and is not a headscope {kind} output (no {' or '.join(spec.manifests)} of one); "
             "pass another --out or empty it (only an earlier output of the same kind is replaced)"
         )
     if found != kind:
         raise ValueError(
-            f"{_describe(out)} holds a headscope {found} output; {kind} does not replace it; pass another --out"
+            f"--out {out} holds a headscope {found} output; {kind} does not replace it; pass another --out"
         )
     foreign = _foreign_entries(out, spec)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise ValueError(
-            f"{_describe(out)} holds an earlier {kind} output but also {shown}, which headscope does not write; "
+            f"--out {out} holds an earlier {kind} output but also {shown}, which headscope does not write; "
             "move them away or pass another --out (nothing was touched)"
         )
     return out
