@@ -21,8 +21,8 @@ from typing import Protocol
 
 import torch
 
-from .errors import MemoryBudgetError, NumericalError
-from .tokens import TokenBatch, collate, tokenize_one
+from headscope.probes.errors import MemoryBudgetError, NumericalError
+from headscope.probes.tokens import TokenBatch, collate, tokenize_one
 
 log = logging.getLogger(__name__)
 

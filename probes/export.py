@@ -15,7 +15,7 @@ sums to 1.
 
 >>> import torch
 >>> from headscope.probes.capture import Capture
->>> from headscope.probes.models import ModelSpec
+>>> from headscope.probes.models.loading import ModelSpec
 >>> from headscope.probes.tokens import collate
 >>> def item(toks):
 ...     n = len(toks)
@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_write
-from .tokens import display_token
+from headscope.probes.outputs.atomic import atomic_write
+from headscope.probes.tokens import display_token
 
 __all__ = ["to_bertviz", "to_circuitsvis", "write_patterns_json"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .alignment import align_offsets, split_words, word_spans_of
+from headscope.probes.alignment import align_offsets, split_words, word_spans_of
 
 
 @dataclass

@@ -293,7 +293,7 @@ def read_run(path) -> Run:
     :func:`check_roles_table`; every other table holding
     IMPACT_COLUMNS is a pruning table, checked row by row."""
     from headscope.analyses.frames import IMPACT_COLUMNS
-    from headscope.probes.output_folder import output_kind_of
+    from headscope.probes.outputs.folder import output_kind_of
     from headscope.reports.runs import TABLE_DIRS, load_run, read_tables, table_files
 
     folder = Path(path)
@@ -527,10 +527,9 @@ def _few(names, k: int = 6) -> str:
 def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir, *, top: int = 3) -> dict[str, Path]:
     """Write tables/*.csv|parquet, figures/role_score_deltas.png and diff.json into
     ``out_dir`` (atomically, folder swapped in when complete)."""
-    from headscope.probes.atomic import atomic_write, write_frame, write_json
-    from headscope.probes.output_folder import claim_output, manifest_header
-
-    from . import figures as F
+    from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
+    from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.reports import figures as F
 
     out = Path(out_dir)
     with claim_output(out, "diff") as folder, folder.staging() as tmp:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from . import figures as F
+from headscope.reports import figures as F
 
 CAVEAT = (
     "Attention maps are clues, not proofs: where a head looks need not be what the model uses "
@@ -597,7 +597,7 @@ def build_document(
     ``prune_prunable``, ``prune_baseline``),
     ``roles_vs_importance`` (role, k, metric, value_role, value_random_mean,
     value_random_std, n_draws), ``skipped`` (analysis, reason, count); any may be missing.
-    ``card`` is :func:`headscope.probes.card.model_card`'s dict, ``card_text`` its rendering;
+    ``card`` is :func:`headscope.probes.models.card.model_card`'s dict, ``card_text`` its rendering;
     ``meta``: model, backend, full, seed, sha256, versions, timings, n_items."""
     roles = frames.get("roles")
     n_layers, n_heads = int(card["layers"]), int(card["heads"])

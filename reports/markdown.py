@@ -8,7 +8,7 @@ HTML page, figures as PNG files under ``figures/``.
 
 from __future__ import annotations
 
-from .html import Document, Figure, Note, Paragraph, Pre, Section, Table, fmt  # noqa: F401 (Section: doctest)
+from headscope.reports.html import Document, Figure, Note, Paragraph, Pre, Section, Table, fmt  # noqa: F401 (Section: doctest)
 
 
 def _cell(v) -> str:

@@ -5,7 +5,7 @@ study); everything after :func:`run_analyses` works on frames only
 (:func:`write_report`). ``<out>`` is claimed before the analyses run (refused at once
 when it is a file, holds anything but an earlier report, or another run is writing it),
 the folder is written into ``<out>.tmp-<pid>`` and swapped in whole once complete
-(:mod:`headscope.probes.output_folder`), so a crash never leaves a half report that
+(:mod:`headscope.probes.outputs.folder`), so a crash never leaves a half report that
 looks complete, nor no report at all.
 
 Folder layout::
@@ -36,14 +36,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headscope.probes.atomic import atomic_write, write_frame, write_json
-from headscope.probes.checkpoints import trust_remote_code
-from headscope.probes.output_folder import claim_output, manifest_header
-from headscope.probes.output_folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
-
-from . import figures as F
-from .html import build_document, curves_frame, render_html, top_heads
-from .markdown import render_markdown
+from headscope.probes.models.checkpoints import trust_remote_code
+from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
+from headscope.probes.outputs.folder import claim_output, manifest_header
+from headscope.probes.outputs.folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
+from headscope.reports import figures as F
+from headscope.reports.html import build_document, curves_frame, render_html, top_heads
+from headscope.reports.markdown import render_markdown
 
 log = logging.getLogger(__name__)
 
@@ -214,28 +213,28 @@ def split_prune_frames(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFram
 
 # ----------------------------------------------------------------- stages that call the analyses
 def _run_card(model_name: str):
-    from headscope.probes.card import model_card, render_card
+    from headscope.probes.models.card import model_card, render_card
 
     card = model_card(model_name)
     return card, render_card(card)
 
 
 def _load(model_name: str, backend: str):
-    from headscope.probes.models import load_model
+    from headscope.probes.models.loading import load_model
 
     return load_model(model_name, backend)
 
 
 def _model_hash(model_name: str) -> dict:
-    from headscope.probes.checkpoints import file_sha256, resolve
+    from headscope.probes.models.checkpoints import file_sha256, resolve
 
     f = resolve(model_name).file_for_hash
     return {"path": str(f) if f else None, "name": f.name if f else None, "sha256": file_sha256(f) if f else None}
 
 
 def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, role_inputs=None):
-    from headscope.analyses.roles import head_roles
-    from headscope.analyses.roles_config import RolesConfig
+    from headscope.analyses.roles.config import RolesConfig
+    from headscope.analyses.roles.pipeline import head_roles
 
     cfg = roles_config or RolesConfig(seed=seed)
     return head_roles(
@@ -246,7 +245,7 @@ def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, ro
 def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFrame | None, progress=None):
     """The pruning study in memory (the report folder is the output), with the roles
     frame so that it ablates each role's top heads against random ones."""
-    from headscope.analyses.pruning_study import PruneConfig, pruning_study
+    from headscope.analyses.pruning.study import PruneConfig, pruning_study
 
     if prune_config is None:
         # the quick report leaves out mean ablation (an extra corpus pass and H more evaluations)
@@ -275,8 +274,8 @@ def run_analyses(
     role_inputs=None,
 ):
     """Run card, roles and pruning; return ``(frames, card, card_text, meta)``.
-    ``role_groups``: a subset of :data:`headscope.analyses.roles.ROLE_GROUPS` (default all);
-    ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.head_roles`
+    ``role_groups``: a subset of :data:`headscope.analyses.roles.pipeline.ROLE_GROUPS` (default all);
+    ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.pipeline.head_roles`
     (default: the shipped corpora)."""
     timings: dict[str, float] = {}
     with _timed(timings, "card", progress):
@@ -399,7 +398,7 @@ def write_report(
 ) -> dict[str, Path]:
     """Write the report folder from frames (no model needed). Returns the paths.
 
-    The folder is claimed (:func:`~headscope.probes.output_folder.claim_output`: an
+    The folder is claimed (:func:`~headscope.probes.outputs.folder.claim_output`: an
     existing ``out_dir`` is replaced only when it is an earlier report with nothing else
     in it; a second run into it is refused), written beside it and swapped in whole."""
     out = Path(out_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from headscope.reports.cli import main
+from headscope.reports.cli.app import main
 
 
 def cli_error(capsys, *argv) -> str:

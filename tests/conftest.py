@@ -20,7 +20,7 @@ torch.manual_seed(0)
 
 
 def _load(name, backend):
-    from headscope.probes.models import load_model
+    from headscope.probes.models.loading import load_model
 
     return load_model(name, backend)
 

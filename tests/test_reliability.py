@@ -17,11 +17,8 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.distributed import AttentionMassReducer
-from headscope.probes.atomic import write_frame
+from headscope.analyses.experiments.distributed import AttentionMassReducer
 from headscope.probes.capture import capture, stream
-from headscope.probes.checkpoints import resolve
-from headscope.probes.config import ModelConfig
 from headscope.probes.errors import (
     CheckpointError,
     HeadscopeError,
@@ -29,9 +26,12 @@ from headscope.probes.errors import (
     ModelIncompatibleError,
     NumericalError,
 )
-from headscope.probes.hooks import hooks
-from headscope.probes.models import InHouseModel, load_model
-from headscope.probes.transformer import Transformer
+from headscope.probes.models.checkpoints import resolve
+from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.hooks import hooks
+from headscope.probes.models.loading import InHouseModel, load_model
+from headscope.probes.models.transformer import Transformer
+from headscope.probes.outputs.atomic import write_frame
 
 # ----------------------------------------------------------------------------- checkpoints
 
@@ -113,7 +113,7 @@ def test_safetensors_cut_anywhere_is_a_checkpoint_error(tmp_path, keep):
     """Empty file, inside the length prefix, inside the JSON header, inside the data, one byte short."""
     from safetensors.torch import save_file
 
-    from headscope.probes.checkpoints import read_state_dict
+    from headscope.probes.models.checkpoints import read_state_dict
 
     save_file(
         {"a.weight": torch.arange(64.0).reshape(8, 8), "b.bias": torch.ones(8)}, str(tmp_path / "model.safetensors")
@@ -149,7 +149,7 @@ def test_pickled_code_in_pytorch_model_bin_is_refused_and_never_runs(minilm_part
 
 
 def test_directory_without_config_is_one_line(tmp_path, capsys):
-    from headscope.reports import cli
+    from headscope.reports.cli import app as cli
 
     (tmp_path / "weights.bin").write_bytes(b"\0")
     assert cli.main(["card", str(tmp_path)]) == 2
@@ -254,7 +254,7 @@ def test_same_inputs_give_byte_identical_csv(minilm, sentences, tmp_path):
 
 _WRITER = """
 import sys, numpy as np, pandas as pd
-from headscope.probes.atomic import write_frame
+from headscope.probes.outputs.atomic import write_frame
 rng = np.random.default_rng(0)
 df = pd.DataFrame({c: rng.random(3_000_000) for c in "abcd"})
 print("writing", flush=True)
@@ -332,7 +332,7 @@ def _readable_tables(folder: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_pruning_run_killed_mid_curve_resumes_to_the_uninterrupted_tables(minilm, tmp_path):
-    from headscope.analyses.pruning_study import PruneConfig, pruning_study
+    from headscope.analyses.pruning.study import PruneConfig, pruning_study
 
     out = tmp_path / "killed"
     args = [
@@ -401,7 +401,7 @@ def test_report_killed_mid_stage_leaves_the_previous_report_untouched(tmp_path):
     assert after == before
     # the killed run's lock file may stay; its lock died with the process: the next claim takes it and removes it
     assert sorted(p.name for p in tmp_path.iterdir()) in (["report"], [".report.lock", "report"])
-    from headscope.probes.output_folder import claim_output
+    from headscope.probes.outputs.folder import claim_output
 
     with claim_output(out, "report"):
         pass
@@ -456,7 +456,7 @@ def test_no_hook_survives_an_exception_inside_a_hook(minilm, sentences):
 
 
 def test_cli_unknown_model_is_one_line_naming_the_known_models(capsys):
-    from headscope.reports import cli
+    from headscope.reports.cli import app as cli
 
     assert cli.main(["card", "nope"]) == 2
     err = capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""``headscope bench``: what capturing attention costs, path by path (:mod:`.harness`)."""

@@ -1,0 +1,509 @@
+"""Ablating heads: batched evaluation under many head masks, single-head ablation,
+all-but-one per layer, and ablating a role's heads against random heads.
+
+The engine is :func:`evaluate`: it scores an :class:`~headscope.analyses.pruning.metrics.ItemMetric`
+under ``R`` head masks ``[R, layer, head]`` at once, by stacking ``R`` replicas of each
+batch along the batch dimension and installing, on every ``blocks.{l}.attn.hook_z``, a
+hook that applies replica ``r``'s mask::
+
+    z'[r] = mask[r] · z[r] + (1 - mask[r]) · ablation_value      # per head
+
+(zero ablation: ``ablation_value = 0``; mean ablation: the corpus mean of ``z``,
+:func:`mean_z`). The model's own gates are never touched, so a crash leaves the model
+as it was. Ablating all ``H`` heads of a layer therefore costs one forward of an
+``H``-times larger batch instead of ``H`` forwards (:func:`batching_speedup` measures
+the ratio).
+
+Frames follow :data:`~headscope.analyses.frames.IMPACT_COLUMNS`; ``value`` holds the
+metric (``metric = name``) or its change from the unablated model
+(``metric = "delta_" + name``); ``spread`` is the bootstrap standard error over items
+(``n_boot`` resamples of items, seeded), NaN for a metric without items.
+
+>>> import torch
+>>> masks = head_masks(n_layers=2, n_heads=3, heads=[(0, 1), (1, 2)])
+>>> masks[:, 0].tolist(), masks[:, 1].tolist()
+([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope.analyses.frames import IMPACT_COLUMNS
+from headscope.analyses.pruning.metrics import CallableMetric
+from headscope.probes.capture import Capture
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.hooks import hooks
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------- masks
+
+
+def check_inhouse(model) -> None:
+    """Pruning studies drive the in-house model's hook points and gates."""
+    if not hasattr(model, "module"):
+        raise ModelIncompatibleError(
+            f"pruning studies need the in-house backend (hook_z and per-head gates); got backend "
+            f"{getattr(getattr(model, 'spec', None), 'backend', type(model).__name__)!r}. Load with backend='inhouse'."
+        )
+
+
+def head_masks(*, n_layers: int, n_heads: int, heads, base: torch.Tensor | None = None) -> torch.Tensor:
+    """One mask per ablated head: ``heads`` = ``[(layer, head), ...]`` -> ``[R, layer, head]``
+    (1 = kept), each on top of ``base [layer, head]`` (default all ones)."""
+    heads = list(heads)
+    b = torch.ones(n_layers, n_heads) if base is None else base.float()
+    m = b[None].repeat(len(heads), 1, 1)
+    for r, (l, h) in enumerate(heads):
+        m[r, l, h] = 0.0
+    return m
+
+
+def prune_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
+    """The removable units: ``unit="head"`` -> one ``[(layer, head)]`` per query head;
+    ``unit="kv_group"`` -> per layer and KV head, the query heads reading it (removing a
+    KV head removes all of them)."""
+    if unit == "head":
+        return [[(l, h)] for l in range(spec.n_layers) for h in range(spec.n_heads)]
+    if unit == "kv_group":
+        return [[(l, h) for h in hs] for l in range(spec.n_layers) for hs in spec.kv_groups().values()]
+    raise ValueError(f"unit must be 'head' or 'kv_group'; got {unit!r}")
+
+
+def mask_of(spec, units: list[list[tuple[int, int]]], removed) -> torch.Tensor:
+    """``[layer, head]`` mask with the heads of the ``removed`` unit indices set to 0."""
+    m = torch.ones(spec.n_layers, spec.n_heads)
+    for u in removed:
+        for l, h in units[u]:
+            m[l, h] = 0.0
+    return m
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+@contextmanager
+def replica_masks(module, masks: torch.Tensor, ablation: torch.Tensor | None = None):
+    """Install ``hook_z`` hooks applying ``masks [R, layer, head]`` to ``R`` stacked
+    replicas of the batch (rows ``r*B .. (r+1)*B``); ``ablation [layer, head, d_head]``
+    replaces the masked part (default zeros). Hooks are removed on exit, whatever happens."""
+    n_layers = len(module.blocks)
+    if masks.dim() != 3 or masks.shape[1] != n_layers:
+        raise ValueError(f"masks must be [replica, layer={n_layers}, head]; got {tuple(masks.shape)}")
+    pairs = []
+    for l in range(n_layers):
+        m = masks[:, l]
+        if bool((m == 1).all()):
+            continue
+        a = None if ablation is None else ablation[l]
+
+        def fn(z, name, m=m, a=a):
+            r = m.shape[0]
+            zr = z.reshape(r, z.shape[0] // r, *z.shape[1:])  # [R, batch, head, pos, d_head]
+            mm = m.to(z.dtype)[:, None, :, None, None]
+            out = zr * mm
+            if a is not None:
+                out = out + (1 - mm) * a.to(z.dtype)[None, None, :, None, :]
+            return out.reshape(z.shape)
+
+        pairs.append((module.hook_points[f"blocks.{l}.attn.hook_z"], fn))
+    with hooks(pairs):
+        yield
+
+
+@contextmanager
+def gates_as(module, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
+    """Set every layer's gate to ``mask[l]`` (and ``ablation_value`` to ``ablation[l]``)
+    for the ``with`` block; the previous gates, buffers and ``requires_grad`` come back on exit."""
+    saved = [
+        (b.attn.gate.detach().clone(), b.attn.gate.requires_grad, b.attn.ablation_value.clone()) for b in module.blocks
+    ]
+    try:
+        for l, b in enumerate(module.blocks):
+            with torch.no_grad():
+                b.attn.gate.copy_(mask[l].to(b.attn.gate.dtype))
+                if ablation is not None:
+                    b.attn.ablation_value.copy_(ablation[l].to(b.attn.ablation_value.dtype))
+            b.attn.gate.requires_grad_(requires_grad)
+        yield [b.attn.gate for b in module.blocks]
+    finally:
+        for b, (g, rg, av) in zip(module.blocks, saved):
+            with torch.no_grad():
+                b.attn.gate.copy_(g)
+                b.attn.ablation_value.copy_(av)
+            b.attn.gate.requires_grad_(rg)
+            b.attn.gate.grad = None
+
+
+def evaluate(
+    model, metric, masks: torch.Tensor | None = None, *, ablation: torch.Tensor | None = None, max_rows: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Score ``metric`` under each head mask.
+
+    ``masks [R, layer, head]`` (1 = kept; None: one all-ones mask). Returns per-item
+    ``values [R, n_items]`` and ``weights [n_items]``; ``metric.aggregate(values, weights)``
+    gives the ``R`` reported values. Replicas are stacked so one forward holds at most
+    ``max_rows`` rows. Layers before the first one any mask touches are run once per
+    batch and shared by all replicas (ablating the heads of layer ``l`` costs the
+    layers ``l..`` only).
+    """
+    check_inhouse(model)
+    spec = model.spec
+    if masks is None:
+        masks = torch.ones(1, spec.n_layers, spec.n_heads)
+    if isinstance(metric, CallableMetric):
+        vals = []
+        for m in masks:
+            with gates_as(model.module, m, ablation=ablation):
+                vals.append(float(metric.fn(model)))
+        return torch.tensor(vals, dtype=torch.float32)[:, None], torch.ones(1)
+    r_total = masks.shape[0]
+    values = torch.zeros(r_total, metric.n_items)
+    weights = torch.zeros(metric.n_items)
+    changed = (masks != 1).any(0).any(-1)  # [layer]
+    first = int(changed.nonzero()[0]) if bool(changed.any()) else 0  # layers before it run once, not once per mask
+    with torch.inference_mode():
+        for unit in metric.units:
+            chunk = max(1, max_rows // unit.rows)
+            ids, am = unit.batch.input_ids, unit.batch.attention_mask
+            prefix = model.module(ids, am, stop_at_layer=first) if first else None
+            for start in range(0, r_total, chunk):
+                m = masks[start : start + chunk]
+                r = m.shape[0]
+                with replica_masks(model.module, m, ablation):
+                    if prefix is None:
+                        out = model.module(ids.repeat(r, 1), am.repeat(r, 1))
+                    else:
+                        out = model.module(
+                            ids.repeat(r, 1), am.repeat(r, 1), start_at_layer=first, resid=prefix.repeat(r, 1, 1)
+                        )
+                v, w = metric.item_values(out, unit)
+                values[start : start + r, unit.items] = v.float()
+                weights[unit.items] = w.float()
+    return values, weights
+
+
+def bootstrap_se(
+    metric,
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    base: torch.Tensor | None = None,
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> torch.Tensor:
+    """Bootstrap standard error over items of ``metric.aggregate(values[r])`` (minus the
+    aggregate of ``base [item]`` on the same resample when given) -> ``[R]``."""
+    n = values.shape[1]
+    if n < 2 or isinstance(metric, CallableMetric):
+        return torch.full((values.shape[0],), float("nan"))
+    gen = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (n_boot, n), generator=gen)
+    counts = torch.zeros(n_boot, n).scatter_add_(1, idx, torch.ones(n_boot, n)).double()
+    w = weights.double()
+    denom = (counts @ w).clamp(min=1e-12)  # [n_boot]
+    agg = metric.finalize((values.double() * w) @ counts.T / denom)  # [R, n_boot]
+    if base is not None:
+        agg = agg - metric.finalize((base.double() * w) @ counts.T / denom)[None]
+    return agg.std(dim=1).float()
+
+
+def impact_rows(
+    study: str,
+    metric_name: str,
+    *,
+    layer=None,
+    head=None,
+    step=0,
+    fraction_pruned=0.0,
+    value=float("nan"),
+    spread=float("nan"),
+    seed=None,
+    n=0,
+) -> dict:
+    """One IMPACT_COLUMNS row (``layer``/``head``/``seed`` may be None)."""
+    return {
+        "study": study,
+        "layer": layer,
+        "head": head,
+        "step": step,
+        "fraction_pruned": float(fraction_pruned),
+        "metric": metric_name,
+        "value": float(value),
+        "spread": float(spread),
+        "seed": seed,
+        "n": int(n),
+    }
+
+
+def impact_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows -> frame with IMPACT_COLUMNS and stable dtypes (nullable ints for layer/head/seed)."""
+    df = pd.DataFrame(rows, columns=IMPACT_COLUMNS)
+    return df.astype(
+        {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        }
+    )
+
+
+# ----------------------------------------------------------------------------- mean ablation
+
+
+class MeanZ:
+    """Streaming mean of ``z`` over real tokens, per layer and head -> ``[layer, head, d_head]``.
+    A :class:`~headscope.probes.capture.Reducer` (``update(cap)``, exact ``merge``, ``result``)."""
+
+    def __init__(self, n_layers: int, n_heads: int, d_head: int):
+        self.sum = torch.zeros(n_layers, n_heads, d_head, dtype=torch.float64)
+        self.count = 0.0
+
+    def update(self, cap: Capture) -> None:
+        keep = cap.key_mask.to(torch.float64)  # [batch, pos]
+        for l in cap.layers:
+            z = cap["z", l].to(torch.float64)  # [batch, head, pos, d_head]
+            self.sum[l] += torch.einsum("bhpd,bp->hd", z, keep)
+        self.count += float(keep.sum())
+
+    def merge(self, other: MeanZ) -> MeanZ:
+        self.sum += other.sum
+        self.count += other.count
+        return self
+
+    def result(self) -> torch.Tensor:
+        return (self.sum / max(self.count, 1.0)).float()
+
+
+def mean_z(model, metric) -> torch.Tensor:
+    """Corpus mean of ``z`` over the metric's tokens (padding excluded), with every head
+    on: the mean-ablation value ``[layer, head, d_head]``."""
+    check_inhouse(model)
+    red = MeanZ(model.spec.n_layers, model.spec.n_heads, model.spec.d_head)
+    layers = tuple(range(model.spec.n_layers))
+    for unit in metric.units:
+        data = model.run(unit.batch, ("z",), layers)
+        red.update(Capture(tokens=unit.batch, data=data, layers=layers, spec=model.spec, item_ids=unit.items))
+    return red.result()
+
+
+def ablation_values(model, metric, mode: str) -> torch.Tensor | None:
+    """``None`` for zero ablation, :func:`mean_z` for mean ablation."""
+    if mode == "zero":
+        return None
+    if mode == "mean":
+        if isinstance(metric, CallableMetric):
+            raise ValueError(
+                "mean ablation needs a metric with items (its corpus gives the mean of z); use mode='zero'"
+            )
+        return mean_z(model, metric)
+    raise ValueError(f"mode must be 'zero' or 'mean'; got {mode!r}")
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+def _group_heads(spec, per_forward: str):
+    heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
+    if per_forward == "layer":
+        return [heads[l * spec.n_heads : (l + 1) * spec.n_heads] for l in range(spec.n_layers)]
+    if per_forward == "all":
+        return [heads]
+    if per_forward == "one":
+        return [[x] for x in heads]
+    raise ValueError(f"per_forward must be 'layer', 'all' or 'one'; got {per_forward!r}")
+
+
+def single_head_ablation(
+    model,
+    metric,
+    *,
+    mode: str = "zero",
+    ablation: torch.Tensor | None = None,
+    per_forward: str = "layer",
+    n_boot: int = 200,
+    seed: int = 0,
+    max_rows: int = 64,
+) -> pd.DataFrame:
+    """Ablate each head alone; rows per head: ``metric=name`` (ablated value) and
+    ``metric="delta_"+name`` (ablated - unablated), ``spread`` = bootstrap SE over items.
+
+    ``study = "ablation:zero"`` or ``"ablation:mean"``; ``ablation`` overrides the
+    mean-ablation values (computed by :func:`mean_z` otherwise). ``per_forward``:
+    ``"layer"`` (the heads of a layer share one forward), ``"all"``, or ``"one"``.
+    """
+    spec = model.spec
+    if ablation is None:
+        ablation = ablation_values(model, metric, mode)
+    base_v, w = evaluate(model, metric, max_rows=max_rows)
+    rows = []
+    total = spec.n_layers * spec.n_heads
+    for group in _group_heads(spec, per_forward):
+        masks = head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
+        v, _ = evaluate(model, metric, masks, ablation=ablation, max_rows=max_rows)
+        agg = metric.aggregate(v, w)
+        base = metric.aggregate(base_v, w)[0]
+        se = bootstrap_se(metric, v, w, n_boot=n_boot, seed=seed)
+        se_d = bootstrap_se(metric, v, w, base_v[0], n_boot=n_boot, seed=seed)
+        for r, (l, h) in enumerate(group):
+            common = dict(layer=l, head=h, fraction_pruned=1 / total, seed=seed, n=metric.n_items)
+            rows.append(impact_rows(f"ablation:{mode}", metric.name, value=agg[r], spread=se[r], **common))
+            rows.append(
+                impact_rows(f"ablation:{mode}", f"delta_{metric.name}", value=agg[r] - base, spread=se_d[r], **common)
+            )
+    return impact_frame(rows)
+
+
+def harm(metric, delta):
+    """Positive when a change of the metric is for the worse (higher loss, lower accuracy)."""
+    return -delta if metric.higher_is_better else delta
+
+
+def all_but_one(model, metric, *, n_boot: int = 200, seed: int = 0, max_rows: int = 64) -> pd.DataFrame:
+    """Michel et al. (2019): in each layer keep only one head (zero-ablate the others,
+    every other layer intact); the best single head of the layer is the one whose
+    keep-only metric is best. Rows per layer: ``head`` = that head, ``metric=name`` and
+    ``"delta_"+name`` (vs the unablated model), ``study="all_but_one"``."""
+    spec = model.spec
+    base_v, w = evaluate(model, metric, max_rows=max_rows)
+    base = metric.aggregate(base_v, w)[0]
+    rows = []
+    for l in range(spec.n_layers):
+        masks = torch.ones(spec.n_heads, spec.n_layers, spec.n_heads)
+        masks[:, l] = torch.eye(spec.n_heads)
+        v, _ = evaluate(model, metric, masks, max_rows=max_rows)
+        agg = metric.aggregate(v, w)
+        score = agg if metric.higher_is_better else -agg
+        best = int(torch.argmax(score))
+        se = bootstrap_se(metric, v[best : best + 1], w, n_boot=n_boot, seed=seed)[0]
+        se_d = bootstrap_se(metric, v[best : best + 1], w, base_v[0], n_boot=n_boot, seed=seed)[0]
+        common = dict(
+            layer=l,
+            head=best,
+            fraction_pruned=(spec.n_heads - 1) / (spec.n_layers * spec.n_heads),
+            seed=seed,
+            n=metric.n_items,
+        )
+        rows.append(impact_rows("all_but_one", metric.name, value=agg[best], spread=se, **common))
+        rows.append(impact_rows("all_but_one", f"delta_{metric.name}", value=agg[best] - base, spread=se_d, **common))
+    return impact_frame(rows)
+
+
+def batching_speedup(model, metric, *, layer: int = 0, repeats: int = 1, max_rows: int = 1 << 30) -> dict:
+    """Wall time of zero-ablating each head of ``layer`` by separate forwards vs one
+    replicated forward; returns ``{"heads", "separate_s", "batched_s", "ratio", "max_abs_diff"}``
+    (``max_abs_diff``: largest difference between the two ways' per-item values)."""
+    spec = model.spec
+    masks = head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=[(layer, h) for h in range(spec.n_heads)])
+    evaluate(model, metric, masks[:1], max_rows=max_rows)  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        sep = torch.cat([evaluate(model, metric, masks[r : r + 1], max_rows=max_rows)[0] for r in range(len(masks))])
+    t1 = time.perf_counter()
+    for _ in range(repeats):
+        bat, _ = evaluate(model, metric, masks, max_rows=max_rows)
+    t2 = time.perf_counter()
+    sep_s, bat_s = (t1 - t0) / repeats, (t2 - t1) / repeats
+    return {
+        "heads": spec.n_heads,
+        "separate_s": sep_s,
+        "batched_s": bat_s,
+        "ratio": sep_s / max(bat_s, 1e-9),
+        "max_abs_diff": float((sep - bat).abs().max()),
+    }
+
+
+ROLE_ABLATION_COLUMNS = ["role", "k", "metric", "value_role", "value_random_mean", "value_random_std", "n_draws"]
+
+
+def role_heads(roles: pd.DataFrame, k: int) -> dict[str, list[tuple[int, int]]]:
+    """Per role, its top-``k`` heads by ``score`` among rows with ``verdict`` True
+    (a head listed under several relations of a role counts once, at its best score)."""
+    need = {"layer", "head", "role", "score", "verdict"}
+    if missing := sorted(need - set(roles.columns)):
+        raise ValueError(f"roles frame lacks columns {missing}; expected ROLE_COLUMNS")
+    out = {}
+    true = roles[roles["verdict"].astype(bool)]
+    for role, g in true.groupby("role", sort=True):
+        best = g.sort_values(["score", "layer", "head"], ascending=[False, True, True], kind="stable")
+        best = best.drop_duplicates(["layer", "head"])
+        out[str(role)] = [(int(l), int(h)) for l, h in zip(best["layer"], best["head"])][:k]
+    return out
+
+
+def role_ablation(
+    model,
+    metric,
+    roles: pd.DataFrame,
+    *,
+    k: int = 3,
+    n_draws: int = 5,
+    seed: int = 0,
+    mode: str = "zero",
+    max_rows: int = 64,
+) -> pd.DataFrame:
+    """Metric change from ablating a role's top-``k`` heads vs as many random heads
+    (``n_draws`` seeded draws among the heads outside the role's set).
+
+    Frame (:data:`ROLE_ABLATION_COLUMNS`): ``role``, ``k`` (heads actually ablated: fewer
+    when the role has fewer heads with a True verdict), ``metric`` (``"delta_"+name``),
+    ``value_role``, ``value_random_mean``, ``value_random_std`` (std over draws), ``n_draws``.
+    """
+    if n_draws < 1:
+        raise ValueError(f"n_draws must be >= 1; got {n_draws}")
+    spec = model.spec
+    ablation = ablation_values(model, metric, mode)
+    base_v, w = evaluate(model, metric, max_rows=max_rows)
+    base = metric.aggregate(base_v, w)[0]
+    rng = np.random.default_rng(seed)
+    all_heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
+    rows = []
+    for role, heads in role_heads(roles, k).items():
+        pool = [x for x in all_heads if x not in heads]
+        sets = [heads] + [
+            [pool[i] for i in rng.choice(len(pool), size=len(heads), replace=False)] for _ in range(n_draws)
+        ]
+        masks = torch.ones(len(sets), spec.n_layers, spec.n_heads)
+        for r, s in enumerate(sets):
+            for l, h in s:
+                masks[r, l, h] = 0.0
+        v, _ = evaluate(model, metric, masks, ablation=ablation, max_rows=max_rows)
+        agg = metric.aggregate(v, w) - base
+        rand = agg[1:].double()
+        rows.append(
+            {
+                "role": role,
+                "k": len(heads),
+                "metric": f"delta_{metric.name}",
+                "value_role": float(agg[0]),
+                "value_random_mean": float(rand.mean()),
+                "value_random_std": float(rand.std()) if n_draws > 1 else float("nan"),
+                "n_draws": n_draws,
+            }
+        )
+    df = pd.DataFrame(rows, columns=ROLE_ABLATION_COLUMNS)
+    return df.astype(
+        {
+            "role": "str",
+            "k": "int64",
+            "metric": "str",
+            "value_role": "float64",
+            "value_random_mean": "float64",
+            "value_random_std": "float64",
+            "n_draws": "int64",
+        }
+    )

@@ -1,0 +1,264 @@
+"""MHA → GQA conversion by mean-pooling K/V heads (Ainslie et al. 2023), without uptraining.
+
+Ainslie et al. turn a multi-head checkpoint into a grouped-query one by averaging the key
+and value projections of the heads in each group, then uptrain for ~5% of pre-training.
+:func:`convert_to_gqa` does the first step on an in-house model: consecutive heads
+``[j·r, (j+1)·r)`` (``r = n_heads / n_groups``) share KV head ``j``, whose ``W_K``,
+``W_V`` (and biases) are the mean of theirs. Query and output projections are untouched.
+
+:func:`gqa_study` measures what the conversion alone costs a sentence encoder (MiniLM):
+``cosine_to_mha`` — cosine of each sentence embedding to the original model's — and
+``paraphrase_accuracy`` on ``data/paraphrase/pairs.jsonl`` (anchor closer to its
+paraphrase than to every hard negative), next to the KV cache each setting would need.
+
+>>> from headscope.probes.models.transformer import Transformer
+>>> from headscope.probes.models.loading import InHouseModel
+>>> m = InHouseModel(Transformer(ModelConfig(family="bert", n_layers=1, n_heads=4)))
+>>> g = convert_to_gqa(m, 2)
+>>> g.cfg.n_kv_heads, tuple(g.module.blocks[0].attn.k_proj.weight.shape)
+(2, (32, 64))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+
+from headscope.analyses.pruning.metrics import mean_pool, paraphrase_hits, read_paraphrases
+from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.loading import InHouseModel
+from headscope.probes.tokens import collate, tokenize_one
+
+log = logging.getLogger(__name__)
+
+GQA_COLUMNS = ["n_kv_heads", "group_size", "metric", "value", "spread", "n", "kv_cache_bytes_per_token"]
+
+# A few items in the shape of data/paraphrase/pairs.jsonl, used when that file is absent.
+FALLBACK_PAIRS = [
+    {
+        "anchor": "The doctor thanked the nurse after the long shift.",
+        "positive": "The nurse was thanked by the doctor after the long shift.",
+        "negatives": [
+            "The nurse thanked the doctor after the long shift.",
+            "The doctor blamed the nurse after the long shift.",
+        ],
+    },
+    {
+        "anchor": "The children built a snowman in the garden.",
+        "positive": "A snowman was built in the garden by the children.",
+        "negatives": [
+            "The children destroyed a snowman in the garden.",
+            "The children built a sandcastle on the beach.",
+        ],
+    },
+    {
+        "anchor": "She bought a new bicycle last week.",
+        "positive": "Last week she purchased a new bike.",
+        "negatives": ["She sold her old bicycle last week.", "She will buy a new bicycle next week."],
+    },
+    {
+        "anchor": "The train was delayed because of the storm.",
+        "positive": "The storm caused the train to be late.",
+        "negatives": ["The train was on time despite the storm.", "The storm was delayed because of the train."],
+    },
+    {
+        "anchor": "He rarely drinks coffee in the evening.",
+        "positive": "In the evening he seldom has coffee.",
+        "negatives": ["He always drinks coffee in the evening.", "He rarely drinks tea in the morning."],
+    },
+    {
+        "anchor": "The museum opens at nine every morning.",
+        "positive": "Every morning the museum opens its doors at nine.",
+        "negatives": ["The museum closes at nine every evening.", "The library opens at ten every morning."],
+    },
+]
+
+
+def _check_groups(cfg: ModelConfig, n_groups) -> int:
+    if isinstance(n_groups, bool) or not isinstance(n_groups, int):
+        raise TypeError(f"n_groups must be an int; got {type(n_groups).__name__}.")
+    if n_groups < 1 or cfg.n_kv_heads % n_groups:
+        divisors = [d for d in range(1, cfg.n_kv_heads + 1) if cfg.n_kv_heads % d == 0]
+        raise ValueError(
+            f"n_groups must divide the model's {cfg.n_kv_heads} KV heads (groups of consecutive heads); "
+            f"got {n_groups}. Valid: {divisors}."
+        )
+    return n_groups
+
+
+def convert_to_gqa(model: InHouseModel, n_groups: int) -> InHouseModel:
+    """A new in-house model with ``n_kv_heads = n_groups``: the K/V projections of each group
+    of consecutive KV heads are mean-pooled (Ainslie et al. 2023). The input is untouched.
+
+    ``n_groups`` must divide the model's current ``n_kv_heads`` (so an existing GQA model can
+    be grouped further). ``n_groups == n_kv_heads`` returns an exact copy.
+
+    Raises ``TypeError`` for a model that is not in-house, ``ValueError`` for a bad
+    ``n_groups`` or a physically pruned model (its layers hold different head sets).
+    """
+    if getattr(model, "backend", None) != "inhouse":
+        raise TypeError(f"convert_to_gqa needs an in-house model (backend='inhouse'); got {type(model).__name__}.")
+    cfg = model.module.cfg
+    if cfg.heads_kept is not None:
+        raise ValueError("convert_to_gqa needs an unpruned model (heads_kept is set); convert first, then prune.")
+    g = _check_groups(cfg, n_groups)
+    r, d_head = cfg.n_kv_heads // g, cfg.d_head
+    new_cfg = cfg.replace(n_kv_heads=g)
+    from headscope.probes.models.transformer import Transformer
+
+    param = next(model.module.parameters())
+    new = Transformer(new_cfg).to(dtype=param.dtype, device=param.device)
+    state = {k: v for k, v in model.module.state_dict().items() if not k.endswith(".gate")}
+    for layer in range(cfg.n_layers):
+        for proj in ("k_proj", "v_proj"):
+            w = state[f"blocks.{layer}.attn.{proj}.weight"]  # [n_kv * d_head, d_model]
+            state[f"blocks.{layer}.attn.{proj}.weight"] = w.view(g, r, d_head, -1).mean(1).reshape(g * d_head, -1)
+            bname = f"blocks.{layer}.attn.{proj}.bias"
+            if bname in state:
+                state[bname] = state[bname].view(g, r, d_head).mean(1).reshape(g * d_head)
+    missing, unexpected = new.load_state_dict(state, strict=False)
+    if [m for m in missing if not m.endswith(".gate")] or unexpected:  # pragma: no cover - same config but n_kv_heads
+        raise RuntimeError(f"internal: GQA state mismatch {missing[:3]} {unexpected[:3]}")
+    with torch.no_grad():
+        for old_b, new_b in zip(model.module.blocks, new.blocks):
+            new_b.attn.gate.copy_(old_b.attn.gate)
+            new_b.attn.ablation_value.copy_(old_b.attn.ablation_value)
+    return InHouseModel(new.eval(), model.tokenizer, name=f"{model.spec.name}-gqa{g}")
+
+
+def kv_cache_bytes_per_token(cfg: ModelConfig, n_kv_heads: int | None = None, bytes_per_value: int = 4) -> int:
+    """Bytes of K and V one token adds to a cache: ``2 · n_layers · n_kv_heads · d_head · bytes``.
+
+    >>> kv_cache_bytes_per_token(ModelConfig(family="bert", n_layers=6, d_model=384, n_heads=12))
+    18432
+    """
+    n_kv = cfg.n_kv_heads if n_kv_heads is None else n_kv_heads
+    return 2 * cfg.n_layers * n_kv * cfg.d_head * bytes_per_value
+
+
+def _tokenize(model: InHouseModel, texts: Sequence[str]) -> list[dict]:
+    toks = []
+    for i, t in enumerate(texts):
+        tok = tokenize_one(model.tokenizer, text=t)
+        if len(tok["ids"]) > model.spec.max_positions:
+            raise ValueError(
+                f"text {i} has {len(tok['ids'])} tokens; the model's context is {model.spec.max_positions}."
+            )
+        toks.append(tok)
+    return toks
+
+
+def _embed(model: InHouseModel, toks: list[dict], batch_size: int) -> torch.Tensor:
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    order = sorted(range(len(toks)), key=lambda i: len(toks[i]["ids"]))
+    out = torch.zeros(len(toks), model.spec.d_model)
+    with torch.inference_mode():
+        for s in range(0, len(order), batch_size):
+            idx = order[s : s + batch_size]
+            batch = collate([toks[i] for i in idx], pad)
+            hidden = model.module(batch.input_ids, batch.attention_mask)
+            out[idx] = mean_pool(hidden, batch.attention_mask).float()
+    return out
+
+
+def sentence_embeddings(model: InHouseModel, texts: Sequence[str], batch_size: int = 32) -> torch.Tensor:
+    """``[n_texts, d_model]`` mean-pooled, L2-normalised last hidden states (the
+    all-MiniLM-L6-v2 recipe), in the order of ``texts``; computed in length-sorted batches.
+
+    Raises ``ValueError`` for a decoder or a text longer than the model's context.
+    """
+    if model.spec.family != "bert":
+        raise ValueError(f"sentence embeddings need an encoder (family 'bert'); got {model.spec.family!r}.")
+    return _embed(model, _tokenize(model, texts), batch_size)
+
+
+def _paraphrase_items(pairs) -> list[dict]:
+    if pairs is not None:
+        return list(pairs)
+    from headscope.data import path
+
+    p = path("paraphrase/pairs.jsonl")
+    if p.is_file():
+        return read_paraphrases(p)
+    log.warning("%s not found; using %d built-in paraphrase items", p, len(FALLBACK_PAIRS))
+    return list(FALLBACK_PAIRS)
+
+
+def _paraphrase_values(emb: dict[str, torch.Tensor], items: list[dict]) -> torch.Tensor:
+    """``[item]`` 1.0 where the anchor is closer to its positive than to every negative."""
+    n_neg = max(len(it["negatives"]) for it in items)
+    d = next(iter(emb.values())).shape[-1]
+    anchor = torch.stack([emb[it["anchor"]] for it in items])
+    positive = torch.stack([emb[it["positive"]] for it in items])
+    negatives = torch.zeros(len(items), n_neg, d)
+    valid = torch.zeros(len(items), n_neg, dtype=torch.bool)
+    for i, it in enumerate(items):
+        for j, s in enumerate(it["negatives"]):
+            negatives[i, j] = emb[s]
+            valid[i, j] = True
+    return paraphrase_hits(anchor, positive, negatives, valid)
+
+
+def gqa_study(
+    model: InHouseModel,
+    groups: Sequence[int] = (12, 6, 4, 3, 2, 1),
+    sentences: Sequence[str] | None = None,
+    pairs: Sequence[dict] | None = None,
+    *,
+    batch_size: int = 32,
+) -> pd.DataFrame:
+    """Convert ``model`` to each KV-head count in ``groups`` and measure the damage.
+
+    ``sentences`` (default ``data/text/sentences.txt``) give ``cosine_to_mha``: the mean
+    over sentences of the cosine between the converted and the original embedding.
+    ``pairs`` (default ``data/paraphrase/pairs.jsonl``, else :data:`FALLBACK_PAIRS`): dicts
+    with ``anchor``, ``positive``, ``negatives``; ``paraphrase_accuracy`` is the share of
+    items whose anchor is closer to its positive than to every negative.
+
+    Returns a tidy frame, columns :data:`GQA_COLUMNS`: ``n_kv_heads``, ``group_size``
+    (query heads per KV head), ``metric``, ``value`` (mean over items), ``spread`` (standard
+    deviation over items), ``n`` (items), ``kv_cache_bytes_per_token`` (float32 K+V of all
+    layers). Raises ``ValueError`` when a group count does not divide the KV heads or the model is
+    not an encoder.
+    """
+    cfg = model.module.cfg
+    gs = [_check_groups(cfg, int(g)) for g in groups]
+    if sentences is None:
+        from headscope.data import path
+        from headscope.probes.corpora import read_text
+
+        sentences = list(read_text(path("text/sentences.txt")).lines)
+    sentences = list(sentences)
+    items = _paraphrase_items(pairs)
+    pair_texts = sorted({s for it in items for s in (it["anchor"], it["positive"], *it["negatives"])})
+    if model.spec.family != "bert":
+        raise ValueError(f"gqa_study needs an encoder (family 'bert'); got {model.spec.family!r}.")
+    toks = _tokenize(model, sentences + pair_texts)
+    original = _embed(model, toks, batch_size)
+    reference = original[: len(sentences)]
+    bytes_per_value = next(model.module.parameters()).element_size()
+    rows = []
+    for g in gs:
+        emb = original if g == cfg.n_kv_heads else _embed(convert_to_gqa(model, g), toks, batch_size)
+        cos = (emb[: len(sentences)] * reference).sum(-1)
+        hits = _paraphrase_values(dict(zip(pair_texts, emb[len(sentences) :])), items)
+        cache = kv_cache_bytes_per_token(cfg, g, bytes_per_value)
+        for metric, values in (("cosine_to_mha", cos), ("paraphrase_accuracy", hits)):
+            rows.append(
+                {
+                    "n_kv_heads": g,
+                    "group_size": cfg.n_heads // g,
+                    "metric": metric,
+                    "value": float(values.mean()),
+                    "spread": float(values.std()) if len(values) > 1 else 0.0,
+                    "n": len(values),
+                    "kv_cache_bytes_per_token": cache,
+                }
+            )
+        log.info("GQA g=%d: cosine %.4f, paraphrase %.3f", g, rows[-2]["value"], rows[-1]["value"])
+    df = pd.DataFrame(rows, columns=GQA_COLUMNS)
+    df["metric"] = df["metric"].astype("category")
+    return df

@@ -1,0 +1,481 @@
+"""One pruning study end to end, deterministic for a seed and resumable.
+
+:func:`pruning_study` runs, in order: the unpruned ``baseline``; single-head ``ablation``
+(zero and mean); ``all_but_one``; the initial gradient ``importance``; ``roles`` vs
+random heads (when a roles frame is given); the pruning ``curves`` for every order (and
+random seed); then ``curve_summary`` and ``prunable`` (fraction prunable within 1% / 5%
+of the unpruned metric).
+
+With ``out_dir``, after every stage and every pruning step the frames so far are
+written (CSV + Parquet, atomically) and then ``state.json`` records what is done and
+how many rows of each frame are committed. Run again with the same ``out_dir`` and
+config and it continues where it stopped (rows past the committed count, from a crash
+between the two writes, are dropped); the tables are the same as an uninterrupted
+run's. ``step_limit`` stops a call after that many pruning steps (for tests and for
+splitting long runs).
+
+Frames (``PruneResult.frames``): ``baseline``, ``ablation``, ``all_but_one``,
+``importance``, ``curves``, ``curve_summary`` (IMPACT_COLUMNS), ``prunable``
+(PRUNABLE_COLUMNS), ``roles`` (ROLE_ABLATION_COLUMNS).
+
+>>> PruneConfig(step=0.0)
+Traceback (most recent call last):
+...
+ValueError: The 'step' parameter of PruneConfig must be in (0, 1]; got 0.0 instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from headscope.analyses.pruning.ablation import (
+    all_but_one,
+    bootstrap_se,
+    check_inhouse,
+    evaluate,
+    impact_frame,
+    impact_rows,
+    prune_units,
+    role_ablation,
+    single_head_ablation,
+)
+from headscope.analyses.pruning.curves import (
+    ORDERS,
+    CurveSettings,
+    CurveState,
+    ablation_harms,
+    curve_step,
+    curve_summary,
+    prunable_table,
+    start_curve,
+    static_order,
+)
+from headscope.analyses.pruning.importance import head_importance, importance_frame
+from headscope.analyses.pruning.metrics import METRICS, CallableMetric, build_metric, default_metric
+from headscope.analyses.roles.config import is_seed
+from headscope.probes.errors import CheckpointError
+from headscope.probes.models.checkpoints import trust_remote_code
+from headscope.probes.outputs.atomic import write_frame, write_json
+from headscope.probes.outputs.folder import claim_output, manifest_header
+
+log = logging.getLogger(__name__)
+
+STUDIES = ("ablation", "all_but_one", "importance", "curves")
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneConfig:
+    """Settings of a pruning study (written into ``state.json`` and ``run.json``).
+
+    ``quick``: 24 items, curves up to 50% pruned, 100 bootstrap resamples.
+    """
+
+    metric: str | None = None  # None: lm_loss (decoder) / cosine_to_unpruned (encoder)
+    step: float = 0.10
+    max_fraction: float | None = None  # None: 1.0 (0.5 when quick)
+    orders: tuple[str, ...] = ORDERS
+    n_random_seeds: int = 3
+    seed: int = 0
+    quick: bool = False
+    batch_size: int = 16
+    n_items: int | None = None  # None: all (24 when quick)
+    unit: str = "head"  # "head" | "kv_group"
+    ablation_modes: tuple[str, ...] = ("zero", "mean")
+    studies: tuple[str, ...] = STUDIES
+    per_example: bool = False
+    normalize_importance: bool = False
+    n_boot: int | None = None  # None: 200 (100 when quick)
+    max_rows: int = 64
+    role_k: int = 3
+    role_draws: int = 5
+
+    def __post_init__(self):
+        def bad(name, rule):
+            raise ValueError(
+                f"The {name!r} parameter of PruneConfig must be {rule}; got {getattr(self, name)!r} instead."
+            )
+
+        if self.metric is not None and self.metric not in METRICS:
+            bad("metric", f"one of {', '.join(METRICS)}")
+        if not 0 < self.step <= 1:
+            bad("step", "in (0, 1]")
+        if self.max_fraction is not None and not 0 < self.max_fraction <= 1:
+            bad("max_fraction", "in (0, 1]")
+        object.__setattr__(self, "orders", tuple(self.orders))
+        if not self.orders or any(o not in ORDERS for o in self.orders):
+            bad("orders", f"a non-empty subset of {ORDERS}")
+        object.__setattr__(self, "studies", tuple(self.studies))
+        if any(s not in STUDIES for s in self.studies):
+            bad("studies", f"a subset of {STUDIES}")
+        object.__setattr__(self, "ablation_modes", tuple(self.ablation_modes))
+        if any(m not in ("zero", "mean") for m in self.ablation_modes):
+            bad("ablation_modes", "a subset of ('zero', 'mean')")
+        for name in ("n_random_seeds", "batch_size", "max_rows", "role_k", "role_draws"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(name, "a positive int")
+        if self.n_items is not None and (not isinstance(self.n_items, int) or self.n_items < 2):
+            bad("n_items", "None or an int >= 2")
+        if self.n_boot is not None and (not isinstance(self.n_boot, int) or self.n_boot < 2):
+            bad("n_boot", "None or an int >= 2")
+        if self.unit not in ("head", "kv_group"):
+            bad("unit", "'head' or 'kv_group'")
+        if not is_seed(self.seed):
+            bad("seed", "an int in [0, 2**32 - 1]")
+
+    @property
+    def items(self) -> int | None:
+        return self.n_items if self.n_items is not None else (24 if self.quick else None)
+
+    @property
+    def fraction_limit(self) -> float:
+        return self.max_fraction if self.max_fraction is not None else (0.5 if self.quick else 1.0)
+
+    @property
+    def boots(self) -> int:
+        return self.n_boot if self.n_boot is not None else (100 if self.quick else 200)
+
+    def curve_settings(self) -> CurveSettings:
+        return CurveSettings(
+            step_fraction=self.step,
+            max_fraction=self.fraction_limit,
+            unit=self.unit,
+            per_example=self.per_example,
+            normalize=self.normalize_importance,
+            n_boot=self.boots,
+            max_rows=self.max_rows,
+        )
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("orders", "studies", "ablation_modes"):
+            d[k] = list(d[k])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PruneConfig:
+        d = dict(d)
+        for k in ("orders", "studies", "ablation_modes"):
+            if k in d:
+                d[k] = tuple(d[k])
+        return cls(**d)
+
+
+@dataclass
+class PruneResult:
+    """Frames by name, a JSON-able ``summary``, the config, and whether every step ran."""
+
+    frames: dict[str, pd.DataFrame]
+    summary: dict
+    config: PruneConfig
+    complete: bool
+    extra: dict = field(default_factory=dict)
+
+
+def curve_keys(cfg: PruneConfig) -> list[tuple[str, int | None]]:
+    """``(order, seed)`` of every curve: random orders get ``n_random_seeds`` seeds."""
+    keys = []
+    for o in cfg.orders:
+        if o == "random":
+            keys += [(o, cfg.seed + i) for i in range(cfg.n_random_seeds)]
+        else:
+            keys.append((o, None))
+    return keys
+
+
+class _Store:
+    """Frames + state on disk (or only in memory when ``out_dir`` is None)."""
+
+    def __init__(self, out_dir, cfg: PruneConfig, model_name: str, metric_name: str):
+        self.dir = None if out_dir is None else Path(out_dir)
+        self.frames: dict[str, pd.DataFrame] = {}
+        self.state = {
+            **manifest_header("prune"),
+            "version": STATE_VERSION,
+            "config": cfg.to_dict(),
+            "model": model_name,
+            "metric": metric_name,
+            "done": [],
+            "curves": {},
+            "rows": {},
+            "complete": False,
+        }
+        if self.dir is not None and (self.dir / "state.json").exists():
+            self._load(cfg, model_name, metric_name)
+
+    def _load(self, cfg, model_name, metric_name):
+        path = self.dir / "state.json"
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: unreadable pruning state ({e}); delete it to start over") from None
+        if state.get("version") != STATE_VERSION:
+            raise CheckpointError(
+                f"{path}: state version {state.get('version')!r}, expected {STATE_VERSION}; use a new --out"
+            )
+        mine = {"config": cfg.to_dict(), "model": model_name, "metric": metric_name}
+        for k, v in mine.items():
+            if state.get(k) != v:
+                raise CheckpointError(
+                    f"{path} holds a run with a different {k} ({state.get(k)!r} vs {v!r}); "
+                    "use a new output folder or delete state.json to start over"
+                )
+        for name, n in state["rows"].items():
+            pq = self.dir / f"{name}.parquet"
+            if not pq.exists():
+                raise CheckpointError(
+                    f"{pq} is missing but state.json says it holds {n} rows; delete state.json to start over"
+                )
+            try:
+                df = pd.read_parquet(pq)
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
+                raise CheckpointError(
+                    f"{pq}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                    "delete state.json to start over"
+                ) from None
+            if len(df) < n:  # rows are written before state.json counts them: fewer means the file was cut or replaced
+                raise CheckpointError(
+                    f"{pq} holds {len(df)} rows but state.json says {n} were committed (the file was cut "
+                    "short or replaced); delete state.json to start over"
+                )
+            self.frames[name] = df.iloc[:n].reset_index(drop=True)
+        self.state = state
+        log.info("resuming pruning study from %s: done %s", path, state["done"])
+
+    def done(self, stage: str) -> bool:
+        return stage in self.state["done"]
+
+    def put(self, name: str, df: pd.DataFrame, *, append: bool = False) -> None:
+        if append and name in self.frames:
+            df = pd.concat([self.frames[name], df], ignore_index=True)
+        self.frames[name] = df.reset_index(drop=True)
+
+    def commit(self, stage: str | None = None, names: tuple[str, ...] = ()) -> None:
+        if stage is not None and stage not in self.state["done"]:
+            self.state["done"].append(stage)
+        for name in names:
+            self.state["rows"][name] = int(len(self.frames[name]))
+            if self.dir is not None:
+                write_frame(self.frames[name], self.dir / name)
+        if self.dir is not None:
+            write_json(self.state, self.dir / "state.json")
+
+
+def pruning_study(
+    model,
+    cfg: PruneConfig = PruneConfig(),
+    out_dir=None,
+    *,
+    metric=None,
+    roles: pd.DataFrame | None = None,
+    step_limit: int | None = None,
+    progress=None,
+) -> PruneResult:
+    """Run (or resume) a pruning study; see the module docstring for the stages and frames.
+
+    ``metric``: a prepared metric object (e.g. a :class:`~headscope.analyses.pruning.metrics.CallableMetric`)
+    instead of ``cfg.metric``'s shipped data. ``progress(stage, done, total)``, when given,
+    is called with stage ``"pruning"`` as each part of the study ends (baseline, each
+    ablation mode, all-but-one, importance, role ablation, each curve; parts found done in
+    ``out_dir`` count as done); it changes no figure. Raises :class:`CheckpointError` when
+    ``out_dir`` holds a run with another config, and ``ValueError`` when it is a file,
+    holds anything but an earlier pruning study, or another run is writing it
+    (:func:`~headscope.probes.outputs.folder.claim_output`).
+    """
+    if out_dir is None:
+        return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
+    with claim_output(out_dir, "prune"):
+        return _study(model, cfg, out_dir, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
+
+
+def _parts(cfg: PruneConfig, with_roles: bool) -> int:
+    """How many parts :func:`_study` reports to ``progress``."""
+    n = 1 + ("ablation" in cfg.studies) * len(cfg.ablation_modes) + ("all_but_one" in cfg.studies)
+    n += ("importance" in cfg.studies) + with_roles
+    return n + (len(curve_keys(cfg)) if "curves" in cfg.studies else 0)
+
+
+def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progress=None) -> PruneResult:
+    check_inhouse(model)
+    n_parts, parts_done = _parts(cfg, roles is not None), 0
+
+    def part_done():
+        nonlocal parts_done
+        parts_done += 1
+        if progress is not None:
+            progress("pruning", parts_done, n_parts)
+
+    if progress is not None:
+        progress("pruning", 0, n_parts)
+    torch.manual_seed(cfg.seed)
+    if metric is None:
+        metric = build_metric(
+            cfg.metric or default_metric(model.spec.family), model, n_items=cfg.items, batch_size=cfg.batch_size
+        )
+    elif cfg.metric is not None and cfg.metric != metric.name:
+        raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
+    if isinstance(metric, CallableMetric):
+        grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (
+            ["importance"] if "importance" in cfg.studies else []
+        )
+        if grad or "mean" in cfg.ablation_modes:
+            raise ValueError(
+                f"metric {metric.name!r} is a plain callable: no gradients and no corpus for mean ablation; "
+                "use orders=('ablation', 'random'), studies without 'importance' and ablation_modes=('zero',)"
+            )
+    store = _Store(out_dir, cfg, model.spec.name, metric.name)
+    settings = cfg.curve_settings()
+    boots, mr = cfg.boots, cfg.max_rows
+
+    unpruned = evaluate(model, metric, max_rows=mr)  # (values, weights); cheap next to the rest, and deterministic
+    if not store.done("baseline"):
+        v, w = unpruned
+        se = bootstrap_se(metric, v, w, n_boot=boots, seed=cfg.seed)[0]
+        store.put(
+            "baseline",
+            impact_frame(
+                [
+                    impact_rows(
+                        "baseline",
+                        metric.name,
+                        value=metric.aggregate(v, w)[0],
+                        spread=se,
+                        seed=cfg.seed,
+                        n=metric.n_items,
+                    )
+                ]
+            ),
+        )
+        store.commit("baseline", ("baseline",))
+    part_done()
+    if "ablation" in cfg.studies:
+        for mode in cfg.ablation_modes:
+            if not store.done(f"ablation:{mode}"):
+                df = single_head_ablation(model, metric, mode=mode, n_boot=boots, seed=cfg.seed, max_rows=mr)
+                store.put("ablation", df, append=True)
+                store.commit(f"ablation:{mode}", ("ablation",))
+            part_done()
+    if "all_but_one" in cfg.studies:
+        if not store.done("all_but_one"):
+            store.put("all_but_one", all_but_one(model, metric, n_boot=boots, seed=cfg.seed, max_rows=mr))
+            store.commit("all_but_one", ("all_but_one",))
+        part_done()
+    if "importance" in cfg.studies:
+        if not store.done("importance"):
+            imp = head_importance(
+                model, metric, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance
+            )
+            store.put("importance", importance_frame(imp, metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items))
+            store.commit("importance", ("importance",))
+        part_done()
+    if roles is not None:
+        if not store.done("roles"):
+            store.put(
+                "roles",
+                role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr),
+            )
+            store.commit("roles", ("roles",))
+        part_done()
+
+    steps_run = 0
+    complete = True
+    if "curves" in cfg.studies:
+        units = prune_units(model.spec, cfg.unit)
+        fixed_ablation = None
+        for order, seed in curve_keys(cfg):
+            key = order if seed is None else f"{order}:{seed}"
+            if key in store.state["curves"] and store.state["curves"][key]["done"]:
+                part_done()
+                continue
+            if step_limit is not None and steps_run >= step_limit:
+                complete = False
+                break
+            fixed = None
+            if order == "random":
+                fixed = static_order("random", len(units), seed=seed)
+            elif order == "ablation":
+                if fixed_ablation is None:
+                    harms = ablation_harms(
+                        model, metric, units, ablation_frame=store.frames.get("ablation"), max_rows=mr
+                    )
+                    fixed_ablation = static_order("ablation", len(units), harms=harms)
+                fixed = fixed_ablation
+            if key not in store.state["curves"]:
+                state, rows = start_curve(model, metric, order, settings, seed=seed, unpruned=unpruned)
+                store.put("curves", impact_frame(rows), append=True)
+                store.state["curves"][key] = state.to_dict()
+                store.commit(None, ("curves",))
+            state = CurveState.from_dict(store.state["curves"][key])
+            while not state.done:
+                if step_limit is not None and steps_run >= step_limit:
+                    complete = False
+                    break
+                state, rows = curve_step(model, metric, state, settings, fixed=fixed)
+                steps_run += 1
+                store.put("curves", impact_frame(rows), append=True)
+                store.state["curves"][key] = state.to_dict()
+                store.commit(None, ("curves",))
+                log.info("curve %s: step %d, %d units removed", key, state.step, len(state.removed))
+            if not complete:
+                break
+            part_done()
+        if complete:
+            summary = curve_summary(store.frames["curves"])
+            store.put("curve_summary", summary)
+            store.put("prunable", prunable_table(summary, metric))
+            store.state["complete"] = True
+            store.commit("summary", ("curve_summary", "prunable"))
+    else:
+        store.state["complete"] = True
+        store.commit("summary")
+
+    summary = summarize(store.frames, metric, model.spec, cfg)
+    summary["complete"] = complete
+    if store.dir is not None and complete:
+        write_json(
+            {
+                **manifest_header("prune"),
+                "config": cfg.to_dict(),
+                "model": model.spec.name,
+                "summary": summary,
+                "trust_remote_code": trust_remote_code(),
+            },
+            store.dir / "run.json",
+        )
+    return PruneResult(frames=dict(store.frames), summary=summary, config=cfg, complete=complete)
+
+
+def summarize(frames: dict, metric, spec, cfg: PruneConfig) -> dict:
+    """JSON-able headline figures: unpruned value, most/least harmful single head, best
+    head per layer count, and the fraction prunable within 1% / 5% per order."""
+    out = {"model": spec.name, "metric": metric.name, "higher_is_better": metric.higher_is_better, "unit": cfg.unit}
+    if "baseline" in frames:
+        out["base_value"] = float(frames["baseline"]["value"].iloc[0])
+    if "ablation" in frames:
+        d = frames["ablation"]
+        d = d[(d["study"] == "ablation:zero") & (d["metric"] == f"delta_{metric.name}")]
+        if len(d):
+            sign = -1 if metric.higher_is_better else 1
+            worst = d.loc[(sign * d["value"]).idxmax()]
+            least = d.loc[(sign * d["value"]).abs().idxmin()]
+            out["most_harmful_head"] = {
+                "layer": int(worst["layer"]),
+                "head": int(worst["head"]),
+                "delta": float(worst["value"]),
+            }
+            out["least_harmful_head"] = {
+                "layer": int(least["layer"]),
+                "head": int(least["head"]),
+                "delta": float(least["value"]),
+            }
+    if "prunable" in frames:
+        p = frames["prunable"]
+        out["prunable"] = {f"{o}@{t:g}": float(f) for o, t, f in zip(p["order"], p["tolerance"], p["fraction_pruned"])}
+    return out

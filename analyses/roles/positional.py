@@ -1,0 +1,154 @@
+"""Positional heads: where each query's maximum attention goes, relative to the query.
+
+Definition (Voita et al. 2019, "Analyzing Multi-Head Self-Attention: Specialized Heads Do
+the Heavy Lifting, the Rest Can Be Pruned", §4.1): a head is *positional* when at least
+90% of the time its maximum attention weight goes to one relative position. For every
+real query token we take the key it attends most and bucket the offset
+``key - query`` as ``-2, -1, 0, +1, +2`` or ``first`` (key position 0: ``[CLS]``/BOS, or
+the first real token of a model that adds none). A row's max is counted for every
+bucket its key belongs to (query 1 looking at key 0 counts for ``previous`` and for
+``first``); exact ties share the unit equally, so a uniform row gives each key
+``1/n_keys``. Per item, a bucket's value is the share of the item's query rows whose max
+lands in it; the head's score is the mean over items (each sentence weighs the same —
+Voita pool over tokens; the item is our resampling unit for the CI).
+
+Roles: ``positional:previous`` (-1), ``positional:next`` (+1), ``positional:self`` (0),
+``positional:first``, ``positional:-2``, ``positional:+2``. Baseline: the share the
+bucket gets under uniform attention over the same keys (``1/n_keys`` where the bucket's
+key is visible, else 0). Verdict: score ``>= cfg.positional_threshold`` (0.9) and BH-adjusted
+p < ``cfg.alpha`` against the baseline. For causal models ``next`` and ``+2`` are
+impossible (no query sees a later key): their rows are not emitted, and
+``RoleOutput.extra["notes"]`` says so.
+
+Special tokens are excluded as queries by default (``include_special=True`` keeps them);
+padded keys and padded query rows are always excluded.
+
+>>> import torch
+>>> from headscope.analyses.roles.pattern_stats import allowed_keys, query_rows
+>>> p = torch.zeros(1, 1, 4, 4); p[0, 0, 0, 0] = 1; p[0, 0, 1:, :3] = torch.eye(3)   # shifted identity
+>>> keys = torch.ones(1, 4, dtype=torch.bool)
+>>> bos = torch.tensor([[True, False, False, False]])                # position 0 is special
+>>> v, base = bucket_values(p, allowed_keys(keys, causal=True), query_rows(keys, bos))
+>>> float(v["previous"][0, 0]), round(float(base["previous"][0]), 4)   # baseline: mean of 1/2, 1/3, 1/4
+(1.0, 0.3611)
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.config import RoleOutput, RolesConfig
+from headscope.analyses.roles.pattern_stats import ItemValuesReducer, argmax_share, row_mean
+from headscope.analyses.stats.verdicts import layered_rows
+from headscope.probes.capture import stream
+
+OFFSETS = {"-2": -2, "previous": -1, "self": 0, "next": 1, "+2": 2}
+BUCKETS = (*OFFSETS, "first")
+CAUSAL_IMPOSSIBLE = ("next", "+2")
+
+
+def bucket_values(
+    pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, share: torch.Tensor | None = None
+) -> tuple[dict, dict]:
+    """Per-item bucket shares of one layer.
+
+    ``pattern [batch, head, query_pos, key_pos]``, ``allowed [batch, query_pos, key_pos]``,
+    ``rows [batch, query_pos]`` -> ``({bucket: [batch, head]}, {bucket: [batch]})``:
+    share of max-attention per bucket, and its uniform-attention baseline. ``share``:
+    ``argmax_share(pattern, allowed)`` when the caller has it already.
+    """
+    w = argmax_share(pattern, allowed) if share is None else share  # [batch, head, q, k]
+    n_q, n_k = pattern.shape[-2:]
+    n_keys = allowed.float().sum(-1).clamp_min(1)  # [batch, q]
+    values, base = {}, {}
+    for name, off in OFFSETS.items():
+        sel = torch.diagonal(w, offset=off, dim1=-2, dim2=-1)  # [batch, head, n_q - |off|]: w[q, q+off]
+        avail = torch.diagonal(allowed, offset=off, dim1=-2, dim2=-1).float()
+        hit = torch.zeros(w.shape[:3])
+        ok = torch.zeros(allowed.shape[:2])
+        qs = slice(-off, None) if off < 0 else slice(0, n_q - off)
+        hit[..., qs] = sel
+        ok[:, qs] = avail
+        values[name] = row_mean(hit, rows)
+        base[name] = row_mean(ok / n_keys, rows)
+    values["first"] = row_mean(w[..., 0], rows)
+    base["first"] = row_mean(allowed[..., 0].float() / n_keys, rows)
+    return values, base
+
+
+class PositionalReducer(ItemValuesReducer):
+    """Streaming positional-head statistics; ``result()`` -> (values, baselines, layers),
+    ``{bucket: [n_items, layer, head]}``, ``{bucket: [n_items]}``."""
+
+    def update(self, cap) -> None:
+        allowed, rows, _ = self._masks(cap)
+        per = {b: [] for b in BUCKETS}
+        base = None
+        for layer in cap.layers:
+            v, base = bucket_values(cap["pattern", layer], allowed, rows, self._argmax_share(cap, layer, allowed))
+            for b in BUCKETS:
+                per[b].append(v[b])
+        for b in BUCKETS:
+            self.values.add(b, cap.item_ids, torch.stack(per[b], 1))
+            self.values.add("baseline:" + b, cap.item_ids, base[b])
+
+    def result(self):
+        return self._by_role(BUCKETS)
+
+
+def frame_from(
+    values: dict, base: dict, layers, cfg: RolesConfig, *, causal: bool
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Role rows for every bucket, plus a frame of each head's most frequent bucket
+    (columns layer, head, bucket, share)."""
+    rows = []
+    for b in BUCKETS:
+        if causal and b in CAUSAL_IMPOSSIBLE:
+            continue
+        v = values[b]
+        if v.numel() == 0:
+            continue
+        ok = ~torch.isnan(base[b])  # items with no query row analysed
+        rows += layered_rows(
+            v[ok],
+            base[b][ok],
+            layers,
+            role=f"positional:{b}",
+            cfg=cfg,
+            threshold_kind="absolute",
+            threshold=cfg.positional_threshold,
+        )
+    frame = roles_frame(rows)
+    top = pd.DataFrame(columns=["layer", "head", "bucket", "share"])
+    if len(frame):
+        best = frame.loc[frame.groupby(["layer", "head"])["score"].idxmax()]
+        top = pd.DataFrame(
+            {
+                "layer": best["layer"].values,
+                "head": best["head"].values,
+                "bucket": best["role"].str.removeprefix("positional:").values,
+                "share": best["score"].values,
+            }
+        )
+    return frame, top
+
+
+def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, include_special: bool = False) -> RoleOutput:
+    """Positional roles of every head over ``items`` (texts).
+
+    Returns :class:`RoleOutput`: ``frame`` (ROLE_COLUMNS, roles ``positional:*``),
+    ``extra["top_bucket"]`` (each head's most frequent bucket and its share),
+    ``extra["notes"]``.
+    """
+    red = PositionalReducer(causal=model.spec.causal, include_special=include_special)
+    rep = stream(model, list(items), [red], batch_size=cfg.batch_size, progress=progress)
+    values, base, layers = red.result()
+    frame, top = frame_from(values, base, layers, cfg, causal=model.spec.causal)
+    notes = []
+    if model.spec.causal:
+        notes.append(
+            "causal model: no query sees a later key, so positional:next and positional:+2 are impossible and not reported"
+        )
+    return RoleOutput(frame=frame, skipped=rep.skipped, n_items=rep.n_used, extra={"top_bucket": top, "notes": notes})

@@ -1,0 +1,121 @@
+"""Rare-word heads: heads whose maximum attention goes to the sentence's rarest token.
+
+Definition (Voita et al. 2019, "Analyzing Multi-Head Self-Attention", §4.3): a head points
+to the least frequent token of the sentence. Frequencies are token-level counts over the
+corpus analysed (every real, non-special token of every item; pass ``frequencies`` to use
+another corpus' counts). The rarest token of an item is the non-special token with the
+lowest count; ties go to the earliest position. Every occurrence of that token id in the
+item counts as "the rarest token".
+
+Per item, the value of a head is the share of its analysed query rows (real, non-special)
+whose max-attention key is a rarest-token position (exact ties share the unit, as in
+:mod:`headscope.analyses.roles.positional`). Baseline: the share under uniform attention over
+the same keys (``n_rare_keys / n_keys``, 0 for a causal query before the rare token).
+Role ``rare-word``; verdict: score ``>= cfg.rare_threshold`` and BH-adjusted p < ``cfg.alpha``.
+
+>>> import torch
+>>> rarest_positions(torch.tensor([[5, 7, 9, 7]]), torch.ones(1, 4, dtype=torch.bool), torch.tensor([0.0] * 5 + [3.0, 0, 1.0, 0, 1.0])).tolist()
+[[False, True, False, True]]
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.config import RoleOutput, RolesConfig
+from headscope.analyses.roles.pattern_stats import ItemValuesReducer, row_mean
+from headscope.analyses.stats.verdicts import layered_rows
+from headscope.probes.capture import stream
+
+ROLE = "rare-word"
+
+
+def count_tokens(tokenizer, items, *, chunk: int = 1024) -> Counter:
+    """Token-id counts over ``items`` (texts), special tokens excluded (the rule of
+    :func:`~headscope.probes.tokens.tokenize_one`: a special id with an empty span);
+    items that are not text or are blank are ignored here (the stream counts them as
+    skipped). Texts are tokenised ``chunk`` at a time in one batched call."""
+    counts: Counter = Counter()
+    special_ids = set(tokenizer.all_special_ids)
+    texts = [t for t in items if isinstance(t, str) and t.strip()]
+    for start in range(0, len(texts), chunk):
+        enc = tokenizer(texts[start : start + chunk], return_offsets_mapping=True, add_special_tokens=True)
+        for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"]):
+            counts.update(i for i, (a, b) in zip(ids, offsets) if not (i in special_ids and a == b))
+    return counts
+
+
+def frequency_table(counts: Counter, vocab_size: int) -> torch.Tensor:
+    """``[vocab_size]`` float counts (0 for unseen ids)."""
+    lut = torch.zeros(max(vocab_size, max(counts, default=-1) + 1))
+    if counts:
+        ids = torch.tensor(list(counts.keys()))
+        lut[ids] = torch.tensor(list(counts.values()), dtype=torch.float32)
+    return lut
+
+
+def rarest_positions(input_ids: torch.Tensor, candidates: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """``[batch, pos]`` bool: positions holding each item's rarest token id among
+    ``candidates [batch, pos]`` (real, non-special); ties -> earliest position."""
+    f = freq[input_ids.clamp(0, freq.numel() - 1)].masked_fill(~candidates, float("inf"))
+    first = f.argmin(-1)  # earliest minimum
+    rare_id = input_ids.gather(1, first[:, None])
+    has = candidates.any(-1, keepdim=True)
+    return (input_ids == rare_id) & candidates & has
+
+
+class RareWordReducer(ItemValuesReducer):
+    """Streaming rare-word statistics; needs the corpus ``frequencies`` up front.
+    ``result()`` -> (values ``[n_items, layer, head]``, baseline ``[n_items]``, layers)."""
+
+    def __init__(self, frequencies: Counter, *, causal: bool, vocab_size: int, include_special: bool = False):
+        super().__init__(causal=causal, include_special=include_special)
+        self.freq = frequency_table(frequencies, vocab_size)
+
+    def update(self, cap) -> None:
+        allowed, rows, special = self._masks(cap)
+        km = cap.key_mask
+        rare = rarest_positions(cap.tokens.input_ids, km & ~special, self.freq)
+        n_keys = allowed.float().sum(-1).clamp_min(1)
+        base = row_mean((allowed & rare[:, None]).float().sum(-1) / n_keys, rows)
+        vals = []
+        for layer in cap.layers:
+            w = self._argmax_share(cap, layer, allowed)
+            vals.append(row_mean((w * rare[:, None, None].float()).sum(-1), rows))
+        self.values.add(ROLE, cap.item_ids, torch.stack(vals, 1))
+        self.values.add("baseline", cap.item_ids, base)
+
+    def result(self):
+        return self.values.get(ROLE)[1], self.values.get("baseline")[1], self.layers or ()
+
+
+def run(
+    model,
+    items,
+    cfg: RolesConfig = RolesConfig(),
+    *,
+    progress=None,
+    frequencies: Counter | None = None,
+    include_special: bool = False,
+) -> RoleOutput:
+    """Rare-word role of every head over ``items`` (texts); frequencies counted over the
+    same items unless ``frequencies`` is given."""
+    items = list(items)
+    counts = frequencies if frequencies is not None else count_tokens(model.tokenizer, items)
+    red = RareWordReducer(
+        counts, causal=model.spec.causal, vocab_size=len(model.tokenizer), include_special=include_special
+    )
+    rep = stream(model, items, [red], batch_size=cfg.batch_size, progress=progress)
+    v, b, layers = red.result()
+    rows = []
+    if v.numel():
+        ok = ~torch.isnan(b)
+        rows = layered_rows(
+            v[ok], b[ok], layers, role=ROLE, cfg=cfg, threshold_kind="absolute", threshold=cfg.rare_threshold
+        )
+    return RoleOutput(
+        frame=roles_frame(rows), skipped=rep.skipped, n_items=rep.n_used, extra={"n_token_types": len(counts)}
+    )

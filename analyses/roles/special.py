@@ -1,0 +1,164 @@
+"""Heads that park attention on special tokens, the first token, or punctuation.
+
+Definitions:
+
+* ``special`` — mean attention mass on special tokens (``[CLS]``, ``[SEP]``, BOS/EOS, as
+  flagged by :attr:`TokenBatch.special`). Clark et al. 2019, "What Does BERT Look At?",
+  §3: heads that put most of their attention on ``[SEP]``/``[CLS]``.
+* ``sink:first-token`` — mean attention mass on the first position (``[CLS]``/BOS, or the
+  first real token when the tokenizer adds none). Xiao et al. 2023, "Efficient Streaming
+  Language Models with Attention Sinks".
+* ``punctuation`` — mean attention mass on punctuation tokens: a token whose non-space
+  characters (taken from the text through its character offsets) are all Unicode
+  punctuation (category ``P*``). Clark et al. 2019 §3 (attention to "." and ",").
+
+Each value is per item the mean over its analysed query rows (real, non-special unless
+``include_special``), of the row's mass on the token set. Rows that cannot see any token
+of the set (a causal query before the first punctuation mark) are left out of that set's
+mean, and items with no such row are left out of the role (``n`` counts the rest).
+Baseline: the mass the same rows would put on the set under uniform attention over
+the keys they see (``n_set_keys / n_keys``). Verdict: score ``>= cfg.special_threshold``
+(special, sink) or ``>= cfg.punctuation_threshold`` (punctuation), and BH-adjusted p <
+``cfg.alpha`` against the baseline. The run also returns the summary statistics
+(entropy, KL from uniform, …) of :mod:`headscope.analyses.roles.pattern_stats` in ``stats``.
+
+>>> punctuation_token("Ġ,") , is_punctuation(" ,"), is_punctuation("a."), is_punctuation("...")
+(False, True, False, True)
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+import torch
+
+from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.config import RoleOutput, RolesConfig
+from headscope.analyses.roles.pattern_stats import ItemValuesReducer, SummaryReducer, masked_pattern
+from headscope.analyses.stats.verdicts import layered_rows
+from headscope.probes.capture import stream
+
+ROLES = {
+    "special": "special_threshold",
+    "sink:first-token": "special_threshold",
+    "punctuation": "punctuation_threshold",
+}
+
+
+def is_punctuation(s: str) -> bool:
+    """True when ``s`` has a non-space character and all of them are Unicode punctuation."""
+    chars = [c for c in s if not c.isspace()]
+    return bool(chars) and all(unicodedata.category(c).startswith("P") for c in chars)
+
+
+def punctuation_token(token: str) -> bool:
+    """Whether a token STRING is punctuation (no offsets: BPE markers such as ``Ġ`` count
+    as letters, so prefer :func:`punctuation_mask`, which reads the text)."""
+    return is_punctuation(token)
+
+
+def punctuation_mask(tokens) -> torch.Tensor:
+    """``[batch, pos]`` bool from a :class:`TokenBatch`: True on punctuation tokens,
+    judged on the text span each token covers (special and padding tokens are False)."""
+    m = torch.zeros(tokens.input_ids.shape, dtype=torch.bool)
+    for i, (text, offs, spec) in enumerate(zip(tokens.texts, tokens.offsets, tokens.special)):
+        flags = [(not s) and b > a and is_punctuation(text[a:b]) for (a, b), s in zip(offs, spec)]
+        m[i, : len(flags)] = torch.tensor(flags, dtype=torch.bool)
+    return m
+
+
+def set_mass(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, key_set: torch.Tensor):
+    """Mass on a key set, per item.
+
+    ``pattern [batch, head, query_pos, key_pos]``, ``allowed [batch, query_pos, key_pos]``,
+    ``rows [batch, query_pos]``, ``key_set [batch, key_pos]`` ->
+    ``(value [batch, head], baseline [batch])``; NaN for items where no analysed row sees
+    a key of the set.
+    """
+    value, base = set_masses(pattern, allowed, rows, key_set[..., None])
+    return value[..., 0], base[..., 0]
+
+
+def set_masses(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, key_sets: torch.Tensor):
+    """:func:`set_mass` of several key sets at once: ``key_sets [batch, key_pos, n_sets]``
+    -> ``(value [batch, head, n_sets], baseline [batch, n_sets])``. The masses are one
+    matrix product over keys, ``(pattern * allowed) @ key_sets``."""
+    return masked_set_masses(masked_pattern(pattern, allowed), allowed, rows, key_sets)
+
+
+def masked_set_masses(masked: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, key_sets: torch.Tensor):
+    """:func:`set_masses` of a pattern already zeroed outside ``allowed``
+    (:func:`~headscope.analyses.roles.pattern_stats.masked_pattern`), as the reducers share it."""
+    b, h, q, k = masked.shape
+    sets = key_sets.float()
+    mass = (masked.reshape(b, h * q, k) @ sets).view(b, h, q, -1)  # [batch, head, q, set]
+    allowed_f = allowed.float()
+    n_set = allowed_f @ sets  # [batch, q, set]: visible keys of each set
+    r = (rows[..., None] & (n_set > 0)).float()  # rows that can see the set
+    denom = r.sum(1)  # [batch, set]
+    value = (mass * r[:, None]).sum(2) / denom[:, None]
+    base = (n_set / allowed_f.sum(-1, keepdim=True).clamp_min(1) * r).sum(1) / denom
+    return value, base
+
+
+class SpecialReducer(ItemValuesReducer):
+    """Streaming masses on special tokens, the first token and punctuation;
+    ``result()`` -> ``({role: [n_items, layer, head]}, {role: [n_items]}, layers)``."""
+
+    def update(self, cap) -> None:
+        allowed, rows, special = self._masks(cap)
+        km = cap.key_mask
+        first = torch.zeros_like(km)
+        first[:, 0] = km[:, 0]
+        sets = {"special": special & km, "sink:first-token": first, "punctuation": punctuation_mask(cap.tokens) & km}
+        key_sets = torch.stack(list(sets.values()), -1)  # [batch, pos, set]
+        vals, base = [], None
+        for layer in cap.layers:
+            v, base = masked_set_masses(self._masked(cap, layer, allowed), allowed, rows, key_sets)
+            vals.append(v)
+        vals = torch.stack(vals, 1)  # [batch, layer, head, set]
+        for i, role in enumerate(sets):
+            self.values.add(role, cap.item_ids, vals[..., i].contiguous())
+            self.values.add("baseline:" + role, cap.item_ids, base[:, i])
+
+    def result(self):
+        return self._by_role(ROLES)
+
+
+def frame_from(values: dict, base: dict, layers, cfg: RolesConfig):
+    """ROLE_COLUMNS rows for the roles that have items; and the count of items left out
+    per role (no visible key of the set)."""
+    rows, left_out = [], {}
+    for role, attr in ROLES.items():
+        v, b = values[role], base[role]
+        if v.numel() == 0:
+            continue
+        ok = ~torch.isnan(b)
+        left_out[role] = int((~ok).sum())
+        if not bool(ok.any()):
+            continue
+        rows += layered_rows(
+            v[ok], b[ok], layers, role=role, cfg=cfg, threshold_kind="absolute", threshold=getattr(cfg, attr)
+        )
+    return roles_frame(rows), left_out
+
+
+def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, include_special: bool = False) -> RoleOutput:
+    """Special-token, first-token (sink) and punctuation roles of every head over
+    ``items`` (texts); ``stats`` holds the summary statistics of the same run.
+
+    ``skipped`` also counts, per role, items where no analysed row sees a token of the
+    role's set (``"no punctuation visible"``, ``"no special token visible"``).
+    """
+    red = SpecialReducer(causal=model.spec.causal, include_special=include_special)
+    summ = SummaryReducer(causal=model.spec.causal, smoothing=cfg.entropy_smoothing, include_special=include_special)
+    rep = stream(model, list(items), [red, summ], batch_size=cfg.batch_size, progress=progress)
+    values, base, layers = red.result()
+    frame, left_out = frame_from(values, base, layers, cfg)
+    skipped = rep.skipped.copy()
+    for role, n in left_out.items():
+        if n:
+            skipped[f"no {role} token visible"] += n
+    return RoleOutput(
+        frame=frame, stats=summ.result(), skipped=skipped, n_items=rep.n_used, extra={"left_out": left_out}
+    )

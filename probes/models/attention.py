@@ -1,0 +1,168 @@
+"""Multi-head attention with MHA, GQA and MQA, written to be read.
+
+The math is in pure functions (:func:`attention_pattern`, :func:`repeat_kv`,
+:func:`apply_rope`); :class:`Attention` wires them to projections, hook points and the
+per-head gate.
+
+Shapes::
+
+    x        [batch, pos, d_model]
+    q        [batch, head, query_pos, d_head]
+    k, v     [batch, kv_head, key_pos, d_head]      (never expanded in captures)
+    scores   [batch, head, query_pos, key_pos]      (q·k / sqrt(d_head), before the mask)
+    pattern  [batch, head, query_pos, key_pos]      (softmax over key_pos, rows sum to 1)
+    z        [batch, head, query_pos, d_head]       (pattern @ v, before W_O)
+
+Query head ``h`` reads KV head ``kv_index[h]``; for an unpruned model that is
+``h // group_size`` exactly as HF's ``repeat_kv``.
+
+>>> import torch
+>>> q = torch.zeros(1, 2, 3, 4); k = torch.randn(1, 1, 3, 4)
+>>> p = attention_pattern(q, k, mask=None)
+>>> torch.allclose(p, torch.full((1, 2, 3, 3), 1 / 3))
+True
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from headscope.probes.models.hooks import HookPoint
+
+
+def repeat_kv(kv: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
+    """``[batch, kv_head, pos, d_head]`` -> ``[batch, head, pos, d_head]``: query head ``h``
+    gets KV head ``kv_index[h]``."""
+    if kv.shape[1] == kv_index.numel():
+        return kv
+    return kv.index_select(1, kv_index)
+
+
+def rope_cos_sin(positions: torch.Tensor, d_head: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for ``positions [batch, pos]`` -> cos, sin ``[batch, 1, pos, d_head]``
+    (Llama's "rotate half" convention, computed in float32 as HF does)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+    freqs = positions.float()[:, :, None] * inv_freq[None, None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos()[:, None], emb.sin()[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [batch, head, pos, d_head]`` by the position's angle."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scaled dot products ``q·k / sqrt(d_head)``; ``k`` already expanded to query heads."""
+    return torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+
+
+def attention_pattern(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over keys of the scaled scores plus an additive ``mask`` (0 or dtype-min).
+
+    Masked keys get exactly 0 (exp underflows), rows over unmasked keys sum to 1.
+    """
+    if k.shape[1] != q.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = attention_scores(q, k)
+    if mask is not None:
+        scores = scores + mask
+    return F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+
+
+def additive_mask(
+    attention_mask: torch.Tensor, causal: bool, n_query: int | None = None, dtype=torch.float32
+) -> torch.Tensor:
+    """``attention_mask [batch, key_pos]`` (1 = real token) -> ``[batch, 1, query_pos, key_pos]``
+    additive mask: 0 where a query may look, ``finfo(dtype).min`` where it may not."""
+    batch, n_key = attention_mask.shape
+    n_query = n_key if n_query is None else n_query
+    allowed = attention_mask[:, None, None, :].bool().expand(batch, 1, n_query, n_key)
+    if causal:
+        tri = torch.ones(n_query, n_key, dtype=torch.bool, device=attention_mask.device).tril(n_key - n_query)
+        allowed = allowed & tri
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+class Attention(nn.Module):
+    """Self- or cross-attention with ``n_heads`` query heads sharing ``n_kv_heads`` K/V heads.
+
+    ``gate [head]`` multiplies each head's ``z`` (1 = on, 0 = ablated); where a head is
+    gated off, ``ablation_value [head, d_head]`` is added instead (0 for zero ablation,
+    the corpus mean of ``z`` for mean ablation): ``z' = gate·z + (1 - gate)·ablation_value``.
+    Gradients of a loss with respect to ``gate`` are Michel et al.'s head importance.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        d_head: int,
+        *,
+        bias: bool,
+        kv_index: list[int] | None = None,
+    ):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
+        self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
+        self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        if kv_index is None:
+            kv_index = [h // (n_heads // n_kv_heads) for h in range(n_heads)]
+        if len(kv_index) != n_heads or (n_heads and max(kv_index) >= n_kv_heads):
+            raise ValueError(f"kv_index must map {n_heads} query heads to KV heads < {n_kv_heads}; got {kv_index}")
+        self.register_buffer("kv_index", torch.tensor(kv_index, dtype=torch.long), persistent=False)
+        self.gate = nn.Parameter(torch.ones(n_heads), requires_grad=False)
+        self.register_buffer("ablation_value", torch.zeros(n_heads, d_head), persistent=False)
+        for name in ("q", "k", "v", "q_rot", "k_rot", "scores", "pattern", "z", "out"):
+            setattr(self, f"hook_{name}", HookPoint())
+
+    def _split(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        batch, pos, _ = x.shape
+        return x.view(batch, pos, n, self.d_head).transpose(1, 2)  # [batch, n, pos, d_head]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        kv_input: torch.Tensor | None = None,
+        need_pattern: bool = False,
+    ) -> torch.Tensor:
+        """``x [batch, query_pos, d_model]`` -> ``[batch, query_pos, d_model]``.
+
+        ``kv_input`` (cross-attention) supplies keys/values from another sequence;
+        ``mask`` is additive, ``[batch, 1, query_pos, key_pos]``.
+        """
+        src = x if kv_input is None else kv_input
+        q = self.hook_q(self._split(self.q_proj(x), self.n_heads))
+        k = self.hook_k(self._split(self.k_proj(src), self.n_kv_heads))
+        v = self.hook_v(self._split(self.v_proj(src), self.n_kv_heads))
+        if rope is not None:
+            q = self.hook_q_rot(apply_rope(q, *rope))
+            k = self.hook_k_rot(apply_rope(k, *rope))
+        k_full, v_full = repeat_kv(k, self.kv_index), repeat_kv(v, self.kv_index)
+
+        if need_pattern or self.hook_scores.active or self.hook_pattern.active:
+            scores = self.hook_scores(attention_scores(q, k_full))
+            if mask is not None:
+                scores = scores + mask
+            pattern = self.hook_pattern(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype))
+            z = torch.matmul(pattern, v_full)
+        else:  # nobody looks at the pattern: fused kernel, same math
+            z = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask)
+        z = self.hook_z(z)
+        gate = self.gate.to(z.dtype)[None, :, None, None]
+        if not bool((self.gate == 1).all()) or self.gate.requires_grad:
+            z = gate * z + (1 - gate) * self.ablation_value.to(z.dtype)[None, :, None, :]
+        batch, _, pos, _ = z.shape
+        out = self.o_proj(z.transpose(1, 2).reshape(batch, pos, self.n_heads * self.d_head))
+        return self.hook_out(out)

@@ -1,0 +1,200 @@
+"""A model's spec sheet, from its config alone (the seed text's "how to read a model card").
+
+Reports layers, heads, d_head, KV heads, the attention kind (MHA / GQA with its group
+size / MQA), whether ``n_heads × d_head`` equals ``d_model``, attention vs total
+parameters and the KV-cache bytes per token and at a context length.
+
+KV cache per token = 2 (K and V) × layers × kv_heads × d_head × bytes per value.
+
+>>> card = card_from_hf_config({"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
+...     "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
+...     "vocab_size": 49152, "max_position_embeddings": 8192, "tie_word_embeddings": True}, name="smollm2")
+>>> card["attention"], card["group_size"], card["heads_x_d_head"], card["kv_cache_bytes_per_token"]
+('GQA', 3, 576, 46080)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
+from headscope.probes.models.checkpoints import (
+    ModelSource,
+    cache_dir,
+    check_gguf,
+    file_sha256,
+    read_config_file,
+    read_hf_config,
+    resolve,
+)
+from headscope.probes.models.config import check_hf_config, config_from_hf, param_counts
+
+BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1, "fp8": 1}
+
+
+def _gguf_hf_config(path: Path) -> dict:
+    """Llama-family HF config fields from a GGUF file's metadata (no dequantisation)."""
+    reader = check_gguf(path)
+    f = {k: v for k, v in reader.fields.items()}
+
+    def get(key, default=None):
+        try:
+            return f[key].contents()
+        except (KeyError, Exception):  # noqa: BLE001
+            return default
+
+    arch = get("general.architecture")
+    if arch != "llama":
+        raise ModelIncompatibleError(f"{path}: GGUF architecture {arch!r}; only 'llama' is read in-house")
+    for key in ("block_count", "attention.head_count", "embedding_length", "feed_forward_length"):
+        if not isinstance(get(f"{arch}.{key}"), int):
+            raise CheckpointError(f"{path}: GGUF metadata {arch}.{key} is missing or not an integer")
+    n_heads = int(get(f"{arch}.attention.head_count"))
+    d_model = int(get(f"{arch}.embedding_length"))
+    tensor_names = {t.name for t in reader.tensors}
+    vocab = get(f"{arch}.vocab_size", 0) or (
+        len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
+    )
+    if not vocab:
+        raise CheckpointError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    return {
+        "model_type": "llama",
+        "_name_or_path": get("general.name", path.stem),
+        "num_hidden_layers": int(get(f"{arch}.block_count")),
+        "hidden_size": d_model,
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(get(f"{arch}.attention.head_count_kv", n_heads)),
+        "head_dim": int(get(f"{arch}.rope.dimension_count", d_model // n_heads)),
+        "intermediate_size": int(get(f"{arch}.feed_forward_length")),
+        "vocab_size": int(vocab),
+        "max_position_embeddings": int(get(f"{arch}.context_length", 2048)),
+        "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+    }
+
+
+def source_hf_config(source: ModelSource) -> dict:
+    """HF config of ``source`` without loading weights (GGUF: from metadata, or the cache)."""
+    if source.kind == "gguf":
+        cached = cache_dir() / "gguf" / file_sha256(source.path)[:16] / "config.json"
+        if cached.exists():
+            return read_config_file(cached)
+        hf = _gguf_hf_config(source.path)
+        check_hf_config(hf, str(source.path))
+        return hf
+    if source.kind == "hub":
+        from headscope.probes.models.checkpoints import hf_dir
+
+        return read_hf_config(ModelSource(name=source.name, kind="hf-dir", path=hf_dir(source)))
+    return read_hf_config(source)
+
+
+def _count_params(hf: dict) -> tuple[int | None, int | None]:
+    """(attention params, total params): exact for the in-house families, by arithmetic
+    (:func:`~headscope.probes.models.config.param_counts`: nothing allocated, whatever the sizes);
+    None otherwise."""
+    try:
+        cfg = config_from_hf(hf)
+    except ModelIncompatibleError:
+        return None, None
+    return param_counts(cfg)
+
+
+def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
+    if dtype not in BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(BYTES)}")
+    n_layers = hf.get("num_hidden_layers") or hf.get("n_layer")
+    d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
+    n_heads = hf.get("num_attention_heads") or hf.get("n_head")
+    if not (n_layers and d_model and n_heads):
+        raise HeadscopeError(
+            f"config of {name!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
+        )
+    n_kv = (hf.get("num_key_value_heads") if hf.get("model_type") != "bert" else None) or n_heads  # BERT: MHA
+    d_head = hf.get("head_dim") or d_model // n_heads
+    group = n_heads // n_kv
+    kind = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
+    ctx = context or hf.get("max_position_embeddings") or hf.get("n_positions") or 2048
+    if ctx <= 0:
+        raise ValueError(f"--context must be positive; got {ctx}")
+    per_token = 2 * n_layers * n_kv * d_head * BYTES[dtype]
+    attn_params, total_params = _count_params(hf)
+    encoder = hf.get("model_type") in ("bert", "roberta", "distilbert", "electra")
+    return {
+        "name": name,
+        "model_type": hf.get("model_type"),
+        "layers": n_layers,
+        "d_model": d_model,
+        "heads": n_heads,
+        "d_head": d_head,
+        "kv_heads": n_kv,
+        "attention": kind,
+        "group_size": group,
+        "heads_x_d_head": n_heads * d_head,
+        "heads_x_d_head_equals_d_model": n_heads * d_head == d_model,
+        "total_heads": n_layers * n_heads,
+        "attention_params": attn_params,
+        "total_params": total_params,
+        "attention_share": (attn_params / total_params) if attn_params and total_params else None,
+        "context": ctx,
+        "dtype": dtype,
+        "kv_cache_bytes_per_token": per_token,
+        "kv_cache_bytes_at_context": per_token * ctx,
+        "kv_cache_vs_mha": n_kv / n_heads,
+        "encoder": encoder,
+    }
+
+
+def model_card(model: str, *, context: int | None = None, dtype: str = "fp32") -> dict:
+    source = resolve(model)
+    return card_from_hf_config(source_hf_config(source), name=source.name, context=context, dtype=dtype)
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def render_card(c: dict) -> str:
+    """Plain-text rendering of :func:`model_card`'s dict."""
+    kind = c["attention"]
+    if kind == "GQA":
+        kind = f"GQA, {c['kv_heads']} KV heads shared by groups of {c['group_size']} query heads"
+    elif kind == "MQA":
+        kind = f"MQA, one KV head shared by all {c['heads']} query heads"
+    else:
+        kind = "MHA, one KV head per query head"
+    eq = (
+        f"{c['heads']} heads × {c['d_head']} = {c['heads_x_d_head']} = d_model"
+        if c["heads_x_d_head_equals_d_model"]
+        else f"{c['heads']} heads × {c['d_head']} = {c['heads_x_d_head']} ≠ d_model {c['d_model']}: "
+        "the attention works in a space of a different width than the residual stream"
+    )
+    lines = [
+        f"model           {c['name']} ({c['model_type']}{', encoder' if c['encoder'] else ', decoder'})",
+        f"layers          {c['layers']}",
+        f"d_model         {c['d_model']}",
+        f"heads           {c['heads']} per layer, {c['total_heads']} in all; d_head {c['d_head']}",
+        f"                {eq}",
+        f"KV heads        {c['kv_heads']}",
+        f"attention       {kind}",
+    ]
+    if c["total_params"]:
+        lines.append(
+            f"parameters      {c['total_params'] / 1e6:.1f} M in all; attention {c['attention_params'] / 1e6:.1f} M "
+            f"({100 * c['attention_share']:.1f}%)"
+        )
+    cache = (
+        f"KV cache        {_bytes(c['kv_cache_bytes_per_token'])} per token ({c['dtype']}); "
+        f"{_bytes(c['kv_cache_bytes_at_context'])} at context {c['context']:,}"
+    )
+    if c["kv_heads"] != c["heads"]:
+        cache += f" ({c['kv_cache_vs_mha']:.2f}× an MHA model of the same shape)"
+    lines.append(cache)
+    if c["encoder"]:
+        lines.append("                (an encoder keeps no cache when it runs; the figure is what one would hold)")
+    return "\n".join(lines)

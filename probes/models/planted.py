@@ -1,0 +1,197 @@
+"""Tiny in-house models whose heads are built by hand: ground truth for the role classifiers.
+
+:func:`planted_model` returns an :class:`~headscope.probes.models.loading.InHouseModel` (a
+2-layer, 4-head Llama-family :class:`~headscope.probes.models.transformer.Transformer` with
+learned absolute positions, d_model 128, d_head 64) and a word-level tokenizer over a
+35-word vocabulary with word classes. The residual stream is laid out in blocks:
+token one-hot ``[0, V)``, position one-hot ``[V, V + 48)``, "previous token" one-hot
+``[V + 48, 2V + 48)``. RMSNorm weights are set so each layer reads its input unscaled
+(every residual has a known norm), MLPs are zero, and only the previous-token head
+writes to the residual (it copies the previous token's one-hot into the third block),
+so every head's pattern is exactly what its hand-set ``W_Q``/``W_K`` say.
+
+Heads (``planted_roles(causal)`` returns this map):
+
+=============  =====================================================================
+``(0, 0)``     previous token: ``q_i = β e_i``, ``k_j = e_{j+1}`` (peaked on ``j = i - 1``)
+``(0, 1)``     first-token sink: every query matches the BOS key
+``(0, 2)``     causal: a noun attends the nearest preceding determiner (class
+               feature + recency), other queries attend uniformly;
+               bidirectional: next token (``k_j = e_{j-1}``)
+``(0, 3)``     random ``W_Q``/``W_K`` (seeded)
+``(1, 0)``     random
+``(1, 1)``     induction: a query matches keys whose previous token (written by
+               head (0, 0)) is the query's own token
+``(1, 2)``     punctuation: every query matches the punctuation keys
+``(1, 3)``     random
+=============  =====================================================================
+
+>>> m = planted_model()
+>>> m.encode(texts=["the cat sat ."]).tokens
+[['[BOS]', 'the', 'cat', 'sat', '.']]
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.loading import InHouseModel
+from headscope.probes.models.transformer import Transformer
+
+SPECIALS = ["[PAD]", "[BOS]", "[UNK]"]
+WORD_CLASSES = {
+    "punct": [".", ",", "!", "?", ";"],
+    "det": ["the", "a", "this", "that", "every"],
+    "noun": ["cat", "dog", "bird", "table", "tree", "house", "car", "book", "river", "lamp"],
+    "verb": ["sat", "ran", "saw", "ate", "liked"],
+    "adj": ["big", "small", "red", "old"],
+    "other": ["and", "on", "in"],
+}
+VOCAB = SPECIALS + [w for ws in WORD_CLASSES.values() for w in ws]
+N_POS = 48
+D_MODEL = 128
+D_HEAD = 64
+SHARP = 240.0  # q·k before the 1/sqrt(d_head)=1/8 scale: a logit gap of 30
+RANDOM_HEADS = ((0, 3), (1, 0), (1, 3))
+
+
+def planted_tokenizer():
+    """Word-level tokenizer over :data:`VOCAB` (split on whitespace and punctuation),
+    adding ``[BOS]`` in front; a ``PreTrainedTokenizerFast`` with offsets and special tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(VOCAB)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", vocab["[BOS]"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="[BOS]", pad_token="[PAD]", unk_token="[UNK]")
+
+
+def planted_roles(causal: bool = True) -> dict[tuple[int, int], str]:
+    """``{(layer, head): planted behaviour}``; random heads are ``"random"``."""
+    roles = {
+        (0, 0): "previous",
+        (0, 1): "sink",
+        (0, 2): "noun->det" if causal else "next",
+        (1, 1): "induction",
+        (1, 2): "punctuation",
+    }
+    roles.update({h: "random" for h in RANDOM_HEADS})
+    return dict(sorted(roles.items()))
+
+
+def _ids(cls: str) -> list[int]:
+    return [VOCAB.index(w) for w in WORD_CLASSES[cls]]
+
+
+def planted_model(*, causal: bool = True, seed: int = 0, random_std: float = 0.5) -> InHouseModel:
+    """Build the planted model (see module docstring). ``random_std``: std of the random
+    heads' ``W_Q``/``W_K`` entries (0.5 gives logits of std ~0.5: mildly peaked, no role)."""
+    V = len(VOCAB)
+    POS, PREV = V, V + N_POS
+    if PREV + V > D_MODEL:
+        raise ValueError(f"the residual layout needs {PREV + V} dims; d_model is {D_MODEL}")
+    cfg = ModelConfig(
+        family="llama",
+        n_layers=2,
+        d_model=D_MODEL,
+        n_heads=4,
+        d_head=D_HEAD,
+        d_mlp=32,
+        vocab_size=V,
+        max_positions=N_POS,
+        causal=causal,
+        positional="learned",
+        tie_embeddings=True,
+        pad_token_id=0,
+        name="planted" + ("" if causal else "-bidirectional"),
+    )
+    module = Transformer(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    bos, dets, nouns, puncts = VOCAB.index("[BOS]"), _ids("det"), _ids("noun"), _ids("punct")
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.requires_grad:
+                p.zero_()
+        module.embed.weight[:, :V] = torch.eye(V)
+        module.pos_embed.weight[:, POS : POS + N_POS] = torch.eye(N_POS)
+        module.ln_final.weight.fill_(1.0)
+        for layer, block in enumerate(module.blocks):
+            # residual norm^2 is 2 in layer 0 (token + position), 3 in layer 1 (+ previous token):
+            # RMSNorm multiplies by sqrt(d / norm^2); the weight undoes it
+            block.ln1.weight.fill_(((2.0 + layer) / D_MODEL) ** 0.5)
+            block.ln2.weight.fill_(1.0)
+
+        def head(layer, h):
+            a = module.blocks[layer].attn
+            s = slice(h * D_HEAD, (h + 1) * D_HEAD)
+            return a.q_proj.weight[s], a.k_proj.weight[s], a.v_proj.weight[s], a.o_proj.weight[:, s]
+
+        # (0, 0): previous token, and it writes that token into the PREV block
+        wq, wk, wv, wo = head(0, 0)
+        for i in range(N_POS):
+            wq[i, POS + i] = SHARP
+            if i + 1 < D_HEAD:
+                wk[i + 1, POS + i] = 1.0
+        wv[:V, :V] = torch.eye(V)
+        wo[PREV : PREV + V, :V] = torch.eye(V)
+        # (0, 1): first-token sink
+        wq, wk, _, _ = head(0, 1)
+        wq[0, POS : POS + N_POS] = SHARP
+        wk[0, bos] = 1.0
+        # (0, 2)
+        wq, wk, _, _ = head(0, 2)
+        if causal:  # noun -> nearest preceding determiner: class match (500) + recency (6 per position)
+            for n in nouns:
+                wq[0, n] = 8 * 500.0
+                wq[1, n] = 8 * 6.0
+            for d in dets:
+                wk[0, d] = 1.0
+            wk[1, POS : POS + N_POS] = torch.arange(N_POS, dtype=torch.float32)
+        else:  # next token
+            for i in range(N_POS):
+                wq[i, POS + i] = SHARP
+                if i >= 1:
+                    wk[i - 1, POS + i] = 1.0
+        # (1, 1): induction: query token == key's previous token
+        wq, wk, _, _ = head(1, 1)
+        wq[:V, :V] = SHARP * torch.eye(V)
+        wk[:V, PREV : PREV + V] = torch.eye(V)
+        # (1, 2): punctuation
+        wq, wk, _, _ = head(1, 2)
+        wq[0, POS : POS + N_POS] = 8 * 20.0
+        for p in puncts:
+            wk[0, p] = 1.0
+        # random heads: random W_Q, W_K; they write nothing
+        for layer, h in RANDOM_HEADS:
+            wq, wk, _, _ = head(layer, h)
+            wq.copy_(torch.randn(wq.shape, generator=gen) * random_std)
+            wk.copy_(torch.randn(wk.shape, generator=gen) * random_std)
+    return InHouseModel(module, planted_tokenizer(), name=cfg.name)
+
+
+def planted_sentences(n: int, *, seed: int = 0) -> list[str]:
+    """``n`` sentences over the planted vocabulary (seeded), e.g. ``"the big cat saw a dog ,
+    this bird sat on the table ."``: one or two clauses ``det [adj] noun verb [on] det
+    [adj] noun``, joined by ``,``/``and``/``;``, ended by ``.``/``!``/``?``."""
+    rng = random.Random(seed)
+    W = WORD_CLASSES
+
+    def np_():
+        return [rng.choice(W["det"])] + ([rng.choice(W["adj"])] if rng.random() < 0.4 else []) + [rng.choice(W["noun"])]
+
+    def clause():
+        return np_() + [rng.choice(W["verb"])] + (["on"] if rng.random() < 0.3 else []) + np_()
+
+    out = []
+    for _ in range(n):
+        words = clause()
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            words += [rng.choice([",", "and", ";"])] + clause()
+        words.append(rng.choice([".", ".", "!", "?"]))
+        out.append(" ".join(words))
+    return out

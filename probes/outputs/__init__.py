@@ -1,0 +1,2 @@
+"""Writing output folders: atomic files (:mod:`.atomic`) and folders claimed, locked and swapped in
+whole (:mod:`.folder`)."""

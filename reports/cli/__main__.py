@@ -1,0 +1,5 @@
+import sys
+
+from headscope.reports.cli.app import main
+
+sys.exit(main())

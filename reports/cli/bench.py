@@ -1,0 +1,209 @@
+"""``headscope bench [MODEL]``: what capturing attention costs, path by path, on the same batches.
+
+Prints a table (rich when installed, plain text otherwise) or ``--json``; ``--memory``
+instead measures the peak RSS of streaming a small and a ten-times larger corpus, each
+in its own subprocess. Targets are reported (met or not), never enforced. Timings on a
+machine shared with other work are indicative only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench", help="time attention capture against HF and transformer-lens on the same batches")
+    p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name or model directory")
+    p.add_argument("--sentences", type=int, default=512, help="sentences to run (default 512)")
+    p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the model paths")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed rounds per path; the fastest is reported, the median kept (default 3)",
+    )
+    p.add_argument(
+        "--paths",
+        nargs="+",
+        metavar="PATH",
+        default=None,
+        help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
+        "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
+        "ablation_batched pruning_50",
+    )
+    p.add_argument(
+        "--corpus",
+        default="generated",
+        help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file",
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--memory", action="store_true", help="peak RSS of streaming a small vs a 10x corpus instead")
+    p.add_argument("--memory-sizes", default="1000,10000", help="corpus sizes for --memory (default 1000,10000)")
+    p.add_argument(
+        "--memory-reducer",
+        choices=["roles", "noop", "mass"],
+        default="roles",
+        help="what --memory runs: roles (every text role with verdicts, default), noop (capture only), "
+        "or mass (per-head first-token mass and entropy)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return format(v, spec)
+
+
+def _header(result) -> list[str]:
+    info = result.info
+    m = info["machine"]
+    return [
+        f"headscope bench: {info['model']}, {info['sentences']} sentences, {info['batches']} batches, "
+        f"{info['real_tokens']} tokens, {info['forward_gflop']:.1f} GFLOP per forward pass",
+        f"machine: torch {m['torch']}, {m['threads']} threads, {m['cpus']} CPUs, load average "
+        f"{', '.join(f'{x:.1f}' for x in (m['load_average'] or []))}; matmul peak fp32 {m['fp32_peak_gflops']:.1f} GFLOP/s, "
+        f"bf16 {_fmt(m['bf16_peak_gflops'], '.1f')} ({'native' if m['bf16_native'] else 'not native'}: {m['bf16_note']})",
+    ]
+
+
+def _footer(result) -> list[str]:
+    info = result.info
+    lines = [
+        f"padding: {info['padding_ratio_bucketed']:.3f} padded per real token with length buckets, "
+        f"{info['padding_ratio_unsorted']:.3f} unsorted",
+        f"patterns: {info['pattern_bytes_store_all'] / 2**20:.1f} MiB to store all, "
+        f"{info['pattern_bytes_streaming'] / 2**20:.1f} MiB peak when streaming batch by batch",
+        "targets (reported, not enforced):",
+    ]
+    for t in result.targets.itertuples():
+        met = "met" if t.met is True else "NOT met" if t.met is False else "-"
+        lines.append(f"  {t.target:<36} {_fmt(t.value, '.2f'):>7}  {met:<8} {t.note}")
+    return lines
+
+
+_COLS = ("path", "status", "seconds", "ratio", "GFLOP/s", "%peak", "RSS MiB", "peak MiB", "note")
+
+
+def _cells(r) -> list[str]:
+    return [
+        r.path,
+        r.status,
+        _fmt(r.seconds, ".3f"),
+        _fmt(r.ratio, ".2f"),
+        _fmt(r.gflops_per_s, ".2f"),
+        _fmt(r.peak_pct, ".1f"),
+        f"{r.rss_mb:.0f}",
+        f"{r.peak_rss_mb:.0f}",
+        r.note,
+    ]
+
+
+def render(result) -> str:
+    """Plain-text table of a :class:`~headscope.analyses.bench.harness.BenchResult`."""
+    rows = [list(_COLS)] + [_cells(r) for r in result.frame.itertuples()]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLS) - 1)]
+    table = []
+    for row in rows:
+        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        table.append("  ".join(cells) + "  " + row[-1])
+    return "\n".join(_header(result) + [""] + table + [""] + _footer(result))
+
+
+def _rich_print(result) -> bool:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        return False
+    console = Console()
+    for line in _header(result):
+        console.print(line, highlight=False, markup=False)
+    table = Table(show_header=True, header_style="bold")
+    for i, col in enumerate(_COLS[:-1]):
+        table.add_column(col, justify="left" if i < 2 else "right", no_wrap=True)
+    for r in result.frame.itertuples():
+        table.add_row(*_cells(r)[:-1])
+    console.print(table)
+    for r in result.frame.itertuples():
+        if r.note:
+            console.print(f"  {r.path}: {r.note}", highlight=False, markup=False)
+    for line in _footer(result):
+        console.print(line, highlight=False, markup=False)
+    return True
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--memory-sizes must be comma-separated integers; got {text!r}") from None
+    if len(sizes) < 2 or min(sizes) < 1:
+        raise ValueError(f"--memory-sizes needs at least two positive sizes; got {text!r}")
+    return sizes
+
+
+def run(args) -> int:
+    from headscope.analyses.bench.harness import (
+        BenchConfig,
+        check_device,
+        memory_scaling,
+        run_bench,
+    )
+
+    check_device(args.device, "--device")  # before any model loads
+    if args.memory:
+        frame, ratio = memory_scaling(
+            args.model,
+            _sizes(args.memory_sizes),
+            reducer=args.memory_reducer,
+            batch_size=args.batch,
+            seed=args.seed,
+            device=args.device,
+        )
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "runs": json.loads(frame.to_json(orient="records")),
+                        "ratio": ratio,
+                        "target": 1.10,
+                        "met": ratio <= 1.10,
+                    },
+                    indent=2,
+                )
+            )
+        else:
+            print(frame.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+            print(
+                f"peak RSS ratio, largest/smallest corpus: {ratio:.3f} (target <= 1.10: {'met' if ratio <= 1.10 else 'NOT met'})"
+            )
+        return 0
+    cfg = BenchConfig(
+        model=args.model,
+        n_sentences=args.sentences,
+        batch_size=args.batch,
+        dtype=args.dtype,
+        repeats=args.repeats,
+        paths=tuple(args.paths) if args.paths else None,
+        corpus=args.corpus,
+        seed=args.seed,
+        device=args.device,
+    )
+    progress = None
+    if not args.json and sys.stderr.isatty():
+
+        def progress(name):
+            print(f"bench: {name} ...", file=sys.stderr)
+
+    result = run_bench(cfg, progress=progress)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, default=str))
+    elif not (sys.stdout.isatty() and _rich_print(result)):
+        print(render(result))
+    return 0

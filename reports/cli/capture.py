@@ -1,0 +1,107 @@
+"""``headscope capture MODEL TEXT...``: run one capture and summarise what came out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("capture", help="capture Q/K/V/patterns for a few texts and summarise them")
+    p.add_argument("model", nargs="?", default="minilm-l6")
+    p.add_argument("texts", nargs="*", help="texts (default: two example sentences)")
+    p.add_argument("--backend", default="inhouse", choices=["inhouse", "bridge"])
+    p.add_argument(
+        "--quantities",
+        default="pattern,q,k,v,z",
+        help="comma-separated: pattern,scores,q,k,v,q_rot,k_rot,z,out,resid_post",
+    )
+    p.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--export",
+        metavar="FILE",
+        default=None,
+        help="write the first text's attention patterns to FILE as JSON (tokens, [layer][head][dest][src], kv_groups) "
+        "for bertviz or CircuitsVis; adds 'pattern' to --quantities",
+    )
+    p.set_defaults(func=run)
+
+
+EXAMPLES = [
+    "The cat didn't climb on the table because it was too tired.",
+    "Grouped-query attention lets several query heads share one key-value head.",
+]
+
+
+def summarise(cap) -> dict:
+    """Per quantity: shape; per layer: mean pattern entropy (nats) and max weight."""
+    mask = cap.key_mask
+    out = {
+        "tokens": cap.tokens.tokens,
+        "word_ids": cap.tokens.word_ids,
+        "shapes": {q: list(t.shape) for (q, l), t in cap.data.items() if l == cap.layers[0]},
+        "kv_groups": {str(k): v for k, v in cap.kv_groups.items()},
+        "layers": [],
+    }
+    if ("pattern", cap.layers[0]) in cap.data:
+        for layer in cap.layers:
+            p = cap["pattern", layer]  # [batch, head, query_pos, key_pos]
+            ent = -(p.clamp_min(1e-12).log() * p).sum(-1)  # [batch, head, query_pos]
+            rows = mask[:, None, :].expand_as(ent)
+            out["layers"].append(
+                {
+                    "layer": layer,
+                    "mean_entropy": round(float(ent[rows].mean()), 4),
+                    "mean_max_weight": round(float(p.amax(-1)[rows].mean()), 4),
+                }
+            )
+    return out
+
+
+def _export_path(text: str) -> Path:
+    """``--export FILE``: checked before the model loads, so a typo costs no time."""
+    path = Path(text)
+    if path.is_dir():
+        raise ValueError(f"--export must name a file; {text!r} is a folder")
+    if not path.parent.is_dir():
+        raise ValueError(f"--export {text!r}: folder {str(path.parent)!r} does not exist; create it first")
+    return path
+
+
+def run(args) -> int:
+    from headscope.probes.capture import capture
+    from headscope.probes.export import write_patterns_json
+    from headscope.probes.models.card import model_card, render_card
+    from headscope.probes.models.loading import load_model
+
+    export = _export_path(args.export) if args.export else None
+    quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
+    if export is not None and "pattern" not in quantities:
+        quantities.append("pattern")
+    model = load_model(args.model, args.backend)
+    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
+    if export is not None:
+        write_patterns_json(cap, export, item=0, tokenizer=model.tokenizer)
+    s = summarise(cap)
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    print(render_card(model_card(args.model)))
+    print()
+    print(
+        f"captured {len(cap.tokens.texts)} texts, padded to {cap.tokens.shape[1]} tokens ({model.spec.backend} backend)"
+    )
+    for q, shape in s["shapes"].items():
+        if q != "output":
+            print(f"  {q:<10} {shape}")
+    if model.spec.n_kv_heads != model.spec.n_heads:
+        print("  KV groups: " + "; ".join(f"KV {k} <- heads {v}" for k, v in s["kv_groups"].items()))
+    for row in s["layers"]:
+        print(
+            f"  layer {row['layer']:>2}: mean entropy {row['mean_entropy']:.3f} nats, mean max weight {row['mean_max_weight']:.3f}"
+        )
+    if export is not None:
+        print(f"wrote the first text's patterns to {export} (bertviz / CircuitsVis input; see the README)")
+    return 0

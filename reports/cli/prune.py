@@ -1,0 +1,123 @@
+"""``headscope prune MODEL``: single-head ablation, all-but-one, gradient importance and
+iterative pruning curves; frames as CSV + Parquet in ``--out``, a summary on stdout.
+
+Re-running with the same ``--out`` and options resumes an interrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+
+
+def register(sub) -> None:
+    from headscope.analyses.pruning.curves import ORDERS
+    from headscope.analyses.pruning.metrics import METRICS
+    from headscope.reports.cli.argtypes import fraction, int_at_least, positive_int, seed
+
+    p = sub.add_parser("prune", help="what happens when heads are removed: ablation, importance, pruning curves")
+    p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name, directory or .gguf (in-house backend)")
+    p.add_argument(
+        "--metric",
+        choices=list(METRICS),
+        default=None,
+        help="default: lm_loss for decoders, cosine_to_unpruned for encoders",
+    )
+    p.add_argument("--step", type=float, default=0.10, help="fraction of heads removed per pruning step (default 0.1)")
+    p.add_argument(
+        "--max-fraction",
+        type=fraction,
+        default=None,
+        help="stop the curves at this fraction (default 1.0; 0.5 with --quick)",
+    )
+    p.add_argument("--orders", nargs="+", choices=list(ORDERS), default=list(ORDERS), help="pruning orders to compare")
+    p.add_argument("--seeds", type=positive_int, default=3, help="random-order seeds (default 3)")
+    p.add_argument("--seed", type=seed, default=0, help="seed for random orders and draws (0 to 2**32 - 1; default 0)")
+    p.add_argument(
+        "--unit",
+        choices=["head", "kv_group"],
+        default="head",
+        help="kv_group: remove a KV head together with all query heads that read it (GQA)",
+    )
+    p.add_argument(
+        "--n-items",
+        type=int_at_least(2),
+        default=None,
+        help="items of the metric's data (default all; 24 with --quick)",
+    )
+    p.add_argument("--batch-size", type=positive_int, default=16, help="items per forward pass (default 16)")
+    p.add_argument("--quick", action="store_true", help="fewer items and steps")
+    p.add_argument(
+        "--studies",
+        nargs="+",
+        choices=["ablation", "all_but_one", "importance", "curves"],
+        default=["ablation", "all_but_one", "importance", "curves"],
+        help="which studies to run",
+    )
+    p.add_argument(
+        "--roles", default=None, help="roles frame (CSV/Parquet with ROLE_COLUMNS) to compare against random heads"
+    )
+    p.add_argument("--out", default=None, help="folder for the frames and the resumable state")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _read_roles(path):
+    """The ``--roles`` frame, checked (a file that is not a roles table fails here, naming
+    itself, before the model loads)."""
+    from headscope.reports.diff import read_roles_table
+
+    return read_roles_table(path)
+
+
+def render_summary(summary: dict) -> str:
+    """Plain-text summary of :func:`~headscope.analyses.pruning.study.summarize`'s dict."""
+    lines = [
+        f"model {summary['model']}  metric {summary['metric']} ({'higher' if summary['higher_is_better'] else 'lower'} is better)"
+    ]
+    if "base_value" in summary:
+        lines.append(f"unpruned {summary['metric']}: {summary['base_value']:.4f}")
+    for key, label in (
+        ("most_harmful_head", "most harmful single head"),
+        ("least_harmful_head", "least harmful single head"),
+    ):
+        if key in summary:
+            h = summary[key]
+            lines.append(f"{label}: L{h['layer']}H{h['head']} (delta {h['delta']:+.4f})")
+    if "prunable" in summary:
+        lines.append(f"fraction of heads prunable ({summary['unit']} units) within 1% / 5% of the unpruned metric:")
+        orders = sorted({k.split("@")[0] for k in summary["prunable"]})
+        for o in orders:
+            lines.append(
+                f"  {o:<20} {summary['prunable'].get(o + '@0.01', float('nan')):.2f} / "
+                f"{summary['prunable'].get(o + '@0.05', float('nan')):.2f}"
+            )
+    if not summary.get("complete", True):
+        lines.append("incomplete: run again with the same --out to resume")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from headscope.analyses.pruning.study import PruneConfig, pruning_study
+    from headscope.probes.models.loading import load_model
+    from headscope.probes.outputs.folder import claim_output
+
+    cfg = PruneConfig(
+        metric=args.metric,
+        step=args.step,
+        max_fraction=args.max_fraction,
+        orders=tuple(args.orders),
+        n_random_seeds=args.seeds,
+        seed=args.seed,
+        quick=args.quick,
+        batch_size=args.batch_size,
+        n_items=args.n_items,
+        unit=args.unit,
+        studies=tuple(args.studies),
+    )
+    roles = _read_roles(args.roles) if args.roles else None
+    with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
+        model = load_model(args.model, "inhouse")
+        result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
+    print(json.dumps(result.summary, indent=2, sort_keys=True) if args.json else render_summary(result.summary))
+    return 0

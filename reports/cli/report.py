@@ -1,0 +1,52 @@
+"""``headscope report [MODEL]``: run the analyses and write a self-contained report folder.
+
+``report.html`` (inline images and CSS, opens offline), ``report.md`` with ``figures/``,
+``tables/*.csv|parquet`` and ``run.json``; the folder appears only when complete.
+"""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    from headscope.reports.cli.argtypes import seed
+
+    p = sub.add_parser("report", help="what every head does and what pruning costs: HTML + Markdown + tables")
+    p.add_argument("model", nargs="?", default=None, help="shipped name, directory or .gguf (default: minilm-l6)")
+    p.add_argument("--model", dest="model_opt", default=None, metavar="NAME", help="same as the positional MODEL")
+    p.add_argument("--backend", default="inhouse", choices=["inhouse", "bridge", "hf"])
+    p.add_argument("--full", action="store_true", help="every pruning study to 100%% (default: quick, up to 50%%)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: runs/report-<model>)")
+    p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (0 to 2**32 - 1; default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, no summary table")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.set_defaults(func=run)
+
+
+def model_name(args) -> str:
+    if args.model and args.model_opt and args.model != args.model_opt:
+        raise ValueError(
+            f"MODEL given twice with different values ({args.model!r} and --model {args.model_opt!r}); give one"
+        )
+    return args.model or args.model_opt or "minilm-l6"
+
+
+def run(args) -> int:
+    from headscope.reports.cli.terminal import StageProgress, print_summary
+    from headscope.reports.pipeline import build_report
+
+    name = model_name(args)
+    with StageProgress(quiet=args.quiet or args.json) as progress:
+        result = build_report(
+            name,
+            backend=args.backend,
+            full=args.full,
+            out_dir=args.out,
+            seed=args.seed,
+            quiet=args.quiet,
+            progress=progress,
+        )
+    if args.json:
+        print_summary(result.summary, as_json=True)
+    elif not args.quiet:
+        print_summary(result.summary)
+    return 0

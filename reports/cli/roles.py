@@ -1,0 +1,269 @@
+"""``headscope roles MODEL``: what each head does, as one verdict table.
+
+Reads the probe corpora first (a malformed file fails before the model loads, as
+``headscope: error: file:line:col: ...``, exit 2), runs
+:func:`headscope.analyses.roles.pipeline.head_roles`, and writes into ``--out`` (default
+``runs/roles-<model>``), each atomically:
+
+``roles.csv``/``roles.parquet`` (ROLE_COLUMNS), ``head_stats.*`` (STAT_COLUMNS),
+``clusters.*``, ``roles_by_head.*`` (the roles each head holds), ``skipped.json``
+(role group / input file -> reason -> count), ``examples.json`` (one item per role's top
+head, for drawing) and ``run.json`` (model, backend, config, items, timings).
+
+``--dtype bf16`` runs the in-house model in bfloat16 (softmax and norms in fp32, as HF
+does); ``headscope diff`` of an fp32 and a bf16 run says whether each role keeps its
+top heads and by how much the scores moved.
+
+Then prints the top heads per role (groups where some head holds the role) and the
+skipped counts; ``--json`` prints the same as JSON; ``--quiet`` prints nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from headscope.reports.cli.argtypes import positive_int, seed, unit_interval
+
+    p = sub.add_parser(
+        "roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference"
+    )
+    p.add_argument(
+        "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
+    )
+    p.add_argument(
+        "--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights and activations of the in-house model (bf16: compare with an fp32 run by headscope diff)",
+    )
+    p.add_argument(
+        "--conllu",
+        action="append",
+        metavar="FILE",
+        help="CoNLL-U treebank (repeatable; default: the shipped data/syntax/*.conllu)",
+    )
+    p.add_argument("--coref", metavar="FILE", help="coreference JSONL (default: data/coref/coref.jsonl)")
+    p.add_argument(
+        "--text", metavar="FILE", help="plain text, one sentence per line (default: data/text/sentences.txt)"
+    )
+    p.add_argument(
+        "--roles",
+        metavar="LIST",
+        help="comma-separated role groups to run (default: all): "
+        "positional,special,rare-word,summary,clustering,induction,syntactic,coreference",
+    )
+    p.add_argument("--out", metavar="DIR", help="output folder (default: runs/roles-<model>)")
+    p.add_argument(
+        "--seed", type=seed, default=0, help="seed for bootstrap, permutations and generated sequences (0 to 2**32 - 1)"
+    )
+    p.add_argument(
+        "--margin",
+        type=unit_interval,
+        default=None,
+        help="margin over the baseline for a verdict (default 0.10, Voita et al.)",
+    )
+    p.add_argument(
+        "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=None, help="items per forward pass (default 32)")
+    p.add_argument("--top", type=positive_int, default=3, help="heads shown per role")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
+    p.set_defaults(func=run)
+
+
+def default_out(model: str) -> Path:
+    """``runs/roles-<model>``, with the model's file stem for a path and unsafe characters replaced."""
+    name = Path(model).stem if ("/" in model or model.endswith(".gguf")) else model
+    return Path("runs") / f"roles-{re.sub(r'[^A-Za-z0-9._-]+', '_', name) or 'model'}"
+
+
+def _config(args):
+    from headscope.analyses.roles.config import RolesConfig
+
+    kw = {"seed": args.seed, "full_labels": args.full_labels}
+    if args.margin is not None:
+        kw["margin"] = args.margin
+    if args.batch_size is not None:
+        kw["batch_size"] = args.batch_size
+    return RolesConfig(**kw)
+
+
+def _read_inputs(args, cfg, groups):
+    """Read the corpora the chosen role groups need (before loading the model)."""
+    from headscope.analyses.roles.pipeline import TEXT_GROUPS, default_conllu, default_coref, default_text
+    from headscope.probes.corpora import read_conllu, read_coref, read_text
+
+    inputs = {}
+    if "syntactic" in groups:
+        inputs["conllu"] = [read_conllu(p, full_labels=cfg.full_labels) for p in (args.conllu or default_conllu())]
+    if "coreference" in groups:
+        inputs["coref"] = read_coref(args.coref or default_coref())
+    if any(g in groups for g in TEXT_GROUPS):
+        inputs["text"] = read_text(args.text or default_text())
+    return inputs
+
+
+def _summary_records(result, top: int) -> list[dict]:
+    from headscope.analyses.roles.pipeline import summary
+
+    df = summary(result, top=top, only_verdicts=False)
+    # syntactic: only relations where some head holds the role (there are dozens)
+    keep = (df.role != "syntactic") | df.groupby(["role", "relation", "direction"])["verdict"].transform("any")
+    cols = [
+        "role",
+        "relation",
+        "direction",
+        "rank",
+        "layer",
+        "head",
+        "score",
+        "baseline",
+        "margin",
+        "p_value",
+        "n",
+        "verdict",
+    ]
+    return df[keep][cols].to_dict("records")
+
+
+def _print_text(result, records, out: Path) -> None:
+    from headscope.analyses.roles.pipeline import roles_by_head
+
+    lines = [
+        f"headscope roles: {result.model} — {len(result.frame)} role rows, "
+        f"{int(result.frame.verdict.sum())} verdicts; files in {out}"
+    ]
+    lines.append("")
+    lines.append(
+        f"{'role':<22} {'relation':<10} {'direction':<10} {'#':>2} {'head':>6} {'score':>6} {'base':>6} {'margin':>7} {'p':>8} {'n':>6}  holds"
+    )
+    for r in records:
+        head = f"L{r['layer']}H{r['head']}"
+        lines.append(
+            f"{r['role']:<22} {r['relation']:<10} {r['direction']:<10} {r['rank']:>2} {head:>6} {r['score']:>6.3f} "
+            f"{r['baseline']:>6.3f} {r['margin']:>+7.3f} {r['p_value']:>8.2g} {r['n']:>6}  {'yes' if r['verdict'] else 'no'}"
+        )
+    multi = roles_by_head(result)
+    multi = multi[multi.n_roles > 1]
+    if len(multi):
+        lines.append("")
+        lines.append(f"{len(multi)} heads hold several roles (roles_by_head.csv)")
+    lines.append("")
+    lines.append("skipped:")
+    any_skip = False
+    for group, reasons in sorted(result.skipped.items()):
+        if reasons:
+            any_skip = True
+            lines.append(f"  {group}: " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
+    if not any_skip:
+        lines.append("  nothing")
+    lines.append("items: " + ", ".join(f"{k} {v}" for k, v in result.n_items.items()))
+    print("\n".join(lines))
+
+
+def run(args) -> int:
+    from headscope.analyses.roles.pipeline import check_roles, head_roles, roles_by_head
+    from headscope.probes.models.checkpoints import trust_remote_code
+    from headscope.probes.models.loading import load_model
+    from headscope.probes.outputs.atomic import write_frame, write_json
+    from headscope.probes.outputs.folder import claim_output, manifest_header
+
+    if args.dtype != "fp32" and args.backend != "inhouse":
+        raise ValueError(f"--dtype {args.dtype} needs --backend inhouse (the bridge runs in fp32)")
+    cfg = _config(args)
+    wanted = None
+    if args.roles is not None:
+        wanted = [g.strip() for g in args.roles.split(",") if g.strip()]
+        if not wanted:
+            raise ValueError(
+                f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
+                "or leave --roles out for all"
+            )
+    groups = check_roles(wanted)
+    inputs = _read_inputs(args, cfg, groups)
+    out = Path(args.out) if args.out else default_out(args.model)
+    with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
+        model = load_model(args.model, args.backend, dtype=args.dtype)
+
+        progress = None
+        if not (args.quiet or args.json):
+            from headscope.reports.cli.terminal import StageProgress
+
+            progress = StageProgress(quiet=not sys.stderr.isatty())
+        if progress is not None:
+            with progress:
+                result = head_roles(
+                    model,
+                    conllu=inputs.get("conllu"),
+                    coref=inputs.get("coref"),
+                    text=inputs.get("text"),
+                    roles=groups,
+                    cfg=cfg,
+                    progress=progress,
+                )
+        else:
+            result = head_roles(
+                model,
+                conllu=inputs.get("conllu"),
+                coref=inputs.get("coref"),
+                text=inputs.get("text"),
+                roles=groups,
+                cfg=cfg,
+            )
+
+        with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json
+            write_frame(result.frame, tmp / "roles")
+            write_frame(result.stats, tmp / "head_stats")
+            write_frame(result.clusters, tmp / "clusters")
+            write_frame(roles_by_head(result), tmp / "roles_by_head")
+            write_json(result.skipped, tmp / "skipped.json")
+            write_json(result.examples, tmp / "examples.json")
+            write_json(
+                {
+                    **manifest_header("roles"),
+                    "model": result.model,
+                    "model_arg": args.model,
+                    "backend": args.backend,
+                    "dtype": args.dtype,
+                    "roles": list(groups),
+                    "trust_remote_code": trust_remote_code(),
+                    "config": result.config,
+                    "n_items": result.n_items,
+                    "timings": {k: round(v, 3) for k, v in result.timings.items()},
+                    "inputs": {
+                        "conllu": [str(c.path) for c in inputs.get("conllu", [])],
+                        "coref": str(inputs["coref"].path) if "coref" in inputs else None,
+                        "text": str(args.text or "") or ("shipped" if "text" in inputs else None),
+                    },
+                },
+                tmp / "run.json",
+            )
+
+    records = _summary_records(result, args.top)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": result.model,
+                    "out": str(out),
+                    "top": records,
+                    "skipped": result.skipped,
+                    "n_items": result.n_items,
+                    "timings": result.timings,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    elif not args.quiet:
+        _print_text(result, records, out)
+    return 0

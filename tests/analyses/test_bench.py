@@ -1,0 +1,169 @@
+"""``headscope bench``: the plumbing (batches, FLOP counts, ratios, skips, output), never timings."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from headscope.analyses.bench import harness as B
+from headscope.probes.capture import pattern_bytes
+
+SKIP_NOTE = "roles cannot run here"
+MINILM_LINEAR = 10_616_832  # 6 layers x (4 x 384^2 + 2 x 384 x 1536) weights of nn.Linear
+
+
+def test_generated_sentences_are_seeded_and_within_length():
+    a = B.generate_sentences(200, seed=3)
+    assert a == B.generate_sentences(200, seed=3)
+    assert a != B.generate_sentences(200, seed=4)
+    n_words = [len(s.split()) for s in a]
+    assert min(n_words) == 12 and max(n_words) == 40  # the whole range is used
+    assert all(s[0].isupper() and s.endswith(".") for s in a)
+    with pytest.raises(ValueError, match="positive int"):
+        B.generate_sentences(0)
+
+
+def test_closed_form_counts():
+    # 2 x 1e6 x 30 tokens + 4 x 2 x 8 x (100 + 400)
+    assert B.model_gflop(linear=1_000_000, n_layers=2, d_model=8, lengths=[10, 20]) == pytest.approx(0.06 + 0.000032)
+    assert B.padding_ratio([2, 4, 4], [[0, 1], [2]]) == pytest.approx(0.2)
+    assert B.padding_ratio([3, 3], [[0, 1]]) == 0.0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="unknown bench path 'nope'"):
+        B.BenchConfig(paths=("nope",))
+    with pytest.raises(ValueError, match="'dtype'"):
+        B.BenchConfig(dtype="fp16")
+    with pytest.raises(ValueError, match="'repeats'"):
+        B.BenchConfig(repeats=0)
+
+
+@pytest.fixture(scope="module")
+def small_bench():
+    cfg = B.BenchConfig(
+        n_sentences=8,
+        batch_size=4,
+        repeats=1,
+        peak_seconds=0.05,
+        peak_size=256,
+        paths=("hf_sdpa", "capture_patterns", "gate_grad", "roles"),
+    )
+
+    def cannot_run(self):
+        raise B.PathSkipped(SKIP_NOTE)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(B._Bench, "p_roles", cannot_run)  # a path that cannot run here (as bf16 without native bf16)
+        return B.run_bench(cfg)
+
+
+def test_bench_frame_ratios_and_flops(small_bench):
+    f = small_bench.frame.set_index("path")
+    info = small_bench.info
+    assert list(small_bench.frame.columns) == B.BENCH_COLUMNS
+    assert list(f.index) == ["hf_sdpa", "capture_patterns", "gate_grad", "roles"]
+    assert f.loc["hf_sdpa", "ratio"] == 1.0
+    for p in ("capture_patterns", "gate_grad"):
+        assert f.loc[p, "status"] == "ok" and f.loc[p, "seconds"] > 0
+        assert f.loc[p, "ratio"] == pytest.approx(f.loc[p, "seconds"] / f.loc["hf_sdpa", "seconds"])
+    # FLOPs from the real token lengths of the 8 generated sentences
+    lengths = [len(B.tokenize_one(_tok(), text=s)["ids"]) for s in B.generate_sentences(8, seed=0)]
+    assert info["real_tokens"] == sum(lengths)
+    assert info["linear_params"] == MINILM_LINEAR
+    fwd = B.model_gflop(linear=MINILM_LINEAR, n_layers=6, d_model=384, lengths=lengths)
+    assert f.loc["capture_patterns", "gflop"] == pytest.approx(fwd)
+    assert f.loc["gate_grad", "gflop"] == pytest.approx(2 * fwd)
+    # a path that cannot run is a skipped row with a note, not a crash
+    assert f.loc["roles", "status"] == "skipped" and f.loc["roles", "note"] == SKIP_NOTE
+    assert math.isnan(f.loc["roles", "seconds"])
+
+
+def test_bench_padding_and_pattern_memory(small_bench):
+    info = small_bench.info
+    assert info["batches"] == 2
+    assert 0 <= info["padding_ratio_bucketed"] < info["padding_ratio_unsorted"]
+    lengths = sorted(len(B.tokenize_one(_tok(), text=s)["ids"]) for s in B.generate_sentences(8, seed=0))
+    per_batch = [pattern_bytes(4, max(lengths[i : i + 4]), 12, 6) for i in (0, 4)]
+    assert info["pattern_bytes_store_all"] == sum(per_batch)
+    assert info["pattern_bytes_streaming"] == max(per_batch)
+
+
+def test_targets_follow_the_frame(small_bench):
+    t = small_bench.targets.set_index("target")
+    f = small_bench.frame.set_index("path")
+    row = t.loc["capture / plain forward <= 1.1"]
+    assert row["value"] == pytest.approx(f.loc["capture_patterns", "seconds"] / f.loc["hf_sdpa", "seconds"])
+    assert row["met"] == (row["value"] <= 1.1)
+    assert t.loc["roles / capture from text <= 1.5", "met"] is None  # not measured: reported as such
+    assert "roles" in t.loc["roles / capture from text <= 1.5", "note"]
+
+
+def test_cli_json_and_table(small_bench, monkeypatch, capsys):
+    from headscope.reports.cli import app as cli
+    from headscope.reports.cli import bench as cmd_bench
+
+    monkeypatch.setattr(B, "run_bench", lambda cfg, progress=None: small_bench)
+    assert cli.main(["bench", "--sentences", "8", "--batch", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["path"] for p in out["paths"]] == ["hf_sdpa", "capture_patterns", "gate_grad", "roles"]
+    assert out["info"]["linear_params"] == MINILM_LINEAR
+    text = cmd_bench.render(small_bench)
+    assert "capture_patterns" in text and "skipped" in text and "targets (reported, not enforced)" in text
+
+
+def test_cli_rejects_bad_memory_sizes(capsys):
+    from headscope.reports.cli import app as cli
+
+    assert cli.main(["bench", "--memory", "--memory-sizes", "10"]) == 2
+    assert "at least two positive sizes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_memory_mode_runs_each_size_in_a_subprocess():
+    frame, ratio = B.memory_scaling("minilm-l6", (4, 12), batch_size=4, reducer="mass", timeout=300)
+    assert frame["n_sentences"].tolist() == [4, 12]
+    assert frame["n_batches"].tolist() == [1, 3]
+    assert ratio == pytest.approx(frame["peak_rss_mb"].iloc[1] / frame["peak_rss_mb"].iloc[0])
+    assert (frame["stream_growth_mb"] >= 0).all() and (frame["rss_after_load_mb"] > 50).all()
+    assert frame["padding_ratio"].between(0, 1).all()
+
+
+@pytest.mark.slow
+def test_memory_mode_runs_the_text_roles():
+    frame, _ = B.memory_scaling("minilm-l6", (8, 16), batch_size=8, reducer="roles", timeout=300)
+    assert frame["reducer"].tolist() == ["roles", "roles"]
+    # every head gets a row for each of positional (per offset bucket), special, rare-word...
+    assert (frame["role_rows"] >= 6 * 12 * 3).all()
+
+
+def _tok():
+    from transformers import AutoTokenizer
+
+    from headscope.probes.models.checkpoints import resolve
+
+    return AutoTokenizer.from_pretrained(str(resolve("minilm-l6").path))
+
+
+def test_cli_help_lists_every_path():
+    from headscope.reports.cli.app import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    paths_help = next(a.help for a in sub.choices["bench"]._actions if a.dest == "paths")
+    assert paths_help.split(": ", 1)[1].split() == list(B.PATHS)
+
+
+def test_targets_pair_interleaved_rounds():
+    import pandas as pd
+
+    # capture had one lucky round (3.0) that roles did not share: paired rounds say 1.25,
+    # the two fastest rounds 5.0 / 3.0 = 1.67
+    rounds = {"capture_stream": [4.0, 3.0, 4.4], "roles": [5.0, 5.0, 5.5]}
+    frame = pd.DataFrame([{"path": p, "status": "ok", "seconds": min(t)} for p, t in rounds.items()])
+    row = B._targets(frame, rounds=rounds).set_index("target").loc["roles / capture from text <= 1.5"]
+    assert row["value"] == pytest.approx(1.25) and row["met"]
+    assert "median of 3 paired rounds (fastest rounds: 1.67)" in row["note"]
+    fastest = B._targets(frame).set_index("target").loc["roles / capture from text <= 1.5"]
+    assert fastest["value"] == pytest.approx(5.0 / 3.0) and not fastest["met"]

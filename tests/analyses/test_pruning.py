@@ -1,0 +1,554 @@
+"""Pruning impact: planted heads, gradient checks, resumable studies, real-model figures.
+
+The planted model is a 1-layer llama-family transformer with hand-set weights: head 0
+attends to the previous token (position one-hots in q/k) and copies its identity into
+an output block the unembedding reads; heads 1 and 2 hold small random weights. The
+task alternates two words (``w4 w0 w4 w0 …``), so the next token is the previous one.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from headscope.analyses.frames import IMPACT_COLUMNS, roles_frame
+from headscope.analyses.pruning.ablation import (
+    MeanZ,
+    all_but_one,
+    batching_speedup,
+    evaluate,
+    gates_as,
+    head_masks,
+    replica_masks,
+    role_ablation,
+    single_head_ablation,
+)
+from headscope.analyses.pruning.curves import CurveSettings, prunable_fraction, pruning_curve
+from headscope.analyses.pruning.importance import gate_gradients, head_importance
+from headscope.analyses.pruning.metrics import (
+    CallableMetric,
+    EmbeddingCosine,
+    LMLoss,
+    build_metric,
+    mean_pool,
+    substitute,
+)
+from headscope.analyses.pruning.study import PruneConfig, pruning_study
+from headscope.probes.errors import CheckpointError, ModelIncompatibleError
+from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.loading import InHouseModel
+from headscope.probes.models.transformer import Transformer
+
+WORDS = [f"w{i}" for i in range(8)]
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["[PAD]", "[UNK]", "[BOS]", *WORDS])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="[BOS] $A", special_tokens=[("[BOS]", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]")
+
+
+def planted_copy_model(seed: int = 0) -> InHouseModel:
+    V, P, nh, dh = 11, 16, 3, 16
+    d = V + P + V  # [current word | position | copied word]
+    cfg = ModelConfig(
+        family="llama",
+        n_layers=1,
+        d_model=d,
+        n_heads=nh,
+        d_head=dh,
+        vocab_size=V,
+        max_positions=P,
+        positional="learned",
+        tie_embeddings=False,
+        name="planted-copy",
+    )
+    net = Transformer(cfg)
+    net.init_weights(seed=seed)
+    a = net.blocks[0].attn
+    c = (d / 2) ** 0.5  # size of an entry after RMSNorm of a vector with two unit entries
+    with torch.no_grad():
+        net.embed.weight.zero_()
+        net.embed.weight[:, :V] = torch.eye(V)
+        net.pos_embed.weight.zero_()
+        net.pos_embed.weight[:, V : V + P] = torch.eye(P)
+        q, k, v, o = a.q_proj.weight, a.k_proj.weight, a.v_proj.weight, a.o_proj.weight
+        q[:dh].zero_(), k[:dh].zero_(), v[:dh].zero_(), o[:, :dh].zero_()
+        for j in range(P):
+            q[j, V + j] = 40.0 / c  # query: my position; score 40/sqrt(d_head) = 10 on the match
+            if j + 1 < dh:
+                k[j + 1, V + j] = 1.0 / c  # key: my position + 1
+        for t in range(3, V):
+            v[t, t] = 1.0 / c  # value: my word (not PAD/UNK/BOS)
+            o[V + P + t, t] = 1.0  # into the copy block
+        net.blocks[0].mlp.down.weight.zero_()
+        net.unembed.weight.zero_()
+        for t in range(V):
+            net.unembed.weight[t, V + P + t] = 1.0  # unsaturated (p(copy) ~ 0.76): the gate gradient is not ~0
+    return InHouseModel(net, word_tokenizer(), name="planted-copy")
+
+
+def alternating(n: int, length: int = 12, seed: int = 0) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        a, b = torch.randperm(8, generator=g)[:2].tolist()
+        out.append(" ".join(WORDS[a] if i % 2 == 0 else WORDS[b] for i in range(length)))
+    return out
+
+
+def random_gqa_model(dtype=torch.float32) -> InHouseModel:
+    cfg = ModelConfig(
+        family="llama",
+        n_layers=2,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=11,
+        max_positions=16,
+        name="random-gqa",
+    )
+    net = Transformer(cfg)
+    net.init_weights(std=0.3, seed=1)
+    return InHouseModel(net.to(dtype), word_tokenizer(), name="random-gqa")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_for_tiny_models(request):
+    """Tiny models run ~4x faster on one thread on a shared CPU; real-model tests keep the default."""
+    if {"minilm", "smollm"} & set(request.fixturenames):
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def planted():
+    m = planted_copy_model()
+    return m, LMLoss(m, alternating(16))
+
+
+# ----------------------------------------------------------------------------- planted ground truth
+
+
+def test_planted_head_ablation_breaks_copying_and_others_do_not(planted):
+    model, metric = planted
+    v, w = evaluate(model, metric)
+    # 12 predictions per text: 2 have nothing to copy (~log 11 = 2.40), 10 are copied with p ~ 0.76
+    assert float(metric.aggregate(v, w)[0]) == pytest.approx(0.6098, abs=2e-3)
+    for mode, planted_delta in (("zero", 1.7977), ("mean", None)):
+        df = single_head_ablation(model, metric, mode=mode, n_boot=100)
+        assert list(df.columns) == IMPACT_COLUMNS
+        d = df[df["metric"] == "delta_lm_loss"].set_index("head")["value"]
+        assert d[0] > 1.0, mode  # the copying head carries the task
+        assert abs(d[1]) < 0.01 and abs(d[2]) < 0.01, mode
+        if planted_delta is not None:
+            assert d[0] == pytest.approx(planted_delta, abs=5e-3)
+
+
+def test_planted_all_but_one_keeps_the_copy_head(planted):
+    model, metric = planted
+    df = all_but_one(model, metric, n_boot=50)
+    row = df[df["metric"] == "delta_lm_loss"].iloc[0]
+    assert int(row["head"]) == 0 and abs(row["value"]) < 0.01
+
+
+def test_planted_importance_ranks_the_copy_head_first(planted):
+    model, metric = planted
+    imp = head_importance(model, metric)
+    assert imp.shape == (1, 3)
+    assert float(imp[0, 0]) == pytest.approx(0.4388, abs=2e-3)
+    assert float(imp[0, 1:].max()) < 0.01
+    per_ex = head_importance(model, metric, per_example=True)
+    assert torch.all(per_ex >= imp - 1e-6)  # |mean| <= mean |.|
+    norm = head_importance(model, metric, normalize=True)
+    assert float(norm.norm()) == pytest.approx(1.0, abs=1e-5)
+    assert all(b.attn.gate.requires_grad is False and bool((b.attn.gate == 1).all()) for b in model.module.blocks)
+
+
+def test_batched_replicas_equal_separate_forwards_and_mean_ablation(planted):
+    model, metric = planted
+    spec = model.spec
+    masks = head_masks(n_layers=1, n_heads=3, heads=[(0, 0), (0, 1), (0, 2)])
+    batched, _ = evaluate(model, metric, masks, max_rows=1000)
+    separate = torch.cat([evaluate(model, metric, masks[r : r + 1])[0] for r in range(3)])
+    assert torch.allclose(batched, separate, atol=1e-6)
+    # the hook path equals the model's own gate path (z' = g z + (1 - g) a)
+    means = torch.randn(1, 3, spec.d_head)
+    hooked, w = evaluate(model, metric, masks[:1], ablation=means)
+    with gates_as(model.module, masks[0], ablation=means):
+        gated, _ = evaluate(model, metric)
+    assert torch.allclose(hooked, gated, atol=1e-5)
+    speed = batching_speedup(model, metric, layer=0)
+    assert speed["max_abs_diff"] < 1e-5 and speed["heads"] == 3
+
+
+def test_replica_hooks_are_removed_after_an_exception(planted):
+    model, _ = planted
+    hp = model.module.hook_points["blocks.0.attn.hook_z"]
+    with pytest.raises(RuntimeError, match="boom"):
+        with replica_masks(model.module, head_masks(n_layers=1, n_heads=3, heads=[(0, 0)])):
+            assert hp.active
+            raise RuntimeError("boom")
+    assert not hp.active
+    with pytest.raises(RuntimeError, match="boom"):
+        with gates_as(model.module, torch.zeros(1, 3), requires_grad=True):
+            raise RuntimeError("boom")
+    gate = model.module.blocks[0].attn.gate
+    assert bool((gate == 1).all()) and not gate.requires_grad
+
+
+def test_mean_z_reducer_merges_exactly(planted):
+    model, metric = planted
+    from headscope.analyses.pruning.ablation import mean_z
+
+    full = mean_z(model, metric)
+    # head 0's z is the previous word's one-hot; BOS and the first word see only BOS (value 0):
+    # 11 of 13 positions carry a one-hot, so the mean sums to 11/13, none of it on PAD/UNK/BOS
+    assert float(full[0, 0, :3].abs().max()) < 1e-6
+    assert float(full[0, 0].sum()) == pytest.approx(11 / 13, abs=1e-3)
+    a, b = MeanZ(1, 3, 16), MeanZ(1, 3, 16)
+    a.sum += 2.0
+    a.count, b.count = 4.0, 4.0
+    assert float(a.merge(b).result()[0, 0, 0]) == pytest.approx(0.25)
+
+
+def test_callable_metric_plugs_in(planted):
+    model, metric = planted
+
+    def copy_loss(m) -> float:  # any metric_fn(model) -> float; it runs with the gates set
+        v, w = evaluate(m, metric)
+        return float(metric.aggregate(v, w)[0])
+
+    cm = CallableMetric(copy_loss, name="copy_loss", higher_is_better=False)
+    df = single_head_ablation(model, cm)
+    d = df[df["metric"] == "delta_copy_loss"].set_index("head")["value"]
+    assert d[0] == pytest.approx(1.7977, abs=5e-3) and abs(d[1]) < 0.01
+    assert df["spread"].isna().all()
+    with pytest.raises(ValueError, match="differentiable"):
+        head_importance(model, cm)
+    with pytest.raises(ValueError, match="plain callable"):
+        pruning_study(model, PruneConfig(), metric=cm)
+    res = pruning_study(
+        model,
+        PruneConfig(orders=("ablation",), studies=("ablation", "curves"), ablation_modes=("zero",), step=0.34),
+        metric=cm,
+    )
+    curve = res.frames["curves"].query("metric == 'copy_loss'")["value"].tolist()
+    assert curve[-1] == pytest.approx(d[0] + curve[0], abs=1e-2)  # the copy head goes last in the ablation order
+
+
+def test_role_ablation_against_random_heads(planted):
+    model, metric = planted
+    roles = roles_frame(
+        [
+            dict(
+                layer=0,
+                head=0,
+                role="positional:previous",
+                score=0.99,
+                baseline=0.1,
+                margin=0.89,
+                ci_low=0.98,
+                ci_high=1.0,
+                p_value=0.001,
+                n=16,
+                verdict=True,
+            ),
+            dict(
+                layer=0,
+                head=1,
+                role="positional:previous",
+                score=0.2,
+                baseline=0.1,
+                margin=0.1,
+                ci_low=0.1,
+                ci_high=0.3,
+                p_value=0.4,
+                n=16,
+                verdict=False,
+            ),
+            dict(
+                layer=0,
+                head=2,
+                role="punctuation",
+                score=0.7,
+                baseline=0.1,
+                margin=0.6,
+                ci_low=0.6,
+                ci_high=0.8,
+                p_value=0.01,
+                n=16,
+                verdict=True,
+            ),
+        ]
+    )
+    df = role_ablation(model, metric, roles, k=1, n_draws=6, seed=0)
+    prev = df.set_index("role").loc["positional:previous"]
+    assert prev["k"] == 1 and prev["n_draws"] == 6
+    assert prev["value_role"] == pytest.approx(1.7977, abs=5e-3)
+    assert abs(prev["value_random_mean"]) < 0.01  # random draws from heads 1 and 2 barely matter
+    punct = df.set_index("role").loc["punctuation"]
+    assert abs(punct["value_role"]) < 0.01 and punct["value_random_mean"] > 0.5  # random draws hit head 0 at times
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def _finite_difference_check(model, metric, mask, eps, rel, abs_tol=1e-9):
+    g, _ = gate_gradients(model, metric, mask=mask)
+    unit = metric.units[0]
+
+    def loss_at(m):
+        with gates_as(model.module, m), torch.no_grad():
+            return float(metric.loss(model.module(unit.batch.input_ids, unit.batch.attention_mask), unit))
+
+    n_layers, n_heads = mask.shape
+    for l in range(n_layers):
+        for h in range(n_heads):
+            up, down = mask.clone(), mask.clone()
+            up[l, h] += eps
+            down[l, h] -= eps
+            fd = (loss_at(up) - loss_at(down)) / (2 * eps)
+            assert float(g[0, l, h]) == pytest.approx(fd, rel=rel, abs=abs_tol), (l, h)
+    assert float(g[0].abs().max()) > 1e-3  # not a trivially zero gradient
+
+
+def test_gate_gradient_matches_finite_difference():
+    # float64 BERT-family model: every op runs in float64, so the check holds to 1e-4 relative
+    cfg = ModelConfig(
+        family="bert", n_layers=2, d_model=32, n_heads=4, vocab_size=11, max_positions=16, name="random-bert"
+    )
+    net = Transformer(cfg)
+    net.init_weights(std=0.3, seed=2)
+    model = InHouseModel(net.to(torch.float64), word_tokenizer(), name="random-bert")
+    metric = EmbeddingCosine(model, alternating(6, length=9, seed=3), batch_size=6, temperature=0.5)
+    assert len(metric.units) == 1
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    mask[1, 2] = 0.0  # gradients at a partly pruned point too
+    _finite_difference_check(model, metric, mask, eps=1e-6, rel=1e-4)
+
+
+def test_gate_gradient_matches_finite_difference_gqa_decoder():
+    # llama RMSNorm computes in float32 (as HF does) even in a float64 model: the loss carries ~1e-7
+    # relative noise, so a wider step and an absolute floor of 2e-4 on the difference quotient
+    model = random_gqa_model(torch.float64)
+    metric = LMLoss(model, alternating(6, length=9, seed=3), batch_size=6)
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    mask[0, 1] = 0.0
+    _finite_difference_check(model, metric, mask, eps=1e-3, rel=2e-3, abs_tol=2e-4)
+
+
+# ----------------------------------------------------------------------------- curves, GQA, resume
+
+
+def test_kv_group_curve_counts_query_and_kv_heads():
+    model = random_gqa_model()
+    metric = LMLoss(model, alternating(6, seed=1))
+    df = pruning_curve(model, metric, "importance", CurveSettings(step_fraction=0.25, unit="kv_group", n_boot=20))
+    wide = df.pivot_table(index="step", columns="metric", values="value")
+    # 4 groups (2 layers x 2 KV heads): one group = 2 query heads per step
+    assert wide["query_heads_pruned"].tolist() == [0, 2, 4, 6, 8]
+    assert wide["kv_heads_pruned"].tolist() == [0, 1, 2, 3, 4]
+    assert wide["kv_cache_bytes_saved_per_token"].tolist() == [2 * kv * 8 * 4 for kv in range(5)]
+    assert df[df["metric"] == "lm_loss"]["fraction_pruned"].tolist() == [0, 0.25, 0.5, 0.75, 1.0]
+    # head-level random pruning frees a KV head only when both of its query heads are gone
+    heads = pruning_curve(model, metric, "random", CurveSettings(step_fraction=0.125, n_boot=20), seed=0)
+    hw = heads.pivot_table(index="step", columns="metric", values="value")
+    assert (hw["kv_heads_pruned"] <= hw["query_heads_pruned"] // 2).all() and hw["kv_heads_pruned"].iloc[-1] == 4
+
+
+def test_prunable_fraction_and_config_errors():
+    assert prunable_fraction([0, 0.1, 0.2], [0.8, 0.796, 0.7], higher_is_better=True, tolerance=0.01) == 0.1
+    assert prunable_fraction([0, 0.1, 0.2], [0.8, 0.7, 0.8], higher_is_better=True, tolerance=0.05) == 0.0
+    with pytest.raises(ValueError, match="'orders'"):
+        PruneConfig(orders=("largest",))
+    with pytest.raises(ValueError, match="'metric'"):
+        PruneConfig(metric="bleu")
+    with pytest.raises(ValueError, match="valid metrics"):
+        build_metric("bleu", None)
+
+
+def test_resumed_study_equals_uninterrupted_run(tmp_path, planted):
+    model, _ = planted
+    cfg = PruneConfig(metric="lm_loss", step=0.34, n_random_seeds=2, n_boot=20)
+    metric = LMLoss(model, alternating(8, seed=2))
+    calls = []
+    full = pruning_study(model, cfg, tmp_path / "full", metric=metric, progress=lambda *a: calls.append(a))
+    assert full.complete and (tmp_path / "full" / "curves.parquet").exists()
+    # baseline, 2 ablation modes, all-but-one, importance, 5 curves (2 random seeds); the
+    # frames below equal runs without progress: it changes no figure
+    assert calls == [("pruning", i, 10) for i in range(11)]
+    out = tmp_path / "split"
+    first = pruning_study(model, cfg, out, metric=metric, step_limit=2)
+    assert not first.complete and "prunable" not in first.frames
+    second = pruning_study(model, cfg, out, metric=metric, step_limit=3)
+    assert not second.complete
+    third = pruning_study(model, cfg, out, metric=metric)
+    assert third.complete
+    assert (
+        set(third.frames)
+        == set(full.frames)
+        == {"baseline", "ablation", "all_but_one", "importance", "curves", "curve_summary", "prunable"}
+    )
+    for name, df in full.frames.items():
+        pd.testing.assert_frame_equal(third.frames[name], df, check_exact=True, obj=name)
+        pd.testing.assert_frame_equal(pd.read_parquet(out / f"{name}.parquet"), df, check_exact=True, obj=name)
+    # 3 query heads, step 0.34 -> one head per step: the importance order removes the copy head last
+    curves = full.frames["curves"]
+    imp = curves[(curves["study"] == "curve:importance") & (curves["metric"] == "lm_loss")]["value"].tolist()
+    rev = curves[(curves["study"] == "curve:reverse_importance") & (curves["metric"] == "lm_loss")]["value"].tolist()
+    assert imp[2] < 1.0 < rev[1]
+    with pytest.raises(CheckpointError, match="different config"):
+        pruning_study(model, PruneConfig(metric="lm_loss", step=0.5, n_boot=20), out, metric=metric)
+
+
+def test_study_needs_the_inhouse_backend():
+    class Bridge:
+        class spec:
+            backend = "bridge"
+
+    with pytest.raises(ModelIncompatibleError, match="in-house"):
+        pruning_study(Bridge(), PruneConfig())
+
+
+def test_coref_substitution():
+    words, after = substitute("The boat passed the bridge because it was fast .".split(), 6, (0, 2))
+    assert " ".join(words) == "The boat passed the bridge because the boat was fast ." and after == 8
+
+
+# ----------------------------------------------------------------------------- real models
+
+
+def test_minilm_mean_pooling_matches_sentence_transformers(minilm, sentences):
+    from sentence_transformers import SentenceTransformer
+
+    from headscope.probes.models.checkpoints import hf_dir, resolve
+
+    st = SentenceTransformer(str(hf_dir(resolve("minilm-l6"))), device="cpu")
+    ref = torch.as_tensor(st.encode(sentences, convert_to_numpy=True, normalize_embeddings=False))
+    batch = minilm.encode(texts=sentences)
+    with torch.inference_mode():
+        ours = mean_pool(minilm.module(batch.input_ids, batch.attention_mask), batch.attention_mask)
+    assert float((ours - ref).abs().max()) <= 1e-5
+
+
+def test_minilm_single_head_ablation_figures(minilm):
+    metric = build_metric("cosine_to_unpruned", minilm, n_items=16)
+    # measured by a full single-head zero ablation on these 16 sentences: L5H11 harms most, L1H9 least
+    masks = head_masks(n_layers=6, n_heads=12, heads=[(5, 11), (1, 9)])
+    v, w = evaluate(minilm, metric, masks)
+    delta = metric.aggregate(v, w) - 1.0
+    assert float(delta[0]) == pytest.approx(-0.0464, abs=2e-3)
+    assert float(delta[1]) == pytest.approx(-0.00041, abs=1e-4)
+    assert isinstance(metric, EmbeddingCosine) and metric.higher_is_better
+
+
+def test_shared_prefix_ablation_equals_the_gated_full_forward(minilm):
+    """Masks touching layers 3.. only: layers 0-2 run once and are shared by the replicas."""
+    metric = build_metric("cosine_to_unpruned", minilm, n_items=8)
+    masks = head_masks(n_layers=6, n_heads=12, heads=[(3, 0), (4, 5), (5, 11)])
+    masks[2, 4, 7] = 0  # one replica removes two heads in two layers
+    shared, w = evaluate(minilm, metric, masks)
+    for r in range(3):
+        with gates_as(minilm.module, masks[r]):
+            full, _ = evaluate(minilm, metric)
+        assert torch.allclose(shared[r], full[0], atol=1e-5), r
+    assert float(metric.aggregate(shared, w)[2]) < float(metric.aggregate(shared, w)[1]) < 1.0
+
+
+def test_smollm2_heldout_perplexity(smollm):
+    metric = build_metric("perplexity", smollm, n_items=24)
+    v, w = evaluate(smollm, metric)
+    assert int(w.sum()) == 345
+    assert float(metric.aggregate(v, w)[0]) == pytest.approx(81.73, rel=2e-3)
+
+
+def test_cli_prune_writes_frames_and_summary(minilm, tmp_path, capsys):
+    import json
+
+    from headscope.reports.cli.app import main
+
+    out = tmp_path / "prune"
+    rc = main(
+        [
+            "prune",
+            "minilm-l6",
+            "--studies",
+            "curves",
+            "--orders",
+            "random",
+            "--seeds",
+            "1",
+            "--n-items",
+            "8",
+            "--step",
+            "0.1",
+            "--max-fraction",
+            "0.2",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
+    assert rc == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["metric"] == "cosine_to_unpruned" and summary["base_value"] == pytest.approx(1.0, abs=1e-6)
+    curves = pd.read_csv(out / "curves.csv")
+    q = curves[curves["metric"] == "query_heads_pruned"]["value"].tolist()
+    assert q == [0, 7, 14]  # 72 heads, 10% = 7 per step, up to 20%
+    assert (out / "prunable.parquet").exists() and (out / "run.json").exists()
+    assert 0.0 <= summary["prunable"]["random@0.05"] <= 0.2
+    assert main(["prune", "minilm-l6", "--step", "0"]) == 2
+    assert "'step' parameter of PruneConfig must be in (0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_smollm2_full_heldout_perplexity(smollm):
+    metric = build_metric("perplexity", smollm)
+    v, w = evaluate(smollm, metric)
+    assert metric.n_items == 168 and int(w.sum()) == 2073
+    assert float(metric.aggregate(v, w)[0]) == pytest.approx(89.37, rel=2e-3)
+
+
+@pytest.mark.slow
+def test_smollm2_importance_order_beats_random_at_30_percent(smollm):
+    cfg = PruneConfig(
+        metric="lm_loss",
+        step=0.1,
+        max_fraction=0.3,
+        orders=("importance", "random"),
+        n_random_seeds=3,
+        n_items=8,
+        studies=("curves",),
+        n_boot=20,
+    )
+    res = pruning_study(smollm, cfg)
+    c = res.frames["curves"]
+    at30 = c[(c["metric"] == "lm_loss") & (c["step"] == 3)]
+    assert at30["fraction_pruned"].tolist() == pytest.approx([81 / 270] * 4)
+    imp = float(at30[at30["study"] == "curve:importance"]["value"].iloc[0])
+    rand = at30[at30["study"] == "curve:random"]["value"]
+    base = float(res.frames["baseline"]["value"].iloc[0])
+    # measured: unpruned 3.983; importance order 4.584; random seeds 0, 1, 2: 5.878, 9.130, 5.302
+    assert base == pytest.approx(3.983, abs=0.01) and imp == pytest.approx(4.584, abs=0.02)
+    assert rand.tolist() == pytest.approx([5.878, 9.130, 5.302], abs=0.05)
+    assert imp < float(rand.min())
+
+
+@pytest.mark.slow
+def test_smollm2_coref_accuracy_by_lm_scoring(smollm):
+    metric = build_metric("coref_accuracy", smollm, n_items=40)  # first 40 winograd/number items, partial scoring
+    v, w = evaluate(smollm, metric)
+    assert metric.n_items == 40 and float(metric.aggregate(v, w)[0]) == pytest.approx(30 / 40)

@@ -1,0 +1,211 @@
+"""The report in a real headless Chromium (Debian's ``chromium``), over the DevTools
+protocol (``websocket-client``): every image decodes, nothing is logged as an error,
+no network request leaves the page, and a screenshot is saved (set
+``HEADSCOPE_SCREENSHOT_DIR`` to keep it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+
+def _chromium() -> str | None:
+    env = os.environ.get("HEADSCOPE_CHROMIUM")
+    if env and Path(env).exists():
+        return env
+    for name in CHROMIUM_NAMES:
+        if p := shutil.which(name):
+            return p
+    return None
+
+
+class Browser:
+    """Headless Chromium with one page, driven over CDP."""
+
+    def __init__(self, exe: str):
+        import websocket  # websocket-client
+
+        self.profile = tempfile.mkdtemp(prefix="headscope-chromium-")
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError(f"chromium did not start (exit code {self.proc.returncode})")
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        pages = []
+        while not pages and time.monotonic() < deadline:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
+                pages = [t for t in json.load(r) if t["type"] == "page"]
+            time.sleep(0.05)
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60, suppress_origin=True)
+        self.events: list[dict] = []
+        self._id = 0
+
+    def send(self, method: str, **params) -> dict:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self.events.append(msg)
+
+    def wait_for(self, method: str, timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        for i, e in enumerate(self.events):
+            if e.get("method") == method:
+                return self.events.pop(i)
+        while time.monotonic() < deadline:
+            msg = json.loads(self.ws.recv())
+            if msg.get("method") == method:
+                return msg
+            self.events.append(msg)
+        raise TimeoutError(method)
+
+    def eval(self, expr: str):
+        r = self.send("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
+        return r["result"].get("value")
+
+    def close(self):
+        try:
+            self.ws.close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no Chromium found (apt-get install chromium, or set HEADSCOPE_CHROMIUM)")
+    pytest.importorskip("websocket", reason="needs websocket-client (pip install websocket-client)")
+    b = Browser(exe)
+    yield b
+    b.close()
+
+
+def open_report(b: Browser, html: Path, shot: Path) -> dict:
+    b.events.clear()
+    for domain in ("Page", "Runtime", "Log", "Network"):
+        b.send(f"{domain}.enable")
+    b.send("Emulation.setDeviceMetricsOverride", width=1100, height=900, deviceScaleFactor=1, mobile=False)
+    b.send("Page.navigate", url=html.resolve().as_uri())
+    b.wait_for("Page.loadEventFired")
+    imgs = b.eval("Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight, i.alt.length])")
+    height = b.eval("document.documentElement.scrollHeight")
+    shot_png = b.send(
+        "Page.captureScreenshot",
+        format="png",
+        captureBeyondViewport=True,
+        clip={"x": 0, "y": 0, "width": 1100, "height": min(height, 16000), "scale": 1},
+    )
+    import base64
+
+    shot.write_bytes(base64.b64decode(shot_png["data"]))
+    errors = [
+        e
+        for e in b.events
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")
+    ]
+    requests = [e["params"]["request"]["url"] for e in b.events if e.get("method") == "Network.requestWillBeSent"]
+    return {"imgs": imgs, "errors": errors, "requests": requests, "height": height}
+
+
+def _shot_dir(tmp_path) -> Path:
+    d = os.environ.get("HEADSCOPE_SCREENSHOT_DIR")
+    if d:
+        Path(d).mkdir(parents=True, exist_ok=True)
+        return Path(d)
+    return tmp_path
+
+
+def _check(seen: dict, n_images: int):
+    assert seen["errors"] == []
+    assert len(seen["imgs"]) == n_images
+    for complete, w, h, alt in seen["imgs"]:
+        assert complete and w > 100 and h > 50 and alt > 40
+    # the page itself is the only request: images are data URIs, nothing goes out
+    assert all(u.startswith(("file:", "data:")) for u in seen["requests"]), seen["requests"]
+    assert sum(u.startswith("file:") for u in seen["requests"]) == 1
+
+
+def test_synthetic_report_in_chromium(browser, tmp_path):
+    from test_report import _meta, synthetic_frames
+
+    from headscope.probes.models.card import model_card, render_card
+    from headscope.reports import pipeline
+
+    card = model_card("minilm-l6")
+    paths = pipeline.write_report(
+        synthetic_frames(), card=card, card_text=render_card(card), meta=_meta(), out_dir=tmp_path / "r"
+    )
+    seen = open_report(browser, paths["html"], _shot_dir(tmp_path) / "report-synthetic.png")
+    _check(seen, 8)
+    assert seen["height"] > 3000
+
+
+def test_broken_image_is_caught(browser, tmp_path):
+    """The check can fail: a page with a corrupt data URI and a console error."""
+    page = tmp_path / "bad.html"
+    page.write_text(
+        '<!DOCTYPE html><html><body><img alt="x" src="data:image/png;base64,AAAA">'
+        '<script>console.error("boom")</script></body></html>'
+    )
+    seen = open_report(browser, page, tmp_path / "bad.png")
+    assert seen["imgs"] == [[True, 0, 0, 1]]
+    assert len(seen["errors"]) == 1
+
+
+def test_real_report_in_chromium(browser, tmp_path, tmp_path_factory):
+    from test_report import real_report_dir
+
+    out = real_report_dir(tmp_path_factory)
+    html = out / "report.html"
+    n = html.read_text().count("<img ")
+    seen = open_report(browser, html, _shot_dir(tmp_path) / "report-minilm-l6.png")
+    _check(seen, n)
