@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.base import Role, register
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.wordlevel import pooling_matrices
 from headscope.analyses.stats.verdicts import verdict_rows
@@ -247,3 +248,19 @@ def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None) -> Rol
         progress=progress,
     )
     return finish(reducer, report, cfg)
+
+
+def _reducer(ctx) -> CorefReducer:
+    return CorefReducer(ctx.items, ctx.model.spec.n_layers, ctx.model.spec.n_heads)
+
+
+ROLE_DEF = register(
+    Role(
+        name="coreference",
+        corpus="coref",
+        score_kind="hit",
+        reducer=_reducer,
+        finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
+        description="the pronoun's most-attended candidate is its gold antecedent (Clark et al. 2019, §5)",
+    )
+)
