@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from headscope.probes.errors import MemoryBudgetError, NumericalError
-from headscope.probes.tokens import TokenBatch, collate, tokenize_one
+from headscope.probes.models.backend import Backend, ModelSpec
+from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +31,36 @@ log = logging.getLogger(__name__)
 @dataclass
 class Capture:
     """Tensors of one batch. ``capture["pattern", 3]`` is layer 3's pattern;
-    ``capture.stack("pattern")`` is ``[layer, batch, head, query_pos, key_pos]``."""
+    ``capture.stack("pattern")`` is ``[layer, batch, head, query_pos, key_pos]``.
+
+    Reducers that need the same result of a batch (a masked pattern, say) share it
+    through :meth:`cached`, which keys it by the function that computes it and that
+    function's arguments, so one reducer never reads what another computed from inputs
+    of its own."""
 
     tokens: TokenBatch
     data: dict
     layers: tuple[int, ...]
-    spec: object
+    spec: ModelSpec
     item_ids: list[int] = field(default_factory=list)
-    derived: dict = field(default_factory=dict, repr=False)  # per-batch results reducers share
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def cached(self, fn: Callable[..., torch.Tensor], *args: Hashable) -> torch.Tensor:
+        """``fn(self, *args)``, computed once per capture for each ``(fn, args)``.
+
+        ``fn`` must be a module-level function (its identity is part of the key) of the
+        capture and ``args`` alone: every input besides the capture goes in ``args``
+        (a layer, ``causal``, …), never in a closure, so equal keys mean equal results.
+
+        >>> cap = Capture(tokens=None, data={("pattern", 0): torch.ones(1, 1, 2, 2)}, layers=(0,), spec=None)
+        >>> def total(c, layer, scale): return c["pattern", layer].sum() * scale
+        >>> cap.cached(total, 0, 2.0).item(), cap.cached(total, 0, 3.0).item(), len(cap._cache)
+        (8.0, 12.0, 2)
+        """
+        key = (fn, *args)
+        if key not in self._cache:
+            self._cache[key] = fn(self, *args)
+        return self._cache[key]
 
     def __getitem__(self, key):
         quantity, layer = key
@@ -83,7 +106,7 @@ def check_finite(cap: Capture) -> None:
 
 
 def capture(
-    model,
+    model: Backend,
     texts: Sequence[str] | None = None,
     *,
     words: Sequence[Sequence[str]] | None = None,
@@ -181,7 +204,7 @@ def buckets(
 
 
 def stream(
-    model,
+    model: Backend,
     items: Iterable,
     reducers: Sequence[Reducer] | dict,
     *,
@@ -224,35 +247,57 @@ def stream(
         return report
     if words is None:
         words = not isinstance(first, str)
-    qs = tuple(quantities)
-    ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    run = _StreamRun(
+        model=model,
+        reducers=red,
+        quantities=tuple(quantities),
+        layers=tuple(range(model.spec.n_layers)) if layers is None else tuple(layers),
+        pad=pad_id(model.tokenizer),
+        batch_size=batch_size,
+        max_tokens=max_tokens,
+        max_cells=max_cells,
+        words=words,
+        progress=progress,
+        total=total,
+    )
     chunk = [first]
     for item in it:
         chunk.append(item)
         if len(chunk) >= window:
-            _stream_window(
-                model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total
-            )
+            _stream_window(run, chunk, report)
             chunk = []
     if chunk:
-        _stream_window(
-            model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total
-        )
+        _stream_window(run, chunk, report)
     if report.skipped:
         log.warning("skipped %d of %d items: %s", sum(report.skipped.values()), report.n_items, dict(report.skipped))
     return report
 
 
-def _stream_window(
-    model, chunk, report, red, qs, ls, pad, batch_size, max_tokens, max_cells, words, progress, total
-) -> None:
+@dataclass(frozen=True)
+class _StreamRun:
+    """What every window of one :func:`stream` call shares (see its parameters)."""
+
+    model: Backend
+    reducers: list
+    quantities: tuple[str, ...]
+    layers: tuple[int, ...]
+    pad: int  # id of padding positions
+    batch_size: int
+    max_tokens: int | None
+    max_cells: int | None
+    words: bool  # items are word lists, not texts
+    progress: Callable | None
+    total: int | None  # items in the corpus, None when unknown
+
+
+def _stream_window(run: _StreamRun, chunk: list, report: StreamReport) -> None:
     """Tokenise one window of items (indices continue from ``report.n_items``), bucket it
     by length and feed its batches to the reducers."""
+    model, words = run.model, run.words
     start = report.n_items
     report.n_items += len(chunk)
     toks, keep = [], []
-    vocab = getattr(model, "vocab_size", None)  # None: a model-like object that does not say
+    vocab = model.vocab_size  # None: the backend does not know its embedding size
     for k, it in enumerate(chunk):
         i = start + k
         try:
@@ -280,12 +325,12 @@ def _stream_window(
         toks.append(t)
         keep.append(i)
     done = start + len(chunk) - len(toks)  # skipped items count as done
-    for group in buckets([len(t["ids"]) for t in toks], batch_size, max_tokens, max_cells):
-        batch = collate([toks[j] for j in group], pad)
-        data = model.run(batch, qs, ls)
-        cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=[keep[j] for j in group])
+    for group in buckets([len(t["ids"]) for t in toks], run.batch_size, run.max_tokens, run.max_cells):
+        batch = collate([toks[j] for j in group], run.pad)
+        data = model.run(batch, run.quantities, run.layers)
+        cap = Capture(tokens=batch, data=data, layers=run.layers, spec=model.spec, item_ids=[keep[j] for j in group])
         check_finite(cap)
-        for r in red:
+        for r in run.reducers:
             r.update(cap)
         report.n_batches += 1
         report.n_used += len(group)
@@ -293,5 +338,5 @@ def _stream_window(
         report.real_tokens += real
         report.padded_tokens += batch.input_ids.numel() - real
         done += len(group)
-        if progress is not None:
-            progress(done, total)
+        if run.progress is not None:
+            run.progress(done, run.total)

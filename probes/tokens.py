@@ -89,10 +89,23 @@ def tokenize_one(tokenizer, text: str | None = None, words: list[str] | None = N
     }
 
 
-def collate(items: list[dict], pad_id: int) -> TokenBatch:
-    """Right-pad tokenised items into a :class:`TokenBatch`."""
+def pad_id(tokenizer) -> int:
+    """The id padding positions get: the tokenizer's pad token, or 0 for a tokenizer
+    without one (Llama's). Padded positions are masked out of every attention, so the
+    choice changes no figure; it only has to be a valid embedding row.
+
+    >>> from types import SimpleNamespace
+    >>> pad_id(SimpleNamespace(pad_token_id=None)), pad_id(SimpleNamespace(pad_token_id=7))
+    (0, 7)
+    """
+    pad = tokenizer.pad_token_id
+    return pad if pad is not None else 0
+
+
+def collate(items: list[dict], pad: int) -> TokenBatch:
+    """Right-pad tokenised items with the id ``pad`` into a :class:`TokenBatch`."""
     n = max(len(it["ids"]) for it in items)
-    ids = torch.full((len(items), n), pad_id, dtype=torch.long)
+    ids = torch.full((len(items), n), pad, dtype=torch.long)
     mask = torch.zeros((len(items), n), dtype=torch.long)
     for r, it in enumerate(items):
         ids[r, : len(it["ids"])] = torch.tensor(it["ids"], dtype=torch.long)
@@ -150,8 +163,7 @@ def encode(
                 f"{vocab_size} (the tokenizer does not belong to this model); load the model's own tokenizer"
             )
         items.append(it)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return collate(items, pad)
+    return collate(items, pad_id(tokenizer))
 
 
 def display_token(tokenizer, token: str) -> str:

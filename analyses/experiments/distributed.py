@@ -155,10 +155,8 @@ class on_device:
         self._model = model
         self.device = torch.device(device)
         if self.device.type != "cpu":
-            for attr in ("module", "hf", "bridge"):
-                if hasattr(model, attr):
-                    with contextlib.redirect_stdout(sys.stderr):  # the bridge's .to() prints to stdout
-                        getattr(model, attr).to(self.device)
+            with contextlib.redirect_stdout(sys.stderr):  # the bridge's .to() prints to stdout
+                model.to(self.device)
 
     def __getattr__(self, name):
         return getattr(self._model, name)

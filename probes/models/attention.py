@@ -61,14 +61,29 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
 
 
-def attention_pattern(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def attention_pattern(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: torch.Tensor | None,
+    kv_index: torch.Tensor | None = None,
+    *,
+    on_scores=None,
+) -> torch.Tensor:
     """Softmax over keys of the scaled scores plus an additive ``mask`` (0 or dtype-min).
 
-    Masked keys get exactly 0 (exp underflows), rows over unmasked keys sum to 1.
+    Masked keys get exactly 0 (exp underflows), rows over unmasked keys sum to 1. ``k``
+    with fewer heads than ``q`` is expanded: query head ``h`` reads KV head ``kv_index[h]``
+    (default ``h // group_size``, HF's ``repeat_kv``; a physically pruned layer passes its
+    own). ``on_scores`` sees the scaled scores before the mask (:class:`Attention` hooks
+    them there) and returns them.
     """
     if k.shape[1] != q.shape[1]:
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        if kv_index is None:
+            kv_index = torch.arange(q.shape[1], device=k.device) // (q.shape[1] // k.shape[1])
+        k = repeat_kv(k, kv_index)
     scores = attention_scores(q, k)
+    if on_scores is not None:
+        scores = on_scores(scores)
     if mask is not None:
         scores = scores + mask
     return F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -90,7 +105,7 @@ def additive_mask(
 
 
 class Attention(nn.Module):
-    """Self- or cross-attention with ``n_heads`` query heads sharing ``n_kv_heads`` K/V heads.
+    """Self-attention with ``n_heads`` query heads sharing ``n_kv_heads`` K/V heads.
 
     ``gate [head]`` multiplies each head's ``z`` (1 = on, 0 = ablated); where a head is
     gated off, ``ablation_value [head, d_head]`` is added instead (0 for zero ablation,
@@ -134,28 +149,20 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
         *,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-        kv_input: torch.Tensor | None = None,
         need_pattern: bool = False,
     ) -> torch.Tensor:
-        """``x [batch, query_pos, d_model]`` -> ``[batch, query_pos, d_model]``.
-
-        ``kv_input`` (cross-attention) supplies keys/values from another sequence;
-        ``mask`` is additive, ``[batch, 1, query_pos, key_pos]``.
-        """
-        src = x if kv_input is None else kv_input
+        """``x [batch, pos, d_model]`` -> ``[batch, pos, d_model]``; ``mask`` is additive,
+        ``[batch, 1, query_pos, key_pos]``. The pattern is :func:`attention_pattern`'s."""
         q = self.hook_q(self._split(self.q_proj(x), self.n_heads))
-        k = self.hook_k(self._split(self.k_proj(src), self.n_kv_heads))
-        v = self.hook_v(self._split(self.v_proj(src), self.n_kv_heads))
+        k = self.hook_k(self._split(self.k_proj(x), self.n_kv_heads))
+        v = self.hook_v(self._split(self.v_proj(x), self.n_kv_heads))
         if rope is not None:
             q = self.hook_q_rot(apply_rope(q, *rope))
             k = self.hook_k_rot(apply_rope(k, *rope))
         k_full, v_full = repeat_kv(k, self.kv_index), repeat_kv(v, self.kv_index)
 
         if need_pattern or self.hook_scores.active or self.hook_pattern.active:
-            scores = self.hook_scores(attention_scores(q, k_full))
-            if mask is not None:
-                scores = scores + mask
-            pattern = self.hook_pattern(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype))
+            pattern = self.hook_pattern(attention_pattern(q, k_full, mask, on_scores=self.hook_scores))
             z = torch.matmul(pattern, v_full)
         else:  # nobody looks at the pattern: fused kernel, same math
             z = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask)

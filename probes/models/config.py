@@ -17,6 +17,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from headscope.probes.models.arch import ArchSpec, check_hf_config
+
+__all__ = ["FAMILIES", "ModelConfig", "check_hf_config", "config_from_arch", "config_from_hf", "param_counts"]
+
 FAMILIES = ("bert", "llama")
 
 
@@ -127,157 +131,74 @@ class ModelConfig:
         return replace(self, **changes)
 
 
-def config_from_hf(hf: dict[str, Any], name: str = "") -> ModelConfig:
-    """Translate a HF ``config.json`` dict of the BERT or Llama family.
+def config_from_hf(hf: dict[str, Any], name: str = "", where: str = "config") -> ModelConfig:
+    """The in-house configuration of an HF ``config.json`` dict of the BERT or Llama family,
+    read through :func:`~headscope.probes.models.arch.arch_from_hf_config` (``where`` names
+    the config in its errors).
 
     Raises :class:`~headscope.probes.errors.ModelIncompatibleError` for other families.
     """
+    from headscope.probes.models.arch import arch_from_hf_config
+
+    return config_from_arch(arch_from_hf_config(hf, where), name)
+
+
+def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
+    """The in-house :class:`ModelConfig` of a checkpoint's :class:`~headscope.probes.models.arch.ArchSpec`.
+
+    Raises :class:`~headscope.probes.errors.ModelIncompatibleError` for a family the
+    in-house stack does not cover (only ``bert`` with absolute positions and ``llama``
+    with the default RoPE are), naming the way out.
+    """
     from headscope.probes.errors import ModelIncompatibleError
 
-    mtype = hf.get("model_type")
-    if mtype == "bert":
-        if hf.get("position_embedding_type", "absolute") != "absolute":
+    if arch.model_type == "bert":
+        if arch.positional != "learned":
             raise ModelIncompatibleError(
-                f"BERT position_embedding_type={hf['position_embedding_type']!r} is not covered in-house; "
-                "use --backend bridge."
+                f"BERT position_embedding_type={arch.positional!r} is not covered in-house; use --backend bridge."
             )
         return ModelConfig(
             family="bert",
-            n_layers=hf["num_hidden_layers"],
-            d_model=hf["hidden_size"],
-            n_heads=hf["num_attention_heads"],
-            d_mlp=hf["intermediate_size"],
-            vocab_size=hf["vocab_size"],
-            max_positions=hf["max_position_embeddings"],
-            norm_eps=hf.get("layer_norm_eps", 1e-12),
-            type_vocab_size=hf.get("type_vocab_size", 2),
-            pad_token_id=hf.get("pad_token_id"),
+            n_layers=arch.n_layers,
+            d_model=arch.d_model,
+            n_heads=arch.n_heads,
+            d_mlp=arch.d_mlp,
+            vocab_size=arch.vocab_size,
+            max_positions=arch.max_positions,
+            causal=arch.causal,
+            norm_eps=arch.norm_eps if arch.norm_eps is not None else 1e-12,
+            type_vocab_size=arch.type_vocab_size if arch.type_vocab_size is not None else 2,
+            pad_token_id=arch.pad_token_id,
             tie_embeddings=True,
-            name=name or hf.get("_name_or_path", "bert"),
-            extra={"hidden_act": hf.get("hidden_act", "gelu")},
+            name=name or arch.name or "bert",
+            extra={"hidden_act": arch.activation or "gelu"},
         )
-    if mtype == "llama":
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
+    if arch.model_type == "llama":
+        if arch.rope_type not in ("default", None):
             raise ModelIncompatibleError(
-                f"Llama rope_type={rope_type!r} is not covered in-house (only 'default'); use --backend bridge."
+                f"Llama rope_type={arch.rope_type!r} is not covered in-house (only 'default'); use --backend bridge."
             )
-        theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
-        n_heads = hf["num_attention_heads"]
         return ModelConfig(
             family="llama",
-            n_layers=hf["num_hidden_layers"],
-            d_model=hf["hidden_size"],
-            n_heads=n_heads,
-            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-            d_head=hf.get("head_dim") or hf["hidden_size"] // n_heads,
-            d_mlp=hf["intermediate_size"],
-            vocab_size=hf["vocab_size"],
-            max_positions=hf.get("max_position_embeddings", 2048),
-            rope_theta=float(theta),
-            norm_eps=hf.get("rms_norm_eps", 1e-6),
-            attention_bias=bool(hf.get("attention_bias", False)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            pad_token_id=hf.get("pad_token_id"),
-            name=name or hf.get("_name_or_path", "llama"),
+            n_layers=arch.n_layers,
+            d_model=arch.d_model,
+            n_heads=arch.n_heads,
+            n_kv_heads=arch.n_kv_heads,
+            d_head=arch.d_head,
+            d_mlp=arch.d_mlp,
+            vocab_size=arch.vocab_size,
+            max_positions=arch.max_positions or 2048,
+            rope_theta=arch.rope_theta if arch.rope_theta is not None else 10_000.0,
+            norm_eps=arch.norm_eps if arch.norm_eps is not None else 1e-6,
+            attention_bias=bool(arch.attention_bias),
+            tie_embeddings=arch.tie_embeddings,
+            pad_token_id=arch.pad_token_id,
+            name=name or arch.name or "llama",
         )
     raise ModelIncompatibleError(
-        f"model_type {mtype!r} is not covered by the in-house backend (bert, llama); "
+        f"model_type {arch.model_type!r} is not covered by the in-house backend (bert, llama); "
         "use the transformer-lens bridge backend (--backend bridge)."
     )
-
-
-# -- checking a config.json's sizes before anything is built -------------------------------
-
-# keys that hold a size, per family: (required, optional); any of _ANY_SIZE_KEYS present is checked too
-_SIZE_KEYS = {
-    "bert": (
-        (
-            "num_hidden_layers",
-            "hidden_size",
-            "num_attention_heads",
-            "intermediate_size",
-            "vocab_size",
-            "max_position_embeddings",
-        ),
-        ("type_vocab_size",),
-    ),
-    "llama": (
-        ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"),
-        ("num_key_value_heads", "head_dim", "max_position_embeddings"),
-    ),
-}
-_ANY_SIZE_KEYS = (
-    "num_hidden_layers",
-    "n_layer",
-    "hidden_size",
-    "n_embd",
-    "d_model",
-    "num_attention_heads",
-    "n_head",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "n_inner",
-    "vocab_size",
-    "max_position_embeddings",
-    "n_positions",
-)
-_NULL_MEANS_UNSET = ("num_key_value_heads", "head_dim", "n_inner")  # HF derives these when null
-_MAX_SIZE = 2**63  # torch indexes with int64
-
-
-def check_hf_config(hf: dict[str, Any], where: str) -> None:
-    """Refuse a config whose sizes cannot describe a model: a size missing (for the BERT and
-    Llama families), null, not an integer, not positive, or heads that do not divide.
-    ``where`` (the config file) starts every message.
-
-    Raises :class:`~headscope.probes.errors.CheckpointError`.
-
-    >>> try:
-    ...     check_hf_config({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
-    ...         "num_attention_heads": 4, "intermediate_size": 1.5, "vocab_size": 10}, "m/config.json")
-    ... except Exception as e:  # CheckpointError
-    ...     print(e)
-    m/config.json: intermediate_size must be a positive integer; got 1.5
-    """
-    from headscope.probes.errors import CheckpointError
-
-    family = hf.get("model_type")
-    required, optional = _SIZE_KEYS.get(family, ((), _ANY_SIZE_KEYS))
-    for key in required:
-        if key not in hf:
-            raise CheckpointError(f"{where}: {key} is missing (a {family!r} config needs it); add it to the config")
-    for key in dict.fromkeys((*required, *optional, *_ANY_SIZE_KEYS)):
-        if key not in hf or (hf[key] is None and key in _NULL_MEANS_UNSET):
-            continue
-        v = hf[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise CheckpointError(f"{where}: {key} must be a positive integer; got {v!r}")
-        if v >= _MAX_SIZE:
-            raise CheckpointError(f"{where}: {key}={v} is past 2**63, more than any tensor can index")
-    n_heads = hf.get("num_attention_heads") or hf.get("n_head")
-    d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
-    n_kv = hf.get("num_key_value_heads") if family != "bert" else None  # BERT has no KV heads of its own
-    if n_heads and n_kv and n_heads % n_kv:
-        raise CheckpointError(
-            f"{where}: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads} "
-            "(each KV head serves an equal group of query heads)"
-        )
-    if family == "bert" and d_model % n_heads:
-        raise CheckpointError(
-            f"{where}: hidden_size={d_model} is not divisible by num_attention_heads={n_heads}; fix one of them"
-        )
-    if family == "llama":
-        d_head = hf.get("head_dim") or d_model // n_heads
-        if d_head < 1:
-            raise CheckpointError(
-                f"{where}: num_attention_heads={n_heads} exceeds hidden_size={d_model} (d_head would be 0); "
-                "fix one of them or set head_dim"
-            )
-        if d_head % 2:
-            raise CheckpointError(f"{where}: head_dim {d_head} is odd; RoPE rotates pairs of dimensions")
 
 
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:

@@ -7,20 +7,25 @@
 * :class:`HFReference` — plain HF transformers (eager attention), the reference the
   in-house stack is checked against, and the baseline of ``headscope bench``.
 
+All three satisfy :class:`~headscope.probes.models.backend.Backend`:
 ``model.run(batch, quantities, layers)`` returns ``{(quantity, layer): tensor}`` in the
-shapes of :mod:`headscope.probes.models.attention` plus ``("output", None)``.
+shapes of :mod:`headscope.probes.models.attention` plus ``("output", None)``; ``encode`` is
+shared (:class:`~headscope.probes.models.backend.EncodesTexts`). The spec of a checkpoint
+comes from :func:`~headscope.probes.models.arch.arch_from_hf_config`, its one reader.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
-from dataclasses import dataclass
 
 import torch
 
 from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
+from headscope.probes.models.arch import ArchSpec, arch_from_hf_config
+from headscope.probes.models.backend import Backend, EncodesTexts, ModelSpec, module_device, spec_from_arch
 from headscope.probes.models.checkpoints import (
     ModelSource,
     check_safetensors,
@@ -34,41 +39,28 @@ from headscope.probes.models.checkpoints import (
     read_hf_config,
     read_state_dict,
     resolve,
-    trust_remote_code,
     weight_files,
 )
-from headscope.probes.models.config import ModelConfig, config_from_hf
+from headscope.probes.models.config import ModelConfig, config_from_arch
 from headscope.probes.models.hooks import hooks
 from headscope.probes.models.transformer import Transformer
-from headscope.probes.tokens import TokenBatch, encode
+from headscope.probes.tokens import TokenBatch
+
+__all__ = [
+    "BACKENDS",
+    "QUANTITIES",
+    "Backend",
+    "BridgeModel",
+    "HFReference",
+    "InHouseModel",
+    "ModelSpec",
+    "inhouse_config",
+    "load_model",
+]
 
 log = logging.getLogger(__name__)
 
 QUANTITIES = ("pattern", "scores", "q", "k", "v", "q_rot", "k_rot", "z", "out", "resid_post")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    """What analyses need to know about a model, whatever its backend."""
-
-    name: str
-    family: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_model: int
-    causal: bool
-    max_positions: int
-    backend: str
-
-    @property
-    def group_size(self) -> int:
-        return self.n_heads // self.n_kv_heads
-
-    def kv_groups(self) -> dict[int, list[int]]:
-        """``{kv_head: [query heads that read it]}``."""
-        return {g: list(range(g * self.group_size, (g + 1) * self.group_size)) for g in range(self.n_kv_heads)}
 
 
 def _check_quantities(quantities) -> tuple[str, ...]:
@@ -89,26 +81,34 @@ def _check_layers(layers, n_layers: int) -> tuple[int, ...]:
     return ls
 
 
-def inhouse_config(hf_cfg: dict, name: str, where) -> ModelConfig:
-    """The in-house :class:`ModelConfig` of an HF config dict; ``CheckpointError`` naming
-    ``where`` for sizes ``ModelConfig`` refuses (``read_hf_config`` checked the common ones)."""
+def inhouse_config(arch: ArchSpec, name: str, where) -> ModelConfig:
+    """The in-house :class:`ModelConfig` of a checkpoint's :class:`ArchSpec`; ``CheckpointError``
+    naming ``where`` for sizes ``ModelConfig`` refuses (``arch_from_hf_config`` checked the common ones)."""
     try:
-        return config_from_hf(hf_cfg, name=name)
+        return config_from_arch(arch, name=name)
     except ValueError as e:
         raise CheckpointError(f"{where}: {e}") from None
 
 
-class InHouseModel:
-    """headscope's own transformer with a tokenizer."""
+class InHouseModel(EncodesTexts):
+    """headscope's own transformer with a tokenizer; the one backend with head gates."""
 
     backend = "inhouse"
+    has_gates = True
 
     def __init__(
-        self, module: Transformer, tokenizer=None, *, name: str | None = None, source: ModelSource | None = None
+        self,
+        module: Transformer,
+        tokenizer=None,
+        *,
+        name: str | None = None,
+        source: ModelSource | None = None,
+        trust_remote_code: bool = False,
     ):
         self.module = module.eval()
         self.tokenizer = tokenizer
         self.source = source
+        self.trust_remote_code = trust_remote_code
         cfg = module.cfg
         self.cfg = cfg
         self.spec = ModelSpec(
@@ -125,34 +125,62 @@ class InHouseModel:
         )
 
     @classmethod
-    def from_source(cls, source: ModelSource, dtype: torch.dtype = torch.float32) -> InHouseModel:
+    def from_source(
+        cls, source: ModelSource, dtype: torch.dtype = torch.float32, *, trust_remote_code: bool = False
+    ) -> InHouseModel:
         hf_cfg = read_hf_config(source)
         directory = hf_dir(source)
         where = source.path if source.kind == "config" else directory / "config.json"
-        cfg = inhouse_config(hf_cfg, source.name, where)
+        cfg = inhouse_config(arch_from_hf_config(hf_cfg, str(where)), source.name, where)
         check_weight_memory(hf_cfg, where)
-        tokenizer = load_tokenizer(directory)
+        tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code)
         check_tokenizer_vocab(tokenizer, cfg.vocab_size, directory)
         return cls.from_hf_state(
-            cfg, read_state_dict(directory), tokenizer, name=source.name, where=directory, dtype=dtype, source=source
+            cfg,
+            read_state_dict(directory),
+            tokenizer,
+            name=source.name,
+            where=directory,
+            dtype=dtype,
+            source=source,
+            trust_remote_code=trust_remote_code,
         )
 
     @classmethod
     def from_hf_state(
-        cls, cfg: ModelConfig, state: dict, tokenizer, *, name: str, where, dtype=torch.float32, source=None
+        cls,
+        cfg: ModelConfig,
+        state: dict,
+        tokenizer,
+        *,
+        name: str,
+        where,
+        dtype=torch.float32,
+        source=None,
+        trust_remote_code: bool = False,
     ) -> InHouseModel:
         """The in-house stack with an HF ``state`` dict (HF tensor names) loaded; ``where``
         names the weights in errors."""
         module = Transformer(cfg)
         load_state_into(module, hf_to_inhouse_names(cfg, state), str(where))
-        return cls(module.to(dtype), tokenizer, name=name, source=source)
+        return cls(module.to(dtype), tokenizer, name=name, source=source, trust_remote_code=trust_remote_code)
 
     @property
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
 
-    def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.module)
+
+    @property
+    def gates(self) -> list[torch.nn.Parameter]:
+        """Per-layer head gates ``[head]`` (:attr:`Transformer.gates`)."""
+        return self.module.gates
+
+    def to(self, device) -> InHouseModel:
+        self.module.to(device)
+        return self
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None, *, grad: bool = False) -> dict:
         qs = _check_quantities(quantities)
@@ -181,46 +209,58 @@ class InHouseModel:
         return out
 
 
-class HFReference:
+class HFReference(EncodesTexts):
     """Plain HF transformers model, eager attention (``output_attentions`` works)."""
 
     backend = "hf"
+    has_gates = False
 
-    def __init__(self, hf_model, tokenizer, spec: ModelSpec):
+    def __init__(
+        self, hf_model, tokenizer, spec: ModelSpec, *, vocab_size: int | None = None, trust_remote_code: bool = False
+    ):
         self.hf = hf_model.eval()
         self.tokenizer = tokenizer
         self.spec = spec
+        self.vocab_size = vocab_size
+        self.trust_remote_code = trust_remote_code
 
     @classmethod
-    def from_source(cls, source: ModelSource, *, attn_implementation: str = "eager", for_bridge: bool = False):
+    def from_source(
+        cls,
+        source: ModelSource,
+        *,
+        attn_implementation: str = "eager",
+        for_bridge: bool = False,
+        trust_remote_code: bool = False,
+    ):
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
         directory = hf_dir(source)
         hf_cfg = read_hf_config(source)
+        arch = arch_from_hf_config(hf_cfg, str(directory / "config.json"))
         check_weight_memory(hf_cfg, directory / "config.json")
-        tokenizer = load_tokenizer(directory)
-        if isinstance(hf_cfg.get("vocab_size"), int):
-            check_tokenizer_vocab(tokenizer, hf_cfg["vocab_size"], directory)
+        tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code)
+        if arch.vocab_size is not None:
+            check_tokenizer_vocab(tokenizer, arch.vocab_size, directory)
         files = weight_files(directory)
         for f in files:
             if f.suffix == ".safetensors":
                 check_safetensors(f)
         where = files[0] if len(files) == 1 else directory
-        mtype = hf_cfg["model_type"]
-        if mtype == "bert":
+        if arch.encoder:
             klass = AutoModelForMaskedLM if for_bridge else AutoModel
         else:
             klass = AutoModelForCausalLM
         torch.manual_seed(0)  # heads missing from the checkpoint (BERT MLM head) initialise the same every time
         try:
             with quiet_transformers():
-                config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code())
+                config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
                 config._attn_implementation = attn_implementation
                 model, info = klass.from_pretrained(
                     str(directory),
                     config=config,
                     dtype=torch.float32,
-                    trust_remote_code=trust_remote_code(),
+                    trust_remote_code=trust_remote_code,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
                 )
@@ -233,15 +273,16 @@ class HFReference:
                 "weights-only torch files are loaded"
             ) from None
         _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
-        spec = _spec_from_hf(hf_cfg, source.name, "hf")
-        ref = cls(model, tokenizer, spec)
-        ref.vocab_size = model.config.vocab_size
-        return ref
+        spec = spec_from_arch(arch, source.name, "hf")
+        return cls(model, tokenizer, spec, vocab_size=model.config.vocab_size, trust_remote_code=trust_remote_code)
 
-    vocab_size: int | None = None
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.hf)
 
-    def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
+    def to(self, device) -> HFReference:
+        self.hf.to(device)
+        return self
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
         qs = _check_quantities(quantities)
@@ -295,31 +336,11 @@ def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
         )
 
 
-def _spec_from_hf(hf_cfg: dict, name: str, backend: str) -> ModelSpec:
-    n_heads = hf_cfg.get("num_attention_heads") or hf_cfg.get("n_head")
-    d_model = hf_cfg.get("hidden_size") or hf_cfg.get("n_embd") or hf_cfg.get("d_model")
-    n_layers = hf_cfg.get("num_hidden_layers") or hf_cfg.get("n_layer")
-    if not (n_heads and d_model and n_layers):
-        raise ModelIncompatibleError(f"config of {name!r} lacks heads/layers/hidden size fields")
-    decoder = hf_cfg.get("model_type") not in ("bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2")
-    return ModelSpec(
-        name=name,
-        family=hf_cfg.get("model_type", "?"),
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=(hf_cfg.get("num_key_value_heads") if decoder else None) or n_heads,  # encoders: MHA
-        d_head=hf_cfg.get("head_dim") or d_model // n_heads,
-        d_model=d_model,
-        causal=decoder,
-        max_positions=hf_cfg.get("max_position_embeddings") or hf_cfg.get("n_positions") or 2048,
-        backend=backend,
-    )
-
-
-class BridgeModel:
+class BridgeModel(EncodesTexts):
     """transformer-lens 4.x ``TransformerBridge`` over an HF model, same ``run`` API."""
 
     backend = "bridge"
+    has_gates = False
     _NAMES = {
         "pattern": "attn.hook_pattern",
         "scores": "attn.hook_attn_scores",
@@ -331,26 +352,41 @@ class BridgeModel:
         "resid_post": "hook_resid_post",
     }
 
-    def __init__(self, bridge, tokenizer, spec: ModelSpec):
+    def __init__(
+        self, bridge, tokenizer, spec: ModelSpec, *, vocab_size: int | None = None, trust_remote_code: bool = False
+    ):
         self.bridge = bridge
         self.tokenizer = tokenizer
         self.spec = spec
+        self.vocab_size = vocab_size
+        self.trust_remote_code = trust_remote_code
 
     @classmethod
-    def from_source(cls, source: ModelSource) -> BridgeModel:
-        ref = HFReference.from_source(source, for_bridge=True)
+    def from_source(cls, source: ModelSource, *, trust_remote_code: bool = False) -> BridgeModel:
+        ref = HFReference.from_source(source, for_bridge=True, trust_remote_code=trust_remote_code)
         hf_cfg = read_hf_config(source)
         hub_name = hf_cfg.get("_name_or_path") or source.name
         return cls.wrap_hf(
             ref.hf,
             ref.tokenizer,
-            _spec_from_hf(hf_cfg, source.name, "bridge"),
+            dataclasses.replace(ref.spec, backend="bridge"),
             hub_name=hub_name,
             vocab_size=ref.vocab_size,
+            trust_remote_code=trust_remote_code,
         )
 
     @classmethod
-    def wrap_hf(cls, hf_model, tokenizer, spec: ModelSpec, *, hub_name: str, vocab_size=None, hint: str = ""):
+    def wrap_hf(
+        cls,
+        hf_model,
+        tokenizer,
+        spec: ModelSpec,
+        *,
+        hub_name: str,
+        vocab_size=None,
+        hint: str = "",
+        trust_remote_code: bool = False,
+    ):
         """Boot a ``TransformerBridge`` over ``hf_model`` (wrapped in place by transformer-lens);
         ``ModelIncompatibleError`` naming ``spec.name`` (and ``hint``) when it cannot."""
         from transformer_lens.model_bridge import TransformerBridge
@@ -363,14 +399,15 @@ class BridgeModel:
                 f"transformer-lens could not wrap {spec.name!r} ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
                 f"{hint}"
             ) from None
-        m = cls(bridge, tokenizer, spec)
-        m.vocab_size = vocab_size
-        return m
+        return cls(bridge, tokenizer, spec, vocab_size=vocab_size, trust_remote_code=trust_remote_code)
 
-    vocab_size: int | None = None
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.bridge)
 
-    def encode(self, texts=None, words=None) -> TokenBatch:
-        return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
+    def to(self, device) -> BridgeModel:
+        self.bridge.to(device)
+        return self
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
         qs = _check_quantities(quantities)
@@ -399,9 +436,20 @@ class BridgeModel:
 BACKENDS = {"inhouse": InHouseModel, "bridge": BridgeModel, "hf": HFReference}
 
 
-def load_model(model="minilm-l6", backend: str | None = None, *, dtype: str = "float32", tokenizer=None):
+def load_model(
+    model="minilm-l6",
+    backend: str | None = None,
+    *,
+    dtype: str = "float32",
+    tokenizer=None,
+    trust_remote_code: bool = False,
+) -> Backend:
     """Load ``model`` with ``backend`` (``"inhouse"``, ``"bridge"`` or ``"hf"``; ``None``:
     ``"inhouse"``, or the backend of a bridge or loaded model passed in).
+
+    ``trust_remote_code`` lets code shipped with a checkpoint (its tokenizer or model
+    classes) run; off by default (the CLI's ``--trust-remote-code``), kept on the model
+    (``model.trust_remote_code``) for run.json.
 
     ``model`` is a shipped name, a directory, a ``.gguf`` or ``config.json`` file, or a hub
     id — or an object a notebook already holds:
@@ -441,8 +489,8 @@ def load_model(model="minilm-l6", backend: str | None = None, *, dtype: str = "f
         raise ValueError(f"tokenizer= goes with a model object; {str(model)!r} is loaded with its own tokenizer files")
     source = resolve(model)
     if backend in (None, "inhouse"):
-        return InHouseModel.from_source(source, dtype=dtypes[dtype])
-    return BACKENDS[backend].from_source(source)
+        return InHouseModel.from_source(source, dtype=dtypes[dtype], trust_remote_code=trust_remote_code)
+    return BACKENDS[backend].from_source(source, trust_remote_code=trust_remote_code)
 
 
 _ACCEPTED = (
@@ -475,12 +523,12 @@ def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
     if tokenizer is None:
         raise ValueError(f"an HF model object needs its tokenizer: pass tokenizer=... with {name!r}")
     backend = backend or "inhouse"
-    hf_cfg = config.to_dict()
-    vocab = hf_cfg.get("vocab_size")
-    if isinstance(vocab, int):
+    arch = arch_from_hf_config(config.to_dict(), name)
+    vocab = arch.vocab_size
+    if vocab is not None:
         check_tokenizer_vocab(tokenizer, vocab, name)
     if backend == "inhouse":
-        cfg = inhouse_config(hf_cfg, name, name)
+        cfg = inhouse_config(arch, name, name)
         state = {k: v.detach() for k, v in obj.state_dict().items()}
         return InHouseModel.from_hf_state(cfg, state, tokenizer, name=name, where=name, dtype=dtype)
     impl = getattr(config, "_attn_implementation", None)
@@ -490,9 +538,7 @@ def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
             'from_pretrained(..., attn_implementation="eager")'
         )
     if backend == "hf":
-        ref = HFReference(obj, tokenizer, _spec_from_hf(hf_cfg, name, "hf"))
-        ref.vocab_size = vocab if isinstance(vocab, int) else None
-        return ref
+        return HFReference(obj, tokenizer, spec_from_arch(arch, name, "hf"), vocab_size=vocab)
     warnings.warn(
         f"the bridge wraps {name!r}'s modules in place: the HF model now runs through transformer-lens "
         "(output_attentions stops working); pass copy.deepcopy(model) to keep a plain one",
@@ -507,9 +553,9 @@ def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
     return BridgeModel.wrap_hf(
         obj,
         tokenizer,
-        _spec_from_hf(hf_cfg, name, "bridge"),
+        spec_from_arch(arch, name, "bridge"),
         hub_name=name,
-        vocab_size=vocab if isinstance(vocab, int) else None,
+        vocab_size=vocab,
         hint=hint,
     )
 
@@ -530,7 +576,7 @@ def _wrap_bridge(bridge, tokenizer) -> BridgeModel:
         raise ValueError(f"the TransformerBridge {name!r} has no tokenizer: pass tokenizer=...")
     original = getattr(bridge, "original_model", None)
     if original is not None and hasattr(original, "config"):  # family named as the string path names it
-        spec = _spec_from_hf(original.config.to_dict(), name, "bridge")
+        spec = spec_from_arch(arch_from_hf_config(original.config.to_dict(), name), name, "bridge")
     else:
         n_heads = cfg.n_heads
         spec = ModelSpec(
@@ -545,6 +591,4 @@ def _wrap_bridge(bridge, tokenizer) -> BridgeModel:
             max_positions=getattr(cfg, "n_ctx", None) or 2048,
             backend="bridge",
         )
-    m = BridgeModel(bridge, tokenizer, spec)
-    m.vocab_size = getattr(cfg, "d_vocab", None)
-    return m
+    return BridgeModel(bridge, tokenizer, spec, vocab_size=getattr(cfg, "d_vocab", None))

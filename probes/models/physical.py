@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from headscope.probes.errors import CheckpointError
+from headscope.probes.models.backend import Backend
 from headscope.probes.models.checkpoints import load_state_into
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.loading import InHouseModel
@@ -65,7 +66,7 @@ def _build(cfg: ModelConfig) -> Transformer:
 
 
 def _as_inhouse(model) -> InHouseModel:
-    if getattr(model, "backend", None) == "inhouse" and _is_transformer(getattr(model, "module", None)):
+    if isinstance(model, Backend) and model.has_gates:  # structural: holds under either import name
         return model
     if _is_transformer(model):
         return InHouseModel(model)
@@ -185,7 +186,7 @@ def prune_heads(model, heads_to_prune: dict[int, list[int]]) -> InHouseModel:
         raise RuntimeError(f"internal: pruned state mismatch missing={missing[:3]} unexpected={unexpected[:3]}")
     n_dropped = sum(len(v) for v in drop.values())
     log.info("pruned %d query heads; kept per layer: %s", n_dropped, [len(k) for k in kept])
-    return InHouseModel(new.eval(), src.tokenizer, name=src.spec.name)
+    return InHouseModel(new.eval(), src.tokenizer, name=src.spec.name, trust_remote_code=src.trust_remote_code)
 
 
 def heads_held(model) -> dict[int, tuple[int, ...]]:

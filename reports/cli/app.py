@@ -94,8 +94,6 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    if args.trust_remote_code:
-        os.environ["HEADSCOPE_TRUST_REMOTE_CODE"] = "1"
     if args.allow_download:
         os.environ["HEADSCOPE_ALLOW_DOWNLOAD"] = "1"
     if not getattr(args, "func", None):

@@ -79,7 +79,7 @@ def run(args) -> int:
     quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
     if export is not None and "pattern" not in quantities:
         quantities.append("pattern")
-    model = load_model(args.model, args.backend)
+    model = load_model(args.model, args.backend, trust_remote_code=args.trust_remote_code)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
     if export is not None:

@@ -1,4 +1,4 @@
-"""The in-house attention: MHA/GQA/MQA, masks, cross-attention, RoPE, gates and hooks."""
+"""The in-house attention: MHA/GQA/MQA, masks, RoPE, gates and hooks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from headscope.probes.models.attention import Attention, additive_mask, apply_rope, attention_pattern, rope_cos_sin
+from headscope.probes.models.attention import additive_mask, apply_rope, attention_pattern, rope_cos_sin
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.hooks import hooks
 from headscope.probes.models.transformer import Transformer
@@ -71,24 +71,6 @@ def test_fused_path_equals_eager_path():
     fast = model(ids, mask)
     slow = model(ids, mask, need_pattern=True)
     assert (fast - slow)[mask.bool()].abs().max().item() < 1e-5
-
-
-def test_cross_attention_reads_the_other_sequence():
-    torch.manual_seed(0)
-    attn = Attention(16, 4, 2, 4, bias=False)
-    x = torch.randn(2, 3, 16)  # queries
-    memory = torch.randn(2, 5, 16)  # keys/values from another sequence
-    seen = {}
-    with hooks(
-        [(attn.hook_pattern, lambda t, n: seen.setdefault("p", t)), (attn.hook_k, lambda t, n: seen.setdefault("k", t))]
-    ):
-        out = attn(x, None, kv_input=memory, need_pattern=True)
-    assert out.shape == (2, 3, 16)
-    assert seen["p"].shape == (2, 4, 3, 5)
-    assert seen["k"].shape == (2, 2, 5, 4)  # [batch, kv_head, key_pos, d_head], un-expanded
-    # changing the memory changes the output; changing nothing else
-    out2 = attn(x, None, kv_input=memory + 1.0)
-    assert not torch.allclose(out, out2)
 
 
 def test_rope_scores_depend_only_on_relative_position():
@@ -168,6 +150,23 @@ def test_attention_pattern_expands_kv_by_groups():
     p = attention_pattern(q, k, None)
     expected = torch.softmax(q[:, 3] @ k[:, 1].transpose(-1, -2) / math.sqrt(8), -1)  # head 3 reads KV head 1
     assert torch.allclose(p[:, 3], expected, atol=1e-6)
+
+
+def test_pruned_layer_pattern_is_attention_pattern_with_its_kv_index():
+    """A physically pruned GQA layer (query heads 0, 2, 3 of 4; KV heads 0, 1): the pattern the
+    model hooks is the pure function's, given the layer's own query-to-KV map."""
+    from headscope.probes.models.physical import prune_heads
+
+    model = prune_heads(tiny(n_kv_heads=2), {0: [1]}).module
+    attn = model.blocks[0].attn
+    assert attn.kv_index.tolist() == [0, 1, 1]
+    seen = {}
+    names = ("q_rot", "k_rot", "pattern")
+    with hooks([(getattr(attn, f"hook_{n}"), lambda t, _n, n=n: seen.setdefault(n, t)) for n in names]):
+        model(torch.randint(0, 40, (2, 6)), torch.tensor([[1] * 6, [1] * 4 + [0] * 2]))
+    mask = additive_mask(torch.tensor([[1] * 6, [1] * 4 + [0] * 2]), causal=True)
+    expected = attention_pattern(seen["q_rot"], seen["k_rot"], mask, attn.kv_index)
+    assert torch.equal(seen["pattern"], expected)
 
 
 def test_config_errors_state_the_rule():

@@ -132,3 +132,19 @@ def test_cli_capture_summary_runs():
     assert out.returncode == 0, out.stderr
     assert "KV groups: KV 0 <- heads [0, 1, 2]" in out.stdout
     assert "k          [1, 3, 4, 64]" in out.stdout
+
+
+def _row_sums(cap, layer, causal):
+    m = torch.ones(cap["pattern", layer].shape[-2:], dtype=torch.bool)
+    return (cap["pattern", layer] * (m.tril() if causal else m)).sum(-1)
+
+
+def test_cached_results_are_keyed_by_function_and_arguments(minilm, sentences):
+    """Two reducers asking for the same (function, layer, causal) share one tensor; a different
+    argument is a different entry, never the other's result."""
+    cap = capture(minilm, sentences[:2], layers=[0, 1])
+    a = cap.cached(_row_sums, 0, True)
+    assert cap.cached(_row_sums, 0, True) is a
+    b = cap.cached(_row_sums, 0, False)
+    assert torch.allclose(b, torch.ones_like(b), atol=1e-5) and not torch.allclose(a, b)  # MiniLM looks both ways
+    assert not hasattr(cap, "derived")

@@ -99,13 +99,22 @@ def test_hub_id_offline_is_a_clear_error():
     assert "needs network access" in out.stderr
 
 
-def test_trust_remote_code_is_off_unless_asked(monkeypatch):
-    from headscope.probes.models.checkpoints import trust_remote_code
+def test_trust_remote_code_is_a_parameter_not_the_environment(monkeypatch, tmp_path):
+    """``--trust-remote-code`` reaches ``load_model`` as an argument (off unless asked), never
+    through an environment variable, and the loaded model records it."""
+    import os
+
+    from headscope.probes.models import loading
     from headscope.reports.cli.app import main
 
-    monkeypatch.setenv("HEADSCOPE_TRUST_REMOTE_CODE", "0")  # recorded, so teardown removes what main() sets
-    assert trust_remote_code() is False
-    assert main(["card", "minilm-l6", "--json"]) == 0
-    assert trust_remote_code() is False
-    assert main(["--trust-remote-code", "card", "minilm-l6", "--json"]) == 0
-    assert trust_remote_code() is True
+    seen = []
+
+    def fake_load(model, backend=None, **kw):
+        seen.append(kw.get("trust_remote_code"))
+        raise loading.HeadscopeError("stop here")
+
+    monkeypatch.setattr(loading, "load_model", fake_load)
+    assert main(["capture", "minilm-l6", "the cat"]) == 2
+    assert main(["--trust-remote-code", "capture", "minilm-l6", "the cat"]) == 2
+    assert seen == [False, True]
+    assert not any("TRUST_REMOTE" in k for k in os.environ)
