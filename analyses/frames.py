@@ -6,8 +6,8 @@ Every analysis returns one long-form ``pandas.DataFrame``, one observation per r
 * :data:`STAT_COLUMNS` — per-head statistics: a row per (layer, head, metric).
 * :data:`IMPACT_COLUMNS` — pruning studies: a row per (study, layer, head or step, metric).
 
->>> empty_roles().columns.tolist()[:4]
-['layer', 'head', 'role', 'relation']
+>>> empty_roles().columns.tolist()[:4], empty_roles().columns.tolist()[-5:]
+(['layer', 'head', 'role', 'relation'], ['p_raw', 'test', 'interval', 'family', 'meets_threshold'])
 """
 
 from __future__ import annotations
@@ -23,11 +23,19 @@ ROLE_COLUMNS = [
     "score",  # the head's score for the role (accuracy or attention mass, in [0, 1])
     "baseline",  # the baseline's score on the same items
     "margin",  # score - baseline
-    "ci_low",  # bootstrap confidence interval of score (over items, seeded)
+    "ci_low",  # confidence interval of score at RolesConfig.ci_level (kind in `interval`)
     "ci_high",
-    "p_value",  # one-sided, score > baseline (paired sign-flip permutation or binomial)
+    "p_value",  # one-sided p that score > baseline (test in `test`), ADJUSTED over the family in `family`
     "n",  # items the score is computed over
-    "verdict",  # bool: the head holds the role
+    "verdict",  # bool: the head holds the role (meets_threshold and p_value < alpha)
+    # --- how the uncertainty was computed (analyses.stats.verdicts) ---
+    "p_raw",  # the unadjusted p of `test`
+    "test",  # "sign-flip permutation (2000)", "sign-flip permutation (7200, refined)",
+    #          "sign-flip permutation (200000) + normal tail", "exact sign test", "exact binomial"; "" when n = 0
+    "interval",  # "bootstrap percentile" (continuous scores) or "Wilson" (0/1 hits); "" when n = 0
+    "family",  # the p_value's correction family: "role" (the heads of one role/relation/direction),
+    #            "global" (every row of the run), "none" (uncorrected: p_value = p_raw)
+    "meets_threshold",  # bool: the role's threshold criterion holds and n >= its minimum (all but the p of a verdict)
 ]
 
 STAT_COLUMNS = ["layer", "head", "metric", "value", "n"]
@@ -40,11 +48,15 @@ def empty_roles() -> pd.DataFrame:
 
 
 _ROLE_DTYPES = ["int64", "int64", "object", "object", "object"] + ["float64"] * 6 + ["int64", "bool"]
+_ROLE_DTYPES += ["float64", "object", "object", "object", "bool"]
 
 
 def roles_frame(rows: list[dict]) -> pd.DataFrame:
     """Build a role frame from row dicts, with columns in the canonical order and dtypes;
-    missing ``relation``/``direction`` become ``""``."""
+    missing ``relation``/``direction`` become ``""``. Rows built by hand (before the
+    uncertainty columns existed) may lack those: ``p_raw`` then copies ``p_value``,
+    ``test``/``interval`` are ``""``, ``family`` is ``"role"`` and ``meets_threshold``
+    copies ``verdict`` (a lower bound)."""
     if not rows:
         return empty_roles()
     df = pd.DataFrame(rows)
@@ -52,6 +64,13 @@ def roles_frame(rows: list[dict]) -> pd.DataFrame:
         if c not in df:
             df[c] = ""
         df[c] = df[c].fillna("")
+    defaults = {"p_raw": "p_value", "meets_threshold": "verdict"}
+    for c, src in defaults.items():
+        if c not in df and src in df:
+            df[c] = df[src]
+    for c, v in (("test", ""), ("interval", ""), ("family", "role")):
+        if c not in df:
+            df[c] = v
     missing = [c for c in ROLE_COLUMNS if c not in df]
     if missing:
         raise ValueError(f"role rows lack columns {missing}; expected {ROLE_COLUMNS}")

@@ -28,9 +28,17 @@ class RolesConfig:
     # uncertainty
     n_boot: int = 1000  # bootstrap resamples over items for ci_low/ci_high
     ci_level: float = 0.95
-    n_perm: int = 2000  # sign-flip permutations for p_value
+    n_perm: int = 2000  # sign-flip permutations for p_value (continuous scores, or a baseline neither 0/1 nor constant)
+    # where the permutation floor 1/(n_perm+1) is not below what the correction needs (alpha/m for BH over m heads),
+    # heads with p < alpha are redrawn with ceil(1/needed) permutations, at most max(n_perm, n_perm_max); only a p
+    # still at the floor after that takes the normal tail (the `test` column says which)
+    n_perm_max: int = 200_000
     alpha: float = 0.01  # significance level for a verdict (after correction)
-    correction: str = "bh"  # "bh" (Benjamini-Hochberg over the heads of a role) or "none"
+    # "bh" (Benjamini-Hochberg), "by" (Benjamini-Yekutieli: FDR under any dependence) or "none"
+    correction: str = "bh"
+    # the family a correction spans: "role" = the heads of one role/relation/direction (one verdict_rows call);
+    # "global" = every row of the run's roles table (analyses.stats.verdicts.apply_family)
+    family: str = "role"
     # thresholds
     margin: float = 0.10  # score must beat the baseline by this much (Voita et al. 2019)
     positional_threshold: float = 0.90  # Voita et al. 2019: >=90% of max-attention on one offset
@@ -51,9 +59,15 @@ class RolesConfig:
     batch_size: int = 32
 
     def __post_init__(self):
-        if self.correction not in ("bh", "none"):
+        if self.correction not in ("bh", "by", "none"):
             raise ValueError(
-                f"The 'correction' parameter of RolesConfig must be 'bh' or 'none'; got {self.correction!r}."
+                f"The 'correction' parameter of RolesConfig must be 'bh', 'by' or 'none'; got {self.correction!r}."
+            )
+        if self.family not in ("role", "global"):
+            raise ValueError(f"The 'family' parameter of RolesConfig must be 'role' or 'global'; got {self.family!r}.")
+        if not isinstance(self.n_perm_max, int) or isinstance(self.n_perm_max, bool) or self.n_perm_max < 1:
+            raise ValueError(
+                f"The 'n_perm_max' parameter of RolesConfig must be a positive int; got {self.n_perm_max!r}."
             )
         for k in (
             "margin",

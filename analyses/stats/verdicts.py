@@ -6,18 +6,45 @@ uniform attention, or a positional rule, would score on the same item). This mod
 turns those into rows of :data:`~headscope.analyses.frames.ROLE_COLUMNS`:
 
 * ``score`` = mean value over items; ``baseline`` = mean baseline; ``margin`` = difference;
-* ``ci_low``/``ci_high`` = percentile bootstrap CI of the score over items
-  (:func:`~headscope.analyses.stats.resampling.bootstrap_ci`, seeded with ``cfg.seed``);
-* ``p_value`` = one-sided paired sign-flip permutation p that score > baseline
-  (:func:`~headscope.analyses.stats.resampling.paired_permutation_p`), Benjamini-Hochberg adjusted
-  over the heads of this call (one role / relation / direction) when
-  ``cfg.correction == "bh"``. The column holds the ADJUSTED p. Where no permutation
-  reaches the observed mean, the p below the Monte-Carlo floor ``1/(n_perm+1)`` comes
-  from the normal approximation of the same sign-flip null (:func:`tail_p`);
-* ``verdict``: ``threshold_kind="margin"``: ``margin >= threshold`` (default ``cfg.margin``)
-  and adjusted ``p < cfg.alpha``; ``threshold_kind="absolute"``: ``score >= threshold`` and
-  adjusted ``p < cfg.alpha``. Heads with fewer than ``min_n`` items get ``verdict=False``
-  (their scores are still reported).
+* ``ci_low``/``ci_high`` (named in ``interval``) and ``p_raw``, the one-sided p that
+  score > baseline (named in ``test``), depend on ``score_kind``:
+
+  - ``"share"`` (continuous values in [0, 1]; the default): percentile bootstrap CI over
+    items (:func:`~headscope.analyses.stats.resampling.bootstrap_ci`, seeded with
+    ``cfg.seed``) and the paired sign-flip permutation p
+    (:func:`~headscope.analyses.stats.resampling.paired_permutation_p`, ``cfg.n_perm``
+    draws). Its floor ``1/(n_perm+1)`` may be above what the correction needs (rank 1 of
+    BH over m heads: ``alpha/m``): then the heads whose p is at that floor or a few draws
+    above it (any p below ``cfg.alpha``, the only ones that could pass), and only those,
+    are redrawn with ``ceil(1/needed)`` permutations (at most ``cfg.n_perm_max``; same
+    seed); only where that cap leaves them at a floor still too high does the normal
+    approximation of the same null (:func:`tail_p`) stand in. ``test`` says which:
+    ``"sign-flip permutation (2000)"``, ``"sign-flip permutation (7200, refined)"``,
+    ``"sign-flip permutation (200000) + normal tail"``. ``needed`` is ``alpha/m`` (BH),
+    ``alpha/(m·sum 1/i)`` (BY) or ``alpha`` (none), m = heads with a p in this call.
+  - ``"hit"`` (0/1 values; anything else is a ``ValueError``): the Wilson score interval
+    of the hit rate at ``cfg.ci_level`` (:func:`~headscope.analyses.stats.resampling.wilson_ci`).
+    Wilson rather than Clopper-Pearson: its coverage is close to nominal on average,
+    where Clopper-Pearson's guaranteed coverage makes it wider than needed (the decision
+    rests on the exact p, not on the interval), and unlike the bootstrap or Wald it never
+    collapses to a point at 0/n or n/n. The p is exact: against a 0/1 per-item baseline
+    (constant or not)
+    (syntactic's best fixed offset, coreference's nearest/first candidate) the exact
+    sign test on the discordant items (McNemar's exact test: ``Binomial(head-only,
+    head-only + baseline-only, 1/2)``, greater), ``test="exact sign test"``; against a
+    constant rate ``p0`` the exact binomial test of k hits in n, ``"exact binomial"``;
+    against any other baseline the sign-flip permutation as for shares.
+
+* ``p_value`` = ``p_raw`` adjusted over the heads of this call (one role / relation /
+  direction: ``family="role"``) by ``cfg.correction`` (``"bh"`` Benjamini-Hochberg,
+  ``"by"`` Benjamini-Yekutieli, ``"none"``: ``family="none"``). :func:`apply_family`
+  re-adjusts a whole run's table as one family when ``cfg.family == "global"`` (the
+  refinement above aims at the family of its call; in a global family a refined p at
+  its floor stays a valid, conservative p).
+* ``meets_threshold``: ``n >= min_n`` and ``threshold_kind="margin"``: ``margin >=
+  threshold`` (default ``cfg.margin``), or ``threshold_kind="absolute"``: ``score >=
+  threshold``. ``verdict`` = ``meets_threshold`` and ``p_value < cfg.alpha``, in
+  whichever family. Heads with fewer than ``min_n`` items keep their scores.
 
 Values may be missing for some heads/items: pass NaN in the matrix, or a dict
 ``{(layer, head): 1-D values}``; ``n`` counts each head's own items.
@@ -28,20 +55,38 @@ Values may be missing for some heads/items: pass NaN in the matrix, or a dict
 >>> rows = verdict_rows(v, 0.25, n_layers=2, n_heads=2, role="demo", cfg=RolesConfig(n_boot=200, n_perm=200))
 >>> [(r["layer"], r["head"], r["score"], r["verdict"]) for r in rows]
 [(0, 0, 0.0, False), (0, 1, 1.0, True), (1, 0, 0.0, False), (1, 1, 0.0, False)]
+>>> rows[1]["test"], rows[1]["interval"], rows[1]["family"]  # 1/201 is not < alpha/4: 400 draws
+('sign-flip permutation (400, refined)', 'bootstrap percentile', 'role')
+>>> r = verdict_rows(v, 0.25, n_layers=2, n_heads=2, role="demo", cfg=RolesConfig(), score_kind="hit")[1]
+>>> r["test"], r["interval"], round(r["ci_low"], 4), r["p_raw"] == 0.25**40  # 40/(40 + 1.96²); P(40 of 40 | 0.25)
+('exact binomial', 'Wilson', 0.9124, True)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+import pandas as pd
 import torch
 
-from headscope.analyses.roles.config import RolesConfig
-from headscope.analyses.stats.resampling import benjamini_hochberg, bootstrap_ci, paired_permutation_p
+from headscope.analyses.stats.resampling import (
+    adjust_p,
+    binomial_p,
+    bootstrap_ci,
+    paired_permutation_p,
+    required_p,
+    sign_test_p,
+    wilson_ci,
+)
 
 THRESHOLD_KINDS = ("margin", "absolute")
+SCORE_KINDS = ("share", "hit")
+
+if TYPE_CHECKING:  # only for annotations: importing the roles package here would be circular
+    from headscope.analyses.roles.config import RolesConfig
 
 
 def _to_tensor(x, name: str) -> torch.Tensor:
@@ -124,21 +169,138 @@ def tail_p(d: torch.Tensor) -> torch.Tensor:
     return torch.where(s2 > 0, p, torch.ones_like(p))
 
 
-def _stats(v: torch.Tensor, b: torch.Tensor, cfg: RolesConfig):
-    """v, b [n, k] without NaN -> score, baseline, lo, hi, p (raw) each [k].
+def _perm_label(n_perm: int, refined: bool = False, tail: bool = False) -> str:
+    if tail:
+        return f"sign-flip permutation ({n_perm}) + normal tail"
+    return f"sign-flip permutation ({n_perm}{', refined' if refined else ''})"
 
-    The Monte-Carlo permutation p cannot go below ``1/(n_perm+1)``, which after BH over
-    hundreds of heads would forbid any verdict; where no permutation reached the
-    observed mean (p at that floor) the normal-approximation tail :func:`tail_p` (never
-    above the floor) is used instead.
-    """
-    lo, hi = bootstrap_ci(v.float(), n_boot=cfg.n_boot, level=cfg.ci_level, seed=cfg.seed)
-    p = paired_permutation_p(v.float(), b.float(), n_perm=cfg.n_perm, seed=cfg.seed).double()
+
+class _Block:
+    """One group of heads that share their items: ``v``, ``b`` ``[n, k]`` (no NaN) and the
+    statistics of each column; ``perm`` marks the columns whose p is a sign-flip
+    permutation p (they may need refining once the family size is known)."""
+
+    def __init__(self, cols: list[int], v: torch.Tensor, b: torch.Tensor):
+        self.cols, self.v, self.b = cols, v, b
+        self.n = int(v.shape[0])
+
+
+def _block_stats(blk: _Block, cfg: RolesConfig, score_kind: str, role: str) -> None:
+    """Score, baseline, interval and raw p of every column of ``blk`` (sets attributes)."""
+    v, b = blk.v, blk.b
+    k = v.shape[1]
+    blk.score, blk.base = v.mean(0), b.mean(0)
+    blk.p = torch.full((k,), math.nan, dtype=torch.float64)
+    blk.test = [""] * k
+    blk.perm = torch.zeros(k, dtype=torch.bool)
+    if score_kind == "hit":
+        if not bool(((v == 0) | (v == 1)).all()):
+            bad = v[(v != 0) & (v != 1)][:3].tolist()
+            raise ValueError(f"score_kind='hit' needs 0/1 values; role {role!r} has values such as {bad}")
+        hits = v.sum(0)
+        blk.lo, blk.hi = wilson_ci(hits, torch.full_like(hits, blk.n), level=cfg.ci_level)
+        blk.interval = ["Wilson"] * k
+        b01 = ((b == 0) | (b == 1)).all(0)
+        const = (b == b[:1]).all(0)
+        sign = b01
+        binom = ~b01 & const
+        if bool(sign.any()):
+            n_pos = ((v == 1) & (b == 0))[:, sign].sum(0)
+            n_neg = ((v == 0) & (b == 1))[:, sign].sum(0)
+            blk.p[sign] = sign_test_p(n_pos, n_neg)
+        if bool(binom.any()):
+            blk.p[binom] = binomial_p(hits[binom], blk.n, b[0, binom])
+        for j in range(k):
+            blk.test[j] = "exact sign test" if bool(sign[j]) else "exact binomial" if bool(binom[j]) else ""
+        blk.perm = ~(sign | binom)
+    else:
+        lo, hi = bootstrap_ci(v.float(), n_boot=cfg.n_boot, level=cfg.ci_level, seed=cfg.seed)
+        blk.lo, blk.hi = lo.double(), hi.double()
+        blk.interval = ["bootstrap percentile"] * k
+        blk.perm = torch.ones(k, dtype=torch.bool)
+    if bool(blk.perm.any()):
+        idx = torch.nonzero(blk.perm).flatten()
+        p = paired_permutation_p(v[:, idx].float(), b[:, idx].float(), n_perm=cfg.n_perm, seed=cfg.seed).double()
+        blk.p[idx] = p
+        for j in idx.tolist():
+            blk.test[j] = _perm_label(cfg.n_perm)
+
+
+def _refine(blk: _Block, cfg: RolesConfig, needed: float) -> dict:
+    """Where the Monte-Carlo floor ``1/(n_perm+1)`` is not below ``needed`` (what a raw p
+    must beat to survive the correction), the permutation p of a head that could pass
+    (below ``cfg.alpha``: an adjusted p is never below its raw p) is too coarse to decide:
+    at the floor (no draw reached the observed mean) or a few draws above it (2/2001 where
+    the exact p is 1e-4). Those heads only are redrawn with ``ceil(1/needed)``
+    permutations (at most ``max(n_perm, n_perm_max)``; the same seed, so the first
+    ``n_perm`` draws are the ones already made); only where even that leaves a p at a
+    floor that is not below ``needed`` does the normal tail :func:`tail_p` (capped at that
+    floor) stand in. Returns counts ``{"floor", "refined", "tail"}`` for this block
+    (``floor``: heads at the ``n_perm`` floor)."""
+    out = {"floor": 0, "refined": 0, "tail": 0}
+    if not bool(blk.perm.any()):
+        return out
     floor = 1.0 / (cfg.n_perm + 1)
-    at_floor = p <= floor * (1 + 1e-6)
-    if bool(at_floor.any()):
-        p = torch.where(at_floor, torch.minimum(tail_p(v - b), torch.full_like(p, floor)), p)
-    return v.mean(0), b.mean(0), lo.double(), hi.double(), p
+    at_floor = blk.perm & (blk.p <= floor * (1 + 1e-6))
+    out["floor"] = int(at_floor.sum())
+    if floor < needed:
+        return out
+    coarse = blk.perm & ((blk.p < cfg.alpha) | at_floor)  # at_floor: when the floor itself is above alpha
+    if not bool(coarse.any()):
+        return out
+    target = math.ceil(1.0 / needed)
+    n_ref = min(target, max(cfg.n_perm, cfg.n_perm_max))
+    idx = torch.nonzero(coarse).flatten()
+    v, b = blk.v[:, idx], blk.b[:, idx]
+    if n_ref > cfg.n_perm:
+        p = paired_permutation_p(v.float(), b.float(), n_perm=n_ref, seed=cfg.seed).double()
+        out["refined"] = int(idx.numel())
+    else:
+        p, n_ref = blk.p[idx], cfg.n_perm
+    floor_ref = 1.0 / (n_ref + 1)
+    use_tail = (p <= floor_ref * (1 + 1e-6)) & (floor_ref >= needed)
+    if bool(use_tail.any()):
+        p = torch.where(use_tail, torch.minimum(tail_p(v - b), torch.full_like(p, floor_ref)), p)
+    blk.p[idx] = p
+    for j, t in zip(idx.tolist(), use_tail.tolist()):
+        blk.test[j] = _perm_label(n_ref, refined=n_ref > cfg.n_perm, tail=t)
+    out["tail"] = int(use_tail.sum())
+    return out
+
+
+def _blocks(values, baseline, n_layers: int, n_heads: int) -> tuple[list[_Block], list[int]]:
+    """Group the heads by their items: blocks of columns without NaN, and the columns
+    that have no item at all."""
+    blocks, empty = [], []
+    if isinstance(values, Mapping):
+        for col, v, b in _columns_from_dict(values, baseline, n_layers, n_heads):
+            ok = ~(torch.isnan(v) | torch.isnan(b))
+            if not bool(ok.any()):
+                empty.append(col)
+            else:
+                blocks.append(_Block([col], v[ok][:, None], b[ok][:, None]))
+        return blocks, empty
+    v = _to_tensor(values, "values")
+    v, b = _columns_from_matrix(v, baseline, n_layers, n_heads)
+    missing = torch.isnan(v) | torch.isnan(b)
+    if not bool(missing.any()):
+        return [_Block(list(range(v.shape[1])), v, b)], empty
+    groups: dict[bytes, list[int]] = {}  # heads see different items: group columns by their item mask
+    for col in range(v.shape[1]):
+        groups.setdefault((~missing[:, col]).numpy().tobytes(), []).append(col)
+    for cols in groups.values():
+        ok = ~missing[:, cols[0]]
+        if not bool(ok.any()):
+            empty.extend(cols)
+        else:
+            blocks.append(_Block(cols, v[ok][:, cols], b[ok][:, cols]))
+    return blocks, empty
+
+
+def family_label(cfg: RolesConfig, family: str | None = None) -> str:
+    """The ``family`` column: ``"none"`` when ``cfg.correction == "none"`` (p_value is the
+    raw p), else the family the correction spans (``"role"`` or ``"global"``)."""
+    return "none" if cfg.correction == "none" else (family or "role")
 
 
 def verdict_rows(
@@ -154,6 +316,8 @@ def verdict_rows(
     threshold_kind: str = "margin",
     threshold: float | None = None,
     min_n: int = 1,
+    score_kind: str = "share",
+    report: dict | None = None,
 ) -> list[dict]:
     """Rows of ROLE_COLUMNS, one per head, for one role (and relation/direction).
 
@@ -164,12 +328,20 @@ def verdict_rows(
     the shape of ``values``, or (with dict values) a dict of the same keys.
     ``threshold_kind``: ``"margin"`` (default threshold ``cfg.margin``) or ``"absolute"``
     (``threshold`` required). ``min_n``: heads with fewer items get no verdict.
+    ``score_kind``: ``"share"`` (continuous values: bootstrap CI, sign-flip p) or
+    ``"hit"`` (0/1 values: Wilson CI, exact tests); see the module doc.
+    ``report``: if a dict, counts are added to it: ``floor`` (heads whose permutation p
+    sat at its floor), ``refined`` (heads redrawn with more permutations), ``tail`` (heads
+    whose p is the normal tail).
 
-    Raises ``ValueError`` on shape mismatches, unknown ``threshold_kind`` or a missing
-    absolute threshold; ``TypeError`` on values of the wrong type.
+    Raises ``ValueError`` on shape mismatches, unknown ``threshold_kind`` or
+    ``score_kind``, a missing absolute threshold, or non-0/1 values with
+    ``score_kind="hit"``; ``TypeError`` on values of the wrong type.
     """
     if threshold_kind not in THRESHOLD_KINDS:
         raise ValueError(f"threshold_kind must be one of {THRESHOLD_KINDS}; got {threshold_kind!r}")
+    if score_kind not in SCORE_KINDS:
+        raise ValueError(f"score_kind must be one of {SCORE_KINDS}; got {score_kind!r} (role {role!r})")
     if threshold is None:
         if threshold_kind == "absolute":
             raise ValueError("threshold_kind='absolute' needs an explicit threshold (e.g. cfg.positional_threshold)")
@@ -179,56 +351,44 @@ def verdict_rows(
     if n_layers < 1 or n_heads < 1:
         raise ValueError(f"n_layers and n_heads must be >= 1; got {n_layers}, {n_heads}")
 
-    # per-head results, keyed by column
-    res: dict[int, tuple] = {}
-    if isinstance(values, Mapping):
-        for col, v, b in _columns_from_dict(values, baseline, n_layers, n_heads):
-            ok = ~(torch.isnan(v) | torch.isnan(b))
-            v, b = v[ok], b[ok]
-            if v.numel() == 0:
-                res[col] = (math.nan, math.nan, math.nan, math.nan, math.nan, 0)
-                continue
-            s, bl, lo, hi, p = _stats(v[:, None], b[:, None], cfg)
-            res[col] = (float(s[0]), float(bl[0]), float(lo[0]), float(hi[0]), float(p[0]), int(v.numel()))
-    else:
-        v = _to_tensor(values, "values")
-        v, b = _columns_from_matrix(v, baseline, n_layers, n_heads)
-        missing = torch.isnan(v) | torch.isnan(b)
-        if not bool(missing.any()):
-            s, bl, lo, hi, p = _stats(v, b, cfg)
-            for col in range(v.shape[1]):
-                res[col] = (float(s[col]), float(bl[col]), float(lo[col]), float(hi[col]), float(p[col]), v.shape[0])
-        else:  # heads see different items: group columns by their item mask
-            groups: dict[bytes, list[int]] = {}
-            for col in range(v.shape[1]):
-                groups.setdefault((~missing[:, col]).numpy().tobytes(), []).append(col)
-            for cols in groups.values():
-                ok = ~missing[:, cols[0]]
-                n = int(ok.sum())
-                if n == 0:
-                    for col in cols:
-                        res[col] = (math.nan, math.nan, math.nan, math.nan, math.nan, 0)
-                    continue
-                s, bl, lo, hi, p = _stats(v[ok][:, cols], b[ok][:, cols], cfg)
-                for j, col in enumerate(cols):
-                    res[col] = (float(s[j]), float(bl[j]), float(lo[j]), float(hi[j]), float(p[j]), n)
+    blocks, empty = _blocks(values, baseline, n_layers, n_heads)
+    for blk in blocks:
+        _block_stats(blk, cfg, score_kind, role)
+    m = sum(int((~torch.isnan(blk.p)).sum()) for blk in blocks)  # the family: this call's heads with a p
+    needed = required_p(m, cfg.alpha, cfg.correction)
+    counts = {"floor": 0, "refined": 0, "tail": 0}
+    for blk in blocks:
+        for key, c in _refine(blk, cfg, needed).items():
+            counts[key] += c
+    if report is not None:
+        for key, c in counts.items():
+            report[key] = report.get(key, 0) + c
 
+    nan = math.nan
+    res: dict[int, tuple] = {col: (nan, nan, nan, nan, nan, 0, "", "") for col in empty}
+    for blk in blocks:
+        for j, col in enumerate(blk.cols):
+            res[col] = (
+                float(blk.score[j]),
+                float(blk.base[j]),
+                float(blk.lo[j]),
+                float(blk.hi[j]),
+                float(blk.p[j]),
+                blk.n,
+                blk.test[j],
+                blk.interval[j],
+            )
     cols = sorted(res)
     raw_p = torch.tensor([res[c][4] for c in cols], dtype=torch.float64)
-    adj = raw_p.clone()
-    finite = ~torch.isnan(raw_p)
-    if cfg.correction == "bh" and bool(finite.any()):
-        adj[finite] = benjamini_hochberg(raw_p[finite]).double()
+    adj = adjust_p(raw_p, cfg.correction)
+    family = family_label(cfg)
     rows = []
     for c, p in zip(cols, adj.tolist()):
-        score, base, lo, hi, _, n = res[c]
+        score, base, lo, hi, p_raw, n, test, interval = res[c]
         margin = score - base
-        if n < max(min_n, 1) or math.isnan(p):
-            verdict = False
-        elif threshold_kind == "margin":
-            verdict = margin >= threshold - 1e-12 and p < cfg.alpha
-        else:
-            verdict = score >= threshold - 1e-12 and p < cfg.alpha
+        crit = margin if threshold_kind == "margin" else score
+        meets = n >= max(min_n, 1) and not math.isnan(crit) and crit >= threshold - 1e-12
+        verdict = meets and not math.isnan(p) and p < cfg.alpha
         rows.append(
             {
                 "layer": c // n_heads,
@@ -244,15 +404,60 @@ def verdict_rows(
                 "p_value": p,
                 "n": n,
                 "verdict": bool(verdict),
+                "p_raw": p_raw,
+                "test": test,
+                "interval": interval,
+                "family": family,
+                "meets_threshold": bool(meets),
             }
         )
     return rows
 
 
-def layered_rows(values: torch.Tensor, baseline, layers, *, role: str, cfg: RolesConfig, **kwargs) -> list[dict]:
+def apply_family(frame: pd.DataFrame, cfg: RolesConfig) -> pd.DataFrame:
+    """The roles table with its correction family set by ``cfg.family``; pure (returns a
+    new frame, or ``frame`` itself when there is nothing to do).
+
+    * ``"role"``: each :func:`verdict_rows` call (one role/relation/direction over the
+      heads of a run) already is the family; ``frame`` is returned unchanged.
+    * ``"global"``: every row of ``frame`` (all heads × roles × relations × directions of
+      one run) is one family: ``p_value`` = ``cfg.correction`` of ``p_raw`` over all rows
+      with a p, ``verdict`` = ``meets_threshold`` and ``p_value < cfg.alpha``, ``family``
+      = ``"global"`` (``"none"`` when ``cfg.correction == "none"``).
+
+    The permutation refinement in :func:`verdict_rows` aims at the family of its call; a
+    p at the permutation floor in a global family is still a valid (conservative) p.
+
+    >>> import pandas as pd
+    >>> from headscope.analyses.roles.config import RolesConfig
+    >>> f = pd.DataFrame({"p_raw": [0.001, 0.004, 0.5], "p_value": [0.002, 0.004, 0.5],
+    ...                   "meets_threshold": [True, True, True], "verdict": [True, True, False], "family": "role"})
+    >>> g = apply_family(f, RolesConfig(family="global"))
+    >>> [round(x, 6) for x in g["p_value"]], g["verdict"].tolist()
+    ([0.003, 0.006, 0.5], [True, True, False])
+    """
+    if cfg.family == "role":
+        return frame
+    if cfg.family != "global":
+        raise ValueError(f"cfg.family must be 'role' or 'global'; got {cfg.family!r}")
+    missing = [c for c in ("p_raw", "meets_threshold") if c not in frame]
+    if missing:
+        raise ValueError(f"a global family needs the columns {missing} (rows from verdict_rows carry them)")
+    out = frame.copy()
+    p = adjust_p(torch.tensor(out["p_raw"].to_numpy(dtype=np.float64)), cfg.correction).numpy()
+    out["p_value"] = p
+    out["verdict"] = out["meets_threshold"].astype(bool).to_numpy() & (np.nan_to_num(p, nan=1.0) < cfg.alpha)
+    out["family"] = family_label(cfg, "global")
+    return out
+
+
+def layered_rows(
+    values: torch.Tensor, baseline, layers, *, role: str, cfg: RolesConfig, score_kind: str = "share", **kwargs
+) -> list[dict]:
     """:func:`verdict_rows` for ``values [n_items, n_layers_captured, n_heads]`` whose
     second axis holds the model layers ``layers``; ``baseline`` is a scalar, ``[n_items]``
-    or the shape of ``values``. Row ``layer`` fields are the model's layer numbers."""
+    or the shape of ``values``. Row ``layer`` fields are the model's layer numbers;
+    ``score_kind`` and ``kwargs`` go to :func:`verdict_rows`."""
     values = _to_tensor(values, "values")
     if values.dim() != 3:
         raise ValueError(f"values must be [n_items, layer, head]; got shape {tuple(values.shape)}")
@@ -266,7 +471,9 @@ def layered_rows(values: torch.Tensor, baseline, layers, *, role: str, cfg: Role
         if b.numel() != n:
             raise ValueError(f"a 1-D baseline must hold one value per item ({n}); got {b.numel()}")
         b = b[:, None].expand(n, n_l * n_h)
-    rows = verdict_rows(values.reshape(n, n_l * n_h), b, n_layers=n_l, n_heads=n_h, role=role, cfg=cfg, **kwargs)
+    rows = verdict_rows(
+        values.reshape(n, n_l * n_h), b, n_layers=n_l, n_heads=n_h, role=role, cfg=cfg, score_kind=score_kind, **kwargs
+    )
     for r in rows:
         r["layer"] = int(layers[r["layer"]])
     return rows
