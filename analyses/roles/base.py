@@ -18,10 +18,16 @@ row per head × relation × direction. It says
   :class:`~headscope.probes.capture.StreamReport` -> :class:`RoleOutput`;
 * ``feed(ctx, reducers, progress)`` (``"generated"`` corpora only): runs the model over
   the role's own items into ``reducers`` and returns a ``StreamReport``;
-  ``items(ctx)`` makes those items.
+  ``items(ctx)`` makes those items;
+* ``options``: the names of the per-run options the role reads from ``ctx.options``
+  (e.g. ``include_special``; :func:`~headscope.analyses.roles.pipeline.head_roles` takes
+  ``options={group: {name: value}}`` and refuses a name not listed here). Options are
+  for values that are not configuration (a frequency table, given items) or that only
+  one group reads; each role documents its options and their defaults.
 
 Roles of one corpus share one pass over it. Adding a role = one module that builds a
-:class:`Role` + :func:`register` + its tests.
+:class:`Role` + :func:`register` + its tests; :func:`~headscope.analyses.roles.pipeline.run_role`
+runs one group through the same code as ``head_roles``.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ class RoleContext:
     model: Any
     cfg: RolesConfig
     items: list = field(default_factory=list)
+    #: the per-run options of this group (names from :attr:`Role.options`); roles read
+    #: them with ``ctx.options.get(name, default)``
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class Role:
     description: str = ""
     items: Callable[[RoleContext], list] | None = None
     feed: Callable[[RoleContext, list, Any], Any] | None = None
+    options: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.corpus not in CORPORA:
@@ -65,22 +75,58 @@ class Role:
             raise ValueError(f"role {self.name!r}: score_kind must be one of {SCORE_KINDS}; got {self.score_kind!r}")
         if self.corpus == "generated" and (self.items is None or self.feed is None):
             raise ValueError(f"role {self.name!r}: a generated corpus needs items() and feed()")
+        if isinstance(self.options, str) or not all(isinstance(o, str) for o in self.options):
+            raise TypeError(f"role {self.name!r}: options must be a tuple of option names; got {self.options!r}")
 
 
 #: every registered role group, in pipeline order (registration order)
 REGISTRY: dict[str, Role] = {}
+#: roles registered with ``after=`` a group not registered yet: {that group: [roles]}
+_PENDING: dict[str, list[Role]] = {}
 
 
-def register(role: Role, *, replace: bool = False) -> Role:
-    """Add ``role`` to :data:`REGISTRY` (``replace=True`` to redefine a name)."""
+def register(role: Role, *, replace: bool = False, after: str | None = None) -> Role:
+    """Add ``role`` to :data:`REGISTRY` (``replace=True`` to redefine a name).
+
+    ``after``: place it right after that group rather than last. A module whose import
+    comes before that group's (``summary`` lives in :mod:`.pattern_stats`, which every
+    token role imports first) registers ``after="rare-word"``; until that group is
+    registered the role waits, then takes its place.
+    """
     if not isinstance(role, Role):
         raise TypeError(f"register takes a Role; got {type(role).__name__}")
-    if role.name in REGISTRY and not replace:
+    known = REGISTRY.get(role.name) or next((r for rs in _PENDING.values() for r in rs if r.name == role.name), None)
+    if known is not None and not replace:
+        if _source(known) is not None and _source(known) == _source(role):
+            return known  # the same module imported again under another name (pytest --doctest-modules)
         raise ValueError(f"a role group named {role.name!r} is registered already; pass replace=True")
-    REGISTRY[role.name] = role
+    if after is not None and after not in REGISTRY:
+        _remove_pending(role.name)
+        _PENDING.setdefault(after, []).append(role)
+        return role
+    if after is None or role.name in REGISTRY:
+        REGISTRY[role.name] = role  # a replaced role keeps its place
+    else:
+        items = list(REGISTRY.items())
+        at = [k for k, _ in items].index(after) + 1
+        REGISTRY.clear()
+        REGISTRY.update([*items[:at], (role.name, role), *items[at:]])
+    for waiting in _PENDING.pop(role.name, []):
+        register(waiting, after=role.name)
     return role
+
+
+def _source(role: Role) -> str | None:
+    """The file that defines ``role.finish``."""
+    return getattr(getattr(role.finish, "__code__", None), "co_filename", None)
+
+
+def _remove_pending(name: str) -> None:
+    for rs in _PENDING.values():
+        rs[:] = [r for r in rs if r.name != name]
 
 
 def unregister(name: str) -> None:
     """Remove a role group (tests that register a toy role clean up with this)."""
     REGISTRY.pop(name, None)
+    _remove_pending(name)

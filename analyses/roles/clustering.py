@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 import torch
 
-from headscope.analyses.roles.config import RolesConfig
+from headscope.analyses.frames import empty_roles
+from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import check_layers, entropy, query_rows
-from headscope.probes.capture import stream
 
 DISTANCES = ("js", "sqrt_js")
 
@@ -203,21 +205,39 @@ def embed_and_cluster(js: torch.Tensor, labels, *, k: int = 6, seed: int = 0, di
     )
 
 
-def run(
-    model,
-    items,
-    cfg: RolesConfig = RolesConfig(),
-    *,
-    k: int = 6,
-    distance: str = "js",
-    progress=None,
-    include_special: bool = False,
-):
-    """JS matrix, MDS map and clusters of every head over ``items`` (texts).
+def _reducer(ctx: RoleContext) -> JSReducer:
+    return JSReducer(
+        include_special=ctx.options.get("include_special", False),
+        rows_per_item=ctx.cfg.js_rows_per_item,
+        seed=ctx.cfg.seed,
+    )
 
-    Returns ``(frame [layer, head, x, y, cluster], js [H_total, H_total], report)``.
-    """
-    red = JSReducer(include_special=include_special, rows_per_item=cfg.js_rows_per_item, seed=cfg.seed)
-    rep = stream(model, list(items), [red], batch_size=cfg.batch_size, progress=progress)
-    js, labels = red.result()
-    return embed_and_cluster(js, labels, k=k, seed=cfg.seed, distance=distance), js, rep
+
+def finish(reducer: JSReducer, report, ctx: RoleContext) -> RoleOutput:
+    """An empty role frame; ``extra["clusters"]`` (frame ``layer, head, x, y, cluster``)
+    and ``extra["js"]`` (the ``[H_total, H_total]`` matrix)."""
+    js, labels = reducer.result()
+    k = ctx.options.get("k", 6)
+    frame = embed_and_cluster(
+        js, labels, k=min(k, len(labels)), seed=ctx.cfg.seed, distance=ctx.options.get("distance", "js")
+    )
+    return RoleOutput(
+        frame=empty_roles(), skipped=Counter(report.skipped), n_items=report.n_used, extra={"clusters": frame, "js": js}
+    )
+
+
+ROLE_DEF = register(
+    Role(
+        name="clustering",
+        corpus="text",
+        score_kind="none",
+        reducer=_reducer,
+        finish=finish,
+        options=("k", "distance", "include_special"),
+        description=(
+            "No verdicts: the head-by-head Jensen-Shannon divergence of attention rows (Clark et al. 2019, §6), "
+            "an MDS map and agglomerative clusters. Options: k (clusters, default 6, at most the number of "
+            "heads), distance ('js' default, or 'sqrt_js'), include_special (default False)."
+        ),
+    )
+)

@@ -38,19 +38,24 @@ the visible keys. Verdict: score ``>= cfg.induction_threshold`` and BH-adjusted 
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.config import RoleOutput, RolesConfig
+from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, allowed_keys, check_layers
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import Capture, check_finite
-from headscope.probes.tokens import collate
+from headscope.probes.capture import Capture, StreamReport, check_finite
+from headscope.probes.tokens import collate, pad_id
 
 ROLES = ("induction", "duplicate-token", "previous-token", "next-token")
 CAUSAL_ROLES = ROLES[:3]
 _PLACEHOLDER = re.compile(r"^(\[.*\]|<.*>)$")
+
+#: what the per-item values are (:mod:`headscope.analyses.stats.verdicts` picks the interval and test)
+SCORE_KIND = "share"
 
 
 # -- probe sequences ------------------------------------------------------------------------
@@ -116,7 +121,7 @@ def capture_ids(
                 "special": special[i, : lengths[i]].tolist(),
             }
         )
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    pad = pad_id(tok)
     batch = collate(items, pad)
     ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
     data = model.run(batch, ("pattern",), ls)
@@ -204,78 +209,132 @@ class InductionReducer(ItemValuesReducer):
         return self._by_role(self.roles)
 
 
-def run(
-    model,
-    items=None,
-    cfg: RolesConfig = RolesConfig(),
-    *,
-    progress=None,
-    exclude_bos: bool = False,
-    exclude_current_token: bool = False,
-    vocab_ids=None,
-) -> RoleOutput:
-    """Induction-family roles of every head.
+# -- the role ------------------------------------------------------------------------------
+def probe_items(ctx: RoleContext) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The sequences the role runs on, as ``(ids [pos], special [pos])`` pairs.
 
-    ``items``: ``None`` (default) draws ``cfg.induction_n_sequences`` sequences of
-    ``2 * cfg.induction_seq_len`` repeated random tokens (+ first token) seeded with
-    ``cfg.seed``; or a ``[n, pos]`` tensor / list of id lists to use instead.
-    Returns :class:`RoleOutput` with ``extra["sequences"]`` (the ids used).
+    Option ``items`` (default ``None``): ``None`` draws ``cfg.induction_n_sequences``
+    sequences of ``2 * cfg.induction_seq_len`` repeated random tokens (+ first token)
+    seeded with ``cfg.seed`` (from option ``vocab_ids``, default :func:`ordinary_vocab`);
+    or a ``[n, pos]`` tensor / list of id lists to use instead (special ids are marked).
+    Raises ``ValueError`` for a sequence longer than the model's context.
     """
-    if items is None:
+    model, cfg = ctx.model, ctx.cfg
+    given = ctx.options.get("items")
+    if given is None:
         ids, special = repeated_random_tokens(
             model.tokenizer,
             n_sequences=cfg.induction_n_sequences,
             seq_len=cfg.induction_seq_len,
             seed=cfg.seed,
-            vocab_ids=vocab_ids,
+            vocab_ids=ctx.options.get("vocab_ids"),
         )
-        lengths = [ids.shape[1]] * ids.shape[0]
+        seqs = list(zip(ids, special))
     else:
-        seqs = [list(map(int, s)) for s in (items.tolist() if isinstance(items, torch.Tensor) else items)]
-        if not seqs or any(len(s) < 2 for s in seqs):
+        rows = [list(map(int, s)) for s in (given.tolist() if isinstance(given, torch.Tensor) else given)]
+        if not rows or any(len(s) < 2 for s in rows):
             raise ValueError("items must be sequences of at least 2 token ids each")
-        lengths = [len(s) for s in seqs]
-        pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-        ids = torch.full((len(seqs), max(lengths)), pad, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s)
         specials = set(model.tokenizer.all_special_ids)
-        special = torch.tensor([[int(x) in specials for x in row] for row in ids.tolist()]) & (
-            torch.arange(ids.shape[1])[None] < torch.tensor(lengths)[:, None]
-        )
-    too_long = [i for i, n in enumerate(lengths) if n > model.spec.max_positions]
+        seqs = [(torch.tensor(s, dtype=torch.long), torch.tensor([x in specials for x in s])) for s in rows]
+    too_long = [i for i, (ids, _) in enumerate(seqs) if len(ids) > model.spec.max_positions]
     if too_long:
         raise ValueError(
-            f"sequence {too_long[0]} has {lengths[too_long[0]]} tokens; the model's context is {model.spec.max_positions}"
+            f"sequence {too_long[0]} has {len(seqs[too_long[0]][0])} tokens; the model's context is {model.spec.max_positions}"
         )
-    red = InductionReducer(
-        causal=model.spec.causal, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token
-    )
+    return seqs
+
+
+def padded(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """``(ids, special)`` pairs -> ``(ids [n, pos], special [n, pos], lengths)``, right-padded with ``pad_id``."""
+    lengths = [len(ids) for ids, _ in seqs]
+    ids = torch.full((len(seqs), max(lengths)), pad_id, dtype=torch.long)
+    special = torch.zeros(ids.shape, dtype=torch.bool)
+    for i, (row, spec) in enumerate(seqs):
+        ids[i, : len(row)] = row
+        special[i, : len(row)] = spec
+    return ids, special, lengths
+
+
+def _pad_id(tokenizer) -> int:
+    return pad_id(tokenizer)
+
+
+def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
+    """Run ``ctx.model`` over ``ctx.items`` (:func:`probe_items`), ``cfg.batch_size`` at a
+    time in order, into ``reducers``; ``progress(done, total)`` counts batches."""
+    ids, special, lengths = padded(ctx.items, _pad_id(ctx.model.tokenizer))
     n = ids.shape[0]
-    starts = list(range(0, n, cfg.batch_size))
+    starts = list(range(0, n, ctx.cfg.batch_size))
+    report = StreamReport(n_items=n, n_used=n, n_batches=len(starts), real_tokens=sum(lengths))
     for bi, s in enumerate(starts):
-        e = min(s + cfg.batch_size, n)
+        e = min(s + ctx.cfg.batch_size, n)
+        width = max(lengths[s:e])
         cap = capture_ids(
-            model,
-            ids[s:e, : max(lengths[s:e])],
-            special[s:e, : max(lengths[s:e])],
+            model=ctx.model,
+            ids=ids[s:e, :width],
+            special=special[s:e, :width],
             item_ids=range(s, e),
             lengths=lengths[s:e],
         )
-        red.update(cap)
+        for red in reducers:
+            red.update(cap)
+        report.padded_tokens += width * (e - s) - sum(lengths[s:e])
         if progress is not None:
             progress(bi + 1, len(starts))
-    values, base, layers = red.result()
+    return report
+
+
+def _reducer(ctx: RoleContext) -> InductionReducer:
+    return InductionReducer(
+        causal=ctx.model.spec.causal,
+        exclude_bos=ctx.options.get("exclude_bos", False),
+        exclude_current_token=ctx.options.get("exclude_current_token", False),
+    )
+
+
+def finish(reducer: InductionReducer, report, ctx: RoleContext) -> RoleOutput:
+    """A filled reducer -> :class:`RoleOutput` with ``extra["sequences"]`` (the ids used,
+    ``[n, pos]``) and ``extra["notes"]``."""
+    cfg = ctx.cfg
+    values, base, layers = reducer.result()
     rows = []
-    for role in red.roles:
+    for role in reducer.roles:
         rows += layered_rows(
             values[role],
             base[role],
             layers,
             role=role,
+            score_kind=SCORE_KIND,
             cfg=cfg,
             threshold_kind="absolute",
             threshold=cfg.induction_threshold,
         )
-    notes = [] if not model.spec.causal else ["causal model: next-token is impossible and not reported"]
-    return RoleOutput(frame=roles_frame(rows), n_items=n, extra={"sequences": ids, "notes": notes})
+    notes = [] if not ctx.model.spec.causal else ["causal model: next-token is impossible and not reported"]
+    ids = padded(ctx.items, _pad_id(ctx.model.tokenizer))[0]
+    return RoleOutput(
+        frame=roles_frame(rows),
+        skipped=Counter(report.skipped),
+        n_items=report.n_used,
+        extra={"sequences": ids, "notes": notes},
+    )
+
+
+ROLE_DEF = register(
+    Role(
+        name="induction",
+        corpus="generated",
+        score_kind=SCORE_KIND,
+        reducer=_reducer,
+        finish=finish,
+        items=probe_items,
+        feed=feed,
+        options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
+        description=(
+            "induction, duplicate-token, previous-token (and next-token, bidirectional models): the share of a "
+            "head's attention mass on the cells of the transformer-lens detection pattern over repeated random "
+            "token sequences (error_measure='mul'), against uniform attention. Options: items (sequences to use "
+            "instead of random ones), vocab_ids (ids to draw from), exclude_bos, exclude_current_token "
+            "(default False, as detect_head)."
+        ),
+    )
+)

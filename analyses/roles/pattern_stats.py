@@ -32,14 +32,14 @@ True
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pandas as pd
 import torch
 
-from headscope.analyses.frames import STAT_COLUMNS
-from headscope.analyses.roles.config import RoleOutput, RolesConfig
-from headscope.probes.capture import stream
+from headscope.analyses.frames import STAT_COLUMNS, empty_roles
+from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.config import RoleOutput
 
 METRICS = ("entropy", "kl_from_uniform", "mean_distance", "confidence")
 
@@ -212,6 +212,16 @@ def check_layers(layers, seen):
     return tuple(layers)
 
 
+def _masked_pattern_of(cap, layer: int, causal: bool) -> torch.Tensor:
+    """:func:`masked_pattern` of ``cap``'s layer over :func:`allowed_keys` (for ``Capture.cached``)."""
+    return masked_pattern(cap["pattern", layer], allowed_keys(cap.key_mask, causal))
+
+
+def _argmax_share_of(cap, layer: int, causal: bool) -> torch.Tensor:
+    """:func:`share_of_max` of :func:`_masked_pattern_of` (for ``Capture.cached``)."""
+    return share_of_max(cap.cached(_masked_pattern_of, layer, causal), allowed_keys(cap.key_mask, causal))
+
+
 class ItemValuesReducer:
     """Base of the role reducers that keep per-item values (positional, special,
     rare-word, induction): the layers seen, an :class:`ItemValues` store, an exact
@@ -233,20 +243,15 @@ class ItemValuesReducer:
         return allowed_keys(cap.key_mask, self.causal), rows, special
 
     def _masked(self, cap, layer: int, allowed: torch.Tensor) -> torch.Tensor:
-        """:func:`masked_pattern` of a layer over ``allowed``, once per batch (``cap.derived``)."""
-        key = ("masked_pattern", layer, self.causal)
-        if key not in cap.derived:
-            cap.derived[key] = masked_pattern(cap["pattern", layer], allowed)
-        return cap.derived[key]
+        """:func:`masked_pattern` of a layer over the keys ``self.causal`` allows (``allowed``,
+        from :meth:`_masks`), once per batch, shared by reducers through ``cap.cached``."""
+        return cap.cached(_masked_pattern_of, layer, self.causal)
 
     def _argmax_share(self, cap, layer: int, allowed: torch.Tensor) -> torch.Tensor:
         """:func:`argmax_share` of a layer's pattern over ``allowed`` (from :meth:`_masks`),
-        computed once per batch and kept on the capture (``cap.derived``) for the other
+        computed once per batch and kept on the capture (``cap.cached``) for the other
         reducers that need it."""
-        key = ("argmax_share", layer, self.causal)
-        if key not in cap.derived:
-            cap.derived[key] = share_of_max(self._masked(cap, layer, allowed), allowed)
-        return cap.derived[key]
+        return cap.cached(_argmax_share_of, layer, self.causal)
 
     def merge(self, other: ItemValuesReducer) -> ItemValuesReducer:
         self.layers = self.layers or other.layers
@@ -333,11 +338,35 @@ def stats_frame_from_sums(sums: dict[str, tuple[torch.Tensor, torch.Tensor]], la
     return df.astype({"layer": "int64", "head": "int64", "metric": "object", "value": "float64", "n": "int64"})
 
 
-def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None) -> RoleOutput:
-    """Summary statistics of every head over ``items`` (texts). Returns a
-    :class:`RoleOutput` with an empty role frame and ``stats`` in STAT_COLUMNS."""
-    from headscope.analyses.frames import empty_roles
+def _summary_reducer(ctx: RoleContext) -> SummaryReducer:
+    return SummaryReducer(
+        causal=ctx.model.spec.causal,
+        smoothing=ctx.cfg.entropy_smoothing,
+        include_special=ctx.options.get("include_special", False),
+    )
 
-    red = SummaryReducer(causal=model.spec.causal, smoothing=cfg.entropy_smoothing)
-    rep = stream(model, list(items), [red], batch_size=cfg.batch_size, progress=progress)
-    return RoleOutput(frame=empty_roles(), stats=red.result(), skipped=rep.skipped, n_items=rep.n_used)
+
+def _summary_finish(reducer: SummaryReducer, report, ctx: RoleContext) -> RoleOutput:
+    """An empty role frame and ``stats`` in STAT_COLUMNS."""
+    return RoleOutput(
+        frame=empty_roles(), stats=reducer.result(), skipped=Counter(report.skipped), n_items=report.n_used
+    )
+
+
+# this module loads before positional (every token role imports its masks): after= keeps pipeline order
+ROLE_DEF = register(
+    Role(
+        name="summary",
+        corpus="text",
+        score_kind="none",
+        reducer=_summary_reducer,
+        finish=_summary_finish,
+        options=("include_special",),
+        description=(
+            "Per-head statistics, no verdicts: entropy (nats), KL from uniform, attention-weighted distance "
+            "and confidence (largest weight), each the mean over query rows then items. "
+            "Option include_special (default False): keep special tokens as query rows."
+        ),
+    ),
+    after="rare-word",
+)

@@ -20,8 +20,14 @@ p < ``cfg.alpha`` against the baseline. For causal models ``next`` and ``+2`` ar
 impossible (no query sees a later key): their rows are not emitted, and
 ``RoleOutput.extra["notes"]`` says so.
 
-Special tokens are excluded as queries by default (``include_special=True`` keeps them);
-padded keys and padded query rows are always excluded.
+Special tokens are excluded as queries by default (the option ``include_special=True``
+keeps them: ``run_role("positional", model, texts, include_special=True)``); padded keys
+and padded query rows are always excluded.
+
+``positional:first`` counts where each row's *maximum* goes; :mod:`.special` measures
+attention *mass*: ``sink:first-token`` on position 0, ``special`` on every special token.
+The three often flag the same heads on encoders, where ``[CLS]`` is position 0
+(:func:`~headscope.analyses.roles.pipeline.verdict_overlap` states by how much).
 
 >>> import torch
 >>> from headscope.analyses.roles.pattern_stats import allowed_keys, query_rows
@@ -35,18 +41,23 @@ padded keys and padded query rows are always excluded.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pandas as pd
 import torch
 
 from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.base import Role, RoleContext, register
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, argmax_share, row_mean
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import stream
 
 OFFSETS = {"-2": -2, "previous": -1, "self": 0, "next": 1, "+2": 2}
 BUCKETS = (*OFFSETS, "first")
 CAUSAL_IMPOSSIBLE = ("next", "+2")
+
+#: what the per-item values are (:mod:`headscope.analyses.stats.verdicts` picks the interval and test)
+SCORE_KIND = "share"
 
 
 def bucket_values(
@@ -116,6 +127,7 @@ def frame_from(
             base[b][ok],
             layers,
             role=f"positional:{b}",
+            score_kind=SCORE_KIND,
             cfg=cfg,
             threshold_kind="absolute",
             threshold=cfg.positional_threshold,
@@ -135,20 +147,43 @@ def frame_from(
     return frame, top
 
 
-def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, include_special: bool = False) -> RoleOutput:
-    """Positional roles of every head over ``items`` (texts).
+def _reducer(ctx: RoleContext) -> PositionalReducer:
+    return PositionalReducer(causal=ctx.model.spec.causal, include_special=ctx.options.get("include_special", False))
 
-    Returns :class:`RoleOutput`: ``frame`` (ROLE_COLUMNS, roles ``positional:*``),
-    ``extra["top_bucket"]`` (each head's most frequent bucket and its share),
-    ``extra["notes"]``.
-    """
-    red = PositionalReducer(causal=model.spec.causal, include_special=include_special)
-    rep = stream(model, list(items), [red], batch_size=cfg.batch_size, progress=progress)
-    values, base, layers = red.result()
-    frame, top = frame_from(values, base, layers, cfg, causal=model.spec.causal)
+
+def finish(reducer: PositionalReducer, report, ctx: RoleContext) -> RoleOutput:
+    """A filled reducer and the stream's report -> :class:`RoleOutput`: ``frame``
+    (ROLE_COLUMNS, roles ``positional:*``), ``extra["top_bucket"]`` (each head's most
+    frequent bucket and its share), ``extra["notes"]``."""
+    causal = ctx.model.spec.causal
+    values, base, layers = reducer.result()
+    frame, top = frame_from(values, base, layers, ctx.cfg, causal=causal)
     notes = []
-    if model.spec.causal:
+    if causal:
         notes.append(
             "causal model: no query sees a later key, so positional:next and positional:+2 are impossible and not reported"
         )
-    return RoleOutput(frame=frame, skipped=rep.skipped, n_items=rep.n_used, extra={"top_bucket": top, "notes": notes})
+    return RoleOutput(
+        frame=frame, skipped=Counter(report.skipped), n_items=report.n_used, extra={"top_bucket": top, "notes": notes}
+    )
+
+
+ROLE_DEF = register(
+    Role(
+        name="positional",
+        corpus="text",
+        score_kind=SCORE_KIND,
+        reducer=_reducer,
+        finish=finish,
+        options=("include_special",),
+        description=(
+            "positional:<bucket>: the share of a head's query rows whose MAXIMUM attention weight lands on one "
+            "relative key (-2, previous, self, next, +2) or on key position 0 (positional:first), against the "
+            "share under uniform attention (Voita et al. 2019). It counts where each row's argmax goes, not how "
+            "much mass goes there: positional:first can be 1 for a head that puts only 40% of its mass on "
+            "position 0 (its largest weight), whereas sink:first-token is the attention MASS on position 0 and "
+            "special the MASS on every special token ([CLS], [SEP], BOS), wherever they stand. "
+            "Option include_special (default False): keep special tokens as query rows."
+        ),
+    )
+)

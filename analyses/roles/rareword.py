@@ -2,8 +2,8 @@
 
 Definition (Voita et al. 2019, "Analyzing Multi-Head Self-Attention", §4.3): a head points
 to the least frequent token of the sentence. Frequencies are token-level counts over the
-corpus analysed (every real, non-special token of every item; pass ``frequencies`` to use
-another corpus' counts). The rarest token of an item is the non-special token with the
+corpus analysed (every real, non-special token of every item; the option ``frequencies``
+— ``run_role("rare-word", model, texts, frequencies=counts)`` — uses another corpus' counts). The rarest token of an item is the non-special token with the
 lowest count; ties go to the earliest position. Every occurrence of that token id in the
 item counts as "the rarest token".
 
@@ -25,12 +25,15 @@ from collections import Counter
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.config import RoleOutput, RolesConfig
+from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, row_mean
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import stream
 
 ROLE = "rare-word"
+
+#: what the per-item values are (:mod:`headscope.analyses.stats.verdicts` picks the interval and test)
+SCORE_KIND = "share"
 
 
 def count_tokens(tokenizer, items, *, chunk: int = 1024) -> Counter:
@@ -74,6 +77,7 @@ class RareWordReducer(ItemValuesReducer):
     def __init__(self, frequencies: Counter, *, causal: bool, vocab_size: int, include_special: bool = False):
         super().__init__(causal=causal, include_special=include_special)
         self.freq = frequency_table(frequencies, vocab_size)
+        self.n_token_types = len(frequencies)
 
     def update(self, cap) -> None:
         allowed, rows, special = self._masks(cap)
@@ -92,30 +96,55 @@ class RareWordReducer(ItemValuesReducer):
         return self.values.get(ROLE)[1], self.values.get("baseline")[1], self.layers or ()
 
 
-def run(
-    model,
-    items,
-    cfg: RolesConfig = RolesConfig(),
-    *,
-    progress=None,
-    frequencies: Counter | None = None,
-    include_special: bool = False,
-) -> RoleOutput:
-    """Rare-word role of every head over ``items`` (texts); frequencies counted over the
-    same items unless ``frequencies`` is given."""
-    items = list(items)
-    counts = frequencies if frequencies is not None else count_tokens(model.tokenizer, items)
-    red = RareWordReducer(
-        counts, causal=model.spec.causal, vocab_size=len(model.tokenizer), include_special=include_special
+def _reducer(ctx: RoleContext) -> RareWordReducer:
+    freq = ctx.options.get("frequencies")
+    counts = freq if freq is not None else count_tokens(ctx.model.tokenizer, ctx.items)
+    return RareWordReducer(
+        counts,
+        causal=ctx.model.spec.causal,
+        vocab_size=len(ctx.model.tokenizer),
+        include_special=ctx.options.get("include_special", False),
     )
-    rep = stream(model, items, [red], batch_size=cfg.batch_size, progress=progress)
-    v, b, layers = red.result()
+
+
+def finish(reducer: RareWordReducer, report, ctx: RoleContext) -> RoleOutput:
+    """A filled reducer and the stream's report -> :class:`RoleOutput` (role ``rare-word``;
+    ``extra["n_token_types"]``: token types in the frequency table)."""
+    v, b, layers = reducer.result()
     rows = []
     if v.numel():
         ok = ~torch.isnan(b)
         rows = layered_rows(
-            v[ok], b[ok], layers, role=ROLE, cfg=cfg, threshold_kind="absolute", threshold=cfg.rare_threshold
+            v[ok],
+            b[ok],
+            layers,
+            role=ROLE,
+            score_kind=SCORE_KIND,
+            cfg=ctx.cfg,
+            threshold_kind="absolute",
+            threshold=ctx.cfg.rare_threshold,
         )
     return RoleOutput(
-        frame=roles_frame(rows), skipped=rep.skipped, n_items=rep.n_used, extra={"n_token_types": len(counts)}
+        frame=roles_frame(rows),
+        skipped=Counter(report.skipped),
+        n_items=report.n_used,
+        extra={"n_token_types": reducer.n_token_types},
     )
+
+
+ROLE_DEF = register(
+    Role(
+        name=ROLE,
+        corpus="text",
+        score_kind=SCORE_KIND,
+        reducer=_reducer,
+        finish=finish,
+        options=("frequencies", "include_special"),
+        description=(
+            "rare-word: the share of a head's query rows whose MAXIMUM attention weight lands on the item's "
+            "least frequent token (corpus token counts), against the share under uniform attention "
+            "(Voita et al. 2019). Options: frequencies (a Counter of token ids; default: counted over the "
+            "items analysed), include_special (default False)."
+        ),
+    )
+)

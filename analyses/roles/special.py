@@ -19,8 +19,13 @@ mean, and items with no such row are left out of the role (``n`` counts the rest
 Baseline: the mass the same rows would put on the set under uniform attention over
 the keys they see (``n_set_keys / n_keys``). Verdict: score ``>= cfg.special_threshold``
 (special, sink) or ``>= cfg.punctuation_threshold`` (punctuation), and BH-adjusted p <
-``cfg.alpha`` against the baseline. The run also returns the summary statistics
-(entropy, KL from uniform, …) of :mod:`headscope.analyses.roles.pattern_stats` in ``stats``.
+``cfg.alpha`` against the baseline. (The summary statistics — entropy, KL from uniform,
+… — are the ``summary`` group, :mod:`headscope.analyses.roles.pattern_stats`.)
+
+``special`` and ``sink:first-token`` are masses on different key sets (every special
+token vs position 0); ``positional:first`` (:mod:`.positional`) counts the rows whose
+*maximum* lands on position 0. On encoders, where ``[CLS]`` is position 0, the three
+flag many of the same heads (:func:`~headscope.analyses.roles.pipeline.verdict_overlap`).
 
 >>> punctuation_token("Ġ,") , is_punctuation(" ,"), is_punctuation("a."), is_punctuation("...")
 (False, True, False, True)
@@ -29,20 +34,24 @@ the keys they see (``n_set_keys / n_keys``). Verdict: score ``>= cfg.special_thr
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
 
 import torch
 
 from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.base import Role, RoleContext, register
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
-from headscope.analyses.roles.pattern_stats import ItemValuesReducer, SummaryReducer, masked_pattern
+from headscope.analyses.roles.pattern_stats import ItemValuesReducer, masked_pattern
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import stream
 
 ROLES = {
     "special": "special_threshold",
     "sink:first-token": "special_threshold",
     "punctuation": "punctuation_threshold",
 }
+
+#: what the per-item values are (:mod:`headscope.analyses.stats.verdicts` picks the interval and test)
+SCORE_KIND = "share"
 
 
 def is_punctuation(s: str) -> bool:
@@ -138,27 +147,53 @@ def frame_from(values: dict, base: dict, layers, cfg: RolesConfig):
         if not bool(ok.any()):
             continue
         rows += layered_rows(
-            v[ok], b[ok], layers, role=role, cfg=cfg, threshold_kind="absolute", threshold=getattr(cfg, attr)
+            v[ok],
+            b[ok],
+            layers,
+            role=role,
+            score_kind=SCORE_KIND,
+            cfg=cfg,
+            threshold_kind="absolute",
+            threshold=getattr(cfg, attr),
         )
     return roles_frame(rows), left_out
 
 
-def run(model, items, cfg: RolesConfig = RolesConfig(), *, progress=None, include_special: bool = False) -> RoleOutput:
-    """Special-token, first-token (sink) and punctuation roles of every head over
-    ``items`` (texts); ``stats`` holds the summary statistics of the same run.
+def _reducer(ctx: RoleContext) -> SpecialReducer:
+    return SpecialReducer(causal=ctx.model.spec.causal, include_special=ctx.options.get("include_special", False))
 
-    ``skipped`` also counts, per role, items where no analysed row sees a token of the
-    role's set (``"no punctuation visible"``, ``"no special token visible"``).
-    """
-    red = SpecialReducer(causal=model.spec.causal, include_special=include_special)
-    summ = SummaryReducer(causal=model.spec.causal, smoothing=cfg.entropy_smoothing, include_special=include_special)
-    rep = stream(model, list(items), [red, summ], batch_size=cfg.batch_size, progress=progress)
-    values, base, layers = red.result()
-    frame, left_out = frame_from(values, base, layers, cfg)
-    skipped = rep.skipped.copy()
+
+def finish(reducer: SpecialReducer, report, ctx: RoleContext) -> RoleOutput:
+    """A filled reducer and the stream's report -> :class:`RoleOutput` (roles ``special``,
+    ``sink:first-token``, ``punctuation``). ``skipped`` also counts, per role, items where
+    no analysed row sees a token of the role's set (``"no punctuation token visible"``,
+    ...); ``extra["left_out"]`` holds those counts."""
+    values, base, layers = reducer.result()
+    frame, left_out = frame_from(values, base, layers, ctx.cfg)
+    skipped = Counter(report.skipped)
     for role, n in left_out.items():
         if n:
             skipped[f"no {role} token visible"] += n
-    return RoleOutput(
-        frame=frame, stats=summ.result(), skipped=skipped, n_items=rep.n_used, extra={"left_out": left_out}
+    return RoleOutput(frame=frame, skipped=skipped, n_items=report.n_used, extra={"left_out": left_out})
+
+
+ROLE_DEF = register(
+    Role(
+        name="special",
+        corpus="text",
+        score_kind=SCORE_KIND,
+        reducer=_reducer,
+        finish=finish,
+        options=("include_special",),
+        description=(
+            "Attention MASS (mean over a head's query rows of the weight summed over a key set), against the "
+            "mass under uniform attention. special: mass on every special token ([CLS], [SEP], BOS/EOS) "
+            "wherever it stands (Clark et al. 2019); sink:first-token: mass on key position 0 alone, special "
+            "or not (Xiao et al. 2023), so it leaves out [SEP] and counts a first real token when the tokenizer "
+            "adds no BOS; punctuation: mass on punctuation tokens. Unlike positional:first, which counts the "
+            "rows whose MAXIMUM lands on position 0, both are masses: a head whose largest weight is on [CLS] "
+            "in every row but holds only 40% of the mass there is positional:first and neither sink nor special. "
+            "Option include_special (default False): keep special tokens as query rows."
+        ),
     )
+)

@@ -44,10 +44,10 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import roles_frame
+from headscope.analyses.roles.base import Role, RoleContext, register
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.wordlevel import most_attended, pooling_matrices, word_patterns
 from headscope.analyses.stats.verdicts import verdict_rows
-from headscope.probes.capture import stream
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,10 @@ ROLE = "syntactic"
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSET_COLUMNS = ["relation", "direction", "offset", "baseline", "n"]
 
-__all__ = ["ROLE", "DIRECTIONS", "ArcHits", "SyntacticReducer", "best_offset", "syntactic_rows", "finish", "run"]
+__all__ = ["ROLE", "DIRECTIONS", "ArcHits", "SyntacticReducer", "best_offset", "syntactic_rows", "finish"]
+
+#: what the per-item values are (:mod:`headscope.analyses.stats.verdicts` picks the interval and test)
+SCORE_KIND = "hit"
 
 
 def best_offset(offsets) -> tuple[int, np.ndarray]:
@@ -228,6 +231,7 @@ def syntactic_rows(arcs: ArcHits, cfg: RolesConfig) -> tuple[list[dict], pd.Data
             n_layers=arcs.n_layers,
             n_heads=arcs.n_heads,
             role=ROLE,
+            score_kind=SCORE_KIND,
             cfg=cfg,
             relation=relation,
             direction=direction,
@@ -264,23 +268,22 @@ def finish(reducer: SyntacticReducer, report, cfg: RolesConfig) -> RoleOutput:
     )
 
 
-def run(model, corpus, cfg: RolesConfig = RolesConfig(), *, progress=None) -> RoleOutput:
-    """Syntactic-head verdicts of ``model`` on ``corpus`` (a
-    :class:`~headscope.probes.corpora.DependencyCorpus` or a list of
-    :class:`~headscope.probes.corpora.DependencySentence`).
+def _reducer(ctx: RoleContext) -> SyntacticReducer:
+    spec = ctx.model.spec
+    return SyntacticReducer(ctx.items, spec.n_layers, spec.n_heads, full_labels=ctx.cfg.full_labels)
 
-    >>> out = run(model, read_conllu(path("syntax/handwritten.conllu")))  # doctest: +SKIP
-    >>> out.frame.query("relation == 'det' and direction == 'dep->head'").nlargest(1, "score")  # doctest: +SKIP
-    """
-    sentences = list(getattr(corpus, "sentences", corpus))
-    reducer = SyntacticReducer(sentences, model.spec.n_layers, model.spec.n_heads, full_labels=cfg.full_labels)
-    report = stream(
-        model,
-        [list(s.words) for s in sentences],
-        [reducer],
-        quantities=("pattern",),
-        batch_size=cfg.batch_size,
-        words=True,
-        progress=progress,
+
+ROLE_DEF = register(
+    Role(
+        name=ROLE,
+        corpus="conllu",
+        score_kind=SCORE_KIND,
+        reducer=_reducer,
+        finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
+        description=(
+            "syntactic/<relation>/<direction>: per dependency arc, whether the word's most-attended other word "
+            "(word-level attention) is its gold partner; accuracy against the best fixed-offset baseline "
+            "(Clark et al. 2019, §4.2)."
+        ),
     )
-    return finish(reducer, report, cfg)
+)

@@ -6,7 +6,8 @@ Reads the probe corpora first (a malformed file fails before the model loads, as
 ``runs/roles-<model>``), each atomically:
 
 ``roles.csv``/``roles.parquet`` (ROLE_COLUMNS), ``head_stats.*`` (STAT_COLUMNS),
-``clusters.*``, ``roles_by_head.*`` (the roles each head holds), ``skipped.json``
+``clusters.*``, ``roles_by_head.*`` (the roles each head holds), ``coref_pairs.*`` (pair consistency on the
+coreference minimal pairs), ``skipped.json``
 (role group / input file -> reason -> count), ``examples.json`` (one item per role's top
 head, for drawing) and ``run.json`` (model, backend, config, items, timings).
 
@@ -71,6 +72,20 @@ def register(sub) -> None:
         help="margin over the baseline for a verdict (default 0.10, Voita et al.)",
     )
     p.add_argument(
+        "--correction",
+        choices=("bh", "by", "none"),
+        default="bh",
+        help="multiple-testing correction of the p-values: Benjamini-Hochberg (default), Benjamini-Yekutieli "
+        "(any dependence between tests), or none",
+    )
+    p.add_argument(
+        "--family",
+        choices=("role", "global"),
+        default="role",
+        help="what one correction covers: every head of one role/relation/direction (default), or every row of "
+        "the run (all heads x all roles)",
+    )
+    p.add_argument(
         "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
     )
     p.add_argument("--batch-size", type=positive_int, default=None, help="items per forward pass (default 32)")
@@ -89,7 +104,7 @@ def default_out(model: str) -> Path:
 def _config(args):
     from headscope.analyses.roles.config import RolesConfig
 
-    kw = {"seed": args.seed, "full_labels": args.full_labels}
+    kw = {"seed": args.seed, "full_labels": args.full_labels, "correction": args.correction, "family": args.family}
     if args.margin is not None:
         kw["margin"] = args.margin
     if args.batch_size is not None:
@@ -99,15 +114,16 @@ def _config(args):
 
 def _read_inputs(args, cfg, groups):
     """Read the corpora the chosen role groups need (before loading the model)."""
-    from headscope.analyses.roles.pipeline import TEXT_GROUPS, default_conllu, default_coref, default_text
+    from headscope.analyses.roles.pipeline import corpora_for, default_conllu, default_coref, default_text
     from headscope.probes.corpora import read_conllu, read_coref, read_text
 
+    corpora = corpora_for(groups)
     inputs = {}
-    if "syntactic" in groups:
+    if "conllu" in corpora:
         inputs["conllu"] = [read_conllu(p, full_labels=cfg.full_labels) for p in (args.conllu or default_conllu())]
-    if "coreference" in groups:
+    if "coref" in corpora:
         inputs["coref"] = read_coref(args.coref or default_coref())
-    if any(g in groups for g in TEXT_GROUPS):
+    if "text" in corpora:
         inputs["text"] = read_text(args.text or default_text())
     return inputs
 
@@ -172,7 +188,6 @@ def _print_text(result, records, out: Path) -> None:
 
 def run(args) -> int:
     from headscope.analyses.roles.pipeline import check_roles, head_roles, roles_by_head
-    from headscope.probes.models.checkpoints import trust_remote_code
     from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
@@ -192,7 +207,7 @@ def run(args) -> int:
     inputs = _read_inputs(args, cfg, groups)
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
-        model = load_model(args.model, args.backend, dtype=args.dtype)
+        model = load_model(args.model, args.backend, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
 
         progress = None
         if not (args.quiet or args.json):
@@ -225,6 +240,7 @@ def run(args) -> int:
             write_frame(result.stats, tmp / "head_stats")
             write_frame(result.clusters, tmp / "clusters")
             write_frame(roles_by_head(result), tmp / "roles_by_head")
+            write_frame(result.coref_pairs, tmp / "coref_pairs")
             write_json(result.skipped, tmp / "skipped.json")
             write_json(result.examples, tmp / "examples.json")
             write_json(
@@ -235,7 +251,7 @@ def run(args) -> int:
                     "backend": args.backend,
                     "dtype": args.dtype,
                     "roles": list(groups),
-                    "trust_remote_code": trust_remote_code(),
+                    "trust_remote_code": model.trust_remote_code,
                     "config": result.config,
                     "n_items": result.n_items,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()},

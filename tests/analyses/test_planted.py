@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.roles import induction, positional, rareword, special
 from headscope.analyses.roles.config import RolesConfig
+from headscope.analyses.roles.pipeline import head_roles, run_role
 from headscope.probes.capture import capture
 from headscope.probes.models.planted import (
     RANDOM_HEADS,
@@ -51,15 +52,22 @@ def verdicts(frame) -> set:
     return set(zip(v["layer"], v["head"], v["role"]))
 
 
+GROUPS = ("positional", "special", "induction", "rare-word")
+
+
 @pytest.fixture(scope="module")
-def causal_roles(causal, texts):
-    frames = [
-        positional.run(causal, texts, CFG).frame,
-        special.run(causal, texts, CFG).frame,
-        induction.run(causal, None, CFG).frame,
-        rareword.run(causal, texts, CFG).frame,
-    ]
-    return frames
+def causal_result(causal, texts):
+    return head_roles(causal, text=texts, roles=GROUPS, cfg=CFG, examples=False)
+
+
+@pytest.fixture(scope="module")
+def causal_roles(causal_result):
+    return [causal_result.outputs[g].frame for g in GROUPS]
+
+
+@pytest.fixture(scope="module")
+def bidi_result(bidi, texts):
+    return head_roles(bidi, text=texts, roles=("positional", "special", "induction"), cfg=CFG, examples=False)
 
 
 def test_causal_model_roles_are_recovered_exactly(causal_roles):
@@ -71,6 +79,21 @@ def test_causal_model_roles_are_recovered_exactly(causal_roles):
     # a causal model reports no "next" rows at all
     assert not pos["role"].isin(["positional:next", "positional:+2"]).any()
     assert not ind["role"].eq("next-token").any()
+
+
+def test_single_path_keeps_each_groups_extras(causal_result, causal, texts):
+    out = causal_result.outputs
+    assert out["positional"].extra["notes"] == [
+        "causal model: no query sees a later key, so positional:next and positional:+2 are impossible and not reported"
+    ]
+    assert set(out["positional"].extra["top_bucket"].columns) == {"layer", "head", "bucket", "share"}
+    assert out["induction"].extra["notes"] == ["causal model: next-token is impossible and not reported"]
+    assert out["induction"].n_items == CFG.induction_n_sequences
+    assert out["rare-word"].extra["n_token_types"] > 0 and out["positional"].n_items == len(texts)
+    # run_role is head_roles with one group: the same rows
+    one = run_role("positional", causal, texts, CFG)
+    assert one.extra["notes"] == out["positional"].extra["notes"]
+    pd.testing.assert_frame_equal(one.frame, out["positional"].frame)
 
 
 def test_planted_scores_match_their_construction(causal_roles):
@@ -89,22 +112,22 @@ def test_planted_scores_match_their_construction(causal_roles):
     assert score(ind, 1, 1, "induction") == pytest.approx(0.612043, abs=1e-5)
 
 
-def test_random_heads_get_no_role(causal_roles, bidi, texts):
+def test_random_heads_get_no_role(causal_roles, bidi_result):
     for frame in causal_roles:
         v = frame[frame["verdict"]]
         assert not any((l, h) in RANDOM_HEADS for l, h in zip(v["layer"], v["head"]))
-    frames = [positional.run(bidi, texts, CFG).frame, special.run(bidi, texts, CFG).frame]
+    frames = [bidi_result.outputs["positional"].frame, bidi_result.outputs["special"].frame]
     for frame in frames:
         v = frame[frame["verdict"]]
         assert not any((l, h) in RANDOM_HEADS for l, h in zip(v["layer"], v["head"]))
     assert set(planted_roles()) >= set(RANDOM_HEADS)
 
 
-def test_bidirectional_model_has_next_token_head(bidi, texts):
-    pos = positional.run(bidi, texts, CFG).frame
+def test_bidirectional_model_has_next_token_head(bidi_result):
+    pos = bidi_result.outputs["positional"].frame
     layer0 = {v for v in verdicts(pos) if v[0] == 0}
     assert layer0 == {(0, 0, "positional:previous"), (0, 1, "positional:first"), (0, 2, "positional:next")}
-    ind = induction.run(bidi, None, CFG).frame
+    ind = bidi_result.outputs["induction"].frame
     v = verdicts(ind)
     assert {(0, 0, "previous-token"), (0, 2, "next-token"), (1, 1, "induction")} <= v
     assert all(h not in RANDOM_HEADS for h in {(l, hh) for l, hh, _ in v})
@@ -122,10 +145,12 @@ def test_noun_attends_nearest_preceding_determiner(causal):
 
 
 def test_ablating_planted_previous_head_breaks_induction(causal):
-    seqs = induction.run(causal, None, RolesConfig(induction_n_sequences=8, n_boot=10, n_perm=10)).extra["sequences"]
+    seqs = run_role("induction", causal, cfg=RolesConfig(induction_n_sequences=8, n_boot=10, n_perm=10)).extra[
+        "sequences"
+    ]
 
     def ind_score():
-        out = induction.run(causal, seqs, RolesConfig(n_boot=10, n_perm=10))
+        out = run_role("induction", causal, seqs, RolesConfig(n_boot=10, n_perm=10))
         f = out.frame
         return float(f.query("layer == 1 and head == 1 and role == 'induction'")["score"].iloc[0])
 

@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.roles import coreference, syntactic
+from headscope.analyses.roles import syntactic
 from headscope.analyses.roles.config import RolesConfig
-from headscope.analyses.roles.pipeline import head_roles, roles_by_head, summary
+from headscope.analyses.roles.pipeline import head_roles, roles_by_head, run_role, summary
 from headscope.analyses.roles.wordlevel import most_attended, pooling_from_word_ids, pooling_matrices, word_patterns
 from headscope.data import path
 from headscope.probes.alignment import word_matrices
 from headscope.probes.capture import Capture, capture
-from headscope.probes.corpora import CorefItem, DependencyCorpus, DependencySentence, read_conllu, read_coref
+from headscope.probes.corpora import DependencyCorpus, DependencySentence, read_conllu, read_coref
 from headscope.probes.tokens import TokenBatch
 
 FAST = RolesConfig(n_boot=200, n_perm=1000)
@@ -202,64 +202,9 @@ def test_unaligned_sentences_are_skipped_and_counted(minilm):
         heads=tuple([1] + [-1] + [1] * 598),
         relations=tuple(["dep", "root"] + ["dep"] * 598),
     )
-    out = syntactic.run(minilm, [ok, bad, long], RolesConfig(n_boot=10, n_perm=10, min_instances=1))
+    out = run_role("syntactic", minilm, [ok, bad, long], RolesConfig(n_boot=10, n_perm=10, min_instances=1))
     assert out.skipped == Counter({"unaligned": 1, "longer than context": 1})
     assert out.n_items == 1 and len(out.extra["arcs"]) == 4
-
-
-def _coref_items():
-    a = CorefItem(
-        words=("Mary", "met", "John", "and", "she", "smiled", "."),
-        pronoun=4,
-        candidates=((0, 1), (2, 3)),
-        antecedent=0,
-        kind="g",
-    )
-    b = CorefItem(
-        words=("Mary", "met", "John", "and", "he", "smiled", "."),
-        pronoun=4,
-        candidates=((0, 1), (2, 3)),
-        antecedent=1,
-        kind="g",
-    )
-    return [a, b] * 15
-
-
-def test_planted_coreference_head():
-    items = _coref_items()
-    attend = [[it.antecedent_head if w == it.pronoun else None for w in range(len(it.words))] for it in items]
-    red = coreference.CorefReducer(items, n_layers=1, n_heads=2)
-    red.update(_planted_capture([it.words for it in items], [[1] * len(it.words) for it in items], attend))
-    out = coreference.finish(red, None, RolesConfig(n_boot=200, n_perm=500))
-    f = out.frame.set_index("head")
-    assert f.loc[0, "score"] == 1.0 and bool(f.loc[0, "verdict"])
-    # uniform head: ties between the two one-piece candidates go to the first -> right on half
-    assert f.loc[1, "score"] == 0.5 and not bool(f.loc[1, "verdict"])
-    # nearest preceding candidate = John (right on "he"), first = Mary (right on "she")
-    assert out.extra["baseline_scores"] == {"nearest": 0.5, "first": 0.5, "chosen": "nearest"}
-    bb = out.extra["by_baseline"]
-    assert sorted(bb.relation.unique()) == ["vs-first", "vs-nearest"] and len(bb) == 4
-
-
-def test_coreference_skips_items_whose_pronoun_or_candidate_owns_no_token():
-    items = _coref_items()[:3]
-    pieces = [[1] * 7, [1, 1, 1, 1, 0, 1, 1], [1, 1, 0, 1, 1, 1, 1]]  # item 1: pronoun; item 2: "John" own no token
-    attend = [[None] * 7 for _ in items]
-    red = coreference.CorefReducer(items, n_layers=1, n_heads=2)
-    red.update(_planted_capture([it.words for it in items], pieces, attend))
-    assert red.skipped == Counter({"pronoun_unaligned": 1, "candidate_unaligned": 1})
-    assert red.n_used == 1 and red.result().item.tolist() == [0]
-
-
-def test_nearest_and_first_candidate_rules():
-    it = CorefItem(
-        words=("he", "said", "Tom", "and", "Bob", "left"), pronoun=0, candidates=((2, 3), (4, 5)), antecedent=0
-    )
-    assert coreference.nearest_candidate(it) == 0  # none precedes: nearest overall
-    it2 = CorefItem(
-        words=("Ann", "and", "Sue", "said", "she", "won"), pronoun=4, candidates=((2, 3), (0, 1)), antecedent=1
-    )
-    assert coreference.nearest_candidate(it2) == 0 and coreference.first_candidate(it2) == 1
 
 
 # ---------------------------------------------------------------- MiniLM on the shipped data
@@ -320,33 +265,11 @@ def test_minilm_runner_up_and_no_verdict_where_offset_wins(minilm_roles):
     assert minilm_roles.n_items["syntactic"] == 200 and minilm_roles.skipped["syntactic"] == {}
 
 
-def test_minilm_coreference(minilm_roles):
-    f = minilm_roles.frame[minilm_roles.frame.role == "coreference"]
-    assert len(f) == 72
-    best = f.sort_values("score", ascending=False, kind="stable").iloc[0]
-    assert (int(best.layer), int(best["head"])) == (1, 3)
-    assert best.score == pytest.approx(158 / 220, abs=1e-9) and int(best.n) == 220
-    out = minilm_roles.outputs["coreference"]
-    assert out.extra["baseline_scores"] == {
-        "nearest": pytest.approx(100 / 220),
-        "first": pytest.approx(110 / 220),
-        "chosen": "first",
-    }
-    assert best.baseline == pytest.approx(0.5) and best.p_value < 0.01 and bool(best.verdict)
-    bb = out.extra["by_baseline"]
-    vs_near = bb[(bb.relation == "vs-nearest") & (bb.layer == 1) & (bb["head"] == 3)].iloc[0]
-    assert vs_near.margin == pytest.approx(58 / 220) and bool(vs_near.verdict)
-    # by kind: the best head solves the gender items far better than the Winograd ones
-    bk = out.extra["by_kind"].set_index(["layer", "head", "kind"])
-    assert bk.loc[(1, 3, "gender"), "score"] == pytest.approx(0.90)
-    assert bk.loc[(1, 3, "winograd"), "score"] < 0.6
-
-
 def test_pipeline_summary_examples_and_multi_role_heads(minilm_roles):
     top = summary(minilm_roles, top=2)
     det = top[(top.relation == "det") & (top.direction == "dep->head")]
     assert det[["layer", "head", "rank"]].values.tolist() == [[3, 1, 1], [2, 8, 2]]
-    assert len(top[top.role == "coreference"]) == 2
+    assert len(top[top.role == "coreference:gender"]) == 2
     # a head can hold several roles: L3H1 holds det and obj (and more)
     held = roles_by_head(minilm_roles).set_index(["layer", "head"])
     assert (
@@ -354,12 +277,13 @@ def test_pipeline_summary_examples_and_multi_role_heads(minilm_roles):
         and "syntactic/obj/head->dep" in held.loc[(3, 1), "roles"]
     )
     assert held.loc[(3, 1), "n_roles"] >= 2
-    ex = minilm_roles.examples["coreference"]
+    ex = minilm_roles.examples["coreference:gender"]
     assert (ex["layer"], ex["head"], ex["source"]) == (1, 3, "coref")
     w = np.array(ex["word_pattern"])
     assert w.shape == (len(ex["words"]),) * 2
     item = read_coref(path("coref/coref.jsonl")).items[ex["item"]]
     assert list(item.words) == ex["words"] and ex["marks"] == [[item.pronoun, item.antecedent_head]]
+    assert item.kind == "gender"  # an item of the role's own kind
     # the example is an item the head gets right: the antecedent's head wins among the candidates
     assert max(item.heads, key=lambda h: w[item.pronoun, h]) == item.antecedent_head
     sx = minilm_roles.examples["syntactic:det:dep->head"]
@@ -377,8 +301,8 @@ def test_pipeline_summary_examples_and_multi_role_heads(minilm_roles):
 def test_bridge_and_inhouse_give_the_same_syntactic_frame(minilm, minilm_bridge):
     sents = read_conllu(path("syntax/handwritten.conllu")).sentences[:20]
     cfg = RolesConfig(n_boot=100, n_perm=200, min_instances=5)
-    a = syntactic.run(minilm, sents, cfg)
-    b = syntactic.run(minilm_bridge, sents, cfg)
+    a = run_role("syntactic", minilm, sents, cfg)
+    b = run_role("syntactic", minilm_bridge, sents, cfg)
     assert len(a.frame) > 500
     pd.testing.assert_frame_equal(a.frame, b.frame, check_exact=False, atol=1e-6, rtol=0)
     assert torch.equal(a.extra["arcs"].hits, b.extra["arcs"].hits)
