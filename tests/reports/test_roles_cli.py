@@ -83,8 +83,8 @@ def test_cli_figures_in_the_files(cli_run):
     roles = pd.read_parquet(out / "roles.parquet")
     prev = roles[(roles.role == "positional:previous") & (roles.layer == 0) & (roles["head"] == 2)].iloc[0]
     assert prev.score == pytest.approx(1.0) and bool(prev.verdict)  # MiniLM L0H2: exact previous-token head
-    assert set(roles.role) >= {"positional:previous", "special", "punctuation", "syntactic", "coreference"}
-    assert (roles.role == "coreference").sum() == 72
+    assert set(roles.role) >= {"positional:previous", "special", "punctuation", "syntactic", "coreference:winograd"}
+    assert (roles.role == "coreference:winograd").sum() == 72  # the file's first 20 lines: 10 Winograd pairs
     stats = pd.read_parquet(out / "head_stats.parquet")
     ent = stats[(stats.metric == "entropy") & (stats.layer == 0) & (stats["head"] == 2)].iloc[0]
     assert ent.value < 0.05 and ent.n == 20  # the previous-token head is nearly one-hot
