@@ -16,7 +16,7 @@ Folder layout::
     tables/*.csv, tables/*.parquet   tidy frames (roles, stats, examples, prune_*, ...)
     run.json         config, versions, model file SHA-256, seed, timings, skipped counts
 
-Example (runs the analyses; about a minute for MiniLM in quick mode)::
+Example (runs the analyses)::
 
     result = build_report("minilm-l6", out_dir="runs/report-minilm-l6")
     result.paths["html"], result.summary["roles"]["positional:previous"]["top"][0]
@@ -36,7 +36,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from headscope.probes.models.checkpoints import trust_remote_code
 from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
 from headscope.probes.outputs.folder import claim_output, manifest_header
 from headscope.probes.outputs.folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
@@ -196,18 +195,20 @@ def examples_frame(examples) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=F.EXAMPLE_COLUMNS)
 
 
-def split_prune_frames(frames: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
-    """PruneResult frames -> ``roles_vs_importance`` (the frame with ``value_role``) and
-    ``prune_<name>`` for the others (baseline, ablation, all_but_one, importance, curves,
-    curve_summary, prunable), each kept tidy and separate."""
+def prune_frames(tables) -> dict[str, pd.DataFrame]:
+    """A pruning study's :class:`~headscope.analyses.pruning.study.PruneTables` -> the
+    report's tables: ``prune_<file name>`` for each study table (baseline, ablation,
+    all_but_one, importance, curves, curve_summary, prunable) and ``roles_vs_importance``
+    for the role ablation."""
+    from headscope.analyses.pruning.study import TABLE_FILES
+
     out = {}
-    for name, df in (frames or {}).items():
-        if not isinstance(df, pd.DataFrame):
+    for field_name, file_name in TABLE_FILES.items():
+        df = getattr(tables, field_name)
+        if df is None:
             continue
-        if {"role", "value_role", "value_random_mean"} <= set(df.columns):
-            out["roles_vs_importance"] = df.reset_index(drop=True)
-        else:
-            out[f"prune_{name}"] = df.reset_index(drop=True)
+        name = "roles_vs_importance" if field_name == "role_ablation" else f"prune_{file_name}"
+        out[name] = df.reset_index(drop=True)
     return out
 
 
@@ -219,10 +220,10 @@ def _run_card(model_name: str):
     return card, render_card(card)
 
 
-def _load(model_name: str, backend: str):
+def _load(model_name: str, backend: str, trust_remote_code: bool = False):
     from headscope.probes.models.loading import load_model
 
-    return load_model(model_name, backend)
+    return load_model(model_name, backend, trust_remote_code=trust_remote_code)
 
 
 def _model_hash(model_name: str) -> dict:
@@ -249,16 +250,13 @@ def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFr
 
     if prune_config is None:
         # the quick report leaves out mean ablation (an extra corpus pass and H more evaluations)
-        # and all-but-one (H more evaluations; on SmolLM2 4.5 of its 11 pruning minutes);
-        # --full runs every study, both ablation modes, on all items
+        # and all-but-one (H more evaluations); --full runs every study, both ablation modes, on all items
         prune_config = (
             PruneConfig(seed=seed)
             if full
             else PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)
         )
-    return pruning_study(
-        model, prune_config, None, roles=roles, progress=progress
-    ), prune_config  # progress(stage, done, total), stage "pruning"
+    return pruning_study(model, prune_config, None, roles=roles, progress=progress), prune_config
 
 
 def run_analyses(
@@ -272,6 +270,7 @@ def run_analyses(
     prune_config=None,
     role_groups=None,
     role_inputs=None,
+    trust_remote_code: bool = False,
 ):
     """Run card, roles and pruning; return ``(frames, card, card_text, meta)``.
     ``role_groups``: a subset of :data:`headscope.analyses.roles.pipeline.ROLE_GROUPS` (default all);
@@ -282,7 +281,7 @@ def run_analyses(
         card, card_text = _run_card(model_name)
         model_file = _model_hash(model_name)
     with _timed(timings, "load", progress):
-        model = _load(model_name, backend)
+        model = _load(model_name, backend, trust_remote_code)
     with _timed(timings, "roles", None):
         rr, rcfg = _run_roles(
             model,
@@ -292,24 +291,20 @@ def run_analyses(
             role_groups=role_groups,
             role_inputs=role_inputs,
         )
-    frames: dict[str, pd.DataFrame] = {"roles": rr.frame.reset_index(drop=True)}
-    if rr.stats is not None:
-        frames["stats"] = rr.stats.reset_index(drop=True)
-    frames["examples"] = examples_frame(getattr(rr, "examples", None))
-    clusters = getattr(rr, "clusters", None)
-    if isinstance(clusters, pd.DataFrame):
-        frames["clusters"] = clusters.reset_index(drop=True)
-    skipped = getattr(rr, "skipped", None) or Counter()
-    if not all(isinstance(v, (dict, Counter)) for v in skipped.values()):
-        skipped = {"roles": skipped}  # a flat Counter of reasons
-    n_items = getattr(rr, "n_items", None)
+    frames: dict[str, pd.DataFrame] = {
+        "roles": rr.frame.reset_index(drop=True),
+        "stats": rr.stats.reset_index(drop=True),
+        "examples": examples_frame(rr.examples),
+        "clusters": rr.clusters.reset_index(drop=True),
+        "coref_pairs": rr.coref_pairs.reset_index(drop=True),
+    }
     with _timed(timings, "pruning", None):  # pruning_study reports its own parts
         pr, pcfg = _run_pruning(
             model, full=full, seed=seed, prune_config=prune_config, roles=frames["roles"], progress=progress
         )
-    frames.update(split_prune_frames(pr.frames))
-    frames["skipped"] = skipped_frame(skipped)
-    for k, v in (getattr(rr, "timings", None) or {}).items():
+    frames.update(prune_frames(pr.tables))
+    frames["skipped"] = skipped_frame(rr.skipped)
+    for k, v in rr.timings.items():
         timings[f"roles.{k}"] = round(float(v), 3)
     meta = {
         "model": card.get("name", model_name),
@@ -321,19 +316,17 @@ def run_analyses(
         "sha256": model_file["sha256"],
         "versions": versions(),
         "timings": timings,
-        "trust_remote_code": trust_remote_code(),
-        "n_items": (n_items if isinstance(n_items, dict) else {"roles": n_items}) if n_items is not None else {},
+        "trust_remote_code": model.trust_remote_code,
+        "n_items": dict(rr.n_items),
         "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg)},
-        "prune_metric": (getattr(pr, "summary", None) or {}).get("metric"),
-        "prune_summary": getattr(pr, "summary", None) or {},
+        "prune_metric": pr.summary["metric"],
+        "prune_summary": pr.summary,
     }
     return frames, card, card_text, meta
 
 
 def _cfg_dict(cfg) -> dict:
-    if dataclasses.is_dataclass(cfg):
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
-    return dict(getattr(cfg, "__dict__", {}))
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
 
 
 # ----------------------------------------------------------------- summary and writing
@@ -462,7 +455,7 @@ def _run_json(frames, card, meta) -> dict:
         "pruning_summary": meta.get("prune_summary", {}),
         "card": card,
         "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
-        "trust_remote_code": trust_remote_code(),
+        "trust_remote_code": bool(meta.get("trust_remote_code")),
     }
 
 
@@ -479,6 +472,7 @@ def build_report(
     prune_config=None,
     role_groups=None,
     role_inputs=None,
+    trust_remote_code: bool = False,
 ) -> ReportResult:
     """Run the analyses on ``model_name`` and write the report folder ``out_dir``
     (default ``runs/report-<model>``). ``progress(stage, done, total)`` is called on every
@@ -504,6 +498,7 @@ def build_report(
             prune_config=prune_config,
             role_groups=role_groups,
             role_inputs=role_inputs,
+            trust_remote_code=trust_remote_code,
         )
         paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
     summary = summarise(frames, meta, out)

@@ -30,8 +30,9 @@ path                      what runs
 ``pruning_50``            forward of the model with 50% of heads physically pruned
 ========================  ====================================================================
 
-A path whose module is missing, or which this machine cannot run, is kept as a row with
-``status = "skipped"`` and a note. The frame (:data:`BENCH_COLUMNS`) has one row per
+A path this machine cannot run (:class:`PathSkipped`: bf16 without native bf16) is kept
+as a row with ``status = "skipped"`` and a note. Each path's time is compared with the
+targets of :mod:`headscope.analyses.bench.targets`. The frame (:data:`BENCH_COLUMNS`) has one row per
 path; ``gflop`` counts model FLOPs as ``2 × linear parameters × real tokens + 4 × layers ×
 d_model × n²`` per sequence (×2 for the gate-gradient pass, whose backward
 stops at activations), ``peak_pct`` relates the achieved rate
@@ -64,8 +65,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from headscope.analyses.bench.targets import RATIO_TARGETS
 from headscope.probes.capture import buckets, pattern_bytes
-from headscope.probes.tokens import collate, tokenize_one
+from headscope.probes.tokens import collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)
 
@@ -402,7 +404,7 @@ class _Bench:
         if not items:
             raise ValueError("no sentence fits the model's context")
         self.lengths = [len(it["ids"]) for it in items]
-        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        pad = pad_id(tok)
         self.groups = buckets(self.lengths, cfg.batch_size, None)
         self.batches = [collate([items[i] for i in g], pad) for g in self.groups]
         self.unsorted_groups = [
@@ -661,61 +663,35 @@ class _SentenceMetric:
             self.metric = im.EmbeddingCosine(model, list(sentences), **kw)
 
 
-def _targets(
-    frame: pd.DataFrame, memory_ratio: float | None = None, rounds: dict[str, list[float]] | None = None
-) -> pd.DataFrame:
-    """Each target's ratio. With ``rounds`` (seconds per interleaved round), a ratio is the
-    median over rounds of the two paths' times in the same round: both ran minutes apart
-    at most, so a machine that speeds up or slows down between rounds (±25% here) moves
-    both alike, where the ratio of two fastest rounds may pair one path's lucky round with
-    the other's ordinary one. The note gives the ratio of fastest rounds too."""
+def _targets(frame: pd.DataFrame, rounds: dict[str, list[float]] | None = None) -> pd.DataFrame:
+    """Each target of :data:`~headscope.analyses.bench.targets.RATIO_TARGETS` against the
+    frame. With ``rounds`` (seconds per interleaved round), a ratio is the median over
+    rounds of the two paths' times in the same round: both ran minutes apart at most, so
+    a machine that speeds up or slows down between rounds moves both alike, where the
+    ratio of two fastest rounds may pair one path's lucky round with the other's ordinary
+    one. The note gives the ratio of fastest rounds too."""
     s = {r.path: r.seconds for r in frame.itertuples() if r.status == "ok"}
     rows = []
-
-    def add(target, num, den, threshold, higher_is_good, note):
+    for t in RATIO_TARGETS:
+        num, den, note = t.numerator, t.denominator, t.note
         if num in s and den in s and s[den] > 0:
             v = s[num] / s[den]
             rn, rd = (rounds or {}).get(num, []), (rounds or {}).get(den, [])
             if len(rn) == len(rd) and rn and all(d > 0 for d in rd):
                 note = f"{note}; median of {len(rn)} paired rounds (fastest rounds: {v:.2f})"
                 v = statistics.median(a / b for a, b in zip(rn, rd))
-            met = v >= threshold if higher_is_good else v <= threshold
-            rows.append({"target": target, "value": v, "threshold": threshold, "met": bool(met), "note": note})
+            rows.append({"target": t.name, "value": v, "threshold": t.threshold, "met": t.met(v), "note": note})
         else:
             missing = [p for p in (num, den) if p not in s]
             rows.append(
                 {
-                    "target": target,
+                    "target": t.name,
                     "value": float("nan"),
-                    "threshold": threshold,
+                    "threshold": t.threshold,
                     "met": None,
                     "note": f"not measured ({', '.join(missing)})",
                 }
             )
-
-    add("capture / plain forward <= 1.1", "capture_patterns", "hf_sdpa", 1.1, False, "time ratio")
-    add("run_with_cache / capture >= 2", "tl_cache_full", "capture_patterns", 2.0, True, "speed-up of capture")
-    add(
-        "roles / capture from text <= 1.5",
-        "roles",
-        "capture_stream",
-        1.5,
-        False,
-        "time ratio; both start from raw text",
-    )
-    add("gate gradients / forward <= 3", "gate_grad", "inhouse_forward", 3.0, False, "time ratio")
-    add("fp32 / bf16 forward >= 2.5", "inhouse_forward", "bf16_forward", 2.5, True, "speed-up of bf16")
-    add("separate / batched ablation > 1", "ablation_separate", "ablation_batched", 1.0, True, "speed-up of batching")
-    if memory_ratio is not None:
-        rows.append(
-            {
-                "target": "peak RSS 10x corpus <= 1.10",
-                "value": memory_ratio,
-                "threshold": 1.10,
-                "met": bool(memory_ratio <= 1.10),
-                "note": "streaming memory",
-            }
-        )
     return pd.DataFrame(rows, columns=TARGET_COLUMNS)
 
 
@@ -734,8 +710,8 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Callable[[str], None] 
 
     Returns a :class:`BenchResult`; ``frame`` has one row per path, in :data:`PATHS`
     order, ``ratio = seconds / seconds of hf_sdpa`` (NaN when the reference was not run).
-    A path that raises is kept with ``status = "failed"`` and the error as note; a missing
-    module or unsupported dtype gives ``status = "skipped"``.
+    A path that raises is kept with ``status = "failed"`` and the error as note; one that
+    cannot run here (:class:`PathSkipped`) gives ``status = "skipped"``.
     """
     if not isinstance(cfg, BenchConfig):
         raise TypeError(f"cfg must be a BenchConfig; got {type(cfg).__name__}")
@@ -914,7 +890,8 @@ def memory_scaling(
     """Peak RSS of streaming ``sizes[i]`` sentences, each in its own subprocess.
 
     Returns ``(frame [MEMORY_COLUMNS], ratio)`` where ``ratio`` is the peak RSS of the
-    largest size over the smallest (target: ≤ 1.10 — memory must not grow with the corpus).
+    largest size over the smallest (target: :data:`~headscope.analyses.bench.targets.MEMORY`;
+    memory must not grow with the corpus).
     """
     if len(sizes) < 2:
         raise ValueError(f"sizes needs at least two corpus sizes; got {sizes!r}")

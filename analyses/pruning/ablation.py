@@ -2,9 +2,10 @@
 all-but-one per layer, and ablating a role's heads against random heads.
 
 The engine is :func:`evaluate`: it scores an :class:`~headscope.analyses.pruning.metrics.ItemMetric`
-under ``R`` head masks ``[R, layer, head]`` at once, by stacking ``R`` replicas of each
-batch along the batch dimension and installing, on every ``blocks.{l}.attn.hook_z``, a
-hook that applies replica ``r``'s mask::
+under ``R`` head masks ``[R, layer, head]`` (through the metric's ``score``). A metric
+scored from the model's output runs :func:`replicated_scores`: it stacks ``R`` replicas
+of each batch along the batch dimension and installs, on every
+``blocks.{l}.attn.hook_z``, a hook that applies replica ``r``'s mask::
 
     z'[r] = mask[r] · z[r] + (1 - mask[r]) · ablation_value      # per head
 
@@ -36,9 +37,9 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import IMPACT_COLUMNS
-from headscope.analyses.pruning.metrics import CallableMetric
 from headscope.probes.capture import Capture
 from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.backend import Backend
 from headscope.probes.models.hooks import hooks
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 def check_inhouse(model) -> None:
     """Pruning studies drive the in-house model's hook points and gates."""
-    if not hasattr(model, "module"):
+    if not (isinstance(model, Backend) and model.has_gates):
         raise ModelIncompatibleError(
             f"pruning studies need the in-house backend (hook_z and per-head gates); got backend "
             f"{getattr(getattr(model, 'spec', None), 'backend', type(model).__name__)!r}. Load with backend='inhouse'."
@@ -149,21 +150,24 @@ def evaluate(
 
     ``masks [R, layer, head]`` (1 = kept; None: one all-ones mask). Returns per-item
     ``values [R, n_items]`` and ``weights [n_items]``; ``metric.aggregate(values, weights)``
-    gives the ``R`` reported values. Replicas are stacked so one forward holds at most
-    ``max_rows`` rows. Layers before the first one any mask touches are run once per
-    batch and shared by all replicas (ablating the heads of layer ``l`` costs the
-    layers ``l..`` only).
+    gives the ``R`` reported values. Every metric goes through its ``score`` (see
+    :meth:`~headscope.analyses.pruning.metrics.ItemMetric.score`).
     """
     check_inhouse(model)
     spec = model.spec
     if masks is None:
         masks = torch.ones(1, spec.n_layers, spec.n_heads)
-    if isinstance(metric, CallableMetric):
-        vals = []
-        for m in masks:
-            with gates_as(model.module, m, ablation=ablation):
-                vals.append(float(metric.fn(model)))
-        return torch.tensor(vals, dtype=torch.float32)[:, None], torch.ones(1)
+    return metric.score(model, masks, ablation=ablation, max_rows=max_rows)
+
+
+def replicated_scores(
+    model, metric, masks: torch.Tensor, *, ablation: torch.Tensor | None = None, max_rows: int = 64
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`~headscope.analyses.pruning.metrics.ItemMetric.score` of a metric scored from
+    the model's output: per unit, replicas of the batch, one per mask, stacked so one
+    forward holds at most ``max_rows`` rows. Layers before the first one any mask touches
+    are run once per batch and shared by all replicas (ablating the heads of layer ``l``
+    costs the layers ``l..`` only)."""
     r_total = masks.shape[0]
     values = torch.zeros(r_total, metric.n_items)
     weights = torch.zeros(metric.n_items)
@@ -202,7 +206,7 @@ def bootstrap_se(
     """Bootstrap standard error over items of ``metric.aggregate(values[r])`` (minus the
     aggregate of ``base [item]`` on the same resample when given) -> ``[R]``."""
     n = values.shape[1]
-    if n < 2 or isinstance(metric, CallableMetric):
+    if n < 2:
         return torch.full((values.shape[0],), float("nan"))
     gen = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, n, (n_boot, n), generator=gen)
@@ -306,7 +310,7 @@ def ablation_values(model, metric, mode: str) -> torch.Tensor | None:
     if mode == "zero":
         return None
     if mode == "mean":
-        if isinstance(metric, CallableMetric):
+        if not metric.has_corpus:
             raise ValueError(
                 "mean ablation needs a metric with items (its corpus gives the mean of z); use mode='zero'"
             )

@@ -28,53 +28,14 @@ import pandas as pd
 import torch
 
 from headscope.analyses.pruning.metrics import mean_pool, paraphrase_hits, read_paraphrases
+from headscope.probes.models.backend import Backend
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.loading import InHouseModel
-from headscope.probes.tokens import collate, tokenize_one
+from headscope.probes.tokens import collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)
 
 GQA_COLUMNS = ["n_kv_heads", "group_size", "metric", "value", "spread", "n", "kv_cache_bytes_per_token"]
-
-# A few items in the shape of data/paraphrase/pairs.jsonl, used when that file is absent.
-FALLBACK_PAIRS = [
-    {
-        "anchor": "The doctor thanked the nurse after the long shift.",
-        "positive": "The nurse was thanked by the doctor after the long shift.",
-        "negatives": [
-            "The nurse thanked the doctor after the long shift.",
-            "The doctor blamed the nurse after the long shift.",
-        ],
-    },
-    {
-        "anchor": "The children built a snowman in the garden.",
-        "positive": "A snowman was built in the garden by the children.",
-        "negatives": [
-            "The children destroyed a snowman in the garden.",
-            "The children built a sandcastle on the beach.",
-        ],
-    },
-    {
-        "anchor": "She bought a new bicycle last week.",
-        "positive": "Last week she purchased a new bike.",
-        "negatives": ["She sold her old bicycle last week.", "She will buy a new bicycle next week."],
-    },
-    {
-        "anchor": "The train was delayed because of the storm.",
-        "positive": "The storm caused the train to be late.",
-        "negatives": ["The train was on time despite the storm.", "The storm was delayed because of the train."],
-    },
-    {
-        "anchor": "He rarely drinks coffee in the evening.",
-        "positive": "In the evening he seldom has coffee.",
-        "negatives": ["He always drinks coffee in the evening.", "He rarely drinks tea in the morning."],
-    },
-    {
-        "anchor": "The museum opens at nine every morning.",
-        "positive": "Every morning the museum opens its doors at nine.",
-        "negatives": ["The museum closes at nine every evening.", "The library opens at ten every morning."],
-    },
-]
 
 
 def _check_groups(cfg: ModelConfig, n_groups) -> int:
@@ -99,7 +60,7 @@ def convert_to_gqa(model: InHouseModel, n_groups: int) -> InHouseModel:
     Raises ``TypeError`` for a model that is not in-house, ``ValueError`` for a bad
     ``n_groups`` or a physically pruned model (its layers hold different head sets).
     """
-    if getattr(model, "backend", None) != "inhouse":
+    if not (isinstance(model, Backend) and model.has_gates):
         raise TypeError(f"convert_to_gqa needs an in-house model (backend='inhouse'); got {type(model).__name__}.")
     cfg = model.module.cfg
     if cfg.heads_kept is not None:
@@ -152,7 +113,7 @@ def _tokenize(model: InHouseModel, texts: Sequence[str]) -> list[dict]:
 
 
 def _embed(model: InHouseModel, toks: list[dict], batch_size: int) -> torch.Tensor:
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    pad = pad_id(model.tokenizer)
     order = sorted(range(len(toks)), key=lambda i: len(toks[i]["ids"]))
     out = torch.zeros(len(toks), model.spec.d_model)
     with torch.inference_mode():
@@ -180,11 +141,7 @@ def _paraphrase_items(pairs) -> list[dict]:
         return list(pairs)
     from headscope.data import path
 
-    p = path("paraphrase/pairs.jsonl")
-    if p.is_file():
-        return read_paraphrases(p)
-    log.warning("%s not found; using %d built-in paraphrase items", p, len(FALLBACK_PAIRS))
-    return list(FALLBACK_PAIRS)
+    return read_paraphrases(path("paraphrase/pairs.jsonl"))
 
 
 def _paraphrase_values(emb: dict[str, torch.Tensor], items: list[dict]) -> torch.Tensor:
@@ -214,7 +171,7 @@ def gqa_study(
 
     ``sentences`` (default ``data/text/sentences.txt``) give ``cosine_to_mha``: the mean
     over sentences of the cosine between the converted and the original embedding.
-    ``pairs`` (default ``data/paraphrase/pairs.jsonl``, else :data:`FALLBACK_PAIRS`): dicts
+    ``pairs`` (default ``data/paraphrase/pairs.jsonl``): dicts
     with ``anchor``, ``positive``, ``negatives``; ``paraphrase_accuracy`` is the share of
     items whose anchor is closer to its positive than to every negative.
 

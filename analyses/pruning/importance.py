@@ -9,7 +9,7 @@ head is how strongly the loss reacts to its gate::
 Our choice: the absolute value of each *batch's* gradient, averaged over batches
 (weighted by the batch's items). It costs one forward+backward per batch; Michel et al.
 take the absolute value per example (``per_example=True``: one forward+backward per
-item, several times slower on a CPU); on a batch the signed per-example gradients can
+item); on a batch the signed per-example gradients can
 cancel, so the batch estimate is a lower bound of theirs and the two rank heads alike
 when the signs of a head's per-example gradients agree.
 
@@ -37,7 +37,7 @@ An importance order sorts heads by importance and breaks ties by head index, so
 >>> df[["layer", "head", "metric", "value"]].values.tolist()
 [[0, 0, 'grad_importance_lm_loss', 0.5], [0, 1, 'grad_importance_lm_loss', 0.10000000149011612]]
 
-See ``tests/test_pruning.py`` for the finite-difference check of :func:`gate_gradients`.
+See ``tests/analyses/test_pruning.py`` for the finite-difference check of :func:`gate_gradients`.
 """
 
 from __future__ import annotations
@@ -48,11 +48,18 @@ import pandas as pd
 import torch
 
 from headscope.analyses.pruning.ablation import check_inhouse, gates_as, impact_frame, impact_rows
-from headscope.analyses.pruning.metrics import CallableMetric
 
 
 class ImportanceTieWarning(UserWarning):
     """Importances that cannot order heads: all 0, or equal for several heads."""
+
+
+def _check_differentiable(metric) -> None:
+    if not metric.differentiable:
+        raise ValueError(
+            f"gradient importance needs a differentiable metric with items; {metric.name!r} has no "
+            "differentiable loss. Use the ablation order instead."
+        )
 
 
 def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=None):
@@ -61,11 +68,7 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
     ``units``: the metric's units (default) or any list of them (e.g. one item each).
     """
     check_inhouse(model)
-    if isinstance(metric, CallableMetric):
-        raise ValueError(
-            f"gradient importance needs a differentiable metric with items; {metric.name!r} is a plain "
-            "callable. Use the ablation order instead."
-        )
+    _check_differentiable(metric)
     spec = model.spec
     mask = torch.ones(spec.n_layers, spec.n_heads) if mask is None else mask
     units = metric.units if units is None else units
@@ -97,6 +100,7 @@ def head_importance(
     """
     if unit not in ("head", "kv_group"):
         raise ValueError(f"unit must be 'head' or 'kv_group'; got {unit!r}")
+    _check_differentiable(metric)
     spec = model.spec
     units = metric.single_item_units() if per_example else None
     g, items = gate_gradients(model, metric, mask=mask, units=units)  # [batch, layer, head]

@@ -1,12 +1,20 @@
 """Metrics of what a (partly pruned) model still does, scored per item.
 
-Every metric is an :class:`ItemMetric`: its items are tokenised once into
-:class:`Unit` batches; :meth:`ItemMetric.item_values` turns the model's output for a
-unit — possibly ``R`` replicas of the unit stacked along the batch dimension, each run
-with a different head mask (see :mod:`headscope.analyses.pruning.ablation`) — into one value per
-replica and item; :meth:`ItemMetric.aggregate` reduces them (item-weighted mean, then
-``finalize``: ``exp`` for perplexity); :meth:`ItemMetric.loss` is the differentiable loss
-gradient importance uses (:mod:`headscope.analyses.pruning.importance`).
+Every metric is an :class:`ItemMetric`, and pruning code uses nothing else:
+:meth:`ItemMetric.score` gives per-item ``values [R, n_items]`` and ``weights [n_items]``
+under ``R`` head masks; :meth:`ItemMetric.aggregate` reduces them (item-weighted mean,
+then ``finalize``: ``exp`` for perplexity); :meth:`ItemMetric.loss` is the differentiable
+loss gradient importance uses (:mod:`headscope.analyses.pruning.importance`), where
+``differentiable`` is True; ``has_corpus`` says whether its ``units`` hold tokens (the
+corpus mean ablation averages over).
+
+The metrics scored from the model's output tokenise their items once into :class:`Unit`
+batches; :meth:`ItemMetric.item_values` turns the model's output for a unit — possibly
+``R`` replicas of the unit stacked along the batch dimension, each run with a different
+head mask (:func:`headscope.analyses.pruning.ablation.replicated_scores`) — into one
+value per replica and item. :class:`CallableMetric` wraps any ``metric_fn(model) ->
+float`` as a one-item, non-differentiable metric without a corpus, scored with the
+model's gates set to each mask.
 
 =========================  =======  ===============================================================
 name                       better   per item / aggregate
@@ -46,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from headscope.probes.capture import buckets
-from headscope.probes.tokens import TokenBatch, collate, tokenize_one
+from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -121,15 +129,22 @@ def _tile(t: torch.Tensor, r: int) -> torch.Tensor:
 
 
 class ItemMetric:
-    """Base class: a metric scored item by item from the model's output.
+    """Base class of every metric a pruning study scores: per item, aggregated.
 
-    Subclasses set ``name``, ``higher_is_better``, ``family`` ("llama" or "bert"),
-    ``n_items``, and implement ``_prepare(item_ids) -> Unit``, ``item_values`` and ``loss``.
+    Subclasses scored from the model's output set ``name``, ``higher_is_better``,
+    ``family`` ("llama" or "bert"), ``n_items``, and implement ``_prepare(item_ids) -> Unit``,
+    ``item_values`` and ``loss``; :meth:`score` runs them under head masks. A metric
+    computed some other way overrides :meth:`score` (and sets ``differentiable`` /
+    ``has_corpus`` to False when it has no loss / no tokens), as :class:`CallableMetric` does.
     """
 
     name: str = "metric"
     higher_is_better: bool = True
     family: str = "llama"
+    #: :meth:`loss` gives gate gradients (gradient importance, importance orders)
+    differentiable: bool = True
+    #: :attr:`units` hold the metric's tokens (mean ablation averages ``z`` over them)
+    has_corpus: bool = True
 
     def __init__(self, batch_size: int = 16):
         if batch_size < 1:
@@ -153,6 +168,16 @@ class ItemMetric:
         return [self._prepare([i]) for i in range(self.n_items)]
 
     # -- scoring -----------------------------------------------------------------------
+    def score(
+        self, model, masks: torch.Tensor, *, ablation: torch.Tensor | None = None, max_rows: int = 64
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-item ``values [R, n_items]`` and ``weights [n_items]`` under each of
+        ``masks [R, layer, head]`` (1 = kept; ``ablation [layer, head, d_head]`` replaces
+        the masked heads' ``z``, default zeros): replicated forwards of every unit."""
+        from headscope.analyses.pruning.ablation import replicated_scores
+
+        return replicated_scores(model, self, masks, ablation=ablation, max_rows=max_rows)
+
     def item_values(self, out: torch.Tensor, unit: Unit) -> tuple[torch.Tensor, torch.Tensor]:
         """``out [R*rows, ...]`` -> ``(values [R, n_unit_items], weights [n_unit_items])``."""
         raise NotImplementedError
@@ -195,7 +220,7 @@ def _tokenize_all(tokenizer, texts=None, words=None, max_positions=None, add_bos
 
 
 def _pad_id(tokenizer) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return pad_id(tokenizer)
 
 
 # ----------------------------------------------------------------------------- decoder metrics
@@ -301,8 +326,7 @@ class CorefAccuracy(ItemMetric):
     (default ``("winograd", "number")``: in ``"gender"`` items the cue is the pronoun
     itself, which substitution removes, so they sit at chance by construction).
     The loss is the cross-entropy of the gold candidate under a softmax over candidates'
-    summed log-probabilities. Measured on SmolLM2-135M (shipped data): partial scoring
-    0.692 on the 120 winograd/number items (0.582 on all 220), full scoring 0.550 (0.527).
+    summed log-probabilities.
     """
 
     name = "coref_accuracy"
@@ -400,10 +424,8 @@ class EmbeddingCosine(ItemMetric):
     unit (per-example gradients, or a last batch of one) would make that a softmax over
     one logit, the constant 0 with zero gradient; such a unit retrieves its sentence among
     the unpruned embeddings of all the metric's sentences instead (with a single sentence
-    in all, the loss is constant and :meth:`loss` raises). ``temperature``
-    0.2: at 0.05 the softmax saturates and gradients shrink to ~1e-7 (on MiniLM the head
-    ranking agreed with single-head ablation about as well: Spearman 0.61 at 0.2, 0.64 at
-    0.05, on 16 sentences).
+    in all, the loss is constant and :meth:`loss` raises). ``temperature`` (default 0.2)
+    keeps the softmax from saturating, where the gate gradients would vanish.
     """
 
     name = "cosine_to_unpruned"
@@ -533,24 +555,37 @@ class ParaphraseAccuracy(ItemMetric):
 # ----------------------------------------------------------------------------- plug-in metric
 
 
-class CallableMetric:
+class CallableMetric(ItemMetric):
     """Any ``metric_fn(model) -> float`` (e.g. the accuracy of the best syntactic head from
-    the roles pipeline). It has no items, so no spread and no gradient: evaluation sets
-    the gates and calls the function once per head mask."""
+    the roles pipeline) as a metric of one item: no spread, no gradient, no corpus.
+    :meth:`score` sets the model's gates to each head mask and calls the function once
+    per mask."""
+
+    differentiable = False
+    has_corpus = False
 
     def __init__(self, fn: Callable[[object], float], *, name: str = "custom", higher_is_better: bool = True):
         if not callable(fn):
             raise TypeError(f"metric_fn must be callable(model) -> float; got {type(fn).__name__}")
+        super().__init__()
         self.fn, self.name, self.higher_is_better = fn, name, higher_is_better
         self.n_items = 1
-        self.units: list[Unit] = []
 
-    def finalize(self, x: torch.Tensor) -> torch.Tensor:
-        return x
+    def score(self, model, masks, *, ablation=None, max_rows=64):
+        """``values [R, 1]`` (the function's value under each mask), ``weights [1]``."""
+        from headscope.analyses.pruning.ablation import gates_as
 
-    def aggregate(self, values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``values [R, 1]`` -> ``[R]``."""
-        return values[:, 0]
+        vals = []
+        for m in masks:
+            with gates_as(model.module, m, ablation=ablation):
+                vals.append(float(self.fn(model)))
+        return torch.tensor(vals, dtype=torch.float32)[:, None], torch.ones(1)
+
+    def loss(self, out, unit):
+        raise ValueError(f"{self.name!r} is a plain callable: it has no differentiable loss")
+
+    def check_model(self, model) -> None:
+        """Any model: the function decides what it needs."""
 
 
 # ----------------------------------------------------------------------------- registry

@@ -14,9 +14,10 @@ between the two writes, are dropped); the tables are the same as an uninterrupte
 run's. ``step_limit`` stops a call after that many pruning steps (for tests and for
 splitting long runs).
 
-Frames (``PruneResult.frames``): ``baseline``, ``ablation``, ``all_but_one``,
-``importance``, ``curves``, ``curve_summary`` (IMPACT_COLUMNS), ``prunable``
-(PRUNABLE_COLUMNS), ``roles`` (ROLE_ABLATION_COLUMNS).
+Tables (:class:`PruneTables`, ``PruneResult.tables``): ``baseline``, ``ablation``,
+``all_but_one``, ``importance``, ``curves``, ``curve_summary`` (IMPACT_COLUMNS),
+``prunable`` (PRUNABLE_COLUMNS), ``role_ablation`` (ROLE_ABLATION_COLUMNS; its file in
+``out_dir`` is ``roles``, see :data:`TABLE_FILES`).
 
 >>> PruneConfig(step=0.0)
 Traceback (most recent call last):
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -57,10 +58,9 @@ from headscope.analyses.pruning.curves import (
     static_order,
 )
 from headscope.analyses.pruning.importance import head_importance, importance_frame
-from headscope.analyses.pruning.metrics import METRICS, CallableMetric, build_metric, default_metric
+from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric
 from headscope.analyses.roles.config import is_seed
 from headscope.probes.errors import CheckpointError
-from headscope.probes.models.checkpoints import trust_remote_code
 from headscope.probes.outputs.atomic import write_frame, write_json
 from headscope.probes.outputs.folder import claim_output, manifest_header
 
@@ -168,15 +168,53 @@ class PruneConfig:
         return cls(**d)
 
 
+#: the file (CSV + Parquet stem in ``out_dir``, key of ``state.json``'s row counts) of each
+#: :class:`PruneTables` field
+TABLE_FILES = {
+    "baseline": "baseline",
+    "ablation": "ablation",
+    "all_but_one": "all_but_one",
+    "importance": "importance",
+    "role_ablation": "roles",
+    "curves": "curves",
+    "curve_summary": "curve_summary",
+    "prunable": "prunable",
+}
+_FIELD_OF_FILE = {v: k for k, v in TABLE_FILES.items()}
+
+
+@dataclass
+class PruneTables:
+    """The study's tables; None for one not (yet) produced."""
+
+    baseline: pd.DataFrame | None = None
+    ablation: pd.DataFrame | None = None
+    all_but_one: pd.DataFrame | None = None
+    importance: pd.DataFrame | None = None
+    role_ablation: pd.DataFrame | None = None
+    curves: pd.DataFrame | None = None
+    curve_summary: pd.DataFrame | None = None
+    prunable: pd.DataFrame | None = None
+
+    def by_file(self) -> dict[str, pd.DataFrame]:
+        """The produced tables under their file names (:data:`TABLE_FILES`), in field order."""
+        return {TABLE_FILES[f.name]: df for f in fields(self) if (df := getattr(self, f.name)) is not None}
+
+
 @dataclass
 class PruneResult:
-    """Frames by name, a JSON-able ``summary``, the config, and whether every step ran."""
+    """The tables, a JSON-able ``summary`` (:func:`summarize`), the config, and whether
+    every step ran."""
 
-    frames: dict[str, pd.DataFrame]
+    tables: PruneTables
     summary: dict
     config: PruneConfig
     complete: bool
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def frames(self) -> dict[str, pd.DataFrame]:
+        """The tables under their file names, as in ``out_dir``."""
+        return self.tables.by_file()
 
 
 def curve_keys(cfg: PruneConfig) -> list[tuple[str, int | None]]:
@@ -191,11 +229,11 @@ def curve_keys(cfg: PruneConfig) -> list[tuple[str, int | None]]:
 
 
 class _Store:
-    """Frames + state on disk (or only in memory when ``out_dir`` is None)."""
+    """The tables + state on disk (or only in memory when ``out_dir`` is None)."""
 
     def __init__(self, out_dir, cfg: PruneConfig, model_name: str, metric_name: str):
         self.dir = None if out_dir is None else Path(out_dir)
-        self.frames: dict[str, pd.DataFrame] = {}
+        self.tables = PruneTables()
         self.state = {
             **manifest_header("prune"),
             "version": STATE_VERSION,
@@ -228,6 +266,8 @@ class _Store:
                     "use a new output folder or delete state.json to start over"
                 )
         for name, n in state["rows"].items():
+            if name not in _FIELD_OF_FILE:
+                raise CheckpointError(f"{path} counts rows of an unknown table {name!r}; delete it to start over")
             pq = self.dir / f"{name}.parquet"
             if not pq.exists():
                 raise CheckpointError(
@@ -245,25 +285,29 @@ class _Store:
                     f"{pq} holds {len(df)} rows but state.json says {n} were committed (the file was cut "
                     "short or replaced); delete state.json to start over"
                 )
-            self.frames[name] = df.iloc[:n].reset_index(drop=True)
+            setattr(self.tables, _FIELD_OF_FILE[name], df.iloc[:n].reset_index(drop=True))
         self.state = state
         log.info("resuming pruning study from %s: done %s", path, state["done"])
 
     def done(self, stage: str) -> bool:
         return stage in self.state["done"]
 
-    def put(self, name: str, df: pd.DataFrame, *, append: bool = False) -> None:
-        if append and name in self.frames:
-            df = pd.concat([self.frames[name], df], ignore_index=True)
-        self.frames[name] = df.reset_index(drop=True)
+    def put(self, table: str, df: pd.DataFrame, *, append: bool = False) -> None:
+        """Set (or with ``append``, extend) the :class:`PruneTables` field ``table``."""
+        old = getattr(self.tables, table)
+        if append and old is not None:
+            df = pd.concat([old, df], ignore_index=True)
+        setattr(self.tables, table, df.reset_index(drop=True))
 
-    def commit(self, stage: str | None = None, names: tuple[str, ...] = ()) -> None:
+    def commit(self, stage: str | None = None, tables: tuple[str, ...] = ()) -> None:
+        """Write ``tables`` (field names), then ``state.json`` counting their rows."""
         if stage is not None and stage not in self.state["done"]:
             self.state["done"].append(stage)
-        for name in names:
-            self.state["rows"][name] = int(len(self.frames[name]))
+        for table in tables:
+            df, name = getattr(self.tables, table), TABLE_FILES[table]
+            self.state["rows"][name] = int(len(df))
             if self.dir is not None:
-                write_frame(self.frames[name], self.dir / name)
+                write_frame(df, self.dir / name)
         if self.dir is not None:
             write_json(self.state, self.dir / "state.json")
 
@@ -321,15 +365,14 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         )
     elif cfg.metric is not None and cfg.metric != metric.name:
         raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
-    if isinstance(metric, CallableMetric):
-        grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (
-            ["importance"] if "importance" in cfg.studies else []
+    grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (
+        ["importance"] if "importance" in cfg.studies else []
+    )
+    if (grad and not metric.differentiable) or ("mean" in cfg.ablation_modes and not metric.has_corpus):
+        raise ValueError(
+            f"metric {metric.name!r} is a plain callable: no gradients and no corpus for mean ablation; "
+            "use orders=('ablation', 'random'), studies without 'importance' and ablation_modes=('zero',)"
         )
-        if grad or "mean" in cfg.ablation_modes:
-            raise ValueError(
-                f"metric {metric.name!r} is a plain callable: no gradients and no corpus for mean ablation; "
-                "use orders=('ablation', 'random'), studies without 'importance' and ablation_modes=('zero',)"
-            )
     store = _Store(out_dir, cfg, model.spec.name, metric.name)
     settings = cfg.curve_settings()
     boots, mr = cfg.boots, cfg.max_rows
@@ -378,10 +421,10 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     if roles is not None:
         if not store.done("roles"):
             store.put(
-                "roles",
+                "role_ablation",
                 role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr),
             )
-            store.commit("roles", ("roles",))
+            store.commit("roles", ("role_ablation",))
         part_done()
 
     steps_run = 0
@@ -402,9 +445,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
                 fixed = static_order("random", len(units), seed=seed)
             elif order == "ablation":
                 if fixed_ablation is None:
-                    harms = ablation_harms(
-                        model, metric, units, ablation_frame=store.frames.get("ablation"), max_rows=mr
-                    )
+                    harms = ablation_harms(model, metric, units, ablation_frame=store.tables.ablation, max_rows=mr)
                     fixed_ablation = static_order("ablation", len(units), harms=harms)
                 fixed = fixed_ablation
             if key not in store.state["curves"]:
@@ -427,7 +468,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
                 break
             part_done()
         if complete:
-            summary = curve_summary(store.frames["curves"])
+            summary = curve_summary(store.tables.curves)
             store.put("curve_summary", summary)
             store.put("prunable", prunable_table(summary, metric))
             store.state["complete"] = True
@@ -436,7 +477,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         store.state["complete"] = True
         store.commit("summary")
 
-    summary = summarize(store.frames, metric, model.spec, cfg)
+    summary = summarize(store.tables, metric, model.spec, cfg)
     summary["complete"] = complete
     if store.dir is not None and complete:
         write_json(
@@ -445,21 +486,22 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
                 "config": cfg.to_dict(),
                 "model": model.spec.name,
                 "summary": summary,
-                "trust_remote_code": trust_remote_code(),
+                "trust_remote_code": model.trust_remote_code,
             },
             store.dir / "run.json",
         )
-    return PruneResult(frames=dict(store.frames), summary=summary, config=cfg, complete=complete)
+    return PruneResult(tables=store.tables, summary=summary, config=cfg, complete=complete)
 
 
-def summarize(frames: dict, metric, spec, cfg: PruneConfig) -> dict:
-    """JSON-able headline figures: unpruned value, most/least harmful single head, best
-    head per layer count, and the fraction prunable within 1% / 5% per order."""
+def summarize(tables: PruneTables, metric, spec, cfg: PruneConfig) -> dict:
+    """JSON-able headline figures: unpruned value, most/least harmful single head, and
+    ``prunable``: per order and tolerance (1% / 5%), the fraction prunable within it,
+    as records ``{"order", "tolerance", "fraction_pruned"}``."""
     out = {"model": spec.name, "metric": metric.name, "higher_is_better": metric.higher_is_better, "unit": cfg.unit}
-    if "baseline" in frames:
-        out["base_value"] = float(frames["baseline"]["value"].iloc[0])
-    if "ablation" in frames:
-        d = frames["ablation"]
+    if tables.baseline is not None:
+        out["base_value"] = float(tables.baseline["value"].iloc[0])
+    if tables.ablation is not None:
+        d = tables.ablation
         d = d[(d["study"] == "ablation:zero") & (d["metric"] == f"delta_{metric.name}")]
         if len(d):
             sign = -1 if metric.higher_is_better else 1
@@ -475,7 +517,10 @@ def summarize(frames: dict, metric, spec, cfg: PruneConfig) -> dict:
                 "head": int(least["head"]),
                 "delta": float(least["value"]),
             }
-    if "prunable" in frames:
-        p = frames["prunable"]
-        out["prunable"] = {f"{o}@{t:g}": float(f) for o, t, f in zip(p["order"], p["tolerance"], p["fraction_pruned"])}
+    if tables.prunable is not None:
+        p = tables.prunable
+        out["prunable"] = [
+            {"order": str(o), "tolerance": float(t), "fraction_pruned": float(f)}
+            for o, t, f in zip(p["order"], p["tolerance"], p["fraction_pruned"])
+        ]
     return out

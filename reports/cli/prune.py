@@ -86,11 +86,12 @@ def render_summary(summary: dict) -> str:
             lines.append(f"{label}: L{h['layer']}H{h['head']} (delta {h['delta']:+.4f})")
     if "prunable" in summary:
         lines.append(f"fraction of heads prunable ({summary['unit']} units) within 1% / 5% of the unpruned metric:")
-        orders = sorted({k.split("@")[0] for k in summary["prunable"]})
-        for o in orders:
+        by_order: dict[str, dict[float, float]] = {}
+        for r in summary["prunable"]:
+            by_order.setdefault(r["order"], {})[r["tolerance"]] = r["fraction_pruned"]
+        for o in sorted(by_order):
             lines.append(
-                f"  {o:<20} {summary['prunable'].get(o + '@0.01', float('nan')):.2f} / "
-                f"{summary['prunable'].get(o + '@0.05', float('nan')):.2f}"
+                f"  {o:<20} {by_order[o].get(0.01, float('nan')):.2f} / {by_order[o].get(0.05, float('nan')):.2f}"
             )
     if not summary.get("complete", True):
         lines.append("incomplete: run again with the same --out to resume")
@@ -117,7 +118,7 @@ def run(args) -> int:
     )
     roles = _read_roles(args.roles) if args.roles else None
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
-        model = load_model(args.model, "inhouse")
+        model = load_model(args.model, "inhouse", trust_remote_code=args.trust_remote_code)
         result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
     print(json.dumps(result.summary, indent=2, sort_keys=True) if args.json else render_summary(result.summary))
     return 0

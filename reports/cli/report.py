@@ -44,6 +44,7 @@ def run(args) -> int:
             seed=args.seed,
             quiet=args.quiet,
             progress=progress,
+            trust_remote_code=args.trust_remote_code,
         )
     if args.json:
         print_summary(result.summary, as_json=True)

@@ -167,3 +167,20 @@ def test_targets_pair_interleaved_rounds():
     assert "median of 3 paired rounds (fastest rounds: 1.67)" in row["note"]
     fastest = B._targets(frame).set_index("target").loc["roles / capture from text <= 1.5"]
     assert fastest["value"] == pytest.approx(5.0 / 3.0) and not fastest["met"]
+
+
+def test_targets_come_from_the_targets_table(monkeypatch):
+    import pandas as pd
+
+    from headscope.analyses.bench import targets as T
+
+    frame = pd.DataFrame(
+        [{"path": "hf_sdpa", "status": "ok", "seconds": 2.0}, {"path": "x", "status": "ok", "seconds": 1.0}]
+    )
+    got = B._targets(frame)
+    assert got["target"].tolist() == [t.name for t in T.RATIO_TARGETS]
+    assert got["threshold"].tolist() == [t.threshold for t in T.RATIO_TARGETS]
+    mine = T.RatioTarget("x / hf_sdpa <= 0.4", "x", "hf_sdpa", 0.4, False, "time ratio")
+    monkeypatch.setattr(B, "RATIO_TARGETS", (mine,))
+    row = B._targets(frame).iloc[0]
+    assert row["target"] == mine.name and row["value"] == 0.5 and not row["met"]

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from headscope.analyses.pruning.gqa_conversion import (
-    FALLBACK_PAIRS,
     GQA_COLUMNS,
     convert_to_gqa,
     gqa_study,
@@ -16,6 +15,46 @@ from headscope.analyses.pruning.gqa_conversion import (
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.loading import InHouseModel
 from headscope.probes.models.transformer import Transformer
+
+# six items in the shape of data/paraphrase/pairs.jsonl
+PAIRS = [
+    {
+        "anchor": "The doctor thanked the nurse after the long shift.",
+        "positive": "The nurse was thanked by the doctor after the long shift.",
+        "negatives": [
+            "The nurse thanked the doctor after the long shift.",
+            "The doctor blamed the nurse after the long shift.",
+        ],
+    },
+    {
+        "anchor": "The children built a snowman in the garden.",
+        "positive": "A snowman was built in the garden by the children.",
+        "negatives": [
+            "The children destroyed a snowman in the garden.",
+            "The children built a sandcastle on the beach.",
+        ],
+    },
+    {
+        "anchor": "She bought a new bicycle last week.",
+        "positive": "Last week she purchased a new bike.",
+        "negatives": ["She sold her old bicycle last week.", "She will buy a new bicycle next week."],
+    },
+    {
+        "anchor": "The train was delayed because of the storm.",
+        "positive": "The storm caused the train to be late.",
+        "negatives": ["The train was on time despite the storm.", "The storm was delayed because of the train."],
+    },
+    {
+        "anchor": "He rarely drinks coffee in the evening.",
+        "positive": "In the evening he seldom has coffee.",
+        "negatives": ["He always drinks coffee in the evening.", "He rarely drinks tea in the morning."],
+    },
+    {
+        "anchor": "The museum opens at nine every morning.",
+        "positive": "Every morning the museum opens its doors at nine.",
+        "negatives": ["The museum closes at nine every evening.", "The library opens at ten every morning."],
+    },
+]
 
 
 def _tiny_bert(seed=0):
@@ -73,14 +112,14 @@ def test_g12_reproduces_minilm_exactly(minilm, sentences):
 
 
 def test_gqa_study_minilm(minilm, sentences):
-    df = gqa_study(minilm, groups=(12, 6, 1), sentences=sentences, pairs=FALLBACK_PAIRS)
+    df = gqa_study(minilm, groups=(12, 6, 1), sentences=sentences, pairs=PAIRS)
     assert df.columns.tolist() == GQA_COLUMNS
     v = {(r.n_kv_heads, r.metric): r.value for r in df.itertuples()}
     assert v[12, "cosine_to_mha"] == pytest.approx(1.0, abs=1e-6)
     # measured on the five conftest sentences: 0.6448 (g=6), 0.5130 (g=1)
     assert v[6, "cosine_to_mha"] == pytest.approx(0.6448, abs=0.01)
     assert v[1, "cosine_to_mha"] == pytest.approx(0.5130, abs=0.01)
-    # measured on the six built-in items: 4/6 unconverted, 3/6 at g=6 and g=1
+    # measured on the six PAIRS items: 4/6 unconverted, 3/6 at g=6 and g=1
     assert v[12, "paraphrase_accuracy"] == pytest.approx(4 / 6)
     assert v[6, "paraphrase_accuracy"] == pytest.approx(3 / 6)
     assert v[1, "paraphrase_accuracy"] == pytest.approx(3 / 6)

@@ -249,6 +249,52 @@ def test_callable_metric_plugs_in(planted):
     assert curve[-1] == pytest.approx(d[0] + curve[0], abs=1e-2)  # the copy head goes last in the ablation order
 
 
+def test_callable_and_item_metric_take_the_same_path(planted):
+    """A plain callable and an ItemMetric computing the same number go through
+    pruning_study alike: the same head masks asked of each metric's ``score``, in the same
+    order, and the same tables (but the spread over items, which the callable lacks)."""
+    model, metric = planted
+
+    def lm_loss(m) -> float:
+        v, w = evaluate(m, metric)
+        return float(metric.aggregate(v, w)[0])
+
+    plain = CallableMetric(lm_loss, name=metric.name, higher_is_better=metric.higher_is_better)
+    cfg = PruneConfig(
+        orders=("ablation", "random"),
+        n_random_seeds=2,
+        studies=("ablation", "curves"),
+        ablation_modes=("zero",),
+        step=0.34,
+        n_boot=20,
+    )
+    results, asked = {}, {}
+    for key, m in (("item", metric), ("callable", plain)):
+        calls = asked[key] = []
+        score = m.score
+
+        def spy(model_, masks, *, _score=score, _calls=calls, **kw):
+            _calls.append(masks.clone())
+            return _score(model_, masks, **kw)
+
+        m.score = spy  # evaluate() reaches every metric through its score
+        try:
+            results[key] = pruning_study(model, cfg, metric=m)
+        finally:
+            del m.score
+    assert len(asked["item"]) == len(asked["callable"]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(asked["item"], asked["callable"]))
+    item, call = results["item"].tables, results["callable"].tables
+    assert set(results["item"].frames) == set(results["callable"].frames)
+    for name in ("baseline", "ablation", "curves", "curve_summary"):
+        a, b = getattr(item, name), getattr(call, name)
+        keys = ["study", "layer", "head", "step", "fraction_pruned", "metric", "seed"]
+        pd.testing.assert_frame_equal(a[keys], b[keys], obj=name)
+        assert a["value"].to_numpy() == pytest.approx(b["value"].to_numpy(), abs=1e-5), name
+    assert call.baseline["spread"].isna().all() and item.baseline["spread"].notna().all()
+    pd.testing.assert_frame_equal(item.prunable, call.prunable, atol=1e-5)
+
+
 def test_role_ablation_against_random_heads(planted):
     model, metric = planted
     roles = roles_frame(
@@ -509,7 +555,9 @@ def test_cli_prune_writes_frames_and_summary(minilm, tmp_path, capsys):
     q = curves[curves["metric"] == "query_heads_pruned"]["value"].tolist()
     assert q == [0, 7, 14]  # 72 heads, 10% = 7 per step, up to 20%
     assert (out / "prunable.parquet").exists() and (out / "run.json").exists()
-    assert 0.0 <= summary["prunable"]["random@0.05"] <= 0.2
+    prunable = {(r["order"], r["tolerance"]): r["fraction_pruned"] for r in summary["prunable"]}
+    assert set(prunable) == {("random", 0.01), ("random", 0.05)}
+    assert 0.0 <= prunable["random", 0.05] <= 0.2
     assert main(["prune", "minilm-l6", "--step", "0"]) == 2
     assert "'step' parameter of PruneConfig must be in (0, 1]" in capsys.readouterr().err
 

@@ -293,6 +293,23 @@ def test_markdown_tables_and_run_json(synthetic_report):
     assert not list(out.parent.glob("*.tmp-*"))
 
 
+def test_prune_tables_become_report_tables_by_field():
+    """The role ablation is ``roles_vs_importance`` because of the field it sits in, not
+    its columns; every other study table is ``prune_<its file name>``."""
+    from headscope.analyses.pruning.study import PruneTables
+
+    fr = synthetic_frames()
+    tables = PruneTables(
+        baseline=fr["prune_baseline"],
+        curves=fr["prune_curves"],
+        role_ablation=fr["roles_vs_importance"],
+    )
+    out = pipeline.prune_frames(tables)
+    assert list(out) == ["prune_baseline", "roles_vs_importance", "prune_curves"]
+    pd.testing.assert_frame_equal(out["roles_vs_importance"], fr["roles_vs_importance"].reset_index(drop=True))
+    assert tables.by_file().keys() == {"baseline", "roles", "curves"}  # the prune folder's file names
+
+
 def test_pruning_curves_average_random_seeds():
     from headscope.reports.figures import curve_rows
     from headscope.reports.html import curves_frame
@@ -476,8 +493,6 @@ def real_report_dir(tmp_path_factory) -> Path:
     """Build the MiniLM report once per test session (shared with test_browser.py through
     the session's base temp folder). Lighter than the CLI default to keep the suite short:
     80 text lines, the hand-written treebank, 12 pruning items, importance vs 2 random orders."""
-    pytest.importorskip("headscope.analyses.roles.pipeline", reason="analyses/roles.py not written yet")
-    pytest.importorskip("headscope.analyses.pruning.study", reason="analyses/pruning_study.py not written yet")
     from headscope.analyses.pruning.study import PruneConfig
     from headscope.analyses.roles.config import RolesConfig
     from headscope.data import path as data_path

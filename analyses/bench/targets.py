@@ -1,0 +1,69 @@
+"""The benchmark's targets, as a table: what ``headscope bench`` compares each measurement with.
+
+A :class:`RatioTarget` is met when the time of path ``numerator`` over the time of path
+``denominator`` is ``<= threshold`` (``higher_is_good=False``: a cost) or ``>= threshold``
+(``higher_is_good=True``: a speed-up). :data:`MEMORY` is the target of ``--memory``: the
+peak RSS of the largest corpus over the smallest's. Targets are reported, never enforced.
+
+>>> [t.name for t in RATIO_TARGETS][:2]
+['capture / plain forward <= 1.1', 'run_with_cache / capture >= 2']
+>>> MEMORY.met(1.05), MEMORY.met(1.2)
+(True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RatioTarget:
+    """``numerator`` / ``denominator`` (path names of the harness) against ``threshold``."""
+
+    name: str
+    numerator: str
+    denominator: str
+    threshold: float
+    higher_is_good: bool
+    note: str
+
+    def met(self, value: float) -> bool:
+        return bool(value >= self.threshold if self.higher_is_good else value <= self.threshold)
+
+
+@dataclass(frozen=True)
+class MemoryTarget:
+    """Peak RSS of the largest corpus / of the smallest, at most ``threshold``."""
+
+    name: str
+    threshold: float
+    note: str
+
+    def met(self, value: float) -> bool:
+        return bool(value <= self.threshold)
+
+
+RATIO_TARGETS: tuple[RatioTarget, ...] = (
+    RatioTarget("capture / plain forward <= 1.1", "capture_patterns", "hf_sdpa", 1.1, False, "time ratio"),
+    RatioTarget("run_with_cache / capture >= 2", "tl_cache_full", "capture_patterns", 2.0, True, "speed-up of capture"),
+    RatioTarget(
+        "roles / capture from text <= 1.5",
+        "roles",
+        "capture_stream",
+        1.5,
+        False,
+        "time ratio; both start from raw text",
+    ),
+    RatioTarget("gate gradients / forward <= 3", "gate_grad", "inhouse_forward", 3.0, False, "time ratio"),
+    RatioTarget("fp32 / bf16 forward >= 2.5", "inhouse_forward", "bf16_forward", 2.5, True, "speed-up of bf16"),
+    RatioTarget(
+        "separate / batched ablation > 1",
+        "ablation_separate",
+        "ablation_batched",
+        1.0,
+        True,
+        "speed-up of batching",
+    ),
+)
+
+MEMORY = MemoryTarget("peak RSS 10x corpus <= 1.10", 1.10, "streaming memory")
