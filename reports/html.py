@@ -278,7 +278,102 @@ def _card_section(card: dict, card_text: str) -> Section:
     return s
 
 
-def _roles_overview(roles: pd.DataFrame, n_layers: int, n_heads: int, model: str) -> Section:
+CORRECTIONS = {"bh": "Benjamini-Hochberg", "by": "Benjamini-Yekutieli", "none": "no correction"}
+FIRST_TOKEN_ROLES = ("positional:first", "sink:first-token", "special")
+
+
+def statistics_sentence(roles: pd.DataFrame, roles_config: dict) -> str:
+    """How the p-values and intervals of ``roles`` were made, read from its own columns
+    (``test``, ``interval``, ``family``) and the run's roles configuration."""
+    correction = CORRECTIONS.get(roles_config.get("correction", "bh"), roles_config.get("correction", "bh"))
+    family = roles_config.get("family", "role")
+    scope = (
+        "every row of this run (all heads × roles × relations × directions) is one family"
+        if family == "global"
+        else "each role (and relation and direction) over the model's heads is one family"
+    )
+    parts = [f"p-values are one-sided (score above baseline), adjusted by {correction}; {scope}."]
+    if "test" in roles and "interval" in roles:
+        kinds = roles.assign(_t=roles["test"].astype(str).str.replace(r" \(.*", "", regex=True))
+        tests = kinds.groupby("_t")["role"].nunique()
+        if len(tests):
+            parts.append(
+                "Tests: " + "; ".join(f"{t or 'n/a'} ({_n(int(n), 'role', 'roles')})" for t, n in tests.items()) + "."
+            )
+        tail = int(roles["test"].astype(str).str.contains("normal tail").sum())
+        refined = int(roles["test"].astype(str).str.contains("refined").sum())
+        if refined or tail:
+            parts.append(
+                f"{_n(refined, 'head row was', 'head rows were')} redrawn with more permutations so that the "
+                f"Monte-Carlo floor sits below what the correction needs; {_n(tail, 'row uses', 'rows use')} the "
+                "normal approximation of the sign-flip null where even that was not enough."
+            )
+        intervals = sorted(set(roles["interval"].astype(str)) - {""})
+        if intervals:
+            parts.append(
+                f"{roles_config.get('ci_level', 0.95):.0%} intervals: "
+                + ", ".join(intervals)
+                + " (Wilson for 0/1 hits, bootstrap percentile over items for shares)."
+            )
+    return " ".join(parts)
+
+
+def overlap_sentence(roles: pd.DataFrame) -> str | None:
+    """How many heads the three first-token roles share (they measure different things:
+    where the maximum goes, the mass on position 0, the mass on special tokens)."""
+    from headscope.analyses.roles.pipeline import verdict_overlap
+
+    present = [r for r in FIRST_TOKEN_ROLES if (roles["role"] == r).any()]
+    if len(present) < 2:
+        return None
+    ov = verdict_overlap(roles, roles=present)
+    if ov.empty or int(ov["n_both"].sum()) == 0:
+        return None
+    pairs = "; ".join(
+        f"{a} and {b}: {int(nb)} shared of {int(na)} and {int(nbb)} (Jaccard {j:.2f})"
+        for a, b, na, nbb, nb, j in ov[["role_a", "role_b", "n_a", "n_b", "n_both", "jaccard"]].itertuples(index=False)
+    )
+    return (
+        "Three roles look at the first token in different ways: positional:first counts query rows whose maximum "
+        "weight lands on position 0, sink:first-token is the attention mass on position 0, special the mass on every "
+        "[CLS]/[SEP]/BOS token. On an encoder position 0 is [CLS], so they flag many of the same heads: " + pairs + "."
+    )
+
+
+def pairs_sentence(roles: pd.DataFrame, pairs: pd.DataFrame | None) -> str | None:
+    """Pair consistency on the coreference minimal pairs: the best head of each kind."""
+    if pairs is None or pairs.empty:
+        return None
+    out = []
+    for kind, g in pairs.groupby("kind", sort=True):
+        best = g.sort_values(["pair_accuracy", "layer", "head"], ascending=[False, True, True]).iloc[0]
+        role = f"coreference:{kind}" if kind else "coreference"
+        rows = roles[(roles["role"] == role)]
+        top = rows.sort_values("score", ascending=False).iloc[0] if len(rows) else None
+        item = (
+            f"; best item accuracy {top['score']:.2f} ({_head(top['layer'], top['head'])}) vs {top['baseline']:.2f}"
+            if top is not None
+            else ""
+        )
+        out.append(
+            f"{kind or 'no kind'}: best {_head(best['layer'], best['head'])} with both items right in "
+            f"{int(best['both_right'])} of {int(best['n_pairs'])} pairs ({best['pair_accuracy']:.2f}){item}"
+        )
+    return (
+        "Coreference is scored per kind of item, each against its own baseline. On minimal pairs (two items that "
+        "differ in the word that decides the antecedent) a head that ignores that word gets exactly one item of each "
+        "pair right, so pair accuracy is 0 for it (and for both simple rules): " + "; ".join(out) + "."
+    )
+
+
+def _roles_overview(
+    roles: pd.DataFrame,
+    n_layers: int,
+    n_heads: int,
+    model: str,
+    roles_config: dict | None = None,
+    coref_pairs: pd.DataFrame | None = None,
+) -> Section:
     s = Section(id="roles", title="Head roles")
     held = F.held_roles(roles)
     counts = roles[roles["verdict"].astype(bool)].drop_duplicates(["layer", "head", "role"])["role"].value_counts()
@@ -292,6 +387,13 @@ def _roles_overview(roles: pd.DataFrame, n_layers: int, n_heads: int, model: str
         )
     )
     s.blocks.append(Note(CAVEAT))
+    s.blocks.append(Paragraph(statistics_sentence(roles, roles_config or {})))
+    overlap = overlap_sentence(roles)
+    if overlap:
+        s.blocks.append(Paragraph(overlap))
+    pairs = pairs_sentence(roles, coref_pairs)
+    if pairs:
+        s.blocks.append(Paragraph(pairs))
     fig = F.role_map_figure(roles, n_layers=n_layers, n_heads=n_heads)
     s.blocks.append(
         Figure(
@@ -604,7 +706,8 @@ def build_document(
     model = meta.get("model") or card.get("name", "model")
     sections = [_card_section(card, card_text)]
     if roles is not None and not roles.empty:
-        sections.append(_roles_overview(roles, n_layers, n_heads, model))
+        roles_config = (meta.get("config") or {}).get("roles") or {}
+        sections.append(_roles_overview(roles, n_layers, n_heads, model, roles_config, frames.get("coref_pairs")))
         sections += _role_sections(roles, frames.get("examples"), frames.get("roles_vs_importance"), top)
     stats = _stats_section(frames.get("stats"), frames.get("clusters"))
     if stats:

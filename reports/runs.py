@@ -5,7 +5,7 @@ or ``diff`` and returns a :class:`RunFolder`:
 
 * ``kind``: ``"roles"``, ``"report"``, ``"prune"`` or ``"diff"``
   (:data:`~headscope.probes.outputs.folder.KINDS`), read from the manifest;
-* ``format``: the manifest's ``output.format`` (1 today); ``0`` for a folder written
+* ``format``: the manifest's ``output.format`` (2 today; 1 before the role tables gained their test columns); ``0`` for a folder written
   before manifests recorded it (its kind is then recognised by the manifest's keys);
 * ``manifest``: ``run.json`` (``diff.json`` for a diff; ``state.json`` for a pruning
   study still in progress);

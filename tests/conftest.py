@@ -8,6 +8,13 @@ cached (``HEADSCOPE_CACHE``), so later sessions load in seconds.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+# tests mirror the package layout (tests/probes, tests/analyses, tests/reports); a few test
+# modules share planted models and frames with a sibling folder's module (``from test_pruning
+# import ...``), which must not depend on the order pytest collects the folders in
+sys.path.extend(str(Path(__file__).parent / sub) for sub in ("probes", "analyses", "reports"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

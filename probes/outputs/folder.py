@@ -48,7 +48,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 #: written into every manifest: ``{"output": {"kind": ..., "format": OUTPUT_FORMAT}}``
-OUTPUT_FORMAT = 1
+#: 2: role tables gained p_raw, test, interval, family, meets_threshold; roles folders coref_pairs
+OUTPUT_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ KINDS: dict[str, OutputKind] = {
             "examples.json",
             *(
                 f"{stem}.{ext}"
-                for stem in ("roles", "head_stats", "clusters", "roles_by_head")
+                for stem in ("roles", "head_stats", "clusters", "roles_by_head", "coref_pairs")
                 for ext in ("csv", "parquet")
             ),
         ),
@@ -444,5 +445,5 @@ def claim_output(out, kind: str):
 
 
 def manifest_header(kind: str) -> dict:
-    """The ``output`` entry of a manifest: ``{"output": {"kind": kind, "format": 1}}``."""
+    """The ``output`` entry of a manifest: ``{"output": {"kind": kind, "format": OUTPUT_FORMAT}}``."""
     return {"output": {"kind": kind, "format": OUTPUT_FORMAT}}

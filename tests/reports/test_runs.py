@@ -12,6 +12,7 @@ from test_report import _meta, minilm_card, synthetic_frames  # noqa: F401 - min
 from headscope.analyses.frames import ROLE_COLUMNS, STAT_COLUMNS
 from headscope.data import path
 from headscope.probes.outputs.atomic import write_frame
+from headscope.probes.outputs.folder import OUTPUT_FORMAT
 from headscope.reports import load_run
 from headscope.reports.cli.app import main
 
@@ -26,8 +27,8 @@ def test_roles_folder_reads_back_every_table_and_json_file(tmp_path, capsys):
     argv = ["roles", "minilm-l6", "--roles", "positional", "--text", str(text), "--out", str(out), "--quiet"]
     assert main(argv) == 0
     run = load_run(out)
-    assert (run.kind, run.format, run.path) == ("roles", 1, out)
-    assert set(run.tables) == {"roles", "head_stats", "clusters", "roles_by_head"}
+    assert (run.kind, run.format, run.path) == ("roles", OUTPUT_FORMAT, out)
+    assert set(run.tables) == {"roles", "head_stats", "clusters", "roles_by_head", "coref_pairs"}
     assert set(run.files) == {"skipped.json", "examples.json"}
     assert run.manifest == json.loads((out / "run.json").read_text())
     assert run.files["examples.json"] == json.loads((out / "examples.json").read_text())
@@ -49,7 +50,7 @@ def test_report_folder_reads_back_the_frames_written(tmp_path, minilm_card):  # 
     out = tmp_path / "report"
     write_report(frames, card=card, card_text=text, meta=_meta(), out_dir=out)
     run = load_run(out)
-    assert (run.kind, run.format, run.files) == ("report", 1, {})
+    assert (run.kind, run.format, run.files) == ("report", OUTPUT_FORMAT, {})
     assert run.manifest["architecture"]["layers"] == 6
     assert sorted(run.tables) == sorted(frames) == run.manifest["tables"]
     for name, df in frames.items():
@@ -58,7 +59,7 @@ def test_report_folder_reads_back_the_frames_written(tmp_path, minilm_card):  # 
         pd.testing.assert_frame_equal(run.tables[name], expected, check_exact=True, obj=name)
     assert main(["diff", str(out), str(out), "--out", str(tmp_path / "d")]) == 0  # diff reads it too
     d = load_run(tmp_path / "d")
-    assert (d.kind, d.format) == ("diff", 1) and "role_changes" in d.tables and d.manifest["tables"] == sorted(d.tables)
+    assert (d.kind, d.format) == ("diff", OUTPUT_FORMAT) and "role_changes" in d.tables and d.manifest["tables"] == sorted(d.tables)
 
 
 def test_prune_folder_in_progress_and_complete(tmp_path):
@@ -71,7 +72,7 @@ def test_prune_folder_in_progress_and_complete(tmp_path):
     out = tmp_path / "prune"
     first = pruning_study(model, cfg, out, metric=metric, step_limit=2)
     partial = load_run(out)
-    assert not first.complete and (partial.kind, partial.format) == ("prune", 1)
+    assert not first.complete and (partial.kind, partial.format) == ("prune", OUTPUT_FORMAT)
     assert "done" in partial.manifest and partial.files == {}  # state.json is the manifest until run.json exists
     assert set(partial.tables) <= set(first.frames) | {"curves"}
     done = pruning_study(model, cfg, out, metric=metric)
