@@ -227,8 +227,7 @@ def stream(
     length²), so memory does not grow with the corpus, nor with its longest items,
     while padding stays small. (A window's batches run from short to long, each
     allocating larger tensors than the last; short windows let the next window reuse
-    that memory: streaming 6,000 MiniLM sentences peaked at 723 MB with 1,024-item
-    windows, 776 MB with 4,096.) Items that are empty, too long for the
+    that memory: ``headscope bench --memory`` measures it.) Items that are empty, too long for the
     context, or fail to tokenise are skipped and counted in the returned
     :class:`StreamReport` (never dropped silently). ``progress(done, total)`` counts
     items (``total`` is None for an iterable without a length).

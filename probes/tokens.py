@@ -145,25 +145,44 @@ def encode(
         seq = [seq] if texts is not None else seq
     if not seq:
         raise ValueError("empty input: no texts to encode")
+    items = tokenize_items(
+        tokenizer, seq, words=texts is None, max_positions=max_positions, add_bos=add_bos, vocab_size=vocab_size
+    )
+    return collate(items, pad_id(tokenizer))
+
+
+def tokenize_items(
+    tokenizer,
+    seq,
+    *,
+    words: bool = False,
+    max_positions: int | None = None,
+    add_bos: bool = False,
+    vocab_size: int | None = None,
+    what: str = "text",
+) -> list[dict]:
+    """:func:`tokenize_one` of every text (or word list, ``words=True``) of ``seq``, checked:
+    ``ValueError`` naming the ``what`` and its index for one longer than ``max_positions``
+    or with a token id ``>= vocab_size``."""
     items = []
     for i, x in enumerate(seq):
         it = (
-            tokenize_one(tokenizer, text=x, add_bos=add_bos)
-            if texts is not None
-            else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+            tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
+            if words
+            else tokenize_one(tokenizer, text=x, add_bos=add_bos)
         )
         if max_positions is not None and len(it["ids"]) > max_positions:
             raise ValueError(
-                f"text {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten or split it."
+                f"{what} {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten or split it."
             )
         if vocab_size is not None and it["ids"] and max(it["ids"]) >= vocab_size:
             j = max(range(len(it["ids"])), key=it["ids"].__getitem__)
             raise ValueError(
-                f"text {i}: token {it['tokens'][j]!r} has id {it['ids'][j]}, past the model's vocabulary of "
+                f"{what} {i}: token {it['tokens'][j]!r} has id {it['ids'][j]}, past the model's vocabulary of "
                 f"{vocab_size} (the tokenizer does not belong to this model); load the model's own tokenizer"
             )
         items.append(it)
-    return collate(items, pad_id(tokenizer))
+    return items
 
 
 def display_token(tokenizer, token: str) -> str:

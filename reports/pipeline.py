@@ -330,7 +330,7 @@ def _cfg_dict(cfg) -> dict:
 
 
 # ----------------------------------------------------------------- summary and writing
-def summarise(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top: int = 3) -> dict:
+def run_summary(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top: int = 3) -> dict:
     """What the terminal shows, JSON-serialisable: top heads per role (with the causal
     comparison), pruning curve end points, skipped count, where the report is."""
     roles = frames.get("roles")
@@ -501,5 +501,5 @@ def build_report(
             trust_remote_code=trust_remote_code,
         )
         paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
-    summary = summarise(frames, meta, out)
+    summary = run_summary(frames, meta, out)
     return ReportResult(frames=frames, paths=paths, summary=summary, timings=dict(meta["timings"]))

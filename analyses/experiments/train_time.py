@@ -293,7 +293,7 @@ def _run(run: TrainTimeConfig) -> list[dict]:
     return rows
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def condition_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Mean and spread over seeds: columns ``condition, k, metric, mean, std, min, max, n_seeds``."""
     g = df.groupby(["condition", "k", "metric"], observed=True)["value"]
     out = g.agg(mean="mean", std="std", min="min", max="max", n_seeds="count").reset_index()
@@ -304,7 +304,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
 def finding(df: pd.DataFrame, metric: str = "accuracy") -> str:
     """One line stating, per ``k``, how training with ``k`` heads from the start compares to
     pruning the full model to ``k`` heads (with and without fine-tuning), whichever way it goes."""
-    s = summarize(df)
+    s = condition_summary(df)
     s = s[s["metric"] == metric].set_index(["condition", "k"])
     wide = df[df["metric"] == metric].pivot_table(
         index="seed", columns=["condition", "k"], values="value", observed=True

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from headscope.probes.capture import buckets
-from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
+from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_items, tokenize_one
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -204,23 +204,9 @@ class ItemMetric:
 
 def _tokenize_all(tokenizer, texts=None, words=None, max_positions=None, add_bos=False) -> list[dict]:
     seq = texts if texts is not None else words
-    out = []
-    for i, x in enumerate(seq):
-        it = (
-            tokenize_one(tokenizer, text=x, add_bos=add_bos)
-            if texts is not None
-            else tokenize_one(tokenizer, words=list(x), add_bos=add_bos)
-        )
-        if max_positions is not None and len(it["ids"]) > max_positions:
-            raise ValueError(
-                f"item {i} has {len(it['ids'])} tokens; the model's context is {max_positions}. Shorten it."
-            )
-        out.append(it)
-    return out
-
-
-def _pad_id(tokenizer) -> int:
-    return pad_id(tokenizer)
+    return tokenize_items(
+        tokenizer, seq, words=texts is None, max_positions=max_positions, add_bos=add_bos, what="item"
+    )
 
 
 # ----------------------------------------------------------------------------- decoder metrics
@@ -252,7 +238,7 @@ class LMLoss(ItemMetric):
         if bad:
             raise ValueError(f"texts need at least 2 tokens to score a next token; text {bad[0]} has fewer")
         self.n_items = len(self.toks)
-        self.pad = _pad_id(model.tokenizer)
+        self.pad = pad_id(model.tokenizer)
         self.units = self.make_units()
 
     def _lengths(self):
@@ -352,7 +338,7 @@ class CorefAccuracy(ItemMetric):
             raise ValueError(f"no coreference items left after keeping kinds {kinds}; pass kinds=None to keep all")
         self.items = items
         self.n_items = len(items)
-        self.pad = _pad_id(model.tokenizer)
+        self.pad = pad_id(model.tokenizer)
         self.rows: list[list[tuple[dict, int]]] = []  # per item: (tokenised candidate sentence, first scored word)
         for it in items:
             per = []
@@ -446,7 +432,7 @@ class EmbeddingCosine(ItemMetric):
         self.temperature = temperature
         self.toks = _tokenize_all(model.tokenizer, texts=list(texts), max_positions=model.spec.max_positions)
         self.n_items = len(self.toks)
-        self.pad = _pad_id(model.tokenizer)
+        self.pad = pad_id(model.tokenizer)
         self.reference = None
         self.units = self.make_units()
         if reference is None:
@@ -505,7 +491,7 @@ class ParaphraseAccuracy(ItemMetric):
         self.temperature = temperature
         self.items = list(items)
         self.n_items = len(self.items)
-        self.pad = _pad_id(model.tokenizer)
+        self.pad = pad_id(model.tokenizer)
         self.toks = []
         for i, it in enumerate(self.items):
             negs = list(it.get("negatives") or [])

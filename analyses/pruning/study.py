@@ -203,7 +203,7 @@ class PruneTables:
 
 @dataclass
 class PruneResult:
-    """The tables, a JSON-able ``summary`` (:func:`summarize`), the config, and whether
+    """The tables, a JSON-able ``summary`` (:func:`study_summary`), the config, and whether
     every step ran."""
 
     tables: PruneTables
@@ -477,7 +477,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         store.state["complete"] = True
         store.commit("summary")
 
-    summary = summarize(store.tables, metric, model.spec, cfg)
+    summary = study_summary(store.tables, metric, model.spec, cfg)
     summary["complete"] = complete
     if store.dir is not None and complete:
         write_json(
@@ -493,7 +493,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     return PruneResult(tables=store.tables, summary=summary, config=cfg, complete=complete)
 
 
-def summarize(tables: PruneTables, metric, spec, cfg: PruneConfig) -> dict:
+def study_summary(tables: PruneTables, metric, spec, cfg: PruneConfig) -> dict:
     """JSON-able headline figures: unpruned value, most/least harmful single head, and
     ``prunable``: per order and tolerance (1% / 5%), the fraction prunable within it,
     as records ``{"order", "tolerance", "fraction_pruned"}``."""

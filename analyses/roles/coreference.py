@@ -9,7 +9,7 @@ hit when that is the gold antecedent. Score = accuracy over items. Clark et al. 
 CoNLL-2012; our items (Winograd-style pairs, gender and number agreement) are different,
 so the figures are not comparable: we report what we measure.
 
-**One role per item kind** (issue #13). Items with a ``kind`` are scored under role
+**One role per item kind.** Items with a ``kind`` are scored under role
 ``coreference:<kind>`` (the shipped data: ``coreference:gender``, ``coreference:number``,
 ``coreference:winograd``); items without one under plain ``coreference``. Each role has
 its own baseline (below) and its own correction family (one :func:`verdict_rows` call,

@@ -255,14 +255,10 @@ def padded(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     return ids, special, lengths
 
 
-def _pad_id(tokenizer) -> int:
-    return pad_id(tokenizer)
-
-
 def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     """Run ``ctx.model`` over ``ctx.items`` (:func:`probe_items`), ``cfg.batch_size`` at a
     time in order, into ``reducers``; ``progress(done, total)`` counts batches."""
-    ids, special, lengths = padded(ctx.items, _pad_id(ctx.model.tokenizer))
+    ids, special, lengths = padded(ctx.items, pad_id(ctx.model.tokenizer))
     n = ids.shape[0]
     starts = list(range(0, n, ctx.cfg.batch_size))
     report = StreamReport(n_items=n, n_used=n, n_batches=len(starts), real_tokens=sum(lengths))
@@ -310,7 +306,7 @@ def finish(reducer: InductionReducer, report, ctx: RoleContext) -> RoleOutput:
             threshold=cfg.induction_threshold,
         )
     notes = [] if not ctx.model.spec.causal else ["causal model: next-token is impossible and not reported"]
-    ids = padded(ctx.items, _pad_id(ctx.model.tokenizer))[0]
+    ids = padded(ctx.items, pad_id(ctx.model.tokenizer))[0]
     return RoleOutput(
         frame=roles_frame(rows),
         skipped=Counter(report.skipped),

@@ -34,7 +34,7 @@ EXAMPLES = [
 ]
 
 
-def summarise(cap) -> dict:
+def capture_summary(cap) -> dict:
     """Per quantity: shape; per layer: mean pattern entropy (nats) and max weight."""
     mask = cap.key_mask
     out = {
@@ -84,7 +84,7 @@ def run(args) -> int:
     cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
     if export is not None:
         write_patterns_json(cap, export, item=0, tokenizer=model.tokenizer)
-    s = summarise(cap)
+    s = capture_summary(cap)
     if args.json:
         print(json.dumps(s, indent=2))
         return 0

@@ -71,7 +71,7 @@ def _read_roles(path):
 
 
 def render_summary(summary: dict) -> str:
-    """Plain-text summary of :func:`~headscope.analyses.pruning.study.summarize`'s dict."""
+    """Plain-text summary of :func:`~headscope.analyses.pruning.study.study_summary`'s dict."""
     lines = [
         f"model {summary['model']}  metric {summary['metric']} ({'higher' if summary['higher_is_better'] else 'lower'} is better)"
     ]

@@ -21,6 +21,7 @@ skipped counts; ``--json`` prints the same as JSON; ``--quiet`` prints nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -214,18 +215,7 @@ def run(args) -> int:
             from headscope.reports.cli.terminal import StageProgress
 
             progress = StageProgress(quiet=not sys.stderr.isatty())
-        if progress is not None:
-            with progress:
-                result = head_roles(
-                    model,
-                    conllu=inputs.get("conllu"),
-                    coref=inputs.get("coref"),
-                    text=inputs.get("text"),
-                    roles=groups,
-                    cfg=cfg,
-                    progress=progress,
-                )
-        else:
+        with progress if progress is not None else contextlib.nullcontext():
             result = head_roles(
                 model,
                 conllu=inputs.get("conllu"),
@@ -233,6 +223,7 @@ def run(args) -> int:
                 text=inputs.get("text"),
                 roles=groups,
                 cfg=cfg,
+                progress=progress,
             )
 
         with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json

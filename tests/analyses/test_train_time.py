@@ -10,10 +10,10 @@ from headscope.analyses.experiments.train_time import (
     CONDITIONS,
     TRAIN_TIME_COLUMNS,
     TrainTimeConfig,
+    condition_summary,
     head_importance,
     heads_to_drop,
     make_model,
-    summarize,
     train_time_experiment,
 )
 from headscope.probes.corpora.synthetic_task import AGREEMENT, INDUCTION, SyntheticTask
@@ -105,7 +105,7 @@ def test_summarize_spreads():
             "train_steps": [400] * 12,
         }
     )
-    s = summarize(df).set_index(["condition", "k"])
+    s = condition_summary(df).set_index(["condition", "k"])
     assert s.loc[("scratch", 1), "mean"] == pytest.approx(0.6) and s.loc[("scratch", 1), "std"] == pytest.approx(0.1)
     from headscope.analyses.experiments.train_time import finding
 
