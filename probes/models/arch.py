@@ -110,6 +110,8 @@ class ArchSpec:
     type_vocab_size: int | None
     pad_token_id: int | None
     bos_token_id: int | None
+    #: Gemma 2/3: queries are scaled by ``query_pre_attn_scalar ** -0.5`` (not ``d_head ** -0.5``)
+    query_pre_attn_scalar: float | None = None
 
     @property
     def causal(self) -> bool:
@@ -137,6 +139,10 @@ def _first(hf: dict, *keys):
 
 def _int_or_none(v) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _number(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v else None
 
 
 def _rope(hf: dict) -> tuple[float | None, str | None]:
@@ -171,15 +177,28 @@ def _positional(hf: dict, mtype: str) -> str | None:
     return "rope" if mtype in ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma2") else None
 
 
-def _sliding(hf: dict, n_layers: int) -> tuple[int | None, ...] | None:
+def _sliding(hf: dict, mtype: str, n_layers: int) -> tuple[int | None, ...] | None:
+    """The window of each layer (``None``: global), as transformers decides it: ``layer_types``
+    when the config lists them; else Gemma's pattern (every ``sliding_window_pattern``-th layer
+    global: 2 for Gemma 2, 6 for Gemma 3); else Qwen's ``max_window_layers`` (the layers from it
+    on slide, when ``use_sliding_window``); else every layer (Mistral, Phi-3)."""
     window = _int_or_none(hf.get("sliding_window"))
-    types = hf.get("layer_types")
-    if window and isinstance(types, list) and len(types) == n_layers:
-        per_layer = tuple(window if t == "sliding_attention" else None for t in types)
-    elif window and hf.get("use_sliding_window", True):
-        per_layer = (window,) * n_layers
-    else:
+    if not window or hf.get("use_sliding_window") is False:
         return None
+    types = hf.get("layer_types")
+    pattern = hf.get("sliding_window_pattern")
+    if isinstance(types, list) and len(types) == n_layers:
+        slides = [t == "sliding_attention" for t in types]
+    elif isinstance(pattern, list) and len(pattern) == n_layers:  # GGUF: one flag per layer
+        slides = [bool(p) for p in pattern]
+    elif mtype in ("gemma2", "gemma3", "gemma3_text") or _int_or_none(pattern):
+        every = _int_or_none(pattern) or (2 if mtype == "gemma2" else 6)
+        slides = [bool((i + 1) % every) for i in range(n_layers)]
+    elif hf.get("use_sliding_window") and _int_or_none(hf.get("max_window_layers")) is not None:
+        slides = [i >= hf["max_window_layers"] for i in range(n_layers)]
+    else:
+        slides = [True] * n_layers
+    per_layer = tuple(window if slide else None for slide in slides)
     return per_layer if any(per_layer) else None
 
 
@@ -203,6 +222,9 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         )
     encoder = mtype in ENCODER_TYPES and not hf.get("is_decoder")
     n_kv = (None if encoder else hf.get("num_key_value_heads")) or n_heads  # encoders: MHA
+    if mtype == "falcon" and not hf.get("num_key_value_heads"):  # Falcon's own names
+        n_kv = hf.get("num_kv_heads") if hf.get("new_decoder_architecture") else 1 if hf.get("multi_query") else n_heads
+        n_kv = n_kv or n_heads
     theta, rope_type = _rope(hf)
     positional = _positional(hf, mtype)
     if "rms_norm_eps" in hf:
@@ -233,66 +255,172 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         norm_eps=float(eps) if isinstance(eps, (int, float)) else None,
         activation=hf.get("hidden_act") or hf.get("hidden_activation") or hf.get("activation_function"),
         attention_bias=hf.get("attention_bias") if isinstance(hf.get("attention_bias"), bool) else None,
-        sliding_window=_sliding(hf, n_layers),
+        sliding_window=_sliding(hf, mtype, n_layers),
         qk_norm=bool(hf.get("qk_layernorm") or hf.get("use_qk_norm") or mtype in _QK_NORM_TYPES),
-        attn_softcap=hf.get("attn_logit_softcapping") or None,
-        final_softcap=hf.get("final_logit_softcapping") or None,
+        attn_softcap=_number(hf.get("attn_logit_softcapping")),
+        final_softcap=_number(hf.get("final_logit_softcapping")),
         tie_embeddings=bool(tie),
         type_vocab_size=_int_or_none(hf.get("type_vocab_size")),
         pad_token_id=_int_or_none(hf.get("pad_token_id")),
         bos_token_id=_int_or_none(hf.get("bos_token_id")),
+        query_pre_attn_scalar=_number(hf.get("query_pre_attn_scalar")),
     )
 
 
 def arch_from_gguf(path: Path) -> ArchSpec:
-    """The :class:`ArchSpec` of a GGUF file, from its metadata alone (no dequantisation)."""
+    """The :class:`ArchSpec` of a GGUF file, from its metadata alone (no tensor is read)."""
     return arch_from_hf_config(gguf_hf_config(Path(path)), str(path))
 
 
+#: GGUF ``general.architecture`` → (HF ``model_type``, HF model class for ``architectures``), for
+#: every architecture transformers reads from GGUF (``GGUF_CONFIG_MAPPING`` in
+#: ``transformers/integrations/ggml.py``; its loader renames the same way: ``qwen2moe`` →
+#: ``qwen2_moe``, ``gemma3`` → ``gemma3_text``, a ``llama`` file named Mistral → ``mistral``, …).
+GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaForCausalLM"),
+    "mistral": ("mistral", "MistralForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "qwen2moe": ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
+    "lfm2": ("lfm2", "Lfm2ForCausalLM"),
+    "falcon": ("falcon", "FalconForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "bloom": ("bloom", "BloomForCausalLM"),
+    "t5": ("t5", "T5ForConditionalGeneration"),
+    "t5encoder": ("t5", "T5EncoderModel"),
+    "stablelm": ("stablelm", "StableLmForCausalLM"),
+    "gpt2": ("gpt2", "GPT2LMHeadModel"),
+    "starcoder2": ("starcoder2", "Starcoder2ForCausalLM"),
+    "mamba": ("mamba", "MambaForCausalLM"),
+    "nemotron": ("nemotron", "NemotronForCausalLM"),
+    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "gemma4": ("gemma4_text", "Gemma4ForCausalLM"),
+    "deci": ("deci", "DeciLMForCausalLM"),  # remote code on the hub (Nemotron-51B)
+    "minimax-m2": ("minimax_m2", "MiniMaxM2ForCausalLM"),
+}
+_GGUF_ALIASES = {"gpt_oss": "gpt-oss", "minimax_m2": "minimax-m2", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+#: GGUF ``<arch>.KEY`` → HF config key, the same for every architecture (names every HF config
+#: class takes, through its ``attribute_map`` where it spells them its own way)
+_GGUF_KEYS = {
+    "context_length": "max_position_embeddings",
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "attention.sliding_window": "sliding_window",
+    "attention.sliding_window_pattern": "sliding_window_pattern",
+    "attn_logit_softcapping": "attn_logit_softcapping",
+    "final_logit_softcapping": "final_logit_softcapping",
+    "rope.freq_base": "rope_theta",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "attention.layer_norm_epsilon": "layer_norm_eps",
+    "expert_count": "num_experts",
+    "expert_used_count": "num_experts_per_tok",
+    "vocab_size": "vocab_size",
+}
+
+
 def gguf_hf_config(path: Path) -> dict:
-    """Llama-family HF config fields from a GGUF file's metadata (no dequantisation);
-    a cut or corrupt file is refused first (:func:`~headscope.probes.models.checkpoints.check_gguf`)."""
+    """An HF-style config dict from a GGUF file's metadata alone (no tensor is read), for every
+    architecture in :data:`GGUF_ARCHITECTURES`, with ``architectures`` filled in (e.g.
+    ``["Qwen2ForCausalLM"]``) so that any backend can build the model from it. A cut or corrupt
+    file is refused first (:func:`~headscope.probes.models.checkpoints.check_gguf`); an
+    architecture transformers cannot read either raises
+    :class:`~headscope.probes.errors.ModelIncompatibleError`."""
     from headscope.probes.errors import CheckpointError, ModelIncompatibleError
     from headscope.probes.models.checkpoints import check_gguf
 
+    path = Path(path)
     reader = check_gguf(path)
-    f = {k: v for k, v in reader.fields.items()}
+    f = dict(reader.fields.items())
 
     def get(key, default=None):
         try:
             return f[key].contents()
-        except (KeyError, Exception):  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - absent or unreadable: not said
             return default
 
     arch = get("general.architecture")
-    if arch != "llama":
-        raise ModelIncompatibleError(f"{path}: GGUF architecture {arch!r}; only 'llama' is read in-house")
-    for key in ("block_count", "attention.head_count", "embedding_length", "feed_forward_length"):
-        if not isinstance(get(f"{arch}.{key}"), int):
-            raise CheckpointError(f"{path}: GGUF metadata {arch}.{key} is missing or not an integer")
-    n_heads = int(get(f"{arch}.attention.head_count"))
-    d_model = int(get(f"{arch}.embedding_length"))
-    tensor_names = {t.name for t in reader.tensors}
-    vocab = get(f"{arch}.vocab_size", 0) or (
-        len(f["tokenizer.ggml.tokens"].data) if "tokenizer.ggml.tokens" in f else 0
-    )
-    if not vocab:
-        raise CheckpointError(f"{path}: GGUF metadata has neither {arch}.vocab_size nor tokenizer.ggml.tokens")
-    return {
-        "model_type": "llama",
-        "_name_or_path": get("general.name", path.stem),
-        "num_hidden_layers": int(get(f"{arch}.block_count")),
-        "hidden_size": d_model,
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": int(get(f"{arch}.attention.head_count_kv", n_heads)),
-        "head_dim": int(get(f"{arch}.rope.dimension_count", d_model // n_heads)),
-        "intermediate_size": int(get(f"{arch}.feed_forward_length")),
-        "vocab_size": int(vocab),
-        "max_position_embeddings": int(get(f"{arch}.context_length", 2048)),
-        "rope_theta": float(get(f"{arch}.rope.freq_base", 10000.0)),
-        "rms_norm_eps": float(get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "tie_word_embeddings": "output.weight" not in tensor_names,
+    arch = _GGUF_ALIASES.get(arch, arch)
+    if arch not in GGUF_ARCHITECTURES:
+        raise ModelIncompatibleError(
+            f"{path}: GGUF architecture {arch!r} is not one transformers reads "
+            f"(readable: {', '.join(sorted(GGUF_ARCHITECTURES))})"
+        )
+    name = get("general.name") or path.stem
+    gguf_arch = arch
+    if arch == "llama" and "mistral" in str(name).lower():  # llama.cpp files Mistral under llama
+        arch = "mistral"
+    model_type, cls = GGUF_ARCHITECTURES[arch]
+    if gguf_arch.startswith("t5") and "umt5" in str(name).lower():
+        model_type, cls = "umt5", cls.replace("T5", "UMT5")
+    required = ("block_count", "embedding_length") + (() if model_type == "mamba" else ("attention.head_count",))
+    required += ("feed_forward_length",) if model_type in ("llama", "mistral") else ()
+    for key in required:
+        v = get(f"{gguf_arch}.{key}")
+        if not (isinstance(v, int) or (isinstance(v, list) and v and all(isinstance(x, int) for x in v))):
+            raise CheckpointError(f"{path}: GGUF metadata {gguf_arch}.{key} is missing or not an integer")
+
+    hf: dict[str, Any] = {"model_type": model_type, "architectures": [cls], "_name_or_path": name}
+    for key, hf_key in _GGUF_KEYS.items():
+        v = get(f"{gguf_arch}.{key}")
+        if v is None:
+            continue
+        if isinstance(v, list) and key != "attention.sliding_window_pattern":  # per layer: the widest
+            v = max((x for x in v if isinstance(x, (int, float))), default=None)
+            if v is None:
+                continue
+        hf[hf_key] = v
+    for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps", "attn_logit_softcapping", "final_logit_softcapping"):
+        if key in hf:
+            hf[key] = float(hf[key])
+    if "head_dim" not in hf and model_type in ("llama", "mistral"):  # llama.cpp: the rotated width is d_head
+        rot = get(f"{gguf_arch}.rope.dimension_count")
+        if isinstance(rot, int) and rot:
+            hf["head_dim"] = rot
+    n_heads, d_model = hf.get("num_attention_heads"), hf["hidden_size"]
+    if n_heads:
+        hf.setdefault("num_key_value_heads", n_heads)
+        hf.setdefault("head_dim", d_model // n_heads)
+    if model_type == "falcon":  # FalconConfig's own names; its head_dim is derived, not set
+        n_kv = hf.pop("num_key_value_heads")
+        hf.pop("head_dim", None)
+        hf.update(num_kv_heads=n_kv, multi_query=n_kv == 1, new_decoder_architecture=n_kv not in (1, n_heads))
+        if "intermediate_size" in hf:
+            hf["ffn_hidden_size"] = hf.pop("intermediate_size")
+    if model_type == "mistral":
+        hf.setdefault("sliding_window", None)  # not MistralConfig's default of 4096: the file says none
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        hf["use_sliding_window"] = "sliding_window" in hf
+    if model_type in ("gemma2", "gemma3_text", "gemma4_text") and "sliding_window" in hf:
+        pattern = hf.pop("sliding_window_pattern", None)
+        every = 2 if model_type == "gemma2" else 6
+        n = hf["num_hidden_layers"]
+        slides = (
+            [bool(p) for p in pattern]
+            if isinstance(pattern, list) and len(pattern) == n
+            else [bool((i + 1) % (pattern if isinstance(pattern, int) and pattern > 0 else every)) for i in range(n)]
+        )
+        hf["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
+    tokens = f.get("tokenizer.ggml.tokens")
+    vocab = hf.get("vocab_size") or (len(tokens.data) if tokens is not None else 0)
+    if vocab:
+        hf["vocab_size"] = int(vocab)
+    elif model_type in ("llama", "mistral"):
+        raise CheckpointError(f"{path}: GGUF metadata has neither {gguf_arch}.vocab_size nor tokenizer.ggml.tokens")
+    if model_type in ("llama", "mistral"):  # the defaults the in-house reader has always applied
+        hf.setdefault("max_position_embeddings", 2048)
+        hf.setdefault("rope_theta", 10000.0)
+        hf.setdefault("rms_norm_eps", 1e-6)
+    hf["tie_word_embeddings"] = gguf_arch in ("falcon", "bloom") or "output.weight" not in {
+        t.name for t in reader.tensors
     }
+    return hf
 
 
 # -- checking a config.json's sizes before anything is built -------------------------------

@@ -1,10 +1,16 @@
-"""A model's spec sheet, from its config alone (the seed text's "how to read a model card").
+"""A model's spec sheet, from its config alone.
 
 Reports layers, heads, d_head, KV heads, the attention kind (MHA / GQA with its group
 size / MQA), whether ``n_heads × d_head`` equals ``d_model``, attention vs total
-parameters and the KV-cache bytes per token and at a context length.
+parameters and the KV-cache bytes per token and at a context length; and, where the config
+says so, the sliding-window layers (how many, their window) against the global ones,
+QK-norm, attention-logit and final-logit soft-capping and Gemma's query scale.
 
-KV cache per token = 2 (K and V) × layers × kv_heads × d_head × bytes per value.
+KV cache per token = 2 (K and V) × layers × kv_heads × d_head × bytes per value. A sliding
+layer caches at most its window, so at a context of C tokens the cache holds
+(global layers × C + sliding layers × min(window, C)) × 2 × kv_heads × d_head × bytes; the
+card gives it at the context asked (default: the model's maximum) and, in 16-bit, at a few
+contexts up to the maximum.
 
 >>> card = card_from_hf_config({"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 576,
 ...     "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536,
@@ -64,6 +70,18 @@ def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtyp
     return card_from_arch(arch_from_hf_config(hf, name), name=name, context=context, dtype=dtype)
 
 
+#: contexts of the KV-cache table (those below the model's maximum, then the maximum)
+TABLE_CONTEXTS = (1024, 4096, 32768, 131072)
+
+
+def kv_cache_bytes(arch: ArchSpec, context: int, bytes_per_value: int) -> int:
+    """KV-cache bytes at ``context`` tokens: a global layer holds every token, a sliding layer
+    at most its window; × 2 (K and V) × KV heads × d_head × bytes per value."""
+    windows = arch.sliding_window or (None,) * arch.n_layers
+    tokens = sum(context if w is None else min(w, context) for w in windows)
+    return 2 * tokens * arch.n_kv_heads * arch.d_head * bytes_per_value
+
+
 def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
     if dtype not in BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(BYTES)}")
@@ -73,6 +91,11 @@ def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dty
         raise ValueError(f"--context must be positive; got {ctx}")
     per_token = 2 * n_layers * n_kv * d_head * BYTES[dtype]
     attn_params, total_params = _count_params(arch)
+    windows = arch.sliding_window or ()
+    sliding = [w for w in windows if w is not None]
+    distinct = sorted(set(sliding))
+    max_ctx = arch.max_positions or ctx
+    table = sorted({c for c in TABLE_CONTEXTS if c < max_ctx} | {max_ctx, ctx})
     return {
         "name": name,
         "model_type": arch.model_type,
@@ -92,9 +115,21 @@ def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dty
         "context": ctx,
         "dtype": dtype,
         "kv_cache_bytes_per_token": per_token,
-        "kv_cache_bytes_at_context": per_token * ctx,
+        "kv_cache_bytes_at_context": kv_cache_bytes(arch, ctx, BYTES[dtype]),
         "kv_cache_vs_mha": n_kv / n_heads,
         "encoder": arch.encoder,
+        # what the attention is beyond heads and KV heads
+        "sliding_layers": len(sliding),
+        "global_layers": n_layers - len(sliding),
+        "sliding_window": (distinct[0] if len(distinct) == 1 else distinct) if distinct else None,
+        "sliding_layer_indices": [i for i, w in enumerate(windows) if w is not None],
+        "kv_cache_bytes_at_context_without_sliding": per_token * ctx,
+        "max_context": arch.max_positions,
+        "kv_cache_16bit_bytes_by_context": {str(c): kv_cache_bytes(arch, c, 2) for c in table},
+        "qk_norm": arch.qk_norm,
+        "attn_logit_softcapping": arch.attn_softcap,
+        "final_logit_softcapping": arch.final_softcap,
+        "query_pre_attn_scalar": arch.query_pre_attn_scalar,
     }
 
 
@@ -135,18 +170,61 @@ def render_card(c: dict) -> str:
         f"KV heads        {c['kv_heads']}",
         f"attention       {kind}",
     ]
+    lines += _attention_extras(c)
     if c["total_params"]:
         lines.append(
             f"parameters      {c['total_params'] / 1e6:.1f} M in all; attention {c['attention_params'] / 1e6:.1f} M "
             f"({100 * c['attention_share']:.1f}%)"
         )
+    per_token = f"{_bytes(c['kv_cache_bytes_per_token'])} per token"
+    if c["sliding_layers"]:
+        per_token += " while every layer holds it"
     cache = (
-        f"KV cache        {_bytes(c['kv_cache_bytes_per_token'])} per token ({c['dtype']}); "
+        f"KV cache        {per_token} ({c['dtype']}); "
         f"{_bytes(c['kv_cache_bytes_at_context'])} at context {c['context']:,}"
     )
+    if c["sliding_layers"] and c["kv_cache_bytes_at_context"] != c["kv_cache_bytes_at_context_without_sliding"]:
+        cache += f" ({_bytes(c['kv_cache_bytes_at_context_without_sliding'])} if no layer slid)"
     if c["kv_heads"] != c["heads"]:
         cache += f" ({c['kv_cache_vs_mha']:.2f}× an MHA model of the same shape)"
     lines.append(cache)
     if c["encoder"]:
         lines.append("                (an encoder keeps no cache when it runs; the figure is what one would hold)")
+    else:
+        max_ctx = c["max_context"]
+        cells = [
+            f"{int(k):,}{' (max)' if int(k) == max_ctx else ''}: {_bytes(v)}"
+            for k, v in c["kv_cache_16bit_bytes_by_context"].items()
+        ]
+        lines.append(f"KV cache 16-bit {'; '.join(cells)} (fp16/bf16)")
     return "\n".join(lines)
+
+
+def _attention_extras(c: dict) -> list[str]:
+    """Lines for sliding-window layers, QK-norm, soft-capping and the query scale, when there are any."""
+    out = []
+    n_slide, n_global = c["sliding_layers"], c["global_layers"]
+    if n_slide:
+        w = c["sliding_window"]
+        window = f"the last {w:,} tokens" if isinstance(w, int) else f"windows of {', '.join(f'{x:,}' for x in w)}"
+        if n_global:
+            out.append(
+                f"sliding window  {n_slide} of {c['layers']} layers attend to {window} only; "
+                f"{n_global} global layer{'s see' if n_global > 1 else ' sees'} the whole context"
+            )
+        else:
+            out.append(f"sliding window  all {n_slide} layers attend to {window} only")
+        out.append("                (a sliding layer caches at most its window: the KV cache stops growing there)")
+    if c["qk_norm"]:
+        out.append("QK-norm         queries and keys are RMS-normalised per head before the dot product")
+    caps = []
+    if c["attn_logit_softcapping"]:
+        caps.append(f"attention logits capped at ±{c['attn_logit_softcapping']:g} (cap·tanh(x/cap))")
+    if c["final_logit_softcapping"]:
+        caps.append(f"final logits at ±{c['final_logit_softcapping']:g}")
+    if caps:
+        out.append(f"soft-capping    {'; '.join(caps)}")
+    q = c["query_pre_attn_scalar"]
+    if q and q != c["d_head"]:
+        out.append(f"query scale     1/√{q:g} (query_pre_attn_scalar), not 1/√d_head = 1/√{c['d_head']}")
+    return out

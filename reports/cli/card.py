@@ -8,7 +8,10 @@ import json
 def register(sub) -> None:
     from headscope.reports.cli.argtypes import positive_int
 
-    p = sub.add_parser("card", help="spec sheet of a model from its config (heads, KV heads, GQA, KV cache)")
+    p = sub.add_parser(
+        "card",
+        help="spec sheet of a model from its config or GGUF metadata (heads, KV heads, GQA, sliding window, KV cache)",
+    )
     p.add_argument(
         "model", nargs="?", default="minilm-l6", help="shipped name, directory, .gguf, config.json or hub id"
     )

@@ -175,3 +175,22 @@ def test_the_three_backends_satisfy_the_protocol_and_encode_alike(minilm, minilm
         for field in ("texts", "words", "tokens", "offsets", "word_ids", "special", "lengths"):
             assert getattr(b, field) == getattr(first, field)
     assert len(minilm.gates) == 6 and not isinstance(object(), Backend)
+
+
+def test_sliding_patterns_soft_caps_and_falcon_kv_heads():
+    g2 = arch_from_hf_config(hf_dict("gemma2", **dict(SMALL, num_hidden_layers=4), num_key_value_heads=2))
+    assert g2.sliding_window == (4096, None, 4096, None)  # alternating, the first slides
+    assert (g2.attn_softcap, g2.final_softcap, g2.query_pre_attn_scalar, g2.qk_norm) == (50.0, 30.0, 256.0, False)
+    g3 = arch_from_hf_config(
+        hf_dict("gemma3_text", **dict(SMALL, num_hidden_layers=6), num_key_value_heads=2, sliding_window=8)
+    )
+    assert g3.sliding_window == (8, 8, 8, 8, 8, None) and g3.attn_softcap is None
+    q = hf_dict(
+        "qwen2", **dict(SMALL, num_hidden_layers=4), num_key_value_heads=2, use_sliding_window=True, max_window_layers=2
+    )
+    assert arch_from_hf_config(q).sliding_window == (None, None, 4096, 4096)
+    falcon = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100)
+    assert arch_from_hf_config(hf_dict("falcon", **falcon)).n_kv_heads == 1  # multi_query
+    assert (
+        arch_from_hf_config(hf_dict("falcon", **falcon, new_decoder_architecture=True, num_kv_heads=2)).n_kv_heads == 2
+    )
