@@ -1,15 +1,19 @@
-"""The report's figures (matplotlib), drawn from tidy frames (never from models or tensors).
+"""The report's figures (seaborn on matplotlib), drawn from tidy frames (never from models or tensors).
 
 Each ``*_figure`` function takes frames (columns named in
 :mod:`headscope.analyses.frames`) and returns a matplotlib ``Figure``, or ``None`` when
 the frame holds nothing to draw; :func:`png_bytes` turns a figure into PNG bytes and
-closes it, :func:`data_uri` into an inline ``data:image/png;base64,...`` string.
+closes it, :func:`data_uri` into an inline ``data:image/png;base64,...`` string. Every
+figure is drawn inside :func:`theme` (seaborn's "ticks" style and "paper" context as a
+``matplotlib.rc_context``), so drawing one changes no global matplotlib/seaborn state.
 
-* :func:`role_map_figure` — layer × head grid; one colour per role, one stripe per role a
-  head holds (so a head with several roles shows several colours), intensity by margin.
+* :func:`role_map_figure` — layer × head grid (a seaborn heatmap of the number of roles
+  held); one colour per role, one stripe per role a head holds, intensity by margin.
 * :func:`example_figure` — a head's word-level attention on one sentence (EXAMPLE_COLUMNS).
 * :func:`stats_by_layer_figure` — per-head statistics (entropy, attention distance) by layer.
 * :func:`pruning_figure` — fraction pruned vs metric, one line per order, shaded spread.
+* :func:`head_map_figure` — layer × head heatmap of a value (single-head ablation), annotated
+  when the grid is small.
 * :func:`causal_figure` — ablating a role's top heads vs random heads (roles-vs-importance).
 * :func:`gqa_figure` — which query heads share a KV head.
 * :func:`diff_figure` — per-role heatmaps of score deltas between two runs.
@@ -35,6 +39,7 @@ matplotlib.use("Agg")  # no display, deterministic PNGs
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 EXAMPLE_COLUMNS = [
@@ -67,6 +72,8 @@ _PALETTE = (
     + list(plt.get_cmap("tab20b").colors)
 )
 _STYLE = {
+    **sns.axes_style("ticks"),
+    **sns.plotting_context("paper"),
     "font.size": 9,
     "axes.titlesize": 10,
     "axes.labelsize": 9,
@@ -75,6 +82,15 @@ _STYLE = {
     "figure.dpi": DPI,
     "svg.hashsalt": "headscope",
 }
+"""The one style of every figure: seaborn's "ticks" style and "paper" context plus a few
+overrides; applied per figure by :func:`theme`, never globally."""
+ANNOTATE_MAX_CELLS = 144
+"""A layer × head heatmap with at most this many cells writes each cell's value in it."""
+
+
+def theme():
+    """Context manager applying :data:`_STYLE` (restores the previous rcParams on exit)."""
+    return plt.rc_context(_STYLE)
 
 
 def role_colours(roles) -> dict[str, tuple]:
@@ -117,42 +133,50 @@ def held_roles(roles: pd.DataFrame) -> dict[tuple[int, int], list[tuple[str, flo
 def role_map_figure(roles: pd.DataFrame, *, n_layers: int, n_heads: int, title: str | None = None):
     """Layer × head grid of role verdicts. A cell is split into one vertical stripe per
     role the head holds, coloured by role; opacity grows with the margin over the
-    baseline (relative to the largest margin of that role). Grey cells hold no role."""
+    baseline (relative to the largest margin of that role). Grey cells hold no role.
+
+    The grid is a seaborn heatmap of the number of roles each head holds (its array is
+    that count; grey behind the stripes); the stripes are drawn over it, one
+    ``Rectangle`` per (head, role) with ``gid`` ``"L{layer}H{head}:{role}"``."""
     held = held_roles(roles)
     names = sorted({r for v in held.values() for r, _ in v})
     colours = role_colours(names)
     top = {name: max((m for v in held.values() for r, m in v if r == name), default=1.0) for name in names}
-    with plt.rc_context(_STYLE):
+    held = {(l, h): v for (l, h), v in held.items() if l < n_layers and h < n_heads}
+    count = pd.DataFrame(0, index=pd.RangeIndex(n_layers, name="layer"), columns=pd.RangeIndex(n_heads, name="head"))
+    for (layer, head), v in held.items():
+        count.loc[layer, head] = len(v)
+    with theme():
         w = min(1.0 + 0.5 * n_heads, 11)
         h = min(1.2 + 0.42 * n_layers, 14)
         fig, ax = plt.subplots(figsize=(w + 2.4, h))
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                ax.add_patch(Rectangle((head, layer), 1, 1, facecolor="#eeeeee", edgecolor="white", lw=1.5))
-                cell = held.get((layer, head), [])
-                for i, (role, margin) in enumerate(cell):
-                    k = len(cell)
-                    alpha = 0.35 + 0.65 * float(np.clip(margin / top[role], 0, 1)) if top[role] > 0 else 1.0
-                    ax.add_patch(
-                        Rectangle(
-                            (head + 0.06 + 0.88 * i / k, layer + 0.06),
-                            0.88 / k,
-                            0.88,
-                            facecolor=colours[role],
-                            alpha=alpha,
-                            lw=0,
-                        )
+        sns.heatmap(
+            count,
+            ax=ax,
+            cmap=matplotlib.colors.ListedColormap(["#eeeeee"]),
+            cbar=False,
+            linewidths=1.5,
+            linecolor="white",
+            square=True,
+        )
+        for (layer, head), cell in held.items():
+            k = len(cell)
+            for i, (role, margin) in enumerate(cell):
+                alpha = 0.35 + 0.65 * float(np.clip(margin / top[role], 0, 1)) if top[role] > 0 else 1.0
+                ax.add_patch(
+                    Rectangle(
+                        (head + 0.06 + 0.88 * i / k, layer + 0.06),
+                        0.88 / k,
+                        0.88,
+                        facecolor=colours[role],
+                        alpha=alpha,
+                        lw=0,
+                        gid=f"L{layer}H{head}:{role}",
                     )
-        ax.set_xlim(0, n_heads)
-        ax.set_ylim(n_layers, 0)
-        ax.set_xticks(np.arange(n_heads) + 0.5, [str(h) for h in range(n_heads)])
-        ax.set_yticks(np.arange(n_layers) + 0.5, [str(l) for l in range(n_layers)])
+                )
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        ax.set_aspect("equal")
-        for s in ax.spines.values():
-            s.set_visible(False)
-        ax.tick_params(length=0)
+        ax.tick_params(length=0, labelrotation=0)
         handles = [Patch(facecolor=colours[n], label=n) for n in names] or [Patch(facecolor="#eeeeee", label="no role")]
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1), frameon=False, title="role")
         ax.set_title(title or "Head roles (stripe per role held; stronger colour = larger margin)")
@@ -170,21 +194,26 @@ def example_figure(example: pd.DataFrame, *, title: str | None = None):
     mat = mat.reindex(index=q["query_index"], columns=k["key_index"]).fillna(0.0)
     n = max(len(q), len(k))
     side = float(np.clip(0.26 * n + 1.2, 2.6, 6.5))
-    with plt.rc_context(_STYLE):
+    with theme():
         fig, ax = plt.subplots(figsize=(side + 0.6, side))
-        im = ax.imshow(mat.to_numpy(), cmap="Blues", vmin=0, vmax=1, aspect="equal", interpolation="nearest")
-        fig.colorbar(im, ax=ax, shrink=0.6, label="attention")
-        ax.set_xticks(range(len(k)), [str(w) for w in k["key_word"]])
-        ax.set_yticks(range(len(q)), [str(w) for w in q["query_word"]])
-        for s in ax.spines.values():
-            s.set_visible(False)
+        sns.heatmap(
+            mat.to_numpy(),
+            ax=ax,
+            cmap="Blues",
+            vmin=0,
+            vmax=1,
+            square=True,
+            xticklabels=[str(w) for w in k["key_word"]],
+            yticklabels=[str(w) for w in q["query_word"]],
+            cbar_kws={"shrink": 0.6, "label": "attention"},
+        )
         qpos = {v: i for i, v in enumerate(q["query_index"])}
         kpos = {v: i for i, v in enumerate(k["key_index"])}
         if "gold" in example:
             for r in example[example["gold"].astype(bool)].itertuples():
                 ax.add_patch(
                     Rectangle(
-                        (kpos[r.key_index] - 0.5, qpos[r.query_index] - 0.5),
+                        (kpos[r.key_index], qpos[r.query_index]),
                         1,
                         1,
                         fill=False,
@@ -195,8 +224,8 @@ def example_figure(example: pd.DataFrame, *, title: str | None = None):
         unit = str(example["level"].iloc[0]) if "level" in example else "word"
         ax.set_xlabel(f"attends to (key {unit})")
         ax.set_ylabel(f"query {unit}")
-        ax.tick_params(axis="x", labelrotation=90, labelsize=7)
-        ax.tick_params(axis="y", labelrotation=0, labelsize=7)
+        ax.tick_params(axis="x", labelrotation=90, labelsize=7, length=0)
+        ax.tick_params(axis="y", labelrotation=0, labelsize=7, length=0)
         r = example.iloc[0]
         ax.set_title(title or f"L{int(r['layer'])}H{int(r['head'])}")
     return fig
@@ -212,24 +241,42 @@ def stats_metrics(stats: pd.DataFrame) -> list[str]:
 
 
 def stats_by_layer_figure(stats: pd.DataFrame, metrics: list[str] | None = None):
-    """One panel per metric: each head as a dot, the layer mean as a line."""
+    """One panel per metric: each head as a dot (``sns.scatterplot``, layers jittered by a
+    fixed ± 0.15 so the PNG is deterministic), the layer mean as a line (``sns.lineplot``)."""
     metrics = metrics or stats_metrics(stats)
     if not metrics:
         return None
-    with plt.rc_context(_STYLE):
+    with theme():
         fig, axes = plt.subplots(1, len(metrics), figsize=(3.6 * len(metrics), 3.0), squeeze=False)
         rng = np.random.default_rng(0)
-        for ax, m in zip(axes[0], metrics):
-            d = stats[stats["metric"].astype(str) == m]
-            x = d["layer"].to_numpy(float) + rng.uniform(-0.15, 0.15, len(d))
-            ax.scatter(x, d["value"], s=9, color="#4c72b0", alpha=0.6, lw=0, label="head")
-            mean = d.groupby("layer")["value"].mean()
-            ax.plot(mean.index, mean.values, color="#dd8452", lw=2, marker="o", ms=3, label="layer mean")
+        for i, (ax, m) in enumerate(zip(axes[0], metrics)):
+            d = stats[stats["metric"].astype(str) == m].sort_values(["layer", "head"])
+            d = d.assign(layer=d["layer"].astype(int), x=d["layer"].to_numpy(float) + rng.uniform(-0.15, 0.15, len(d)))
+            sns.scatterplot(
+                data=d, x="x", y="value", ax=ax, s=12, color="#4c72b0", alpha=0.6, linewidth=0, label="head"
+            )
+            sns.lineplot(
+                data=d,
+                x="layer",
+                y="value",
+                ax=ax,
+                estimator="mean",
+                errorbar=None,
+                color="#dd8452",
+                lw=2,
+                marker="o",
+                ms=4,
+                markeredgewidth=0,
+                label="layer mean",
+            )
             ax.set_xlabel("layer")
             ax.set_ylabel(m)
             ax.set_xticks(sorted(d["layer"].unique()))
             ax.set_title(m.replace("_", " "))
-        axes[0][0].legend(frameon=False, fontsize=8)
+            if i == 0:
+                ax.legend(frameon=False, fontsize=8)
+            elif ax.get_legend() is not None:
+                ax.get_legend().remove()
         fig.tight_layout()
     return fig
 
@@ -259,55 +306,112 @@ def curve_rows(impact: pd.DataFrame) -> pd.DataFrame:
 
 
 def pruning_figure(impact: pd.DataFrame, *, summarised: bool = False):
-    """Fraction of heads pruned vs each metric; one line per pruning order (``study``),
-    a shaded band of ± spread (random orders: the spread over seeds). ``summarised``:
-    ``impact`` is already :func:`curve_rows`' output."""
+    """Fraction of heads pruned vs each metric; one line per pruning order (``study``,
+    ``sns.lineplot`` of :func:`curve_rows`' seed means), a shaded band of ± spread
+    (random orders: the standard deviation over seeds; else the frame's own spread).
+    ``summarised``: ``impact`` is already :func:`curve_rows`' output. Each band is a
+    ``fill_between`` collection labelled ``"_band:{study}"``."""
     curves = impact if summarised else curve_rows(impact)
     if curves.empty:
         return None
-    metrics = sorted(curves["metric"].astype(str).unique())
-    colours = role_colours(curves["study"].astype(str).unique())
-    with plt.rc_context(_STYLE):
+    curves = curves.assign(study=curves["study"].astype(str), metric=curves["metric"].astype(str))
+    metrics = sorted(curves["metric"].unique())
+    studies = sorted(curves["study"].unique())
+    colours = role_colours(studies)
+    with theme():
         fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.2), squeeze=False)
-        for ax, m in zip(axes[0], metrics):
-            for study, d in curves[curves["metric"].astype(str) == m].groupby("study", observed=True):
-                d = d.sort_values("fraction_pruned")
-                c = colours[str(study)]
-                ax.plot(d["fraction_pruned"], d["value"], color=c, lw=1.8, marker="o", ms=2.5, label=str(study))
-                if (d["spread"] > 0).any():
+        for i, (ax, m) in enumerate(zip(axes[0], metrics)):
+            d = curves[curves["metric"] == m].sort_values(["study", "fraction_pruned"])
+            sns.lineplot(
+                data=d,
+                x="fraction_pruned",
+                y="value",
+                hue="study",
+                hue_order=[s for s in studies if s in set(d["study"])],
+                palette=colours,
+                estimator=None,
+                errorbar=None,
+                sort=True,
+                lw=1.8,
+                marker="o",
+                ms=4,
+                markeredgewidth=0,
+                ax=ax,
+                legend=i == len(metrics) - 1,
+            )
+            for study, s in d.groupby("study", sort=True):
+                if (s["spread"] > 0).any():
                     ax.fill_between(
-                        d["fraction_pruned"],
-                        d["value"] - d["spread"],
-                        d["value"] + d["spread"],
-                        color=c,
+                        s["fraction_pruned"],
+                        s["value"] - s["spread"],
+                        s["value"] + s["spread"],
+                        color=colours[study],
                         alpha=0.2,
                         lw=0,
+                        label=f"_band:{study}",
                     )
             ax.set_xlabel("fraction of heads pruned")
             ax.set_ylabel(m)
             ax.set_title(m.replace("_", " "))
             ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-        axes[0][-1].legend(frameon=False, fontsize=8, title="order", loc="best")
+        leg = axes[0][-1].get_legend()
+        if leg is not None:
+            leg.set_title("order")
+            leg.set_frame_on(False)
         fig.tight_layout()
     return fig
 
 
+def _annotation_format(lim: float) -> str:
+    """A format showing two significant digits of the largest |value| ``lim``.
+
+    >>> _annotation_format(0.5), _annotation_format(0.012), _annotation_format(3.0)
+    ('.2f', '.3f', '.1f')
+    """
+    return f".{int(np.clip(1 - math.floor(math.log10(lim)), 0, 4))}f" if lim > 0 else ".2f"
+
+
+def _annotation(v: float, fmt: str) -> str:
+    """``v`` formatted for a heatmap cell: blank for NaN, no minus sign on a rounded zero.
+
+    >>> _annotation(-0.0004, ".3f"), _annotation(-0.012, ".3f"), _annotation(float("nan"), ".3f")
+    ('0.000', '-0.012', '')
+    """
+    if pd.isna(v):
+        return ""
+    text = format(v, fmt)
+    return text.lstrip("-") if float(text) == 0 else text
+
+
 def head_map_figure(frame: pd.DataFrame, *, n_layers: int, n_heads: int, label: str, title: str):
-    """Layer × head heatmap of ``value`` (diverging colours centred at 0), e.g. the metric
-    change when each head is ablated alone."""
+    """Layer × head heatmap (``sns.heatmap``) of ``value`` (diverging colours centred at 0),
+    e.g. the metric change when each head is ablated alone; each cell's value is written
+    in it when the grid has at most :data:`ANNOTATE_MAX_CELLS` cells. Heads without a
+    value are left blank."""
     mat = frame.pivot_table(index="layer", columns="head", values="value", aggfunc="mean")
-    mat = mat.reindex(index=range(n_layers), columns=range(n_heads)).to_numpy(float)
-    lim = max(float(np.nanmax(np.abs(mat))) if np.isfinite(mat).any() else 0.0, 1e-9)
-    with plt.rc_context(_STYLE):
+    mat = mat.reindex(index=range(n_layers), columns=range(n_heads))
+    mat.index.name, mat.columns.name = "layer", "head"
+    arr = mat.to_numpy(float)
+    lim = max(float(np.nanmax(np.abs(arr))) if np.isfinite(arr).any() else 0.0, 1e-9)
+    fmt = _annotation_format(lim)
+    annot = mat.map(lambda v: _annotation(v, fmt)) if n_layers * n_heads <= ANNOTATE_MAX_CELLS else False
+    with theme():
         fig, ax = plt.subplots(figsize=(min(1.6 + 0.45 * n_heads, 11), min(1.0 + 0.38 * n_layers, 13)))
-        im = ax.imshow(mat, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="equal", interpolation="nearest")
-        fig.colorbar(im, ax=ax, shrink=0.7, label=label)
-        ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)])
-        ax.set_yticks(range(n_layers), [str(l) for l in range(n_layers)])
+        sns.heatmap(
+            mat,
+            ax=ax,
+            cmap="RdBu_r",
+            vmin=-lim,
+            vmax=lim,  # symmetric: centred at 0 (seaborn's center= would rebuild the colormap)
+            square=True,
+            annot=annot,
+            fmt="",
+            annot_kws={"fontsize": 6},
+            cbar_kws={"shrink": 0.7, "label": label},
+        )
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
-        for s in ax.spines.values():
-            s.set_visible(False)
+        ax.tick_params(length=0, labelrotation=0)
         ax.set_title(title)
     return fig
 
@@ -318,7 +422,7 @@ def causal_figure(rvi: pd.DataFrame, *, metric: str | None = None):
     if rvi is None or rvi.empty:
         return None
     metrics = [metric] if metric else sorted(rvi["metric"].astype(str).unique())
-    with plt.rc_context(_STYLE):
+    with theme():
         n_roles = rvi["role"].nunique()
         fig, axes = plt.subplots(1, len(metrics), figsize=(4.4 * len(metrics), 0.9 + 0.42 * n_roles), squeeze=False)
         for ax, m in zip(axes[0], metrics):
@@ -350,7 +454,7 @@ def gqa_figure(n_heads: int, n_kv_heads: int):
         return None
     g = n_heads // n_kv_heads
     colours = [_PALETTE[i % len(_PALETTE)] for i in range(n_kv_heads)]
-    with plt.rc_context(_STYLE):
+    with theme():
         fig, ax = plt.subplots(figsize=(max(4.0, 0.55 * n_heads + 1), 1.9))
         for h in range(n_heads):
             kv = h // g
@@ -374,7 +478,7 @@ def gqa_figure(n_heads: int, n_kv_heads: int):
 def clusters_figure(clusters: pd.DataFrame):
     """Heads in two dimensions (``x``, ``y``), coloured by ``cluster``, each marked with
     its layer number."""
-    with plt.rc_context(_STYLE):
+    with theme():
         fig, ax = plt.subplots(figsize=(5.2, 4.2))
         names = sorted(clusters["cluster"].unique())
         for i, c in enumerate(names):
@@ -400,7 +504,7 @@ def diff_figure(diff: pd.DataFrame, *, n_layers: int, n_heads: int, max_roles: i
     lim = max(float(diff["delta"].abs().max()), 1e-6)
     cols = min(4, len(roles))
     rows = math.ceil(len(roles) / cols)
-    with plt.rc_context(_STYLE):
+    with theme():
         fig, axes = plt.subplots(
             rows, cols, figsize=(2.2 + 0.3 * n_heads * cols, 0.6 + (0.28 * n_layers + 0.8) * rows), squeeze=False
         )
@@ -408,16 +512,15 @@ def diff_figure(diff: pd.DataFrame, *, n_layers: int, n_heads: int, max_roles: i
             d = diff[diff["role"] == role]
             mat = d.pivot_table(index="layer", columns="head", values="delta", aggfunc="mean")
             mat = mat.reindex(index=range(n_layers), columns=range(n_heads))
-            ax.imshow(mat.to_numpy(float), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="equal", interpolation="nearest")
-            ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)])
-            ax.set_yticks(range(n_layers), [str(l) for l in range(n_layers)])
+            sns.heatmap(mat, ax=ax, cmap="RdBu_r", vmin=-lim, vmax=lim, square=True, cbar=False)
+            ax.tick_params(length=0, labelrotation=0)
             ax.set_xlabel("head", fontsize=7)
             ax.set_ylabel("layer", fontsize=7)
             if "change" in d:
                 for r in d[d["change"].isin(["gained", "lost"])].itertuples():
                     ax.text(
-                        r.head,
-                        r.layer,
+                        r.head + 0.5,
+                        r.layer + 0.5,
                         "+" if r.change == "gained" else "−",
                         ha="center",
                         va="center",
