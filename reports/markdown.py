@@ -8,7 +8,17 @@ HTML page, figures as PNG files under ``figures/``.
 
 from __future__ import annotations
 
-from headscope.reports.html import Document, Figure, Note, Paragraph, Pre, Section, Table, fmt  # noqa: F401 (Section: doctest)
+from headscope.reports.html import (  # noqa: F401 (Section: doctest)
+    Document,
+    Figure,
+    HeadView,
+    Note,
+    Paragraph,
+    Pre,
+    Section,
+    Table,
+    fmt,
+)
 
 
 def _cell(v) -> str:
@@ -46,6 +56,8 @@ def render_markdown(doc: Document, figure_dir: str = "figures") -> tuple[str, di
                 out += [f"![{alt}]({path})", "", f"*{b.caption}*"]
             elif isinstance(b, Table):
                 out.append(table_markdown(b))
+            elif isinstance(b, HeadView):  # interactive, HTML only: one sentence here
+                out.append(b.text)
             else:
                 raise TypeError(f"unknown document block {type(b).__name__}")
             out.append("")

@@ -209,3 +209,130 @@ def test_real_report_in_chromium(browser, tmp_path, tmp_path_factory):
     n = html.read_text().count("<img ")
     seen = open_report(browser, html, _shot_dir(tmp_path) / "report-minilm-l6.png")
     _check(seen, n)
+
+
+def _click(b: Browser, selector: str):
+    """A real mouse click (press and release) at the centre of ``selector``."""
+    box = b.eval(
+        f"(() => {{const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView({{block: 'center'}});"
+        " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2];})()"
+    )
+    assert box, selector
+    for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+        b.send("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+
+def _key(b: Browser, key: str, code: int):
+    for kind in ("rawKeyDown", "keyUp"):
+        b.send("Input.dispatchKeyEvent", type=kind, key=key, code=key, windowsVirtualKeyCode=code)
+
+
+def _shown(b: Browser) -> dict:
+    return b.eval(
+        "(() => ({title: document.getElementById('hv-title').textContent,"
+        " rows: Array.from(document.querySelectorAll('#hv-roles tbody tr')).map(r => r.cells[0].textContent),"
+        " held: document.querySelectorAll('#hv-roles tbody tr.hv-held').length,"
+        " maps: document.querySelectorAll('#hv-examples table.hv-map').length,"
+        " gold: document.querySelectorAll('#hv-examples td.gold').length,"
+        " prune: (document.getElementById('hv-prune') || {}).textContent,"
+        " pressed: Array.from(document.querySelectorAll('button.hv-cell[aria-pressed=true]')).map(e => e.dataset.head),"
+        " focused: document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.head : null"
+        "}))()"
+    )
+
+
+def _errors_and_requests(b: Browser):
+    errors = [
+        e
+        for e in b.events
+        if e.get("method") == "Runtime.exceptionThrown"
+        or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert", "warning"))
+        or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] in ("error", "warning"))
+    ]
+    requests = [e["params"]["request"]["url"] for e in b.events if e.get("method") == "Network.requestWillBeSent"]
+    return errors, requests
+
+
+def test_head_view_in_chromium(browser, tmp_path, tmp_path_factory):
+    """The head view on the real report: three heads chosen by mouse and one by keyboard
+    each show their own title, roles rows, example maps and pruning figures; nothing is
+    logged as an error and nothing is fetched."""
+    import pandas as pd
+    from test_report import real_report_dir
+
+    out = real_report_dir(tmp_path_factory)
+    html = out / "report.html"
+    roles = pd.read_parquet(out / "tables" / "roles.parquet")
+    examples = pd.read_parquet(out / "tables" / "examples.parquet")
+    seen = open_report(browser, html, _shot_dir(tmp_path) / "head-view-initial.png")
+    _check(seen, html.read_text().count("<img "))
+    b = browser
+    n_layers, n_heads = int(roles["layer"].max()) + 1, int(roles["head"].max()) + 1
+    assert b.eval("document.getElementById('head-view').hidden") is False
+    labels = b.eval("Array.from(document.querySelectorAll('button.hv-cell')).map(e => e.getAttribute('aria-label'))")
+    assert len(labels) == n_layers * n_heads
+    held = roles[roles["verdict"].astype(bool)].groupby(["layer", "head"])["role"].agg(lambda r: sorted(set(r)))
+    for (layer, head), names in held.items():
+        assert f"L{layer}H{head}: {', '.join(names)}" in labels
+    # three different heads: one with an example map, the head holding most roles, one holding none
+    ex_head = tuple(examples[["layer", "head"]].iloc[0])
+    multi = held.map(len).idxmax()
+    none = next((l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in held.index)
+    chosen = list(dict.fromkeys([ex_head, multi, none, (0, 0), (n_layers - 1, n_heads - 1)]))[:3]
+    assert len(chosen) == 3
+    b.events.clear()
+    for layer, head in chosen:
+        hid = f"L{layer}H{head}"
+        _click(b, f'button.hv-cell[data-head="{hid}"]')
+        v = _shown(b)
+        mine = roles[(roles["layer"] == layer) & (roles["head"] == head)]
+        assert v["title"] == hid and v["pressed"] == [hid]
+        assert len(v["rows"]) == len(mine) and sorted(v["rows"]) == sorted(mine["role"].astype(str))
+        assert v["held"] == int(mine["verdict"].astype(bool).sum())
+        n_ex = examples[(examples["layer"] == layer) & (examples["head"] == head)]["example"].nunique()
+        assert v["maps"] == n_ex
+        assert v["gold"] == int(
+            examples[(examples["layer"] == layer) & (examples["head"] == head)]["gold"].astype(bool).sum()
+        )
+        assert "delta_" in v["prune"] and "importance" in v["prune"]
+    # keyboard: arrows move the selection (and the focus) along the grid
+    layer, head = chosen[-1]
+    b.eval(f"document.querySelector('button.hv-cell[data-head=\"L{layer}H{head}\"]').focus()")
+    right = (layer, head + 1) if head + 1 < n_heads else (layer, head)
+    _key(b, "ArrowRight", 39)
+    v = _shown(b)
+    assert v["title"] == f"L{right[0]}H{right[1]}" and v["focused"] == v["title"]
+    down = (min(right[0] + 1, n_layers - 1), right[1])
+    _key(b, "ArrowDown", 40)
+    assert _shown(b)["title"] == f"L{down[0]}H{down[1]}"
+    errors, requests = _errors_and_requests(b)
+    assert errors == [] and requests == []
+    height = b.eval("document.documentElement.scrollHeight")
+    shot = b.send(
+        "Page.captureScreenshot",
+        format="png",
+        captureBeyondViewport=True,
+        clip={"x": 0, "y": 0, "width": 1100, "height": min(height, 16000), "scale": 1},
+    )
+    import base64
+
+    (_shot_dir(tmp_path) / "head-view-clicked.png").write_bytes(base64.b64decode(shot["data"]))
+
+
+def test_report_without_javascript(browser, tmp_path, tmp_path_factory):
+    """With scripts off the page still shows every static figure and table, and the
+    (script-drawn) head view stays hidden instead of showing dead buttons."""
+    from test_report import real_report_dir
+
+    out = real_report_dir(tmp_path_factory)
+    html = out / "report.html"
+    browser.send("Emulation.setScriptExecutionDisabled", value=True)
+    try:
+        seen = open_report(browser, html, _shot_dir(tmp_path) / "report-no-js.png")
+        _check(seen, html.read_text().count("<img "))
+        assert browser.eval("document.getElementById('head-view').hidden") is True
+        assert browser.eval("!!document.querySelector('#fig-role_map img').naturalWidth") is True
+        assert browser.eval("document.getElementById('hv-title')") is None
+        assert browser.eval("document.querySelectorAll('table').length") > 6
+    finally:
+        browser.send("Emulation.setScriptExecutionDisabled", value=False)

@@ -212,8 +212,11 @@ class _Imgs(HTMLParser):
         a = dict(attrs)
         if tag == "img":
             self.imgs.append(a)
-        if tag in ("script", "link") or (
-            tag != "a" and any(str(v).startswith(("http:", "https:", "//")) for v in a.values() if v)
+        # an inline <script> (the head view's code and JSON) is part of the page; one with src, or a <link>, is not
+        if (
+            (tag == "script" and "src" in a)
+            or tag == "link"
+            or (tag != "a" and any(str(v).startswith(("http:", "https:", "//")) for v in a.values() if v))
         ):
             self.external.append((tag, a))
         self.tables += tag == "table"

@@ -59,7 +59,11 @@ def test_report_folder_reads_back_the_frames_written(tmp_path, minilm_card):  # 
         pd.testing.assert_frame_equal(run.tables[name], expected, check_exact=True, obj=name)
     assert main(["diff", str(out), str(out), "--out", str(tmp_path / "d")]) == 0  # diff reads it too
     d = load_run(tmp_path / "d")
-    assert (d.kind, d.format) == ("diff", OUTPUT_FORMAT) and "role_changes" in d.tables and d.manifest["tables"] == sorted(d.tables)
+    assert (
+        (d.kind, d.format) == ("diff", OUTPUT_FORMAT)
+        and "role_changes" in d.tables
+        and d.manifest["tables"] == sorted(d.tables)
+    )
 
 
 def test_prune_folder_in_progress_and_complete(tmp_path):
