@@ -77,8 +77,10 @@ TABLE_CONTEXTS = (1024, 4096, 32768, 131072)
 def kv_cache_bytes(arch: ArchSpec, context: int, bytes_per_value: int) -> int:
     """KV-cache bytes at ``context`` tokens: a global layer holds every token, a sliding layer
     at most its window; × 2 (K and V) × KV heads × d_head × bytes per value."""
-    windows = arch.sliding_window or (None,) * arch.n_layers
-    tokens = sum(context if w is None else min(w, context) for w in windows)
+    if arch.sliding_window is None:  # arithmetic: a config may claim any number of layers
+        tokens = arch.n_layers * context
+    else:
+        tokens = sum(context if w is None else min(w, context) for w in arch.sliding_window)
     return 2 * tokens * arch.n_kv_heads * arch.d_head * bytes_per_value
 
 
