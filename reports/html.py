@@ -131,21 +131,24 @@ def top_heads(roles: pd.DataFrame, top: int = 3) -> dict[str, pd.DataFrame]:
     return out
 
 
+#: a role row as the report shows it (the top-heads tables and the head view)
+ROLE_VIEW_COLUMNS = [
+    "role",
+    "relation",
+    "direction",
+    "score",
+    "baseline",
+    "margin",
+    "ci_low",
+    "ci_high",
+    "p_value",
+    "n",
+    "verdict",
+]
+
+
 def _role_table(best: pd.DataFrame) -> pd.DataFrame:
-    cols = [
-        "layer",
-        "head",
-        "relation",
-        "direction",
-        "score",
-        "baseline",
-        "margin",
-        "ci_low",
-        "ci_high",
-        "p_value",
-        "n",
-        "verdict",
-    ]
+    cols = ["layer", "head", *ROLE_VIEW_COLUMNS[1:]]  # the head view's columns, role implied by the section
     t = best[[c for c in cols if c in best]].copy()
     for c in ("relation", "direction"):
         if c in t and (t[c].astype(str) == "").all():
@@ -833,21 +836,6 @@ def _sig(v, digits: int = 4):
     if not math.isfinite(v):
         return None
     return float(f"{v:.{digits}g}")
-
-
-ROLE_VIEW_COLUMNS = [
-    "role",
-    "relation",
-    "direction",
-    "score",
-    "baseline",
-    "margin",
-    "ci_low",
-    "ci_high",
-    "p_value",
-    "n",
-    "verdict",
-]
 
 
 def head_view_data(frames: dict[str, pd.DataFrame], n_layers: int, n_heads: int, max_rows: int = 20_000) -> dict:

@@ -212,14 +212,19 @@ def check_layers(layers, seen):
     return tuple(layers)
 
 
+def _allowed_of(cap, causal: bool) -> torch.Tensor:
+    """:func:`allowed_keys` of ``cap``'s key mask (for ``Capture.cached``: once per batch)."""
+    return allowed_keys(cap.key_mask, causal)
+
+
 def _masked_pattern_of(cap, layer: int, causal: bool) -> torch.Tensor:
     """:func:`masked_pattern` of ``cap``'s layer over :func:`allowed_keys` (for ``Capture.cached``)."""
-    return masked_pattern(cap["pattern", layer], allowed_keys(cap.key_mask, causal))
+    return masked_pattern(cap["pattern", layer], cap.cached(_allowed_of, causal))
 
 
 def _argmax_share_of(cap, layer: int, causal: bool) -> torch.Tensor:
     """:func:`share_of_max` of :func:`_masked_pattern_of` (for ``Capture.cached``)."""
-    return share_of_max(cap.cached(_masked_pattern_of, layer, causal), allowed_keys(cap.key_mask, causal))
+    return share_of_max(cap.cached(_masked_pattern_of, layer, causal), cap.cached(_allowed_of, causal))
 
 
 class ItemValuesReducer:
@@ -240,15 +245,15 @@ class ItemValuesReducer:
         self.layers = check_layers(cap.layers, self.layers)
         special = cap.tokens.special_mask()
         rows = query_rows(cap.key_mask, special, include_special=self.include_special)
-        return allowed_keys(cap.key_mask, self.causal), rows, special
+        return cap.cached(_allowed_of, self.causal), rows, special
 
-    def _masked(self, cap, layer: int, allowed: torch.Tensor) -> torch.Tensor:
-        """:func:`masked_pattern` of a layer over the keys ``self.causal`` allows (``allowed``,
-        from :meth:`_masks`), once per batch, shared by reducers through ``cap.cached``."""
+    def _masked(self, cap, layer: int) -> torch.Tensor:
+        """:func:`masked_pattern` of a layer over the keys ``self.causal`` allows (the
+        ``allowed`` of :meth:`_masks`), once per batch, shared by reducers through ``cap.cached``."""
         return cap.cached(_masked_pattern_of, layer, self.causal)
 
-    def _argmax_share(self, cap, layer: int, allowed: torch.Tensor) -> torch.Tensor:
-        """:func:`argmax_share` of a layer's pattern over ``allowed`` (from :meth:`_masks`),
+    def _argmax_share(self, cap, layer: int) -> torch.Tensor:
+        """:func:`argmax_share` of a layer's pattern over the ``allowed`` of :meth:`_masks`,
         computed once per batch and kept on the capture (``cap.cached``) for the other
         reducers that need it."""
         return cap.cached(_argmax_share_of, layer, self.causal)
@@ -285,7 +290,7 @@ class SummaryReducer(ItemValuesReducer):
         allowed, rows, _ = self._masks(cap)
         per = defaultdict(list)
         for layer in cap.layers:
-            m = masked_metrics(self._masked(cap, layer, allowed), allowed, smoothing=self.smoothing)
+            m = masked_metrics(self._masked(cap, layer), allowed, smoothing=self.smoothing)
             for k, v in m.items():
                 per[k].append(row_mean(v, rows))
         for k, v in per.items():

@@ -98,7 +98,7 @@ class PositionalReducer(ItemValuesReducer):
         per = {b: [] for b in BUCKETS}
         base = None
         for layer in cap.layers:
-            v, base = bucket_values(cap["pattern", layer], allowed, rows, self._argmax_share(cap, layer, allowed))
+            v, base = bucket_values(cap["pattern", layer], allowed, rows, self._argmax_share(cap, layer))
             for b in BUCKETS:
                 per[b].append(v[b])
         for b in BUCKETS:

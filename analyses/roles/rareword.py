@@ -87,7 +87,7 @@ class RareWordReducer(ItemValuesReducer):
         base = row_mean((allowed & rare[:, None]).float().sum(-1) / n_keys, rows)
         vals = []
         for layer in cap.layers:
-            w = self._argmax_share(cap, layer, allowed)
+            w = self._argmax_share(cap, layer)
             vals.append(row_mean((w * rare[:, None, None].float()).sum(-1), rows))
         self.values.add(ROLE, cap.item_ids, torch.stack(vals, 1))
         self.values.add("baseline", cap.item_ids, base)

@@ -123,7 +123,7 @@ class SpecialReducer(ItemValuesReducer):
         key_sets = torch.stack(list(sets.values()), -1)  # [batch, pos, set]
         vals, base = [], None
         for layer in cap.layers:
-            v, base = masked_set_masses(self._masked(cap, layer, allowed), allowed, rows, key_sets)
+            v, base = masked_set_masses(self._masked(cap, layer), allowed, rows, key_sets)
             vals.append(v)
         vals = torch.stack(vals, 1)  # [batch, layer, head, set]
         for i, role in enumerate(sets):
