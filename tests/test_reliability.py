@@ -159,7 +159,9 @@ def test_directory_without_config_is_one_line(tmp_path, capsys):
 
 
 def test_unsupported_family_with_inhouse_backend_names_the_bridge(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 8}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "opt", "num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8})
+    )
     with pytest.raises(ModelIncompatibleError, match="bridge"):
         load_model(str(tmp_path), "inhouse")
 

@@ -70,6 +70,16 @@ ENCODER_TYPES = frozenset(
 #: decoders with learned absolute positions (every other decoder without ALiBi rotates: RoPE)
 _LEARNED_DECODERS = frozenset({"gpt2", "gpt_bigcode", "opt", "biogpt", "gpt_neo", "xglm", "imagegpt"})
 _ALIBI = frozenset({"bloom", "mpt", "falcon_alibi"})
+#: config keys a family spells its own way -> the common HF name (DistilBERT: dim, n_layers, …)
+_OWN_NAMES = {
+    "distilbert": {
+        "n_layers": "num_hidden_layers",
+        "dim": "hidden_size",
+        "n_heads": "num_attention_heads",
+        "hidden_dim": "intermediate_size",
+        "activation": "hidden_act",
+    }
+}
 #: decoders whose query and key heads are normalised before the dot product
 _QK_NORM_TYPES = frozenset({"gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2", "olmoe", "chameleon"})
 
@@ -112,6 +122,16 @@ class ArchSpec:
     bos_token_id: int | None
     #: Gemma 2/3: queries are scaled by ``query_pre_attn_scalar ** -0.5`` (not ``d_head ** -0.5``)
     query_pre_attn_scalar: float | None = None
+    #: Gemma 3: the RoPE base and type of the sliding (local) layers, when they differ from the
+    #: global layers' (``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]``)
+    rope_local_theta: float | None = None
+    rope_local_type: str | None = None
+    #: fraction of each head's dimensions that RoPE rotates (Phi-3 ``partial_rotary_factor``;
+    #: None: the config does not say, i.e. all of them)
+    rotary_fraction: float | None = None
+    #: a decoder family run with bidirectional attention (``use_bidirectional_attention``:
+    #: EmbeddingGemma); ``encoder`` still follows the model type
+    bidirectional_attention: bool = False
 
     @property
     def causal(self) -> bool:
@@ -156,6 +176,26 @@ def _rope(hf: dict) -> tuple[float | None, str | None]:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     return (float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None), rope_type
+
+
+def _rope_local(hf: dict) -> tuple[float | None, str | None]:
+    """``(theta, rope type)`` of the sliding layers where the config gives them their own
+    (Gemma 3: ``rope_parameters["sliding_attention"]`` in transformers 5, ``rope_local_base_freq``
+    in older ``config.json`` files); ``(None, None)`` otherwise."""
+    rope = hf.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("sliding_attention"), dict):
+        local = rope["sliding_attention"]
+        theta = local.get("rope_theta", hf.get("rope_local_base_freq"))
+        return _number(theta), local.get("rope_type", local.get("type", "default"))
+    if _number(hf.get("rope_local_base_freq")) is not None:
+        return _number(hf["rope_local_base_freq"]), "default"
+    return None, None
+
+
+def _rotary_fraction(hf: dict) -> float | None:
+    rope = hf.get("rope_parameters")
+    v = rope.get("partial_rotary_factor") if isinstance(rope, dict) else None
+    return _number(v if v is not None else hf.get("partial_rotary_factor"))
 
 
 def _positional(hf: dict, mtype: str) -> str | None:
@@ -213,6 +253,8 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
 
     check_hf_config(hf, where)
     mtype = hf.get("model_type") or "?"
+    own_names = _OWN_NAMES.get(mtype, {})
+    hf = {**{ours: hf[theirs] for theirs, ours in own_names.items() if theirs in hf}, **hf}
     n_layers = _first(hf, "num_hidden_layers", "n_layer")
     d_model = _first(hf, "hidden_size", "n_embd", "d_model")
     n_heads = _first(hf, "num_attention_heads", "n_head")
@@ -264,6 +306,10 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         pad_token_id=_int_or_none(hf.get("pad_token_id")),
         bos_token_id=_int_or_none(hf.get("bos_token_id")),
         query_pre_attn_scalar=_number(hf.get("query_pre_attn_scalar")),
+        rope_local_theta=_rope_local(hf)[0] if positional == "rope" else None,
+        rope_local_type=_rope_local(hf)[1] if positional == "rope" else None,
+        rotary_fraction=_rotary_fraction(hf) if positional == "rope" else None,
+        bidirectional_attention=bool(hf.get("use_bidirectional_attention")),
     )
 
 

@@ -9,12 +9,15 @@ Shapes::
     x        [batch, pos, d_model]
     q        [batch, head, query_pos, d_head]
     k, v     [batch, kv_head, key_pos, d_head]      (never expanded in captures)
-    scores   [batch, head, query_pos, key_pos]      (q·k / sqrt(d_head), before the mask)
+    scores   [batch, head, query_pos, key_pos]      (q·k × scale, soft-capped, before the mask)
     pattern  [batch, head, query_pos, key_pos]      (softmax over key_pos, rows sum to 1)
     z        [batch, head, query_pos, d_head]       (pattern @ v, before W_O)
 
 Query head ``h`` reads KV head ``kv_index[h]``; for an unpruned model that is
-``h // group_size`` exactly as HF's ``repeat_kv``.
+``h // group_size`` exactly as HF's ``repeat_kv``. The scale is ``d_head ** -0.5`` unless
+given (Gemma: ``query_pre_attn_scalar ** -0.5``); a soft cap ``c`` maps the scaled scores
+to ``c·tanh(scores / c)`` (Gemma 2). A sliding window ``w`` lets query ``i`` see key ``j``
+only when ``i - j < w`` (transformers' ``sliding_window_overlay``).
 
 >>> import torch
 >>> q = torch.zeros(1, 2, 3, 4); k = torch.randn(1, 1, 3, 4)
@@ -30,6 +33,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from headscope.probes.models.hooks import HookPoint
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dimension, computed in float32 as HF does.
+
+    ``offset=False`` (Llama, Qwen): ``w · x̂`` with ``x̂`` cast back to the input dtype first,
+    ``w`` starting at 1. ``offset=True`` (Gemma): ``(1 + w) · x̂`` in float32, then cast,
+    ``w`` starting at 0.
+    """
+
+    def __init__(self, d: int, eps: float, *, offset: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(d) if offset else torch.ones(d))
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x * (1.0 + self.weight.float())).to(dtype)
+        return self.weight * x.to(dtype)
 
 
 def repeat_kv(kv: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
@@ -56,9 +82,16 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
-def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Scaled dot products ``q·k / sqrt(d_head)``; ``k`` already expanded to query heads."""
-    return torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
+def attention_scores(
+    q: torch.Tensor, k: torch.Tensor, scale: float | None = None, softcap: float | None = None
+) -> torch.Tensor:
+    """Scaled dot products ``q·k × scale`` (default ``scale = d_head ** -0.5``), then
+    ``softcap · tanh(scores / softcap)`` where a soft cap is given; ``k`` already expanded
+    to query heads. ``[batch, head, query_pos, key_pos]``."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    return scores
 
 
 def attention_pattern(
@@ -68,20 +101,23 @@ def attention_pattern(
     kv_index: torch.Tensor | None = None,
     *,
     on_scores=None,
+    scale: float | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Softmax over keys of the scaled scores plus an additive ``mask`` (0 or dtype-min).
+    """Softmax over keys of the scaled (and soft-capped, see :func:`attention_scores`)
+    scores plus an additive ``mask`` (0 or dtype-min).
 
     Masked keys get exactly 0 (exp underflows), rows over unmasked keys sum to 1. ``k``
     with fewer heads than ``q`` is expanded: query head ``h`` reads KV head ``kv_index[h]``
     (default ``h // group_size``, HF's ``repeat_kv``; a physically pruned layer passes its
-    own). ``on_scores`` sees the scaled scores before the mask (:class:`Attention` hooks
-    them there) and returns them.
+    own). ``on_scores`` sees the scaled, soft-capped scores before the mask
+    (:class:`Attention` hooks them there) and returns them.
     """
     if k.shape[1] != q.shape[1]:
         if kv_index is None:
             kv_index = torch.arange(q.shape[1], device=k.device) // (q.shape[1] // k.shape[1])
         k = repeat_kv(k, kv_index)
-    scores = attention_scores(q, k)
+    scores = attention_scores(q, k, scale, softcap)
     if on_scores is not None:
         scores = on_scores(scores)
     if mask is not None:
@@ -90,16 +126,28 @@ def attention_pattern(
 
 
 def additive_mask(
-    attention_mask: torch.Tensor, causal: bool, n_query: int | None = None, dtype=torch.float32
+    attention_mask: torch.Tensor,
+    causal: bool,
+    n_query: int | None = None,
+    dtype=torch.float32,
+    window: int | None = None,
 ) -> torch.Tensor:
     """``attention_mask [batch, key_pos]`` (1 = real token) -> ``[batch, 1, query_pos, key_pos]``
-    additive mask: 0 where a query may look, ``finfo(dtype).min`` where it may not."""
+    additive mask: 0 where a query may look, ``finfo(dtype).min`` where it may not.
+
+    ``window`` (causal only): query ``i`` sees key ``j`` only when ``i - j < window``, as
+    transformers' ``sliding_window_causal_mask_function`` (the last ``n_query`` positions are
+    the queries)."""
     batch, n_key = attention_mask.shape
     n_query = n_key if n_query is None else n_query
     allowed = attention_mask[:, None, None, :].bool().expand(batch, 1, n_query, n_key)
     if causal:
         tri = torch.ones(n_query, n_key, dtype=torch.bool, device=attention_mask.device).tril(n_key - n_query)
         allowed = allowed & tri
+        if window is not None:
+            allowed = allowed & tri.triu(n_key - n_query - window + 1)
+    elif window is not None:
+        raise ValueError("a sliding window is implemented for causal attention only")
     mask = torch.zeros(allowed.shape, dtype=dtype, device=attention_mask.device)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
@@ -111,6 +159,12 @@ class Attention(nn.Module):
     gated off, ``ablation_value [head, d_head]`` is added instead (0 for zero ablation,
     the corpus mean of ``z`` for mean ablation): ``z' = gate·z + (1 - gate)·ablation_value``.
     Gradients of a loss with respect to ``gate`` are Michel et al.'s head importance.
+
+    Options: ``bias`` on q/k/v, ``o_bias`` on the output projection (default ``bias``);
+    ``qk_norm`` (an :class:`RMSNorm` over ``d_head`` shared by all query heads, another by all
+    key heads, applied before RoPE; ``norm_offset`` makes them Gemma's ``(1 + w)``); ``scale``
+    and ``softcap`` of :func:`attention_scores`. ``hook_q``/``hook_k`` see q and k after the
+    QK-norm, before RoPE.
     """
 
     def __init__(
@@ -122,13 +176,24 @@ class Attention(nn.Module):
         *,
         bias: bool,
         kv_index: list[int] | None = None,
+        o_bias: bool | None = None,
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
+        norm_offset: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
     ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = n_heads, n_kv_heads, d_head
+        self.scale, self.softcap = scale, softcap
         self.q_proj = nn.Linear(d_model, n_heads * d_head, bias=bias)
         self.k_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=bias)
-        self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        self.o_proj = nn.Linear(n_heads * d_head, d_model, bias=bias if o_bias is None else o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(d_head, norm_eps, offset=norm_offset)
+            self.k_norm = RMSNorm(d_head, norm_eps, offset=norm_offset)
+        self.qk_norm = qk_norm
         if kv_index is None:
             kv_index = [h // (n_heads // n_kv_heads) for h in range(n_heads)]
         if len(kv_index) != n_heads or (n_heads and max(kv_index) >= n_kv_heads):
@@ -153,19 +218,24 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``x [batch, pos, d_model]`` -> ``[batch, pos, d_model]``; ``mask`` is additive,
         ``[batch, 1, query_pos, key_pos]``. The pattern is :func:`attention_pattern`'s."""
-        q = self.hook_q(self._split(self.q_proj(x), self.n_heads))
-        k = self.hook_k(self._split(self.k_proj(x), self.n_kv_heads))
+        q = self._split(self.q_proj(x), self.n_heads)  # [batch, head, pos, d_head]
+        k = self._split(self.k_proj(x), self.n_kv_heads)  # [batch, kv_head, pos, d_head]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.hook_q(q), self.hook_k(k)
         v = self.hook_v(self._split(self.v_proj(x), self.n_kv_heads))
         if rope is not None:
             q = self.hook_q_rot(apply_rope(q, *rope))
             k = self.hook_k_rot(apply_rope(k, *rope))
         k_full, v_full = repeat_kv(k, self.kv_index), repeat_kv(v, self.kv_index)
 
-        if need_pattern or self.hook_scores.active or self.hook_pattern.active:
-            pattern = self.hook_pattern(attention_pattern(q, k_full, mask, on_scores=self.hook_scores))
-            z = torch.matmul(pattern, v_full)
-        else:  # nobody looks at the pattern: fused kernel, same math
-            z = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask)
+        if need_pattern or self.softcap is not None or self.hook_scores.active or self.hook_pattern.active:
+            pattern = attention_pattern(
+                q, k_full, mask, on_scores=self.hook_scores, scale=self.scale, softcap=self.softcap
+            )  # [batch, head, query_pos, key_pos]
+            z = torch.matmul(self.hook_pattern(pattern), v_full)
+        else:  # nobody looks at the pattern and nothing is soft-capped: fused kernel, same math
+            z = F.scaled_dot_product_attention(q, k_full, v_full, attn_mask=mask, scale=self.scale)
         z = self.hook_z(z)
         gate = self.gate.to(z.dtype)[None, :, None, None]
         if not bool((self.gate == 1).all()) or self.gate.requires_grad:

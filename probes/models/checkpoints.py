@@ -162,18 +162,21 @@ def _hub_dir(source: ModelSource) -> Path:
 
 
 def gguf_as_hf_dir(path: Path) -> Path:
-    """Dequantise a GGUF file to float32 once and cache it as an HF-format directory."""
+    """Dequantise a GGUF file to float32 once and cache it as an HF-format directory.
+
+    The file's sizes are checked first, from its metadata alone (:func:`gguf_meta_config`), for
+    every architecture. transformers writes no ``architectures`` into the config of a GGUF it
+    reads (the transformer-lens bridge needs it); the cached ``config.json`` gets it from the
+    model class transformers built, and a folder cached before without it is given it here."""
+    path = Path(path)
     digest = file_sha256(path)[:16]
     out = cache_dir() / "gguf" / digest
     if (out / "model.safetensors").exists() and (out / "config.json").exists():
+        _fill_architectures(out / "config.json", path)
         return out
-    try:
-        meta = gguf_hf_config(path)  # refuses a cut or corrupt file first (check_gguf)
-    except ModelIncompatibleError:  # not llama: transformers may still read it; no size check
-        meta = None
-    if meta is not None:
-        check_hf_config(meta, str(path))
-        check_weight_memory(meta, str(path))
+    meta = gguf_meta_config(path)
+    check_hf_config(meta, str(path))
+    check_weight_memory(meta, str(path))
     log.info("dequantising %s to float32 (once; cached in %s)", path.name, out)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -189,6 +192,8 @@ def gguf_as_hf_dir(path: Path) -> Path:
     hf.config.quantization_config = None
     cfg = hf.config.to_dict()
     cfg.pop("quantization_config", None)
+    if not cfg.get("architectures"):
+        cfg["architectures"] = [type(hf).__name__]
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     from safetensors.torch import save_file
 
@@ -204,6 +209,81 @@ def gguf_as_hf_dir(path: Path) -> Path:
 
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def gguf_meta_config(path: Path) -> dict:
+    """The HF config dict of a GGUF file from its metadata alone, to check its sizes before any
+    tensor is read: :func:`~headscope.probes.models.arch.gguf_hf_config` (a cut or corrupt file
+    refused first); for an architecture that reader does not know but this transformers reads
+    (one added to transformers since: Qwen3.5, say), transformers' own reader of the metadata.
+    An architecture neither reads raises :class:`~headscope.probes.errors.ModelIncompatibleError`."""
+    path = Path(path)
+    try:
+        return gguf_hf_config(path)
+    except ModelIncompatibleError as refused:
+        if not _transformers_reads_gguf_arch(path):
+            raise
+        reason = refused
+    try:
+        from transformers import AutoConfig
+
+        with quiet_transformers():
+            cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    except (ValueError, OSError, KeyError, TypeError, struct.error, EOFError) as e:
+        detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path}: cannot read GGUF file ({detail})") from None
+    log.info("%s; its config comes from transformers' GGUF reader", reason)
+    cfg.pop("quantization_config", None)
+    return cfg
+
+
+def _transformers_reads_gguf_arch(path: Path) -> bool:
+    """Whether the installed transformers reads a GGUF file of this ``general.architecture``."""
+    try:
+        from gguf import GGUFReader
+
+        arch = GGUFReader(str(path)).fields["general.architecture"].contents()
+    except Exception:  # noqa: BLE001 - check_gguf has read it already; anything else: not readable
+        return False
+    readable: set[str] = set()
+    with contextlib.suppress(ImportError):
+        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+        readable |= set(GGUF_SUPPORTED_ARCHITECTURES)
+    with contextlib.suppress(ImportError):
+        from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
+
+        readable |= set(GGUF_CONFIG_ARCHS)
+    return arch in readable
+
+
+def _fill_architectures(config_file: Path, path: Path) -> None:
+    """Give a cached ``config.json`` without ``architectures`` (written before headscope filled
+    it in) the HF class of its model type, as the GGUF's metadata names it; rewritten atomically.
+    A cache that cannot be written keeps its file (the bridge then cannot wrap the model)."""
+    try:
+        cfg = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # read_config_file names the problem
+    if not isinstance(cfg, dict) or cfg.get("architectures"):
+        return
+    from headscope.probes.models.arch import GGUF_ARCHITECTURES
+
+    classes = {mt: cls for mt, cls in GGUF_ARCHITECTURES.values() if mt != "t5"}
+    cls = classes.get(cfg.get("model_type"))
+    if cls is None:
+        with contextlib.suppress(HeadscopeError):
+            cls = (gguf_meta_config(path).get("architectures") or [None])[0]
+    if cls is None:
+        return
+    cfg["architectures"] = [cls]
+    tmp = config_file.with_name(f"config.json.tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+        os.replace(tmp, config_file)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def hf_dir(source: ModelSource) -> Path:
@@ -270,49 +350,120 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     raise CheckpointError(f"{directory}: no model.safetensors, shard index or pytorch_model.bin")
 
 
+_BERT_NAMES = (  # HF BERT / RoBERTa -> in-house, applied in order
+    ("embeddings.word_embeddings.", "embed."),
+    ("embeddings.position_embeddings.", "pos_embed."),
+    ("embeddings.token_type_embeddings.", "type_embed."),
+    ("embeddings.LayerNorm.", "embed_ln."),
+    ("encoder.layer.", "blocks."),
+    ("attention.self.query.", "attn.q_proj."),
+    ("attention.self.key.", "attn.k_proj."),
+    ("attention.self.value.", "attn.v_proj."),
+    ("attention.output.dense.", "attn.o_proj."),
+    ("attention.output.LayerNorm.", "ln1."),
+    ("intermediate.dense.", "mlp.up."),
+    ("output.dense.", "mlp.down."),
+    ("output.LayerNorm.", "ln2."),
+)
+_DISTILBERT_NAMES = (
+    ("embeddings.word_embeddings.", "embed."),
+    ("embeddings.position_embeddings.", "pos_embed."),
+    ("embeddings.LayerNorm.", "embed_ln."),
+    ("transformer.layer.", "blocks."),
+    ("attention.q_lin.", "attn.q_proj."),
+    ("attention.k_lin.", "attn.k_proj."),
+    ("attention.v_lin.", "attn.v_proj."),
+    ("attention.out_lin.", "attn.o_proj."),
+    ("sa_layer_norm.", "ln1."),
+    ("ffn.lin1.", "mlp.up."),
+    ("ffn.lin2.", "mlp.down."),
+    ("output_layer_norm.", "ln2."),
+)
+_LLAMA_NAMES = (  # Llama, Mistral, Qwen2/3, Phi-3 (after splitting), Gemma 2/3
+    ("model.embed_tokens.", "embed."),
+    ("model.layers.", "blocks."),
+    ("self_attn.", "attn."),
+    ("input_layernorm.", "ln1."),
+    ("post_attention_layernorm.", "ln2."),
+    ("mlp.gate_proj.", "mlp.gate."),
+    ("mlp.up_proj.", "mlp.up."),
+    ("mlp.down_proj.", "mlp.down."),
+    ("model.norm.", "ln_final."),
+    ("lm_head.", "unembed."),
+)
+_GEMMA_NAMES = (  # sandwich norms: HF's post_attention_layernorm is the attention OUTPUT's norm
+    ("post_attention_layernorm.", "ln1_post."),
+    ("pre_feedforward_layernorm.", "ln2."),
+    ("post_feedforward_layernorm.", "ln2_post."),
+) + tuple(p for p in _LLAMA_NAMES if p[0] != "post_attention_layernorm.")
+_GPT2_NAMES = (  # after the prefixes: "transformer." dropped, "h." -> "blocks."
+    ("wte.", "embed."),
+    ("wpe.", "pos_embed."),
+    ("ln_1.", "ln1."),
+    ("ln_2.", "ln2."),
+    ("attn.c_proj.", "attn.o_proj."),
+    ("mlp.c_fc.", "mlp.up."),
+    ("mlp.c_proj.", "mlp.down."),
+    ("ln_f.", "ln_final."),
+    ("lm_head.", "unembed."),
+)
+
+
+def _rename(name: str, pairs) -> str:
+    for a, b in pairs:
+        name = name.replace(a, b)
+    return name
+
+
+def _split_fused(cfg: ModelConfig, name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The in-house tensors of a fused HF tensor (None: not a fused one). Phi-3's
+    ``qkv_proj`` ``[q + k + v, d_model]`` and ``gate_up_proj`` ``[2 * d_mlp, d_model]``
+    (gate first, as its ``chunk(2)``); GPT-2's ``Conv1D`` weights are ``[in, out]``
+    (transposed here), its ``c_attn`` ``[d_model, 3 * d_model]`` holds q, k, v in that order."""
+    q, kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+    stem, _, kind = name.rpartition(".")  # kind: weight | bias
+    if stem.endswith("attn.qkv_proj") or stem.endswith("attn.c_attn"):
+        if stem.endswith("c_attn") and kind == "weight":
+            t = t.t()  # Conv1D [in, out] -> Linear [out, in]
+        base = stem.rsplit(".", 1)[0]
+        parts = torch.split(t, [q, kv, kv], dim=0)
+        return {f"{base}.{p}_proj.{kind}": x.contiguous() for p, x in zip("qkv", parts)}
+    if stem.endswith("mlp.gate_up_proj"):
+        base = stem.rsplit(".", 1)[0]
+        gate, up = t.chunk(2, dim=0)
+        return {f"{base}.gate_proj.{kind}": gate.contiguous(), f"{base}.up_proj.{kind}": up.contiguous()}
+    if cfg.family == "gpt2" and kind == "weight" and (stem.endswith(("attn.c_proj", "mlp.c_fc", "mlp.c_proj"))):
+        return {name: t.t().contiguous()}
+    return None
+
+
 def hf_to_inhouse_names(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename HF BERT / Llama tensors to the in-house names; unused HF tensors (pooler,
-    position_ids) are dropped, unknown ones are kept so the strict check can name them."""
+    """Rename HF tensors of ``cfg.family`` to the in-house names, splitting fused tensors
+    (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``; GPT-2's ``Conv1D`` weights
+    transposed). Unused HF tensors (pooler, MLM heads, position_ids, rotary tables, GPT-2's
+    causal-mask buffers) are dropped; unknown ones are kept so the strict check can name them."""
+    family = cfg.family
     out = {}
     for name, t in state.items():
-        n = name
-        if cfg.family == "bert":
-            n = n.removeprefix("bert.").removeprefix("model.")
-            if n.startswith(("pooler.", "cls.")) or n.endswith("position_ids"):
+        if family in ("bert", "roberta", "distilbert"):
+            n = name.removeprefix(f"{family}.").removeprefix("model.")
+            if n.startswith(("pooler.", "cls.", "lm_head.", "vocab_")) or n.endswith("position_ids"):
                 continue
-            for a, b in (
-                ("embeddings.word_embeddings.", "embed."),
-                ("embeddings.position_embeddings.", "pos_embed."),
-                ("embeddings.token_type_embeddings.", "type_embed."),
-                ("embeddings.LayerNorm.", "embed_ln."),
-                ("encoder.layer.", "blocks."),
-                ("attention.self.query.", "attn.q_proj."),
-                ("attention.self.key.", "attn.k_proj."),
-                ("attention.self.value.", "attn.v_proj."),
-                ("attention.output.dense.", "attn.o_proj."),
-                ("attention.output.LayerNorm.", "ln1."),
-                ("intermediate.dense.", "mlp.up."),
-                ("output.dense.", "mlp.down."),
-                ("output.LayerNorm.", "ln2."),
-            ):
-                n = n.replace(a, b)
-        else:
-            if n.endswith("rotary_emb.inv_freq"):
+            if family == "roberta" and n == "embeddings.token_type_ids":
                 continue
-            for a, b in (
-                ("model.embed_tokens.", "embed."),
-                ("model.layers.", "blocks."),
-                ("self_attn.", "attn."),
-                ("input_layernorm.", "ln1."),
-                ("post_attention_layernorm.", "ln2."),
-                ("mlp.gate_proj.", "mlp.gate."),
-                ("mlp.up_proj.", "mlp.up."),
-                ("mlp.down_proj.", "mlp.down."),
-                ("model.norm.", "ln_final."),
-                ("lm_head.", "unembed."),
-            ):
-                n = n.replace(a, b)
-        out[n] = t
+            out[_rename(n, _DISTILBERT_NAMES if family == "distilbert" else _BERT_NAMES)] = t
+            continue
+        if name.endswith("rotary_emb.inv_freq") or (
+            family == "gpt2" and name.endswith((".attn.bias", ".attn.masked_bias"))
+        ):
+            continue
+        pieces = _split_fused(cfg, name, t) or {name: t}
+        pairs = {"gpt2": _GPT2_NAMES, "gemma2": _GEMMA_NAMES, "gemma3_text": _GEMMA_NAMES}.get(family, _LLAMA_NAMES)
+        for n, piece in pieces.items():
+            if family == "gpt2":  # GPT2LMHeadModel: "transformer.h.0.…"; GPT2Model and hub files: "h.0.…"
+                n = n.removeprefix("transformer.")
+                n = "blocks." + n.removeprefix("h.") if n.startswith("h.") else n
+            out[_rename(n, pairs)] = piece
     return out
 
 

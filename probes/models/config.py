@@ -1,51 +1,160 @@
 """The in-house transformer's configuration: one flat, frozen dataclass.
 
-Two families are covered, named after the checkpoints they load:
+``family`` names the checkpoint family (HF ``model_type``) and sets the defaults of every
+architectural option; each option can also be set on its own. The families:
 
-* ``"bert"``  — encoder: learned absolute positions + token types, post-LayerNorm
-  blocks, GELU MLP, bidirectional attention (MiniLM-L6, BERT).
-* ``"llama"`` — decoder: RoPE, pre-RMSNorm blocks, SwiGLU MLP, causal attention,
-  grouped-query attention when ``n_kv_heads < n_heads`` (SmolLM2, Llama 3).
+* encoders (return final hidden states, bidirectional attention, post-LayerNorm blocks,
+  GELU MLP with biases, learned absolute positions):
+
+  - ``"bert"``       — BERT, MiniLM: + token-type embeddings;
+  - ``"roberta"``    — positions count from ``pad_token_id + 1`` and skip padding;
+  - ``"distilbert"`` — no token types.
+
+* decoders (return logits, causal attention, pre-norm blocks):
+
+  - ``"llama"``       — RoPE, RMSNorm, SwiGLU MLP, grouped-query attention when
+    ``n_kv_heads < n_heads`` (SmolLM2, Llama 3);
+  - ``"mistral"``     — Llama + a sliding window;
+  - ``"qwen2"``       — Llama + biases on q/k/v (not on o);
+  - ``"qwen3"``       — Llama + RMSNorm on each query and key head before RoPE;
+  - ``"phi3"``        — Llama (its fused ``qkv_proj``/``gate_up_proj`` are split on loading);
+  - ``"gemma2"``      — Llama with ``(1 + w)`` RMSNorms before *and* after attention and MLP,
+    GELU(tanh)-gated MLP, embeddings × sqrt(d_model), ``query_pre_attn_scalar``, alternating
+    sliding / global layers, soft-capped attention and final logits;
+  - ``"gemma3_text"`` — Gemma 2 + QK-norm, no attention soft-capping, its own RoPE base
+    on the sliding layers;
+  - ``"gpt2"``        — learned positions, pre-LayerNorm, GELU(tanh) MLP, biases everywhere.
 
 >>> cfg = ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
 >>> cfg.d_head, cfg.attention_kind, cfg.group_size
 (16, 'GQA', 2)
+>>> g = ModelConfig(family="gemma2", n_layers=2, d_model=64, n_heads=4, n_kv_heads=1, d_head=32)
+>>> g.norm, g.rms_offset, g.sandwich_norm, g.mlp, g.activation, g.embed_scale
+('rmsnorm', True, True, 'gated', 'gelu_pytorch_tanh', 8.0)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from headscope.probes.models.arch import ArchSpec, check_hf_config
 
-__all__ = ["FAMILIES", "ModelConfig", "check_hf_config", "config_from_arch", "config_from_hf", "param_counts"]
+__all__ = [
+    "ENCODER_FAMILIES",
+    "FAMILIES",
+    "INHOUSE_MODEL_TYPES",
+    "ModelConfig",
+    "check_hf_config",
+    "config_from_arch",
+    "config_from_hf",
+    "param_counts",
+]
 
-FAMILIES = ("bert", "llama")
+_ENCODER = dict(
+    causal=False,
+    positional="learned",
+    norm="layernorm",
+    post_norm=True,
+    mlp="plain",
+    activation="gelu",
+    attention_bias=True,
+    mlp_bias=True,
+)
+_LLAMA = dict(
+    causal=True,
+    positional="rope",
+    norm="rmsnorm",
+    post_norm=False,
+    mlp="gated",
+    activation="silu",
+    attention_bias=False,
+    mlp_bias=False,
+)
+_GEMMA = dict(_LLAMA, rms_offset=True, sandwich_norm=True, activation="gelu_pytorch_tanh")
+#: each family's defaults for the options left ``None`` (see :class:`ModelConfig`)
+FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "bert": _ENCODER,
+    "roberta": dict(_ENCODER, pad_aware_positions=True),
+    "distilbert": _ENCODER,
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": dict(_LLAMA, attention_bias=True, o_bias=False),
+    "qwen3": dict(_LLAMA, qk_norm=True),
+    "phi3": _LLAMA,
+    "gemma2": _GEMMA,
+    "gemma3_text": dict(_GEMMA, qk_norm=True),
+    "gpt2": dict(
+        _LLAMA,
+        positional="learned",
+        norm="layernorm",
+        mlp="plain",
+        activation="gelu_new",
+        attention_bias=True,
+        mlp_bias=True,
+    ),
+}
+FAMILIES = tuple(FAMILY_DEFAULTS)
+#: families whose model returns final hidden states (HF ``AutoModel``); the others return logits
+ENCODER_FAMILIES = ("bert", "roberta", "distilbert")
+#: HF ``model_type`` values :func:`config_from_arch` builds an in-house configuration for (other
+#: code picks a backend with it); anything else needs ``--backend hf`` or ``--backend bridge``
+INHOUSE_MODEL_TYPES = FAMILIES
+#: activation names (HF ``ACT2FN`` spelling) the MLP knows
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu")
+#: options a family sets; ``False`` / ``None`` where no family default says otherwise
+_OPTION_FALLBACK = dict(rms_offset=False, sandwich_norm=False, qk_norm=False, pad_aware_positions=False, o_bias=None)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
+    """Sizes and architectural options. Options left ``None`` take ``family``'s default
+    (:data:`FAMILY_DEFAULTS`); a field's comment says what it does."""
+
     family: str = "llama"
     n_layers: int = 2
     d_model: int = 64
     n_heads: int = 4
     n_kv_heads: int | None = None  # None: same as n_heads (MHA)
-    d_head: int | None = None  # None: d_model // n_heads
+    d_head: int | None = None  # None: d_model // n_heads (Gemma's is independent of d_model)
     d_mlp: int | None = None  # None: 4 * d_model
     vocab_size: int = 128
     max_positions: int = 512
-    causal: bool | None = None  # None: True for llama, False for bert
-    positional: str | None = None  # "learned" | "rope" | "none"; None: family default
+    causal: bool | None = None  # attention sees only earlier positions (decoders)
+    positional: str | None = None  # "learned" | "rope" | "none"
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
-    type_vocab_size: int = 2
+    type_vocab_size: int = 2  # token-type embeddings of an encoder; 0: none (DistilBERT)
     tie_embeddings: bool = True
-    attention_bias: bool | None = None  # None: True for bert, False for llama
+    attention_bias: bool | None = None  # biases on q, k, v (and o unless o_bias says otherwise)
     pad_token_id: int | None = None
     heads_kept: tuple[tuple[int, ...], ...] | None = None  # physical pruning: query heads kept per layer
     name: str = "in-house"
+    # -- architectural options (None: the family's default) ---------------------------
+    norm: str | None = None  # "layernorm" | "rmsnorm"
+    rms_offset: bool | None = None  # RMSNorm scales by (1 + w) and starts at w = 0 (Gemma)
+    post_norm: bool | None = None  # BERT: x = norm(x + sublayer(x)), embeddings normed; else pre-norm + final norm
+    sandwich_norm: bool | None = None  # Gemma: pre-norm plus a norm on the attention and MLP outputs
+    mlp: str | None = None  # "plain": down(act(up x)); "gated": down(act(gate x) * up x)
+    activation: str | None = None  # one of ACTIVATIONS (HF names)
+    mlp_bias: bool | None = None  # biases on the MLP's linear maps
+    o_bias: bool | None = None  # bias on the output projection; None: attention_bias
+    qk_norm: bool | None = None  # RMSNorm over d_head on each query and key head, before RoPE (Qwen3, Gemma 3)
+    sliding_window: tuple[int | None, ...] | None = None  # per layer: keys fewer than w back are seen; None: global
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None: rope_theta
+    attn_softcap: float | None = None  # scores -> c·tanh(scores / c) before the mask (Gemma 2)
+    final_softcap: float | None = None  # logits -> c·tanh(logits / c) (Gemma 2/3)
+    query_scale: float | None = None  # scores = q·k × query_scale; None: d_head ** -0.5
+    embed_scale: float | None = (
+        None  # token embeddings × embed_scale, in the model dtype; None: 1 (Gemma: sqrt(d_model))
+    )
+    pad_aware_positions: bool | None = None  # RoBERTa: positions from pad_token_id + 1, padding at pad_token_id
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def _default(self, key: str, value) -> None:
+        if getattr(self, key) is None:
+            object.__setattr__(self, key, value)
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -64,14 +173,23 @@ class ModelConfig:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        if self.causal is None:
-            object.__setattr__(self, "causal", self.family == "llama")
-        if self.positional is None:
-            object.__setattr__(self, "positional", "rope" if self.family == "llama" else "learned")
+        for key, value in {**_OPTION_FALLBACK, **FAMILY_DEFAULTS[self.family]}.items():
+            self._default(key, value)
+        self._default("o_bias", self.attention_bias)
+        if self.family in ("gemma2", "gemma3_text"):
+            self._default("embed_scale", math.sqrt(self.d_model))
         if self.positional not in ("learned", "rope", "none"):
             raise ValueError(f"positional must be 'learned', 'rope' or 'none'; got {self.positional!r}.")
-        if self.attention_bias is None:
-            object.__setattr__(self, "attention_bias", self.family == "bert")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm'; got {self.norm!r}.")
+        if self.mlp not in ("plain", "gated"):
+            raise ValueError(f"mlp must be 'plain' or 'gated'; got {self.mlp!r}.")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}; got {self.activation!r}.")
+        if self.post_norm and self.sandwich_norm:
+            raise ValueError("post_norm and sandwich_norm exclude each other.")
+        if self.pad_aware_positions and self.pad_token_id is None:
+            raise ValueError("pad_aware_positions (RoBERTa) needs pad_token_id.")
         if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_kv_heads must divide n_heads (GQA groups are equal); got n_heads={self.n_heads}, "
@@ -79,6 +197,18 @@ class ModelConfig:
             )
         if self.positional == "rope" and self.d_head % 2:
             raise ValueError(f"RoPE needs an even d_head; got {self.d_head}.")
+        if self.sliding_window is not None:
+            windows = tuple(None if w is None else int(w) for w in self.sliding_window)
+            if len(windows) != self.n_layers or any(w is not None and w < 1 for w in windows):
+                raise ValueError(
+                    f"sliding_window needs one positive window or None per layer ({self.n_layers}); "
+                    f"got {self.sliding_window!r}."
+                )
+            object.__setattr__(self, "sliding_window", windows if any(windows) else None)
+        for k in ("attn_softcap", "final_softcap", "query_scale", "embed_scale", "rope_local_theta"):
+            v = getattr(self, k)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"The {k!r} parameter of ModelConfig must be a positive number or None; got {v!r}.")
         if self.heads_kept is not None:
             if len(self.heads_kept) != self.n_layers:
                 raise ValueError(f"heads_kept needs one entry per layer ({self.n_layers}); got {len(self.heads_kept)}.")
@@ -104,6 +234,21 @@ class ModelConfig:
         if self.n_kv_heads == 1:
             return "MQA"
         return "GQA"
+
+    @property
+    def encoder(self) -> bool:
+        """Whether the model returns final hidden states (an encoder family) rather than logits."""
+        return self.family in ENCODER_FAMILIES
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of ``layer`` (None: it attends to the whole context)."""
+        return None if self.sliding_window is None else self.sliding_window[layer]
+
+    def layer_rope_theta(self, layer: int) -> float:
+        """RoPE base of ``layer``: ``rope_local_theta`` on a sliding layer where set, else ``rope_theta``."""
+        if self.rope_local_theta is not None and self.window(layer) is not None:
+            return self.rope_local_theta
+        return self.rope_theta
 
     def kv_head_of(self, head: int) -> int:
         """KV head read by query head ``head`` (HF ``repeat_kv``: ``head // group_size``)."""
@@ -132,9 +277,10 @@ class ModelConfig:
 
 
 def config_from_hf(hf: dict[str, Any], name: str = "", where: str = "config") -> ModelConfig:
-    """The in-house configuration of an HF ``config.json`` dict of the BERT or Llama family,
-    read through :func:`~headscope.probes.models.arch.arch_from_hf_config` (``where`` names
-    the config in its errors).
+    """The in-house configuration of an HF ``config.json`` dict of a covered family
+    (:data:`INHOUSE_MODEL_TYPES`), read through
+    :func:`~headscope.probes.models.arch.arch_from_hf_config` (``where`` names the config in
+    its errors).
 
     Raises :class:`~headscope.probes.errors.ModelIncompatibleError` for other families.
     """
@@ -143,22 +289,54 @@ def config_from_hf(hf: dict[str, Any], name: str = "", where: str = "config") ->
     return config_from_arch(arch_from_hf_config(hf, where), name)
 
 
+def _incompatible(what: str, detail: str = ""):
+    from headscope.probes.errors import ModelIncompatibleError
+
+    return ModelIncompatibleError(
+        f"{what} is not covered by the in-house backend{detail}; use --backend hf (or the transformer-lens "
+        "bridge, --backend bridge)."
+    )
+
+
 def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
     """The in-house :class:`ModelConfig` of a checkpoint's :class:`~headscope.probes.models.arch.ArchSpec`.
 
-    Raises :class:`~headscope.probes.errors.ModelIncompatibleError` for a family the
-    in-house stack does not cover (only ``bert`` with absolute positions and ``llama``
-    with the default RoPE are), naming the way out.
+    Raises :class:`~headscope.probes.errors.ModelIncompatibleError`, naming the way out
+    (``--backend hf``), for a model type outside :data:`INHOUSE_MODEL_TYPES` and for options
+    the in-house stack does not implement: RoPE scaling (only the default RoPE), partial
+    rotary embeddings, relative positions, the multimodal Gemma 3 (its text model,
+    ``gemma3_text``, is covered), an activation it does not know.
     """
-    from headscope.probes.errors import ModelIncompatibleError
-
-    if arch.model_type == "bert":
-        if arch.positional != "learned":
-            raise ModelIncompatibleError(
-                f"BERT position_embedding_type={arch.positional!r} is not covered in-house; use --backend bridge."
+    mtype = arch.model_type
+    if mtype == "gemma3":
+        raise _incompatible("the multimodal Gemma 3 (model_type 'gemma3'; its text model 'gemma3_text' is covered)")
+    if mtype not in INHOUSE_MODEL_TYPES:
+        raise _incompatible(f"model_type {mtype!r}", f" ({', '.join(INHOUSE_MODEL_TYPES)})")
+    defaults = FAMILY_DEFAULTS[mtype]
+    label = {"bert": "BERT", "llama": "Llama"}.get(mtype, mtype)
+    if defaults["positional"] == "learned" and arch.positional != "learned":
+        raise _incompatible(f"{label} position_embedding_type={arch.positional!r}")
+    if defaults["positional"] == "rope":
+        if arch.rope_type not in ("default", None):
+            raise _incompatible(f"{label} rope_type={arch.rope_type!r}", " (only 'default')")
+        if arch.rope_local_type not in ("default", None):
+            raise _incompatible(
+                f"{label} rope_type={arch.rope_local_type!r} on the sliding layers", " (only 'default')"
             )
+        if arch.rotary_fraction not in (None, 1.0):
+            raise _incompatible(f"{label} partial_rotary_factor={arch.rotary_fraction}", " (only 1.0)")
+    if arch.bidirectional_attention:
+        raise _incompatible(f"{label} with use_bidirectional_attention")
+    activation = arch.activation or defaults["activation"]
+    if activation == "gelu_fast":
+        activation = "gelu_new"  # the same tanh approximation of GELU
+    if activation not in ACTIVATIONS:
+        raise _incompatible(f"{label} activation {activation!r}", f" ({', '.join(ACTIVATIONS)})")
+    name = name or arch.name or mtype
+    if mtype in ENCODER_FAMILIES:
+        type_vocab = arch.type_vocab_size if arch.type_vocab_size is not None else 2
         return ModelConfig(
-            family="bert",
+            family=mtype,
             n_layers=arch.n_layers,
             d_model=arch.d_model,
             n_heads=arch.n_heads,
@@ -167,38 +345,44 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
             max_positions=arch.max_positions,
             causal=arch.causal,
             norm_eps=arch.norm_eps if arch.norm_eps is not None else 1e-12,
-            type_vocab_size=arch.type_vocab_size if arch.type_vocab_size is not None else 2,
+            type_vocab_size=0 if mtype == "distilbert" else type_vocab,
             pad_token_id=arch.pad_token_id,
             tie_embeddings=True,
-            name=name or arch.name or "bert",
-            extra={"hidden_act": arch.activation or "gelu"},
+            activation=activation,
+            name=name,
+            extra={"hidden_act": activation},
         )
-    if arch.model_type == "llama":
-        if arch.rope_type not in ("default", None):
-            raise ModelIncompatibleError(
-                f"Llama rope_type={arch.rope_type!r} is not covered in-house (only 'default'); use --backend bridge."
-            )
-        return ModelConfig(
-            family="llama",
-            n_layers=arch.n_layers,
-            d_model=arch.d_model,
-            n_heads=arch.n_heads,
-            n_kv_heads=arch.n_kv_heads,
-            d_head=arch.d_head,
-            d_mlp=arch.d_mlp,
-            vocab_size=arch.vocab_size,
-            max_positions=arch.max_positions or 2048,
-            rope_theta=arch.rope_theta if arch.rope_theta is not None else 10_000.0,
-            norm_eps=arch.norm_eps if arch.norm_eps is not None else 1e-6,
-            attention_bias=bool(arch.attention_bias),
-            tie_embeddings=arch.tie_embeddings,
-            pad_token_id=arch.pad_token_id,
-            name=name or arch.name or "llama",
-        )
-    raise ModelIncompatibleError(
-        f"model_type {arch.model_type!r} is not covered by the in-house backend (bert, llama); "
-        "use the transformer-lens bridge backend (--backend bridge)."
+    gemma = mtype in ("gemma2", "gemma3_text")
+    return ModelConfig(
+        family=mtype,
+        n_layers=arch.n_layers,
+        d_model=arch.d_model,
+        n_heads=arch.n_heads,
+        n_kv_heads=arch.n_kv_heads,
+        d_head=arch.d_head,
+        d_mlp=arch.d_mlp,
+        vocab_size=arch.vocab_size,
+        max_positions=arch.max_positions or (1024 if mtype == "gpt2" else 2048),
+        rope_theta=arch.rope_theta if arch.rope_theta is not None else 10_000.0,
+        rope_local_theta=arch.rope_local_theta if gemma else None,
+        norm_eps=arch.norm_eps if arch.norm_eps is not None else (1e-5 if mtype == "gpt2" else 1e-6),
+        # Mistral, Qwen2 and Phi-3 fix their biases in code; the others read attention_bias
+        attention_bias=bool(arch.attention_bias)
+        if arch.attention_bias is not None and mtype not in ("mistral", "qwen2", "phi3", "gpt2")
+        else defaults["attention_bias"],
+        tie_embeddings=arch.tie_embeddings,
+        pad_token_id=arch.pad_token_id,
+        activation=activation,
+        sliding_window=arch.sliding_window,
+        attn_softcap=arch.attn_softcap if mtype == "gemma2" else None,
+        final_softcap=arch.final_softcap if gemma else None,
+        query_scale=arch.query_pre_attn_scalar**-0.5 if gemma and arch.query_pre_attn_scalar else None,
+        name=name,
     )
+
+
+def _norm_params(cfg: ModelConfig, d: int) -> int:
+    return 2 * d if cfg.norm == "layernorm" else d
 
 
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:
@@ -211,13 +395,18 @@ def param_counts(cfg: ModelConfig) -> tuple[int, int]:
     """
     d, dh, m = cfg.d_model, cfg.d_head, cfg.d_mlp
     q, kv = cfg.n_heads * dh, cfg.n_kv_heads * dh
-    attn = d * q + 2 * d * kv + q * d + (q + 2 * kv + d if cfg.attention_bias else 0)
-    if cfg.family == "bert":
-        rest = 2 * d * m + m + d + 4 * d  # up, down with biases; two LayerNorms
-        embed = cfg.vocab_size * d + cfg.type_vocab_size * d + 2 * d
-        if cfg.positional == "learned":
-            embed += cfg.max_positions * d
-    else:
-        rest = 3 * d * m + 2 * d  # gate, up, down; two RMSNorms
-        embed = cfg.vocab_size * d + d + (0 if cfg.tie_embeddings else cfg.vocab_size * d)
-    return cfg.n_layers * attn, cfg.n_layers * (attn + rest) + embed
+    attn = d * q + 2 * d * kv + q * d
+    attn += (q + 2 * kv if cfg.attention_bias else 0) + (d if cfg.o_bias else 0)
+    attn += 2 * _norm_params(cfg, dh) if cfg.qk_norm else 0
+    n_in = 3 if cfg.mlp == "gated" else 2  # weight matrices: (gate,) up, down
+    mlp = n_in * d * m + ((n_in - 1) * m + d if cfg.mlp_bias else 0)
+    norms = (4 if cfg.sandwich_norm else 2) * _norm_params(cfg, d)
+    embed = cfg.vocab_size * d
+    if cfg.positional == "learned":
+        embed += cfg.max_positions * d
+    if cfg.encoder and cfg.type_vocab_size:
+        embed += cfg.type_vocab_size * d
+    embed += _norm_params(cfg, d)  # the embeddings' LayerNorm (post-norm) or the final norm (pre-norm)
+    if not cfg.encoder and not cfg.tie_embeddings:
+        embed += cfg.vocab_size * d
+    return cfg.n_layers * attn, cfg.n_layers * (attn + mlp + norms) + embed

@@ -1,4 +1,5 @@
-"""The in-house transformer: BERT-family encoder and Llama-family decoder, one file.
+"""The in-house transformer: every covered family (BERT-style encoders, Llama-, Gemma- and
+GPT-2-style decoders) in one file, its differences set by :class:`ModelConfig`'s options.
 
 Read top to bottom: embeddings → blocks (attention + MLP) → final norm → unembedding.
 Every activation passes a named :class:`~headscope.probes.models.hooks.HookPoint`
@@ -14,55 +15,75 @@ Every activation passes a named :class:`~headscope.probes.models.hooks.HookPoint
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headscope.probes.models.attention import Attention, additive_mask, rope_cos_sin
+from headscope.probes.models.attention import Attention, RMSNorm, additive_mask, rope_cos_sin
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.hooks import HookPoint, name_hook_points
 
+__all__ = ["MLP", "Block", "RMSNorm", "Transformer", "activation_fn", "make_norm"]
 
-class RMSNorm(nn.Module):
-    """Llama's RMSNorm, in float32 like HF."""
 
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh approximation of GELU, written as HF's ``NewGELUActivation``."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+
+def activation_fn(name: str):
+    """The activation function of an HF activation name (``ACT2FN`` spelling)."""
+    return {
+        "gelu": F.gelu,
+        "gelu_new": _gelu_new,
+        "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "silu": F.silu,
+        "relu": F.relu,
+    }[name]
+
+
+def make_norm(cfg: ModelConfig, d: int) -> nn.Module:
+    """The family's norm over ``d`` features: LayerNorm, or RMSNorm (Gemma's ``(1 + w)`` when ``rms_offset``)."""
+    if cfg.norm == "layernorm":
+        return nn.LayerNorm(d, eps=cfg.norm_eps)
+    return RMSNorm(d, cfg.norm_eps, offset=cfg.rms_offset)
 
 
 class MLP(nn.Module):
-    """GELU MLP (BERT) or SwiGLU (Llama)."""
+    """``mlp="plain"``: ``down(act(up(x)))`` (BERT, GPT-2); ``mlp="gated"``:
+    ``down(act(gate(x)) * up(x))`` (SwiGLU for Llama, GELU(tanh) for Gemma)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gated = cfg.family == "llama"
-        bias = cfg.family == "bert"
-        self.up = nn.Linear(cfg.d_model, cfg.d_mlp, bias=bias)
-        self.down = nn.Linear(cfg.d_mlp, cfg.d_model, bias=bias)
+        self.gated = cfg.mlp == "gated"
+        self.act = activation_fn(cfg.activation)
+        self.up = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
+        self.down = nn.Linear(cfg.d_mlp, cfg.d_model, bias=cfg.mlp_bias)
         if self.gated:
-            self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=False)
+            self.gate = nn.Linear(cfg.d_model, cfg.d_mlp, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x)))
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.up(x)))
 
 
 class Block(nn.Module):
-    """One layer. BERT: post-LayerNorm ``x = LN(x + attn(x)); x = LN(x + mlp(x))``.
-    Llama: pre-RMSNorm ``x = x + attn(norm(x)); x = x + mlp(norm(x))``."""
+    """One layer, in one of three layouts:
+
+    * ``post_norm`` (BERT): ``x = ln1(x + attn(x)); x = ln2(x + mlp(x))``;
+    * pre-norm (Llama, GPT-2): ``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``;
+    * ``sandwich_norm`` (Gemma): ``x = x + ln1_post(attn(ln1(x))); x = x + ln2_post(mlp(ln2(x)))``.
+    """
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.post_norm = cfg.family == "bert"
+        self.post_norm = cfg.post_norm
+        self.sandwich_norm = cfg.sandwich_norm
+        self.window = cfg.window(layer)  # sliding window of this layer (None: global)
+        self.rope_theta = cfg.layer_rope_theta(layer)
         kept = cfg.heads_kept[layer] if cfg.heads_kept is not None else tuple(range(cfg.n_heads))
         kv_kept = sorted({cfg.kv_head_of(h) for h in kept})
         kv_index = [kv_kept.index(cfg.kv_head_of(h)) for h in kept]
@@ -74,19 +95,26 @@ class Block(nn.Module):
             cfg.d_head,
             bias=cfg.attention_bias,
             kv_index=kv_index,
+            o_bias=cfg.o_bias,
+            qk_norm=cfg.qk_norm,
+            norm_eps=cfg.norm_eps,
+            norm_offset=cfg.rms_offset,
+            scale=cfg.query_scale,
+            softcap=cfg.attn_softcap,
         )
-        if cfg.family == "bert":
-            self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-            self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        else:
-            self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-            self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.ln1 = make_norm(cfg, cfg.d_model)
+        self.ln2 = make_norm(cfg, cfg.d_model)
+        if self.sandwich_norm:  # HF Gemma: post_attention_layernorm, post_feedforward_layernorm
+            self.ln1_post = make_norm(cfg, cfg.d_model)
+            self.ln2_post = make_norm(cfg, cfg.d_model)
         self.mlp = MLP(cfg)
         self.hook_resid_pre = HookPoint()
         self.hook_resid_mid = HookPoint()
         self.hook_resid_post = HookPoint()
 
     def forward(self, x, mask, rope=None, need_pattern=False):
+        """``x [batch, pos, d_model]``; ``mask`` additive ``[batch, 1, query_pos, key_pos]``
+        (already windowed for a sliding layer); ``rope`` this layer's (cos, sin) or None."""
         x = self.hook_resid_pre(x)
         if len(self.heads) == 0:
             attn_out = torch.zeros_like(x)
@@ -98,19 +126,21 @@ class Block(nn.Module):
             attn_out = self.attn(self.ln1(x), mask, rope=rope, need_pattern=need_pattern)
         if self.post_norm:
             x = self.hook_resid_mid(self.ln1(x + attn_out))
-            x = self.ln2(x + self.mlp(x))
-        else:
-            x = self.hook_resid_mid(x + attn_out)
-            x = x + self.mlp(self.ln2(x))
-        return self.hook_resid_post(x)
+            return self.hook_resid_post(self.ln2(x + self.mlp(x)))
+        if self.sandwich_norm:
+            x = self.hook_resid_mid(x + self.ln1_post(attn_out))
+            return self.hook_resid_post(x + self.ln2_post(self.mlp(self.ln2(x))))
+        x = self.hook_resid_mid(x + attn_out)
+        return self.hook_resid_post(x + self.mlp(self.ln2(x)))
 
 
 class Transformer(nn.Module):
-    """Encoder (``family="bert"``) or decoder (``family="llama"``) stack.
+    """The stack of every family (see :mod:`~headscope.probes.models.config`).
 
-    ``forward(input_ids [batch, pos], attention_mask [batch, pos]) ->``
-    logits ``[batch, pos, vocab]`` for Llama, final hidden states ``[batch, pos, d_model]``
-    for BERT (HF ``BertModel.last_hidden_state``; no MLM head is shipped with MiniLM).
+    ``forward(input_ids [batch, pos], attention_mask [batch, pos]) ->`` logits
+    ``[batch, pos, vocab]`` for a decoder (final soft cap applied where configured), final
+    hidden states ``[batch, pos, d_model]`` for an encoder (HF ``AutoModel``'s
+    ``last_hidden_state``; no MLM head is loaded).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -119,12 +149,14 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         if cfg.positional == "learned":
             self.pos_embed = nn.Embedding(cfg.max_positions, cfg.d_model)
-        if cfg.family == "bert":
+        if cfg.encoder and cfg.type_vocab_size:
             self.type_embed = nn.Embedding(cfg.type_vocab_size, cfg.d_model)
-            self.embed_ln = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        if cfg.post_norm:
+            self.embed_ln = make_norm(cfg, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, layer) for layer in range(cfg.n_layers))
-        if cfg.family == "llama":
-            self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if not cfg.post_norm:
+            self.ln_final = make_norm(cfg, cfg.d_model)
+        if not cfg.encoder:
             self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
             if cfg.tie_embeddings:
                 self.unembed.weight = self.embed.weight
@@ -134,7 +166,8 @@ class Transformer(nn.Module):
         self.init_weights()
 
     def init_weights(self, std: float = 0.02, seed: int | None = None):
-        """Random normal weights (std 0.02), unit norms: a fresh model for planted or trained studies."""
+        """Random normal weights (std 0.02), unit norms (Gemma's ``(1 + w)`` norms: w = 0):
+        a fresh model for planted or trained studies."""
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         for name, p in self.named_parameters():
             if name.endswith("gate"):
@@ -144,22 +177,38 @@ class Transformer(nn.Module):
             else:
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=gen) * std)
+        for m in self.modules():
+            if isinstance(m, RMSNorm) and m.offset:
+                nn.init.zeros_(m.weight)
 
     @property
     def gates(self) -> list[torch.nn.Parameter]:
         """Per-layer head gates ``[head]`` (see :class:`~headscope.probes.models.attention.Attention`)."""
         return [b.attn.gate for b in self.blocks]
 
+    def positions(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Position ids ``[batch, pos]``: ``0, 1, …``; RoBERTa (``pad_aware_positions``):
+        ``pad_token_id + 1, …`` counting only non-pad tokens, pad tokens at ``pad_token_id``
+        (HF ``create_position_ids_from_input_ids``)."""
+        if self.cfg.pad_aware_positions:
+            real = input_ids.ne(self.cfg.pad_token_id).int()
+            return (torch.cumsum(real, dim=1).type_as(real) * real).long() + self.cfg.pad_token_id
+        return torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
+
     def embed_tokens(self, input_ids, token_type_ids=None, positions=None):
         x = self.embed(input_ids)
+        if self.cfg.embed_scale is not None:  # Gemma: × sqrt(d_model), rounded to the model dtype as HF does
+            x = x * torch.tensor(self.cfg.embed_scale, dtype=torch.float32).to(x.dtype)
         if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
+            positions = self.positions(input_ids)
         if self.cfg.positional == "learned":
             x = x + self.pos_embed(positions)
-        if self.cfg.family == "bert":
+        if hasattr(self, "type_embed"):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(input_ids)
-            x = self.embed_ln(x + self.type_embed(token_type_ids))
+            x = x + self.type_embed(token_type_ids)
+        if self.cfg.post_norm:
+            x = self.embed_ln(x)
         return self.hook_embed(x), positions
 
     def forward(
@@ -180,10 +229,12 @@ class Transformer(nn.Module):
         ``l..`` only (``input_ids`` still give the shape and positions), so a prefix
         shared by many runs (e.g. ablations of later heads) is computed once.
         """
+        cfg = self.cfg
         batch, pos = input_ids.shape
-        if pos > self.cfg.max_positions:
+        offset = cfg.pad_token_id + 1 if cfg.pad_aware_positions else 0
+        if pos + offset > cfg.max_positions:
             raise ValueError(
-                f"input has {pos} tokens; the model's context is {self.cfg.max_positions} positions. "
+                f"input has {pos} tokens; the model's context is {cfg.max_positions - offset} positions. "
                 "Shorten the text or split it."
             )
         if attention_mask is None:
@@ -196,18 +247,29 @@ class Transformer(nn.Module):
                     f"got {None if resid is None else tuple(resid.shape)}"
                 )
             x = resid
-            positions = torch.arange(pos, device=input_ids.device)[None].expand_as(input_ids)
+            positions = self.positions(input_ids)
         else:
             x, positions = self.embed_tokens(input_ids, token_type_ids)
-        mask = additive_mask(attention_mask, self.cfg.causal, dtype=x.dtype)
-        rope = None
-        if self.cfg.positional == "rope":
-            rope = rope_cos_sin(positions, self.cfg.d_head, self.cfg.rope_theta)
+        masks: dict = {}  # window -> additive mask [batch, 1, query_pos, key_pos]
+        ropes: dict = {}  # theta -> (cos, sin) [batch, 1, pos, d_head]
         for layer in range(start, len(self.blocks)):
             if stop_at_layer is not None and layer >= stop_at_layer:
                 return x
-            x = self.blocks[layer](x, mask, rope=rope, need_pattern=need_pattern)
-        if self.cfg.family == "llama":
-            x = self.hook_final(self.ln_final(x))
-            return self.unembed(x)
-        return self.hook_final(x)
+            block = self.blocks[layer]
+            if block.window not in masks:
+                masks[block.window] = additive_mask(attention_mask, cfg.causal, dtype=x.dtype, window=block.window)
+            rope = None
+            if cfg.positional == "rope":
+                if block.rope_theta not in ropes:
+                    ropes[block.rope_theta] = rope_cos_sin(positions, cfg.d_head, block.rope_theta)
+                rope = ropes[block.rope_theta]
+            x = block(x, masks[block.window], rope=rope, need_pattern=need_pattern)
+        if not cfg.post_norm:
+            x = self.ln_final(x)
+        x = self.hook_final(x)
+        if cfg.encoder:
+            return x
+        logits = self.unembed(x)
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits

@@ -173,4 +173,4 @@ def test_config_errors_state_the_rule():
     with pytest.raises(ValueError, match="n_kv_heads must divide n_heads"):
         ModelConfig(n_heads=6, n_kv_heads=4, d_model=48)
     with pytest.raises(ValueError, match="'family' parameter"):
-        ModelConfig(family="gpt2")
+        ModelConfig(family="opt")

@@ -96,12 +96,21 @@ def test_tiny_llama_object_on_bridge(minilm_object):
 
 
 def test_inhouse_refuses_uncovered_family(minilm_object):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import OPTConfig, OPTForCausalLM
 
     tok = minilm_object[1]
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tok)))
+    opt = OPTForCausalLM(
+        OPTConfig(
+            num_hidden_layers=1,
+            hidden_size=16,
+            num_attention_heads=2,
+            ffn_dim=32,
+            word_embed_proj_dim=16,
+            vocab_size=len(tok),
+        )
+    )
     with pytest.raises(ModelIncompatibleError, match="bridge") as e:
-        load_model(gpt2, "inhouse", tokenizer=tok)
+        load_model(opt, "inhouse", tokenizer=tok)
     _one_line(e)
 
 
