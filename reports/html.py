@@ -671,7 +671,7 @@ def _run_section(meta: dict) -> Section:
     s = Section(id="run", title="Run")
     rows = [
         ("model", meta.get("model")),
-        ("backend", meta.get("backend")),
+        ("backend", meta.get("backend_choice") or meta.get("backend")),
         ("mode", "full" if meta.get("full") else "quick"),
         ("seed", meta.get("seed")),
         ("model file SHA-256", meta.get("sha256") or "—"),
@@ -717,9 +717,10 @@ def build_document(
     stats = _stats_section(frames.get("stats"), frames.get("clusters"))
     if stats:
         sections.append(stats)
-    sections.append(
-        _pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
-    )
+    pruning = _pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
+    if (meta.get("absent") or {}).get("pruning"):
+        pruning.blocks = [Paragraph(f"The pruning studies did not run on this model: {meta['absent']['pruning']}.")]
+    sections.append(pruning)
     sections.append(_skipped_section(frames.get("skipped"), meta.get("n_items") or {}))
     sections.append(_run_section(meta))
     return Document(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import os
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -220,7 +221,18 @@ def _run_card(model_name: str):
     return card, render_card(card)
 
 
-def _load(model_name: str, backend: str, trust_remote_code: bool = False):
+def _card_of_model(model):
+    from headscope.probes.models.card import card_from_hf_config, render_card
+    from headscope.probes.models.loading import hf_config_of
+
+    cfg = hf_config_of(model)
+    if cfg is None:
+        raise ValueError(f"{model.spec.name!r}: no HF configuration to make the model card from")
+    card = card_from_hf_config(cfg, name=model.spec.name)
+    return card, render_card(card)
+
+
+def _load(model_name, backend: str, trust_remote_code: bool = False):
     from headscope.probes.models.loading import load_model
 
     return load_model(model_name, backend, trust_remote_code=trust_remote_code)
@@ -243,26 +255,48 @@ def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, ro
     ), cfg  # progress(stage, done, total), stages text/syntactic/...
 
 
-def _run_pruning(model, *, full: bool, seed: int, prune_config, roles: pd.DataFrame | None, progress=None):
+def _prune_config(*, full: bool, seed: int, prune_config):
+    from headscope.analyses.pruning.study import PruneConfig
+
+    if prune_config is not None:
+        return prune_config
+    # the quick report leaves out mean ablation (an extra corpus pass and H more evaluations)
+    # and all-but-one (H more evaluations); --full runs every study, both ablation modes, on all items
+    if full:
+        return PruneConfig(seed=seed)
+    return PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)
+
+
+def pruning_blocker(model, prune_config) -> str | None:
+    """Why the pruning stage cannot run on ``model`` (its backend has no head hooks, or the
+    metric reads another kind of model), or None — checked before the first stage runs."""
+    from headscope.analyses.pruning.ablation import check_head_hooks
+    from headscope.analyses.pruning.metrics import METRICS, default_metric
+    from headscope.probes.errors import ModelIncompatibleError
+
+    try:
+        check_head_hooks(model)
+    except ModelIncompatibleError as e:
+        return str(e)
+    metric = prune_config.metric or default_metric(model.spec)
+    kind = "decoder" if model.spec.causal else "encoder"
+    if METRICS[metric] != kind:
+        return f"metric {metric!r} reads a {METRICS[metric]}; {model.spec.name!r} is an {kind}"
+    return None
+
+
+def _run_pruning(model, prune_config, *, roles: pd.DataFrame | None, progress=None):
     """The pruning study in memory (the report folder is the output), with the roles
     frame so that it ablates each role's top heads against random ones."""
-    from headscope.analyses.pruning.study import PruneConfig, pruning_study
+    from headscope.analyses.pruning.study import pruning_study
 
-    if prune_config is None:
-        # the quick report leaves out mean ablation (an extra corpus pass and H more evaluations)
-        # and all-but-one (H more evaluations); --full runs every study, both ablation modes, on all items
-        prune_config = (
-            PruneConfig(seed=seed)
-            if full
-            else PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)
-        )
-    return pruning_study(model, prune_config, None, roles=roles, progress=progress), prune_config
+    return pruning_study(model, prune_config, None, roles=roles, progress=progress)
 
 
 def run_analyses(
     model_name: str = "minilm-l6",
     *,
-    backend: str = "inhouse",
+    backend: str = "auto",
     full: bool = False,
     seed: int = 0,
     progress=None,
@@ -277,11 +311,22 @@ def run_analyses(
     ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.pipeline.head_roles`
     (default: the shipped corpora)."""
     timings: dict[str, float] = {}
-    with _timed(timings, "card", progress):
-        card, card_text = _run_card(model_name)
-        model_file = _model_hash(model_name)
-    with _timed(timings, "load", progress):
-        model = _load(model_name, backend, trust_remote_code)
+    if isinstance(model_name, (str, os.PathLike)):
+        with _timed(timings, "card", progress):
+            card, card_text = _run_card(model_name)
+            model_file = _model_hash(model_name)
+        with _timed(timings, "load", progress):
+            model = _load(model_name, backend, trust_remote_code)
+    else:  # a model a notebook holds: load_model's result, or what it takes (a TransformerBridge)
+        model = _load(model_name, None if backend == "auto" else backend, trust_remote_code)
+        card, card_text = _card_of_model(model)
+        model_file = {"path": None, "name": None, "sha256": None}
+        model_name = model.spec.name
+    pcfg = _prune_config(full=full, seed=seed, prune_config=prune_config)
+    absent = {}  # stage -> why it cannot run, known before the first stage spends any time
+    if (why := pruning_blocker(model, pcfg)) is not None:
+        absent["pruning"] = why
+        log.warning("pruning will not run: %s", why)
     with _timed(timings, "roles", None):
         rr, rcfg = _run_roles(
             model,
@@ -298,18 +343,19 @@ def run_analyses(
         "clusters": rr.clusters.reset_index(drop=True),
         "coref_pairs": rr.coref_pairs.reset_index(drop=True),
     }
-    with _timed(timings, "pruning", None):  # pruning_study reports its own parts
-        pr, pcfg = _run_pruning(
-            model, full=full, seed=seed, prune_config=prune_config, roles=frames["roles"], progress=progress
-        )
-    frames.update(prune_frames(pr.tables))
+    pr = None
+    if "pruning" not in absent:
+        with _timed(timings, "pruning", None):  # pruning_study reports its own parts
+            pr = _run_pruning(model, pcfg, roles=frames["roles"], progress=progress)
+        frames.update(prune_frames(pr.tables))
     frames["skipped"] = skipped_frame(rr.skipped)
     for k, v in rr.timings.items():
         timings[f"roles.{k}"] = round(float(v), 3)
     meta = {
         "model": card.get("name", model_name),
         "model_arg": model_name,
-        "backend": backend,
+        "backend": model.backend,
+        "backend_choice": getattr(model, "backend_choice", model.backend),
         "full": full,
         "seed": seed,
         "model_file": model_file,
@@ -319,8 +365,9 @@ def run_analyses(
         "trust_remote_code": model.trust_remote_code,
         "n_items": dict(rr.n_items),
         "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg)},
-        "prune_metric": pr.summary["metric"],
-        "prune_summary": pr.summary,
+        "prune_metric": pr.summary["metric"] if pr else None,
+        "prune_summary": pr.summary if pr else {},
+        "absent": absent,
     }
     return frames, card, card_text, meta
 
@@ -443,6 +490,8 @@ def _run_json(frames, card, meta) -> dict:
         "model": meta.get("model"),
         "model_arg": meta.get("model_arg"),
         "backend": meta.get("backend"),
+        "backend_choice": meta.get("backend_choice"),
+        "absent": meta.get("absent") or {},
         "full": bool(meta.get("full")),
         "seed": meta.get("seed"),
         "config": meta.get("config", {}),
@@ -462,7 +511,7 @@ def _run_json(frames, card, meta) -> dict:
 def build_report(
     model_name: str = "minilm-l6",
     *,
-    backend: str = "inhouse",
+    backend: str = "auto",
     full: bool = False,
     out_dir=None,
     seed: int = 0,
@@ -475,16 +524,24 @@ def build_report(
     trust_remote_code: bool = False,
 ) -> ReportResult:
     """Run the analyses on ``model_name`` and write the report folder ``out_dir``
-    (default ``runs/report-<model>``). ``progress(stage, done, total)`` is called on every
+    (default ``runs/report-<model>``). ``model_name`` is a shipped name or a path, or a
+    model a notebook holds: what :func:`~headscope.probes.models.loading.load_model`
+    returned, or a transformer-lens ``TransformerBridge`` (its card comes from the model's
+    HF config; ``backend="auto"`` keeps the model's own backend). ``progress(stage, done, total)`` is called on every
     stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
     defaults (``RolesConfig(seed=seed)``, ``PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)``, or ``PruneConfig(seed=seed)`` with ``full``);
     ``role_groups`` / ``role_inputs`` are passed to the roles pipeline. Raises
     ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
-    if backend not in ("inhouse", "bridge", "hf"):
-        raise ValueError(f"backend must be 'inhouse', 'bridge' or 'hf'; got {backend!r}")
+    if backend not in ("auto", "inhouse", "bridge", "hf"):
+        raise ValueError(f"backend must be 'auto', 'inhouse', 'bridge' or 'hf'; got {backend!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
-    out = Path(out_dir) if out_dir is not None else Path("runs") / f"report-{Path(str(model_name)).name}"
+    label = (
+        model_name
+        if isinstance(model_name, (str, os.PathLike))
+        else getattr(getattr(model_name, "spec", None), "name", "model")
+    )
+    out = Path(out_dir) if out_dir is not None else Path("runs") / f"report-{Path(str(label)).name}"
     if quiet:
         progress = None
     with claim_output(out, "report"):  # checked and locked before the analyses run

@@ -16,6 +16,8 @@ a model's shape; :func:`spec_from_arch` makes one from a checkpoint's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -23,6 +25,9 @@ import torch
 
 from headscope.probes.models.arch import ArchSpec
 from headscope.probes.tokens import TokenBatch, encode
+
+#: a per-layer head hook: ``z [batch, head, pos, d_head] -> z`` (same shape)
+HeadFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +79,15 @@ class Backend(Protocol):
     * ``tokenizer``, ``vocab_size`` (embedding rows; None when unknown), ``device``;
     * ``trust_remote_code``: whether code shipped with the checkpoint was allowed to run
       when it loaded (recorded in run.json);
-    * ``has_gates``: whether ``gates`` holds per-layer head gates ``[head]`` (the in-house
-      backend only; ablation and pruning need them);
+    * ``has_gates``: whether ``gates`` holds built-in per-layer head gates ``[head]`` (the
+      in-house backend only; physical pruning and MHA→GQA conversion need them);
+    * ``forward(input_ids, attention_mask, grad=False) -> output``: logits of a decoder, last
+      hidden states ``[batch, pos, d_model]`` of an encoder, in the model's own graph
+      (gradients flow when ``grad``);
+    * ``head_hooks({layer: fn})``: a context in which every forward passes each listed
+      layer's per-head output ``z [batch, head, pos, d_head]`` (before the output
+      projection) through ``fn(z) -> z`` — the one hook ablation, gradient importance,
+      pruning curves and patching are built on (:func:`apply_to_heads` for a module hook);
     * ``encode(texts=None, words=None) -> TokenBatch`` (one implementation for all:
       :class:`EncodesTexts`);
     * ``run(batch, quantities, layers) -> {(quantity, layer): tensor, ("output", None): ...}``;
@@ -91,6 +103,10 @@ class Backend(Protocol):
 
     @property
     def device(self) -> torch.device: ...
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, grad: bool = False) -> torch.Tensor: ...
+
+    def head_hooks(self, fns: dict[int, HeadFn]) -> AbstractContextManager: ...
 
     def encode(self, texts=None, words=None) -> TokenBatch: ...
 
@@ -115,3 +131,20 @@ def module_device(module: torch.nn.Module) -> torch.device:
     """The device of ``module``'s first parameter (CPU for a module without any)."""
     p = next(module.parameters(), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def apply_to_heads(fn: HeadFn, x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """``fn`` on the heads of ``x [batch, pos, head × d_head]`` (the input of an attention
+    output projection, heads concatenated as every HF attention module does): split to
+    ``z [batch, head, pos, d_head]``, ``fn``, concatenate back.
+
+    >>> x = torch.arange(12.0).view(1, 2, 6)             # 2 positions, 3 heads of 2
+    >>> apply_to_heads(lambda z: z * torch.tensor([1.0, 0.0, 1.0])[None, :, None, None], x, 3).tolist()
+    [[[0.0, 1.0, 0.0, 0.0, 4.0, 5.0], [6.0, 7.0, 0.0, 0.0, 10.0, 11.0]]]
+    """
+    batch, pos, width = x.shape
+    z = x.view(batch, pos, n_heads, width // n_heads).transpose(1, 2)
+    out = fn(z)
+    if out.shape != z.shape:
+        raise ValueError(f"a head hook must return z of shape {tuple(z.shape)}; got {tuple(out.shape)}")
+    return out.transpose(1, 2).reshape(batch, pos, width)

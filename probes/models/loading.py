@@ -20,12 +20,21 @@ import dataclasses
 import logging
 import os
 import warnings
+from contextlib import contextmanager
 
 import torch
 
 from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
 from headscope.probes.models.arch import ArchSpec, arch_from_hf_config
-from headscope.probes.models.backend import Backend, EncodesTexts, ModelSpec, module_device, spec_from_arch
+from headscope.probes.models.backend import (
+    Backend,
+    EncodesTexts,
+    HeadFn,
+    ModelSpec,
+    apply_to_heads,
+    module_device,
+    spec_from_arch,
+)
 from headscope.probes.models.checkpoints import (
     ModelSource,
     check_safetensors,
@@ -95,6 +104,8 @@ class InHouseModel(EncodesTexts):
 
     backend = "inhouse"
     has_gates = True
+    backend_choice = "inhouse"
+    hf_config: dict | None = None  # set when loaded from an HF object (a source has its config.json)
 
     def __init__(
         self,
@@ -182,6 +193,24 @@ class InHouseModel(EncodesTexts):
         self.module.to(device)
         return self
 
+    #: ``forward`` takes ``stop_at_layer`` / ``start_at_layer`` + ``resid`` (a prefix of
+    #: layers shared by many ablated runs is computed once)
+    resumable = True
+
+    def forward(self, input_ids, attention_mask, **resume) -> torch.Tensor:
+        """Logits (decoder) or last hidden states (encoder); ``resume``: see
+        :meth:`Transformer.forward`. The grad mode is the caller's."""
+        return self.module(input_ids, attention_mask, **resume)
+
+    @contextmanager
+    def head_hooks(self, fns: dict[int, HeadFn]):
+        """``fn(z)`` on ``blocks.{layer}.attn.hook_z`` for each listed layer."""
+        pairs = [
+            (self.module.hook_points[f"blocks.{l}.attn.hook_z"], lambda z, name, fn=fn: fn(z)) for l, fn in fns.items()
+        ]
+        with hooks(pairs):
+            yield
+
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None, *, grad: bool = False) -> dict:
         qs = _check_quantities(quantities)
         ls = _check_layers(layers, self.spec.n_layers)
@@ -210,10 +239,18 @@ class InHouseModel(EncodesTexts):
 
 
 class HFReference(EncodesTexts):
-    """Plain HF transformers model, eager attention (``output_attentions`` works)."""
+    """Plain HF transformers model (eager attention, so ``output_attentions`` works), the
+    ``"hf"`` backend: patterns from ``output_attentions``, every other quantity and the head
+    hooks from PyTorch hooks on the HF modules themselves (:mod:`~headscope.probes.models.hf_layout`
+    finds them): ``z`` at the input of the attention output projection, ``out`` at its
+    output, ``q``/``k``/``v`` at the projections' outputs (before RoPE and QK-norm),
+    ``resid_post`` at each block's output. Any family whose modules it can map runs every
+    analysis; it is also the reference the in-house stack is checked against."""
 
     backend = "hf"
     has_gates = False
+    backend_choice = "hf"
+    resumable = False
 
     def __init__(
         self, hf_model, tokenizer, spec: ModelSpec, *, vocab_size: int | None = None, trust_remote_code: bool = False
@@ -223,6 +260,16 @@ class HFReference(EncodesTexts):
         self.spec = spec
         self.vocab_size = vocab_size
         self.trust_remote_code = trust_remote_code
+        self._layout = None
+
+    @property
+    def layout(self):
+        """The model's :class:`~headscope.probes.models.hf_layout.HFLayout` (found on first use)."""
+        if self._layout is None:
+            from headscope.probes.models.hf_layout import find_layout
+
+            self._layout = find_layout(self.hf, self.spec)
+        return self._layout
 
     @classmethod
     def from_source(
@@ -284,17 +331,93 @@ class HFReference(EncodesTexts):
         self.hf.to(device)
         return self
 
+    def _call(self, input_ids, attention_mask, **kw):
+        """A causal LM's full model (logits); an encoder's base model (last hidden states,
+        also when the object holds an MLM or classification head)."""
+        if self.spec.causal:
+            res = self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
+            return res, res.logits if "logits" in res else res.last_hidden_state
+        res = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        return res, res.last_hidden_state
+
+    def forward(self, input_ids, attention_mask) -> torch.Tensor:
+        """Logits (a causal LM) or last hidden states (an encoder)."""
+        return self._call(input_ids, attention_mask)[1]
+
+    @contextmanager
+    def head_hooks(self, fns: dict[int, HeadFn]):
+        """``fn(z)`` through a forward pre-hook on each listed layer's attention output projection."""
+        n_heads = self.spec.n_heads
+        handles = []
+
+        def pre(module, args, fn):
+            return (apply_to_heads(fn, args[0], n_heads), *args[1:])
+
+        try:
+            for l, fn in fns.items():
+                handles.append(self.layout.attn_out[l].register_forward_pre_hook(lambda m, a, fn=fn: pre(m, a, fn)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
         qs = _check_quantities(quantities)
-        if set(qs) - {"pattern"}:
-            raise ValueError("the plain HF reference gives patterns only; use the inhouse or bridge backend")
         ls = _check_layers(layers, self.spec.n_layers)
-        with torch.inference_mode():
-            res = self.hf(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions="pattern" in qs
-            )
-        out = {("pattern", l): res.attentions[l] for l in ls} if "pattern" in qs else {}
-        out[("output", None)] = res.logits if hasattr(res, "logits") else res.last_hidden_state
+        bad = [q for q in qs if q in ("scores", "q_rot", "k_rot")]
+        if bad:
+            raise ValueError(f"quantity {bad[0]!r} is inside HF's attention function; use --backend inhouse")
+        out: dict = {}
+        handles = []
+        spec = self.spec
+
+        def heads(t, n):  # [batch, pos, n × d_head] -> [batch, n, pos, d_head]
+            return t.view(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
+
+        try:
+            for l in ls:
+                if "z" in qs:
+                    handles.append(
+                        self.layout.attn_out[l].register_forward_pre_hook(
+                            lambda m, a, l=l: out.__setitem__(("z", l), heads(a[0].detach(), spec.n_heads))
+                        )
+                    )
+                if "out" in qs:
+                    handles.append(
+                        self.layout.attn_out[l].register_forward_hook(
+                            lambda m, a, o, l=l: out.__setitem__(("out", l), o.detach())
+                        )
+                    )
+                if "resid_post" in qs:
+                    handles.append(
+                        self.layout.blocks[l].register_forward_hook(
+                            lambda m, a, o, l=l: out.__setitem__(
+                                ("resid_post", l), (o[0] if isinstance(o, tuple) else o).detach()
+                            )
+                        )
+                    )
+                for q in ("q", "k", "v"):
+                    if q not in qs:
+                        continue
+                    mods = getattr(self.layout, q)
+                    if mods is None:
+                        raise ValueError(
+                            f"{spec.name!r} fuses its Q/K/V projections; quantity {q!r} needs --backend inhouse or bridge"
+                        )
+                    n = spec.n_heads if q == "q" else spec.n_kv_heads
+                    handles.append(
+                        mods[l].register_forward_hook(
+                            lambda m, a, o, l=l, q=q, n=n: out.__setitem__((q, l), heads(o.detach(), n))
+                        )
+                    )
+            with torch.inference_mode():
+                res, output = self._call(batch.input_ids, batch.attention_mask, output_attentions="pattern" in qs)
+        finally:
+            for h in handles:
+                h.remove()
+        if "pattern" in qs:
+            out.update({("pattern", l): res.attentions[l] for l in ls})
+        out[("output", None)] = output
         return out
 
 
@@ -341,6 +464,7 @@ class BridgeModel(EncodesTexts):
 
     backend = "bridge"
     has_gates = False
+    backend_choice = "bridge"
     _NAMES = {
         "pattern": "attn.hook_pattern",
         "scores": "attn.hook_attn_scores",
@@ -409,6 +533,33 @@ class BridgeModel(EncodesTexts):
         self.bridge.to(device)
         return self
 
+    resumable = False
+
+    def forward(self, input_ids, attention_mask) -> torch.Tensor:
+        """Logits of a decoder; an encoder's last hidden states (the last block's
+        ``hook_resid_post``, what HF's ``AutoModel`` returns), not its MLM logits."""
+        if self.spec.causal:
+            return self.bridge(input_ids, attention_mask=attention_mask)
+        kept = {}
+
+        def keep(t, hook):
+            kept["h"] = t
+
+        with self.bridge.hooks(fwd_hooks=[(f"blocks.{self.spec.n_layers - 1}.hook_resid_post", keep)]):
+            self.bridge(input_ids, attention_mask=attention_mask, return_type=None)
+        return kept["h"]
+
+    @contextmanager
+    def head_hooks(self, fns: dict[int, HeadFn]):
+        """``fn(z)`` on ``blocks.{layer}.attn.hook_z`` (transformer-lens holds z as
+        ``[batch, pos, head, d_head]``; ``fn`` sees ours)."""
+        pairs = [
+            (f"blocks.{l}.attn.hook_z", lambda t, hook, fn=fn: fn(t.transpose(1, 2)).transpose(1, 2))
+            for l, fn in fns.items()
+        ]
+        with self.bridge.hooks(fwd_hooks=pairs):
+            yield
+
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
         qs = _check_quantities(quantities)
         ls = _check_layers(layers, self.spec.n_layers)
@@ -438,14 +589,16 @@ BACKENDS = {"inhouse": InHouseModel, "bridge": BridgeModel, "hf": HFReference}
 
 def load_model(
     model="minilm-l6",
-    backend: str | None = None,
+    backend: str | None = "auto",
     *,
     dtype: str = "float32",
     tokenizer=None,
     trust_remote_code: bool = False,
 ) -> Backend:
-    """Load ``model`` with ``backend`` (``"inhouse"``, ``"bridge"`` or ``"hf"``; ``None``:
-    ``"inhouse"``, or the backend of a bridge or loaded model passed in).
+    """Load ``model`` with ``backend``: ``"inhouse"``, ``"hf"``, ``"bridge"``, or ``"auto"``
+    (default; ``None`` is the same): in-house where it covers the family, else HF, else the
+    bridge — :func:`choose_backend`; a loaded model or bridge passed in keeps its own. Why
+    a backend was chosen is kept on the model (``model.backend_choice``) for run.json.
 
     ``trust_remote_code`` lets code shipped with a checkpoint (its tokenizer or model
     classes) run; off by default (the CLI's ``--trust-remote-code``), kept on the model
@@ -478,8 +631,10 @@ def load_model(
     ...
     TypeError: load_model takes a model name or path, ...; got float
     """
+    if backend == "auto":
+        backend = None
     if backend is not None and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; valid backends: {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown backend {backend!r}; valid backends: auto, {', '.join(BACKENDS)}")
     dtypes = {"float32": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
     if dtype not in dtypes:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(dtypes)}")
@@ -488,9 +643,47 @@ def load_model(
     if tokenizer is not None:
         raise ValueError(f"tokenizer= goes with a model object; {str(model)!r} is loaded with its own tokenizer files")
     source = resolve(model)
-    if backend in (None, "inhouse"):
-        return InHouseModel.from_source(source, dtype=dtypes[dtype], trust_remote_code=trust_remote_code)
-    return BACKENDS[backend].from_source(source, trust_remote_code=trust_remote_code)
+    if backend is None:
+        return _load_auto(source, dtypes[dtype], trust_remote_code)
+    if backend != "inhouse" and dtypes[dtype] != torch.float32:
+        raise ValueError(f"dtype {dtype!r} needs the in-house backend; the {backend!r} backend runs in float32")
+    if backend == "inhouse":
+        loaded = InHouseModel.from_source(source, dtype=dtypes[dtype], trust_remote_code=trust_remote_code)
+    else:
+        loaded = BACKENDS[backend].from_source(source, trust_remote_code=trust_remote_code)
+    loaded.backend_choice = f"{backend} (asked for)"
+    return loaded
+
+
+def choose_backend(source: ModelSource) -> tuple[str, str]:
+    """``(backend, why)`` for ``--backend auto``, from the config alone: ``"inhouse"`` when
+    the in-house stack covers the family and its options, else ``"hf"`` (which falls back to
+    the bridge at load time when it cannot find the heads' modules)."""
+    hf_cfg = read_hf_config(source)
+    try:
+        config_from_arch(arch_from_hf_config(hf_cfg, str(source.path)))
+    except ModelIncompatibleError as e:
+        return "hf", f"not in-house: {str(e).split(';')[0]}"
+    return "inhouse", f"model_type {hf_cfg.get('model_type')!r} is covered in-house"
+
+
+def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool) -> Backend:
+    backend, why = choose_backend(source)
+    if backend == "inhouse":
+        model = InHouseModel.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    else:
+        if dtype != torch.float32:
+            raise ValueError(f"{why}; the hf and bridge backends run in float32 (drop --dtype)")
+        model = HFReference.from_source(source, trust_remote_code=trust_remote_code)
+        try:
+            model.layout  # noqa: B018 - finds the heads' modules, or says why not
+        except ModelIncompatibleError as e:
+            why = f"{why}; not hf: {str(e).split(';')[0]}"
+            del model
+            model = BridgeModel.from_source(source, trust_remote_code=trust_remote_code)
+    model.backend_choice = f"auto: {model.backend} ({why})"
+    log.info("backend %s", model.backend_choice)
+    return model
 
 
 _ACCEPTED = (
@@ -522,15 +715,22 @@ def _from_object(obj, backend: str | None, dtype: torch.dtype, tokenizer):
     name = getattr(config, "_name_or_path", None) or type(obj).__name__
     if tokenizer is None:
         raise ValueError(f"an HF model object needs its tokenizer: pass tokenizer=... with {name!r}")
-    backend = backend or "inhouse"
     arch = arch_from_hf_config(config.to_dict(), name)
+    if backend is None:  # auto: in-house where it covers the family
+        try:
+            config_from_arch(arch, name)
+            backend = "inhouse"
+        except ModelIncompatibleError:
+            backend = "hf"
     vocab = arch.vocab_size
     if vocab is not None:
         check_tokenizer_vocab(tokenizer, vocab, name)
     if backend == "inhouse":
         cfg = inhouse_config(arch, name, name)
         state = {k: v.detach() for k, v in obj.state_dict().items()}
-        return InHouseModel.from_hf_state(cfg, state, tokenizer, name=name, where=name, dtype=dtype)
+        loaded = InHouseModel.from_hf_state(cfg, state, tokenizer, name=name, where=name, dtype=dtype)
+        loaded.hf_config = config.to_dict()  # for the card: the object has no files
+        return loaded
     impl = getattr(config, "_attn_implementation", None)
     if impl != "eager":
         raise ValueError(
@@ -592,3 +792,18 @@ def _wrap_bridge(bridge, tokenizer) -> BridgeModel:
             backend="bridge",
         )
     return BridgeModel(bridge, tokenizer, spec, vocab_size=getattr(cfg, "d_vocab", None))
+
+
+def hf_config_of(model: Backend) -> dict | None:
+    """The HF configuration (dict) behind a loaded model, for its card: its checkpoint's
+    ``config.json``, or the config of the HF object it was built from; None when unknown
+    (an in-house model built from a :class:`ModelConfig` alone)."""
+    if getattr(model, "hf_config", None) is not None:
+        return model.hf_config
+    if isinstance(model, HFReference):
+        return model.hf.config.to_dict()
+    if isinstance(model, BridgeModel):
+        original = getattr(model.bridge, "original_model", None)
+        return original.config.to_dict() if original is not None and hasattr(original, "config") else None
+    source = getattr(model, "source", None)
+    return read_hf_config(source) if source is not None else None

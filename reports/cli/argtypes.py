@@ -20,7 +20,21 @@ import math
 
 from headscope.analyses.roles.config import MAX_SEED  # one bound for the CLI and the configs
 
-__all__ = ["MAX_SEED", "fraction", "int_at_least", "positive_int", "seed", "unit_interval"]
+__all__ = ["BACKENDS", "MAX_SEED", "add_backend", "fraction", "int_at_least", "positive_int", "seed", "unit_interval"]
+
+#: ``--backend`` of every command that loads a model
+BACKENDS = ("auto", "inhouse", "hf", "bridge")
+
+
+def add_backend(parser) -> None:
+    """The one ``--backend`` flag (default ``auto``: in-house where it covers the family, else
+    HF, else the transformer-lens bridge; the choice is printed and recorded in run.json)."""
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="auto",
+        help="auto (default): in-house where it covers the family, else hf, else bridge",
+    )
 
 
 def _int(text: str, rule: str) -> int:

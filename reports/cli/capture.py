@@ -7,10 +7,12 @@ from pathlib import Path
 
 
 def register(sub) -> None:
+    from headscope.reports.cli.argtypes import add_backend
+
     p = sub.add_parser("capture", help="capture Q/K/V/patterns for a few texts and summarise them")
     p.add_argument("model", nargs="?", default="minilm-l6")
     p.add_argument("texts", nargs="*", help="texts (default: two example sentences)")
-    p.add_argument("--backend", default="inhouse", choices=["inhouse", "bridge"])
+    add_backend(p)
     p.add_argument(
         "--quantities",
         default="pattern,q,k,v,z",

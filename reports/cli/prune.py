@@ -7,16 +7,18 @@ Re-running with the same ``--out`` and options resumes an interrupted run.
 from __future__ import annotations
 
 import json
+import sys
 from contextlib import nullcontext
 
 
 def register(sub) -> None:
     from headscope.analyses.pruning.curves import ORDERS
     from headscope.analyses.pruning.metrics import METRICS
-    from headscope.reports.cli.argtypes import fraction, int_at_least, positive_int, seed
+    from headscope.reports.cli.argtypes import add_backend, fraction, int_at_least, positive_int, seed
 
     p = sub.add_parser("prune", help="what happens when heads are removed: ablation, importance, pruning curves")
-    p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name, directory or .gguf (in-house backend)")
+    p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name, directory or .gguf")
+    add_backend(p)
     p.add_argument(
         "--metric",
         choices=list(METRICS),
@@ -118,7 +120,9 @@ def run(args) -> int:
     )
     roles = _read_roles(args.roles) if args.roles else None
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
-        model = load_model(args.model, "inhouse", trust_remote_code=args.trust_remote_code)
+        model = load_model(args.model, args.backend, trust_remote_code=args.trust_remote_code)
+        if not args.json:
+            print(f"backend {model.backend_choice}", file=sys.stderr)
         result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
     print(json.dumps(result.summary, indent=2, sort_keys=True) if args.json else render_summary(result.summary))
     return 0

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import seed
+    from headscope.reports.cli.argtypes import add_backend, seed
 
     p = sub.add_parser("report", help="what every head does and what pruning costs: HTML + Markdown + tables")
     p.add_argument("model", nargs="?", default=None, help="shipped name, directory or .gguf (default: minilm-l6)")
     p.add_argument("--model", dest="model_opt", default=None, metavar="NAME", help="same as the positional MODEL")
-    p.add_argument("--backend", default="inhouse", choices=["inhouse", "bridge", "hf"])
+    add_backend(p)
     p.add_argument("--full", action="store_true", help="every pruning study to 100%% (default: quick, up to 50%%)")
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: runs/report-<model>)")
     p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (0 to 2**32 - 1; default 0)")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import positive_int, seed, unit_interval
+    from headscope.reports.cli.argtypes import add_backend, positive_int, seed, unit_interval
 
     p = sub.add_parser(
         "roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference"
@@ -37,9 +37,7 @@ def register(sub) -> None:
     p.add_argument(
         "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
     )
-    p.add_argument(
-        "--backend", choices=["inhouse", "bridge"], default="inhouse", help="in-house stack or transformer-lens bridge"
-    )
+    add_backend(p)
     p.add_argument(
         "--dtype",
         choices=["fp32", "bf16"],
@@ -193,8 +191,8 @@ def run(args) -> int:
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
 
-    if args.dtype != "fp32" and args.backend != "inhouse":
-        raise ValueError(f"--dtype {args.dtype} needs --backend inhouse (the bridge runs in fp32)")
+    if args.dtype != "fp32" and args.backend not in ("inhouse", "auto"):
+        raise ValueError(f"--dtype {args.dtype} needs the in-house backend (the {args.backend} backend runs in fp32)")
     cfg = _config(args)
     wanted = None
     if args.roles is not None:
@@ -209,6 +207,8 @@ def run(args) -> int:
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
         model = load_model(args.model, args.backend, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+        if not (args.quiet or args.json):
+            print(f"backend {model.backend_choice}", file=sys.stderr)
 
         progress = None
         if not (args.quiet or args.json):
@@ -239,7 +239,8 @@ def run(args) -> int:
                     **manifest_header("roles"),
                     "model": result.model,
                     "model_arg": args.model,
-                    "backend": args.backend,
+                    "backend": model.backend,
+                    "backend_choice": model.backend_choice,
                     "dtype": args.dtype,
                     "roles": list(groups),
                     "trust_remote_code": model.trust_remote_code,

@@ -664,10 +664,10 @@ def test_metric_family_error_names_the_metric(perplexity, name):
 
     from headscope.analyses.pruning.metrics import LMLoss
 
-    encoder = SimpleNamespace(spec=SimpleNamespace(family="bert", name="minilm-l6"))
+    encoder = SimpleNamespace(spec=SimpleNamespace(family="bert", name="minilm-l6", causal=False))
     with pytest.raises(
         ValueError,
-        match=rf"^metric '{name}' needs a 'llama'-family model; got 'minilm-l6' \(bert\)$",
+        match=rf"^metric '{name}' needs a causal LM; got 'minilm-l6', an encoder \(bert\)$",
     ):
         LMLoss(encoder, ["a b"], perplexity=perplexity)
 

@@ -1,0 +1,98 @@
+"""The main job on every family: ``report DIR`` with the default backend (``auto``) on a tiny
+random checkpoint of each family in :mod:`tiny_models` completes with roles for every head,
+pruning curves, gradient importance for every head and the HTML report; the backend chosen
+is the in-house one where it covers the family, else HF, and run.json says which and why.
+
+The in-process runs read a small part of the shipped corpora (so thirteen reports fit the
+suite); two families run the full CLI command as a user types it (marked slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from tiny_models import FAMILIES, tiny_model_dir
+
+from headscope.analyses.pruning.study import PruneConfig
+from headscope.analyses.roles.pipeline import default_text
+from headscope.probes.models.config import INHOUSE_MODEL_TYPES
+from headscope.reports.pipeline import QUICK_STUDIES, build_report
+
+FIXTURE_CONLLU = "tests/fixtures/ud_sample.conllu"
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return lambda family: tiny_model_dir(root, family)
+
+
+def _check_report(out, family, n_layers=2, n_heads=4):
+    run = json.loads((out / "run.json").read_text())
+    expected = "inhouse" if family in INHOUSE_MODEL_TYPES else "hf"
+    assert run["backend"] == expected, run["backend_choice"]
+    assert run["backend_choice"].startswith(f"auto: {expected} (")
+    assert run["absent"] == {}
+    roles = pd.read_csv(out / "tables" / "roles.csv")
+    assert len(roles[["layer", "head"]].drop_duplicates()) == n_layers * n_heads
+    imp = pd.read_csv(out / "tables" / "prune_importance.csv")
+    assert len(imp) == n_layers * n_heads and imp["value"].map(math.isfinite).all()
+    assert (imp["value"] > 0).sum() >= n_layers * n_heads - 1  # a gradient reached (nearly) every head
+    curves = pd.read_csv(out / "tables" / "prune_curves.csv")
+    assert {"curve:importance", "curve:ablation", "curve:reverse_importance"} <= set(curves["study"])
+    assert curves["fraction_pruned"].max() >= 0.5
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "pruning_curves" in html and "did not run" not in html
+    return run
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_report_on_every_family(family, family_dirs, tmp_path):
+    src = family_dirs(family)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:24]), encoding="utf-8")
+    out = tmp_path / "report"
+    build_report(
+        str(src),
+        out_dir=out,
+        quiet=True,
+        role_groups=("positional", "special", "syntactic", "induction"),
+        role_inputs={"text": str(text), "conllu": FIXTURE_CONLLU},
+        prune_config=PruneConfig(quick=True, n_items=8, ablation_modes=("zero",), studies=QUICK_STUDIES),
+    )
+    _check_report(out, family)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["gpt2", "olmo2"])  # one in-house family new this round, one through HF
+def test_report_cli_default_backend(family, family_dirs, tmp_path):
+    from headscope.reports.cli.app import main
+
+    out = tmp_path / "report"
+    assert main(["report", str(family_dirs(family)), "--out", str(out), "--quiet"]) == 0
+    run = _check_report(out, family)
+    assert run["config"]["pruning"]["quick"] is True
+
+
+def test_report_says_why_pruning_is_absent(family_dirs, tmp_path, monkeypatch):
+    """A backend that cannot reach the heads: everything else is written, and the report
+    says what is missing and why (checked before the roles stage spends any time)."""
+    import headscope.probes.models.hf_layout as layout
+
+    monkeypatch.setattr(layout, "ATTN_OUT", ("no.such.module",))
+    out = tmp_path / "report"
+    build_report(
+        str(family_dirs("olmo2")),
+        backend="hf",
+        out_dir=out,
+        quiet=True,
+        role_groups=("positional",),
+        role_inputs={"text": str(default_text())},
+    )
+    run = json.loads((out / "run.json").read_text())
+    assert "cannot find the attention output projection" in run["absent"]["pruning"]
+    assert (out / "tables" / "roles.csv").exists() and not (out / "tables" / "prune_curves.csv").exists()
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "The pruning studies did not run on this model: " in html

@@ -1,0 +1,146 @@
+"""Tiny randomly initialised checkpoints of many families, written as HF folders, for tests
+that run headscope's commands on every family without a download.
+
+Each model is built from transformers' own config class (``AutoConfig.for_model``) with
+small sizes and the family's own options switched on (a sliding window shorter than the
+sentences, soft-capping, QKV bias, QK-norm, …), seeded, and saved with a small tokenizer
+trained here on the project's own corpora (byte-level BPE for decoders, WordPiece with
+[CLS]/[SEP] for encoders; a few hundred tokens, so a tiny model's logits stay cheap).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import torch
+
+#: model_type -> config options beyond the common sizes (the family's own features on)
+DECODERS: dict[str, dict] = {
+    "llama": {},
+    "mistral": {"sliding_window": 6},
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "gemma2": {
+        "head_dim": 32,
+        "num_key_value_heads": 1,
+        "sliding_window": 6,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "query_pre_attn_scalar": 24,
+    },
+    "gemma3_text": {"head_dim": 32, "sliding_window": 6, "query_pre_attn_scalar": 24},
+    "phi3": {},
+    "gpt2": {"n_inner": 128, "num_key_value_heads": None, "intermediate_size": None},
+    "olmo2": {},
+    "starcoder2": {"sliding_window": 6},
+}
+ENCODERS: dict[str, dict] = {"bert": {}, "roberta": {}, "distilbert": {"hidden_dim": 128, "intermediate_size": None}}
+FAMILIES = (*DECODERS, *ENCODERS)
+
+
+def _texts() -> list[str]:
+    from headscope.data import path
+
+    lines = []
+    for rel in ("text/sentences.txt", "heldout/lm_text.txt"):
+        lines += [t for t in Path(path(rel)).read_text(encoding="utf-8").splitlines() if t and not t.startswith("#")]
+    for rel in ("syntax/generated.conllu", "syntax/handwritten.conllu"):
+        for t in Path(path(rel)).read_text(encoding="utf-8").splitlines():
+            if t.startswith("# text = "):
+                lines.append(t.removeprefix("# text = "))
+    return lines
+
+
+@cache
+def tokenizer(encoder: bool, vocab_size: int = 600):
+    """A small fast tokenizer trained on the shipped corpora (deterministic), saved and read
+    back with ``AutoTokenizer`` as a user's tokenizer would be (transformer-lens reads the
+    ``name_or_path`` only a loaded tokenizer has)."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    where = tempfile.mkdtemp(prefix="headscope-tiny-tokenizer-")
+    _train_tokenizer(encoder, vocab_size).save_pretrained(where)
+    return AutoTokenizer.from_pretrained(where)
+
+
+def _train_tokenizer(encoder: bool, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if encoder:
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        tok.train_from_iterator(_texts(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok,
+            unk_token="[UNK]",
+            pad_token="[PAD]",
+            cls_token="[CLS]",
+            sep_token="[SEP]",
+            mask_token="[MASK]",
+        )
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<|endoftext|>"],
+    )
+    tok.train_from_iterator(_texts(), trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+
+
+def tiny_hf_model(model_type: str, *, seed: int = 0, **overrides):
+    """``(model, tokenizer)``: a tiny random HF model of ``model_type`` (eager attention, eval, fp32)."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    encoder = model_type in ENCODERS
+    tok = tokenizer(encoder)
+    kw = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=len(tok),
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+    )
+    if encoder:
+        kw.update(ENCODERS[model_type])
+    else:
+        kw.update(num_key_value_heads=2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+        kw.update(DECODERS[model_type])
+    kw.update(overrides)
+    kw = {k: v for k, v in kw.items() if v is not None}  # None: a key the family's config does not have
+    cfg = AutoConfig.for_model(model_type, **kw)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = (AutoModel if encoder else AutoModelForCausalLM).from_config(cfg, attn_implementation="eager")
+    if not encoder:  # random norms and biases, so a parity test sees every parameter (HF initialises them to 1 / 0)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 1:
+                    p.add_(torch.randn_like(p) * 0.1)
+    return model.eval(), tok
+
+
+def tiny_model_dir(root: Path, model_type: str, **overrides) -> Path:
+    """Save :func:`tiny_hf_model` (safetensors + tokenizer) under ``root/model_type``; return the folder."""
+    out = Path(root) / model_type
+    if (out / "config.json").exists():
+        return out
+    model, tok = tiny_hf_model(model_type, **overrides)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
