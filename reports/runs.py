@@ -45,7 +45,7 @@ import pandas as pd
 from headscope.probes.outputs.folder import KINDS, output_kind_of
 
 #: where each kind keeps its tables: at the top of the folder or under ``tables/``
-TABLE_DIRS = {"roles": "", "prune": "", "report": "tables", "diff": "tables"}
+TABLE_DIRS = {"roles": "", "prune": "", "report": "tables", "diff": "tables", "patch": ""}
 TABLE_SUFFIXES = (".parquet", ".csv")  # Parquet first: preferred over the CSV of the same stem
 
 
@@ -141,7 +141,7 @@ def load_run(path) -> RunFolder:
         why = "no such folder" if not folder.exists() else "not a folder" if not folder.is_dir() else "no manifest"
         raise ValueError(
             f"{folder}: not a headscope output ({why}); expected a folder written by headscope "
-            "roles, report, prune or diff (run.json, diff.json or state.json naming its kind)"
+            "roles, report, prune, patch or diff (run.json, diff.json or state.json naming its kind)"
         )
     manifest_path = _manifest_path(folder, kind)
     manifest = read_json(manifest_path)

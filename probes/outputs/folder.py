@@ -115,6 +115,13 @@ KINDS: dict[str, OutputKind] = {
             ),
         ),
     ),
+    "patch": OutputKind(
+        "patch",
+        ("run.json",),
+        (),
+        ("run.json", "patch.csv", "patch.parquet", "figures"),
+        (("figures", ("*.png",)),),
+    ),
     "diff": OutputKind(
         "diff",
         ("diff.json",),

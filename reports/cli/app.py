@@ -41,6 +41,7 @@ COMMAND_MODULES = [
     "headscope.reports.cli.capture",
     "headscope.reports.cli.roles",
     "headscope.reports.cli.prune",
+    "headscope.reports.cli.patch",
     "headscope.reports.cli.report",
     "headscope.reports.cli.diff",
     "headscope.reports.cli.bench",

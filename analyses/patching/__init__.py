@@ -1,0 +1,23 @@
+"""Causal evidence per head by patching: tasks as minimal pairs (:mod:`.tasks`), activation
+patching (:mod:`.activation`), attribution patching (:mod:`.attribution`), path patching
+through a receiver's Q/K/V (:mod:`.path`), and the tidy frame with its statistics and
+agreement (:mod:`.frames`); :func:`~.study.patching_study` runs them for the CLI."""
+
+from headscope.analyses.patching.activation import PatchConfig, activation_patching
+from headscope.analyses.patching.attribution import attribution_patching
+from headscope.analyses.patching.frames import PATCH_COLUMNS, agreement, effect_frame
+from headscope.analyses.patching.path import path_patching
+from headscope.analyses.patching.tasks import TASKS, Task, load_task
+
+__all__ = [
+    "PATCH_COLUMNS",
+    "TASKS",
+    "PatchConfig",
+    "Task",
+    "activation_patching",
+    "agreement",
+    "attribution_patching",
+    "effect_frame",
+    "load_task",
+    "path_patching",
+]

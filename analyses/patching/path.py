@@ -1,0 +1,162 @@
+"""Path patching: a sender head's effect through ONE input (Q, K or V) of a receiver head.
+
+For a receiver ``(lr, hr)``, ``via`` in ``q``/``k``/``v``, and each sender ``(ls, hs)``
+with ``ls < lr`` (Wang et al. 2022, simplified: everything downstream of the receiver
+runs freely). With ``target`` the run patched into and ``source`` the other run
+(noising, the default: target = clean, source = corrupted; denoising: the reverse):
+
+1. the sender's contribution: the target run with the sender's ``z`` taken from the
+   source, read at ``blocks.{ls}.hook_resid_mid``, minus the target's own
+   (exactly the sender's ``W_O`` term; nothing else in that block has run yet);
+2. the receiver's input along the path: the target's residual entering block ``lr`` plus
+   that contribution, run through block ``lr`` to ``blocks.{lr}.attn.hook_{via}``;
+3. the target run with only the receiver's slice of ``hook_{via}`` replaced by it (the
+   query head ``hr`` for ``q``; its KV head for ``k``/``v`` — with GQA the other query
+   heads of the group read the patched K/V too) -> the metric.
+
+So ``(0, 0) -> (1, 1) via k`` asks whether the receiver's keys carry what the sender
+writes. In-house backend only (its hook points and resumable forward); ``R`` senders
+per forward as stacked replicas. Frame: :data:`~headscope.analyses.patching.frames.PATCH_COLUMNS`
+with ``method = "path_{via}_{direction}"`` and ``receiver = "L.H"``, one row per sender.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+
+from headscope.analyses.patching.activation import PatchConfig, RunMetrics, capture_z, last_logits, replica_patches
+from headscope.analyses.patching.frames import effect_frame
+from headscope.analyses.patching.tasks import Task, metric_fn
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.hooks import hooks
+
+VIAS = ("q", "k", "v")
+
+
+def parse_head(text: str) -> tuple[int, int]:
+    """``"L.H"`` (or ``"LxHy"``-free ``"1.2"``) -> ``(layer, head)``.
+
+    >>> parse_head("1.1")
+    (1, 1)
+    """
+    try:
+        layer, head = (int(x) for x in str(text).split("."))
+    except ValueError:
+        raise ValueError(f"a head is written LAYER.HEAD (e.g. 1.1); got {text!r}") from None
+    return layer, head
+
+
+def check_path(model, receiver, via, senders) -> list[tuple[int, int]]:
+    """The senders (default: every head below the receiver), sorted; ``ModelIncompatibleError``
+    off the in-house backend, ``ValueError`` for a bad ``via``, receiver or sender."""
+    if getattr(model, "backend", None) != "inhouse" or not hasattr(model, "module"):
+        raise ModelIncompatibleError(
+            f"path patching needs the in-house backend's hook points; got backend {getattr(model, 'backend', '?')!r}: "
+            "load with backend='inhouse' (--backend inhouse)"
+        )
+    if via not in VIAS:
+        raise ValueError(f"via must be one of {VIAS}; got {via!r}")
+    spec = model.spec
+    lr, hr = receiver
+    if not (0 < lr < spec.n_layers and 0 <= hr < spec.n_heads):
+        raise ValueError(
+            f"receiver must be a head of layers 1..{spec.n_layers - 1}, heads 0..{spec.n_heads - 1}; got {lr}.{hr}"
+        )
+    if senders is None:
+        senders = [(l, h) for l in range(lr) for h in range(spec.n_heads)]
+    bad = [s for s in senders if not (0 <= s[0] < lr and 0 <= s[1] < spec.n_heads)]
+    if bad:
+        raise ValueError(f"a sender must sit below the receiver's layer {lr}; got {bad[0][0]}.{bad[0][1]}")
+    return sorted(senders)
+
+
+def _keeper(store: dict, key):
+    """A hook function storing a copy of its tensor as ``store[key]``."""
+
+    def fn(t, name):
+        store[key] = t.clone()
+
+    return fn
+
+
+def path_patching(
+    model,
+    task: Task,
+    *,
+    receiver: tuple[int, int],
+    via: str = "k",
+    senders: list[tuple[int, int]] | None = None,
+    direction: str = "noising",
+    cfg: PatchConfig = PatchConfig(),
+) -> tuple[pd.DataFrame, RunMetrics]:
+    """Path patching of each sender (default: every head below the receiver) into the
+    receiver's ``via`` input (see the module docstring) -> (frame, metrics of the runs)."""
+    senders = check_path(model, receiver, via, senders)
+    if direction not in ("denoising", "noising"):
+        raise ValueError(f"direction must be 'denoising' or 'noising'; got {direction!r}")
+    metric = metric_fn(task.metric)
+    points = model.module.hook_points
+    spec = model.spec
+    lr, hr = receiver
+    slot = hr if via == "q" else hr // spec.group_size  # the receiver's query head or KV head
+    n = len(task.items)
+    clean_m, corr_m = torch.empty(n), torch.empty(n)
+    delta = torch.empty(n, len(senders))
+    layers = sorted({l for l, _ in senders})
+    for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
+        logits_c, z_c = capture_z(model, clean)
+        logits_x, z_x = capture_z(model, corrupted)
+        m_c, m_x = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
+        clean_m[rows], corr_m[rows] = m_c, m_x
+        target, source_z, m_target = (clean, z_x, m_c) if direction == "noising" else (corrupted, z_c, m_x)
+        b = target.shape[0]
+        mask = torch.ones_like(target)
+        mids: dict[int, torch.Tensor] = {}
+        pairs = [(points[f"blocks.{l}.hook_resid_mid"], _keeper(mids, l)) for l in layers]
+        with torch.inference_mode(), hooks(pairs):
+            target_pre = model.forward(target, mask, stop_at_layer=lr)  # [batch, pos, d_model] entering block lr
+        target_mid = dict(mids)
+        per = max(1, cfg.max_rows // b)
+        for s in range(0, len(senders), per):
+            chunk = senders[s : s + per]
+            r = len(chunk)
+            ids, mask_r = target.repeat(r, 1), mask.repeat(r, 1)
+            masks = torch.zeros(r, spec.n_layers, spec.n_heads)
+            for i, (l, h) in enumerate(chunk):
+                masks[i, l, h] = 1.0
+            mids.clear()
+            with torch.inference_mode(), hooks(pairs), replica_patches(model, masks, source_z):
+                model.forward(ids, mask_r, stop_at_layer=max(l for l, _ in chunk) + 1)
+            contrib = torch.stack(
+                [mids[l].view(r, b, *mids[l].shape[1:])[i] - target_mid[l] for i, (l, _) in enumerate(chunk)]
+            )  # [R, batch, pos, d_model]
+            resid = target_pre.repeat(r, 1, 1) + contrib.reshape(r * b, *contrib.shape[2:])
+            got: dict = {}
+            keep = [(points[f"blocks.{lr}.attn.hook_{via}"], _keeper(got, "x"))]
+            with torch.inference_mode(), hooks(keep):
+                model.forward(ids, mask_r, start_at_layer=lr, resid=resid, stop_at_layer=lr + 1)
+            new = got["x"]  # [R*batch, head or kv_head, pos, d_head]
+
+            def swap(t, name, new=new):
+                out = t.clone()
+                out[:, slot] = new[:, slot]
+                return out
+
+            with torch.inference_mode(), hooks([(points[f"blocks.{lr}.attn.hook_{via}"], swap)]):
+                logits = last_logits(model, ids, start_at_layer=lr, resid=target_pre.repeat(r, 1, 1))
+            m = metric(logits, answer.repeat(r), None if wrong is None else wrong.repeat(r)).view(r, b).T
+            delta[rows, s : s + r] = (m_target[:, None] - m) if direction == "noising" else (m - m_target[:, None])
+    run = RunMetrics(clean_m, corr_m)
+    frame = effect_frame(
+        delta,
+        run.gap,
+        [[sd] for sd in senders],
+        method=f"path_{via}_{direction}",
+        alpha=cfg.alpha,
+        n_boot=cfg.n_boot,
+        n_perm=cfg.n_perm,
+        seed=cfg.seed,
+        extra={"receiver": f"{lr}.{hr}"},
+    )
+    return frame, run

@@ -1,0 +1,117 @@
+"""One patching run as the CLI makes it: the methods asked for on one task -> one frame
+(:data:`~headscope.analyses.patching.frames.PATCH_COLUMNS`) and a summary dict.
+
+``methods``: any of :data:`METHODS`. Activation and attribution patching run in
+``cfg.patch.directions``; with both, the summary gives their agreement per direction
+(Spearman over heads, top-k overlap). Path patching runs for ``receiver`` through each
+of ``vias`` (``senders``: default every head below the receiver) in ``path_direction``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from headscope.analyses.patching.activation import PatchConfig, activation_patching
+from headscope.analyses.patching.attribution import attribution_patching
+from headscope.analyses.patching.frames import agreement, top_heads
+from headscope.analyses.patching.path import VIAS, check_path, path_patching
+from headscope.analyses.patching.tasks import Task
+
+METHODS = ("activation", "attribution", "path")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyConfig:
+    """What to run: ``methods``, ``patch`` (:class:`PatchConfig`), path patching's
+    ``receiver``/``senders``/``vias``/``path_direction``, and ``top_k`` for the summary."""
+
+    methods: tuple[str, ...] = ("activation", "attribution")
+    patch: PatchConfig = field(default_factory=PatchConfig)
+    receiver: tuple[int, int] | None = None
+    senders: tuple[tuple[int, int], ...] | None = None
+    vias: tuple[str, ...] = VIAS
+    path_direction: str = "noising"
+    top_k: int = 10
+
+    def __post_init__(self):
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad or not self.methods:
+            raise ValueError(f"methods must be a non-empty subset of {METHODS}; got {self.methods}")
+        if "path" in self.methods and self.receiver is None:
+            raise ValueError("path patching needs a receiver head (--receiver L.H)")
+        bad = [v for v in self.vias if v not in VIAS]
+        if bad or not self.vias:
+            raise ValueError(f"vias must be a non-empty subset of {VIAS}; got {self.vias}")
+        if self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1; got {self.top_k}")
+
+
+@dataclass
+class PatchResult:
+    frame: pd.DataFrame
+    summary: dict
+
+
+def _heads(pairs) -> list[str]:
+    return [f"L{l}H{h}" for l, h in pairs]
+
+
+def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> PatchResult:
+    """Run ``cfg.methods`` on ``task`` -> :class:`PatchResult` (one frame, a summary with the
+    clean/corrupted metric, the top heads per method, agreement and timings)."""
+    if "path" in cfg.methods:  # refused (backend, heads) before any long run
+        for via in cfg.vias:
+            check_path(model, cfg.receiver, via, None if cfg.senders is None else list(cfg.senders))
+    frames, timings = [], {}
+    run = None
+    if "activation" in cfg.methods:
+        t = time.perf_counter()
+        f, run = activation_patching(model, task, cfg.patch)
+        frames.append(f)
+        timings["activation"] = round(time.perf_counter() - t, 2)
+    if "attribution" in cfg.methods:
+        t = time.perf_counter()
+        f, run = attribution_patching(model, task, cfg.patch)
+        frames.append(f)
+        timings["attribution"] = round(time.perf_counter() - t, 2)
+    if "path" in cfg.methods:
+        t = time.perf_counter()
+        for via in cfg.vias:
+            f, run = path_patching(
+                model,
+                task,
+                receiver=cfg.receiver,
+                via=via,
+                senders=None if cfg.senders is None else list(cfg.senders),
+                direction=cfg.path_direction,
+                cfg=cfg.patch,
+            )
+            frames.append(f)
+        timings["path"] = round(time.perf_counter() - t, 2)
+    frame = pd.concat(frames, ignore_index=True)
+    frame["method"] = frame["method"].astype("category")
+    summary = {
+        "task": task.summary(),
+        "metric_clean": float(run.clean.mean()),
+        "metric_corrupted": float(run.corrupted.mean()),
+        "gap": float(run.gap.mean()),
+        "config": {**asdict(cfg), "patch": asdict(cfg.patch)},
+        "seconds": timings,
+        "top_heads": {},
+        "significant_heads": {},
+        "agreement": {},
+    }
+    for method, f in frame.groupby("method", observed=True):
+        summary["top_heads"][method] = _heads(top_heads(f, cfg.top_k))
+        summary["significant_heads"][method] = _heads(
+            sorted({(int(r.layer), int(r.head)) for r in f[f["significant"]].itertuples()})
+        )
+    if "activation" in cfg.methods and "attribution" in cfg.methods:
+        for d in cfg.patch.directions:
+            a = frame[frame["method"] == f"activation_{d}"]
+            b = frame[frame["method"] == f"attribution_{d}"]
+            summary["agreement"][d] = agreement(a, b, k=cfg.top_k)
+    return PatchResult(frame=frame, summary=summary)

@@ -1,0 +1,159 @@
+"""``headscope patch MODEL --task NAME|FILE.jsonl``: causal evidence per head by patching.
+
+Activation patching (each head's ``z`` between the clean and the corrupted input of each
+minimal pair, denoising and noising), attribution patching (its first-order estimate)
+and path patching (``--method path --receiver L.H [--sender L.H] [--via k]``); one tidy
+frame (``patch.csv`` + ``patch.parquet``, columns ``PATCH_COLUMNS``), ``run.json`` (config,
+task, summary, agreement) and one layer × head heatmap per method under ``figures/``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from headscope.analyses.patching.study import METHODS
+    from headscope.analyses.patching.tasks import TASKS
+    from headscope.reports.cli.argtypes import add_backend, int_at_least, positive_int, seed, unit_interval
+
+    p = sub.add_parser("patch", help="causal evidence per head: activation, attribution and path patching")
+    p.add_argument("model", nargs="?", default="smollm2-135m", help="shipped name, directory or .gguf (a decoder)")
+    add_backend(p)
+    p.add_argument("--task", default="induction", help=f"shipped task ({', '.join(TASKS)}) or a JSONL file")
+    p.add_argument(
+        "--method",
+        nargs="+",
+        choices=list(METHODS),
+        default=["activation", "attribution"],
+        help="methods to run (default: activation attribution; path needs --receiver)",
+    )
+    p.add_argument(
+        "--direction",
+        nargs="+",
+        choices=["denoising", "noising"],
+        default=["denoising", "noising"],
+        help="activation/attribution: clean into corrupted (denoising) and/or corrupted into clean (noising)",
+    )
+    p.add_argument("--unit", choices=["head", "kv_group"], default="head", help="kv_group: patch a GQA group together")
+    p.add_argument("--receiver", default=None, help="path patching: receiver head LAYER.HEAD")
+    p.add_argument("--sender", default=None, help="path patching: one sender LAYER.HEAD (default: all below)")
+    p.add_argument("--via", nargs="+", choices=["q", "k", "v"], default=["q", "k", "v"], help="receiver inputs")
+    p.add_argument(
+        "--path-direction", choices=["denoising", "noising"], default="noising", help="path patching (default noising)"
+    )
+    p.add_argument(
+        "--n-items",
+        type=int_at_least(2),
+        default=None,
+        help="items (default: 16 induction, 32 agreement, all of a file)",
+    )
+    p.add_argument("--seq-len", type=int_at_least(2), default=10, help="induction: length of the repeated sequence")
+    p.add_argument("--seed", type=seed, default=0, help="seed for generated items and resampling")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="items per batch (default 16)")
+    p.add_argument("--max-rows", type=positive_int, default=144, help="sequences per forward (default 144)")
+    p.add_argument("--alpha", type=unit_interval, default=0.05, help="level of the BH-corrected verdict")
+    p.add_argument("--top-k", type=positive_int, default=10, help="heads listed and compared (default 10)")
+    p.add_argument("--out", default=None, help="folder for patch.csv/.parquet, run.json and figures/")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def render_summary(summary: dict) -> str:
+    """Plain-text summary of :func:`~headscope.analyses.patching.study.patching_study`'s dict."""
+    t = summary["task"]
+    lines = [
+        f"model {summary['model']}  task {t['name']} ({t['n_items']} items, {t['n_unusable']} unusable)  "
+        f"metric {t['metric']}: clean {summary['metric_clean']:.3f}, corrupted {summary['metric_corrupted']:.3f}"
+    ]
+    for method, heads in summary["top_heads"].items():
+        sig = summary["significant_heads"].get(method, [])
+        lines.append(f"{method}: top {', '.join(heads[:5])}  ({len(sig)} significant)")
+    for d, a in summary["agreement"].items():
+        lines.append(
+            f"attribution vs activation ({d}): Spearman {a['spearman']:.2f}, top-{a['k']} overlap {a['top_k_overlap']:.2f}"
+        )
+    return "\n".join(lines)
+
+
+def figures(frame, spec) -> dict[str, bytes]:
+    """``{"figures/<method>.png": png}``: a layer × head heatmap of ``effect`` per method."""
+    from headscope.reports.figures import head_map_figure, png_bytes
+
+    out = {}
+    for method, f in frame.groupby("method", observed=True):
+        title = f"{spec.name}: {method}" + (
+            f" -> {f['receiver'].iloc[0]}" if "receiver" in f and f["receiver"].notna().any() else ""
+        )
+        fig = head_map_figure(
+            f.rename(columns={"effect": "value"}),
+            n_layers=spec.n_layers,
+            n_heads=spec.n_heads,
+            label="normalised effect",
+            title=title,
+        )
+        out[f"figures/{method}.png"] = png_bytes(fig)
+    return out
+
+
+def run(args) -> int:
+    from headscope.analyses.patching.activation import PatchConfig
+    from headscope.analyses.patching.path import parse_head
+    from headscope.analyses.patching.study import StudyConfig, patching_study
+    from headscope.analyses.patching.tasks import TASKS, load_task, read_task_jsonl
+    from headscope.probes.models.loading import load_model
+    from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
+    from headscope.probes.outputs.folder import claim_output, manifest_header
+
+    cfg = StudyConfig(
+        methods=tuple(dict.fromkeys(args.method)),
+        patch=PatchConfig(
+            directions=tuple(dict.fromkeys(args.direction)),
+            unit=args.unit,
+            batch_size=args.batch_size,
+            max_rows=args.max_rows,
+            alpha=args.alpha,
+            seed=args.seed,
+        ),
+        receiver=parse_head(args.receiver) if args.receiver else None,
+        senders=(parse_head(args.sender),) if args.sender else None,
+        vias=tuple(dict.fromkeys(args.via)),
+        path_direction=args.path_direction,
+        top_k=args.top_k,
+    )
+    if args.task not in TASKS:  # a task file is checked (file:line:col) before the model loads
+        if not Path(args.task).is_file():
+            raise FileNotFoundError(
+                f"--task {args.task}: neither a shipped task ({', '.join(TASKS)}) nor an existing JSONL file"
+            )
+        read_task_jsonl(args.task)
+    with claim_output(args.out, "patch") if args.out else nullcontext() as folder:  # checked before the model loads
+        model = load_model(args.model, args.backend, trust_remote_code=args.trust_remote_code)
+        if not args.json:
+            print(f"backend {model.backend_choice}", file=sys.stderr)
+        task = load_task(model, args.task, n_items=args.n_items, seed=args.seed, seq_len=args.seq_len)
+        if task.n_unusable and not args.json:
+            print(f"task {task.name}: {task.n_unusable} unusable items (listed in run.json)", file=sys.stderr)
+        result = patching_study(model, task, cfg)
+        summary = {"model": model.spec.name, "backend": model.backend, **result.summary}
+        if folder is not None:
+            with folder.staging() as tmp:
+                write_frame(result.frame, tmp / "patch")
+                (tmp / "figures").mkdir()
+                for rel, png in figures(result.frame, model.spec).items():
+                    with atomic_write(tmp / rel, "wb", encoding=None) as f:
+                        f.write(png)
+                write_json(
+                    {
+                        **manifest_header("patch"),
+                        **summary,
+                        "backend_choice": model.backend_choice,
+                        "trust_remote_code": model.trust_remote_code,
+                    },
+                    tmp / "run.json",
+                )
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str) if args.json else render_summary(summary))
+    return 0
