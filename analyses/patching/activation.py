@@ -194,12 +194,18 @@ def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> 
             delta["noising"][rows] = m_c[:, None] - patched
         log.info("activation patching: %d/%d items", max(rows) + 1, n)
     run = RunMetrics(clean_m, corr_m)
+    return direction_frames(delta, run, units, cfg, "activation"), run
+
+
+def direction_frames(delta: dict, run: RunMetrics, units, cfg: PatchConfig, method: str) -> pd.DataFrame:
+    """One :func:`effect_frame` per direction of ``delta`` (``{direction: [item, unit]}``),
+    ``method`` ``"{method}_{direction}"``, concatenated."""
     frames = [
         effect_frame(
             delta[d],
             run.gap,
             units,
-            method=f"activation_{d}",
+            method=f"{method}_{d}",
             alpha=cfg.alpha,
             n_boot=cfg.n_boot,
             n_perm=cfg.n_perm,
@@ -208,4 +214,4 @@ def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> 
         )
         for d in cfg.directions
     ]
-    return pd.concat(frames, ignore_index=True), run
+    return pd.concat(frames, ignore_index=True)

@@ -15,8 +15,14 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headscope.analyses.patching.activation import PatchConfig, RunMetrics, capture_z, last_logits, patch_units
-from headscope.analyses.patching.frames import effect_frame
+from headscope.analyses.patching.activation import (
+    PatchConfig,
+    RunMetrics,
+    capture_z,
+    direction_frames,
+    last_logits,
+    patch_units,
+)
 from headscope.analyses.patching.tasks import Task, metric_fn
 
 
@@ -60,18 +66,4 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
             est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit]
             delta[d][rows] = est if d == "denoising" else -est
     run = RunMetrics(clean_m, corr_m)
-    frames = [
-        effect_frame(
-            delta[d],
-            run.gap,
-            units,
-            method=f"attribution_{d}",
-            alpha=cfg.alpha,
-            n_boot=cfg.n_boot,
-            n_perm=cfg.n_perm,
-            seed=cfg.seed,
-            unit=cfg.unit,
-        )
-        for d in cfg.directions
-    ]
-    return pd.concat(frames, ignore_index=True), run
+    return direction_frames(delta, run, units, cfg, "attribution"), run
