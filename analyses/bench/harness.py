@@ -25,9 +25,20 @@ path                      what runs
                           same work ``roles`` does before any statistic
 ``roles``                 ``analyses.roles.head_roles`` text roles over the same sentences
 ``ablation_separate``     zero-ablating every head alone, one full forward per head
-``ablation_batched``      the same, as ``single_head_ablation`` runs it: a layer's heads
-                          as replicas of one batch, earlier layers run once and shared
+``ablation_batched``      the same, as ``single_head_ablation`` runs it: every head's mask
+                          in one call, replicas of a batch each running the layers from its
+                          own, the unablated prefix run once
 ``pruning_50``            forward of the model with 50% of heads physically pruned
+``hook_gates``            gate-gradient importance (``importance.gate_gradients``: forward +
+                          backward of the metric's loss) through ``ablation.head_gates``,
+                          the head hooks every backend has
+``inhouse_gates``         the same through the in-house ``Attention``'s built-in gates
+                          (``ablation.gates_as``), same model, metric and batches
+``quick_pruning``         the report's quick pruning stage (``PruneConfig(quick=True,
+                          ablation_modes=("zero",), studies=("ablation", "importance",
+                          "curves"))`` + role ablation against a seeded stand-in roles frame)
+``quick_pruning_before``  the same with the previous algorithm (``pruning_study(shared=False)``:
+                          no work shared across masks, studies, curves or steps)
 ========================  ====================================================================
 
 A path this machine cannot run (:class:`PathSkipped`: bf16 without native bf16) is kept
@@ -284,7 +295,14 @@ PATHS = {
     "ablation_separate": "single-head ablation of every head, a forward each",
     "ablation_batched": "single-head ablation of every head, per-layer replicas, shared prefix",
     "pruning_50": "forward with 50% of heads physically pruned",
+    "hook_gates": "gate-gradient importance through head hooks (head_gates, any backend)",
+    "inhouse_gates": "gate-gradient importance through the in-house built-in gates (gates_as)",
+    "quick_pruning": "the report's quick pruning stage (ablation, importance, curves, roles)",
+    "quick_pruning_before": "the same, previous algorithm (pruning_study(shared=False))",
 }
+
+#: the report's quick pruning stage (``reports.pipeline._prune_config`` without ``--full``)
+QUICK_PRUNING = {"quick": True, "ablation_modes": ("zero",), "studies": ("ablation", "importance", "curves")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,7 +311,8 @@ class BenchConfig:
     ``dtype``: ``"fp32"`` or ``"bf16"`` for the model paths; ``repeats``: timed passes
     (median); ``paths``: subset of :data:`PATHS` (None: all); ``corpus``: see
     :func:`corpus_sentences`; ``device``: torch device string; ``peak_size`` and
-    ``peak_seconds``: the matmul loop that measures the peak."""
+    ``peak_seconds``: the matmul loop that measures the peak; ``prune_items``: items of the
+    ``quick_pruning`` paths' metric (None: the quick stage's 24)."""
 
     model: str = "minilm-l6"
     n_sentences: int = 512
@@ -306,8 +325,15 @@ class BenchConfig:
     device: str = "cpu"
     peak_seconds: float = 1.0
     peak_size: int = 2048
+    prune_items: int | None = None
 
     def __post_init__(self):
+        if self.prune_items is not None and (
+            isinstance(self.prune_items, bool) or not isinstance(self.prune_items, int) or self.prune_items < 2
+        ):
+            raise ValueError(
+                f"The 'prune_items' parameter of BenchConfig must be None or an int >= 2; got {self.prune_items!r}."
+            )
         for k in ("n_sentences", "batch_size", "repeats", "peak_size"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -607,13 +633,13 @@ class _Bench:
         metric = _SentenceMetric(im, model, sents, len(sents))
 
         def one_pass():
-            for masks in by_layer:
-                if batched:  # a layer's heads as replicas; layers before it once (analyses.ablation.evaluate)
-                    abl.evaluate(model, metric.metric, masks)
-                else:  # a full forward per head
-                    for r in range(len(masks)):
-                        with abl.gates_as(model.module, masks[r]):
-                            abl.evaluate(model, metric.metric)
+            if batched:  # every head in one call: replicas, each from its own layer, the prefix run once
+                abl.evaluate(model, metric.metric, torch.cat(by_layer))
+                return
+            for masks in by_layer:  # a full forward per head
+                for r in range(len(masks)):
+                    with abl.gates_as(model.module, masks[r]):
+                        abl.evaluate(model, metric.metric)
 
         def warm():
             abl.evaluate(model, metric.metric, by_layer[-1][:2])
@@ -634,6 +660,61 @@ class _Bench:
     def p_ablation_batched(self):
         return self._ablation(True)
 
+    def _gates(self, hook: bool):
+        from headscope.analyses.pruning import ablation as abl
+        from headscope.analyses.pruning import metrics as im
+
+        model = self.model("inhouse")
+        spec = model.spec
+        sents = self.sentences[: min(len(self.sentences), 32)]
+        metric = _SentenceMetric(im, model, sents, self.cfg.batch_size).metric
+        mask = torch.ones(spec.n_layers, spec.n_heads)
+
+        def one_pass():
+            gates = (
+                abl.head_gates(model, mask, requires_grad=True)
+                if hook
+                else abl.gates_as(model.module, mask, requires_grad=True)
+            )
+            with gates as g, torch.enable_grad():  # importance.gate_gradients, gates of either kind
+                for u in metric.units:
+                    out = model.forward(u.batch.input_ids, u.batch.attention_mask)
+                    torch.autograd.grad(metric.loss(out, u), g, allow_unused=True)
+
+        lengths = [len(tokenize_one(model.tokenizer, text=t)["ids"]) for t in sents]
+        gflop = 2 * model_gflop(linear=self.linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=lengths)
+        return one_pass, one_pass, gflop, f"the first {len(sents)} sentences ({metric.name} loss); counted 2x forward"
+
+    def p_hook_gates(self):
+        return self._gates(True)
+
+    def p_inhouse_gates(self):
+        return self._gates(False)
+
+    def _quick_pruning(self, shared: bool):
+        from headscope.analyses.pruning import ablation as abl
+        from headscope.analyses.pruning.metrics import build_metric, default_metric
+        from headscope.analyses.pruning.study import PruneConfig, pruning_study
+
+        model = self.model("inhouse")
+        pcfg = PruneConfig(**QUICK_PRUNING, seed=self.cfg.seed, n_items=self.cfg.prune_items)
+        roles = stand_in_roles(model.spec, seed=self.cfg.seed)
+
+        def one_pass():
+            pruning_study(model, pcfg, None, roles=roles, shared=shared)
+
+        def warm():
+            metric = build_metric(default_metric(model.spec), model, n_items=pcfg.items, batch_size=pcfg.batch_size)
+            abl.evaluate(model, metric, torch.ones(2, model.spec.n_layers, model.spec.n_heads))
+
+        return one_pass, warm, None, f"{pcfg.items} items; roles: {roles['role'].nunique()} seeded stand-in roles"
+
+    def p_quick_pruning(self):
+        return self._quick_pruning(True)
+
+    def p_quick_pruning_before(self):
+        return self._quick_pruning(False)
+
     def p_pruning_50(self):
         from headscope.probes.models import physical as phys
 
@@ -651,11 +732,37 @@ class _Bench:
         return (*self._over_batches(step), gflop, f"{sum(map(len, heads.values()))} heads pruned; params x{ratio:.3f}")
 
 
+def stand_in_roles(spec, *, n_roles: int = 9, k: int = 3, seed: int = 0) -> pd.DataFrame:
+    """A seeded roles frame for the ``quick_pruning`` paths (``n_roles`` roles of ``k`` heads
+    with a True verdict, as SmolLM2's report has 9): role ablation's cost without running roles.
+
+    >>> from types import SimpleNamespace
+    >>> df = stand_in_roles(SimpleNamespace(n_layers=2, n_heads=3), n_roles=2, k=2)
+    >>> len(df), sorted(df["role"].unique()), bool(df["verdict"].all())
+    (4, ['role0', 'role1'], True)
+    """
+    gen = torch.Generator().manual_seed(seed)
+    n = spec.n_layers * spec.n_heads
+    rows = []
+    for r in range(n_roles):
+        for rank, i in enumerate(torch.randperm(n, generator=gen)[: min(k, n)].tolist()):
+            rows.append(
+                {
+                    "layer": i // spec.n_heads,
+                    "head": i % spec.n_heads,
+                    "role": f"role{r}",
+                    "score": 1.0 - rank / 10,
+                    "verdict": True,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 class _SentenceMetric:
     """The default impact metric of the model's family over the bench sentences."""
 
     def __init__(self, im, model, sentences, batch_size):
-        self.name = im.default_metric(model.spec.family)
+        self.name = im.default_metric(model.spec)
         kw = {"batch_size": batch_size}
         if self.name == "lm_loss":
             self.metric = im.LMLoss(model, list(sentences), **kw)

@@ -64,6 +64,22 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         True,
         "speed-up of batching",
     ),
+    RatioTarget(
+        "hook gates / in-house gates <= 1.1",
+        "hook_gates",
+        "inhouse_gates",
+        1.1,
+        False,
+        "time ratio; gate-gradient importance, same model and batches",
+    ),
+    RatioTarget(
+        "quick pruning now / before <= 0.6",
+        "quick_pruning",
+        "quick_pruning_before",
+        0.6,
+        False,
+        "time ratio; the report's quick pruning stage, same figures",
+    ),
 )
 
 MEMORY = MemoryTarget("peak RSS 10x corpus <= 1.10", 1.10, "streaming memory")

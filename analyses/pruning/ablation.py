@@ -13,7 +13,12 @@ of each batch along the batch dimension and installs, on every
 :func:`mean_z`). The model's own gates are never touched, so a crash leaves the model
 as it was. Ablating all ``H`` heads of a layer therefore costs one forward of an
 ``H``-times larger batch instead of ``H`` forwards (:func:`batching_speedup` measures
-the ratio).
+the ratio). On the in-house backend a replica runs only the layers from the first one
+its mask touches, joining the unablated stream there (computed once per batch for all
+masks of the call, :func:`staggered_forward`), and a next-token loss gets only the
+logits it reads (:func:`unembed_at`); the studies put all their masks in one call
+(:func:`evaluate_groups`). Every figure is the same as a replica run alone
+(:func:`unshared` runs the previous engine, for ``headscope bench``).
 
 Frames follow :data:`~headscope.analyses.frames.IMPACT_COLUMNS`; ``value`` holds the
 metric (``metric = name``) or its change from the unablated model
@@ -28,9 +33,10 @@ metric (``metric = name``) or its change from the unablated model
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pandas as pd
@@ -40,20 +46,22 @@ from headscope.analyses.frames import IMPACT_COLUMNS
 from headscope.probes.capture import Capture
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.backend import Backend
-from headscope.probes.models.hooks import hooks
 
 log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- masks
 
 
-def check_inhouse(model) -> None:
-    """Pruning studies drive the in-house model's hook points and gates."""
-    if not (isinstance(model, Backend) and model.has_gates):
+def check_head_hooks(model) -> None:
+    """Pruning studies drive a model through its head hooks (:meth:`Backend.head_hooks`):
+    any loaded backend whose per-head outputs can be reached (the HF backend checks that
+    it finds each layer's attention output projection)."""
+    if not isinstance(model, Backend):
         raise ModelIncompatibleError(
-            f"pruning studies need the in-house backend (hook_z and per-head gates); got backend "
-            f"{getattr(getattr(model, 'spec', None), 'backend', type(model).__name__)!r}. Load with backend='inhouse'."
+            f"pruning studies need a loaded model (load_model(...)); got {type(model).__name__}"
         )
+    if model.backend == "hf":
+        model.layout  # noqa: B018 - raises ModelIncompatibleError naming the bridge when the heads cannot be found
 
 
 def head_masks(*, n_layers: int, n_heads: int, heads, base: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,21 +99,22 @@ def mask_of(spec, units: list[list[tuple[int, int]]], removed) -> torch.Tensor:
 
 
 @contextmanager
-def replica_masks(module, masks: torch.Tensor, ablation: torch.Tensor | None = None):
-    """Install ``hook_z`` hooks applying ``masks [R, layer, head]`` to ``R`` stacked
-    replicas of the batch (rows ``r*B .. (r+1)*B``); ``ablation [layer, head, d_head]``
-    replaces the masked part (default zeros). Hooks are removed on exit, whatever happens."""
-    n_layers = len(module.blocks)
+def replica_masks(model, masks: torch.Tensor, ablation: torch.Tensor | None = None):
+    """Install head hooks (:meth:`Backend.head_hooks`) applying ``masks [R, layer, head]`` to
+    ``R`` stacked replicas of the batch (rows ``r*B .. (r+1)*B``); ``ablation [layer, head,
+    d_head]`` replaces the masked part (default zeros). Hooks are removed on exit, whatever
+    happens."""
+    n_layers = model.spec.n_layers
     if masks.dim() != 3 or masks.shape[1] != n_layers:
         raise ValueError(f"masks must be [replica, layer={n_layers}, head]; got {tuple(masks.shape)}")
-    pairs = []
+    fns = {}
     for l in range(n_layers):
         m = masks[:, l]
         if bool((m == 1).all()):
             continue
         a = None if ablation is None else ablation[l]
 
-        def fn(z, name, m=m, a=a):
+        def fn(z, m=m, a=a):
             r = m.shape[0]
             zr = z.reshape(r, z.shape[0] // r, *z.shape[1:])  # [R, batch, head, pos, d_head]
             mm = m.to(z.dtype)[:, None, :, None, None]
@@ -114,15 +123,44 @@ def replica_masks(module, masks: torch.Tensor, ablation: torch.Tensor | None = N
                 out = out + (1 - mm) * a.to(z.dtype)[None, None, :, None, :]
             return out.reshape(z.shape)
 
-        pairs.append((module.hook_points[f"blocks.{l}.attn.hook_z"], fn))
-    with hooks(pairs):
+        fns[l] = fn
+    with model.head_hooks(fns):
         yield
 
 
 @contextmanager
+def head_gates(model, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
+    """Per-head gates on any backend, through its head hooks: for the ``with`` block every
+    forward computes ``z' = gate·z + (1 - gate)·ablation`` with ``gate = mask[l]`` (and
+    ``ablation [layer, head, d_head]``, default zeros), the in-house :class:`Attention`'s
+    own formula. Yields the gates ``[head]`` per layer; with ``requires_grad`` they are
+    leaves whose gradients are Michel et al.'s importance. The model is never modified."""
+    spec = model.spec
+    device = model.device
+    gates = [
+        mask[l].detach().to(device, torch.float32).clone().requires_grad_(requires_grad) for l in range(spec.n_layers)
+    ]
+    fns = {}
+    for l, g in enumerate(gates):
+        if not requires_grad and bool((mask[l] == 1).all()):
+            continue
+        a = torch.zeros(spec.n_heads, spec.d_head, device=device) if ablation is None else ablation[l].to(device)
+
+        def fn(z, g=g, a=a):
+            gate = g.to(z.dtype)[None, :, None, None]
+            return gate * z + (1 - gate) * a.to(z.dtype)[None, :, None, :]
+
+        fns[l] = fn
+    with model.head_hooks(fns):
+        yield gates
+
+
+@contextmanager
 def gates_as(module, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
-    """Set every layer's gate to ``mask[l]`` (and ``ablation_value`` to ``ablation[l]``)
-    for the ``with`` block; the previous gates, buffers and ``requires_grad`` come back on exit."""
+    """Set the in-house transformer's built-in gates (``module.blocks[l].attn.gate``) to
+    ``mask[l]`` (and ``ablation_value`` to ``ablation[l]``) for the ``with`` block; the
+    previous gates, buffers and ``requires_grad`` come back on exit. The studies use
+    :func:`head_gates` (any backend); ``headscope bench`` compares the two."""
     saved = [
         (b.attn.gate.detach().clone(), b.attn.gate.requires_grad, b.attn.ablation_value.clone()) for b in module.blocks
     ]
@@ -153,11 +191,24 @@ def evaluate(
     gives the ``R`` reported values. Every metric goes through its ``score`` (see
     :meth:`~headscope.analyses.pruning.metrics.ItemMetric.score`).
     """
-    check_inhouse(model)
+    check_head_hooks(model)
     spec = model.spec
     if masks is None:
         masks = torch.ones(1, spec.n_layers, spec.n_heads)
     return metric.score(model, masks, ablation=ablation, max_rows=max_rows)
+
+
+def evaluate_groups(
+    model, metric, groups: list[torch.Tensor], *, ablation: torch.Tensor | None = None, max_rows: int = 64
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """:func:`evaluate` of several groups of masks ``[R_g, layer, head]`` in one call (so
+    they share the unablated prefix and fill forwards across groups) -> per group its
+    ``values [R_g, n_items]``, and the ``weights``. Inside :func:`unshared`: a call per group."""
+    if not sharing():
+        scored = [evaluate(model, metric, g, ablation=ablation, max_rows=max_rows) for g in groups]
+        return [v for v, _ in scored], scored[-1][1]
+    v, w = evaluate(model, metric, torch.cat(list(groups)), ablation=ablation, max_rows=max_rows)
+    return list(torch.split(v, [len(g) for g in groups])), w
 
 
 def replicated_scores(
@@ -165,9 +216,152 @@ def replicated_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:meth:`~headscope.analyses.pruning.metrics.ItemMetric.score` of a metric scored from
     the model's output: per unit, replicas of the batch, one per mask, stacked so one
-    forward holds at most ``max_rows`` rows. Layers before the first one any mask touches
-    are run once per batch and shared by all replicas (ablating the heads of layer ``l``
-    costs the layers ``l..`` only)."""
+    forward holds at most ``max_rows`` rows.
+
+    On a resumable backend (``model.resumable``) each replica runs only the layers from the
+    first one its mask touches (:func:`first_changed`): the masks are taken in that order,
+    the unablated residual stream of the unit is advanced once through the layers before
+    (:class:`UnablatedStream`), and a replica joins its batch at its own first layer
+    (:func:`staggered_forward`). A metric that reads the output at some positions only
+    (``metric.read_positions``, e.g. the next-token loss: not at padding nor at the last
+    position) gets the in-house decoder's logits at those positions only (:func:`unembed_at`).
+    Every row's arithmetic is the same as in a plain forward of the replica alone.
+    :func:`unshared` restores the previous engine (a prefix per forward, every logit), which
+    ``headscope bench`` compares with."""
+    if not _SHARED.get():
+        return _replicated_scores_unshared(model, metric, masks, ablation=ablation, max_rows=max_rows)
+    r_total = masks.shape[0]
+    values = torch.zeros(r_total, metric.n_items)
+    weights = torch.zeros(metric.n_items)
+    first = first_changed(masks) if model.resumable else torch.zeros(r_total, dtype=torch.long)
+    order = sorted(range(r_total), key=lambda r: (int(first[r]), r))
+    with torch.inference_mode():
+        for unit in metric.units:
+            chunk = max(1, max_rows // unit.rows)
+            stream = UnablatedStream(model, unit.batch.input_ids, unit.batch.attention_mask)
+            keep = _read_positions(model, metric, unit)
+            for start in range(0, r_total, chunk):
+                idx = order[start : start + chunk]
+                out = staggered_forward(model, stream, masks[idx], first[idx], ablation=ablation, keep=keep)
+                v, w = metric.item_values(out, unit)
+                values[torch.tensor(idx)[:, None], torch.tensor(unit.items)[None, :]] = v.float()
+                weights[unit.items] = w.float()
+    return values, weights
+
+
+_SHARED: contextvars.ContextVar[bool] = contextvars.ContextVar("headscope_pruning_shared", default=True)
+
+
+@contextmanager
+def unshared():
+    """Inside the ``with`` block, :func:`replicated_scores` and
+    :func:`~headscope.analyses.pruning.study.pruning_study` run the previous algorithm (no
+    work shared across masks, studies, curves or steps): ``headscope bench`` times it
+    against the current one (``quick_pruning_before``). Same figures, slower."""
+    token = _SHARED.set(False)
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def sharing() -> bool:
+    """False inside :func:`unshared`."""
+    return _SHARED.get()
+
+
+def first_changed(masks: torch.Tensor) -> torch.Tensor:
+    """``masks [R, layer, head]`` -> ``[R]``: the first layer each mask touches (a mask
+    touching none joins at the last layer, which leaves it as it is).
+
+    >>> first_changed(torch.tensor([[[1.0, 1.0], [1.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]], [[0.0, 1.0], [1.0, 1.0]]]))
+    tensor([1, 1, 0])
+    """
+    changed = (masks != 1).any(-1)  # [R, layer]
+    n_layers = masks.shape[1]
+    idx = torch.arange(n_layers).expand_as(changed)
+    return torch.where(changed, idx, n_layers - 1).min(-1).values
+
+
+class UnablatedStream:
+    """The residual stream of one batch without ablation, advanced layer by layer on demand:
+    :meth:`at` ``(layer)`` gives the stream entering ``layer`` (``[batch, pos, d_model]``)
+    for increasing layers, each layer run once (resumable backends only)."""
+
+    def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        self.model, self.ids, self.am = model, input_ids, attention_mask
+        self.layer, self.x = 0, None
+
+    def at(self, layer: int) -> torch.Tensor:
+        if layer < self.layer or layer < 1:
+            raise ValueError(f"the stream is at layer {self.layer}; asked for layer {layer}")
+        if layer > self.layer:
+            resume = {} if self.x is None else {"start_at_layer": self.layer, "resid": self.x}
+            self.x = self.model.forward(self.ids, self.am, stop_at_layer=layer, **resume)
+            self.layer = layer
+        return self.x
+
+
+def staggered_forward(
+    model,
+    stream: UnablatedStream,
+    masks: torch.Tensor,
+    first: torch.Tensor,
+    *,
+    ablation: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Output of ``R`` replicas of ``stream``'s batch under ``masks [R, layer, head]``
+    (:func:`replica_masks`), replica ``r`` joining at layer ``first[r]`` (ascending) with the
+    unablated stream there, so it runs the layers from ``first[r]`` only; ``keep [batch, pos]``:
+    see :func:`unembed_at`."""
+    ids, am = stream.ids, stream.am
+    starts = sorted(set(first.tolist()))
+    x, n = None, 0
+    for i, s in enumerate(starts):
+        joining = int((first == s).sum())
+        if s > 0:
+            join = stream.at(s).repeat(joining, 1, 1)
+            x = join if x is None else torch.cat([x, join])
+        n += joining
+        resume = {} if s == 0 else {"start_at_layer": s, "resid": x}
+        last = i + 1 == len(starts)
+        if not last:
+            resume["stop_at_layer"] = starts[i + 1]
+        ctx = unembed_at(model, keep.repeat(n, 1)) if last and keep is not None else nullcontext()
+        with replica_masks(model, masks[:n], ablation), ctx:
+            x = model.forward(ids.repeat(n, 1), am.repeat(n, 1), **resume)
+    return x
+
+
+def _read_positions(model, metric, unit) -> torch.Tensor | None:
+    """The positions whose output ``metric`` reads, where the model can unembed only those."""
+    read = getattr(metric, "read_positions", None)
+    if read is None or not _sharing_logits(model):
+        return None
+    return read(unit)
+
+
+def _sharing_logits(model) -> bool:
+    return bool(_SHARED.get() and getattr(model, "backend", None) == "inhouse" and model.spec.causal)
+
+
+@contextmanager
+def unembed_at(model, keep: torch.Tensor):
+    """In-house decoder: inside the ``with`` block the unembedding reads the final hidden
+    states at ``keep [batch, pos]`` (True) only, so ``forward`` returns logits
+    ``[n_kept, vocab]`` (rows in row-major order of ``keep``): the logits nobody reads are
+    never computed. Each kept row's arithmetic is the full forward's."""
+    handle = model.module.unembed.register_forward_pre_hook(lambda mod, args: (args[0][keep],))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _replicated_scores_unshared(model, metric, masks, *, ablation=None, max_rows=64):
+    """The previous engine (:func:`unshared`): per forward, the layers before the first one
+    any of its masks touches are run anew; every logit is computed."""
     r_total = masks.shape[0]
     values = torch.zeros(r_total, metric.n_items)
     weights = torch.zeros(metric.n_items)
@@ -177,15 +371,15 @@ def replicated_scores(
         for unit in metric.units:
             chunk = max(1, max_rows // unit.rows)
             ids, am = unit.batch.input_ids, unit.batch.attention_mask
-            prefix = model.module(ids, am, stop_at_layer=first) if first else None
+            prefix = model.forward(ids, am, stop_at_layer=first) if first and model.resumable else None
             for start in range(0, r_total, chunk):
                 m = masks[start : start + chunk]
                 r = m.shape[0]
-                with replica_masks(model.module, m, ablation):
+                with replica_masks(model, m, ablation):
                     if prefix is None:
-                        out = model.module(ids.repeat(r, 1), am.repeat(r, 1))
+                        out = model.forward(ids.repeat(r, 1), am.repeat(r, 1))
                     else:
-                        out = model.module(
+                        out = model.forward(
                             ids.repeat(r, 1), am.repeat(r, 1), start_at_layer=first, resid=prefix.repeat(r, 1, 1)
                         )
                 v, w = metric.item_values(out, unit)
@@ -296,7 +490,7 @@ class MeanZ:
 def mean_z(model, metric) -> torch.Tensor:
     """Corpus mean of ``z`` over the metric's tokens (padding excluded), with every head
     on: the mean-ablation value ``[layer, head, d_head]``."""
-    check_inhouse(model)
+    check_head_hooks(model)
     red = MeanZ(model.spec.n_layers, model.spec.n_heads, model.spec.d_head)
     layers = tuple(range(model.spec.n_layers))
     for unit in metric.units:
@@ -342,23 +536,31 @@ def single_head_ablation(
     n_boot: int = 200,
     seed: int = 0,
     max_rows: int = 64,
+    unpruned: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> pd.DataFrame:
     """Ablate each head alone; rows per head: ``metric=name`` (ablated value) and
     ``metric="delta_"+name`` (ablated - unablated), ``spread`` = bootstrap SE over items.
 
     ``study = "ablation:zero"`` or ``"ablation:mean"``; ``ablation`` overrides the
     mean-ablation values (computed by :func:`mean_z` otherwise). ``per_forward``:
-    ``"layer"`` (the heads of a layer share one forward), ``"all"``, or ``"one"``.
+    ``"layer"`` or ``"all"`` (every head in one :func:`evaluate` call: replicas of a batch
+    per forward, each running the layers from its own), or ``"one"`` (a call per head).
+    ``unpruned``: the unablated model's ``(values, weights)`` from :func:`evaluate`, to skip
+    re-scoring it.
     """
     spec = model.spec
     if ablation is None:
         ablation = ablation_values(model, metric, mode)
-    base_v, w = evaluate(model, metric, max_rows=max_rows)
+    base_v, w = _unpruned(model, metric, unpruned, max_rows)
     rows = []
     total = spec.n_layers * spec.n_heads
-    for group in _group_heads(spec, per_forward):
-        masks = head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
-        v, _ = evaluate(model, metric, masks, ablation=ablation, max_rows=max_rows)
+    groups = _group_heads(spec, per_forward)
+    masks = [head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group) for group in groups]
+    if per_forward == "one":
+        scored = [evaluate(model, metric, m, ablation=ablation, max_rows=max_rows)[0] for m in masks]
+    else:  # every head in one call: the unablated prefix is shared by all layers' heads
+        scored, _ = evaluate_groups(model, metric, masks, ablation=ablation, max_rows=max_rows)
+    for group, v in zip(groups, scored):
         agg = metric.aggregate(v, w)
         base = metric.aggregate(base_v, w)[0]
         se = bootstrap_se(metric, v, w, n_boot=n_boot, seed=seed)
@@ -372,24 +574,43 @@ def single_head_ablation(
     return impact_frame(rows)
 
 
+def _unpruned(model, metric, unpruned, max_rows):
+    """The unablated ``(values, weights)``: ``unpruned`` when given (and sharing), else scored."""
+    if unpruned is not None and sharing():
+        return unpruned
+    return evaluate(model, metric, max_rows=max_rows)
+
+
 def harm(metric, delta):
     """Positive when a change of the metric is for the worse (higher loss, lower accuracy)."""
     return -delta if metric.higher_is_better else delta
 
 
-def all_but_one(model, metric, *, n_boot: int = 200, seed: int = 0, max_rows: int = 64) -> pd.DataFrame:
+def all_but_one(
+    model,
+    metric,
+    *,
+    n_boot: int = 200,
+    seed: int = 0,
+    max_rows: int = 64,
+    unpruned: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> pd.DataFrame:
     """Michel et al. (2019): in each layer keep only one head (zero-ablate the others,
     every other layer intact); the best single head of the layer is the one whose
     keep-only metric is best. Rows per layer: ``head`` = that head, ``metric=name`` and
-    ``"delta_"+name`` (vs the unablated model), ``study="all_but_one"``."""
+    ``"delta_"+name`` (vs the unablated model), ``study="all_but_one"``. Every layer's masks
+    go in one :func:`evaluate_groups` call; ``unpruned``: as in :func:`single_head_ablation`."""
     spec = model.spec
-    base_v, w = evaluate(model, metric, max_rows=max_rows)
+    base_v, w = _unpruned(model, metric, unpruned, max_rows)
     base = metric.aggregate(base_v, w)[0]
     rows = []
+    masks = []
     for l in range(spec.n_layers):
-        masks = torch.ones(spec.n_heads, spec.n_layers, spec.n_heads)
-        masks[:, l] = torch.eye(spec.n_heads)
-        v, _ = evaluate(model, metric, masks, max_rows=max_rows)
+        m = torch.ones(spec.n_heads, spec.n_layers, spec.n_heads)
+        m[:, l] = torch.eye(spec.n_heads)
+        masks.append(m)
+    scored, _ = evaluate_groups(model, metric, masks, max_rows=max_rows)
+    for l, v in enumerate(scored):
         agg = metric.aggregate(v, w)
         score = agg if metric.higher_is_better else -agg
         best = int(torch.argmax(score))
@@ -459,9 +680,11 @@ def role_ablation(
     seed: int = 0,
     mode: str = "zero",
     max_rows: int = 64,
+    unpruned: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> pd.DataFrame:
     """Metric change from ablating a role's top-``k`` heads vs as many random heads
-    (``n_draws`` seeded draws among the heads outside the role's set).
+    (``n_draws`` seeded draws among the heads outside the role's set; every role's masks
+    scored in one :func:`evaluate_groups` call; ``unpruned``: as in :func:`single_head_ablation`).
 
     Frame (:data:`ROLE_ABLATION_COLUMNS`): ``role``, ``k`` (heads actually ablated: fewer
     when the role has fewer heads with a True verdict), ``metric`` (``"delta_"+name``),
@@ -471,21 +694,25 @@ def role_ablation(
         raise ValueError(f"n_draws must be >= 1; got {n_draws}")
     spec = model.spec
     ablation = ablation_values(model, metric, mode)
-    base_v, w = evaluate(model, metric, max_rows=max_rows)
+    base_v, w = _unpruned(model, metric, unpruned, max_rows)
     base = metric.aggregate(base_v, w)[0]
     rng = np.random.default_rng(seed)
     all_heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
     rows = []
-    for role, heads in role_heads(roles, k).items():
+    by_role = role_heads(roles, k)
+    masks = []
+    for heads in by_role.values():
         pool = [x for x in all_heads if x not in heads]
         sets = [heads] + [
             [pool[i] for i in rng.choice(len(pool), size=len(heads), replace=False)] for _ in range(n_draws)
         ]
-        masks = torch.ones(len(sets), spec.n_layers, spec.n_heads)
+        m = torch.ones(len(sets), spec.n_layers, spec.n_heads)
         for r, s in enumerate(sets):
             for l, h in s:
-                masks[r, l, h] = 0.0
-        v, _ = evaluate(model, metric, masks, ablation=ablation, max_rows=max_rows)
+                m[r, l, h] = 0.0
+        masks.append(m)
+    scored, _ = evaluate_groups(model, metric, masks, ablation=ablation, max_rows=max_rows) if masks else ([], None)
+    for (role, heads), v in zip(by_role.items(), scored):
         agg = metric.aggregate(v, w) - base
         rand = agg[1:].double()
         rows.append(

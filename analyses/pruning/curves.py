@@ -14,8 +14,10 @@ order                    which units go next
 
 A curve is driven one step at a time through a JSON-serialisable :class:`CurveState`,
 so a study can save it after every step and resume a killed run exactly
-(:mod:`headscope.analyses.pruning.study`). Pruning = zero ablation through the
-``hook_z`` masks; importance gradients are taken through the gates set to the mask.
+(:mod:`headscope.analyses.pruning.study`), which advances all its curves together
+(:func:`curve_round`: one replicated call scores a step of every curve). Pruning = zero
+ablation through the head hooks' masks; importance gradients are taken through gates
+set to the mask (:func:`~headscope.analyses.pruning.ablation.head_gates`).
 
 Rows per step (IMPACT_COLUMNS, ``study = "curve:" + order``, ``layer``/``head`` empty):
 ``metric = name`` (value, bootstrap SE over items in ``spread``), ``query_heads_pruned``,
@@ -174,42 +176,105 @@ def n_steps_units(n_units: int, settings: CurveSettings) -> tuple[int, int]:
     return k, total
 
 
+def next_state(
+    spec, state: CurveState, settings: CurveSettings, *, fixed: list[int] | None = None, importance=None
+) -> CurveState:
+    """``state`` one step further: the next ``k`` units removed. ``importance [layer, unit]``:
+    for the ``importance`` / ``reverse_importance`` orders, measured at ``state``'s mask;
+    ``fixed``: the removal order of ``ablation`` and ``random`` curves."""
+    units = prune_units(spec, settings.unit)
+    k, total = n_steps_units(len(units), settings)
+    if state.done:
+        raise ValueError(f"curve {state.key!r} is finished (step {state.step}); nothing left to prune")
+    removed = list(state.removed)
+    gone = set(removed)
+    left = [u for u in range(len(units)) if u not in gone]
+    take = min(k, total - len(removed))
+    if state.order in ("importance", "reverse_importance"):
+        if importance is None:
+            raise ValueError(f"the {state.order!r} curve needs the importance at its current mask")
+        imp = importance.flatten()
+        sign = 1.0 if state.order == "importance" else -1.0
+        chosen = sorted(left, key=lambda u: (sign * float(imp[u]), u))[:take]
+    else:
+        if fixed is None:
+            raise ValueError(f"the {state.order!r} curve needs its fixed removal order")
+        chosen = [u for u in fixed if u not in gone][:take]
+    new = CurveState(order=state.order, seed=state.seed, step=state.step + 1, removed=removed + chosen)
+    new.done = len(new.removed) >= total
+    return new
+
+
+def needs_importance(state: CurveState) -> bool:
+    """Whether the next step of ``state`` ranks units by gradient importance."""
+    return state.order in ("importance", "reverse_importance")
+
+
+def step_importance(model, metric, mask: torch.Tensor, settings: CurveSettings) -> torch.Tensor:
+    """The importance an iterative order ranks by, at ``mask``."""
+    return head_importance(
+        model, metric, mask=mask, unit=settings.unit, per_example=settings.per_example, normalize=settings.normalize
+    )
+
+
 def curve_step(
     model, metric, state: CurveState, settings: CurveSettings, *, fixed: list[int] | None = None
 ) -> tuple[CurveState, list[dict]]:
     """Advance ``state`` by one pruning step; return the new state and the step's rows.
 
     Step 0 scores the unpruned model. ``fixed``: the removal order for ``ablation`` and
-    ``random`` curves.
+    ``random`` curves. (:func:`curve_round` advances several curves at once.)
     """
     spec = model.spec
     units = prune_units(spec, settings.unit)
-    k, total = n_steps_units(len(units), settings)
-    if state.done:
-        raise ValueError(f"curve {state.key!r} is finished (step {state.step}); nothing left to prune")
-    removed = list(state.removed)
-    new = CurveState(order=state.order, seed=state.seed, step=state.step + 1, removed=removed)
-    left = [u for u in range(len(units)) if u not in set(removed)]
-    take = min(k, total - len(removed))
-    if state.order in ("importance", "reverse_importance"):
-        imp = head_importance(
-            model,
-            metric,
-            mask=mask_of(spec, units, removed),
-            unit=settings.unit,
-            per_example=settings.per_example,
-            normalize=settings.normalize,
-        ).flatten()
-        sign = 1.0 if state.order == "importance" else -1.0
-        chosen = sorted(left, key=lambda u: (sign * float(imp[u]), u))[:take]
-    else:
-        if fixed is None:
-            raise ValueError(f"the {state.order!r} curve needs its fixed removal order")
-        chosen = [u for u in fixed if u not in set(removed)][:take]
-    new.removed = removed + chosen
-    new.done = len(new.removed) >= total
+    imp = (
+        step_importance(model, metric, mask_of(spec, units, state.removed), settings)
+        if needs_importance(state)
+        else None
+    )
+    new = next_state(spec, state, settings, fixed=fixed, importance=imp)
     rows = step_rows(model, metric, new, mask_of(spec, units, new.removed), settings)
     return new, rows
+
+
+def curve_round(
+    model,
+    metric,
+    states: list[CurveState],
+    settings: CurveSettings,
+    *,
+    fixed: dict,
+    importance,
+    importance_scored=None,
+) -> list[tuple[CurveState, list[dict]]]:
+    """One step of every curve in ``states``, the new masks scored in ONE replicated
+    :func:`~headscope.analyses.pruning.ablation.evaluate` call: per curve its new state and
+    rows, as :func:`curve_step` gives them. ``fixed``: curve key -> removal order (fixed
+    orders); ``importance(mask) -> [layer, unit]`` (iterative orders; may serve a mask it has
+    seen from a cache). ``importance_scored(mask) -> (importance, (values, weights))``, when
+    given, scores the new mask of an unfinished iterative curve from the forwards that take
+    the importance its next step ranks by (which ``importance`` should then serve)."""
+    spec = model.spec
+    units = prune_units(spec, settings.unit)
+    new = [
+        next_state(
+            spec,
+            s,
+            settings,
+            fixed=fixed.get(s.key),
+            importance=importance(mask_of(spec, units, s.removed)) if needs_importance(s) else None,
+        )
+        for s in states
+    ]
+    masks = torch.stack([mask_of(spec, units, s.removed) for s in new])
+    scored = {}
+    if importance_scored is not None:
+        scored = {i: importance_scored(masks[i])[1] for i, s in enumerate(new) if needs_importance(s) and not s.done}
+    rest = [i for i in range(len(new)) if i not in scored]
+    if rest:
+        v, w = evaluate(model, metric, masks[rest], max_rows=settings.max_rows)
+        scored.update({i: (v[j : j + 1], w) for j, i in enumerate(rest)})
+    return [(s, step_rows(model, metric, s, masks[i], settings, scored[i])) for i, s in enumerate(new)]
 
 
 def start_curve(

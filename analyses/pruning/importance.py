@@ -43,11 +43,19 @@ See ``tests/analyses/test_pruning.py`` for the finite-difference check of :func:
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 
 import pandas as pd
 import torch
 
-from headscope.analyses.pruning.ablation import check_inhouse, gates_as, impact_frame, impact_rows
+from headscope.analyses.pruning.ablation import (
+    _read_positions,
+    check_head_hooks,
+    head_gates,
+    impact_frame,
+    impact_rows,
+    unembed_at,
+)
 
 
 class ImportanceTieWarning(UserWarning):
@@ -62,25 +70,38 @@ def _check_differentiable(metric) -> None:
         )
 
 
-def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=None):
+def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=None, scores: bool = False):
     """Signed ``∂L_b/∂ξ`` for each batch ``b`` -> ``(grads [batch, layer, head], items [batch])``.
 
     ``units``: the metric's units (default) or any list of them (e.g. one item each).
+    ``scores`` (the metric's own units only): also return the metric at ``mask`` from the
+    same forwards, ``(values [1, n_items], weights [n_items])`` as
+    :func:`~headscope.analyses.pruning.ablation.evaluate` gives them (the same numbers).
     """
-    check_inhouse(model)
+    if scores and units is not None:
+        raise ValueError("scores=True reads the metric's own units; pass units=None")
+    check_head_hooks(model)
     _check_differentiable(metric)
     spec = model.spec
     mask = torch.ones(spec.n_layers, spec.n_heads) if mask is None else mask
     units = metric.units if units is None else units
     grads, items = [], []
-    with gates_as(model.module, mask, requires_grad=True) as gates, torch.enable_grad():
+    values, weights = torch.zeros(1, metric.n_items), torch.zeros(metric.n_items)
+    with head_gates(model, mask, requires_grad=True) as gates, torch.enable_grad():
         for u in units:
-            out = model.module(u.batch.input_ids, u.batch.attention_mask)
+            keep = _read_positions(model, metric, u)
+            with unembed_at(model, keep) if keep is not None else nullcontext():  # only the logits the loss reads
+                out = model.forward(u.batch.input_ids, u.batch.attention_mask)
+            if scores:
+                with torch.no_grad():
+                    v, w = metric.item_values(out.detach(), u)
+                values[:, u.items], weights[u.items] = v.float(), w.float()
             loss = metric.loss(out, u)
             g = torch.autograd.grad(loss, gates, allow_unused=True)
-            grads.append(torch.stack([torch.zeros(spec.n_heads) if x is None else x.detach().float() for x in g]))
+            grads.append(torch.stack([torch.zeros(spec.n_heads) if x is None else x.detach().float().cpu() for x in g]))
             items.append(len(u.items))
-    return torch.stack(grads), torch.tensor(items, dtype=torch.float32)
+    out = torch.stack(grads), torch.tensor(items, dtype=torch.float32)
+    return (*out, (values, weights)) if scores else out
 
 
 def head_importance(
@@ -91,8 +112,11 @@ def head_importance(
     unit: str = "head",
     per_example: bool = False,
     normalize: bool = False,
-) -> torch.Tensor:
-    """Importance ``[layer, head]`` (``unit="head"``) or ``[layer, kv_head]`` (``"kv_group"``).
+    scores: bool = False,
+):
+    """Importance ``[layer, head]`` (``unit="head"``) or ``[layer, kv_head]`` (``"kv_group"``);
+    with ``scores`` (batch gradients only), ``(importance, (values, weights))``: the metric
+    at ``mask`` too, from the same forwards (:func:`gate_gradients`).
 
     Raises ``ValueError`` for an unknown unit or a metric without gradients; warns
     (:class:`ImportanceTieWarning`) when the importances are all 0 or tie (see
@@ -102,8 +126,10 @@ def head_importance(
         raise ValueError(f"unit must be 'head' or 'kv_group'; got {unit!r}")
     _check_differentiable(metric)
     spec = model.spec
+    if scores and per_example:
+        raise ValueError("scores=True needs batch gradients (per_example=False)")
     units = metric.single_item_units() if per_example else None
-    g, items = gate_gradients(model, metric, mask=mask, units=units)  # [batch, layer, head]
+    g, items, *scored = gate_gradients(model, metric, mask=mask, units=units, scores=scores)  # [batch, layer, head]
     if unit == "kv_group":
         g = g.view(g.shape[0], spec.n_layers, spec.n_kv_heads, spec.group_size).sum(-1)
     imp = (g.abs() * items[:, None, None]).sum(0) / items.sum()
@@ -118,7 +144,7 @@ def head_importance(
             ImportanceTieWarning,
             stacklevel=2,
         )
-    return imp
+    return (imp, scored[0]) if scores else imp
 
 
 def importance_ties(imp: torch.Tensor) -> str | None:

@@ -82,6 +82,30 @@ def token_nll(
     return (tok * keep_f).sum(-1), keep_f.sum(-1)
 
 
+def token_nll_at(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_nll` from the logits at the scored positions only: ``logits [n, vocab]``
+    are the rows, in row-major order, of the positions ``p < pos - 1`` whose target
+    ``input_ids[:, p + 1]`` is a real token (:meth:`LMLoss.read_positions`). Same values,
+    bit for bit: each scored token's log-probability is computed alike and the sums run
+    over the same ``[batch, pos - 1]`` grid (zeros where nothing is scored).
+
+    >>> logits = torch.zeros(1, 3, 4)
+    >>> ids, am = torch.tensor([[0, 1, 2]]), torch.tensor([[1, 1, 1]])
+    >>> [torch.equal(a, b) for a, b in zip(token_nll_at(logits[0, :2], ids, am), token_nll(logits, ids, am))]
+    [True, True]
+    """
+    keep = attention_mask[:, 1:].bool()
+    if logits.dim() != 2 or logits.shape[0] != int(keep.sum()):
+        raise ValueError(f"logits must be [{int(keep.sum())} scored positions, vocab]; got {tuple(logits.shape)}")
+    logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    scored = -logp.gather(-1, input_ids[:, 1:][keep][:, None])[:, 0]
+    tok = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, scored)
+    keep_f = keep.to(logp.dtype)
+    return (tok * keep_f).sum(-1), keep_f.sum(-1)
+
+
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     """``hidden [batch, pos, d_model]`` -> ``[batch, d_model]``: mean over real tokens
     (sentence-transformers' pooling), then L2-normalised when ``normalize``."""
@@ -140,7 +164,9 @@ class ItemMetric:
 
     name: str = "metric"
     higher_is_better: bool = True
-    family: str = "llama"
+    #: what the metric reads from the model's output: a causal LM's logits (``"decoder"``)
+    #: or an encoder's last hidden states (``"encoder"``)
+    family: str = "decoder"
     #: :meth:`loss` gives gate gradients (gradient importance, importance orders)
     differentiable: bool = True
     #: :attr:`units` hold the metric's tokens (mean ablation averages ``z`` over them)
@@ -178,8 +204,13 @@ class ItemMetric:
 
         return replicated_scores(model, self, masks, ablation=ablation, max_rows=max_rows)
 
+    #: ``read_positions(unit) -> [rows, pos]`` bool, where a metric reads a decoder's logits
+    #: at some positions only (see :meth:`LMLoss.read_positions`); None: it reads them all
+    read_positions = None
+
     def item_values(self, out: torch.Tensor, unit: Unit) -> tuple[torch.Tensor, torch.Tensor]:
-        """``out [R*rows, ...]`` -> ``(values [R, n_unit_items], weights [n_unit_items])``."""
+        """``out [R*rows, ...]`` (or ``[R*n_read, vocab]``, the logits at
+        :attr:`read_positions`) -> ``(values [R, n_unit_items], weights [n_unit_items])``."""
         raise NotImplementedError
 
     def loss(self, out: torch.Tensor, unit: Unit) -> torch.Tensor:
@@ -195,10 +226,11 @@ class ItemMetric:
         return self.finalize(weighted_mean(values, weights))
 
     def check_model(self, model) -> None:
-        fam = model.spec.family
-        if fam != self.family:
+        kind = "decoder" if model.spec.causal else "encoder"
+        if kind != self.family:
             raise ValueError(
-                f"metric {self.name!r} needs a {self.family!r}-family model; got {model.spec.name!r} ({fam})"
+                f"metric {self.name!r} needs {'a causal LM' if self.family == 'decoder' else 'an encoder'}; "
+                f"got {model.spec.name!r}, an {kind} ({model.spec.family})"
             )
 
 
@@ -222,7 +254,7 @@ class LMLoss(ItemMetric):
     """
 
     higher_is_better = False
-    family = "llama"
+    family = "decoder"
 
     def __init__(
         self, model, texts: Sequence[str], *, perplexity: bool = False, batch_size: int = 16, add_bos: bool = False
@@ -247,10 +279,24 @@ class LMLoss(ItemMetric):
     def _prepare(self, item_ids):
         return Unit(collate([self.toks[i] for i in item_ids], self.pad), list(item_ids))
 
+    def read_positions(self, unit: Unit) -> torch.Tensor:
+        """``[rows, pos]`` True where the output is read: position ``p`` predicts token
+        ``p + 1``, read when that token is real (never the last position nor padding). The
+        scoring engine may then hand :meth:`item_values` / :meth:`loss` the logits at these
+        positions only, ``[R × n_read, vocab]`` (:func:`token_nll_at`)."""
+        am = unit.batch.attention_mask
+        keep = torch.zeros(am.shape, dtype=torch.bool, device=am.device)
+        keep[:, :-1] = am[:, 1:].bool()
+        return keep
+
     def _nll(self, out, unit):
-        r = out.shape[0] // unit.rows
-        ids, mask = _tile(unit.batch.input_ids, r), _tile(unit.batch.attention_mask, r)
-        s, n = token_nll(out, ids, mask)
+        ids, mask = unit.batch.input_ids, unit.batch.attention_mask
+        if out.dim() == 2:  # logits at read_positions only
+            r = out.shape[0] // int(mask[:, 1:].bool().sum())
+            s, n = token_nll_at(out, _tile(ids, r), _tile(mask, r))
+        else:
+            r = out.shape[0] // unit.rows
+            s, n = token_nll(out, _tile(ids, r), _tile(mask, r))
         return s.view(r, unit.rows), n.view(r, unit.rows)[0]
 
     def item_values(self, out, unit):
@@ -317,7 +363,7 @@ class CorefAccuracy(ItemMetric):
 
     name = "coref_accuracy"
     higher_is_better = True
-    family = "llama"
+    family = "decoder"
 
     def __init__(
         self,
@@ -416,7 +462,7 @@ class EmbeddingCosine(ItemMetric):
 
     name = "cosine_to_unpruned"
     higher_is_better = True
-    family = "bert"
+    family = "encoder"
 
     def __init__(
         self,
@@ -439,7 +485,7 @@ class EmbeddingCosine(ItemMetric):
             reference = torch.zeros(self.n_items, model.spec.d_model)
             with torch.inference_mode():
                 for u in self.units:
-                    out = model.module(u.batch.input_ids, u.batch.attention_mask)
+                    out = model.forward(u.batch.input_ids, u.batch.attention_mask)
                     reference = reference.to(out.dtype)
                     reference[u.items] = mean_pool(out, u.batch.attention_mask)
         self.reference = reference.clone()
@@ -483,7 +529,7 @@ class ParaphraseAccuracy(ItemMetric):
 
     name = "paraphrase_accuracy"
     higher_is_better = True
-    family = "bert"
+    family = "encoder"
 
     def __init__(self, model, items: Sequence[dict], *, batch_size: int = 8, temperature: float = 0.05):
         super().__init__(batch_size)
@@ -559,11 +605,11 @@ class CallableMetric(ItemMetric):
 
     def score(self, model, masks, *, ablation=None, max_rows=64):
         """``values [R, 1]`` (the function's value under each mask), ``weights [1]``."""
-        from headscope.analyses.pruning.ablation import gates_as
+        from headscope.analyses.pruning.ablation import head_gates
 
         vals = []
         for m in masks:
-            with gates_as(model.module, m, ablation=ablation):
+            with head_gates(model, m, ablation=ablation):
                 vals.append(float(self.fn(model)))
         return torch.tensor(vals, dtype=torch.float32)[:, None], torch.ones(1)
 
@@ -637,15 +683,16 @@ def build_metric(name: str, model, *, n_items: int | None = None, batch_size: in
     return ParaphraseAccuracy(model, _take(read_paraphrases(path("paraphrase/pairs.jsonl")), n_items), **bs, **kw)
 
 
+#: metric name -> the kind of model it reads (``"decoder"``: logits; ``"encoder"``: hidden states)
 METRICS = {
-    "lm_loss": "llama",
-    "perplexity": "llama",
-    "coref_accuracy": "llama",
-    "cosine_to_unpruned": "bert",
-    "paraphrase_accuracy": "bert",
+    "lm_loss": "decoder",
+    "perplexity": "decoder",
+    "coref_accuracy": "decoder",
+    "cosine_to_unpruned": "encoder",
+    "paraphrase_accuracy": "encoder",
 }
 
 
-def default_metric(family: str) -> str:
-    """``lm_loss`` for decoders, ``cosine_to_unpruned`` for encoders."""
-    return "lm_loss" if family == "llama" else "cosine_to_unpruned"
+def default_metric(spec) -> str:
+    """``lm_loss`` for decoders (causal), ``cosine_to_unpruned`` for encoders."""
+    return "lm_loss" if spec.causal else "cosine_to_unpruned"

@@ -14,6 +14,13 @@ between the two writes, are dropped); the tables are the same as an uninterrupte
 run's. ``step_limit`` stops a call after that many pruning steps (for tests and for
 splitting long runs).
 
+Work is shared across stages: the unpruned model is scored once; the importance stage
+and the iterative orders' first steps take one gradient; the curves advance in rounds, a
+step of every unfinished curve per round with all the round's masks scored in one
+replicated call (an iterative curve's mask is scored by the forwards that take the
+gradient its next step ranks by); ``curves`` is then put in curve order (curve by curve,
+each by step), as a run drawing one curve after the other writes it.
+
 Tables (:class:`PruneTables`, ``PruneResult.tables``): ``baseline``, ``ablation``,
 ``all_but_one``, ``importance``, ``curves``, ``curve_summary`` (IMPACT_COLUMNS),
 ``prunable`` (PRUNABLE_COLUMNS), ``role_ablation`` (ROLE_ABLATION_COLUMNS; its file in
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -38,19 +46,22 @@ import torch
 from headscope.analyses.pruning.ablation import (
     all_but_one,
     bootstrap_se,
-    check_inhouse,
+    check_head_hooks,
     evaluate,
     impact_frame,
     impact_rows,
     prune_units,
     role_ablation,
+    sharing,
     single_head_ablation,
+    unshared,
 )
 from headscope.analyses.pruning.curves import (
     ORDERS,
     CurveSettings,
     CurveState,
     ablation_harms,
+    curve_round,
     curve_step,
     curve_summary,
     prunable_table,
@@ -321,6 +332,7 @@ def pruning_study(
     roles: pd.DataFrame | None = None,
     step_limit: int | None = None,
     progress=None,
+    shared: bool = True,
 ) -> PruneResult:
     """Run (or resume) a pruning study; see the module docstring for the stages and frames.
 
@@ -332,11 +344,15 @@ def pruning_study(
     ``out_dir`` holds a run with another config, and ``ValueError`` when it is a file,
     holds anything but an earlier pruning study, or another run is writing it
     (:func:`~headscope.probes.outputs.folder.claim_output`).
+
+    ``shared=False`` runs the previous algorithm (:func:`~headscope.analyses.pruning.ablation.unshared`):
+    the same tables, slower; ``headscope bench`` times the two (``quick_pruning_before``).
     """
-    if out_dir is None:
-        return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
-    with claim_output(out_dir, "prune"):
-        return _study(model, cfg, out_dir, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
+    with nullcontext() if shared else unshared():
+        if out_dir is None:
+            return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
+        with claim_output(out_dir, "prune"):
+            return _study(model, cfg, out_dir, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
 
 
 def _parts(cfg: PruneConfig, with_roles: bool) -> int:
@@ -347,7 +363,7 @@ def _parts(cfg: PruneConfig, with_roles: bool) -> int:
 
 
 def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progress=None) -> PruneResult:
-    check_inhouse(model)
+    check_head_hooks(model)
     n_parts, parts_done = _parts(cfg, roles is not None), 0
 
     def part_done():
@@ -361,7 +377,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     torch.manual_seed(cfg.seed)
     if metric is None:
         metric = build_metric(
-            cfg.metric or default_metric(model.spec.family), model, n_items=cfg.items, batch_size=cfg.batch_size
+            cfg.metric or default_metric(model.spec), model, n_items=cfg.items, batch_size=cfg.batch_size
         )
     elif cfg.metric is not None and cfg.metric != metric.name:
         raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
@@ -377,7 +393,25 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     settings = cfg.curve_settings()
     boots, mr = cfg.boots, cfg.max_rows
 
-    unpruned = evaluate(model, metric, max_rows=mr)  # (values, weights); cheap next to the rest, and deterministic
+    unpruned = evaluate(model, metric, max_rows=mr)  # (values, weights): scored once, shared by every stage
+    seen_importance: dict[bytes, torch.Tensor] = {}
+
+    def importance_at(mask: torch.Tensor, scores: bool = False):
+        """Gradient importance at ``mask`` (with ``scores``: and the metric there, from the
+        same forwards). The importance stage and the first step of both iterative orders ask
+        for the unpruned mask's, and a step of an iterative order for the mask its previous
+        step scored: each is computed once (kept for this call only: a resumed run
+        recomputes it, to the same numbers)."""
+        key = mask.numpy().tobytes()
+        kw = dict(mask=mask, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance)
+        if scores:
+            imp, scored = head_importance(model, metric, scores=True, **kw)
+            seen_importance[key] = imp
+            return imp, scored
+        if key not in seen_importance or not sharing():
+            seen_importance[key] = head_importance(model, metric, **kw)
+        return seen_importance[key]
+
     if not store.done("baseline"):
         v, w = unpruned
         se = bootstrap_se(metric, v, w, n_boot=boots, seed=cfg.seed)[0]
@@ -401,20 +435,22 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     if "ablation" in cfg.studies:
         for mode in cfg.ablation_modes:
             if not store.done(f"ablation:{mode}"):
-                df = single_head_ablation(model, metric, mode=mode, n_boot=boots, seed=cfg.seed, max_rows=mr)
+                df = single_head_ablation(
+                    model, metric, mode=mode, n_boot=boots, seed=cfg.seed, max_rows=mr, unpruned=unpruned
+                )
                 store.put("ablation", df, append=True)
                 store.commit(f"ablation:{mode}", ("ablation",))
             part_done()
     if "all_but_one" in cfg.studies:
         if not store.done("all_but_one"):
-            store.put("all_but_one", all_but_one(model, metric, n_boot=boots, seed=cfg.seed, max_rows=mr))
+            store.put(
+                "all_but_one", all_but_one(model, metric, n_boot=boots, seed=cfg.seed, max_rows=mr, unpruned=unpruned)
+            )
             store.commit("all_but_one", ("all_but_one",))
         part_done()
     if "importance" in cfg.studies:
         if not store.done("importance"):
-            imp = head_importance(
-                model, metric, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance
-            )
+            imp = importance_at(torch.ones(model.spec.n_layers, model.spec.n_heads))
             store.put("importance", importance_frame(imp, metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items))
             store.commit("importance", ("importance",))
         part_done()
@@ -422,7 +458,16 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         if not store.done("roles"):
             store.put(
                 "role_ablation",
-                role_ablation(model, metric, roles, k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=mr),
+                role_ablation(
+                    model,
+                    metric,
+                    roles,
+                    k=cfg.role_k,
+                    n_draws=cfg.role_draws,
+                    seed=cfg.seed,
+                    max_rows=mr,
+                    unpruned=unpruned,
+                ),
             )
             store.commit("roles", ("role_ablation",))
         part_done()
@@ -431,48 +476,25 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     complete = True
     if "curves" in cfg.studies:
         units = prune_units(model.spec, cfg.unit)
-        fixed_ablation = None
+        fixed = {}
         for order, seed in curve_keys(cfg):
             key = order if seed is None else f"{order}:{seed}"
-            if key in store.state["curves"] and store.state["curves"][key]["done"]:
-                part_done()
-                continue
-            if step_limit is not None and steps_run >= step_limit:
-                complete = False
-                break
-            fixed = None
             if order == "random":
-                fixed = static_order("random", len(units), seed=seed)
-            elif order == "ablation":
-                if fixed_ablation is None:
-                    harms = ablation_harms(model, metric, units, ablation_frame=store.tables.ablation, max_rows=mr)
-                    fixed_ablation = static_order("ablation", len(units), harms=harms)
-                fixed = fixed_ablation
-            if key not in store.state["curves"]:
-                state, rows = start_curve(model, metric, order, settings, seed=seed, unpruned=unpruned)
-                store.put("curves", impact_frame(rows), append=True)
-                store.state["curves"][key] = state.to_dict()
-                store.commit(None, ("curves",))
-            state = CurveState.from_dict(store.state["curves"][key])
-            while not state.done:
-                if step_limit is not None and steps_run >= step_limit:
-                    complete = False
-                    break
-                state, rows = curve_step(model, metric, state, settings, fixed=fixed)
-                steps_run += 1
-                store.put("curves", impact_frame(rows), append=True)
-                store.state["curves"][key] = state.to_dict()
-                store.commit(None, ("curves",))
-                log.info("curve %s: step %d, %d units removed", key, state.step, len(state.removed))
-            if not complete:
-                break
-            part_done()
+                fixed[key] = static_order("random", len(units), seed=seed)
+            elif order == "ablation" and not (store.state["curves"].get(key) or {}).get("done"):
+                harms = ablation_harms(model, metric, units, ablation_frame=store.tables.ablation, max_rows=mr)
+                fixed[key] = static_order("ablation", len(units), harms=harms)
+        run = _curves_in_rounds if sharing() else _curves_one_by_one
+        steps_run, complete = run(
+            model, metric, cfg, settings, store, fixed, unpruned, importance_at, step_limit, part_done
+        )
         if complete:
+            store.put("curves", _curve_major(store.tables.curves, cfg))
             summary = curve_summary(store.tables.curves)
             store.put("curve_summary", summary)
             store.put("prunable", prunable_table(summary, metric))
             store.state["complete"] = True
-            store.commit("summary", ("curve_summary", "prunable"))
+            store.commit("summary", ("curves", "curve_summary", "prunable"))
     else:
         store.state["complete"] = True
         store.commit("summary")
@@ -485,12 +507,104 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
                 **manifest_header("prune"),
                 "config": cfg.to_dict(),
                 "model": model.spec.name,
+                "backend": model.backend,
+                "backend_choice": getattr(model, "backend_choice", model.backend),
                 "summary": summary,
                 "trust_remote_code": model.trust_remote_code,
             },
             store.dir / "run.json",
         )
     return PruneResult(tables=store.tables, summary=summary, config=cfg, complete=complete)
+
+
+def _curve_major(curves: pd.DataFrame, cfg: PruneConfig) -> pd.DataFrame:
+    """The curves' rows curve by curve (:func:`curve_keys` order), each by step: the order of
+    a run that drew the curves one after the other, whatever order the steps ran in."""
+    rank = {(o, s): i for i, (o, s) in enumerate(curve_keys(cfg))}
+    key = [
+        (rank[(st.removeprefix("curve:"), None if pd.isna(sd) else int(sd))], int(step))
+        for st, sd, step in zip(curves["study"], curves["seed"], curves["step"])
+    ]
+    order = sorted(range(len(curves)), key=lambda i: key[i])  # stable: a step's rows keep their order
+    return curves.iloc[order].reset_index(drop=True)
+
+
+def _start_curves(model, metric, settings, store, keys, unpruned) -> None:
+    """Step 0 (the unpruned model's rows) of every curve in ``keys`` not started yet."""
+    for order, seed in keys:
+        key = order if seed is None else f"{order}:{seed}"
+        if key not in store.state["curves"]:
+            state, rows = start_curve(model, metric, order, settings, seed=seed, unpruned=unpruned)
+            store.put("curves", impact_frame(rows), append=True)
+            store.state["curves"][key] = state.to_dict()
+            store.commit(None, ("curves",))
+
+
+def _curves_in_rounds(model, metric, cfg, settings, store, fixed, unpruned, importance_at, step_limit, part_done):
+    """Every unfinished curve advances one step per round, the round's masks scored in one
+    replicated call (:func:`curve_round`); a round is committed as a whole. Returns
+    ``(steps run, complete)``."""
+    keys = curve_keys(cfg)
+    for order, seed in keys:
+        key = order if seed is None else f"{order}:{seed}"
+        if key in store.state["curves"] and store.state["curves"][key]["done"]:
+            part_done()
+    steps_run = 0
+    if (
+        step_limit is not None
+        and step_limit <= 0
+        and any(not store.state["curves"].get(o if s is None else f"{o}:{s}", {}).get("done") for o, s in keys)
+    ):
+        return 0, False
+    _start_curves(model, metric, settings, store, keys, unpruned)
+    while True:
+        states = [CurveState.from_dict(store.state["curves"][o if s is None else f"{o}:{s}"]) for o, s in keys]
+        active = [st for st in states if not st.done]
+        if not active:
+            return steps_run, True
+        if step_limit is not None:
+            if steps_run >= step_limit:
+                return steps_run, False
+            active = active[: step_limit - steps_run]
+        fused = None if cfg.per_example else (lambda mask: importance_at(mask, scores=True))
+        stepped = curve_round(
+            model, metric, active, settings, fixed=fixed, importance=importance_at, importance_scored=fused
+        )
+        for state, rows in stepped:
+            store.put("curves", impact_frame(rows), append=True)
+            store.state["curves"][state.key] = state.to_dict()
+            log.info("curve %s: step %d, %d units removed", state.key, state.step, len(state.removed))
+        steps_run += len(stepped)
+        store.commit(None, ("curves",))
+        for state, _ in stepped:
+            if state.done:
+                part_done()
+
+
+def _curves_one_by_one(model, metric, cfg, settings, store, fixed, unpruned, importance_at, step_limit, part_done):
+    """The previous algorithm (:func:`~headscope.analyses.pruning.ablation.unshared`): each
+    curve to its end, a step at a time. Returns ``(steps run, complete)``."""
+    steps_run = 0
+    for order, seed in curve_keys(cfg):
+        key = order if seed is None else f"{order}:{seed}"
+        if key in store.state["curves"] and store.state["curves"][key]["done"]:
+            part_done()
+            continue
+        if step_limit is not None and steps_run >= step_limit:
+            return steps_run, False
+        _start_curves(model, metric, settings, store, [(order, seed)], unpruned)
+        state = CurveState.from_dict(store.state["curves"][key])
+        while not state.done:
+            if step_limit is not None and steps_run >= step_limit:
+                return steps_run, False
+            state, rows = curve_step(model, metric, state, settings, fixed=fixed.get(key))
+            steps_run += 1
+            store.put("curves", impact_frame(rows), append=True)
+            store.state["curves"][key] = state.to_dict()
+            store.commit(None, ("curves",))
+            log.info("curve %s: step %d, %d units removed", key, state.step, len(state.removed))
+        part_done()
+    return steps_run, True
 
 
 def study_summary(tables: PruneTables, metric, spec, cfg: PruneConfig) -> dict:

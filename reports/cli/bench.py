@@ -32,7 +32,7 @@ def register(sub) -> None:
         default=None,
         help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
         "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
-        "ablation_batched pruning_50",
+        "ablation_batched pruning_50 hook_gates inhouse_gates quick_pruning quick_pruning_before",
     )
     p.add_argument(
         "--corpus",

@@ -184,3 +184,41 @@ def test_targets_come_from_the_targets_table(monkeypatch):
     monkeypatch.setattr(B, "RATIO_TARGETS", (mine,))
     row = B._targets(frame).iloc[0]
     assert row["target"] == mine.name and row["value"] == 0.5 and not row["met"]
+
+
+def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
+    # the plumbing only: a smaller study than the report's (one random curve, one stand-in role)
+    small = {"quick": True, "ablation_modes": ("zero",), "studies": ("curves",), "orders": ("random",)}
+    monkeypatch.setattr(B, "QUICK_PRUNING", {**small, "n_random_seeds": 1, "max_fraction": 0.2})
+    stand_in = B.stand_in_roles
+    monkeypatch.setattr(B, "stand_in_roles", lambda spec, seed=0: stand_in(spec, n_roles=1, seed=seed))
+    cfg = B.BenchConfig(
+        n_sentences=4,
+        batch_size=4,
+        repeats=1,
+        peak_seconds=0.05,
+        peak_size=256,
+        prune_items=2,
+        paths=("hook_gates", "inhouse_gates", "quick_pruning", "quick_pruning_before"),
+    )
+    result = B.run_bench(cfg)
+    f = result.frame.set_index("path")
+    assert list(f.index) == list(cfg.paths)
+    for p in cfg.paths:
+        assert f.loc[p, "status"] == "ok", f.loc[p, "note"]
+        assert math.isfinite(f.loc[p, "seconds"]) and f.loc[p, "seconds"] > 0
+    assert f.loc["hook_gates", "gflop"] == f.loc["inhouse_gates", "gflop"] > 0
+    t = result.targets.set_index("target")
+    for name in ("hook gates / in-house gates <= 1.1", "quick pruning now / before <= 0.6"):
+        assert math.isfinite(t.loc[name, "value"]) and t.loc[name, "met"] in (True, False)  # reported, never enforced
+    with pytest.raises(ValueError, match="'prune_items'"):
+        B.BenchConfig(prune_items=1)
+
+
+def test_stand_in_roles_are_seeded():
+    from types import SimpleNamespace
+
+    spec = SimpleNamespace(n_layers=6, n_heads=12)
+    a = B.stand_in_roles(spec, seed=1)
+    assert a.equals(B.stand_in_roles(spec, seed=1)) and not a.equals(B.stand_in_roles(spec, seed=2))
+    assert a.groupby("role").size().tolist() == [3] * 9

@@ -198,7 +198,7 @@ def test_replica_hooks_are_removed_after_an_exception(planted):
     model, _ = planted
     hp = model.module.hook_points["blocks.0.attn.hook_z"]
     with pytest.raises(RuntimeError, match="boom"):
-        with replica_masks(model.module, head_masks(n_layers=1, n_heads=3, heads=[(0, 0)])):
+        with replica_masks(model, head_masks(n_layers=1, n_heads=3, heads=[(0, 0)])):
             assert hp.active
             raise RuntimeError("boom")
     assert not hp.active
@@ -460,12 +460,12 @@ def test_resumed_study_equals_uninterrupted_run(tmp_path, planted):
         pruning_study(model, PruneConfig(metric="lm_loss", step=0.5, n_boot=20), out, metric=metric)
 
 
-def test_study_needs_the_inhouse_backend():
+def test_study_needs_a_loaded_model():
     class Bridge:
         class spec:
             backend = "bridge"
 
-    with pytest.raises(ModelIncompatibleError, match="in-house"):
+    with pytest.raises(ModelIncompatibleError, match=r"need a loaded model \(load_model"):
         pruning_study(Bridge(), PruneConfig())
 
 
@@ -600,3 +600,87 @@ def test_smollm2_coref_accuracy_by_lm_scoring(smollm):
     metric = build_metric("coref_accuracy", smollm, n_items=40)  # first 40 winograd/number items, partial scoring
     v, w = evaluate(smollm, metric)
     assert metric.n_items == 40 and float(metric.aggregate(v, w)[0]) == pytest.approx(30 / 40)
+
+
+# ----------------------------------------------------------------------------- shared work, same figures
+
+
+def random_deep_model() -> InHouseModel:
+    cfg = ModelConfig(
+        family="llama",
+        n_layers=4,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        vocab_size=11,
+        max_positions=16,
+        name="random-deep",
+    )
+    net = Transformer(cfg)
+    net.init_weights(std=0.3, seed=4)
+    return InHouseModel(net, word_tokenizer(), name="random-deep")
+
+
+def _stand_in_roles(n_layers, n_heads):
+    rows = []
+    for i, (l, h) in enumerate([(0, 1), (2, 3), (3, 0), (1, 2), (3, 3)]):
+        if l < n_layers and h < n_heads:
+            rows.append(dict(layer=l, head=h, role=f"role{i % 2}", score=1.0 - i / 10, verdict=True))
+    return pd.DataFrame(rows)
+
+
+def test_staggered_replicas_equal_separate_forwards():
+    from headscope.analyses.pruning.ablation import first_changed, unshared
+
+    model = random_deep_model()
+    metric = LMLoss(model, alternating(10, length=9, seed=5) + alternating(3, length=13, seed=6), batch_size=4)
+    g = torch.Generator().manual_seed(0)
+    masks = (torch.rand(9, 4, 4, generator=g) > 0.4).float()
+    masks[0] = 1.0  # untouched
+    masks[1] = 1.0
+    masks[1, 3, 2] = 0.0  # last layer only
+    masks[2] = 1.0
+    masks[2, 0, 0] = 0.0
+    assert first_changed(masks[:3]).tolist() == [3, 3, 0]
+    for max_rows in (4, 8, 64):  # one replica per forward, some, all
+        v, w = evaluate(model, metric, masks, max_rows=max_rows)
+        with unshared():
+            sep = torch.cat([evaluate(model, metric, m[None])[0] for m in masks])
+            _, w_old = evaluate(model, metric, masks[:1])
+        assert torch.equal(v, sep) and torch.equal(w, w_old)  # bit for bit
+
+
+def test_read_positions_give_the_same_loss_and_gradients():
+    from headscope.analyses.pruning.ablation import unshared
+
+    model = random_deep_model()
+    metric = LMLoss(model, alternating(5, length=9, seed=5) + alternating(3, length=12, seed=7), batch_size=8)
+    mask = torch.ones(4, 4)
+    mask[1, 2] = 0.0
+    g_new, _ = gate_gradients(model, metric, mask=mask)
+    with unshared():  # every logit computed
+        g_old, _ = gate_gradients(model, metric, mask=mask)
+    assert torch.equal(g_new, g_old)
+
+
+def test_shared_study_equals_the_previous_algorithm(tmp_path):
+    model = random_deep_model()
+    metric = LMLoss(model, alternating(8, length=9, seed=8), batch_size=4)
+    roles = _stand_in_roles(4, 4)
+    cfg = PruneConfig(metric="lm_loss", step=0.2, max_fraction=0.6, n_random_seeds=2, n_boot=20, role_k=2, role_draws=3)
+    new = pruning_study(model, cfg, metric=metric, roles=roles)
+    old = pruning_study(model, cfg, metric=metric, roles=roles, shared=False)
+    assert set(new.frames) == set(old.frames) and "roles" in new.frames
+    for name, df in old.frames.items():
+        pd.testing.assert_frame_equal(new.frames[name], df, check_exact=True, obj=name)
+    assert new.summary == old.summary
+    # resumed in pieces: curves advance in rounds, the tables are the uninterrupted run's
+    out = tmp_path / "split"
+    for limit in (1, 4, 5):
+        part = pruning_study(model, cfg, out, metric=metric, roles=roles, step_limit=limit)
+        assert not part.complete
+    last = pruning_study(model, cfg, out, metric=metric, roles=roles)
+    assert last.complete
+    for name, df in old.frames.items():
+        pd.testing.assert_frame_equal(last.frames[name], df, check_exact=True, obj=name)
+        pd.testing.assert_frame_equal(pd.read_parquet(out / f"{name}.parquet"), df, check_exact=True, obj=name)

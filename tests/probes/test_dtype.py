@@ -120,4 +120,4 @@ def test_diff_cli_prints_and_writes_the_agreement(tmp_path, capsys):
 
 def test_roles_dtype_needs_the_inhouse_backend(tmp_path, capsys):
     assert main(["roles", "minilm-l6", "--backend", "bridge", "--dtype", "bf16", "--out", str(tmp_path / "o")]) == 2
-    assert "--dtype bf16 needs --backend inhouse" in capsys.readouterr().err
+    assert "--dtype bf16 needs the in-house backend (the bridge backend runs in fp32)" in capsys.readouterr().err
