@@ -717,10 +717,19 @@ def build_document(
     stats = _stats_section(frames.get("stats"), frames.get("clusters"))
     if stats:
         sections.append(stats)
-    pruning = _pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
-    if (meta.get("absent") or {}).get("pruning"):
-        pruning.blocks = [Paragraph(f"The pruning studies did not run on this model: {meta['absent']['pruning']}.")]
-    sections.append(pruning)
+    why_absent = (meta.get("absent") or {}).get("pruning")
+    if why_absent:
+        sections.append(
+            Section(
+                id="pruning",
+                title="Pruning",
+                blocks=[Paragraph(f"The pruning studies did not run on this model: {why_absent}.")],
+            )
+        )
+    else:
+        sections.append(
+            _pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
+        )
     sections.append(_skipped_section(frames.get("skipped"), meta.get("n_items") or {}))
     sections.append(_run_section(meta))
     return Document(

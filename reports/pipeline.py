@@ -271,17 +271,15 @@ def pruning_blocker(model, prune_config) -> str | None:
     """Why the pruning stage cannot run on ``model`` (its backend has no head hooks, or the
     metric reads another kind of model), or None — checked before the first stage runs."""
     from headscope.analyses.pruning.ablation import check_head_hooks
-    from headscope.analyses.pruning.metrics import METRICS, default_metric
+    from headscope.analyses.pruning.metrics import METRICS, check_kind, default_metric
     from headscope.probes.errors import ModelIncompatibleError
 
+    metric = prune_config.metric or default_metric(model.spec)
     try:
         check_head_hooks(model)
-    except ModelIncompatibleError as e:
+        check_kind(metric, METRICS[metric], model.spec)
+    except (ModelIncompatibleError, ValueError) as e:
         return str(e)
-    metric = prune_config.metric or default_metric(model.spec)
-    kind = "decoder" if model.spec.causal else "encoder"
-    if METRICS[metric] != kind:
-        return f"metric {metric!r} reads a {METRICS[metric]}; {model.spec.name!r} is an {kind}"
     return None
 
 

@@ -173,27 +173,50 @@ class RunMetrics:
         return self.clean - self.corrupted
 
 
+@dataclass
+class PairedBatch:
+    """One batch of a task's pairs, both runs done: inputs ``[batch, pos]``, answer and
+    wrong tokens ``[batch]``, item indices, each layer's ``z`` of the clean and the
+    corrupted run, and their metrics ``[batch]``."""
+
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    answer: torch.Tensor
+    wrong: torch.Tensor | None
+    rows: list[int]
+    z_clean: dict
+    z_corrupted: dict
+    m_clean: torch.Tensor
+    m_corrupted: torch.Tensor
+
+
+def paired_runs(model, task: Task, cfg: PatchConfig, metric, run: RunMetrics):
+    """Run the clean and the corrupted input of every batch of ``task``, capturing ``z``;
+    write each item's two metrics into ``run`` and yield the :class:`PairedBatch`."""
+    for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
+        logits_c, z_c = capture_z(model, clean)
+        logits_x, z_x = capture_z(model, corrupted)
+        m_c, m_x = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
+        run.clean[rows], run.corrupted[rows] = m_c, m_x
+        yield PairedBatch(clean, corrupted, answer, wrong, rows, z_c, z_x, m_c, m_x)
+
+
 def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tuple[pd.DataFrame, RunMetrics]:
     """Activation patching of every unit in ``cfg.directions``: the :data:`PATCH_COLUMNS`
     frame (rows in unit order, one block per direction) and the clean/corrupted metrics."""
     units = patch_units(model.spec, cfg.unit)
     metric = metric_fn(task.metric)
     n = len(task.items)
-    clean_m, corr_m = torch.empty(n), torch.empty(n)
+    run = RunMetrics(torch.empty(n), torch.empty(n))
     delta = {d: torch.empty(n, len(units)) for d in cfg.directions}
-    for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
-        logits_c, z_c = capture_z(model, clean)
-        logits_x, z_x = capture_z(model, corrupted)
-        m_c, m_x = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
-        clean_m[rows], corr_m[rows] = m_c, m_x
+    for b in paired_runs(model, task, cfg, metric, run):
         if "denoising" in delta:
-            patched = patched_metrics(model, corrupted, z_c, units, metric, answer, wrong, cfg.max_rows)
-            delta["denoising"][rows] = patched - m_x[:, None]
+            patched = patched_metrics(model, b.corrupted, b.z_clean, units, metric, b.answer, b.wrong, cfg.max_rows)
+            delta["denoising"][b.rows] = patched - b.m_corrupted[:, None]
         if "noising" in delta:
-            patched = patched_metrics(model, clean, z_x, units, metric, answer, wrong, cfg.max_rows)
-            delta["noising"][rows] = m_c[:, None] - patched
-        log.info("activation patching: %d/%d items", max(rows) + 1, n)
-    run = RunMetrics(clean_m, corr_m)
+            patched = patched_metrics(model, b.clean, b.z_corrupted, units, metric, b.answer, b.wrong, cfg.max_rows)
+            delta["noising"][b.rows] = b.m_clean[:, None] - patched
+        log.info("activation patching: %d/%d items", max(b.rows) + 1, n)
     return direction_frames(delta, run, units, cfg, "activation"), run
 
 

@@ -18,9 +18,9 @@ import torch
 from headscope.analyses.patching.activation import (
     PatchConfig,
     RunMetrics,
-    capture_z,
     direction_frames,
     last_logits,
+    paired_runs,
     patch_units,
 )
 from headscope.analyses.patching.tasks import Task, metric_fn
@@ -53,17 +53,15 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
     units = patch_units(model.spec, cfg.unit)
     metric = metric_fn(task.metric)
     n = len(task.items)
-    clean_m, corr_m = torch.empty(n), torch.empty(n)
+    run = RunMetrics(torch.empty(n), torch.empty(n))
     delta = {d: torch.empty(n, len(units)) for d in cfg.directions}
-    for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
-        logits_c, z_c = capture_z(model, clean)
-        logits_x, z_x = capture_z(model, corrupted)
-        clean_m[rows], corr_m[rows] = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
+    for b in paired_runs(model, task, cfg, metric, run):
         for d in cfg.directions:
-            at, z_at, z_other = (corrupted, z_x, z_c) if d == "denoising" else (clean, z_c, z_x)
-            _, grads = z_gradients(model, at, metric, answer, wrong)
+            at, z_at, z_other = (
+                (b.corrupted, b.z_corrupted, b.z_clean) if d == "denoising" else (b.clean, b.z_clean, b.z_corrupted)
+            )
+            _, grads = z_gradients(model, at, metric, b.answer, b.wrong)
             per_head = {l: ((z_other[l] - z_at[l]) * grads[l]).float().sum((2, 3)) for l in grads}  # [batch, head]
             est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit]
-            delta[d][rows] = est if d == "denoising" else -est
-    run = RunMetrics(clean_m, corr_m)
+            delta[d][b.rows] = est if d == "denoising" else -est
     return direction_frames(delta, run, units, cfg, "attribution"), run

@@ -226,12 +226,18 @@ class ItemMetric:
         return self.finalize(weighted_mean(values, weights))
 
     def check_model(self, model) -> None:
-        kind = "decoder" if model.spec.causal else "encoder"
-        if kind != self.family:
-            raise ValueError(
-                f"metric {self.name!r} needs {'a causal LM' if self.family == 'decoder' else 'an encoder'}; "
-                f"got {model.spec.name!r}, an {kind} ({model.spec.family})"
-            )
+        check_kind(self.name, self.family, model.spec)
+
+
+def check_kind(name: str, family: str, spec) -> None:
+    """``ValueError`` when metric ``name``, reading a ``family`` (``"decoder"``/``"encoder"``)
+    output, cannot score a model of ``spec``."""
+    kind = "decoder" if spec.causal else "encoder"
+    if kind != family:
+        raise ValueError(
+            f"metric {name!r} needs {'a causal LM' if family == 'decoder' else 'an encoder'}; "
+            f"got {spec.name!r}, an {kind} ({spec.family})"
+        )
 
 
 def _tokenize_all(tokenizer, texts=None, words=None, max_positions=None, add_bos=False) -> list[dict]:

@@ -57,13 +57,14 @@ def _check_runs(model, study, report, tmp_path):
     imp = rep.tables["prune_importance"].sort_values(["layer", "head"])["value"].to_numpy()
     ref = study.tables.importance.sort_values(["layer", "head"])["value"].to_numpy()
     assert abs(imp - ref).max() <= 1e-6
-    assert "curve:importance" in set(rep.tables["prune_curves"]["study"])
+    return rep
 
 
 def test_hf_model_object_in_a_notebook(texts, tmp_path):
     hf, tok = tiny_hf_model("olmo2")  # a family the in-house stack does not cover: auto takes hf
     model, study, report = _session(hf, tok, texts, tmp_path, "hf")
-    _check_runs(model, study, report, tmp_path)
+    rep = _check_runs(model, study, report, tmp_path)
+    assert "curve:importance" in set(rep.tables["prune_curves"]["study"])
 
 
 def test_transformer_bridge_object_in_a_notebook(texts, tmp_path):
@@ -73,4 +74,5 @@ def test_transformer_bridge_object_in_a_notebook(texts, tmp_path):
     bridge = TransformerBridge.boot_transformers("tiny-llama", hf_model=hf, tokenizer=tok)
     model, study, report = _session(bridge, None, texts, tmp_path, "bridge")
     assert model.bridge is bridge
-    _check_runs(model, study, report, tmp_path)
+    rep = _check_runs(model, study, report, tmp_path)
+    assert "curve:importance" in set(rep.tables["prune_curves"]["study"])
