@@ -1,8 +1,10 @@
 """Causal evidence per head by patching: tasks as minimal pairs (:mod:`.tasks`), activation
-patching (:mod:`.activation`), attribution patching (:mod:`.attribution`), path patching
+patching (:mod:`.activation`), zero/mean/resample ablation (:mod:`.ablation`), attribution
+patching (:mod:`.attribution`), path patching
 through a receiver's Q/K/V (:mod:`.path`), and the tidy frame with its statistics and
 agreement (:mod:`.frames`); :func:`~.study.patching_study` runs them for the CLI."""
 
+from headscope.analyses.patching.ablation import ablation_patching
 from headscope.analyses.patching.activation import PatchConfig, activation_patching
 from headscope.analyses.patching.attribution import attribution_patching
 from headscope.analyses.patching.frames import PATCH_COLUMNS, agreement, effect_frame
@@ -14,6 +16,7 @@ __all__ = [
     "TASKS",
     "PatchConfig",
     "Task",
+    "ablation_patching",
     "activation_patching",
     "agreement",
     "attribution_patching",

@@ -17,6 +17,17 @@ through :meth:`Backend.head_hooks` on any backend::
 A model that can resume a forward from a layer (the in-house backend, ``model.resumable``)
 computes the unpatched prefix below the lowest patched layer once per batch. Frames:
 :func:`~headscope.analyses.patching.frames.effect_frame`.
+
+**Per position** (``per_position=True``): a unit is (heads, position) and only that
+position of ``z`` is patched (``mask[r, head, pos]``). Items of a batch share their length
+``T``; positions are counted from the end, ``position = p - T`` (``-1`` is the last token,
+the one the metric reads), so items of different lengths line up at their ends, and the
+effect at a position is aggregated over the items that have it (its ``n``), normalised by
+the task's gap over all items. The frame gets a ``position`` column (int).
+
+The metric reads :func:`readout`: a decoder's last-position logits, an encoder's
+mean-pooled last hidden state (:data:`~headscope.analyses.patching.tasks.REFERENCE_METRICS`
+compare it with the clean run's, per item).
 """
 
 from __future__ import annotations
@@ -29,12 +40,14 @@ import pandas as pd
 import torch
 
 from headscope.analyses.patching.frames import effect_frame
-from headscope.analyses.patching.tasks import Task, metric_fn
+from headscope.analyses.patching.tasks import REFERENCE_METRICS, Task, check_decoder, metric_fn
+from headscope.analyses.stats.resampling import adjust_p
 
 log = logging.getLogger(__name__)
 
 DIRECTIONS = ("denoising", "noising")
 UNITS = ("head", "kv_group")
+ABLATIONS = ("zero", "mean", "resample")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +57,10 @@ class PatchConfig:
     ``directions``: which of :data:`DIRECTIONS`; ``unit``: ``"head"`` or ``"kv_group"``
     (GQA: patch all query heads of a KV group together); ``batch_size``: items per
     batch; ``max_rows``: sequences per forward (replicas × batch); ``alpha``, ``n_boot``,
-    ``n_perm``, ``seed``: statistics (:mod:`~headscope.analyses.patching.frames`)."""
+    ``n_perm``, ``seed``: statistics (:mod:`~headscope.analyses.patching.frames`) and the
+    resample ablation's derangement; ``per_position``: activation patching per (unit,
+    position) (module docstring); ``ablations``: the kinds of
+    :func:`~headscope.analyses.patching.ablation.ablation_patching` (:data:`ABLATIONS`)."""
 
     directions: tuple[str, ...] = ("denoising", "noising")
     unit: str = "head"
@@ -54,6 +70,8 @@ class PatchConfig:
     n_boot: int = 1000
     n_perm: int = 10000
     seed: int = 0
+    per_position: bool = False
+    ablations: tuple[str, ...] = ABLATIONS
 
     def __post_init__(self):
         bad = [d for d in self.directions if d not in DIRECTIONS]
@@ -65,6 +83,9 @@ class PatchConfig:
             raise ValueError(f"batch_size and max_rows must be >= 1; got {self.batch_size}, {self.max_rows}")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1); got {self.alpha}")
+        bad = [a for a in self.ablations if a not in ABLATIONS]
+        if bad or not self.ablations:
+            raise ValueError(f"ablations must be a non-empty subset of {ABLATIONS}; got {self.ablations}")
 
 
 def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
@@ -85,10 +106,20 @@ def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
 
 
 # ----------------------------------------------------------------------------- runs
-def last_logits(model, ids: torch.Tensor, **resume) -> torch.Tensor:
-    """``[batch, vocab]`` logits at the last position (all inputs of a batch have equal length)."""
-    mask = torch.ones_like(ids)
-    return model.forward(ids, mask, **resume)[:, -1]
+def readout(model, ids: torch.Tensor, **resume) -> torch.Tensor:
+    """What the metric reads (all inputs of a batch have equal length, no padding): a
+    decoder's logits at the last position ``[batch, vocab]``; an encoder's last hidden
+    state mean-pooled over positions ``[batch, d_model]`` (float32)."""
+    out = model.forward(ids, torch.ones_like(ids), **resume)
+    return out[:, -1] if model.spec.causal else out.float().mean(1)
+
+
+last_logits = readout  # the name the first version used
+
+
+def tile(t: torch.Tensor | None, r: int) -> torch.Tensor | None:
+    """``t [batch, ...]`` stacked ``r`` times along the batch (``None`` stays ``None``)."""
+    return None if t is None else t.repeat(r, *([1] * (t.dim() - 1)))
 
 
 def capture_z(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -110,7 +141,8 @@ def capture_z(model, ids: torch.Tensor) -> tuple[torch.Tensor, dict[int, torch.T
 @contextmanager
 def replica_patches(model, masks: torch.Tensor, source: dict[int, torch.Tensor]):
     """Head hooks patching ``R`` stacked replicas: replica ``r`` takes ``source[l]`` (``z [batch,
-    head, pos, d_head]``) on the heads where ``masks [R, layer, head]`` is 1. Removed on exit."""
+    head, pos, d_head]``) on the heads where ``masks [R, layer, head]`` is 1 (or, per
+    position, where ``masks [R, layer, head, pos]`` is 1). Removed on exit."""
     fns = {}
     for l in range(masks.shape[1]):
         m = masks[:, l]
@@ -120,7 +152,7 @@ def replica_patches(model, masks: torch.Tensor, source: dict[int, torch.Tensor])
         def fn(z, m=m, src=source[l]):
             r = m.shape[0]
             zr = z.reshape(r, z.shape[0] // r, *z.shape[1:])  # [R, batch, head, pos, d_head]
-            mm = m.to(z.dtype)[:, None, :, None, None]
+            mm = m.to(z.dtype)[:, None, :, :, None] if m.dim() == 3 else m.to(z.dtype)[:, None, :, None, None]
             return (zr + mm * (src.to(z.dtype)[None] - zr)).reshape(z.shape)
 
         fns[l] = fn
@@ -129,12 +161,21 @@ def replica_patches(model, masks: torch.Tensor, source: dict[int, torch.Tensor])
 
 
 def patched_metrics(
-    model, target: torch.Tensor, source_z: dict[int, torch.Tensor], units, metric, answer, wrong, max_rows: int
+    model,
+    target: torch.Tensor,
+    source_z: dict[int, torch.Tensor],
+    units,
+    metric,
+    answer,
+    wrong,
+    max_rows: int,
+    positions: list[int] | None = None,
 ) -> torch.Tensor:
     """The metric ``[batch, n_units]`` of the ``target`` ids ``[batch, pos]`` with each unit's
-    heads patched from ``source_z``; ``ceil(n_units B / max_rows)`` forwards."""
+    heads patched from ``source_z``; ``ceil(n_units B / max_rows)`` forwards. ``positions``:
+    per unit, the one position (``0 .. pos-1``) patched (default: all positions)."""
     n_layers, n_heads = model.spec.n_layers, model.spec.n_heads
-    b = target.shape[0]
+    b, t = target.shape
     per = max(1, max_rows // b)
     out = torch.empty(b, len(units))
     prefix: dict[int, torch.Tensor] = {}
@@ -142,22 +183,24 @@ def patched_metrics(
     for s in range(0, len(units), per):
         chunk = units[s : s + per]
         r = len(chunk)
-        masks = torch.zeros(r, n_layers, n_heads)
+        masks = torch.zeros(r, n_layers, n_heads) if positions is None else torch.zeros(r, n_layers, n_heads, t)
         for i, heads in enumerate(chunk):
             for l, h in heads:
-                masks[i, l, h] = 1.0
+                if positions is None:
+                    masks[i, l, h] = 1.0
+                else:
+                    masks[i, l, h, positions[s + i]] = 1.0
         l0 = min(l for heads in chunk for l, _ in heads)
         ids = target.repeat(r, 1)
         with torch.inference_mode(), replica_patches(model, masks, source_z):
             if resumable and l0 > 0:
                 if l0 not in prefix:
                     prefix[l0] = model.forward(target, torch.ones_like(target), stop_at_layer=l0)
-                logits = last_logits(model, ids, start_at_layer=l0, resid=prefix[l0].repeat(r, 1, 1))
+                logits = readout(model, ids, start_at_layer=l0, resid=prefix[l0].repeat(r, 1, 1))
             else:
-                logits = last_logits(model, ids)
+                logits = readout(model, ids)
         log.info("patched units %d-%d of %d (from layer %d)", s + 1, s + r, len(units), l0)
-        wrong_r = None if wrong is None else wrong.repeat(r)
-        out[:, s : s + r] = metric(logits, answer.repeat(r), wrong_r).view(r, b).T
+        out[:, s : s + r] = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T
     return out
 
 
@@ -176,8 +219,9 @@ class RunMetrics:
 @dataclass
 class PairedBatch:
     """One batch of a task's pairs, both runs done: inputs ``[batch, pos]``, answer and
-    wrong tokens ``[batch]``, item indices, each layer's ``z`` of the clean and the
-    corrupted run, and their metrics ``[batch]``."""
+    wrong tokens ``[batch]`` (for a reference metric ``answer`` is the clean run's readout
+    ``[batch, d_model]``), item indices, each layer's ``z`` of the clean and the corrupted
+    run, and their metrics ``[batch]``."""
 
     clean: torch.Tensor
     corrupted: torch.Tensor
@@ -192,10 +236,15 @@ class PairedBatch:
 
 def paired_runs(model, task: Task, cfg: PatchConfig, metric, run: RunMetrics):
     """Run the clean and the corrupted input of every batch of ``task``, capturing ``z``;
-    write each item's two metrics into ``run`` and yield the :class:`PairedBatch`."""
+    write each item's two metrics into ``run`` and yield the :class:`PairedBatch`.
+    ``ModelIncompatibleError`` for a logit metric on an encoder."""
+    if task.metric not in REFERENCE_METRICS:
+        check_decoder(model)
     for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
         logits_c, z_c = capture_z(model, clean)
         logits_x, z_x = capture_z(model, corrupted)
+        if task.metric in REFERENCE_METRICS:
+            answer = logits_c.float()
         m_c, m_x = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
         run.clean[rows], run.corrupted[rows] = m_c, m_x
         yield PairedBatch(clean, corrupted, answer, wrong, rows, z_c, z_x, m_c, m_x)
@@ -203,11 +252,14 @@ def paired_runs(model, task: Task, cfg: PatchConfig, metric, run: RunMetrics):
 
 def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tuple[pd.DataFrame, RunMetrics]:
     """Activation patching of every unit in ``cfg.directions``: the :data:`PATCH_COLUMNS`
-    frame (rows in unit order, one block per direction) and the clean/corrupted metrics."""
+    frame (rows in unit order, one block per direction; per position: by position from
+    the first to the last, then unit) and the clean/corrupted metrics."""
     units = patch_units(model.spec, cfg.unit)
     metric = metric_fn(task.metric)
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
+    if cfg.per_position:
+        return per_position_patching(model, task, cfg, units, metric, run), run
     delta = {d: torch.empty(n, len(units)) for d in cfg.directions}
     for b in paired_runs(model, task, cfg, metric, run):
         if "denoising" in delta:
@@ -218,6 +270,68 @@ def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> 
             delta["noising"][b.rows] = b.m_clean[:, None] - patched
         log.info("activation patching: %d/%d items", max(b.rows) + 1, n)
     return direction_frames(delta, run, units, cfg, "activation"), run
+
+
+def per_position_patching(model, task: Task, cfg: PatchConfig, units, metric, run: RunMetrics) -> pd.DataFrame:
+    """Activation patching per (unit, position) (module docstring) -> the frame with ``position``."""
+    n = len(task.items)
+    delta: dict[str, dict[int, torch.Tensor]] = {d: {} for d in cfg.directions}
+    for b in paired_runs(model, task, cfg, metric, run):
+        t = b.clean.shape[1]
+        flat = [heads for heads in units for _ in range(t)]
+        pos = [p for _ in units for p in range(t)]
+        for d in cfg.directions:
+            target, source, base = (
+                (b.corrupted, b.z_clean, b.m_corrupted) if d == "denoising" else (b.clean, b.z_corrupted, b.m_clean)
+            )
+            patched = patched_metrics(model, target, source, flat, metric, b.answer, b.wrong, cfg.max_rows, pos)
+            got = (patched - base[:, None]) if d == "denoising" else (base[:, None] - patched)
+            got = got.view(len(b.rows), len(units), t)
+            for p in range(t):
+                store = delta[d].setdefault(p - t, torch.full((n, len(units)), float("nan")))
+                store[b.rows] = got[:, :, p]
+        log.info("per-position patching: %d/%d items", max(b.rows) + 1, n)
+    gap = float(run.gap.mean())
+    frames = []
+    for d in cfg.directions:
+        blocks = [
+            subset_frame(delta[d][p], gap, units, cfg, f"activation_{d}", extra={"position": p})
+            for p in sorted(delta[d])
+        ]
+        frames.append(readjust(pd.concat(blocks, ignore_index=True), [len(h) for h in units] * len(blocks), cfg.alpha))
+    return pd.concat(frames, ignore_index=True)
+
+
+def readjust(frame: pd.DataFrame, rows_per_unit: list[int], alpha: float) -> pd.DataFrame:
+    """BH over every (unit, position) of one method: ``p_value``/``significant`` recomputed
+    from ``p_raw``, one test per unit (``rows_per_unit``: rows each unit holds, in order)."""
+    starts = torch.tensor([0, *rows_per_unit[:-1]]).cumsum(0)
+    p = adjust_p(torch.tensor(frame["p_raw"].to_numpy())[starts], "bh")
+    per_row = torch.repeat_interleave(p, torch.tensor(rows_per_unit)).numpy()
+    frame["p_value"] = per_row
+    frame["significant"] = per_row < alpha
+    return frame
+
+
+def subset_frame(
+    delta: torch.Tensor, gap: float, units, cfg: PatchConfig, method: str, extra: dict | None = None
+) -> pd.DataFrame:
+    """:func:`effect_frame` over the items (rows of ``delta [n_items, n_units]``) that are not
+    NaN, normalised by ``gap`` (the task's mean clean - corrupted gap over all items)."""
+    keep = ~torch.isnan(delta).any(1)
+    d = delta[keep]
+    return effect_frame(
+        d,
+        torch.full((d.shape[0],), gap),
+        units,
+        method=method,
+        alpha=cfg.alpha,
+        n_boot=cfg.n_boot,
+        n_perm=cfg.n_perm,
+        seed=cfg.seed,
+        unit=cfg.unit,
+        extra=extra,
+    )
 
 
 def direction_frames(delta: dict, run: RunMetrics, units, cfg: PatchConfig, method: str) -> pd.DataFrame:

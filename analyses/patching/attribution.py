@@ -19,9 +19,9 @@ from headscope.analyses.patching.activation import (
     PatchConfig,
     RunMetrics,
     direction_frames,
-    last_logits,
     paired_runs,
     patch_units,
+    readout,
 )
 from headscope.analyses.patching.tasks import Task, metric_fn
 
@@ -40,7 +40,7 @@ def z_gradients(model, ids: torch.Tensor, metric, answer, wrong) -> tuple[torch.
         return fn
 
     with torch.enable_grad(), model.head_hooks({l: leaf(l) for l in range(model.spec.n_layers)}):
-        m = metric(last_logits(model, ids), answer, wrong)
+        m = metric(readout(model, ids), answer, wrong)
         grads = torch.autograd.grad(m.sum(), [leaves[l] for l in sorted(leaves)], allow_unused=True)
     out = {}
     for l, g in zip(sorted(leaves), grads):

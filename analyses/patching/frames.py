@@ -4,17 +4,24 @@ One row per (layer, head, method) — :data:`PATCH_COLUMNS` (+ ``position`` for
 per-position runs, + ``receiver`` for path patching):
 
 * ``method``: ``"activation_denoising"``, ``"activation_noising"``,
-  ``"attribution_denoising"``, ``"attribution_noising"``, ``"path_{q,k,v}_{direction}"``;
+  ``"attribution_denoising"``, ``"attribution_noising"``, ``"path_{q,k,v}_{direction}"``,
+  ``"ablation_zero"``, ``"ablation_mean"``, ``"ablation_resample"``;
 * ``effect``: the normalised effect, the share of the clean − corrupted gap of the
   metric the patch moves: denoising (clean into the corrupted run)
   ``(m_patched - m_corrupted) / gap``, so 0 = the corrupted run, 1 = the clean run;
   noising (corrupted into the clean run) ``(m_clean - m_patched) / gap``, so 0 = the
-  clean run, 1 = fully corrupted; ``gap = mean(m_clean - m_corrupted)`` over items;
+  clean run, 1 = fully corrupted; ablation (on the clean run, like noising: the fraction
+  of the gap lost) ``(m_clean - m_ablated) / gap``, so 0 = the clean run, 1 = as low as
+  the corrupted run; ``gap = mean(m_clean - m_corrupted)`` over items;
+* ``position`` (per-position activation patching only; absent otherwise): the patched
+  position counted from the end of the input, ``-1`` = the last token;
 * ``ci_low``, ``ci_high``: percentile bootstrap over items of the per-item values
   ``delta_i / gap`` (the gap held fixed);
 * ``p_value``: two-sided sign-flip permutation p that the effect is 0, BH-adjusted
   over the units of one method (``p_raw`` before adjustment); ``significant``:
-  ``p_value < alpha``; ``n``: items.
+  ``p_value < alpha``; ``n``: items (per position: the items that have the position;
+  resample ablation: the items that have a donor). Per position, BH runs over every
+  (unit, position) of the method.
 
 >>> import torch
 >>> f = effect_frame(torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [1.0, 0.0]]), torch.ones(4),
@@ -36,7 +43,7 @@ from headscope.analyses.stats.resampling import adjust_p, bootstrap_ci, paired_p
 PATCH_COLUMNS = [
     "layer",  # int, 0-based
     "head",  # int, 0-based query head (a KV-group unit gives one row per query head of the group)
-    "method",  # category: activation_/attribution_{denoising,noising}, path_{q,k,v}_{direction}
+    "method",  # category: activation_/attribution_{denoising,noising}, path_{q,k,v}_{direction}, ablation_{kind}
     "effect",  # normalised effect (see module docstring)
     "ci_low",  # bootstrap interval of effect
     "ci_high",

@@ -25,7 +25,14 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headscope.analyses.patching.activation import PatchConfig, RunMetrics, capture_z, last_logits, replica_patches
+from headscope.analyses.patching.activation import (
+    PatchConfig,
+    RunMetrics,
+    paired_runs,
+    readout,
+    replica_patches,
+    tile,
+)
 from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.tasks import Task, metric_fn
 from headscope.probes.errors import ModelIncompatibleError
@@ -101,14 +108,12 @@ def path_patching(
     lr, hr = receiver
     slot = hr if via == "q" else hr // spec.group_size  # the receiver's query head or KV head
     n = len(task.items)
-    clean_m, corr_m = torch.empty(n), torch.empty(n)
+    run = RunMetrics(torch.empty(n), torch.empty(n))
     delta = torch.empty(n, len(senders))
     layers = sorted({l for l, _ in senders})
-    for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
-        logits_c, z_c = capture_z(model, clean)
-        logits_x, z_x = capture_z(model, corrupted)
-        m_c, m_x = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
-        clean_m[rows], corr_m[rows] = m_c, m_x
+    for pb in paired_runs(model, task, cfg, metric, run):
+        clean, corrupted, answer, wrong, rows = pb.clean, pb.corrupted, pb.answer, pb.wrong, pb.rows
+        z_c, z_x, m_c, m_x = pb.z_clean, pb.z_corrupted, pb.m_clean, pb.m_corrupted
         target, source_z, m_target = (clean, z_x, m_c) if direction == "noising" else (corrupted, z_c, m_x)
         b = target.shape[0]
         mask = torch.ones_like(target)
@@ -144,10 +149,9 @@ def path_patching(
                 return out
 
             with torch.inference_mode(), hooks([(points[f"blocks.{lr}.attn.hook_{via}"], swap)]):
-                logits = last_logits(model, ids, start_at_layer=lr, resid=target_pre.repeat(r, 1, 1))
-            m = metric(logits, answer.repeat(r), None if wrong is None else wrong.repeat(r)).view(r, b).T
+                logits = readout(model, ids, start_at_layer=lr, resid=target_pre.repeat(r, 1, 1))
+            m = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T
             delta[rows, s : s + r] = (m_target[:, None] - m) if direction == "noising" else (m - m_target[:, None])
-    run = RunMetrics(clean_m, corr_m)
     frame = effect_frame(
         delta,
         run.gap,

@@ -3,8 +3,11 @@
 
 ``methods``: any of :data:`METHODS`. Activation and attribution patching run in
 ``cfg.patch.directions``; with both, the summary gives their agreement per direction
-(Spearman over heads, top-k overlap). Path patching runs for ``receiver`` through each
-of ``vias`` (``senders``: default every head below the receiver) in ``path_direction``.
+(Spearman over heads, top-k overlap; not for ``per_position`` activation rows, which are
+per (head, position)). Ablation runs ``cfg.patch.ablations`` on the clean run. Path
+patching runs for ``receiver`` through each of ``vias`` (``senders``: default every head
+below the receiver) in ``path_direction``. The summary's ``"measures"`` says in words
+what the task's metric measures (an encoder's: the pooled-embedding cosine).
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from headscope.analyses.patching.ablation import ablation_patching
 from headscope.analyses.patching.activation import PatchConfig, activation_patching
 from headscope.analyses.patching.attribution import attribution_patching
 from headscope.analyses.patching.frames import agreement, top_heads
 from headscope.analyses.patching.path import VIAS, check_path, path_patching
-from headscope.analyses.patching.tasks import Task
+from headscope.analyses.patching.tasks import MEASURES, Task
 
-METHODS = ("activation", "attribution", "path")
+METHODS = ("activation", "attribution", "path", "ablation")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +63,16 @@ def _heads(pairs) -> list[str]:
     return [f"L{l}H{h}" for l, h in pairs]
 
 
+def _top_units(frame: pd.DataFrame, k: int) -> list[str]:
+    """Top ``k`` rows by effect as ``"L{l}H{h}"``, or ``"L{l}H{h}@{position}"`` for per-position rows."""
+    if "position" not in frame or frame["position"].isna().all():
+        return _heads(top_heads(frame, k))
+    f = frame.dropna(subset=["effect"]).sort_values(
+        ["effect", "layer", "head", "position"], ascending=[False, True, True, True]
+    )
+    return [f"L{int(r.layer)}H{int(r.head)}@{int(r.position)}" for r in f.head(k).itertuples()]
+
+
 def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> PatchResult:
     """Run ``cfg.methods`` on ``task`` -> :class:`PatchResult` (one frame, a summary with the
     clean/corrupted metric, the top heads per method, agreement and timings)."""
@@ -77,6 +91,11 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
         f, run = attribution_patching(model, task, cfg.patch)
         frames.append(f)
         timings["attribution"] = round(time.perf_counter() - t, 2)
+    if "ablation" in cfg.methods:
+        t = time.perf_counter()
+        f, run = ablation_patching(model, task, cfg.patch)
+        frames.append(f)
+        timings["ablation"] = round(time.perf_counter() - t, 2)
     if "path" in cfg.methods:
         t = time.perf_counter()
         for via in cfg.vias:
@@ -95,6 +114,7 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
     frame["method"] = frame["method"].astype("category")
     summary = {
         "task": task.summary(),
+        "measures": MEASURES[task.metric],
         "metric_clean": float(run.clean.mean()),
         "metric_corrupted": float(run.corrupted.mean()),
         "gap": float(run.gap.mean()),
@@ -105,11 +125,11 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
         "agreement": {},
     }
     for method, f in frame.groupby("method", observed=True):
-        summary["top_heads"][method] = _heads(top_heads(f, cfg.top_k))
+        summary["top_heads"][method] = _top_units(f, cfg.top_k)
         summary["significant_heads"][method] = _heads(
             sorted({(int(r.layer), int(r.head)) for r in f[f["significant"]].itertuples()})
         )
-    if "activation" in cfg.methods and "attribution" in cfg.methods:
+    if "activation" in cfg.methods and "attribution" in cfg.methods and not cfg.patch.per_position:
         for d in cfg.patch.directions:
             a = frame[frame["method"] == f"activation_{d}"]
             b = frame[frame["method"] == f"attribution_{d}"]

@@ -1,13 +1,18 @@
 """Patching tasks: minimal pairs (a clean and a corrupted input of equal token length) and
-a metric read from the model's next-token logits at the last position.
+a metric read from the model's output (:func:`~headscope.analyses.patching.activation.readout`:
+a decoder's next-token logits at the last position, an encoder's mean-pooled last hidden state).
 
 A :class:`Task` holds tokenised :class:`PairItem` s and the name of its metric
-(:data:`METRICS`):
+(:data:`METRICS`; :data:`MEASURES` says in words what each measures):
 
 * ``"logprob"``: ``log p(answer)`` at the last position;
 * ``"logit_diff"``: ``logit(answer) - logit(wrong)`` at the last position (the answer and
   the wrong token are the clean input's; on the corrupted input the difference is
-  usually negative).
+  usually negative); equal to ``log p(answer) - log p(wrong)``;
+* ``"embedding_cosine"`` (encoders, which have no LM head): the cosine similarity between
+  the run's mean-pooled last hidden state and the clean run's, so the clean run scores 1
+  and the corrupted run less (:data:`REFERENCE_METRICS`: its "answer" is the clean run's
+  readout, not a token). :func:`load_task` gives every task this metric on an encoder.
 
 Shipped tasks (:data:`TASKS`, built for the model's own tokenizer):
 
@@ -19,6 +24,20 @@ Shipped tasks (:data:`TASKS`, built for the model's own tokenizer):
 * ``agreement`` (``data/tasks/agreement.jsonl``, written by :func:`agreement_rows`):
   ``"The author of the books"`` / ``"The authors of the books"``, answer ``" is"``,
   wrong ``" are"`` (and the reverse); metric ``logit_diff``.
+* ``coreference`` (:func:`coreference_rows`, from the roles' ``data/coref/coref.jsonl``):
+  each minimal pair of coreference items (Winograd, gender, number) in both directions:
+  clean ``'The cat didn't climb on the table because it was too tired. "it" refers to
+  the'``, corrupted the partner (``... too tall ...``), answer the clean item's
+  antecedent head word (``" cat"``), wrong the other candidate's (``" table"``); metric
+  ``logit_diff`` (the log-prob difference of the two candidates). Candidates that are not
+  single tokens, and pairs whose prompts differ in length, are unusable (counted, with
+  the reason).
+* ``duplicate_token`` (:func:`duplicate_token_task`): one token repeated in random
+  context, ``[first] + A + [x, y] + B + [x]``, answer ``y`` (the token that followed the
+  earlier ``x``); corrupted: the earlier ``x`` replaced by a fresh token, so nothing is
+  repeated; metric ``logprob``. It is carried by a previous-token head (writing ``x``
+  into the position of ``y``) and the head that reads it from the repeated ``x``
+  (induction / duplicate-token), with one repeated token instead of a repeated sequence.
 
 Users' tasks are JSONL files, one item per line, a JSON object with either texts::
 
@@ -29,7 +48,8 @@ or token ids (no tokenisation)::
     {"clean_ids": [1, 5, 6, 5], "corrupted_ids": [1, 7, 8, 5], "answer_id": 6}
 
 ``wrong``/``wrong_id`` is optional; every item of a file must agree on whether it has one
-(with: ``logit_diff``, without: ``logprob``). ``answer`` and ``wrong`` must be single tokens
+(with: ``logit_diff``, without: ``logprob``; on an encoder both are read but unused: the
+metric is ``embedding_cosine``). ``answer`` and ``wrong`` must be single tokens
 (tokenised without special tokens). Blank lines and lines starting with ``#`` are skipped.
 A malformed line raises :class:`~headscope.probes.errors.InputFileError`
 (``file:line:column: message``); an item whose clean and corrupted inputs tokenise to
@@ -78,7 +98,32 @@ def logit_diff_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.T
     return lf.gather(-1, answer[:, None])[:, 0] - lf.gather(-1, wrong[:, None])[:, 0]
 
 
-METRICS = {"logprob": logprob_metric, "logit_diff": logit_diff_metric}
+def embedding_cosine_metric(
+    pooled: torch.Tensor, reference: torch.Tensor, wrong: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Cosine similarity of ``pooled [batch, d_model]`` (a run's mean-pooled last hidden
+    state) to ``reference [batch, d_model]`` (the clean run's) -> ``[batch]`` (float32).
+
+    >>> embedding_cosine_metric(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]])).tolist()
+    [1.0, 0.7071067690849304]
+    """
+    return torch.nn.functional.cosine_similarity(pooled.float(), reference.float(), dim=-1)
+
+
+METRICS = {"logprob": logprob_metric, "logit_diff": logit_diff_metric, "embedding_cosine": embedding_cosine_metric}
+
+#: metrics whose second argument is the clean run's readout (per item), not an answer token
+REFERENCE_METRICS = frozenset({"embedding_cosine"})
+
+#: what each metric measures, in words (the summary's and run.json's ``"measures"``)
+MEASURES = {
+    "logprob": "log p(answer) at the last position (next-token log-prob of the clean answer)",
+    "logit_diff": "logit(answer) - logit(wrong) at the last position (= log p(answer) - log p(wrong))",
+    "embedding_cosine": (
+        "cosine similarity of the run's mean-pooled last hidden state to the clean run's "
+        "(an encoder has no LM head; clean = 1, corrupted < 1)"
+    ),
+}
 
 
 def metric_fn(name: str):
@@ -354,6 +399,9 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
                 reason = f"{max(len(clean), len(corrupted))} tokens; the model's context is {model.spec.max_positions}"
                 unusable.append({"item": k, "line": lineno, "reason": reason})
                 continue
+        elif not model.spec.causal:  # an encoder's metric reads no answer token
+            clean, corrupted = encoded[id(r)]
+            answer, wrong = 0, None
         else:
             clean, corrupted = encoded[id(r)]
             answer = _single_token(tok, r["answer"])
@@ -369,6 +417,9 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
             continue
         items.append(PairItem(tuple(clean), tuple(corrupted), int(answer), None if wrong is None else int(wrong)))
     metric = "logit_diff" if ("wrong" in rows[0][1] or "wrong_id" in rows[0][1]) else "logprob"
+    if not model.spec.causal:
+        metric = "embedding_cosine"
+        items = [PairItem(it.clean, it.corrupted, 0) for it in items]
     if unusable:
         first = unusable[0]
         warnings.warn(
@@ -386,6 +437,119 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
     return Task(name=name, items=items, metric=metric, unusable=unusable, source=source)
 
 
+# ----------------------------------------------------------------------------- duplicate token
+def duplicate_token_task(
+    tokenizer, *, n_items: int = 16, seq_len: int = 10, seed: int = 0, vocab_ids=None, first_at: int | None = None
+) -> Task:
+    """One repeated token (see the module docstring): ``n_items`` pairs of ``[first] + A + [x,
+    y] + B + [x]`` vs the same with the earlier ``x`` replaced by a fresh token ``z``;
+    ``len(A) + 2 + len(B) = seq_len``, all ids distinct except the repeated ``x``; answer
+    ``y``, metric ``logprob``. ``first_at``: the earlier ``x`` is the ``first_at``-th token of
+    ``A + [x, y] + B`` counting from 1 (so its index in an input with ``[first]`` is
+    ``first_at``; default ``seq_len // 2``); the same in every item, so positions line up.
+    Seeded, no global state.
+
+    >>> from headscope.probes.models.planted import planted_tokenizer
+    >>> it = duplicate_token_task(planted_tokenizer(), n_items=1, seq_len=6).items[0]
+    >>> len(it.clean), it.clean[3] == it.clean[-1], it.clean[4] == it.answer, it.corrupted[3] != it.clean[3]
+    (8, True, True, True)
+    """
+    from headscope.analyses.roles.induction import ordinary_vocab
+
+    at = seq_len // 2 if first_at is None else first_at
+    if n_items < 1 or seq_len < 3 or not 1 <= at <= seq_len - 2:
+        raise ValueError(
+            f"n_items must be >= 1, seq_len >= 3 and 1 <= first_at <= seq_len - 2; got {n_items}, {seq_len}, {at}"
+        )
+    vocab = torch.tensor(list(vocab_ids) if vocab_ids is not None else ordinary_vocab(tokenizer), dtype=torch.long)
+    if vocab.numel() < seq_len + 1:
+        raise ValueError(
+            f"duplicate_token needs {seq_len + 1} distinct ordinary token ids; the tokenizer has {vocab.numel()}"
+        )
+    first_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    first = [first_id] if first_id is not None else []
+    gen = torch.Generator().manual_seed(seed)
+    items = []
+    for _ in range(n_items):
+        draw = vocab[torch.randperm(vocab.numel(), generator=gen)[: seq_len + 1]].tolist()
+        x, y, z, rest = draw[0], draw[1], draw[2], draw[3:]
+        a, b = rest[: at - 1], rest[at - 1 :]
+        body = a + [x, y] + b
+        clean = first + body + [x]
+        corrupted = first + a + [z, y] + b + [x]
+        items.append(PairItem(tuple(clean), tuple(corrupted), y))
+    return Task(
+        name="duplicate_token", items=items, metric="logprob", source=f"generated (seq_len={seq_len}, seed={seed})"
+    )
+
+
+# ----------------------------------------------------------------------------- coreference
+_DETERMINERS = {"the", "a", "an"}
+
+
+def _detokenize(words) -> str:
+    """Words joined with spaces, without the space before punctuation and clitics."""
+    out = ""
+    for w in words:
+        glue = not out or w in {".", ",", "!", "?", ";", ":"} or w.startswith("'") or w == "n't"
+        out += w if glue else " " + w
+    return out
+
+
+def coreference_prompt(item) -> tuple[str, str, str] | str:
+    """``(prompt, answer, wrong)`` for a :class:`~headscope.probes.corpora.coref.CorefItem` with
+    two candidates: ``'<sentence> "<pronoun>" refers to[ the]'``, the antecedent's and the
+    other candidate's head words with a leading space; a reason string when it cannot be
+    made (not two candidates).
+
+    >>> from headscope.probes.corpora.coref import CorefItem
+    >>> it = CorefItem(words=("The", "cat", "chased", "the", "dog", "because", "it", "was", "hungry", "."),
+    ...     pronoun=6, candidates=((0, 2), (3, 5)), antecedent=0)
+    >>> coreference_prompt(it)
+    ('The cat chased the dog because it was hungry. "it" refers to the', ' cat', ' dog')
+    """
+    if len(item.candidates) != 2:
+        return f"{len(item.candidates)} candidates (needs 2)"
+    det = all(item.words[s].lower() in _DETERMINERS and e - s > 1 for s, e in item.candidates)
+    prompt = f'{_detokenize(item.words)} "{item.words[item.pronoun]}" refers to' + (" the" if det else "")
+    heads = [item.words[h] for h in item.heads]
+    return prompt, " " + heads[item.antecedent], " " + heads[1 - item.antecedent]
+
+
+def coreference_rows(path=None, *, seed: int = 0) -> tuple[list[tuple[int, dict]], list[dict]]:
+    """``([(line, row)], unusable)``: the task rows of a coreference file (default the
+    shipped ``data/coref/coref.jsonl``): for every minimal pair (``id``/``pair``) whose
+    two items have different antecedents, both directions (clean = one item's prompt,
+    corrupted = its partner's, answer/wrong = the clean item's antecedent/other head word;
+    :func:`coreference_prompt`), shuffled with ``random.Random(seed)``; items without a
+    usable partner are listed in ``unusable`` with the reason."""
+    import random
+
+    from headscope.data import path as data_path
+    from headscope.probes.corpora.coref import read_coref
+
+    src = data_path("coref/coref.jsonl") if path is None else path
+    cs = read_coref(src)
+    by_id = {it.id: it for it in cs.items if it.id}
+    rows, unusable = [], []
+    for k, it in enumerate(cs.items):
+        partner = by_id.get(it.pair) if it.pair else None
+        reason = None
+        if partner is None:
+            reason = "no minimal-pair partner"
+        elif partner.antecedent == it.antecedent:
+            reason = f"the partner {partner.id} has the same antecedent"
+        else:
+            a, b = coreference_prompt(it), coreference_prompt(partner)
+            reason = a if isinstance(a, str) else (b if isinstance(b, str) else None)
+        if reason is not None:
+            unusable.append({"item": k, "line": it.source_line, "reason": reason})
+            continue
+        rows.append((it.source_line, {"clean": a[0], "corrupted": b[0], "answer": a[1], "wrong": a[2]}))
+    random.Random(seed).shuffle(rows)
+    return rows, unusable
+
+
 # ----------------------------------------------------------------------------- registry
 def _agreement(model, *, n_items=None, seed=0, **_):
     from headscope.data import path
@@ -399,24 +563,43 @@ def _induction(model, *, n_items=None, seed=0, seq_len=10, **_):
     return induction_task(model.tokenizer, n_items=n_items or 16, seq_len=seq_len, seed=seed)
 
 
+def _coreference(model, *, n_items=None, seed=0, **_):
+    from headscope.data import path
+
+    rows, unusable = coreference_rows(seed=seed)
+    task = tokenize_rows(model, rows, name="coreference", source=str(path("coref/coref.jsonl")))
+    task.unusable = unusable + task.unusable  # over every pair of the file
+    task.items = task.items[: n_items or 32]  # shuffled: the first items mix Winograd, gender and number pairs
+    return task
+
+
+def _duplicate_token(model, *, n_items=None, seed=0, seq_len=10, **_):
+    return duplicate_token_task(model.tokenizer, n_items=n_items or 16, seq_len=seq_len, seed=seed)
+
+
 #: shipped tasks: name -> ``builder(model, n_items=, seed=, seq_len=) -> Task``
-TASKS = {"induction": _induction, "agreement": _agreement}
+TASKS = {
+    "induction": _induction,
+    "agreement": _agreement,
+    "coreference": _coreference,
+    "duplicate_token": _duplicate_token,
+}
 
 
 def check_decoder(model) -> None:
-    """Patching metrics read next-token logits: ``ModelIncompatibleError`` for an encoder."""
+    """For metrics that read next-token logits: ``ModelIncompatibleError`` for an encoder."""
     if not model.spec.causal:
         raise ModelIncompatibleError(
-            f"patching scores next-token log-probs at the last position; {model.spec.name!r} is an encoder "
-            "(no LM head), which patching does not support yet: use a decoder (e.g. smollm2-135m)"
+            f"this metric scores next-token log-probs at the last position; {model.spec.name!r} is an encoder "
+            "(no LM head): use the embedding_cosine metric or a decoder (e.g. smollm2-135m)"
         )
 
 
 def load_task(model, task: str, *, n_items: int | None = None, seed: int = 0, seq_len: int = 10) -> Task:
     """A shipped task by name (:data:`TASKS`) or a JSONL file (``*.jsonl``), tokenised for
     ``model``; ``n_items`` keeps the first ``n_items`` usable items (a generated task makes that
-    many; default 16 induction items, the first 32 agreement rows, every item of a file)."""
-    check_decoder(model)
+    many; default 16 induction/duplicate_token items, the first 32 agreement/coreference rows,
+    every item of a file). On an encoder every task is measured by ``embedding_cosine``."""
     if task in TASKS:
         out = TASKS[task](model, n_items=n_items, seed=seed, seq_len=seq_len)
     elif str(task).endswith(".jsonl") or Path(task).is_file():
@@ -430,4 +613,7 @@ def load_task(model, task: str, *, n_items: int | None = None, seed: int = 0, se
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}, or a .jsonl file")
     if n_items is not None and len(out.items) > n_items:
         out.items = out.items[:n_items]
+    if not model.spec.causal and out.metric != "embedding_cosine":
+        out.items = [PairItem(it.clean, it.corrupted, 0) for it in out.items]
+        out.metric = "embedding_cosine"
     return out

@@ -1,8 +1,10 @@
 """``headscope patch MODEL --task NAME|FILE.jsonl``: causal evidence per head by patching.
 
 Activation patching (each head's ``z`` between the clean and the corrupted input of each
-minimal pair, denoising and noising), attribution patching (its first-order estimate)
-and path patching (``--method path --receiver L.H [--sender L.H] [--via k]``); one tidy
+minimal pair, denoising and noising; ``--per-position``: per head and position),
+attribution patching (its first-order estimate), zero/mean/resample ablation on the clean
+run (``--method ablation --ablation zero mean resample``) and path patching (``--method
+path --receiver L.H [--sender L.H] [--via k]``); one tidy
 frame (``patch.csv`` + ``patch.parquet``, columns ``PATCH_COLUMNS``), ``run.json`` (config,
 task, summary, agreement) and one layer × head heatmap per method under ``figures/``.
 """
@@ -21,7 +23,12 @@ def register(sub) -> None:
     from headscope.reports.cli.argtypes import add_backend, int_at_least, positive_int, seed, unit_interval
 
     p = sub.add_parser("patch", help="causal evidence per head: activation, attribution and path patching")
-    p.add_argument("model", nargs="?", default="smollm2-135m", help="shipped name, directory or .gguf (a decoder)")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default="smollm2-135m",
+        help="shipped name, directory or .gguf (an encoder is measured by embedding cosine)",
+    )
     add_backend(p)
     p.add_argument("--task", default="induction", help=f"shipped task ({', '.join(TASKS)}) or a JSONL file")
     p.add_argument(
@@ -39,6 +46,18 @@ def register(sub) -> None:
         help="activation/attribution: clean into corrupted (denoising) and/or corrupted into clean (noising)",
     )
     p.add_argument("--unit", choices=["head", "kv_group"], default="head", help="kv_group: patch a GQA group together")
+    p.add_argument(
+        "--per-position",
+        action="store_true",
+        help="activation patching per head and position (positions counted from the end: -1 = last token)",
+    )
+    p.add_argument(
+        "--ablation",
+        nargs="+",
+        choices=["zero", "mean", "resample"],
+        default=["zero", "mean", "resample"],
+        help="--method ablation: the kinds run on the clean input (default all three)",
+    )
     p.add_argument("--receiver", default=None, help="path patching: receiver head LAYER.HEAD")
     p.add_argument("--sender", default=None, help="path patching: one sender LAYER.HEAD (default: all below)")
     p.add_argument("--via", nargs="+", choices=["q", "k", "v"], default=["q", "k", "v"], help="receiver inputs")
@@ -49,9 +68,11 @@ def register(sub) -> None:
         "--n-items",
         type=int_at_least(2),
         default=None,
-        help="items (default: 16 induction, 32 agreement, all of a file)",
+        help="items (default: 16 induction/duplicate_token, 32 agreement/coreference, all of a file)",
     )
-    p.add_argument("--seq-len", type=int_at_least(2), default=10, help="induction: length of the repeated sequence")
+    p.add_argument(
+        "--seq-len", type=int_at_least(2), default=10, help="induction/duplicate_token: length of the random sequence"
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed for generated items and resampling")
     p.add_argument("--batch-size", type=positive_int, default=16, help="items per batch (default 16)")
     p.add_argument("--max-rows", type=positive_int, default=144, help="sequences per forward (default 144)")
@@ -69,6 +90,8 @@ def render_summary(summary: dict) -> str:
         f"model {summary['model']}  task {t['name']} ({t['n_items']} items, {t['n_unusable']} unusable)  "
         f"metric {t['metric']}: clean {summary['metric_clean']:.3f}, corrupted {summary['metric_corrupted']:.3f}"
     ]
+    if summary.get("measures"):
+        lines.append(f"measures: {summary['measures']}")
     for method, heads in summary["top_heads"].items():
         sig = summary["significant_heads"].get(method, [])
         lines.append(f"{method}: top {', '.join(heads[:5])}  ({len(sig)} significant)")
@@ -80,7 +103,8 @@ def render_summary(summary: dict) -> str:
 
 
 def figures(frame, spec) -> dict[str, bytes]:
-    """``{"figures/<method>.png": png}``: a layer × head heatmap of ``effect`` per method."""
+    """``{"figures/<method>.png": png}``: a layer × head heatmap of ``effect`` per method
+    (per-position rows: each head's effect at the position where it is largest in size)."""
     from headscope.reports.figures import head_map_figure, png_bytes
 
     out = {}
@@ -88,6 +112,9 @@ def figures(frame, spec) -> dict[str, bytes]:
         title = f"{spec.name}: {method}" + (
             f" -> {f['receiver'].iloc[0]}" if "receiver" in f and f["receiver"].notna().any() else ""
         )
+        if "position" in f and f["position"].notna().any():
+            f = f.loc[f["effect"].abs().fillna(-1).groupby([f["layer"], f["head"]]).idxmax()]
+            title += " (max |effect| over positions)"
         fig = head_map_figure(
             f.rename(columns={"effect": "value"}),
             n_layers=spec.n_layers,
@@ -117,6 +144,8 @@ def run(args) -> int:
             max_rows=args.max_rows,
             alpha=args.alpha,
             seed=args.seed,
+            per_position=args.per_position,
+            ablations=tuple(dict.fromkeys(args.ablation)),
         ),
         receiver=parse_head(args.receiver) if args.receiver else None,
         senders=(parse_head(args.sender),) if args.sender else None,

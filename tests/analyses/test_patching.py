@@ -276,16 +276,21 @@ def test_user_task_with_wrong_tokens_uses_logit_diff(planted, tmp_path):
     assert task.metric == "logit_diff" and len(task.items) == 3 and task.items[0].wrong == VOCAB.index("in")
 
 
-def test_unknown_task_and_encoders_are_refused(planted):
-    with pytest.raises(ValueError, match="valid tasks: induction, agreement"):
+def test_unknown_task_is_refused_and_an_encoder_gets_the_embedding_metric(planted):
+    with pytest.raises(ValueError, match="valid tasks: induction, agreement, coreference, duplicate_token"):
         load_task(planted, "no-such-task")
-    with pytest.raises(ModelIncompatibleError, match="encoder"):
-        load_task(planted_model(causal=False), "induction")
+    task = load_task(planted_model(causal=False), "induction", n_items=3)
+    assert task.metric == "embedding_cosine" and {it.answer for it in task.items} == {0}
 
 
-def test_minilm_is_refused_with_the_reason(minilm):
+def test_logit_metrics_refuse_an_encoder_with_the_reason(minilm):
+    from headscope.analyses.patching.tasks import check_decoder
+
     with pytest.raises(ModelIncompatibleError, match="'minilm-l6' is an encoder .no LM head."):
-        load_task(minilm, "agreement")
+        check_decoder(minilm)
+    task = Task(name="t", items=[PairItem((101, 2003, 102), (101, 2024, 102), 2003)], metric="logprob")
+    with pytest.raises(ModelIncompatibleError, match="embedding_cosine"):
+        activation_patching(minilm, task, CFG)
 
 
 def test_task_needs_wrong_tokens_for_logit_diff(induction):
