@@ -81,6 +81,13 @@ _OWN_NAMES = {
     }
 }
 #: decoders whose query and key heads are normalised before the dot product
+#: options whose non-default value changes what a family computes, in ways the in-house
+#: stack does not implement: ``{model_type: {option: default}}`` (the in-house backend refuses
+#: a checkpoint that sets one; the HF backend runs it)
+_FIXED_OPTIONS = {
+    "gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
+    "llama": {"mlp_bias": False},
+}
 _QK_NORM_TYPES = frozenset({"gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2", "olmoe", "chameleon"})
 
 
@@ -132,6 +139,9 @@ class ArchSpec:
     #: a decoder family run with bidirectional attention (``use_bidirectional_attention``:
     #: EmbeddingGemma); ``encoder`` still follows the model type
     bidirectional_attention: bool = False
+    #: family options set away from their default (``"name=value"``), e.g. GPT-2's
+    #: ``scale_attn_by_inverse_layer_idx=True``: see ``_FIXED_OPTIONS``
+    off_default: tuple[str, ...] = ()
 
     @property
     def causal(self) -> bool:
@@ -310,6 +320,9 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         rope_local_type=_rope_local(hf)[1] if positional == "rope" else None,
         rotary_fraction=_rotary_fraction(hf) if positional == "rope" else None,
         bidirectional_attention=bool(hf.get("use_bidirectional_attention")),
+        off_default=tuple(
+            f"{k}={hf[k]!r}" for k, default in _FIXED_OPTIONS.get(mtype, {}).items() if k in hf and hf[k] != default
+        ),
     )
 
 

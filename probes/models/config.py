@@ -305,7 +305,9 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
     (``--backend hf``), for a model type outside :data:`INHOUSE_MODEL_TYPES` and for options
     the in-house stack does not implement: RoPE scaling (only the default RoPE), partial
     rotary embeddings, relative positions, the multimodal Gemma 3 (its text model,
-    ``gemma3_text``, is covered), an activation it does not know.
+    ``gemma3_text``, is covered), an activation it does not know, and family options away
+    from their default that change the computation (GPT-2's ``scale_attn_weights`` and
+    ``scale_attn_by_inverse_layer_idx``, Llama's ``mlp_bias``).
     """
     mtype = arch.model_type
     if mtype == "gemma3":
@@ -327,6 +329,8 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
             raise _incompatible(f"{label} partial_rotary_factor={arch.rotary_fraction}", " (only 1.0)")
     if arch.bidirectional_attention:
         raise _incompatible(f"{label} with use_bidirectional_attention")
+    if arch.off_default:
+        raise _incompatible(f"{label} with {', '.join(arch.off_default)}")
     activation = arch.activation or defaults["activation"]
     if activation == "gelu_fast":
         activation = "gelu_new"  # the same tanh approximation of GELU

@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headscope.probes.capture import capture
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.arch import arch_from_hf_config
 from headscope.probes.models.config import INHOUSE_MODEL_TYPES, config_from_arch, config_from_hf, param_counts
 from headscope.probes.models.loading import InHouseModel
 from headscope.probes.tokens import TokenBatch
+from tests.tiny_models import tiny_hf_model, tiny_model_dir
 
 VOCAB = 128
 LENGTHS = (20, 13, 7)
@@ -301,6 +303,36 @@ def test_uncovered_options_name_the_hf_backend():
     assert "rope_type='linear'" in refused("gemma3_text", **small, rope_parameters=global_linear)
     with pytest.raises(ModelIncompatibleError):  # the multimodal Gemma 3: only its text model is covered
         config_from_hf(AutoConfig.for_model("gemma3").to_dict())
+    gpt2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=100)
+    assert "scale_attn_by_inverse_layer_idx=True" in refused("gpt2", **gpt2, scale_attn_by_inverse_layer_idx=True)
+    assert "scale_attn_weights=False" in refused("gpt2", **gpt2, scale_attn_weights=False)
+    assert "mlp_bias=True" in refused("llama", **small, mlp_bias=True)
+    config_from_hf(AutoConfig.for_model("gpt2", **gpt2, reorder_and_upcast_attn=True).to_dict())  # fp32: same math
+
+
+def test_auto_runs_an_option_the_in_house_stack_lacks_through_hf(tmp_path):
+    """GPT-2 with ``scale_attn_by_inverse_layer_idx``: auto picks hf, whose patterns are HF eager's."""
+    from headscope.probes.models.loading import choose_backend, load_model, resolve
+
+    d = tiny_model_dir(tmp_path, "gpt2", scale_attn_by_inverse_layer_idx=True)
+    backend, why = choose_backend(resolve(str(d)))
+    assert backend == "hf" and "scale_attn_by_inverse_layer_idx=True" in why
+    model = load_model(str(d))
+    assert model.backend == "hf"
+    ref, tok = tiny_hf_model("gpt2", scale_attn_by_inverse_layer_idx=True)
+    texts = ["the cat sat on the mat", "a dog"]
+    cap = capture(model, texts, quantities=["pattern"])
+    enc = tok(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        want = ref(**enc, output_attentions=True).attentions
+    for layer in range(2):
+        n = int(enc["attention_mask"][0].sum())
+        got = cap["pattern", layer][0, :, :n, :n]
+        assert (got - want[layer][0, :, :n, :n]).abs().max() <= 1e-6
+    plain = tiny_hf_model("gpt2")[0]  # the option matters: without it layer 1 differs
+    with torch.no_grad():
+        other = plain(**enc, output_attentions=True).attentions
+    assert (other[1][0] - want[1][0]).abs().max() > 1e-3
 
 
 # Measured max |in-house - HF eager| over real positions, CPU fp32, torch 2.13, transformers 5.24
