@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast bench lint
+.PHONY: bootstrap report test test-fast bench lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -28,6 +28,15 @@ test-fast: bootstrap
 
 bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
+
+# On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
+# GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.
+gpu-check:
+	.ci/gpu-check $(GPU_CHECK_FLAGS)
+
+# Wheels a bare CUDA PyTorch image lacks, fetched here into the ignored .whl/ for .ci/gpu-check
+gpu-wheels:
+	python3 -m pip download --no-deps --only-binary=:all: -d .whl conllu
 
 lint: bootstrap
 	$(PY) -m ruff check --fix $(LINTED)

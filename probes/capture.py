@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from headscope.probes.errors import MemoryBudgetError, NumericalError
-from headscope.probes.models.backend import Backend, ModelSpec
+from headscope.probes.models.backend import Backend, ModelSpec, batch_to, placement
 from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,63 @@ def pattern_bytes(batch: int, n_pos: int, n_heads: int, n_layers: int, bytes_per
     return batch * n_heads * n_layers * n_pos * n_pos * bytes_per
 
 
+#: float copies of one layer's ``[batch, head, query_pos, key_pos]`` alive at once besides the kept
+#: patterns (scores, softmax, a reducer's masked copy and its temporaries)
+WORK_CELLS = 4
+#: floats per token and ``d_model`` alive at once (residual, Q/K/V, MLP hidden ~3.5 × d_model, outputs)
+WORK_ACTIVATIONS = 16
+
+
+def max_batch(
+    n_pos: int,
+    *,
+    n_heads: int,
+    d_model: int,
+    free_bytes: int,
+    kept_layers: int = 1,
+    bytes_per: int = 4,
+    headroom: float = 0.8,
+) -> int:
+    """The most items of ``n_pos`` tokens one forward may hold in ``free_bytes`` (times
+    ``headroom``): per item, the attention cells ``n_heads × n_pos²`` of the ``kept_layers``
+    captured patterns plus :data:`WORK_CELLS` working copies, and
+    :data:`WORK_ACTIVATIONS` ``× n_pos × d_model`` activations, ``bytes_per`` bytes each.
+    :class:`~headscope.probes.errors.MemoryBudgetError` (one line; the CLI exits 2) when
+    one item alone does not fit.
+
+    >>> max_batch(512, n_heads=32, d_model=4096, free_bytes=80 * 2**30, kept_layers=1, bytes_per=2)
+    455
+    >>> max_batch(128, n_heads=12, d_model=384, free_bytes=2**30)
+    121
+    >>> max_batch(4096, n_heads=32, d_model=4096, free_bytes=2**30, kept_layers=32)
+    Traceback (most recent call last):
+    ...
+    headscope.probes.errors.MemoryBudgetError: one item of 4096 tokens needs 73.0 GiB (patterns of 32 layers x 32 heads + activations, 4 bytes each); 0.8 GiB of the device's 1.0 GiB free may be used: capture fewer layers, shorter items or a 16-bit dtype
+    """
+    for name, v in (("n_pos", n_pos), ("n_heads", n_heads), ("d_model", d_model), ("kept_layers", kept_layers)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int; got {v!r}")
+    per_item = bytes_per * (n_heads * n_pos * n_pos * (kept_layers + WORK_CELLS) + WORK_ACTIVATIONS * n_pos * d_model)
+    budget = int(free_bytes * headroom)
+    if per_item > budget:
+        raise MemoryBudgetError(
+            f"one item of {n_pos} tokens needs {per_item / 2**30:.1f} GiB (patterns of {kept_layers} layers x "
+            f"{n_heads} heads + activations, {bytes_per} bytes each); {budget / 2**30:.1f} GiB of the device's "
+            f"{free_bytes / 2**30:.1f} GiB free may be used: capture fewer layers, shorter items or a 16-bit dtype"
+        )
+    return budget // per_item
+
+
+def device_free_bytes(device) -> int | None:
+    """Free memory of a CUDA ``device`` in bytes (``torch.cuda.mem_get_info``); None on the CPU,
+    where batches keep their fixed sizes."""
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
 def check_finite(cap: Capture) -> None:
     """Raise :class:`NumericalError` naming layer and head of the first NaN/inf."""
     for (q, layer), t in cap.data.items():
@@ -137,10 +194,20 @@ def capture(
                 f"capturing patterns for {batch.shape[0]} texts of {batch.shape[1]} tokens needs {need / 2**30:.1f} GiB, "
                 f"over the budget of {memory_budget / 2**30:.1f} GiB; use stream() or fewer layers/texts"
             )
+    batch = on_model_device(batch, model)
     data = model.run(batch, qs, ls)
     cap = Capture(tokens=batch, data=data, layers=ls, spec=model.spec, item_ids=list(range(batch.shape[0])))
     check_finite(cap)
     return cap
+
+
+def on_model_device(batch: TokenBatch, model) -> TokenBatch:
+    """``batch`` with its ids and mask on the device where ``model`` takes its inputs
+    (``model.input_device``, else ``model.device``; as is for a model that names neither),
+    so a capture's tokens and data share one device: reducers then build every mask
+    there, and nothing crosses to the host until a result is read."""
+    device = getattr(model, "input_device", None) or getattr(model, "device", None)
+    return batch if device is None else batch_to(batch, device)
 
 
 class Reducer(Protocol):
@@ -231,6 +298,10 @@ def stream(
     context, or fail to tokenise are skipped and counted in the returned
     :class:`StreamReport` (never dropped silently). ``progress(done, total)`` counts
     items (``total`` is None for an iterable without a length).
+
+    On a CUDA device the free memory bounds each batch instead (:func:`memory_limits`,
+    :func:`max_batch`), and an item that cannot fit alone raises :class:`MemoryBudgetError`;
+    batches and their tensors stay on the device (reducers move only their small results).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
@@ -289,6 +360,37 @@ class _StreamRun:
     total: int | None  # items in the corpus, None when unknown
 
 
+#: batches on a GPU hold at most this many items, whatever the memory allows
+MAX_DEVICE_BATCH = 1024
+
+
+def memory_limits(run: _StreamRun, longest: int) -> tuple[int, int, int] | None:
+    """``(batch_size, max_tokens, max_cells)`` for :func:`buckets` from the free memory of the
+    model's CUDA device (half of :func:`max_batch`'s budget for attention cells, half for
+    activations), so batches grow with the GPU, not a fixed count; None on the CPU (batches
+    keep ``batch_size``, ``max_tokens``, ``max_cells``: the CPU figures do not change).
+    Raises :class:`MemoryBudgetError` when one item of ``longest`` tokens does not fit."""
+    device = getattr(run.model, "input_device", None) or getattr(run.model, "device", None)
+    free = device_free_bytes(device)
+    if free is None:
+        return None
+    spec = run.model.spec
+    kept = len(run.layers) * (("pattern" in run.quantities) + ("scores" in run.quantities))
+    bytes_per = 2 if placement(run.model)["dtype"] in ("bf16", "fp16") else 4
+    max_batch(
+        longest,
+        n_heads=spec.n_heads,
+        d_model=spec.d_model,
+        free_bytes=free,
+        kept_layers=max(kept, 1),
+        bytes_per=bytes_per,
+    )
+    budget = int(free * 0.8) // 2
+    cells = budget // (bytes_per * spec.n_heads * (max(kept, 1) + WORK_CELLS))
+    tokens = budget // (bytes_per * WORK_ACTIVATIONS * spec.d_model)
+    return MAX_DEVICE_BATCH, max(tokens, longest), max(cells, longest * longest)
+
+
 def _stream_window(run: _StreamRun, chunk: list, report: StreamReport) -> None:
     """Tokenise one window of items (indices continue from ``report.n_items``), bucket it
     by length and feed its batches to the reducers."""
@@ -324,8 +426,10 @@ def _stream_window(run: _StreamRun, chunk: list, report: StreamReport) -> None:
         toks.append(t)
         keep.append(i)
     done = start + len(chunk) - len(toks)  # skipped items count as done
-    for group in buckets([len(t["ids"]) for t in toks], run.batch_size, run.max_tokens, run.max_cells):
-        batch = collate([toks[j] for j in group], run.pad)
+    lengths = [len(t["ids"]) for t in toks]
+    limits = memory_limits(run, max(lengths, default=1)) or (run.batch_size, run.max_tokens, run.max_cells)
+    for group in buckets(lengths, *limits):
+        batch = on_model_device(collate([toks[j] for j in group], run.pad), model)
         data = model.run(batch, run.quantities, run.layers)
         cap = Capture(tokens=batch, data=data, layers=run.layers, spec=model.spec, item_ids=[keep[j] for j in group])
         check_finite(cap)

@@ -26,6 +26,16 @@ import torch
 torch.manual_seed(0)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` compare CPU and CUDA: skipped, with the reason, where CUDA is absent."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"needs CUDA (torch {torch.__version__} sees no GPU); run .ci/gpu-check on one")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def _load(name, backend):
     from headscope.probes.models.loading import load_model
 

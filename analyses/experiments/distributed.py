@@ -71,8 +71,8 @@ class AttentionMassReducer:
             p = cap["pattern", layer].to(torch.float64)  # [batch, head, query_pos, key_pos]
             first = (p[..., 0] * qmask[:, None, :]).sum((0, 2))  # [head]
             ent = (torch.special.entr(p).sum(-1) * qmask[:, None, :]).sum((0, 2))  # [head]
-            self.mass[layer] = self.mass.get(layer, 0) + first
-            self.entropy[layer] = self.entropy.get(layer, 0) + ent
+            self.mass[layer] = self.mass.get(layer, 0) + first.cpu()  # [head] sums on the host: merged across workers
+            self.entropy[layer] = self.entropy.get(layer, 0) + ent.cpu()
         self.rows += n_rows
 
     def merge(self, other: AttentionMassReducer) -> AttentionMassReducer:
@@ -147,9 +147,10 @@ class ReducerSet:
 
 
 class on_device:
-    """Wrap a loaded model so ``run`` moves each batch to ``device`` and the captured
-    tensors back to the CPU; everything else passes through. ``"cpu"`` returns a thin
-    wrapper that changes nothing."""
+    """Wrap a loaded model after moving it to ``device``; everything passes through (every
+    backend's ``run`` moves its batch to the model's device, and the captured tensors stay
+    there: reducers work on the device and hand small per-item values to the host).
+    ``"cpu"`` leaves the model where it is."""
 
     def __init__(self, model, device: str | torch.device = "cpu"):
         self._model = model
@@ -162,13 +163,7 @@ class on_device:
         return getattr(self._model, name)
 
     def run(self, batch, quantities=("pattern",), layers=None, **kw):
-        if self.device.type == "cpu":
-            return self._model.run(batch, quantities, layers, **kw)
-        moved = dataclasses.replace(
-            batch, input_ids=batch.input_ids.to(self.device), attention_mask=batch.attention_mask.to(self.device)
-        )
-        out = self._model.run(moved, quantities, layers, **kw)
-        return {k: v.cpu() for k, v in out.items()}
+        return self._model.run(batch, quantities, layers, **kw)
 
 
 # ----------------------------------------------------------------------------- Ray
@@ -249,6 +244,42 @@ def merge_reports(reports: Sequence[StreamReport]) -> StreamReport:
     return out
 
 
+def actor_options(device: str | torch.device = "cpu", gpus_per_worker: float | None = None) -> dict:
+    """Ray options of one shard actor: 1 CPU, and on CUDA ``num_gpus`` (``gpus_per_worker``,
+    default 1; a fraction such as 0.5 packs two actors on one GPU). Ray hides the GPUs
+    from an actor that asks for none, so a CUDA device needs them asked for.
+
+    >>> actor_options("cpu"), actor_options("cuda"), actor_options("cuda:1", 0.25)
+    ({'num_cpus': 1}, {'num_cpus': 1, 'num_gpus': 1.0}, {'num_cpus': 1, 'num_gpus': 0.25})
+    >>> actor_options("cpu", 0.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: gpus_per_worker goes with a CUDA device; got device 'cpu'
+    """
+    kind = torch.device(device).type
+    if gpus_per_worker is not None:
+        if kind != "cuda":
+            raise ValueError(f"gpus_per_worker goes with a CUDA device; got device {str(device)!r}")
+        if isinstance(gpus_per_worker, bool) or not 0 < float(gpus_per_worker) <= 1:
+            raise ValueError(f"gpus_per_worker must be in (0, 1]; got {gpus_per_worker!r}")
+    if kind != "cuda":
+        return {"num_cpus": 1}
+    return {"num_cpus": 1, "num_gpus": float(gpus_per_worker if gpus_per_worker is not None else 1)}
+
+
+def n_actors(n_shards: int, resources: dict, options: dict) -> int:
+    """How many actors the cluster's ``resources`` hold at ``options`` (at least 1, at most
+    ``n_shards``): CPUs, and GPUs over ``num_gpus`` when asked for.
+
+    >>> n_actors(8, {"CPU": 16, "GPU": 2}, {"num_cpus": 1, "num_gpus": 0.5}), n_actors(8, {"CPU": 4}, {"num_cpus": 1})
+    (4, 4)
+    """
+    fit = int(resources.get("CPU", 1) // options.get("num_cpus", 1))
+    if options.get("num_gpus"):
+        fit = min(fit, int(resources.get("GPU", 0) // options["num_gpus"] + 1e-9))
+    return max(1, min(n_shards, fit))
+
+
 def stream_distributed(
     model_spec_name: str,
     items: Sequence,
@@ -263,6 +294,7 @@ def stream_distributed(
     words: bool | None = None,
     backend: str = "inhouse",
     device: str = "cpu",
+    gpus_per_worker: float | None = None,
 ):
     """Stream ``items`` through ``model_spec_name`` on Ray workers; merge the reducers.
 
@@ -272,7 +304,10 @@ def stream_distributed(
     without it a running ``ray.init`` is reused, else a local one is started (and shut
     down afterwards). ``n_shards`` defaults to the cluster's CPUs; one actor per worker
     (``min(n_shards, CPUs)`` actors, 1 CPU each) loads the model once and takes shards in
-    turn. Returns ``(merged reducer, StreamReport)`` with corpus-wide item indices.
+    turn. On a CUDA ``device`` each actor asks Ray for ``gpus_per_worker`` GPUs (default 1,
+    :func:`actor_options`), so the shards spread over every GPU of the cluster (Ray gives
+    each actor its own, seen there as ``cuda``). Returns ``(merged reducer, StreamReport)``
+    with corpus-wide item indices.
 
     Raises ``ImportError`` naming ``pip install 'headscope[ray]'`` without Ray,
     ``ValueError`` on an empty corpus or ``n_shards < 1``.
@@ -285,18 +320,21 @@ def stream_distributed(
         raise ValueError(f"n_shards must be a positive int; got {n_shards!r}")
     if words is None:
         words = not isinstance(items[0], str)
+    options = actor_options(device, gpus_per_worker)  # a bad device or fraction fails before Ray starts
     started = False
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         started = ray_address is None
     try:
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        resources = ray.cluster_resources()
+        cpus = max(1, int(resources.get("CPU", 1)))
         n = min(n_shards or cpus, len(items))
         bounds = shard_bounds(len(items), n)
-        n_workers = min(len(bounds), cpus)
+        n_workers = n_actors(len(bounds), resources, options)
         env = {k: os.environ[k] for k in _ENV_PASSED if k in os.environ}
-        actor = ray.remote(num_cpus=1)(ShardWorker)
-        workers = [actor.remote(model_spec_name, backend, device, env) for _ in range(n_workers)]
+        actor = ray.remote(**options)(ShardWorker)
+        worker_device = "cuda" if "num_gpus" in options else device  # Ray shows an actor its own GPUs only
+        workers = [actor.remote(model_spec_name, backend, worker_device, env) for _ in range(n_workers)]
         try:
             futures = [
                 workers[s % n_workers].run.remote(

@@ -117,10 +117,10 @@ def replica_masks(model, masks: torch.Tensor, ablation: torch.Tensor | None = No
         def fn(z, m=m, a=a):
             r = m.shape[0]
             zr = z.reshape(r, z.shape[0] // r, *z.shape[1:])  # [R, batch, head, pos, d_head]
-            mm = m.to(z.dtype)[:, None, :, None, None]
+            mm = m.to(z.device, z.dtype)[:, None, :, None, None]
             out = zr * mm
             if a is not None:
-                out = out + (1 - mm) * a.to(z.dtype)[None, None, :, None, :]
+                out = out + (1 - mm) * a.to(z.device, z.dtype)[None, None, :, None, :]
             return out.reshape(z.shape)
 
         fns[l] = fn
@@ -146,9 +146,9 @@ def head_gates(model, mask: torch.Tensor, *, requires_grad: bool = False, ablati
             continue
         a = torch.zeros(spec.n_heads, spec.d_head, device=device) if ablation is None else ablation[l].to(device)
 
-        def fn(z, g=g, a=a):
-            gate = g.to(z.dtype)[None, :, None, None]
-            return gate * z + (1 - gate) * a.to(z.dtype)[None, :, None, :]
+        def fn(z, g=g, a=a):  # z may sit on another GPU than the first layer (a device map)
+            gate = g.to(z.device, z.dtype)[None, :, None, None]
+            return gate * z + (1 - gate) * a.to(z.device, z.dtype)[None, :, None, :]
 
         fns[l] = fn
     with model.head_hooks(fns):
@@ -195,6 +195,8 @@ def evaluate(
     spec = model.spec
     if masks is None:
         masks = torch.ones(1, spec.n_layers, spec.n_heads)
+    if hasattr(metric, "place"):  # the metric's tokens go where the model takes its inputs
+        metric.place(model)
     return metric.score(model, masks, ablation=ablation, max_rows=max_rows)
 
 
@@ -230,8 +232,10 @@ def replicated_scores(
     ``headscope bench`` compares with."""
     if not _SHARED.get():
         return _replicated_scores_unshared(model, metric, masks, ablation=ablation, max_rows=max_rows)
+    if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
+        metric.place(model)
     r_total = masks.shape[0]
-    values = torch.zeros(r_total, metric.n_items)
+    values = torch.zeros(r_total, metric.n_items)  # per-item values: on the host
     weights = torch.zeros(metric.n_items)
     first = first_changed(masks) if model.resumable else torch.zeros(r_total, dtype=torch.long)
     order = sorted(range(r_total), key=lambda r: (int(first[r]), r))
@@ -244,8 +248,8 @@ def replicated_scores(
                 idx = order[start : start + chunk]
                 out = staggered_forward(model, stream, masks[idx], first[idx], ablation=ablation, keep=keep)
                 v, w = metric.item_values(out, unit)
-                values[torch.tensor(idx)[:, None], torch.tensor(unit.items)[None, :]] = v.float()
-                weights[unit.items] = w.float()
+                values[torch.tensor(idx)[:, None], torch.tensor(unit.items)[None, :]] = v.float().cpu()
+                weights[unit.items] = w.float().cpu()
     return values, weights
 
 
@@ -362,6 +366,8 @@ def unembed_at(model, keep: torch.Tensor):
 def _replicated_scores_unshared(model, metric, masks, *, ablation=None, max_rows=64):
     """The previous engine (:func:`unshared`): per forward, the layers before the first one
     any of its masks touches are run anew; every logit is computed."""
+    if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
+        metric.place(model)
     r_total = masks.shape[0]
     values = torch.zeros(r_total, metric.n_items)
     weights = torch.zeros(metric.n_items)
@@ -383,8 +389,8 @@ def _replicated_scores_unshared(model, metric, masks, *, ablation=None, max_rows
                             ids.repeat(r, 1), am.repeat(r, 1), start_at_layer=first, resid=prefix.repeat(r, 1, 1)
                         )
                 v, w = metric.item_values(out, unit)
-                values[start : start + r, unit.items] = v.float()
-                weights[unit.items] = w.float()
+                values[start : start + r, unit.items] = v.float().cpu()
+                weights[unit.items] = w.float().cpu()
     return values, weights
 
 
@@ -473,13 +479,15 @@ class MeanZ:
 
     def update(self, cap: Capture) -> None:
         keep = cap.key_mask.to(torch.float64)  # [batch, pos]
+        if self.sum.device != keep.device:  # the sums follow the data
+            self.sum = self.sum.to(keep.device)
         for l in cap.layers:
             z = cap["z", l].to(torch.float64)  # [batch, head, pos, d_head]
             self.sum[l] += torch.einsum("bhpd,bp->hd", z, keep)
         self.count += float(keep.sum())
 
     def merge(self, other: MeanZ) -> MeanZ:
-        self.sum += other.sum
+        self.sum += other.sum.to(self.sum.device)
         self.count += other.count
         return self
 
@@ -493,6 +501,8 @@ def mean_z(model, metric) -> torch.Tensor:
     check_head_hooks(model)
     red = MeanZ(model.spec.n_layers, model.spec.n_heads, model.spec.d_head)
     layers = tuple(range(model.spec.n_layers))
+    if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
+        metric.place(model)
     for unit in metric.units:
         data = model.run(unit.batch, ("z",), layers)
         red.update(Capture(tokens=unit.batch, data=data, layers=layers, spec=model.spec, item_ids=unit.items))

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.pruning.metrics import mean_pool, paraphrase_hits, read_paraphrases
-from headscope.probes.models.backend import Backend
+from headscope.probes.models.backend import Backend, batch_to
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.loading import InHouseModel
 from headscope.probes.tokens import collate, pad_id, tokenize_one
@@ -119,9 +119,9 @@ def _embed(model: InHouseModel, toks: list[dict], batch_size: int) -> torch.Tens
     with torch.inference_mode():
         for s in range(0, len(order), batch_size):
             idx = order[s : s + batch_size]
-            batch = collate([toks[i] for i in idx], pad)
+            batch = batch_to(collate([toks[i] for i in idx], pad), model.device)
             hidden = model.module(batch.input_ids, batch.attention_mask)
-            out[idx] = mean_pool(hidden, batch.attention_mask).float()
+            out[idx] = mean_pool(hidden, batch.attention_mask).float().cpu()  # [n_texts, d_model] on the host
     return out
 
 

@@ -56,6 +56,7 @@ from headscope.analyses.pruning.ablation import (
     impact_rows,
     unembed_at,
 )
+from headscope.analyses.pruning.metrics import unit_to
 
 
 class ImportanceTieWarning(UserWarning):
@@ -84,7 +85,10 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
     _check_differentiable(metric)
     spec = model.spec
     mask = torch.ones(spec.n_layers, spec.n_heads) if mask is None else mask
-    units = metric.units if units is None else units
+    if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
+        metric.place(model)
+    device = getattr(metric, "device", None)
+    units = metric.units if units is None else [u if device is None else unit_to(u, device) for u in units]
     grads, items = [], []
     values, weights = torch.zeros(1, metric.n_items), torch.zeros(metric.n_items)
     with head_gates(model, mask, requires_grad=True) as gates, torch.enable_grad():
@@ -95,7 +99,7 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
             if scores:
                 with torch.no_grad():
                     v, w = metric.item_values(out.detach(), u)
-                values[:, u.items], weights[u.items] = v.float(), w.float()
+                values[:, u.items], weights[u.items] = v.float().cpu(), w.float().cpu()
             loss = metric.loss(out, u)
             g = torch.autograd.grad(loss, gates, allow_unused=True)
             grads.append(torch.stack([torch.zeros(spec.n_heads) if x is None else x.detach().float().cpu() for x in g]))

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from headscope.probes.capture import buckets
+from headscope.probes.models.backend import batch_to
 from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_items, tokenize_one
 
 # ----------------------------------------------------------------------------- pure math
@@ -148,6 +149,20 @@ class Unit:
         return int(self.batch.input_ids.shape[0])
 
 
+def unit_to(unit: Unit, device: torch.device) -> Unit:
+    """``unit`` with its tokens and tensors on ``device`` (the same object when already there)."""
+    if unit.batch.input_ids.device == device:
+        return unit
+    extra = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in unit.extra.items()}
+    return Unit(batch_to(unit.batch, device), unit.items, extra)
+
+
+def input_device(model) -> torch.device:
+    """Where ``model`` takes its inputs (``model.input_device``, else ``model.device``, else the CPU)."""
+    device = getattr(model, "input_device", None) or getattr(model, "device", None)
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
 def _tile(t: torch.Tensor, r: int) -> torch.Tensor:
     return t.repeat(r, *([1] * (t.dim() - 1)))
 
@@ -171,6 +186,8 @@ class ItemMetric:
     differentiable: bool = True
     #: :attr:`units` hold the metric's tokens (mean ablation averages ``z`` over them)
     has_corpus: bool = True
+    #: where the units' tensors live: the model's input device (:meth:`place`)
+    device: torch.device = torch.device("cpu")
 
     def __init__(self, batch_size: int = 16):
         if batch_size < 1:
@@ -187,11 +204,22 @@ class ItemMetric:
 
     def make_units(self, batch_size: int | None = None) -> list[Unit]:
         """Length-bucketed units of at most ``batch_size`` items (deterministic)."""
-        return [self._prepare(g) for g in buckets(self._lengths(), batch_size or self.batch_size)]
+        return [unit_to(self._prepare(g), self.device) for g in buckets(self._lengths(), batch_size or self.batch_size)]
 
     def single_item_units(self) -> list[Unit]:
         """One unit per item (for per-example gradients)."""
-        return [self._prepare([i]) for i in range(self.n_items)]
+        return [unit_to(self._prepare([i]), self.device) for i in range(self.n_items)]
+
+    def place(self, model) -> ItemMetric:
+        """Move the units (and any reference tensor) to where ``model`` takes its inputs;
+        units built later are built there. A no-op when they are there already."""
+        device = input_device(model)
+        if device != self.device:
+            self.device = device
+            self.units = [unit_to(u, device) for u in self.units]
+            if getattr(self, "reference", None) is not None:
+                self.reference = self.reference.to(device)
+        return self
 
     # -- scoring -----------------------------------------------------------------------
     def score(
@@ -277,6 +305,7 @@ class LMLoss(ItemMetric):
             raise ValueError(f"texts need at least 2 tokens to score a next token; text {bad[0]} has fewer")
         self.n_items = len(self.toks)
         self.pad = pad_id(model.tokenizer)
+        self.device = input_device(model)  # units built where the model takes its inputs
         self.units = self.make_units()
 
     def _lengths(self):
@@ -400,6 +429,7 @@ class CorefAccuracy(ItemMetric):
                 start = after if (scoring == "partial" and after < len(words)) else 0
                 per.append((tok, start))
             self.rows.append(per)
+        self.device = input_device(model)  # units built where the model takes its inputs
         self.units = self.make_units()
 
     def _lengths(self):
@@ -432,15 +462,20 @@ class CorefAccuracy(ItemMetric):
             out, _tile(unit.batch.input_ids, r), _tile(unit.batch.attention_mask, r), _tile(e["score_mask"], r)
         )
         logp = -s.view(r, unit.rows)
-        table = torch.full((r, len(unit.items), e["n_cand"]), -math.inf, dtype=logp.dtype)
+        table = torch.full((r, len(unit.items), e["n_cand"]), -math.inf, dtype=logp.dtype, device=logp.device)
         return table.index_put(
-            (torch.arange(r)[:, None], e["owner"][None].expand(r, -1), e["cand"][None].expand(r, -1)), logp
+            (
+                torch.arange(r, device=logp.device)[:, None],
+                e["owner"][None].expand(r, -1),
+                e["cand"][None].expand(r, -1),
+            ),
+            logp,
         )
 
     def item_values(self, out, unit):
         table = self._cand_logp(out, unit)
         hits = (table.argmax(-1) == unit.extra["gold"][None]).float()
-        return hits, torch.ones(len(unit.items))
+        return hits, torch.ones(len(unit.items), device=hits.device)
 
     def loss(self, out, unit):
         table = self._cand_logp(out, unit)[0]
@@ -486,15 +521,16 @@ class EmbeddingCosine(ItemMetric):
         self.n_items = len(self.toks)
         self.pad = pad_id(model.tokenizer)
         self.reference = None
+        self.device = input_device(model)  # units built where the model takes its inputs
         self.units = self.make_units()
         if reference is None:
-            reference = torch.zeros(self.n_items, model.spec.d_model)
+            reference = torch.zeros(self.n_items, model.spec.d_model, device=self.device)
             with torch.inference_mode():
                 for u in self.units:
                     out = model.forward(u.batch.input_ids, u.batch.attention_mask)
                     reference = reference.to(out.dtype)
                     reference[u.items] = mean_pool(out, u.batch.attention_mask)
-        self.reference = reference.clone()
+        self.reference = reference.to(self.device).clone()
         self.units = self.make_units()
 
     def _lengths(self):
@@ -507,13 +543,13 @@ class EmbeddingCosine(ItemMetric):
     def item_values(self, out, unit):
         r = out.shape[0] // unit.rows
         emb = mean_pool(out, _tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
-        return (emb * unit.extra["ref"].to(emb.dtype)[None]).sum(-1), torch.ones(unit.rows)
+        return (emb * unit.extra["ref"].to(emb.dtype)[None]).sum(-1), torch.ones(unit.rows, device=emb.device)
 
     def loss(self, out, unit):
         emb = mean_pool(out, unit.batch.attention_mask)  # [rows, d_model]
         if unit.rows > 1:  # among the unit's sentences
             logits = emb @ unit.extra["ref"].to(emb.dtype).T / self.temperature  # [rows, rows]
-            return F.cross_entropy(logits, torch.arange(unit.rows))
+            return F.cross_entropy(logits, torch.arange(unit.rows, device=logits.device))
         if self.n_items < 2:
             raise ValueError(
                 f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of the other "
@@ -521,7 +557,7 @@ class EmbeddingCosine(ItemMetric):
                 "Give the metric at least 2 texts."
             )
         logits = emb @ self.reference.to(emb.dtype).T / self.temperature  # [1, n_items]
-        return F.cross_entropy(logits, torch.tensor(unit.items))
+        return F.cross_entropy(logits, torch.tensor(unit.items, device=logits.device))
 
 
 class ParaphraseAccuracy(ItemMetric):
@@ -556,6 +592,7 @@ class ParaphraseAccuracy(ItemMetric):
                     model.tokenizer, texts=[it["anchor"], it["positive"], *negs], max_positions=model.spec.max_positions
                 )
             )
+        self.device = input_device(model)  # units built where the model takes its inputs
         self.units = self.make_units()
 
     def _lengths(self):
@@ -581,13 +618,13 @@ class ParaphraseAccuracy(ItemMetric):
     def item_values(self, out, unit):
         e = self._emb(out, unit)
         hits = torch.stack([paraphrase_hits(x[:, 0], x[:, 1], x[:, 2:], unit.extra["valid"]) for x in e])
-        return hits, torch.ones(len(unit.items))
+        return hits, torch.ones(len(unit.items), device=hits.device)
 
     def loss(self, out, unit):
         e = self._emb(out, unit)[0]
         sims = torch.einsum("id,ijd->ij", e[:, 0], e[:, 1:]) / self.temperature
         sims = torch.cat([sims[:, :1], sims[:, 1:].masked_fill(~unit.extra["valid"], -math.inf)], dim=1)
-        return F.cross_entropy(sims, torch.zeros(len(unit.items), dtype=torch.long))
+        return F.cross_entropy(sims, torch.zeros(len(unit.items), dtype=torch.long, device=sims.device))
 
 
 # ----------------------------------------------------------------------------- plug-in metric

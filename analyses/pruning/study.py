@@ -72,6 +72,7 @@ from headscope.analyses.pruning.importance import head_importance, importance_fr
 from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric
 from headscope.analyses.roles.config import is_seed
 from headscope.probes.errors import CheckpointError
+from headscope.probes.models.backend import placement
 from headscope.probes.outputs.atomic import write_frame, write_json
 from headscope.probes.outputs.folder import claim_output, manifest_header
 
@@ -509,6 +510,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
                 "model": model.spec.name,
                 "backend": model.backend,
                 "backend_choice": getattr(model, "backend_choice", model.backend),
+                **placement(model),
                 "summary": summary,
                 "trust_remote_code": model.trust_remote_code,
             },

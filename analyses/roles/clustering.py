@@ -32,7 +32,7 @@ import torch
 from headscope.analyses.frames import empty_roles
 from headscope.analyses.roles.base import Role, RoleContext, register
 from headscope.analyses.roles.config import RoleOutput
-from headscope.analyses.roles.pattern_stats import check_layers, entropy, query_rows
+from headscope.analyses.roles.pattern_stats import check_layers, entropy, query_rows, special_mask_of
 
 DISTANCES = ("js", "sqrt_js")
 
@@ -57,7 +57,7 @@ def rows_js(p: torch.Tensor, item: torch.Tensor, n_rows: torch.Tensor, *, max_el
     belongs to item ``item[r]``), ``n_rows [batch]`` rows per item ->
     ``[batch, head_total, head_total]``."""
     b, h = n_rows.shape[0], p.shape[1]
-    out = torch.zeros(b, h, h)
+    out = torch.zeros(b, h, h, device=p.device)
     if len(item):
         p = p.float()
         keep = int((p.sum((0, 1)) > 0).nonzero().max()) + 1 if p.any() else 1
@@ -69,10 +69,10 @@ def rows_js(p: torch.Tensor, item: torch.Tensor, n_rows: torch.Tensor, *, max_el
         # both stay within max_elements
         per = max(1, min(max_elements // max(h * keep, 1), max_elements // (h * h)))
         size = min(per, len(item)) * (h - 1) * keep
-        pair_sum, scratch = torch.empty(size), torch.empty(size)  # reused by every pair block
+        pair_sum, scratch = torch.empty(size, device=p.device), torch.empty(size, device=p.device)  # reused per block
         for r0 in range(0, len(item), per):
             rs = slice(r0, r0 + per)
-            js = torch.zeros(len(item[rs]), h, h)  # [rows, i, j], filled for i < j
+            js = torch.zeros(len(item[rs]), h, h, device=p.device)  # [rows, i, j], filled for i < j
             for i in range(h - 1):
                 a, b_ = p[rs, i + 1 :], p[rs, i : i + 1]  # [rows, h - i - 1, k], [rows, 1, k]
                 s_ = torch.add(a, b_, out=pair_sum[: a.numel()].view(a.shape))
@@ -111,9 +111,9 @@ def sample_rows(
         if len(sel) <= per_item:
             out[b, sel] = True
             continue
-        key = zlib.crc32(input_ids[b][key_mask[b].bool()].to(torch.int64).numpy().tobytes())
-        g = torch.Generator().manual_seed(seed * 1_000_003 + key)
-        out[b, sel[torch.randperm(len(sel), generator=g)[:per_item]]] = True
+        key = zlib.crc32(input_ids[b][key_mask[b].bool()].to(torch.int64).cpu().numpy().tobytes())
+        g = torch.Generator().manual_seed(seed * 1_000_003 + key)  # a host generator: the same draw on any device
+        out[b, sel[torch.randperm(len(sel), generator=g, device="cpu")[:per_item].to(sel.device)]] = True
     return out
 
 
@@ -143,7 +143,7 @@ class JSReducer:
 
     def update(self, cap) -> None:
         self.layers = check_layers(cap.layers, self.layers)
-        rows = query_rows(cap.key_mask, cap.tokens.special_mask(), include_special=self.include_special)
+        rows = query_rows(cap.key_mask, special_mask_of(cap), include_special=self.include_special)
         rows = sample_rows(
             rows, self.rows_per_item, input_ids=cap.tokens.input_ids, key_mask=cap.key_mask, seed=self.seed
         )
@@ -152,7 +152,7 @@ class JSReducer:
         self.n_heads = per_layer[0].shape[1]
         js = rows_js(torch.cat(per_layer, 1), item, rows.sum(-1))  # heads ordered (layer, head)
         ok = rows.any(-1)
-        s = js[ok].double().sum(0)
+        s = js[ok].double().sum(0).cpu()  # [H_total, H_total] on the host: merged across workers
         self.total = s if self.total is None else self.total + s
         self.n += int(ok.sum())
 
@@ -168,7 +168,7 @@ class JSReducer:
         if self.total is None or self.n == 0:
             raise ValueError("no items with query rows were seen; nothing to cluster")
         labels = [(l, h) for l in self.layers for h in range(self.n_heads)]
-        return (self.total / self.n).float(), labels
+        return (self.total / self.n).float().cpu(), labels
 
 
 def embed_and_cluster(js: torch.Tensor, labels, *, k: int = 6, seed: int = 0, distance: str = "js") -> pd.DataFrame:

@@ -195,16 +195,18 @@ class CorefReducer:
         pool = pooling_matrices(cap.tokens)
         # only the pronoun's row of the word pattern is needed (Clark et al. pooling: mean
         # over the pronoun's pieces, sum over each key word's pieces)
-        pron = torch.tensor([self.items[i].pronoun for i in cap.item_ids])
-        q = pool.query_mean[torch.arange(len(pron)), pron]  # [batch, query_pos]
+        device = pool.query_mean.device
+        pron = torch.tensor([self.items[i].pronoun for i in cap.item_ids], device=device)
+        q = pool.query_mean[torch.arange(len(pron), device=device), pron]  # [batch, query_pos]
         rows = torch.einsum("bq,lbhqk->lbhk", q, cap.stack("pattern").float())
-        wp = torch.einsum("lbhk,bwk->lbhw", rows, pool.key_sum)  # [layer, batch, head, word]
+        wp = torch.einsum("lbhk,bwk->lbhw", rows, pool.key_sum).cpu()  # [layer, batch, head, word], small: to the host
+        aligned = pool.aligned.cpu()
         for r, i in enumerate(cap.item_ids):
             it = self.items[i]
-            if not bool(pool.aligned[r, it.pronoun]):
+            if not bool(aligned[r, it.pronoun]):
                 self.skipped["pronoun_unaligned"] += 1
                 continue
-            if not bool(pool.aligned[r, list(it.heads)].all()):
+            if not bool(aligned[r, list(it.heads)].all()):
                 self.skipped["candidate_unaligned"] += 1
                 continue
             att = wp[:, r, :, list(it.heads)]  # [layer, head, candidate]

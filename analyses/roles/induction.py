@@ -47,7 +47,7 @@ from headscope.analyses.roles.base import Role, RoleContext, register
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, allowed_keys, check_layers
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import Capture, StreamReport, check_finite
+from headscope.probes.capture import Capture, StreamReport, check_finite, on_model_device
 from headscope.probes.tokens import collate, pad_id
 
 ROLES = ("induction", "duplicate-token", "previous-token", "next-token")
@@ -122,7 +122,7 @@ def capture_ids(
             }
         )
     pad = pad_id(tok)
-    batch = collate(items, pad)
+    batch = on_model_device(collate(items, pad), model)
     ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
     data = model.run(batch, ("pattern",), ls)
     cap = Capture(
@@ -141,17 +141,18 @@ def detection_patterns(input_ids: torch.Tensor, *, causal: bool) -> dict[str, to
     """``input_ids [batch, pos]`` -> ``{role: [batch, query_pos, key_pos] bool}`` (module
     docstring); ``next-token`` only for bidirectional models."""
     b, n = input_ids.shape
-    eye = torch.eye(n, dtype=torch.bool)
+    device = input_ids.device
+    eye = torch.eye(n, dtype=torch.bool, device=device)
     dup = (input_ids[:, :, None] == input_ids[:, None, :]) & ~eye
     ind = torch.zeros_like(dup)
     ind[:, :, 1:] = dup[:, :, :-1]
-    prev = torch.zeros(n, n, dtype=torch.bool)
-    prev[1:, :-1] = torch.eye(n - 1, dtype=torch.bool)
+    prev = torch.zeros(n, n, dtype=torch.bool, device=device)
+    prev[1:, :-1] = torch.eye(n - 1, dtype=torch.bool, device=device)
     out = {"induction": ind, "duplicate-token": dup, "previous-token": prev.expand(b, n, n)}
     if not causal:
         out["next-token"] = prev.T.expand(b, n, n)
     if causal:
-        tri = torch.ones(n, n, dtype=torch.bool).tril()
+        tri = torch.ones(n, n, dtype=torch.bool, device=device).tril()
         out = {k: v & tri for k, v in out.items()}
     return out
 
@@ -175,7 +176,7 @@ def mul_score(
     if exclude_bos:
         keep[:, :, 0] = False
     if exclude_current_token:
-        keep &= ~torch.eye(keep.shape[-1], dtype=torch.bool)
+        keep &= ~torch.eye(keep.shape[-1], dtype=torch.bool, device=keep.device)
     a = pattern.float() * keep[:, None].float()
     return (a * detection[:, None].float()).sum((-1, -2)) / a.sum((-1, -2))
 

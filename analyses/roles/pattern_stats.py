@@ -170,7 +170,12 @@ class ItemValues:
 
     def add(self, name: str, item_ids: list[int], values: torch.Tensor) -> None:
         parts = self.parts[name]
-        parts.append((torch.as_tensor(list(item_ids), dtype=torch.int64), values.detach().float().cpu().contiguous()))
+        parts.append(
+            (
+                torch.as_tensor(list(item_ids), dtype=torch.int64, device="cpu"),
+                values.detach().float().cpu().contiguous(),  # the host boundary: small per-item values
+            )
+        )
         self.loose[name] += 1
         if self.loose[name] >= self.consolidate_every:
             k = self.loose[name]
@@ -202,6 +207,14 @@ def _join(parts):
     if len(parts) == 1:
         return parts[0]
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
+def special_mask_of(cap) -> torch.Tensor:
+    """``[batch, pos]`` bool, True on the capture's special tokens, on the device of its data
+    (built on the host from the batch's per-item flags, then moved)."""
+    with torch.device("cpu"):
+        special = cap.tokens.special_mask()
+    return special.to(cap.key_mask.device)
 
 
 def check_layers(layers, seen):
@@ -243,7 +256,7 @@ class ItemValuesReducer:
         """Check the batch's layers; return ``(allowed [batch, q, k], rows [batch, q],
         special [batch, pos])``: visible keys, analysed query rows, special tokens."""
         self.layers = check_layers(cap.layers, self.layers)
-        special = cap.tokens.special_mask()
+        special = special_mask_of(cap)
         rows = query_rows(cap.key_mask, special, include_special=self.include_special)
         return cap.cached(_allowed_of, self.causal), rows, special
 

@@ -77,8 +77,8 @@ def bucket_values(
     for name, off in OFFSETS.items():
         sel = torch.diagonal(w, offset=off, dim1=-2, dim2=-1)  # [batch, head, n_q - |off|]: w[q, q+off]
         avail = torch.diagonal(allowed, offset=off, dim1=-2, dim2=-1).float()
-        hit = torch.zeros(w.shape[:3])
-        ok = torch.zeros(allowed.shape[:2])
+        hit = torch.zeros(w.shape[:3], device=w.device)
+        ok = torch.zeros(allowed.shape[:2], device=allowed.device)
         qs = slice(-off, None) if off < 0 else slice(0, n_q - off)
         hit[..., qs] = sel
         ok[:, qs] = avail

@@ -82,6 +82,8 @@ class RareWordReducer(ItemValuesReducer):
     def update(self, cap) -> None:
         allowed, rows, special = self._masks(cap)
         km = cap.key_mask
+        if self.freq.device != km.device:  # the table follows the data (once: the next batches find it there)
+            self.freq = self.freq.to(km.device)
         rare = rarest_positions(cap.tokens.input_ids, km & ~special, self.freq)
         n_keys = allowed.float().sum(-1).clamp_min(1)
         base = row_mean((allowed & rare[:, None]).float().sum(-1) / n_keys, rows)

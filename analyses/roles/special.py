@@ -69,10 +69,10 @@ def punctuation_token(token: str) -> bool:
 def punctuation_mask(tokens) -> torch.Tensor:
     """``[batch, pos]`` bool from a :class:`TokenBatch`: True on punctuation tokens,
     judged on the text span each token covers (special and padding tokens are False)."""
-    m = torch.zeros(tokens.input_ids.shape, dtype=torch.bool)
+    m = torch.zeros(tokens.input_ids.shape, dtype=torch.bool, device="cpu")  # from Python lists: on the host
     for i, (text, offs, spec) in enumerate(zip(tokens.texts, tokens.offsets, tokens.special)):
         flags = [(not s) and b > a and is_punctuation(text[a:b]) for (a, b), s in zip(offs, spec)]
-        m[i, : len(flags)] = torch.tensor(flags, dtype=torch.bool)
+        m[i, : len(flags)] = torch.tensor(flags, dtype=torch.bool, device="cpu")
     return m
 
 
@@ -119,7 +119,11 @@ class SpecialReducer(ItemValuesReducer):
         km = cap.key_mask
         first = torch.zeros_like(km)
         first[:, 0] = km[:, 0]
-        sets = {"special": special & km, "sink:first-token": first, "punctuation": punctuation_mask(cap.tokens) & km}
+        sets = {
+            "special": special & km,
+            "sink:first-token": first,
+            "punctuation": punctuation_mask(cap.tokens).to(km.device) & km,
+        }
         key_sets = torch.stack(list(sets.values()), -1)  # [batch, pos, set]
         vals, base = [], None
         for layer in cap.layers:

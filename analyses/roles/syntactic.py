@@ -156,9 +156,11 @@ class SyntacticReducer:
                     dirs.append(direction)
         if not rows:
             return
-        got = pred[:, torch.tensor(rows), :, torch.tensor(query)]  # [n, layer, head]
+        device = pred.device
+        got = pred[:, torch.tensor(rows, device=device), :, torch.tensor(query, device=device)]  # [n, layer, head]
         got = got.reshape(len(rows), -1)
-        hits = got == torch.tensor(partner)[:, None]
+        hits = (got == torch.tensor(partner, device=device)[:, None]).cpu()  # per-instance hits: to the host
+        got = got.cpu()
         self._parts.append(
             (
                 np.array(sent),

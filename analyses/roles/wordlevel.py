@@ -59,7 +59,11 @@ class WordPooling:
     def word_mask(self) -> torch.Tensor:
         """``[batch, word]`` bool: the word index exists in the item (aligned or not)."""
         w = self.aligned.shape[1]
-        return torch.arange(w)[None, :] < torch.tensor(self.n_words, dtype=torch.long)[:, None]
+        device = self.aligned.device
+        return (
+            torch.arange(w, device=device)[None, :]
+            < torch.tensor(self.n_words, dtype=torch.long, device=device)[:, None]
+        )
 
     def item_aligned(self, row: int) -> bool:
         """True when every word of item ``row`` owns at least one token."""
@@ -103,7 +107,17 @@ def pooling_matrices(tokens, n_pos: int | None = None) -> WordPooling:
     """Pooling matrices for a :class:`~headscope.probes.tokens.TokenBatch` (uses its
     ``word_ids`` and ``words``; ``n_pos`` defaults to the padded batch length)."""
     n = tokens.input_ids.shape[1] if n_pos is None else n_pos
-    return pooling_from_word_ids(tokens.word_ids, [len(w) for w in tokens.words], n)
+    with torch.device("cpu"):  # built on the host from Python lists, then moved to the data
+        pool = pooling_from_word_ids(tokens.word_ids, [len(w) for w in tokens.words], n)
+    device = tokens.input_ids.device
+    if device.type == "cpu":
+        return pool
+    return WordPooling(
+        query_mean=pool.query_mean.to(device),
+        key_sum=pool.key_sum.to(device),
+        n_words=pool.n_words,
+        aligned=pool.aligned.to(device),
+    )
 
 
 def word_patterns(pattern: torch.Tensor, pool: WordPooling, *, renormalise: bool = False) -> torch.Tensor:
@@ -144,6 +158,6 @@ def most_attended(word_pattern: torch.Tensor, pool: WordPooling, *, exclude_self
     w = word_pattern.shape[-1]
     bad = ~pool.aligned[:, None, None, :]  # [batch, 1, 1(query), key]
     if exclude_self:
-        bad = bad | torch.eye(w, dtype=torch.bool)[None, None]
+        bad = bad | torch.eye(w, dtype=torch.bool, device=bad.device)[None, None]
     masked = word_pattern.masked_fill(bad, float("-inf"))
     return masked.argmax(-1)

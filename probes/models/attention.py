@@ -69,7 +69,9 @@ def repeat_kv(kv: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
 def rope_cos_sin(positions: torch.Tensor, d_head: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary tables for ``positions [batch, pos]`` -> cos, sin ``[batch, 1, pos, d_head]``
     (Llama's "rotate half" convention, computed in float32 as HF does)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d_head, 2, dtype=torch.int64).float() / d_head))
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, d_head, 2, dtype=torch.int64, device=positions.device).float() / d_head)
+    )
     freqs = positions.float()[:, :, None] * inv_freq[None, None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[:, None], emb.sin()[:, None]

@@ -16,6 +16,7 @@ a model's shape; :func:`spec_from_arch` makes one from a checkpoint's
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -90,7 +91,9 @@ class Backend(Protocol):
       pruning curves and patching are built on (:func:`apply_to_heads` for a module hook);
     * ``encode(texts=None, words=None) -> TokenBatch`` (one implementation for all:
       :class:`EncodesTexts`);
-    * ``run(batch, quantities, layers) -> {(quantity, layer): tensor, ("output", None): ...}``;
+    * ``run(batch, quantities, layers) -> {(quantity, layer): tensor, ("output", None): ...}``:
+      the batch goes to ``input_device`` (the embedding's device), the tensors come back on
+      the device they were computed on (no copy to the host);
     * ``to(device)`` moves the network (in place) and returns the model.
     """
 
@@ -125,6 +128,46 @@ class EncodesTexts:
 
     def encode(self, texts=None, words=None) -> TokenBatch:
         return encode(self.tokenizer, texts, words, max_positions=self.spec.max_positions, vocab_size=self.vocab_size)
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where token ids go (the embedding's device; ``device`` unless a model is spread)."""
+        return self.device  # type: ignore[attr-defined]
+
+
+def batch_to(batch: TokenBatch, device: torch.device | str) -> TokenBatch:
+    """``batch`` with its ``input_ids`` and ``attention_mask`` on ``device`` (the same object
+    when they are there already; the per-item lists stay on the host).
+
+    >>> from headscope.probes.tokens import TokenBatch
+    >>> b = TokenBatch(torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 2, dtype=torch.long), [""], [[]], [[]], [[]], [[]], [[]])
+    >>> batch_to(b, "cpu") is b
+    True
+    """
+    device = torch.device(device)
+    ids = batch.input_ids
+    if ids.device == device or (device.index is None and ids.device.type == device.type):
+        return batch
+    return dataclasses.replace(batch, input_ids=ids.to(device), attention_mask=batch.attention_mask.to(device))
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+
+
+def placement(model) -> dict:
+    """Where a loaded model runs, for run.json: ``{"device": "cuda:0", "dtype": "bf16"}``
+    (``device`` lists every device of a model spread by a device map, e.g. ``"cuda:0,cuda:1"``).
+
+    >>> placement(type("M", (), {"module": torch.nn.Linear(2, 2)})())
+    {'device': 'cpu', 'dtype': 'fp32'}
+    """
+    net = next((getattr(model, a) for a in ("module", "hf", "bridge") if getattr(model, a, None) is not None), None)
+    if net is None:
+        return {"device": str(getattr(model, "device", "cpu")), "dtype": None}
+    params = [p for p in net.parameters() if p.is_floating_point()]
+    devices = sorted({str(p.device) for p in params}) or ["cpu"]
+    dtype = params[0].dtype if params else None
+    return {"device": ",".join(devices), "dtype": _DTYPE_NAMES.get(dtype, str(dtype))}
 
 
 def module_device(module: torch.nn.Module) -> torch.device:

@@ -32,6 +32,7 @@ from headscope.probes.models.backend import (
     HeadFn,
     ModelSpec,
     apply_to_heads,
+    batch_to,
     module_device,
     spec_from_arch,
 )
@@ -199,8 +200,9 @@ class InHouseModel(EncodesTexts):
 
     def forward(self, input_ids, attention_mask, **resume) -> torch.Tensor:
         """Logits (decoder) or last hidden states (encoder); ``resume``: see
-        :meth:`Transformer.forward`. The grad mode is the caller's."""
-        return self.module(input_ids, attention_mask, **resume)
+        :meth:`Transformer.forward`. The grad mode is the caller's; the ids go to the model's device."""
+        device = self.device
+        return self.module(input_ids.to(device), attention_mask.to(device), **resume)
 
     @contextmanager
     def head_hooks(self, fns: dict[int, HeadFn]):
@@ -227,6 +229,7 @@ class InHouseModel(EncodesTexts):
                 pairs.append((hp, keep))
         stop = max(ls) + 1 if qs and "output" not in qs and not grad else None
         ctx = torch.enable_grad() if grad else torch.inference_mode()
+        batch = batch_to(batch, self.device)
         with ctx, hooks(pairs):
             result = self.module(
                 batch.input_ids,
@@ -279,8 +282,16 @@ class HFReference(EncodesTexts):
         attn_implementation: str = "eager",
         for_bridge: bool = False,
         trust_remote_code: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device_map: str | None = None,
     ):
+        """``dtype``: the weights' dtype (HF keeps softmax in fp32 and norms in the weights'
+        dtype); ``device_map="auto"`` spreads the layers over every visible GPU through
+        accelerate (:func:`check_device_map` says when it cannot)."""
         from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+        if device_map is not None:
+            check_device_map(device_map)
 
         directory = hf_dir(source)
         hf_cfg = read_hf_config(source)
@@ -306,10 +317,11 @@ class HFReference(EncodesTexts):
                 model, info = klass.from_pretrained(
                     str(directory),
                     config=config,
-                    dtype=torch.float32,
+                    dtype=dtype,
                     trust_remote_code=trust_remote_code,
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
+                    **({"device_map": device_map} if device_map is not None else {}),
                 )
         except (HeadscopeError, ImportError, MemoryError):
             raise
@@ -327,6 +339,12 @@ class HFReference(EncodesTexts):
     def device(self) -> torch.device:
         return module_device(self.hf)
 
+    @property
+    def input_device(self) -> torch.device:
+        """Where token ids go: the embedding's device (the first GPU of a ``device_map``)."""
+        emb = self.hf.get_input_embeddings()
+        return emb.weight.device if emb is not None else self.device
+
     def to(self, device) -> HFReference:
         self.hf.to(device)
         return self
@@ -341,8 +359,9 @@ class HFReference(EncodesTexts):
         return res, res.last_hidden_state
 
     def forward(self, input_ids, attention_mask) -> torch.Tensor:
-        """Logits (a causal LM) or last hidden states (an encoder)."""
-        return self._call(input_ids, attention_mask)[1]
+        """Logits (a causal LM) or last hidden states (an encoder); the ids go to :attr:`input_device`."""
+        device = self.input_device
+        return self._call(input_ids.to(device), attention_mask.to(device))[1]
 
     @contextmanager
     def head_hooks(self, fns: dict[int, HeadFn]):
@@ -410,6 +429,7 @@ class HFReference(EncodesTexts):
                             lambda m, a, o, l=l, q=q, n=n: out.__setitem__((q, l), heads(o.detach(), n))
                         )
                     )
+            batch = batch_to(batch, self.input_device)
             with torch.inference_mode():
                 res, output = self._call(batch.input_ids, batch.attention_mask, output_attentions="pattern" in qs)
         finally:
@@ -418,7 +438,16 @@ class HFReference(EncodesTexts):
         if "pattern" in qs:
             out.update({("pattern", l): res.attentions[l] for l in ls})
         out[("output", None)] = output
+        if self.spread:  # a device map: every tensor to the inputs' device, where the reducers work
+            device = self.input_device
+            out = {k: v.to(device) for k, v in out.items()}
         return out
+
+    @property
+    def spread(self) -> bool:
+        """Whether a device map spreads the model over several devices."""
+        device_map = getattr(self.hf, "hf_device_map", None) or {}
+        return len({str(d) for d in device_map.values()}) > 1
 
 
 _IGNORED_SUFFIXES = ("position_ids", "rotary_emb.inv_freq", "attn.masked_bias", "attn.bias")
@@ -530,7 +559,11 @@ class BridgeModel(EncodesTexts):
         return module_device(self.bridge)
 
     def to(self, device) -> BridgeModel:
-        self.bridge.to(device)
+        import contextlib
+        import sys
+
+        with contextlib.redirect_stdout(sys.stderr):  # the bridge's .to() prints "Moving model to device"
+            self.bridge.to(device)
         return self
 
     resumable = False
@@ -538,6 +571,7 @@ class BridgeModel(EncodesTexts):
     def forward(self, input_ids, attention_mask) -> torch.Tensor:
         """Logits of a decoder; an encoder's last hidden states (the last block's
         ``hook_resid_post``, what HF's ``AutoModel`` returns), not its MLM logits."""
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         if self.spec.causal:
             return self.bridge(input_ids, attention_mask=attention_mask)
         kept = {}
@@ -578,6 +612,7 @@ class BridgeModel(EncodesTexts):
                     out[_key] = t
 
                 fwd_hooks.append((f"blocks.{layer}.{self._NAMES[q]}", keep))
+        batch = batch_to(batch, self.device)
         with torch.inference_mode():
             res = self.bridge.run_with_hooks(batch.input_ids, attention_mask=batch.attention_mask, fwd_hooks=fwd_hooks)
         out[("output", None)] = res
@@ -592,6 +627,8 @@ def load_model(
     backend: str | None = "auto",
     *,
     dtype: str = "float32",
+    device: str | torch.device | None = None,
+    device_map: str | None = None,
     tokenizer=None,
     trust_remote_code: bool = False,
 ) -> Backend:
@@ -616,7 +653,15 @@ def load_model(
       :class:`BridgeModel`;
     * an :class:`InHouseModel`, :class:`HFReference` or :class:`BridgeModel` → returned as is.
 
-    Raises ``ValueError`` for an unknown backend or dtype, a backend other than a loaded
+    ``dtype``: ``fp32`` (default), ``bf16`` or ``fp16`` weights and activations, softmax
+    and norms in fp32 as HF does — the in-house and hf backends (the bridge runs in fp32).
+    ``device``: where the network is placed (``None``: where it loads, the CPU; the
+    CLI's ``--device`` goes through :func:`~headscope.reports.cli.argtypes.resolve_device`);
+    every backend's ``run`` and ``forward`` move their inputs there. ``device_map="auto"``
+    (the hf backend only) spreads a checkpoint over every visible GPU through accelerate;
+    inputs then go to the embedding's device (``model.input_device``).
+
+    Raises ``ValueError`` for an unknown backend, dtype or device map, a backend other than a loaded
     model's own, a missing tokenizer, or a non-eager HF model; ``TypeError`` for another
     kind of object; :class:`~headscope.probes.errors.ModelIncompatibleError` for a family
     the backend does not cover; :class:`~headscope.probes.errors.HeadscopeError` for an
@@ -635,24 +680,71 @@ def load_model(
         backend = None
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; valid backends: auto, {', '.join(BACKENDS)}")
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-    if dtype not in dtypes:
-        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(dtypes)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(DTYPES)}")
+    torch_dtype = DTYPES[dtype]
+    if device_map is not None:
+        if backend not in (None, "hf"):
+            raise ValueError(f"device_map={device_map!r} needs the hf backend; got backend={backend!r}")
+        check_device_map(device_map)
+        if device is not None:
+            raise ValueError("give device or device_map, not both (device_map places every layer itself)")
     if not isinstance(model, (str, os.PathLike)):
-        return _from_object(model, backend, dtypes[dtype], tokenizer)
+        return _place(_from_object(model, backend, torch_dtype, tokenizer), device)
     if tokenizer is not None:
         raise ValueError(f"tokenizer= goes with a model object; {str(model)!r} is loaded with its own tokenizer files")
     source = resolve(model)
     if backend is None:
-        return _load_auto(source, dtypes[dtype], trust_remote_code)
-    if backend != "inhouse" and dtypes[dtype] != torch.float32:
-        raise ValueError(f"dtype {dtype!r} needs the in-house backend; the {backend!r} backend runs in float32")
+        if device_map is not None:
+            backend = "hf"
+        else:
+            return _place(_load_auto(source, torch_dtype, trust_remote_code), device)
+    if backend == "bridge" and torch_dtype != torch.float32:
+        raise ValueError(f"dtype {dtype!r}: the bridge backend runs in float32; use --backend inhouse or hf")
     if backend == "inhouse":
-        loaded = InHouseModel.from_source(source, dtype=dtypes[dtype], trust_remote_code=trust_remote_code)
+        loaded = InHouseModel.from_source(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+    elif backend == "hf":
+        loaded = HFReference.from_source(
+            source, dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code
+        )
     else:
         loaded = BACKENDS[backend].from_source(source, trust_remote_code=trust_remote_code)
     loaded.backend_choice = f"{backend} (asked for)"
-    return loaded
+    return _place(loaded, device)
+
+
+#: ``dtype=`` of :func:`load_model` (and the CLI's ``--dtype``) -> torch dtype
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+
+
+def check_device_map(device_map) -> None:
+    """``device_map`` must be ``"auto"`` and accelerate installed; a one-line ``ValueError``
+    or ``ImportError`` naming the package otherwise (accelerate is not a dependency)."""
+    if device_map != "auto":
+        raise ValueError(f"device_map must be 'auto'; got {device_map!r}")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "device_map='auto' needs the accelerate package, which is not installed: pip install accelerate"
+        ) from None
+
+
+def _place(model: Backend, device) -> Backend:
+    """``model`` moved to ``device`` (None: left where it is)."""
+    if device is None:
+        return model
+    device = torch.device(device)
+    if model.device != device:
+        model.to(device)
+    return model
 
 
 def choose_backend(source: ModelSource) -> tuple[str, str]:
@@ -672,12 +764,12 @@ def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool)
     if backend == "inhouse":
         model = InHouseModel.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
-        if dtype != torch.float32:
-            raise ValueError(f"{why}; the hf and bridge backends run in float32 (drop --dtype)")
-        model = HFReference.from_source(source, trust_remote_code=trust_remote_code)
+        model = HFReference.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
         try:
             model.layout  # noqa: B018 - finds the heads' modules, or says why not
         except ModelIncompatibleError as e:
+            if dtype != torch.float32:
+                raise ValueError(f"{why}; the bridge backend runs in float32 (drop --dtype)") from None
             why = f"{why}; not hf: {str(e).split(';')[0]}"
             del model
             model = BridgeModel.from_source(source, trust_remote_code=trust_remote_code)

@@ -17,13 +17,33 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import TYPE_CHECKING
 
 from headscope.analyses.roles.config import MAX_SEED  # one bound for the CLI and the configs
 
-__all__ = ["BACKENDS", "MAX_SEED", "add_backend", "fraction", "int_at_least", "positive_int", "seed", "unit_interval"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "BACKENDS",
+    "DTYPES",
+    "MAX_SEED",
+    "add_backend",
+    "add_device",
+    "add_dtype",
+    "fraction",
+    "int_at_least",
+    "positive_int",
+    "resolve_device",
+    "seed",
+    "unit_interval",
+]
 
 #: ``--backend`` of every command that loads a model
 BACKENDS = ("auto", "inhouse", "hf", "bridge")
+
+#: ``--dtype`` of every command that loads a model (weights and activations; softmax and norms stay fp32)
+DTYPES = ("fp32", "bf16", "fp16")
 
 
 def add_backend(parser) -> None:
@@ -35,6 +55,70 @@ def add_backend(parser) -> None:
         default="auto",
         help="auto (default): in-house where it covers the family, else hf, else bridge",
     )
+
+
+def add_device(parser, *, device_map: bool = False) -> None:
+    """The one ``--device`` flag (default ``auto``: ``cuda`` when CUDA is available, else
+    ``cpu``; checked by :func:`resolve_device` when the command runs). ``device_map``
+    adds ``--device-map auto`` (the HF backend spreads a checkpoint over every GPU
+    through accelerate)."""
+    parser.add_argument(
+        "--device",
+        default="auto",
+        metavar="DEVICE",
+        help="auto (default: cuda when available, else cpu), cpu, cuda or cuda:N",
+    )
+    if device_map:
+        parser.add_argument(
+            "--device-map",
+            choices=("auto",),
+            default=None,
+            help="auto: the hf backend spreads a checkpoint too large for one GPU over all of them (needs accelerate)",
+        )
+
+
+def add_dtype(parser, default: str = "fp32") -> None:
+    """The one ``--dtype`` flag: fp32 (default), bf16 or fp16 weights and activations
+    (softmax and norms in fp32, as HF does)."""
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=default,
+        help="weights and activations: fp32 (default), bf16 or fp16 (softmax and norms stay fp32); "
+        "compare with an fp32 run by headscope diff",
+    )
+
+
+def resolve_device(text) -> torch.device:
+    """``--device`` as a ``torch.device``: ``auto`` is ``cuda`` when CUDA is available, else
+    ``cpu``; ``cpu``, ``cuda`` and ``cuda:N`` are checked against this machine. A
+    ``ValueError`` of one line for anything else (the CLI prints it, exit 2).
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    >>> resolve_device("tpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: --device must be auto, cpu, cuda or cuda:N; got 'tpu'
+    """
+    import torch
+
+    raw = str(text).strip().lower()
+    if raw == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = raw.partition(":")
+    if not ((raw == "cpu") or (kind == "cuda" and (not _ or index.isdigit()))):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N; got {str(text)[:40]!r}")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"--device {raw}: CUDA is not available on this machine (torch {torch.__version__}); "
+                "use --device cpu or auto"
+            )
+        n = torch.cuda.device_count()
+        if index and int(index) >= n:
+            raise ValueError(f"--device {raw}: this machine has {n} CUDA device(s), cuda:0..cuda:{n - 1}")
+    return torch.device(raw)
 
 
 def _int(text: str, rule: str) -> int:

@@ -14,11 +14,15 @@ import sys
 
 
 def register(sub) -> None:
+    from headscope.reports.cli.argtypes import add_device
+
     p = sub.add_parser("bench", help="time attention capture against HF and transformer-lens on the same batches")
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name or model directory")
     p.add_argument("--sentences", type=int, default=512, help="sentences to run (default 512)")
     p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the model paths")
+    p.add_argument(
+        "--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the model paths (fp32 default, or bf16)"
+    )
     p.add_argument(
         "--repeats",
         type=int,
@@ -32,7 +36,8 @@ def register(sub) -> None:
         default=None,
         help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
         "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
-        "ablation_batched pruning_50 hook_gates inhouse_gates quick_pruning quick_pruning_before",
+        "ablation_batched pruning_50 hook_gates inhouse_gates quick_pruning quick_pruning_before patch_attribution "
+        "patch_forward_backward patch_activation patch_one_forward_per_head",
     )
     p.add_argument(
         "--corpus",
@@ -40,7 +45,7 @@ def register(sub) -> None:
         help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file",
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda or cuda:N (default cpu)")
+    add_device(p)
     p.add_argument("--memory", action="store_true", help="peak RSS of streaming a small vs a 10x corpus instead")
     p.add_argument("--memory-sizes", default="1000,10000", help="corpus sizes for --memory (default 1000,10000)")
     p.add_argument(
@@ -156,8 +161,10 @@ def run(args) -> int:
         run_bench,
     )
     from headscope.analyses.bench.targets import MEMORY
+    from headscope.reports.cli.argtypes import resolve_device
 
-    check_device(args.device, "--device")  # before any model loads
+    args.device = str(resolve_device(args.device))  # auto -> cuda or cpu, checked before any model loads
+    check_device(args.device, "--device")
     if args.memory:
         frame, ratio = memory_scaling(
             args.model,

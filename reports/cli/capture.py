@@ -7,12 +7,14 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import add_backend
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype
 
     p = sub.add_parser("capture", help="capture Q/K/V/patterns for a few texts and summarise them")
     p.add_argument("model", nargs="?", default="minilm-l6")
     p.add_argument("texts", nargs="*", help="texts (default: two example sentences)")
     add_backend(p)
+    add_dtype(p)
+    add_device(p)
     p.add_argument(
         "--quantities",
         default="pattern,q,k,v,z",
@@ -76,12 +78,16 @@ def run(args) -> int:
     from headscope.probes.export import write_patterns_json
     from headscope.probes.models.card import model_card, render_card
     from headscope.probes.models.loading import load_model
+    from headscope.reports.cli.argtypes import resolve_device
 
+    device = resolve_device(args.device)
     export = _export_path(args.export) if args.export else None
     quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
     if export is not None and "pattern" not in quantities:
         quantities.append("pattern")
-    model = load_model(args.model, args.backend, trust_remote_code=args.trust_remote_code)
+    model = load_model(
+        args.model, args.backend, dtype=args.dtype, device=device, trust_remote_code=args.trust_remote_code
+    )
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
     if export is not None:

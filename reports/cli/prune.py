@@ -14,11 +14,21 @@ from contextlib import nullcontext
 def register(sub) -> None:
     from headscope.analyses.pruning.curves import ORDERS
     from headscope.analyses.pruning.metrics import METRICS
-    from headscope.reports.cli.argtypes import add_backend, fraction, int_at_least, positive_int, seed
+    from headscope.reports.cli.argtypes import (
+        add_backend,
+        add_device,
+        add_dtype,
+        fraction,
+        int_at_least,
+        positive_int,
+        seed,
+    )
 
     p = sub.add_parser("prune", help="what happens when heads are removed: ablation, importance, pruning curves")
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name, directory or .gguf")
     add_backend(p)
+    add_dtype(p)
+    add_device(p, device_map=True)
     p.add_argument(
         "--metric",
         choices=list(METRICS),
@@ -104,7 +114,9 @@ def run(args) -> int:
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.folder import claim_output
+    from headscope.reports.cli.argtypes import resolve_device
 
+    device = None if args.device_map else resolve_device(args.device)
     cfg = PruneConfig(
         metric=args.metric,
         step=args.step,
@@ -120,7 +132,14 @@ def run(args) -> int:
     )
     roles = _read_roles(args.roles) if args.roles else None
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
-        model = load_model(args.model, args.backend, trust_remote_code=args.trust_remote_code)
+        model = load_model(
+            args.model,
+            args.backend,
+            dtype=args.dtype,
+            device=device,
+            device_map=args.device_map,
+            trust_remote_code=args.trust_remote_code,
+        )
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
         result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out

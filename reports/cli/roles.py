@@ -11,9 +11,10 @@ coreference minimal pairs), ``skipped.json``
 (role group / input file -> reason -> count), ``examples.json`` (one item per role's top
 head, for drawing) and ``run.json`` (model, backend, config, items, timings).
 
-``--dtype bf16`` runs the in-house model in bfloat16 (softmax and norms in fp32, as HF
-does); ``headscope diff`` of an fp32 and a bf16 run says whether each role keeps its
-top heads and by how much the scores moved.
+``--dtype bf16|fp16`` runs the model (in-house or hf) in that dtype (softmax and norms in
+fp32, as HF does); ``headscope diff`` of an fp32 and a bf16 run says whether each role
+keeps its top heads and by how much the scores moved. ``--device`` (default: CUDA when
+available) places the model; device and dtype are recorded in run.json.
 
 Then prints the top heads per role (groups where some head holds the role) and the
 skipped counts; ``--json`` prints the same as JSON; ``--quiet`` prints nothing.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import add_backend, positive_int, seed, unit_interval
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, positive_int, seed, unit_interval
 
     p = sub.add_parser(
         "roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference"
@@ -38,12 +39,8 @@ def register(sub) -> None:
         "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
     )
     add_backend(p)
-    p.add_argument(
-        "--dtype",
-        choices=["fp32", "bf16"],
-        default="fp32",
-        help="weights and activations of the in-house model (bf16: compare with an fp32 run by headscope diff)",
-    )
+    add_dtype(p)
+    add_device(p, device_map=True)
     p.add_argument(
         "--conllu",
         action="append",
@@ -187,12 +184,17 @@ def _print_text(result, records, out: Path) -> None:
 
 def run(args) -> int:
     from headscope.analyses.roles.pipeline import check_roles, head_roles, roles_by_head
+    from headscope.probes.models.backend import placement
     from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.reports.cli.argtypes import resolve_device
 
-    if args.dtype != "fp32" and args.backend not in ("inhouse", "auto"):
-        raise ValueError(f"--dtype {args.dtype} needs the in-house backend (the {args.backend} backend runs in fp32)")
+    if args.dtype != "fp32" and args.backend == "bridge":
+        raise ValueError(
+            f"--dtype {args.dtype} needs the in-house backend (the bridge backend runs in fp32); or --backend hf"
+        )
+    device = None if args.device_map else resolve_device(args.device)
     cfg = _config(args)
     wanted = None
     if args.roles is not None:
@@ -206,7 +208,14 @@ def run(args) -> int:
     inputs = _read_inputs(args, cfg, groups)
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
-        model = load_model(args.model, args.backend, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+        model = load_model(
+            args.model,
+            args.backend,
+            dtype=args.dtype,
+            device=device,
+            device_map=args.device_map,
+            trust_remote_code=args.trust_remote_code,
+        )
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
 
@@ -242,6 +251,8 @@ def run(args) -> int:
                     "backend": model.backend,
                     "backend_choice": model.backend_choice,
                     "dtype": args.dtype,
+                    "device": placement(model)["device"],
+                    "device_map": args.device_map,
                     "roles": list(groups),
                     "trust_remote_code": model.trust_remote_code,
                     "config": result.config,
