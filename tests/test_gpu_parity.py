@@ -128,3 +128,30 @@ def test_explicit_cpu_device_gives_the_default_tables_bit_for_bit():
     a, b = _roles(default, TEXT_GROUPS), _roles(explicit, TEXT_GROUPS)
     pd.testing.assert_frame_equal(a.frame, b.frame)
     pd.testing.assert_frame_equal(a.stats, b.stats)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["inhouse", "hf"])
+def test_patching_on_cuda_equals_patching_on_cpu(backend):
+    from headscope.analyses.patching.study import StudyConfig, patching_study
+    from headscope.analyses.patching.tasks import induction_task
+
+    cpu = _model("llama", backend)
+    cuda = copy.deepcopy(cpu).to("cuda")
+    task = induction_task(cpu.tokenizer, n_items=8, seq_len=6, seed=0)
+    cfg = StudyConfig(methods=("activation", "attribution"))
+    a, b = patching_study(cpu, task, cfg), patching_study(cuda, task, cfg)
+    assert_tables_close(a.frame, b.frame, atol=1e-4, what="patch")
+
+
+def test_bf16_patching_on_cpu_runs_near_fp32():
+    from headscope.analyses.patching.activation import PatchConfig
+    from headscope.analyses.patching.study import StudyConfig, patching_study
+    from headscope.analyses.patching.tasks import induction_task
+
+    ref_model, low_model = _model("llama"), _model("llama", dtype="bf16")
+    task = induction_task(ref_model.tokenizer, n_items=8, seq_len=6, seed=0)
+    cfg = StudyConfig(methods=("activation", "attribution"), patch=PatchConfig(n_boot=50, n_perm=200))
+    ref, low = patching_study(ref_model, task, cfg), patching_study(low_model, task, cfg)
+    d = np.abs(ref.summary["metric_clean"] - low.summary["metric_clean"])
+    assert low.frame["n"].eq(ref.frame["n"]).all() and 0 < d < 0.5, d

@@ -85,7 +85,7 @@ def mean_z(model, task: Task, batch_size: int) -> dict[int, torch.Tensor]:
         for l, zl in z.items():
             if l not in sums:
                 sums[l] = torch.zeros(zl.shape[1], max_len, zl.shape[3])
-            sums[l][:, max_len - t :] += zl.float().sum(0)
+            sums[l][:, max_len - t :] += zl.float().sum(0).cpu()  # host sums; patched in on z's device
         counts[max_len - t :] += clean.shape[0]
     return {l: s / counts.clamp(min=1)[None, :, None] for l, s in sums.items()}
 

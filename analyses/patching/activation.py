@@ -152,8 +152,9 @@ def replica_patches(model, masks: torch.Tensor, source: dict[int, torch.Tensor])
         def fn(z, m=m, src=source[l]):
             r = m.shape[0]
             zr = z.reshape(r, z.shape[0] // r, *z.shape[1:])  # [R, batch, head, pos, d_head]
-            mm = m.to(z.dtype)[:, None, :, :, None] if m.dim() == 3 else m.to(z.dtype)[:, None, :, None, None]
-            return (zr + mm * (src.to(z.dtype)[None] - zr)).reshape(z.shape)
+            m = m.to(z.device, z.dtype)  # host-side masks; z may sit on a GPU
+            mm = m[:, None, :, :, None] if m.dim() == 3 else m[:, None, :, None, None]
+            return (zr + mm * (src.to(z.device, z.dtype)[None] - zr)).reshape(z.shape)
 
         fns[l] = fn
     with model.head_hooks(fns):
@@ -200,7 +201,7 @@ def patched_metrics(
             else:
                 logits = readout(model, ids)
         log.info("patched units %d-%d of %d (from layer %d)", s + 1, s + r, len(units), l0)
-        out[:, s : s + r] = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T
+        out[:, s : s + r] = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T.cpu()
     return out
 
 
@@ -245,7 +246,7 @@ def paired_runs(model, task: Task, cfg: PatchConfig, metric, run: RunMetrics):
         logits_x, z_x = capture_z(model, corrupted)
         if task.metric in REFERENCE_METRICS:
             answer = logits_c.float()
-        m_c, m_x = metric(logits_c, answer, wrong), metric(logits_x, answer, wrong)
+        m_c, m_x = metric(logits_c, answer, wrong).cpu(), metric(logits_x, answer, wrong).cpu()  # per-item: host
         run.clean[rows], run.corrupted[rows] = m_c, m_x
         yield PairedBatch(clean, corrupted, answer, wrong, rows, z_c, z_x, m_c, m_x)
 

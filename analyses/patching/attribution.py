@@ -61,7 +61,9 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
                 (b.corrupted, b.z_corrupted, b.z_clean) if d == "denoising" else (b.clean, b.z_clean, b.z_corrupted)
             )
             _, grads = z_gradients(model, at, metric, b.answer, b.wrong)
-            per_head = {l: ((z_other[l] - z_at[l]) * grads[l]).float().sum((2, 3)) for l in grads}  # [batch, head]
+            per_head = {
+                l: ((z_other[l] - z_at[l]) * grads[l]).float().sum((2, 3)).cpu() for l in grads
+            }  # [batch, head]
             est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit]
             delta[d][b.rows] = est if d == "denoising" else -est
     return direction_frames(delta, run, units, cfg, "attribution"), run

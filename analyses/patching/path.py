@@ -150,7 +150,7 @@ def path_patching(
 
             with torch.inference_mode(), hooks([(points[f"blocks.{lr}.attn.hook_{via}"], swap)]):
                 logits = readout(model, ids, start_at_layer=lr, resid=target_pre.repeat(r, 1, 1))
-            m = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T
+            m = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T.cpu()
             delta[rows, s : s + r] = (m_target[:, None] - m) if direction == "noising" else (m - m_target[:, None])
     frame = effect_frame(
         delta,

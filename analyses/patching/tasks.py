@@ -83,7 +83,7 @@ def logprob_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tens
     >>> logprob_metric(torch.tensor([[0.0, 0.0]]), torch.tensor([1])).tolist()
     [-0.6931471824645996]
     """
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, answer[:, None])[:, 0]
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, answer.to(logits.device)[:, None])[:, 0]
 
 
 def logit_diff_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
@@ -95,6 +95,7 @@ def logit_diff_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.T
     if wrong is None:
         raise ValueError("the logit_diff metric needs a wrong token per item; got none")
     lf = logits.float()
+    answer, wrong = answer.to(lf.device), wrong.to(lf.device)
     return lf.gather(-1, answer[:, None])[:, 0] - lf.gather(-1, wrong[:, None])[:, 0]
 
 
@@ -107,7 +108,7 @@ def embedding_cosine_metric(
     >>> embedding_cosine_metric(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]])).tolist()
     [1.0, 0.7071067690849304]
     """
-    return torch.nn.functional.cosine_similarity(pooled.float(), reference.float(), dim=-1)
+    return torch.nn.functional.cosine_similarity(pooled.float(), reference.to(pooled.device).float(), dim=-1)
 
 
 METRICS = {"logprob": logprob_metric, "logit_diff": logit_diff_metric, "embedding_cosine": embedding_cosine_metric}
