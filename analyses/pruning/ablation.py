@@ -34,6 +34,7 @@ metric (``metric = name``) or its change from the unablated model
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import logging
 import time
 from contextlib import contextmanager, nullcontext
@@ -234,6 +235,41 @@ def replicated_scores(
         return _replicated_scores_unshared(model, metric, masks, ablation=ablation, max_rows=max_rows)
     if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
         metric.place(model)
+    memo = _MEMO.get()
+    if memo is None:
+        return _staggered_scores(model, metric, masks, ablation=ablation, max_rows=max_rows)
+    # inside remembered_scores(): score each distinct (metric, ablation, mask) once
+    abl_key = None if ablation is None else hashlib.sha1(ablation.detach().cpu().numpy().tobytes()).hexdigest()
+    keys = [(metric, abl_key, m.numpy().tobytes()) for m in masks]
+    todo = list(dict.fromkeys(k for k in keys if k not in memo))
+    if todo:
+        first = {k: r for r, k in reversed(list(enumerate(keys)))}
+        idx = [first[k] for k in todo]
+        v, w = _staggered_scores(model, metric, masks[idx], ablation=ablation, max_rows=max_rows)
+        memo.update({k: (v[i], w) for i, k in enumerate(todo)})
+    values = torch.stack([memo[k][0] for k in keys])
+    return values, memo[keys[0]][1]
+
+
+_MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("headscope_pruning_memo", default=None)
+
+
+@contextmanager
+def remembered_scores():
+    """Inside the ``with`` block, :func:`replicated_scores` scores each distinct mask (for the
+    same metric object and ablation values) once and hands the kept per-item values to
+    every later call that asks for it: a study's single-head ablation already holds the
+    masks of a role with one head and of its one-head random draws. A row's values do not
+    depend on which other masks share its forward, so the figures are the same."""
+    token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+def _staggered_scores(model, metric, masks, *, ablation=None, max_rows=64):
+    """The scoring of :func:`replicated_scores` (shared engine), every mask computed."""
     r_total = masks.shape[0]
     values = torch.zeros(r_total, metric.n_items)  # per-item values: on the host
     weights = torch.zeros(metric.n_items)

@@ -51,6 +51,7 @@ from headscope.analyses.pruning.ablation import (
     impact_frame,
     impact_rows,
     prune_units,
+    remembered_scores,
     role_ablation,
     sharing,
     single_head_ablation,
@@ -349,7 +350,7 @@ def pruning_study(
     ``shared=False`` runs the previous algorithm (:func:`~headscope.analyses.pruning.ablation.unshared`):
     the same tables, slower; ``headscope bench`` times the two (``quick_pruning_before``).
     """
-    with nullcontext() if shared else unshared():
+    with nullcontext() if shared else unshared(), remembered_scores() if shared else nullcontext():
         if out_dir is None:
             return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
         with claim_output(out_dir, "prune"):

@@ -684,3 +684,34 @@ def test_shared_study_equals_the_previous_algorithm(tmp_path):
     for name, df in old.frames.items():
         pd.testing.assert_frame_equal(last.frames[name], df, check_exact=True, obj=name)
         pd.testing.assert_frame_equal(pd.read_parquet(out / f"{name}.parquet"), df, check_exact=True, obj=name)
+
+
+def test_a_study_scores_each_distinct_mask_once(monkeypatch):
+    """With ``role_k=1`` every role mask and every one-head random draw is a single-head
+    ablation mask the study already scored: the role stage adds no forward, same tables."""
+    import contextlib
+
+    from headscope.analyses.pruning import ablation as abl
+    from headscope.analyses.pruning import study as st
+
+    model = random_deep_model()
+    metric = LMLoss(model, alternating(8, length=9, seed=8), batch_size=4)
+    roles = _stand_in_roles(4, 4)
+    cfg = PruneConfig(metric="lm_loss", studies=("ablation",), ablation_modes=("zero",), n_boot=20, role_k=1)
+    scored = []
+    plain = abl._staggered_scores
+
+    def counting(model, metric, masks, **kw):
+        scored.append(masks.shape[0])
+        return plain(model, metric, masks, **kw)
+
+    monkeypatch.setattr(abl, "_staggered_scores", counting)
+    kept = pruning_study(model, cfg, metric=metric, roles=roles)
+    # unpruned 1 + single heads 16; the role stage: 2 roles x (1 + 5 draws) masks, all known
+    assert scored == [1, 16]
+    scored.clear()
+    monkeypatch.setattr(st, "remembered_scores", contextlib.nullcontext)
+    every = pruning_study(model, cfg, metric=metric, roles=roles)
+    assert scored == [1, 16, 12]
+    for name, df in every.frames.items():
+        pd.testing.assert_frame_equal(kept.frames[name], df, check_exact=True, obj=name)
