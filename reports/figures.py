@@ -416,6 +416,25 @@ def head_map_figure(frame: pd.DataFrame, *, n_layers: int, n_heads: int, label: 
     return fig
 
 
+def patching_effect_figure(
+    frame: pd.DataFrame, *, n_layers: int, n_heads: int, title: str, marked: list[tuple[int, int]] = ()
+):
+    """Layer × head heatmap of a patching frame's ``effect`` (one method and task:
+    :func:`head_map_figure`, colours centred at 0), the heads in ``marked`` (e.g. a role's
+    heads by attention) outlined in black."""
+    fig = head_map_figure(
+        frame[["layer", "head", "effect"]].rename(columns={"effect": "value"}),
+        n_layers=n_layers,
+        n_heads=n_heads,
+        label="normalised effect",
+        title=title,
+    )
+    ax = fig.axes[0]
+    for layer, head in marked:
+        ax.add_patch(Rectangle((head, layer), 1, 1, fill=False, edgecolor="black", linewidth=1.6))
+    return fig
+
+
 def causal_figure(rvi: pd.DataFrame, *, metric: str | None = None):
     """Per role: the metric after ablating its top-k heads vs the mean (± std) over random
     draws of k heads. One panel per metric (or only ``metric``)."""

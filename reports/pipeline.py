@@ -1,7 +1,7 @@
 """``build_report``: run the analyses on a model and write the report folder.
 
 The one place in ``reports/`` that calls the analyses (model card, head roles, pruning
-study); everything after :func:`run_analyses` works on frames only
+study, patching on each role's task: :data:`ROLE_TASKS`); everything after :func:`run_analyses` works on frames only
 (:func:`write_report`). ``<out>`` is claimed before the analyses run (refused at once
 when it is a file, holds anything but an earlier report, or another run is writing it),
 the folder is written into ``<out>.tmp-<pid>`` and swapped in whole once complete
@@ -13,7 +13,7 @@ Folder layout::
     report.html      self-contained (inline CSS, images as data URIs)
     report.md        same findings; figures under figures/
     figures/*.png
-    tables/*.csv, tables/*.parquet   tidy frames (roles, stats, examples, prune_*, ...)
+    tables/*.csv, tables/*.parquet   tidy frames (roles, stats, examples, prune_*, patching, ...)
     run.json         config, versions, model file SHA-256, seed, timings, skipped counts
 
 Example (runs the analyses)::
@@ -29,6 +29,7 @@ import importlib.metadata
 import logging
 import os
 import time
+import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -232,10 +233,12 @@ def _card_of_model(model):
     return card, render_card(card)
 
 
-def _load(model_name, backend: str, trust_remote_code: bool = False):
+def _load(model_name, backend: str, trust_remote_code: bool = False, *, dtype="fp32", device=None, device_map=None):
     from headscope.probes.models.loading import load_model
 
-    return load_model(model_name, backend, trust_remote_code=trust_remote_code)
+    return load_model(
+        model_name, backend, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code
+    )
 
 
 def _model_hash(model_name: str) -> dict:
@@ -291,6 +294,222 @@ def _run_pruning(model, prune_config, *, roles: pd.DataFrame | None, progress=No
     return pruning_study(model, prune_config, None, roles=roles, progress=progress)
 
 
+# ----------------------------------------------------------------- patching: causal evidence per role
+#: The patching task that tests each role, by task name (looked up in
+#: :data:`~headscope.analyses.patching.tasks.TASKS` at run time: a task not registered
+#: leaves its roles "without a task"). Keys are role names of the roles frame, or
+#: ``"role:relation"`` for one relation of a role (a role ``a:b`` falls back to ``a``):
+#:
+#: * ``induction`` -> ``induction`` (repeated random tokens: the log-prob of the token the
+#:   induction rule predicts);
+#: * ``coreference`` (``coreference:winograd``/``:gender``/``:number``) -> ``coreference``
+#:   (the two candidates of Winograd-style pairs);
+#: * ``syntactic:nsubj`` (subject <-> verb) -> ``agreement`` (subject-verb number agreement);
+#: * ``previous-token``, ``positional:previous``, ``duplicate-token`` -> ``duplicate_token``.
+ROLE_TASKS: dict[str, str] = {
+    "induction": "induction",
+    "coreference": "coreference",
+    "syntactic:nsubj": "agreement",
+    "previous-token": "duplicate_token",
+    "positional:previous": "duplicate_token",
+    "duplicate-token": "duplicate_token",
+}
+#: the patching method the report ranks heads by (the other, attribution, is compared with it)
+CAUSAL_METHOD = "activation_denoising"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalConfig:
+    """The report's patching stage: activation (denoising) and attribution patching of every
+    head on each role's task (:data:`ROLE_TASKS`).
+
+    ``unit``: ``"head"`` or ``"kv_group"`` (the query heads sharing a KV head patched
+    together, each given the group's effect); None: ``"kv_group"`` in quick mode on a model
+    with GQA groups (a third of the forwards on SmolLM2), ``"head"`` otherwise and in full mode.
+    ``n_items``: items per task; None: quick mode takes ``row_budget // (units × tasks)``
+    items per task, clipped to ``[min_items, max_items]`` (activation patching runs one
+    sequence per unit and item, so the budget bounds the stage's cost on any model), full
+    mode ``max_items``. ``batch_size``, ``n_boot``, ``n_perm``, ``alpha``, ``seed``: as
+    :class:`~headscope.analyses.patching.activation.PatchConfig`; ``top_k``: the heads
+    compared (largest effects, and the role's best by attention score)."""
+
+    unit: str | None = None
+    n_items: int | None = None
+    row_budget: int = 1500
+    min_items: int = 4
+    max_items: int = 64
+    batch_size: int = 16
+    top_k: int = 10
+    n_boot: int = 500
+    n_perm: int = 2000
+    alpha: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self):
+        for k in ("row_budget", "min_items", "max_items", "batch_size", "top_k"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"The {k!r} parameter of CausalConfig must be a positive int; got {v!r}.")
+        if self.n_items is not None and (
+            isinstance(self.n_items, bool) or not isinstance(self.n_items, int) or self.n_items < 2
+        ):
+            raise ValueError(
+                f"The 'n_items' parameter of CausalConfig must be None or an int >= 2; got {self.n_items!r}."
+            )
+        if self.unit not in (None, "head", "kv_group"):
+            raise ValueError(
+                f"The 'unit' parameter of CausalConfig must be None, 'head' or 'kv_group'; got {self.unit!r}."
+            )
+        if self.min_items > self.max_items:
+            raise ValueError(f"min_items must be <= max_items; got {self.min_items} and {self.max_items}")
+
+    def unit_for(self, spec, *, full: bool) -> str:
+        """The patching unit on a model of ``spec`` (see the class docstring)."""
+        if self.unit is not None:
+            return self.unit
+        gqa = 0 < int(getattr(spec, "n_kv_heads", 0) or 0) < spec.n_heads
+        return "kv_group" if gqa and not full else "head"
+
+    def items_per_task(self, *, n_heads: int, n_tasks: int, full: bool) -> int:
+        """Items per task (see the class docstring).
+
+        >>> CausalConfig().items_per_task(n_heads=90, n_tasks=4, full=False)
+        4
+        >>> CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=False), CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=True)
+        (5, 64)
+        """
+        if self.n_items is not None:
+            return self.n_items
+        if full:
+            return self.max_items
+        return int(min(self.max_items, max(self.min_items, self.row_budget // max(1, n_heads * n_tasks))))
+
+
+def task_for_role(role: str, relation: str = "") -> str | None:
+    """The registered patching task of ``role`` (and ``relation``), or None (:data:`ROLE_TASKS`).
+
+    >>> task_for_role("syntactic", "nsubj"), task_for_role("syntactic", "det"), task_for_role("coreference:gender")
+    ('agreement', None, 'coreference')
+    """
+    from headscope.analyses.patching.tasks import TASKS
+
+    keys = [f"{role}:{relation}"] if relation else []
+    keys += [role, str(role).split(":")[0]]
+    for key in keys:
+        if key in ROLE_TASKS:
+            return ROLE_TASKS[key] if ROLE_TASKS[key] in TASKS else None
+    return None
+
+
+def causal_roles(roles: pd.DataFrame | None) -> pd.DataFrame:
+    """The roles of a roles frame with a patching task: columns ``label`` (``role`` or
+    ``role:relation``), ``role``, ``relation`` ("" for the whole role), ``task``; one row per
+    label, in the frame's role order."""
+    rows = []
+    if roles is not None and not roles.empty:
+        rel = roles["relation"].astype(str) if "relation" in roles else pd.Series("", index=roles.index)
+        pairs = pd.DataFrame({"role": roles["role"].astype(str), "relation": rel}).drop_duplicates()
+        for r in pairs.itertuples(index=False):
+            whole = task_for_role(r.role)
+            if whole is not None:
+                rows.append((r.role, r.role, "", whole))
+            elif r.relation and (t := task_for_role(r.role, r.relation)) is not None:
+                rows.append((f"{r.role}:{r.relation}", r.role, r.relation, t))
+    return pd.DataFrame(rows, columns=["label", "role", "relation", "task"]).drop_duplicates("label")
+
+
+def patching_blocker(model) -> str | None:
+    """Why the patching stage cannot run on ``model`` at all (no head hooks on its backend,
+    or every role's task refused), or None — checked before the roles stage spends time."""
+    from headscope.analyses.patching.tasks import TASKS, load_task
+    from headscope.analyses.pruning.ablation import check_head_hooks
+    from headscope.probes.errors import HeadscopeError
+
+    try:
+        check_head_hooks(model)
+    except (HeadscopeError, ValueError) as e:
+        return str(e)
+    names = [t for t in dict.fromkeys(ROLE_TASKS.values()) if t in TASKS]
+    if not names:
+        return "no role task is registered (analyses.patching.tasks.TASKS)"
+    why = {}
+    for t in names:
+        try:
+            with warnings.catch_warnings():  # unusable items: the stage records them
+                warnings.simplefilter("ignore")
+                load_task(model, t, n_items=2)
+        except (HeadscopeError, ValueError) as e:
+            why[t] = str(e)
+    if len(why) == len(names):
+        return "; ".join(dict.fromkeys(why.values()))
+    return None
+
+
+def _run_patching(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool):
+    """Activation (denoising) + attribution patching on the task of each role of ``roles``
+    that has one -> ``(frame, summary)``: the frame is ``task`` + the patching frame's columns
+    (:data:`~headscope.analyses.patching.frames.PATCH_COLUMNS`, ``p_raw``, ``unit``) of every
+    task; the summary holds ``roles`` (:func:`causal_roles` records), ``tasks`` (each task's
+    ``patching_study`` summary + ``warnings``), ``refused`` (task -> reason), ``n_items``,
+    ``unit``, ``method``, ``top_k``, ``seconds``. A task the model refuses is recorded in
+    ``refused``, never raised."""
+    from headscope.analyses.patching.activation import PatchConfig
+    from headscope.analyses.patching.frames import PATCH_COLUMNS
+    from headscope.analyses.patching.study import StudyConfig, patching_study
+    from headscope.analyses.patching.tasks import load_task
+    from headscope.probes.errors import HeadscopeError
+
+    todo = causal_roles(roles)
+    tasks = list(dict.fromkeys(todo["task"]))
+    unit = cfg.unit_for(model.spec, full=full)
+    per_layer = len(model.spec.kv_groups()) if unit == "kv_group" else model.spec.n_heads
+    n_items = cfg.items_per_task(n_heads=model.spec.n_layers * per_layer, n_tasks=max(1, len(tasks)), full=full)
+    study = StudyConfig(
+        methods=("activation", "attribution"),
+        patch=PatchConfig(
+            directions=("denoising",),
+            unit=unit,
+            batch_size=cfg.batch_size,
+            alpha=cfg.alpha,
+            n_boot=cfg.n_boot,
+            n_perm=cfg.n_perm,
+            seed=cfg.seed,
+        ),
+        top_k=cfg.top_k,
+    )
+    frames, summaries, refused, seconds = [], {}, {}, {}
+    for t in tasks:
+        t0 = time.perf_counter()
+        try:
+            with warnings.catch_warnings(record=True) as caught:  # unusable items, a task without a gap
+                warnings.simplefilter("always")
+                task = load_task(model, t, n_items=n_items, seed=cfg.seed)
+                res = patching_study(model, task, study)
+        except (HeadscopeError, ValueError) as e:
+            refused[t] = str(e)
+            log.warning("patching task %s refused: %s", t, e)
+            continue
+        seconds[t] = round(time.perf_counter() - t0, 3)
+        f = res.frame.copy()
+        f.insert(0, "task", t)
+        frames.append(f)
+        summaries[t] = {**res.summary, "warnings": sorted({str(w.message) for w in caught})}
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["task", *PATCH_COLUMNS])
+    for c in ("task", "method"):
+        frame[c] = frame[c].astype(str)
+    summary = {
+        "roles": todo.to_dict("records"),
+        "tasks": summaries,
+        "refused": refused,
+        "n_items": n_items,
+        "unit": unit,
+        "method": CAUSAL_METHOD,
+        "top_k": cfg.top_k,
+        "seconds": seconds,
+    }
+    return frame, summary
+
+
 def run_analyses(
     model_name: str = "minilm-l6",
     *,
@@ -303,8 +522,17 @@ def run_analyses(
     role_groups=None,
     role_inputs=None,
     trust_remote_code: bool = False,
+    dtype: str = "fp32",
+    device=None,
+    device_map: str | None = None,
+    patching: bool = True,
+    causal_config: CausalConfig | None = None,
 ):
-    """Run card, roles and pruning; return ``(frames, card, card_text, meta)``.
+    """Run card, roles, pruning and patching; return ``(frames, card, card_text, meta)``.
+    ``patching``: run the patching stage (:data:`ROLE_TASKS`, :class:`CausalConfig`; default
+    ``CausalConfig(seed=seed)``); its frame is ``frames["patching"]``, its summary
+    ``meta["patching_summary"]``.
+    ``dtype``/``device``/``device_map``: see :func:`~headscope.probes.models.loading.load_model`.
     ``role_groups``: a subset of :data:`headscope.analyses.roles.pipeline.ROLE_GROUPS` (default all);
     ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.pipeline.head_roles`
     (default: the shipped corpora)."""
@@ -314,9 +542,16 @@ def run_analyses(
             card, card_text = _run_card(model_name)
             model_file = _model_hash(model_name)
         with _timed(timings, "load", progress):
-            model = _load(model_name, backend, trust_remote_code)
+            model = _load(model_name, backend, trust_remote_code, dtype=dtype, device=device, device_map=device_map)
     else:  # a model a notebook holds: load_model's result, or what it takes (a TransformerBridge)
-        model = _load(model_name, None if backend == "auto" else backend, trust_remote_code)
+        model = _load(
+            model_name,
+            None if backend == "auto" else backend,
+            trust_remote_code,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+        )
         card, card_text = _card_of_model(model)
         model_file = {"path": None, "name": None, "sha256": None}
         model_name = model.spec.name
@@ -325,6 +560,12 @@ def run_analyses(
     if (why := pruning_blocker(model, pcfg)) is not None:
         absent["pruning"] = why
         log.warning("pruning will not run: %s", why)
+    ccfg = causal_config or CausalConfig(seed=seed)
+    if not patching:
+        absent["patching"] = "turned off (--no-patching)"
+    elif (why := patching_blocker(model)) is not None:
+        absent["patching"] = why
+        log.warning("patching will not run: %s", why)
     with _timed(timings, "roles", None):
         rr, rcfg = _run_roles(
             model,
@@ -346,6 +587,10 @@ def run_analyses(
         with _timed(timings, "pruning", None):  # pruning_study reports its own parts
             pr = _run_pruning(model, pcfg, roles=frames["roles"], progress=progress)
         frames.update(prune_frames(pr.tables))
+    patch_summary = {}
+    if "patching" not in absent:
+        with _timed(timings, "patching", progress):
+            frames["patching"], patch_summary = _run_patching(model, frames["roles"], ccfg, full=full)
     frames["skipped"] = skipped_frame(rr.skipped)
     for k, v in rr.timings.items():
         timings[f"roles.{k}"] = round(float(v), 3)
@@ -354,6 +599,7 @@ def run_analyses(
         "model_arg": model_name,
         "backend": model.backend,
         "backend_choice": getattr(model, "backend_choice", model.backend),
+        **_placement(model),
         "full": full,
         "seed": seed,
         "model_file": model_file,
@@ -362,12 +608,19 @@ def run_analyses(
         "timings": timings,
         "trust_remote_code": model.trust_remote_code,
         "n_items": dict(rr.n_items),
-        "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg)},
+        "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg), "patching": _cfg_dict(ccfg)},
         "prune_metric": pr.summary["metric"] if pr else None,
         "prune_summary": pr.summary if pr else {},
+        "patching_summary": patch_summary,
         "absent": absent,
     }
     return frames, card, card_text, meta
+
+
+def _placement(model) -> dict:
+    from headscope.probes.models.backend import placement
+
+    return placement(model)
 
 
 def _cfg_dict(cfg) -> dict:
@@ -419,6 +672,7 @@ def run_summary(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top:
     sk = frames.get("skipped")
     return {
         "model": meta.get("model"),
+        "patching": _patching_summary(frames, meta),
         "backend": meta.get("backend"),
         "out_dir": str(out_dir),
         "report": str(out_dir / "report.html"),
@@ -429,6 +683,28 @@ def run_summary(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top:
         "timings": meta.get("timings", {}),
         "seconds": round(sum(v for k, v in meta.get("timings", {}).items() if "." not in k), 1),
     }
+
+
+def _patching_summary(frames: dict[str, pd.DataFrame], meta: dict) -> dict:
+    """Per role with a task: its task, top heads by attention and by patching, and how many
+    of the first are among the second (``{}`` when patching did not run)."""
+    from headscope.reports.html import attention_top, patching_top
+
+    summ, patching, roles = meta.get("patching_summary") or {}, frames.get("patching"), frames.get("roles")
+    out = {}
+    if not summ or patching is None or roles is None:
+        return out
+    k = int(summ.get("top_k", 10))
+    for r in summ.get("roles") or []:
+        if r["task"] not in (summ.get("tasks") or {}):
+            out[r["label"]] = {"task": r["task"], "refused": (summ.get("refused") or {}).get(r["task"])}
+            continue
+        att = attention_top(roles, r["role"], r.get("relation") or "", k)
+        pat = patching_top(patching, r["task"], summ.get("method", CAUSAL_METHOD), k)
+        a = [f"L{int(x.layer)}H{int(x.head)}" for x in att.itertuples()]
+        p = [f"L{int(x.layer)}H{int(x.head)}" for x in pat.itertuples()]
+        out[r["label"]] = {"task": r["task"], "by_attention": a, "by_patching": p, "overlap": len(set(a) & set(p))}
+    return out
 
 
 def write_report(
@@ -489,6 +765,8 @@ def _run_json(frames, card, meta) -> dict:
         "model_arg": meta.get("model_arg"),
         "backend": meta.get("backend"),
         "backend_choice": meta.get("backend_choice"),
+        "device": meta.get("device"),
+        "dtype": meta.get("dtype"),
         "absent": meta.get("absent") or {},
         "full": bool(meta.get("full")),
         "seed": meta.get("seed"),
@@ -500,6 +778,7 @@ def _run_json(frames, card, meta) -> dict:
         "n_items": meta.get("n_items", {}),
         "architecture": {"layers": card.get("layers"), "heads": card.get("heads"), "kv_heads": card.get("kv_heads")},
         "pruning_summary": meta.get("prune_summary", {}),
+        "patching_summary": meta.get("patching_summary", {}),
         "card": card,
         "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
         "trust_remote_code": bool(meta.get("trust_remote_code")),
@@ -520,6 +799,11 @@ def build_report(
     role_groups=None,
     role_inputs=None,
     trust_remote_code: bool = False,
+    dtype: str = "fp32",
+    device=None,
+    device_map: str | None = None,
+    patching: bool = True,
+    causal_config: CausalConfig | None = None,
 ) -> ReportResult:
     """Run the analyses on ``model_name`` and write the report folder ``out_dir``
     (default ``runs/report-<model>``). ``model_name`` is a shipped name or a path, or a
@@ -528,7 +812,8 @@ def build_report(
     HF config; ``backend="auto"`` keeps the model's own backend). ``progress(stage, done, total)`` is called on every
     stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
     defaults (``RolesConfig(seed=seed)``, ``PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)``, or ``PruneConfig(seed=seed)`` with ``full``);
-    ``role_groups`` / ``role_inputs`` are passed to the roles pipeline. Raises
+    ``role_groups`` / ``role_inputs`` are passed to the roles pipeline; ``patching`` /
+    ``causal_config``: the patching stage (:func:`run_analyses`). Raises
     ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
     if backend not in ("auto", "inhouse", "bridge", "hf"):
         raise ValueError(f"backend must be 'auto', 'inhouse', 'bridge' or 'hf'; got {backend!r}")
@@ -554,6 +839,11 @@ def build_report(
             role_groups=role_groups,
             role_inputs=role_inputs,
             trust_remote_code=trust_remote_code,
+            dtype=dtype,
+            device=device,
+            device_map=device_map,
+            patching=patching,
+            causal_config=causal_config,
         )
         paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
     summary = run_summary(frames, meta, out)

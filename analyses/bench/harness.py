@@ -39,6 +39,16 @@ path                      what runs
                           "curves"))`` + role ablation against a seeded stand-in roles frame)
 ``quick_pruning_before``  the same with the previous algorithm (``pruning_study(shared=False)``:
                           no work shared across masks, studies, curves or steps)
+``patch_attribution``     attribution patching of every head (``attribution_patching``,
+                          denoising) on :data:`PATCHING` induction items in one batch:
+                          the clean and corrupted runs, one forward + backward, statistics
+``patch_forward_backward`` one forward + backward of the same (corrupted) batch, the
+                          backward reaching every head's output ``z`` (as attribution's)
+``patch_activation``      activation patching of every head, batched (``activation_patching``,
+                          denoising: replicas, the unpatched prefix run once), statistics
+``patch_one_forward_per_head`` the naive way: the clean and corrupted runs, then one full
+                          forward of the batch per head with that head patched (measured,
+                          not estimated: ``n_heads`` forwards)
 ========================  ====================================================================
 
 A path this machine cannot run (:class:`PathSkipped`: bf16 without native bf16) is kept
@@ -299,10 +309,17 @@ PATHS = {
     "inhouse_gates": "gate-gradient importance through the in-house built-in gates (gates_as)",
     "quick_pruning": "the report's quick pruning stage (ablation, importance, curves, roles)",
     "quick_pruning_before": "the same, previous algorithm (pruning_study(shared=False))",
+    "patch_attribution": "attribution patching of every head (one forward + backward per pair)",
+    "patch_forward_backward": "one forward + backward of the patching batch (to every head's z)",
+    "patch_activation": "activation patching of every head, batched (replicas, shared prefix)",
+    "patch_one_forward_per_head": "activation patching, one full forward per head (naive)",
 }
 
 #: the report's quick pruning stage (``reports.pipeline._prune_config`` without ``--full``)
 QUICK_PRUNING = {"quick": True, "ablation_modes": ("zero",), "studies": ("ablation", "importance", "curves")}
+#: the patching paths' task and statistics: ``items`` induction items of ``seq_len`` tokens
+#: (twice, plus BOS) in one batch, denoising, the report's patching statistics
+PATCHING = {"items": 8, "seq_len": 8, "n_boot": 500, "n_perm": 2000}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -714,6 +731,118 @@ class _Bench:
 
     def p_quick_pruning_before(self):
         return self._quick_pruning(False)
+
+    def _patching(self):
+        """``(model, task, PatchConfig)`` of the patching paths (:data:`PATCHING`)."""
+        from headscope.analyses.patching.activation import PatchConfig
+        from headscope.analyses.patching.tasks import load_task
+        from headscope.probes.errors import ModelIncompatibleError
+
+        model = self.model("inhouse")
+        try:
+            task = load_task(model, "induction", n_items=PATCHING["items"], seq_len=PATCHING["seq_len"])
+        except ModelIncompatibleError as e:
+            raise PathSkipped(str(e)) from None
+        pcfg = PatchConfig(
+            directions=("denoising",),
+            batch_size=PATCHING["items"],
+            n_boot=PATCHING["n_boot"],
+            n_perm=PATCHING["n_perm"],
+            seed=self.cfg.seed,
+        )
+        return model, task, pcfg
+
+    def _patch_note(self, task) -> str:
+        n = len(task.items[0].clean)
+        return f"{len(task.items)} induction items of {n} tokens, one batch; {self.spec.n_layers * self.spec.n_heads} heads"
+
+    def _patch_gflop(self, task, forwards: float) -> float:
+        n = len(task.items[0].clean)
+        one = model_gflop(
+            linear=self.linear, n_layers=self.spec.n_layers, d_model=self.spec.d_model, lengths=[n] * len(task.items)
+        )
+        return forwards * one
+
+    def p_patch_attribution(self):
+        from headscope.analyses.patching.attribution import attribution_patching
+
+        model, task, pcfg = self._patching()
+
+        def one_pass():
+            attribution_patching(model, task, pcfg)
+
+        return one_pass, one_pass, self._patch_gflop(task, 4), self._patch_note(task) + "; gflop: 2 runs + 1 fwd+bwd"
+
+    def p_patch_forward_backward(self):
+        from headscope.analyses.patching.activation import readout
+
+        model, task, _ = self._patching()
+        ids = next(task.batches(len(task.items)))[1]  # the corrupted inputs, where attribution takes its gradient
+
+        def one_pass():
+            leaves = []
+
+            def leaf(z):
+                z = z.detach().requires_grad_(True)
+                leaves.append(z)
+                return z
+
+            with torch.enable_grad(), model.head_hooks({l: leaf for l in range(model.spec.n_layers)}):
+                out = readout(model, ids).float()
+                torch.autograd.grad(out.logsumexp(-1).sum(), leaves)
+
+        return one_pass, one_pass, self._patch_gflop(task, 2), self._patch_note(task) + "; gflop counted 2x forward"
+
+    def p_patch_activation(self):
+        from headscope.analyses.patching.activation import activation_patching
+
+        model, task, pcfg = self._patching()
+
+        def one_pass():
+            activation_patching(model, task, pcfg)
+
+        def warm():  # one item: every code path, an eighth of the forwards
+            one = type(task)(name=task.name, items=task.items[:1], metric=task.metric)
+            activation_patching(model, one, dataclasses.replace(pcfg, n_boot=10, n_perm=10))
+
+        n_heads = self.spec.n_layers * self.spec.n_heads
+        return (
+            one_pass,
+            warm,
+            self._patch_gflop(task, n_heads + 2),
+            self._patch_note(task) + "; gflop as separate forwards",
+        )
+
+    def p_patch_one_forward_per_head(self):
+        from headscope.analyses.patching.activation import capture_z, readout, replica_patches
+        from headscope.analyses.patching.frames import effect_frame
+        from headscope.analyses.patching.tasks import REFERENCE_METRICS, metric_fn
+
+        model, task, pcfg = self._patching()
+        spec = self.spec
+        clean, corrupted, answer, wrong, _ = next(task.batches(len(task.items)))
+        metric = metric_fn(task.metric)
+        heads = [(l, h) for l in range(spec.n_layers) for h in range(spec.n_heads)]
+
+        def run(heads):
+            out_c, z_c = capture_z(model, clean)
+            out_x, _ = capture_z(model, corrupted)
+            ref = out_c if task.metric in REFERENCE_METRICS else answer  # a reference metric reads the clean run
+            m_c, m_x = metric(out_c, ref, wrong), metric(out_x, ref, wrong)
+            delta = torch.empty(len(clean), len(heads))
+            for i, (l, h) in enumerate(heads):
+                mask = torch.zeros(1, spec.n_layers, spec.n_heads)
+                mask[0, l, h] = 1.0
+                with torch.inference_mode(), replica_patches(model, mask, z_c):
+                    delta[:, i] = metric(readout(model, corrupted), ref, wrong) - m_x
+            effect_frame(delta, m_c - m_x, [[x] for x in heads], method="naive", n_boot=pcfg.n_boot, n_perm=pcfg.n_perm)
+
+        return (
+            lambda: run(heads),
+            lambda: run(heads[:2]),
+            self._patch_gflop(task, len(heads) + 2),
+            self._patch_note(task) + f"; {len(heads)} full forwards",
+        )
 
     def p_pruning_50(self):
         from headscope.probes.models import physical as phys

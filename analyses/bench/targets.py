@@ -80,6 +80,22 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         False,
         "time ratio; the report's quick pruning stage, same figures",
     ),
+    RatioTarget(
+        "attribution patching / forward+backward <= 3",
+        "patch_attribution",
+        "patch_forward_backward",
+        3.0,
+        False,
+        "time ratio; every head, the same batch (statistics included)",
+    ),
+    RatioTarget(
+        "batched activation patching / one forward per head <= 0.5",
+        "patch_activation",
+        "patch_one_forward_per_head",
+        0.5,
+        False,
+        "time ratio; every head, the same batch, both with the clean/corrupted runs and statistics",
+    ),
 )
 
 MEMORY = MemoryTarget("peak RSS 10x corpus <= 1.10", 1.10, "streaming memory")

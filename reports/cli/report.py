@@ -6,15 +6,26 @@
 
 from __future__ import annotations
 
+import argparse
+
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import add_backend, seed
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, seed
 
     p = sub.add_parser("report", help="what every head does and what pruning costs: HTML + Markdown + tables")
     p.add_argument("model", nargs="?", default=None, help="shipped name, directory or .gguf (default: minilm-l6)")
     p.add_argument("--model", dest="model_opt", default=None, metavar="NAME", help="same as the positional MODEL")
     add_backend(p)
+    add_dtype(p)
+    add_device(p, device_map=True)
     p.add_argument("--full", action="store_true", help="every pruning study to 100%% (default: quick, up to 50%%)")
+    p.add_argument(
+        "--patching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="causal evidence per role by activation + attribution patching on the role's task (default: on; quick: "
+        "a bounded number of items, --full: 64 per task)",
+    )
     p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: runs/report-<model>)")
     p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (0 to 2**32 - 1; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary table")
@@ -31,10 +42,12 @@ def model_name(args) -> str:
 
 
 def run(args) -> int:
+    from headscope.reports.cli.argtypes import resolve_device
     from headscope.reports.cli.terminal import StageProgress, print_summary
     from headscope.reports.pipeline import build_report
 
     name = model_name(args)
+    device = None if args.device_map else resolve_device(args.device)
     with StageProgress(quiet=args.quiet or args.json) as progress:
         result = build_report(
             name,
@@ -45,6 +58,10 @@ def run(args) -> int:
             quiet=args.quiet,
             progress=progress,
             trust_remote_code=args.trust_remote_code,
+            patching=args.patching,
+            dtype=args.dtype,
+            device=device,
+            device_map=args.device_map,
         )
     if args.json:
         print_summary(result.summary, as_json=True)
