@@ -205,23 +205,27 @@ class Task:
 
 
 # ----------------------------------------------------------------------------- induction
+def _random_items_setup(tokenizer, vocab_ids, need: int, task: str, seed: int):
+    """``(vocab ids [n], first token ([CLS]/BOS or nothing), seeded generator)`` of a task drawn
+    from random tokens; ``ValueError`` when fewer than ``need`` ids can be drawn."""
+    from headscope.analyses.roles.induction import ordinary_vocab
+
+    vocab = torch.tensor(list(vocab_ids) if vocab_ids is not None else ordinary_vocab(tokenizer), dtype=torch.long)
+    if vocab.numel() < need:
+        raise ValueError(f"{task} needs {need} distinct ordinary token ids; the tokenizer has {vocab.numel()}")
+    first_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    return vocab, [first_id] if first_id is not None else [], torch.Generator().manual_seed(seed)
+
+
 def induction_task(tokenizer, *, n_items: int = 16, seq_len: int = 10, seed: int = 0, vocab_ids=None) -> Task:
     """Repeated random tokens (see the module docstring): ``n_items`` pairs of
     ``[first] + S + S[:-1]`` vs ``[first] + T + S[:-1]`` (``len(S) = len(T) = seq_len``,
     all ``2 seq_len`` ids distinct), answer ``S[-1]``, metric ``logprob``. ``vocab_ids``:
     the ids to draw from (default the roles' ordinary vocabulary). Seeded, no global state."""
-    from headscope.analyses.roles.induction import ordinary_vocab
 
     if n_items < 1 or seq_len < 2:
         raise ValueError(f"n_items must be >= 1 and seq_len >= 2; got {n_items}, {seq_len}")
-    vocab = torch.tensor(list(vocab_ids) if vocab_ids is not None else ordinary_vocab(tokenizer), dtype=torch.long)
-    if vocab.numel() < 2 * seq_len:
-        raise ValueError(
-            f"induction needs {2 * seq_len} distinct ordinary token ids; the tokenizer has {vocab.numel()}"
-        )
-    first_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    first = [first_id] if first_id is not None else []
-    gen = torch.Generator().manual_seed(seed)
+    vocab, first, gen = _random_items_setup(tokenizer, vocab_ids, 2 * seq_len, "induction", seed)
     items = []
     for _ in range(n_items):
         draw = vocab[torch.randperm(vocab.numel(), generator=gen)[: 2 * seq_len]].tolist()
@@ -455,21 +459,13 @@ def duplicate_token_task(
     >>> len(it.clean), it.clean[3] == it.clean[-1], it.clean[4] == it.answer, it.corrupted[3] != it.clean[3]
     (8, True, True, True)
     """
-    from headscope.analyses.roles.induction import ordinary_vocab
 
     at = seq_len // 2 if first_at is None else first_at
     if n_items < 1 or seq_len < 3 or not 1 <= at <= seq_len - 2:
         raise ValueError(
             f"n_items must be >= 1, seq_len >= 3 and 1 <= first_at <= seq_len - 2; got {n_items}, {seq_len}, {at}"
         )
-    vocab = torch.tensor(list(vocab_ids) if vocab_ids is not None else ordinary_vocab(tokenizer), dtype=torch.long)
-    if vocab.numel() < seq_len + 1:
-        raise ValueError(
-            f"duplicate_token needs {seq_len + 1} distinct ordinary token ids; the tokenizer has {vocab.numel()}"
-        )
-    first_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    first = [first_id] if first_id is not None else []
-    gen = torch.Generator().manual_seed(seed)
+    vocab, first, gen = _random_items_setup(tokenizer, vocab_ids, seq_len + 1, "duplicate_token", seed)
     items = []
     for _ in range(n_items):
         draw = vocab[torch.randperm(vocab.numel(), generator=gen)[: seq_len + 1]].tolist()

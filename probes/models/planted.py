@@ -174,6 +174,21 @@ def planted_model(*, causal: bool = True, seed: int = 0, random_std: float = 0.5
     return InHouseModel(module, planted_tokenizer(), name=cfg.name)
 
 
+def writing_induction(model: InHouseModel, strength: float = 4.0) -> InHouseModel:
+    """Give the planted induction head (1, 1) an output, in place: V reads the token block, O
+    writes ``strength`` × that token back into the token block (read by the tied
+    unembedding). As built, only (0, 0) writes to the residual, so no head moves the logits;
+    with this, the previous-token head (0, 0) → induction head (1, 1) circuit predicts the
+    token that followed the query token's earlier occurrence (the patching ground truth)."""
+    v = len(VOCAB)
+    attn = model.module.blocks[1].attn
+    s = slice(1 * D_HEAD, 2 * D_HEAD)
+    with torch.no_grad():
+        attn.v_proj.weight[s][:v, :v] = torch.eye(v)
+        attn.o_proj.weight[:, s][:v, :v] = strength * torch.eye(v)
+    return model
+
+
 def planted_sentences(n: int, *, seed: int = 0) -> list[str]:
     """``n`` sentences over the planted vocabulary (seeded), e.g. ``"the big cat saw a dog ,
     this bird sat on the table ."``: one or two clauses ``det [adj] noun verb [on] det

@@ -33,6 +33,7 @@ __all__ = [
     "add_dtype",
     "fraction",
     "int_at_least",
+    "load_from_args",
     "positive_int",
     "resolve_device",
     "seed",
@@ -86,6 +87,21 @@ def add_dtype(parser, default: str = "fp32") -> None:
         default=default,
         help="weights and activations: fp32 (default), bf16 or fp16 (softmax and norms stay fp32); "
         "compare with an fp32 run by headscope diff",
+    )
+
+
+def load_from_args(args, device):
+    """The model a command's arguments name: ``args.model`` on ``args.backend`` in ``args.dtype``
+    on ``device`` (or spread by ``args.device_map`` where the command has it)."""
+    from headscope.probes.models.loading import load_model
+
+    return load_model(
+        args.model,
+        args.backend,
+        dtype=args.dtype,
+        device=device,
+        device_map=getattr(args, "device_map", None),
+        trust_remote_code=args.trust_remote_code,
     )
 
 

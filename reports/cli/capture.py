@@ -77,17 +77,14 @@ def run(args) -> int:
     from headscope.probes.capture import capture
     from headscope.probes.export import write_patterns_json
     from headscope.probes.models.card import model_card, render_card
-    from headscope.probes.models.loading import load_model
-    from headscope.reports.cli.argtypes import resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)
     export = _export_path(args.export) if args.export else None
     quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
     if export is not None and "pattern" not in quantities:
         quantities.append("pattern")
-    model = load_model(
-        args.model, args.backend, dtype=args.dtype, device=device, trust_remote_code=args.trust_remote_code
-    )
+    model = load_from_args(args, device)
     layers = [int(x) for x in args.layers.split(",")] if args.layers else None
     cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
     if export is not None:

@@ -20,7 +20,15 @@ from pathlib import Path
 def register(sub) -> None:
     from headscope.analyses.patching.study import METHODS
     from headscope.analyses.patching.tasks import TASKS
-    from headscope.reports.cli.argtypes import add_backend, int_at_least, positive_int, seed, unit_interval
+    from headscope.reports.cli.argtypes import (
+        add_backend,
+        add_device,
+        add_dtype,
+        int_at_least,
+        positive_int,
+        seed,
+        unit_interval,
+    )
 
     p = sub.add_parser("patch", help="causal evidence per head: activation, attribution and path patching")
     p.add_argument(
@@ -30,6 +38,8 @@ def register(sub) -> None:
         help="shipped name, directory or .gguf (an encoder is measured by embedding cosine)",
     )
     add_backend(p)
+    add_dtype(p)
+    add_device(p)
     p.add_argument("--task", default="induction", help=f"shipped task ({', '.join(TASKS)}) or a JSONL file")
     p.add_argument(
         "--method",
@@ -131,10 +141,12 @@ def run(args) -> int:
     from headscope.analyses.patching.path import parse_head
     from headscope.analyses.patching.study import StudyConfig, patching_study
     from headscope.analyses.patching.tasks import TASKS, load_task, read_task_jsonl
-    from headscope.probes.models.loading import load_model
+    from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
+    device = resolve_device(args.device)  # checked before anything loads
     cfg = StudyConfig(
         methods=tuple(dict.fromkeys(args.method)),
         patch=PatchConfig(
@@ -160,14 +172,14 @@ def run(args) -> int:
             )
         read_task_jsonl(args.task)
     with claim_output(args.out, "patch") if args.out else nullcontext() as folder:  # checked before the model loads
-        model = load_model(args.model, args.backend, trust_remote_code=args.trust_remote_code)
+        model = load_from_args(args, device)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
         task = load_task(model, args.task, n_items=args.n_items, seed=args.seed, seq_len=args.seq_len)
         if task.n_unusable and not args.json:
             print(f"task {task.name}: {task.n_unusable} unusable items (listed in run.json)", file=sys.stderr)
         result = patching_study(model, task, cfg)
-        summary = {"model": model.spec.name, "backend": model.backend, **result.summary}
+        summary = {"model": model.spec.name, "backend": model.backend, **placement(model), **result.summary}
         if folder is not None:
             with folder.staging() as tmp:
                 write_frame(result.frame, tmp / "patch")

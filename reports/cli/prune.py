@@ -112,9 +112,8 @@ def render_summary(summary: dict) -> str:
 
 def run(args) -> int:
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
-    from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.folder import claim_output
-    from headscope.reports.cli.argtypes import resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = None if args.device_map else resolve_device(args.device)
     cfg = PruneConfig(
@@ -132,14 +131,7 @@ def run(args) -> int:
     )
     roles = _read_roles(args.roles) if args.roles else None
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
-        model = load_model(
-            args.model,
-            args.backend,
-            dtype=args.dtype,
-            device=device,
-            device_map=args.device_map,
-            trust_remote_code=args.trust_remote_code,
-        )
+        model = load_from_args(args, device)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
         result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out

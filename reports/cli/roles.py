@@ -185,10 +185,9 @@ def _print_text(result, records, out: Path) -> None:
 def run(args) -> int:
     from headscope.analyses.roles.pipeline import check_roles, head_roles, roles_by_head
     from headscope.probes.models.backend import placement
-    from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
-    from headscope.reports.cli.argtypes import resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     if args.dtype != "fp32" and args.backend == "bridge":
         raise ValueError(
@@ -208,14 +207,7 @@ def run(args) -> int:
     inputs = _read_inputs(args, cfg, groups)
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
-        model = load_model(
-            args.model,
-            args.backend,
-            dtype=args.dtype,
-            device=device,
-            device_map=args.device_map,
-            trust_remote_code=args.trust_remote_code,
-        )
+        model = load_from_args(args, device)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
 

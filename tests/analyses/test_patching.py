@@ -31,21 +31,9 @@ from headscope.analyses.patching.tasks import (
     tokenize_rows,
 )
 from headscope.probes.errors import InputFileError, ModelIncompatibleError
-from headscope.probes.models.planted import D_HEAD, VOCAB, planted_model
+from headscope.probes.models.planted import VOCAB, planted_model, writing_induction
 
 CFG = PatchConfig(n_perm=2000, n_boot=200)
-
-
-def writing_induction(model, strength: float = 4.0):
-    """Give the planted induction head (1, 1) an output: V reads the token block, O writes
-    ``strength`` × that token back into the token block (read by the tied unembedding)."""
-    v = len(VOCAB)
-    attn = model.module.blocks[1].attn
-    s = slice(1 * D_HEAD, 2 * D_HEAD)
-    with torch.no_grad():
-        attn.v_proj.weight[s][:v, :v] = torch.eye(v)
-        attn.o_proj.weight[:, s][:v, :v] = strength * torch.eye(v)
-    return model
 
 
 @pytest.fixture(scope="module")

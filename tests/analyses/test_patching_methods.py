@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_patching import CFG, effects, significant, writing_induction
+from test_patching import CFG, effects, significant
 
 from headscope.analyses.patching import ablation_patching, activation_patching, attribution_patching
 from headscope.analyses.patching.ablation import derangement, mean_z, resample_sources
@@ -32,7 +32,7 @@ from headscope.analyses.patching.tasks import (
     induction_task,
     load_task,
 )
-from headscope.probes.models.planted import planted_model
+from headscope.probes.models.planted import planted_model, writing_induction
 
 OTHERS = [(l, h) for l in range(2) for h in range(4) if (l, h) not in {(0, 0), (1, 1)}]
 

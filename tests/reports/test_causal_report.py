@@ -12,7 +12,6 @@ import json
 
 import pandas as pd
 import pytest
-from test_patching import writing_induction
 
 from headscope.reports import pipeline as P
 from headscope.reports.html import build_document, causal_comparison, causal_sentence
@@ -23,7 +22,7 @@ CARD = {"name": "planted", "layers": 2, "heads": 4, "kv_heads": 4}
 
 @pytest.fixture(scope="module")
 def planted():
-    from headscope.probes.models.planted import planted_model
+    from headscope.probes.models.planted import planted_model, writing_induction
 
     return writing_induction(planted_model())
 
