@@ -59,8 +59,8 @@ class PatchConfig:
     (GQA: patch all query heads of a KV group together); ``batch_size``: items per
     batch; ``max_rows``: sequences per forward (replicas × batch); ``alpha``, ``n_boot``,
     ``n_perm``, ``seed``: statistics (:mod:`~headscope.analyses.patching.frames`) and the
-    resample ablation's derangement; ``per_position``: activation patching per (unit,
-    position) (module docstring); ``ablations``: the kinds of
+    resample ablation's derangement; ``per_position``: activation and attribution
+    patching per (unit, position) (module docstring); ``ablations``: the kinds of
     :func:`~headscope.analyses.patching.ablation.ablation_patching` (:data:`ABLATIONS`)."""
 
     directions: tuple[str, ...] = ("denoising", "noising")
@@ -297,17 +297,29 @@ def per_position_patching(model, task: Task, cfg: PatchConfig, units, metric, ru
             )
             patched = patched_metrics(model, target, source, flat, metric, b.answer, b.wrong, cfg.max_rows, pos)
             got = (patched - base[:, None]) if d == "denoising" else (base[:, None] - patched)
-            got = got.view(len(b.rows), len(units), t)
-            for p in range(t):
-                store = delta[d].setdefault(p - t, torch.full((n, len(units)), float("nan")))
-                store[b.rows] = got[:, :, p]
+            store_positions(delta[d], got.view(len(b.rows), len(units), t), b.rows, n)
         log.info("per-position patching: %d/%d items", max(b.rows) + 1, n)
-    gap = float(run.gap.mean())
+    return position_frames(delta, float(run.gap.mean()), units, cfg, "activation")
+
+
+def store_positions(delta: dict[int, torch.Tensor], got: torch.Tensor, rows: list[int], n_items: int) -> None:
+    """Write ``got [batch, unit, pos]`` (one batch of equal-length items, ``rows`` their item
+    indices) into ``delta`` ``{position from the end: [n_items, unit]}`` (NaN where an item
+    has no such position)."""
+    t = got.shape[2]
+    for p in range(t):
+        store = delta.setdefault(p - t, torch.full((n_items, got.shape[1]), float("nan")))
+        store[rows] = got[:, :, p]
+
+
+def position_frames(delta: dict, gap: float, units, cfg: PatchConfig, method: str) -> pd.DataFrame:
+    """The per-position frame of ``delta`` ``{direction: {position: [n_items, unit]}}``:
+    ``method`` ``"{method}_{direction}"``, a ``position`` column, positions from the first
+    to the last, BH over every (unit, position) of a direction (:func:`readjust`)."""
     frames = []
     for d in cfg.directions:
         blocks = [
-            subset_frame(delta[d][p], gap, units, cfg, f"activation_{d}", extra={"position": p})
-            for p in sorted(delta[d])
+            subset_frame(delta[d][p], gap, units, cfg, f"{method}_{d}", extra={"position": p}) for p in sorted(delta[d])
         ]
         frames.append(readjust(pd.concat(blocks, ignore_index=True), [len(h) for h in units] * len(blocks), cfg.alpha))
     return pd.concat(frames, ignore_index=True)

@@ -2,7 +2,8 @@
 one forward and one backward per batch (Nanda 2023; Syed et al. 2023).
 
 Denoising: at the corrupted run, ``delta ≈ (z_clean - z_corrupted) · ∂m/∂z``, summed over
-positions and ``d_head`` per head; noising: at the clean run, ``m_clean - m_patched ≈
+positions and ``d_head`` per head (``cfg.per_position``: over ``d_head`` only, one estimate
+per head and position, positions counted from the end as in activation patching); noising: at the clean run, ``m_clean - m_patched ≈
 -(z_corrupted - z_clean) · ∂m/∂z``. A KV-group unit sums its heads (the estimate is linear).
 Gradients reach ``z`` through :meth:`Backend.head_hooks`: each layer's ``z`` is replaced by a
 leaf that requires grad, so ``∂m/∂z_l`` is the total derivative through every later layer.
@@ -21,7 +22,9 @@ from headscope.analyses.patching.activation import (
     direction_frames,
     paired_runs,
     patch_units,
+    position_frames,
     readout,
+    store_positions,
 )
 from headscope.analyses.patching.tasks import Task, metric_fn
 
@@ -54,16 +57,22 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
     metric = metric_fn(task.metric)
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
-    delta = {d: torch.empty(n, len(units)) for d in cfg.directions}
+    per_pos = cfg.per_position
+    delta = {d: ({} if per_pos else torch.empty(n, len(units))) for d in cfg.directions}
     for b in paired_runs(model, task, cfg, metric, run):
         for d in cfg.directions:
             at, z_at, z_other = (
                 (b.corrupted, b.z_corrupted, b.z_clean) if d == "denoising" else (b.clean, b.z_clean, b.z_corrupted)
             )
             _, grads = z_gradients(model, at, metric, b.answer, b.wrong)
-            per_head = {
-                l: ((z_other[l] - z_at[l]) * grads[l]).float().sum((2, 3)).cpu() for l in grads
-            }  # [batch, head]
-            est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit]
-            delta[d][b.rows] = est if d == "denoising" else -est
+            dims = 3 if per_pos else (2, 3)  # -> [batch, head, pos] or [batch, head]
+            per_head = {l: ((z_other[l] - z_at[l]) * grads[l]).float().sum(dims).cpu() for l in grads}
+            est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit(, pos)]
+            est = est if d == "denoising" else -est
+            if per_pos:
+                store_positions(delta[d], est, b.rows, n)
+            else:
+                delta[d][b.rows] = est
+    if per_pos:
+        return position_frames(delta, float(run.gap.mean()), units, cfg, "attribution"), run
     return direction_frames(delta, run, units, cfg, "attribution"), run

@@ -134,7 +134,9 @@ def effect_frame(
 def agreement(a: pd.DataFrame, b: pd.DataFrame, *, k: int = 10) -> dict:
     """How two patching frames rank the heads: ``{"spearman", "top_k_overlap", "k", "n_heads"}``
     (Spearman over the heads both hold; top-k overlap = shared heads among the ``k``
-    largest effects of each, divided by ``k``). Rows are matched on (layer, head).
+    largest effects of each, divided by ``k``). Rows are matched on (layer, head), and on
+    ``position`` too where both frames have one (per-position frames: ``n_heads`` then
+    counts (head, position) cells).
 
     >>> a = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "effect": [0.9, 0.1, 0.5]})
     >>> b = pd.DataFrame({"layer": [0, 0, 1], "head": [0, 1, 0], "effect": [0.8, 0.0, 0.6]})
@@ -143,16 +145,15 @@ def agreement(a: pd.DataFrame, b: pd.DataFrame, *, k: int = 10) -> dict:
     """
     from scipy.stats import spearmanr
 
-    m = a[["layer", "head", "effect"]].merge(
-        b[["layer", "head", "effect"]], on=["layer", "head"], suffixes=("_a", "_b")
-    )
+    key = ["layer", "head"] + (["position"] if "position" in a and "position" in b else [])
+    m = a[[*key, "effect"]].merge(b[[*key, "effect"]], on=key, suffixes=("_a", "_b"))
     m = m.dropna()
     k = min(k, len(m))
     if len(m) < 2:
         return {"spearman": float("nan"), "top_k_overlap": float("nan"), "k": k, "n_heads": len(m)}
     rho = spearmanr(m["effect_a"], m["effect_b"]).statistic
-    top_a = set(map(tuple, m.nlargest(k, "effect_a")[["layer", "head"]].values.tolist()))
-    top_b = set(map(tuple, m.nlargest(k, "effect_b")[["layer", "head"]].values.tolist()))
+    top_a = set(map(tuple, m.nlargest(k, "effect_a")[key].values.tolist()))
+    top_b = set(map(tuple, m.nlargest(k, "effect_b")[key].values.tolist()))
     return {
         "spearman": float(rho),
         "top_k_overlap": len(top_a & top_b) / k if k else float("nan"),

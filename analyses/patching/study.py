@@ -3,8 +3,7 @@
 
 ``methods``: any of :data:`METHODS`. Activation and attribution patching run in
 ``cfg.patch.directions``; with both, the summary gives their agreement per direction
-(Spearman over heads, top-k overlap; not for ``per_position`` activation rows, which are
-per (head, position)). Ablation runs ``cfg.patch.ablations`` on the clean run. Path
+(Spearman over heads, top-k overlap; with ``per_position``, over (head, position) cells). Ablation runs ``cfg.patch.ablations`` on the clean run. Path
 patching runs for ``receiver`` through each of ``vias`` (``senders``: default every head
 below the receiver) in ``path_direction``. The summary's ``"measures"`` says in words
 what the task's metric measures (an encoder's: the pooled-embedding cosine).
@@ -129,7 +128,7 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
         summary["significant_heads"][method] = _heads(
             sorted({(int(r.layer), int(r.head)) for r in f[f["significant"]].itertuples()})
         )
-    if "activation" in cfg.methods and "attribution" in cfg.methods and not cfg.patch.per_position:
+    if "activation" in cfg.methods and "attribution" in cfg.methods:
         for d in cfg.patch.directions:
             a = frame[frame["method"] == f"activation_{d}"]
             b = frame[frame["method"] == f"attribution_{d}"]

@@ -59,7 +59,7 @@ def register(sub) -> None:
     p.add_argument(
         "--per-position",
         action="store_true",
-        help="activation patching per head and position (positions counted from the end: -1 = last token)",
+        help="activation and attribution patching per head and position (counted from the end: -1 = last token)",
     )
     p.add_argument(
         "--ablation",
