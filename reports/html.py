@@ -821,7 +821,7 @@ def causal_sentence(label: str, att: pd.DataFrame, pat: pd.DataFrame, *, k: int,
     text = (
         f"{len(hits)} of {_n(len(a), f'head labelled {label}', f'heads labelled {label}')} by attention"
         + (f" ({', '.join(_head(*x) for x in hits)})" if hits else "")
-        + f" {'is' if len(a) == 1 else 'are'} among the {k} heads with the largest patching effect (of {n_heads})"
+        + f" {'is' if len(hits) == 1 else 'are'} among the {k} heads with the largest patching effect (of {n_heads})"
     )
     if hits:
         n_sig = sum(x in sig for x in hits)

@@ -165,7 +165,7 @@ def test_comparison_and_sentence_closed_form():
         ["", "L2H2", ""],
     ]
     assert causal_sentence("x", att, pat, k=3, n_heads=16) == (
-        "1 of 2 heads labelled x by attention (L0H2) are among the 3 heads with the largest patching effect (of 16); "
+        "1 of 2 heads labelled x by attention (L0H2) is among the 3 heads with the largest patching effect (of 16); "
         "its effect is significant."
     )
     assert causal_sentence("x", att.iloc[:1], pat, k=3, n_heads=16).endswith(
