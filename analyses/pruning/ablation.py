@@ -152,7 +152,7 @@ def head_gates(model, mask: torch.Tensor, *, requires_grad: bool = False, ablati
             return gate * z + (1 - gate) * a.to(z.device, z.dtype)[None, :, None, :]
 
         fns[l] = fn
-    with model.head_hooks(fns):
+    with model.head_hooks(fns), memo_suspended():  # scores under these gates are not the plain masks'
         yield gates
 
 
@@ -172,7 +172,8 @@ def gates_as(module, mask: torch.Tensor, *, requires_grad: bool = False, ablatio
                 if ablation is not None:
                     b.attn.ablation_value.copy_(ablation[l].to(b.attn.ablation_value.dtype))
             b.attn.gate.requires_grad_(requires_grad)
-        yield [b.attn.gate for b in module.blocks]
+        with memo_suspended():
+            yield [b.attn.gate for b in module.blocks]
     finally:
         for b, (g, rg, av) in zip(module.blocks, saved):
             with torch.no_grad():
@@ -240,7 +241,7 @@ def replicated_scores(
         return _staggered_scores(model, metric, masks, ablation=ablation, max_rows=max_rows)
     # inside remembered_scores(): score each distinct (metric, ablation, mask) once
     abl_key = None if ablation is None else hashlib.sha1(ablation.detach().cpu().numpy().tobytes()).hexdigest()
-    keys = [(metric, abl_key, m.numpy().tobytes()) for m in masks]
+    keys = [(model, metric, abl_key, m.numpy().tobytes()) for m in masks]
     todo = list(dict.fromkeys(k for k in keys if k not in memo))
     if todo:
         first = {k: r for r, k in reversed(list(enumerate(keys)))}
@@ -257,11 +258,24 @@ _MEMO: contextvars.ContextVar[dict | None] = contextvars.ContextVar("headscope_p
 @contextmanager
 def remembered_scores():
     """Inside the ``with`` block, :func:`replicated_scores` scores each distinct mask (for the
-    same metric object and ablation values) once and hands the kept per-item values to
+    same model and metric objects and ablation values) once and hands the kept per-item values to
     every later call that asks for it: a study's single-head ablation already holds the
     masks of a role with one head and of its one-head random draws. A row's values do not
-    depend on which other masks share its forward, so the figures are the same."""
+    depend on which other masks share its forward, so the figures are the same. Gates set
+    from outside (:func:`head_gates`, :func:`gates_as`) suspend it (:func:`memo_suspended`)."""
     token = _MEMO.set({})
+    try:
+        yield
+    finally:
+        _MEMO.reset(token)
+
+
+@contextmanager
+def memo_suspended():
+    """No memo inside the ``with`` block: a model whose heads are gated from outside (a
+    :class:`~headscope.analyses.pruning.metrics.CallableMetric` evaluates its function under
+    :func:`head_gates`) gives other scores for the same mask than the plain model."""
+    token = _MEMO.set(None)
     try:
         yield
     finally:

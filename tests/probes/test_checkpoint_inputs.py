@@ -638,13 +638,16 @@ def test_mistyped_path_in_a_fresh_process_with_offline_mode_off(tmp_path):
 
 def test_bench_device_bogus_is_one_line(capsys):
     err = cli_error(capsys, "bench", "--device", "bogus")
-    assert err == "headscope: error: --device must be cpu, cuda or cuda:N; got bogus"
+    assert err == "headscope: error: --device must be auto, cpu, cuda or cuda:N; got 'bogus'"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_bench_device_cuda_without_cuda_is_one_line(capsys):
     err = cli_error(capsys, "bench", "--device", "cuda")
-    assert err == "headscope: error: --device cuda: CUDA is not available on this machine"
+    assert err == (
+        f"headscope: error: --device cuda: CUDA is not available on this machine (torch {torch.__version__}); "
+        "use --device cpu or auto"
+    )
     assert "CUDA is not available" in cli_error(capsys, "bench", "--memory", "--device", "cuda:1")
 
 
