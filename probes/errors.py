@@ -16,6 +16,11 @@ class ModelIncompatibleError(HeadscopeError):
     the in-house stack does not cover); the message names the way out."""
 
 
+class UnknownGGUFArchitectureError(ModelIncompatibleError):
+    """A GGUF file's ``general.architecture`` is not one headscope's metadata reader knows
+    (transformers' own reader may still know it)."""
+
+
 class CheckpointError(HeadscopeError):
     """A checkpoint is missing, truncated, corrupt, or does not match its config."""
 

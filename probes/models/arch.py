@@ -133,6 +133,8 @@ class ArchSpec:
     #: global layers' (``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]``)
     rope_local_theta: float | None = None
     rope_local_type: str | None = None
+    #: the scaling factor of a scaled RoPE (``linear``, ``llama3``, ``yarn``...) on the global layers
+    rope_factor: float | None = None
     #: fraction of each head's dimensions that RoPE rotates (Phi-3 ``partial_rotary_factor``;
     #: None: the config does not say, i.e. all of them)
     rotary_fraction: float | None = None
@@ -186,6 +188,14 @@ def _rope(hf: dict) -> tuple[float | None, str | None]:
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     return (float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None), rope_type
+
+
+def _rope_factor(hf: dict) -> float | None:
+    """The ``factor`` of the full-attention layers' RoPE scaling, where it is scaled."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+        rope = rope["full_attention"]
+    return _number(rope.get("factor")) if isinstance(rope, dict) else None
 
 
 def _rope_local(hf: dict) -> tuple[float | None, str | None]:
@@ -319,6 +329,7 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         rope_local_theta=_rope_local(hf)[0] if positional == "rope" else None,
         rope_local_type=_rope_local(hf)[1] if positional == "rope" else None,
         rotary_fraction=_rotary_fraction(hf) if positional == "rope" else None,
+        rope_factor=_rope_factor(hf) if positional == "rope" and rope_type not in (None, "default") else None,
         bidirectional_attention=bool(hf.get("use_bidirectional_attention")),
         off_default=tuple(
             f"{k}={hf[k]!r}" for k, default in _FIXED_OPTIONS.get(mtype, {}).items() if k in hf and hf[k] != default
@@ -391,7 +402,7 @@ def gguf_hf_config(path: Path) -> dict:
     file is refused first (:func:`~headscope.probes.models.checkpoints.check_gguf`); an
     architecture transformers cannot read either raises
     :class:`~headscope.probes.errors.ModelIncompatibleError`."""
-    from headscope.probes.errors import CheckpointError, ModelIncompatibleError
+    from headscope.probes.errors import CheckpointError, UnknownGGUFArchitectureError
     from headscope.probes.models.checkpoints import check_gguf
 
     path = Path(path)
@@ -407,7 +418,7 @@ def gguf_hf_config(path: Path) -> dict:
     arch = get("general.architecture")
     arch = _GGUF_ALIASES.get(arch, arch)
     if arch not in GGUF_ARCHITECTURES:
-        raise ModelIncompatibleError(
+        raise UnknownGGUFArchitectureError(
             f"{path}: GGUF architecture {arch!r} is not one transformers reads "
             f"(readable: {', '.join(sorted(GGUF_ARCHITECTURES))})"
         )
@@ -466,6 +477,11 @@ def gguf_hf_config(path: Path) -> dict:
             else [bool((i + 1) % (pattern if isinstance(pattern, int) and pattern > 0 else every)) for i in range(n)]
         )
         hf["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
+    if model_type in ("gemma2", "gemma3_text"):
+        hf["query_pre_attn_scalar"] = _gguf_query_pre_attn_scalar(get(f"{gguf_arch}.attention.scale"), gguf_arch, hf)
+    rope = _gguf_rope_parameters(reader, get, gguf_arch, model_type, hf, path)
+    if rope is not None:
+        hf["rope_parameters"] = rope
     tokens = f.get("tokenizer.ggml.tokens")
     vocab = hf.get("vocab_size") or (len(tokens.data) if tokens is not None else 0)
     if vocab:
@@ -480,6 +496,119 @@ def gguf_hf_config(path: Path) -> dict:
         t.name for t in reader.tensors
     }
     return hf
+
+
+#: ``general.architecture`` → layer count of the file's 27B model, on which llama.cpp scales
+#: Gemma's queries by 1/√(d_model / heads) instead of 1/√d_head (``llama-model.cpp``)
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+#: the Llama 3 RoPE scaling that ``convert_hf_to_gguf.py`` bakes into a ``rope_freqs`` tensor
+#: (low/high frequency factors, original context); only the factor differs between releases
+_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def _gguf_query_pre_attn_scalar(scale, gguf_arch: str, hf: dict) -> float:
+    """Gemma's ``query_pre_attn_scalar``, which llama.cpp's GGUF files do not store: an
+    ``attention.scale`` in the metadata where there is one (scalar = scale⁻²), else what
+    llama.cpp derives: d_model / heads on the 27B models, d_head on the others (Gemma 2 2B/9B,
+    Gemma 3 1B/4B/12B: 256, as their HF configs say)."""
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0:
+        value = round(float(scale) ** -2, 3)
+    elif hf["num_hidden_layers"] == _GEMMA_27B_LAYERS.get(gguf_arch):
+        value = hf["hidden_size"] / hf["num_attention_heads"]
+    else:
+        value = float(hf["head_dim"])
+    return int(value) if float(value).is_integer() else value
+
+
+def _gguf_rope_parameters(reader, get, gguf_arch: str, model_type: str, hf: dict, path: Path) -> dict | None:
+    """``rope_parameters`` (transformers 5) from a GGUF file, where its RoPE is not the plain
+    one: ``rope.scaling.type`` linear or yarn with its factor; Gemma 3's per-layer-type pair
+    (global layers scaled, sliding layers at ``rope.freq_base_swa``, 10,000 by default); and
+    Llama 3's scaling, which llama.cpp stores only as the per-frequency factors of a
+    ``rope_freqs`` tensor: read back as ``llama3`` parameters and checked to reproduce every
+    factor. None where the RoPE is plain. Factors transformers cannot take from a GGUF (Phi-3's
+    long/short ``rope_factors``, a ``rope_freqs`` that is not Llama 3's) are refused by name."""
+    from headscope.probes.errors import ModelIncompatibleError
+
+    theta = float(hf.get("rope_theta", 10000.0))
+    kind, factor = get(f"{gguf_arch}.rope.scaling.type"), _number(get(f"{gguf_arch}.rope.scaling.factor"))
+    tensors = {t.name: t for t in reader.tensors}
+    odd = sorted(n for n in tensors if n.startswith("rope_factors"))
+    if odd:
+        raise ModelIncompatibleError(
+            f"{path}: GGUF tensors {', '.join(odd)} (per-frequency RoPE factors, e.g. Phi-3's LongRoPE) are not read "
+            "by transformers from a GGUF file; load the model's HF checkpoint instead"
+        )
+    scaled = None
+    if kind in ("linear", "yarn") and factor and factor != 1.0:
+        scaled = {"rope_type": kind, "factor": factor, "rope_theta": theta}
+        original = _int_or_none(get(f"{gguf_arch}.rope.scaling.original_context_length"))
+        if kind == "yarn" and original:
+            scaled["original_max_position_embeddings"] = original
+    if "rope_freqs.weight" in tensors:
+        if model_type not in ("llama", "mistral"):
+            raise ModelIncompatibleError(
+                f"{path}: a {gguf_arch} GGUF with a rope_freqs tensor (per-frequency RoPE factors) is not read right "
+                "by transformers; load the model's HF checkpoint instead"
+            )
+        dim = _int_or_none(get(f"{gguf_arch}.rope.dimension_count")) or hf["head_dim"]
+        factors = [float(x) for x in tensors["rope_freqs.weight"].data.reshape(-1)]
+        scaled = {"rope_type": "llama3", **_llama3_rope_from_factors(factors, theta, dim, path), "rope_theta": theta}
+    if model_type == "gemma3_text":
+        local = _number(get(f"{gguf_arch}.rope.freq_base_swa")) or 10000.0
+        return {
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
+            "full_attention": scaled or {"rope_type": "default", "rope_theta": theta},
+        }
+    return scaled
+
+
+def llama3_rope_factors(
+    factor: float,
+    theta: float,
+    dim: int,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> list[float]:
+    """The factor by which Llama 3's RoPE divides each frequency, as llama.cpp's converter
+    writes them into ``rope_freqs``: 1 above the high-frequency band, ``factor`` below the
+    low one, a smooth step between (transformers' ``_compute_llama3_parameters``)."""
+    import math
+
+    import numpy as np
+
+    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    context, low, high = original_max_position_embeddings, low_freq_factor, high_freq_factor
+    out = []
+    for freq in freqs.astype(np.float64):
+        wavelen = 2 * math.pi / freq
+        if wavelen < context / high:
+            out.append(1.0)
+        elif wavelen > context / low:
+            out.append(float(factor))
+        else:
+            smooth = (context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def _llama3_rope_from_factors(factors: list[float], theta: float, dim: int, path: Path) -> dict:
+    """Llama 3's RoPE parameters from a ``rope_freqs`` tensor: the factor is its largest entry,
+    the band is Llama 3's (:data:`_LLAMA3_ROPE`, the same in 3.1, 3.2 and 3.3); refused unless
+    these reproduce every factor to 1e-5 (relative)."""
+    from headscope.probes.errors import ModelIncompatibleError
+
+    factor = max(factors, default=1.0)
+    expected = llama3_rope_factors(factor, theta, dim, **_LLAMA3_ROPE) if len(factors) == dim // 2 else []
+    worst = max((abs(a - b) / b for a, b in zip(factors, expected, strict=True)), default=float("inf"))
+    if not expected or worst > 1e-5:
+        raise ModelIncompatibleError(
+            f"{path}: its rope_freqs tensor ({len(factors)} factors for d_rot {dim}) is not Llama 3's RoPE scaling "
+            f"(factor {factor:g}, band {_LLAMA3_ROPE}; worst relative difference {worst:.2g}), and transformers "
+            "ignores it; load the model's HF checkpoint instead"
+        )
+    return {"factor": factor, **_LLAMA3_ROPE}
 
 
 # -- checking a config.json's sizes before anything is built -------------------------------

@@ -30,6 +30,7 @@ from headscope.probes.models.checkpoints import (
     read_config_file,
     read_hf_config,
     resolve,
+    settle_cached_config,
 )
 from headscope.probes.models.config import config_from_arch, param_counts
 
@@ -41,6 +42,7 @@ def source_hf_config(source: ModelSource) -> dict:
     if source.kind == "gguf":
         cached = cache_dir() / "gguf" / file_sha256(source.path)[:16] / "config.json"
         if cached.exists():
+            settle_cached_config(cached, source.path)
             return read_config_file(cached)
         hf = gguf_hf_config(source.path)
         check_hf_config(hf, str(source.path))
@@ -132,6 +134,11 @@ def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dty
         "attn_logit_softcapping": arch.attn_softcap,
         "final_logit_softcapping": arch.final_softcap,
         "query_pre_attn_scalar": arch.query_pre_attn_scalar,
+        "rope_theta": arch.rope_theta,
+        "rope_type": arch.rope_type,
+        "rope_factor": arch.rope_factor,
+        "rope_local_theta": arch.rope_local_theta,
+        "rope_local_type": arch.rope_local_type,
     }
 
 
@@ -229,4 +236,14 @@ def _attention_extras(c: dict) -> list[str]:
     q = c["query_pre_attn_scalar"]
     if q and q != c["d_head"]:
         out.append(f"query scale     1/√{q:g} (query_pre_attn_scalar), not 1/√d_head = 1/√{c['d_head']}")
+    if c.get("rope_type") not in (None, "default"):
+        where = " on the global layers" if c["sliding_layers"] and c.get("rope_local_theta") else ""
+        plain = c.get("rope_local_type") in (None, "default")
+        local = (
+            f"; sliding layers θ {c['rope_local_theta']:g}, {'unscaled' if plain else c['rope_local_type']}"
+            if where
+            else ""
+        )
+        factor = f" ×{c['rope_factor']:g}" if c.get("rope_factor") else ""
+        out.append(f"RoPE            θ {c['rope_theta']:g}, {c['rope_type']} scaling{factor}{where}{local}")
     return out

@@ -24,7 +24,12 @@ from pathlib import Path
 
 import torch
 
-from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
+from headscope.probes.errors import (
+    CheckpointError,
+    HeadscopeError,
+    ModelIncompatibleError,
+    UnknownGGUFArchitectureError,
+)
 from headscope.probes.models.arch import arch_from_hf_config, check_hf_config, gguf_hf_config
 from headscope.probes.models.config import ModelConfig, config_from_arch, param_counts
 
@@ -172,7 +177,7 @@ def gguf_as_hf_dir(path: Path) -> Path:
     digest = file_sha256(path)[:16]
     out = cache_dir() / "gguf" / digest
     if (out / "model.safetensors").exists() and (out / "config.json").exists():
-        _fill_architectures(out / "config.json", path)
+        settle_cached_config(out / "config.json", path)
         return out
     meta = gguf_meta_config(path)
     check_hf_config(meta, str(path))
@@ -194,6 +199,7 @@ def gguf_as_hf_dir(path: Path) -> Path:
     cfg.pop("quantization_config", None)
     if not cfg.get("architectures"):
         cfg["architectures"] = [type(hf).__name__]
+    _metadata_over_reader(cfg, meta, path)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     from safetensors.torch import save_file
 
@@ -220,7 +226,7 @@ def gguf_meta_config(path: Path) -> dict:
     path = Path(path)
     try:
         return gguf_hf_config(path)
-    except ModelIncompatibleError as refused:
+    except UnknownGGUFArchitectureError as refused:
         if not _transformers_reads_gguf_arch(path):
             raise
         reason = refused
@@ -257,26 +263,59 @@ def _transformers_reads_gguf_arch(path: Path) -> bool:
     return arch in readable
 
 
-def _fill_architectures(config_file: Path, path: Path) -> None:
-    """Give a cached ``config.json`` without ``architectures`` (written before headscope filled
-    it in) the HF class of its model type, as the GGUF's metadata names it; rewritten atomically.
-    A cache that cannot be written keeps its file (the bridge then cannot wrap the model)."""
+#: config keys that transformers' GGUF reader leaves at its config class's defaults although the
+#: file says otherwise (or llama.cpp, whose files these are, derives them): Gemma's soft-caps,
+#: query scale and sliding/global layers, and scaled RoPE (Gemma 3's linear, Llama 3's
+#: ``rope_freqs``, yarn). The metadata's value (:func:`gguf_meta_config`) goes into the cached
+#: ``config.json``, so every backend builds the model the file describes.
+METADATA_OVER_READER = (
+    "attn_logit_softcapping",
+    "final_logit_softcapping",
+    "query_pre_attn_scalar",
+    "layer_types",
+    "rope_parameters",
+)
+
+
+def _metadata_over_reader(cfg: dict, meta: dict, path: Path) -> list[str]:
+    """Put the metadata's value of each :data:`METADATA_OVER_READER` key into ``cfg`` where it
+    differs; returns the keys changed (logged)."""
+    changed = [k for k in METADATA_OVER_READER if k in meta and cfg.get(k) != meta[k]]
+    for key in changed:
+        log.info(
+            "%s: %s = %r from the GGUF metadata (transformers' reader gave %r)", path.name, key, meta[key], cfg.get(key)
+        )
+        cfg[key] = meta[key]
+    return changed
+
+
+def settle_cached_config(config_file: Path, path: Path) -> None:
+    """Bring a cached ``config.json`` of the GGUF ``path`` up to date: ``architectures`` (the
+    HF class; caches written before headscope filled it in lack it) and the keys of
+    :data:`METADATA_OVER_READER` (caches written before headscope read them from the metadata
+    hold transformers' defaults). Rewritten atomically, only where something changes; a cache
+    that cannot be written keeps its file."""
     try:
         cfg = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # read_config_file names the problem
-    if not isinstance(cfg, dict) or cfg.get("architectures"):
+    if not isinstance(cfg, dict):
         return
-    from headscope.probes.models.arch import GGUF_ARCHITECTURES
+    try:
+        meta = gguf_meta_config(path)
+    except CheckpointError:  # unreadable metadata: keep the cache; a refusal of the model stands
+        meta = {}
+    changed = _metadata_over_reader(cfg, meta, path)
+    if not cfg.get("architectures"):
+        from headscope.probes.models.arch import GGUF_ARCHITECTURES
 
-    classes = {mt: cls for mt, cls in GGUF_ARCHITECTURES.values() if mt != "t5"}
-    cls = classes.get(cfg.get("model_type"))
-    if cls is None:
-        with contextlib.suppress(HeadscopeError):
-            cls = (gguf_meta_config(path).get("architectures") or [None])[0]
-    if cls is None:
+        classes = {mt: cls for mt, cls in GGUF_ARCHITECTURES.values() if mt != "t5"}
+        cls = classes.get(cfg.get("model_type")) or (meta.get("architectures") or [None])[0]
+        if cls is not None:
+            cfg["architectures"] = [cls]
+            changed.append("architectures")
+    if not changed:
         return
-    cfg["architectures"] = [cls]
     tmp = config_file.with_name(f"config.json.tmp{os.getpid()}")
     try:
         tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")

@@ -45,10 +45,28 @@ class Family:
 FAMILIES = {
     "llama": Family("llama", "llama", permute_qk=True, tie=False, pre="llama-bpe"),
     "qwen2": Family("qwen2", "qwen2", pre="qwen2"),
-    # softcaps and query_pre_attn_scalar: transformers reads none of them from a GGUF, so the
-    # source keeps Gemma2Config's defaults (50, 30, 256), which is what the loaded model gets
-    "gemma2": Family("gemma2", "gemma2", norm_plus_one=True, tokenizer="llama", extra={"sliding_window": 5}),
-    "gemma3": Family("gemma3", "gemma3_text", norm_plus_one=True, tokenizer="llama", extra={"sliding_window": 5}),
+    # soft-caps and the query scale off Gemma2Config's defaults (50, 30, 256), as a converted
+    # checkpoint may have them: transformers' GGUF reader reads none of them, headscope does
+    # (a real Gemma's query_pre_attn_scalar is its d_head, 16 here, except on the 27B models)
+    "gemma2": Family(
+        "gemma2",
+        "gemma2",
+        norm_plus_one=True,
+        tokenizer="llama",
+        extra={
+            "sliding_window": 5,
+            "query_pre_attn_scalar": 16,
+            "attn_logit_softcapping": 20.0,
+            "final_logit_softcapping": 15.0,
+        },
+    ),
+    "gemma3": Family(
+        "gemma3",
+        "gemma3_text",
+        norm_plus_one=True,
+        tokenizer="llama",
+        extra={"sliding_window": 5, "query_pre_attn_scalar": 16},
+    ),
 }
 
 # shared sizes: 4 query heads sharing 2 KV heads of 16 dims
@@ -138,24 +156,25 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def tiny_hf_model(family: str, *, seed: int = 0):
+def tiny_hf_model(family: str, *, seed: int = 0, **overrides):
     """The random source model of ``family``: float32, eager attention, in eval mode. Weights
     are drawn with std 0.2 (not 0.02) so that attention patterns are far from uniform, and every
-    norm weight is set to a multiple of 1/64 near its neutral value."""
+    norm weight is set to a multiple of 1/64 near its neutral value. ``overrides`` replace
+    config values (sizes, ``rope_parameters``, soft-caps...)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fam = FAMILIES[family]
     vocab = tiny_vocab(fam.tokenizer)
+    settings = {**SIZES, **fam.extra, **overrides}
     cfg = AutoConfig.for_model(
         fam.model_type,
-        **SIZES,
         vocab_size=len(vocab.tokens),
         tie_word_embeddings=fam.tie,
         initializer_range=0.2,
         pad_token_id=vocab.special["pad"],
         bos_token_id=vocab.special["bos"],
         eos_token_id=vocab.special["eos"],
-        **fam.extra,
+        **settings,
     )
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -170,15 +189,25 @@ def tiny_hf_model(family: str, *, seed: int = 0):
     return model.eval()
 
 
-def write_tiny_gguf(path, family: str, *, seed: int = 0):
-    """Write a tiny random ``family`` model (see :data:`FAMILIES`) to ``path`` as an F32 GGUF.
-    Returns ``(path, hf_model)``: the file and the source model it holds, float32, eager, eval."""
+def _full_rope(cfg) -> dict:
+    """The RoPE parameters of the full-attention layers (Gemma 3 keeps one set per layer type)."""
+    rope = dict(cfg.rope_parameters)
+    return rope.get("full_attention", rope)
+
+
+def write_tiny_gguf(path, family: str, *, seed: int = 0, **overrides):
+    """Write a tiny random ``family`` model (see :data:`FAMILIES`; ``overrides`` as in
+    :func:`tiny_hf_model`) to ``path`` as an F32 GGUF, with the RoPE scaling llama.cpp's
+    converter writes: ``rope.scaling.type``/``factor`` for linear scaling, and Llama 3's as the
+    per-frequency factors of a ``rope_freqs`` tensor. Returns ``(path, hf_model)``: the file
+    and the source model it holds, float32, eager, eval."""
     import gguf
 
     fam = FAMILIES[family]
     path = Path(path)
-    hf = tiny_hf_model(family, seed=seed)
+    hf = tiny_hf_model(family, seed=seed, **overrides)
     cfg = hf.config
+    rope = _full_rope(cfg)
     vocab = tiny_vocab(fam.tokenizer)
 
     w = gguf.GGUFWriter(str(path), fam.gguf_arch)
@@ -190,7 +219,10 @@ def write_tiny_gguf(path, family: str, *, seed: int = 0):
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(SIZES["rope_theta"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope["rope_type"] == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
     w.add_vocab_size(cfg.vocab_size)
     if fam.gguf_arch == "llama":
         w.add_rope_dimension_count(cfg.head_dim)  # transformers: llama's head_dim
@@ -237,6 +269,12 @@ def write_tiny_gguf(path, family: str, *, seed: int = 0):
         if fam.norm_plus_one and name.endswith("norm"):
             a = a + np.float32(1.0)
         w.add_tensor(f"{name}.{suffix}", a.astype(np.float32))
+    if rope["rope_type"] == "llama3":  # the factors by which transformers' own llama3 RoPE divides each frequency
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg)
+        plain = 1.0 / rope["rope_theta"] ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
+        w.add_tensor("rope_freqs.weight", (plain / scaled).float().numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
