@@ -41,7 +41,7 @@ import torch
 
 from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.tasks import REFERENCE_METRICS, Task, check_decoder, metric_fn
-from headscope.analyses.pruning.ablation import unembed_at
+from headscope.analyses.pruning.ablation import rows_unembedded, unembed_at
 from headscope.analyses.stats.resampling import adjust_p
 
 log = logging.getLogger(__name__)
@@ -110,12 +110,12 @@ def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
 def readout(model, ids: torch.Tensor, **resume) -> torch.Tensor:
     """What the metric reads (all inputs of a batch have equal length, no padding): a
     decoder's logits at the last position ``[batch, vocab]``; an encoder's last hidden
-    state mean-pooled over positions ``[batch, d_model]`` (float32). The in-house decoder
-    unembeds the last position only (:func:`~headscope.analyses.pruning.ablation.unembed_at`:
+    state mean-pooled over positions ``[batch, d_model]`` (float32). A decoder whose
+    unembedding reads chosen rows (in-house; HF where checked) unembeds the last position only (:func:`~headscope.analyses.pruning.ablation.unembed_at`:
     the same arithmetic per row; the other positions' logits, 22% of a SmolLM2 forward of
     17 tokens, are never computed)."""
     mask = torch.ones_like(ids)
-    if model.spec.causal and getattr(model, "backend", None) == "inhouse":
+    if model.spec.causal and rows_unembedded(model):
         keep = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
         keep[:, -1] = True
         with unembed_at(model, keep):

@@ -397,16 +397,23 @@ def _read_positions(model, metric, unit) -> torch.Tensor | None:
 
 
 def _sharing_logits(model) -> bool:
-    return bool(_SHARED.get() and getattr(model, "backend", None) == "inhouse" and model.spec.causal)
+    return bool(_SHARED.get() and model.spec.causal and rows_unembedded(model))
+
+
+def rows_unembedded(model) -> bool:
+    """Whether the model's unembedding can read some rows only (:func:`unembed_at`): the
+    in-house decoder, and an HF causal LM where checked on load (``model.unembedding``)."""
+    return getattr(model, "unembedding", None) is not None
 
 
 @contextmanager
 def unembed_at(model, keep: torch.Tensor):
-    """In-house decoder: inside the ``with`` block the unembedding reads the final hidden
-    states at ``keep [batch, pos]`` (True) only, so ``forward`` returns logits
-    ``[n_kept, vocab]`` (rows in row-major order of ``keep``): the logits nobody reads are
-    never computed. Each kept row's arithmetic is the full forward's."""
-    handle = model.module.unembed.register_forward_pre_hook(lambda mod, args: (args[0][keep],))
+    """A decoder whose ``unembedding`` module is known (:func:`rows_unembedded`): inside the
+    ``with`` block the unembedding reads the final hidden states at ``keep [batch, pos]``
+    (True) only, so ``forward`` returns logits ``[n_kept, vocab]`` (rows in row-major order
+    of ``keep``): the logits nobody reads are never computed. Each kept row's arithmetic is
+    the full forward's."""
+    handle = model.unembedding.register_forward_pre_hook(lambda mod, args: (args[0][keep.to(args[0].device)],))
     try:
         yield
     finally:
