@@ -198,7 +198,8 @@ def _full_rope(cfg) -> dict:
 def write_tiny_gguf(path, family: str, *, seed: int = 0, **overrides):
     """Write a tiny random ``family`` model (see :data:`FAMILIES`; ``overrides`` as in
     :func:`tiny_hf_model`) to ``path`` as an F32 GGUF, with the RoPE scaling llama.cpp's
-    converter writes: ``rope.scaling.type``/``factor`` for linear scaling, and Llama 3's as the
+    converter writes: ``rope.scaling.type``/``factor`` (and the original context for yarn)
+    for linear and yarn scaling, and Llama 3's as the
     per-frequency factors of a ``rope_freqs`` tensor. Returns ``(path, hf_model)``: the file
     and the source model it holds, float32, eager, eval."""
     import gguf
@@ -223,6 +224,10 @@ def write_tiny_gguf(path, family: str, *, seed: int = 0, **overrides):
     if rope["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(rope["factor"])
+    elif rope["rope_type"] == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     w.add_vocab_size(cfg.vocab_size)
     if fam.gguf_arch == "llama":
         w.add_rope_dimension_count(cfg.head_dim)  # transformers: llama's head_dim

@@ -2,7 +2,7 @@
 
 transformers builds a Gemma 2/3 model from a GGUF with its config class's defaults for the
 soft-caps and the query scale (50, 30, 256), and every family without its scaled RoPE (Gemma 3's
-linear scaling on the global layers; Llama 3's, which llama.cpp stores only as a ``rope_freqs``
+linear scaling on the global layers; yarn; Llama 3's, which llama.cpp stores only as a ``rope_freqs``
 tensor of per-frequency factors). A model so built computes other logits than the one the file
 holds. headscope reads these from the metadata (the query scale as llama.cpp derives it: d_model
 / heads on the 27B models, d_head on the others) and writes them into the cached ``config.json``
@@ -11,7 +11,7 @@ that every backend loads.
 Each case is a tiny random model from transformers' own config class, written as a GGUF the way
 llama.cpp's converter writes it (:mod:`gguf_writer`). Figures asserted: the cached model's
 logits equal the source model's (≤ 1e-4; 0.0 measured), while transformers' own reading of the
-same file is off by more than 0.05 (0.27 to 4.2 measured): if a transformers release reads these
+same file is off by more than 0.05 (0.27 to 9.5 measured): if a transformers release reads these
 fields itself, that assertion says so."""
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ GEMMA3_LINEAR = {
     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
 }
+QWEN_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "rope_theta": 10000.0}
 #: name -> (writer family, config overrides, what the cached config must say)
 CASES = {
     # 2 layers, caps 20/15, query scale = d_head (16): the shape of Gemma 2 2B/9B
@@ -57,6 +58,12 @@ CASES = {
         "gemma3",
         {"num_hidden_layers": 6, "rope_parameters": GEMMA3_LINEAR},
         {"query_pre_attn_scalar": 16, "rope_parameters": GEMMA3_LINEAR},
+    ),
+    # yarn ×4 from an original context of 512 (Qwen2.5's long-context setting, scaled down)
+    "qwen2-yarn": (
+        "qwen2",
+        {"rope_parameters": QWEN_YARN, "max_position_embeddings": 2048},
+        {"rope_parameters": QWEN_YARN},
     ),
     # Llama 3.1's RoPE, which the file holds only as rope_freqs (d_head 16: 4 factors of 1, 1 between, 3 of 8)
     "llama3.1": (
@@ -116,7 +123,7 @@ def test_metadata_alone_says_it(files, name):
     for key, value in CASES[name][2].items():
         assert hf[key] == value, key
     arch = arch_from_hf_config(hf)
-    expected = {"gemma2": "default", "gemma3-4b": "linear", "llama3.1": "llama3"}
+    expected = {"gemma2": "default", "gemma3-4b": "linear", "qwen2-yarn": "yarn", "llama3.1": "llama3"}
     assert arch.rope_type == expected[name]
 
 
@@ -138,6 +145,7 @@ def test_the_card_says_the_scaled_rope_and_the_query_scale(files):
 
     lines = {name: render_card(model_card(str(files[name][0]))).splitlines() for name in CASES}
     assert "RoPE            θ 500000, llama3 scaling ×8" in lines["llama3.1"]
+    assert "RoPE            θ 10000, yarn scaling ×4" in lines["qwen2-yarn"]
     assert (
         "RoPE            θ 1e+06, linear scaling ×8 on the global layers; sliding layers θ 10000, unscaled"
         in lines["gemma3-4b"]
