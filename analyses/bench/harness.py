@@ -304,6 +304,8 @@ PATHS = {
     "roles": "all text role statistics (analyses.roles.head_roles)",
     "ablation_separate": "single-head ablation of every head, a forward each",
     "ablation_batched": "single-head ablation of every head, per-layer replicas, shared prefix",
+    "ablation_hf": "the same on the hf backend (its forward resumed from each replica's first layer)",
+    "ablation_hf_whole": "the same on the hf backend, every replica run whole (before it resumed)",
     "pruning_50": "forward with 50% of heads physically pruned",
     "hook_gates": "gate-gradient importance through head hooks (head_gates, any backend)",
     "inhouse_gates": "gate-gradient importance through the in-house built-in gates (gates_as)",
@@ -636,11 +638,11 @@ class _Bench:
             f"groups: {', '.join(groups)}; includes tokenising, bootstrap and permutation tests",
         )
 
-    def _ablation(self, batched: bool):
+    def _ablation(self, batched: bool, kind: str = "inhouse", whole: bool = False):
         from headscope.analyses.pruning import ablation as abl
         from headscope.analyses.pruning import metrics as im
 
-        model = self.model("inhouse")
+        model = self.model(kind)
         spec = model.spec
         by_layer = [
             abl.head_masks(n_layers=spec.n_layers, n_heads=spec.n_heads, heads=group)
@@ -649,7 +651,12 @@ class _Bench:
         sents = self.sentences[: min(len(self.sentences), 32)]  # the separate way costs layers x heads forwards
         metric = _SentenceMetric(im, model, sents, len(sents))
 
+        def as_run():  # the hf backend, resumed (where its check on load allows) or run whole
+            if kind != "inhouse":
+                model._resume_checked = (False, False) if whole else None
+
         def one_pass():
+            as_run()
             if batched:  # every head in one call: replicas, each from its own layer, the prefix run once
                 abl.evaluate(model, metric.metric, torch.cat(by_layer))
                 return
@@ -659,6 +666,7 @@ class _Bench:
                         abl.evaluate(model, metric.metric)
 
         def warm():
+            as_run()
             abl.evaluate(model, metric.metric, by_layer[-1][:2])
 
         lengths = [len(tokenize_one(model.tokenizer, text=t)["ids"]) for t in sents]
@@ -676,6 +684,12 @@ class _Bench:
 
     def p_ablation_batched(self):
         return self._ablation(True)
+
+    def p_ablation_hf(self):
+        return self._ablation(True, "hf_eager")
+
+    def p_ablation_hf_whole(self):
+        return self._ablation(True, "hf_eager", whole=True)
 
     def _gates(self, hook: bool):
         from headscope.analyses.pruning import ablation as abl

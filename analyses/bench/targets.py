@@ -65,6 +65,14 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         "speed-up of batching",
     ),
     RatioTarget(
+        "hf ablation / in-house ablation <= 1.25",
+        "ablation_hf",
+        "ablation_batched",
+        1.25,
+        False,
+        "time ratio; single-head ablation of every head, batched, same sentences (hf resumes from a layer)",
+    ),
+    RatioTarget(
         "hook gates / in-house gates <= 1.1",
         "hook_gates",
         "inhouse_gates",

@@ -199,8 +199,9 @@ def gguf_as_hf_dir(path: Path) -> Path:
     cfg.pop("quantization_config", None)
     if not cfg.get("architectures"):
         cfg["architectures"] = [type(hf).__name__]
-    _metadata_over_reader(cfg, meta, path)
+    changed = _metadata_over_reader(cfg, meta, path)
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    _write_settled(tmp, changed)
     from safetensors.torch import save_file
 
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
@@ -277,6 +278,23 @@ METADATA_OVER_READER = (
 )
 
 
+#: the sidecar of a cached folder whose config.json holds :data:`METADATA_OVER_READER` from
+#: the metadata, with the version of that list (a later headscope that reads more keys bumps it)
+SETTLED_FILE, SETTLED_VERSION = "headscope-metadata.json", 1
+
+
+def _write_settled(folder: Path, changed: list[str]) -> None:
+    with contextlib.suppress(OSError):
+        (folder / SETTLED_FILE).write_text(json.dumps({"version": SETTLED_VERSION, "from_metadata": changed}))
+
+
+def _settled(folder: Path) -> bool:
+    try:
+        return json.loads((folder / SETTLED_FILE).read_text(encoding="utf-8")).get("version") == SETTLED_VERSION
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _metadata_over_reader(cfg: dict, meta: dict, path: Path) -> list[str]:
     """Put the metadata's value of each :data:`METADATA_OVER_READER` key into ``cfg`` where it
     differs; returns the keys changed (logged)."""
@@ -294,12 +312,13 @@ def settle_cached_config(config_file: Path, path: Path) -> None:
     HF class; caches written before headscope filled it in lack it) and the keys of
     :data:`METADATA_OVER_READER` (caches written before headscope read them from the metadata
     hold transformers' defaults). Rewritten atomically, only where something changes; a cache
-    that cannot be written keeps its file."""
+    that cannot be written keeps its file. Once done, a sidecar (:data:`SETTLED_FILE`) says so
+    and later loads skip the metadata (2.3 s for SmolLM2's tokenizer arrays)."""
     try:
         cfg = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return  # read_config_file names the problem
-    if not isinstance(cfg, dict):
+    if not isinstance(cfg, dict) or (cfg.get("architectures") and _settled(config_file.parent)):
         return
     try:
         meta = gguf_meta_config(path)
@@ -314,15 +333,17 @@ def settle_cached_config(config_file: Path, path: Path) -> None:
         if cls is not None:
             cfg["architectures"] = [cls]
             changed.append("architectures")
-    if not changed:
-        return
-    tmp = config_file.with_name(f"config.json.tmp{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-        os.replace(tmp, config_file)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    if changed:
+        tmp = config_file.with_name(f"config.json.tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+            os.replace(tmp, config_file)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return
+    if meta:
+        _write_settled(config_file.parent, [k for k in changed if k != "architectures"])
 
 
 def hf_dir(source: ModelSource) -> Path:

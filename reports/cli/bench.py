@@ -14,6 +14,7 @@ import sys
 
 
 def register(sub) -> None:
+    from headscope.analyses.bench.harness import PATHS
     from headscope.reports.cli.argtypes import add_device
 
     p = sub.add_parser("bench", help="time attention capture against HF and transformer-lens on the same batches")
@@ -34,10 +35,7 @@ def register(sub) -> None:
         nargs="+",
         metavar="PATH",
         default=None,
-        help="paths to run (default all): hf_sdpa hf_eager_attentions tl_cache_full tl_cache_patterns "
-        "capture_patterns inhouse_forward gate_grad bf16_forward capture_stream roles ablation_separate "
-        "ablation_batched pruning_50 hook_gates inhouse_gates quick_pruning quick_pruning_before patch_attribution "
-        "patch_forward_backward patch_activation patch_one_forward_per_head",
+        help=f"paths to run (default all): {' '.join(PATHS)}",
     )
     p.add_argument(
         "--corpus",

@@ -41,16 +41,16 @@ def test_config_validation():
         B.BenchConfig(repeats=0)
 
 
+def _quick(paths, n_sentences=4, **kw):
+    """A bench of a few sentences, one round, a short matmul peak: the plumbing, not the speed."""
+    return B.BenchConfig(
+        n_sentences=n_sentences, batch_size=4, repeats=1, peak_seconds=0.05, peak_size=256, paths=paths, **kw
+    )
+
+
 @pytest.fixture(scope="module")
 def small_bench():
-    cfg = B.BenchConfig(
-        n_sentences=8,
-        batch_size=4,
-        repeats=1,
-        peak_seconds=0.05,
-        peak_size=256,
-        paths=("hf_sdpa", "capture_patterns", "gate_grad", "roles"),
-    )
+    cfg = _quick(("hf_sdpa", "capture_patterns", "gate_grad", "roles"), n_sentences=8)
 
     def cannot_run(self):
         raise B.PathSkipped(SKIP_NOTE)
@@ -192,15 +192,7 @@ def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
     monkeypatch.setattr(B, "QUICK_PRUNING", {**small, "n_random_seeds": 1, "max_fraction": 0.2})
     stand_in = B.stand_in_roles
     monkeypatch.setattr(B, "stand_in_roles", lambda spec, seed=0: stand_in(spec, n_roles=1, seed=seed))
-    cfg = B.BenchConfig(
-        n_sentences=4,
-        batch_size=4,
-        repeats=1,
-        peak_seconds=0.05,
-        peak_size=256,
-        prune_items=2,
-        paths=("hook_gates", "inhouse_gates", "quick_pruning", "quick_pruning_before"),
-    )
+    cfg = _quick(("hook_gates", "inhouse_gates", "quick_pruning", "quick_pruning_before"), prune_items=2)
     result = B.run_bench(cfg)
     f = result.frame.set_index("path")
     assert list(f.index) == list(cfg.paths)
@@ -213,6 +205,19 @@ def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
         assert math.isfinite(t.loc[name, "value"]) and t.loc[name, "met"] in (True, False)  # reported, never enforced
     with pytest.raises(ValueError, match="'prune_items'"):
         B.BenchConfig(prune_items=1)
+
+
+def test_hf_ablation_paths_give_finite_rows():
+    """The hf backend's ablation paths (resumed and whole) run and pair with the in-house one."""
+    cfg = _quick(("ablation_batched", "ablation_hf_whole", "ablation_hf"))
+    result = B.run_bench(cfg)
+    f = result.frame.set_index("path")
+    for p in cfg.paths:
+        assert f.loc[p, "status"] == "ok", f.loc[p, "note"]
+        assert math.isfinite(f.loc[p, "seconds"]) and f.loc[p, "seconds"] > 0
+    assert f.loc["ablation_hf", "gflop"] == f.loc["ablation_batched", "gflop"] > 0
+    row = result.targets.set_index("target").loc["hf ablation / in-house ablation <= 1.25"]
+    assert math.isfinite(row["value"]) and row["met"] in (True, False)
 
 
 def test_stand_in_roles_are_seeded():

@@ -170,20 +170,26 @@ def test_default_backend_runs_the_file_right(files, ids, monkeypatch):
 
 def test_an_older_cache_is_brought_up_to_date(files, ids, tmp_path, monkeypatch):
     """A folder dequantised before headscope read these keys holds transformers' values: the
-    next load puts the metadata's in."""
+    next load puts the metadata's in, and says so in a sidecar that spares later loads the
+    metadata."""
+    from headscope.probes.models import checkpoints
+
     path, _ = files["gemma2"]
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
     config = gguf_as_hf_dir(path) / "config.json"
+    sidecar = config.parent / checkpoints.SETTLED_FILE
+    caps = ["attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"]
+    assert json.loads(sidecar.read_text())["from_metadata"] == caps
     cfg = json.loads(config.read_text())
     cfg.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0, query_pre_attn_scalar=256)
     config.write_text(json.dumps(cfg))
+    sidecar.unlink()  # what a folder cached by an earlier headscope looks like
     assert gguf_as_hf_dir(path) / "config.json" == config
     cfg = json.loads(config.read_text())
-    assert (cfg["attn_logit_softcapping"], cfg["final_logit_softcapping"], cfg["query_pre_attn_scalar"]) == (
-        20.0,
-        15.0,
-        16,
-    )
+    assert [cfg[k] for k in caps] == [20.0, 15.0, 16]
+    assert json.loads(sidecar.read_text())["from_metadata"] == caps
+    monkeypatch.setattr(checkpoints, "gguf_meta_config", lambda p: pytest.fail("metadata read again"))
+    assert gguf_as_hf_dir(path) / "config.json" == config  # settled: the metadata is not read again
 
 
 def test_rope_factors_that_are_not_llama3s_are_refused(tmp_path, monkeypatch):
