@@ -395,14 +395,20 @@ _GGUF_KEYS = {
 }
 
 
-def gguf_hf_config(path: Path) -> dict:
+#: key of :func:`gguf_hf_config`'s dict (``strict=False``) that says why the file cannot be loaded
+NOT_LOADABLE = "headscope_not_loadable"
+
+
+def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
     """An HF-style config dict from a GGUF file's metadata alone (no tensor is read), for every
     architecture in :data:`GGUF_ARCHITECTURES`, with ``architectures`` filled in (e.g.
     ``["Qwen2ForCausalLM"]``) so that any backend can build the model from it. A cut or corrupt
     file is refused first (:func:`~headscope.probes.models.checkpoints.check_gguf`); an
     architecture transformers cannot read either raises
-    :class:`~headscope.probes.errors.ModelIncompatibleError`."""
-    from headscope.probes.errors import CheckpointError, UnknownGGUFArchitectureError
+    :class:`~headscope.probes.errors.ModelIncompatibleError`. So does RoPE that no backend
+    could build as the file means it (:func:`_gguf_rope_parameters`), unless ``strict`` is
+    False (the card: sizes are still worth reading): then ``hf[NOT_LOADABLE]`` says why."""
+    from headscope.probes.errors import CheckpointError, ModelIncompatibleError, UnknownGGUFArchitectureError
     from headscope.probes.models.checkpoints import check_gguf
 
     path = Path(path)
@@ -479,7 +485,12 @@ def gguf_hf_config(path: Path) -> dict:
         hf["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
     if model_type in ("gemma2", "gemma3_text"):
         hf["query_pre_attn_scalar"] = _gguf_query_pre_attn_scalar(get(f"{gguf_arch}.attention.scale"), gguf_arch, hf)
-    rope = _gguf_rope_parameters(reader, get, gguf_arch, model_type, hf, path)
+    try:
+        rope = _gguf_rope_parameters(reader, get, gguf_arch, model_type, hf, path)
+    except ModelIncompatibleError as e:
+        if strict:
+            raise
+        rope, hf[NOT_LOADABLE] = None, str(e).removeprefix(f"{path}: ")
     if rope is not None:
         hf["rope_parameters"] = rope
     tokens = f.get("tokenizer.ggml.tokens")

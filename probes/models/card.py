@@ -22,7 +22,13 @@ contexts up to the maximum.
 from __future__ import annotations
 
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.arch import ArchSpec, arch_from_hf_config, check_hf_config, gguf_hf_config
+from headscope.probes.models.arch import (
+    NOT_LOADABLE,
+    ArchSpec,
+    arch_from_hf_config,
+    check_hf_config,
+    gguf_hf_config,
+)
 from headscope.probes.models.checkpoints import (
     ModelSource,
     cache_dir,
@@ -44,7 +50,7 @@ def source_hf_config(source: ModelSource) -> dict:
         if cached.exists():
             settle_cached_config(cached, source.path)
             return read_config_file(cached)
-        hf = gguf_hf_config(source.path)
+        hf = gguf_hf_config(source.path, strict=False)  # a card of a file no backend loads still has its sizes
         check_hf_config(hf, str(source.path))
         return hf
     if source.kind == "hub":
@@ -69,7 +75,9 @@ def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtyp
     """The card of an HF config dict (read by :func:`~headscope.probes.models.arch.arch_from_hf_config`)."""
     if dtype not in BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(BYTES)}")
-    return card_from_arch(arch_from_hf_config(hf, name), name=name, context=context, dtype=dtype)
+    card = card_from_arch(arch_from_hf_config(hf, name), name=name, context=context, dtype=dtype)
+    card["not_loadable"] = hf.get(NOT_LOADABLE)
+    return card
 
 
 #: contexts of the KV-cache table (those below the model's maximum, then the maximum)
@@ -180,6 +188,8 @@ def render_card(c: dict) -> str:
         f"attention       {kind}",
     ]
     lines += _attention_extras(c)
+    if c.get("not_loadable"):
+        lines.append(f"not loadable    {c['not_loadable']}")
     if c["total_params"]:
         lines.append(
             f"parameters      {c['total_params'] / 1e6:.1f} M in all; attention {c['attention_params'] / 1e6:.1f} M "

@@ -194,19 +194,25 @@ def test_an_older_cache_is_brought_up_to_date(files, ids, tmp_path, monkeypatch)
 
 def test_rope_factors_that_are_not_llama3s_are_refused(tmp_path, monkeypatch):
     """A rope_freqs tensor whose factors no Llama 3 band reproduces (here low_freq_factor 2):
-    refused by name, on the card's path and the loading path, never loaded with plain RoPE."""
+    never loaded with plain RoPE. Loading (and every command that loads) refuses it by name,
+    in one line; the card, which reads sizes only, shows them and says why it cannot load."""
     odd = dict(LLAMA3, low_freq_factor=2.0)
     path, _ = write_tiny_gguf(tmp_path / "odd.gguf", "llama", rope_parameters=odd, max_position_embeddings=16384)
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
     with pytest.raises(ModelIncompatibleError, match="rope_freqs tensor .* is not Llama 3's RoPE scaling"):
         gguf_as_hf_dir(path)
-    out = subprocess.run(
-        [sys.executable, "-m", "headscope.reports.cli", "card", str(path)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, HF_HUB_OFFLINE="1"),
-        timeout=300,
-    )
-    assert out.returncode != 0
-    last = out.stderr.strip().splitlines()[-1]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HEADSCOPE_CACHE=str(tmp_path / "cache"))
+
+    def cli(*argv):
+        cmd = [sys.executable, "-m", "headscope.reports.cli", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+    card = cli("card", str(path))
+    assert card.returncode == 0, card.stderr
+    assert "layers          2" in card.stdout
+    assert "not loadable    its rope_freqs tensor (8 factors for d_rot 16) is not Llama 3's RoPE scaling" in card.stdout
+    roles = cli("roles", str(path), "--out", str(tmp_path / "roles"), "--quiet")
+    assert roles.returncode != 0
+    last = roles.stderr.strip().splitlines()[-1]
     assert str(path) in last and "rope_freqs" in last
+    assert not (tmp_path / "roles").exists()
