@@ -53,6 +53,7 @@ from headscope.probes.models.checkpoints import (
 )
 from headscope.probes.models.config import ModelConfig, config_from_arch
 from headscope.probes.models.hooks import hooks
+from headscope.probes.models.resume import ResumableForward
 from headscope.probes.models.transformer import Transformer
 from headscope.probes.tokens import TokenBatch
 
@@ -247,11 +248,7 @@ class InHouseModel(EncodesTexts):
         return out
 
 
-class _Halt(Exception):
-    """Raised by the pre-hook of the block a resumable HF forward stops at."""
-
-
-class HFReference(EncodesTexts):
+class HFReference(ResumableForward, EncodesTexts):
     """Plain HF transformers model (eager attention, so ``output_attentions`` works), the
     ``"hf"`` backend: patterns from ``output_attentions``, every other quantity and the head
     hooks from PyTorch hooks on the HF modules themselves (:mod:`~headscope.probes.models.hf_layout`
@@ -273,7 +270,6 @@ class HFReference(EncodesTexts):
         self.vocab_size = vocab_size
         self.trust_remote_code = trust_remote_code
         self._layout = None
-        self._resume_checked: tuple[bool, bool] | None = None  # (resumable, rows unembedded)
 
     @property
     def layout(self):
@@ -368,128 +364,20 @@ class HFReference(EncodesTexts):
         res = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask, **kw)
         return res, res.last_hidden_state
 
-    def forward(
-        self,
-        input_ids,
-        attention_mask,
-        *,
-        stop_at_layer: int | None = None,
-        start_at_layer: int | None = None,
-        resid: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Logits (a causal LM) or last hidden states (an encoder); the ids go to
-        :attr:`input_device`. Where :attr:`resumable`, as the in-house forward:
-        ``stop_at_layer=l`` returns the hidden states entering block ``l``; ``start_at_layer=l``
-        with that ``resid [batch, pos, d_model]`` runs blocks ``l..`` only (the blocks before
-        pass their input through untouched, and block ``l`` takes ``resid`` instead)."""
+    # resuming (:class:`~headscope.probes.models.resume.ResumableForward`): HF's own layer loop
+    def _place(self, input_ids, attention_mask):
         device = self.input_device
-        ids, am = input_ids.to(device), attention_mask.to(device)
-        if not stop_at_layer and not start_at_layer:
-            return self._call(ids, am)[1]
-        if not self.resumable:
-            raise ModelIncompatibleError(
-                f"{self.spec.name}: this HF model's blocks cannot be resumed from a layer (checked on load)"
-            )
-        return self._resumed_call(ids, am, stop_at_layer, start_at_layer or 0, resid)
+        return input_ids.to(device), attention_mask.to(device)
 
-    def _resumed_call(self, ids, am, stop: int | None, start: int, resid, tuple_out: bool | None = None):
-        blocks = self.layout.blocks
-        if start:
-            if resid is None or tuple(resid.shape[:2]) != tuple(ids.shape):
-                raise ValueError(
-                    f"start_at_layer={start} needs resid [batch={ids.shape[0]}, pos={ids.shape[1]}, d_model]; "
-                    f"got {None if resid is None else tuple(resid.shape)}"
-                )
-        tuple_out = self._block_returns_tuple if tuple_out is None else tuple_out
-        kept: list[torch.Tensor] = []
+    def _whole(self, ids, am) -> torch.Tensor:
+        """Logits (a causal LM) or last hidden states (an encoder)."""
+        return self._call(ids, am)[1]
 
-        def swap_in(module, args, kwargs):
-            x = resid.to(args[0].device if args else kwargs["hidden_states"].device)
-            return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+    def _resume_blocks(self):
+        return self.layout.blocks
 
-        def halt(module, args, kwargs):
-            kept.append(args[0] if args else kwargs["hidden_states"])
-            raise _Halt
-
-        def passthrough(hidden_states=None, *args, **kwargs):
-            x = hidden_states if hidden_states is not None else kwargs.get("hidden_states")
-            return (x,) if tuple_out else x
-
-        handles = []
-        try:
-            for block in blocks[:start]:
-                block.forward = passthrough  # the instance attribute shadows the class's forward
-            if start:
-                handles.append(blocks[start].register_forward_pre_hook(swap_in, with_kwargs=True))
-            if stop is not None and stop < len(blocks):
-                handles.append(blocks[stop].register_forward_pre_hook(halt, with_kwargs=True))
-            try:
-                return self._call(ids, am)[1]
-            except _Halt:
-                return kept[0]
-        finally:
-            for h in handles:
-                h.remove()
-            for block in blocks[:start]:
-                vars(block).pop("forward", None)
-
-    @property
-    def resumable(self) -> bool:
-        """Whether :meth:`forward` resumes from a layer: checked once on this model (a tiny
-        input, full forward vs stopped at block 1 and resumed there: equal within 1e-5, so a
-        family whose layer loop differs, e.g. remote code, is simply run whole)."""
-        return self._check_resume()[0]
-
-    @property
-    def unembedding(self) -> torch.nn.Module | None:
-        """A causal LM's output embedding, whose input rows a caller may select
-        (:func:`~headscope.analyses.pruning.ablation.unembed_at`), where checked on this model
-        to give the full forward's logits at those rows; None otherwise."""
-        if not self.spec.causal or not self._check_resume()[1]:
-            return None
+    def _output_embedding(self):
         return self.hf.get_output_embeddings()
-
-    @property
-    def _block_returns_tuple(self) -> bool:
-        self._check_resume()
-        return self._tuple_out
-
-    def _check_resume(self) -> tuple[bool, bool]:
-        if self._resume_checked is not None:
-            return self._resume_checked
-        self._tuple_out, resumable, rows = False, False, False
-        try:
-            blocks = self.layout.blocks
-            n = min(6, self.spec.max_positions or 6)
-            ids = torch.arange(1, n + 1, device=self.input_device).remainder(self.vocab_size or 2).view(1, n)
-            am = torch.ones_like(ids)
-            seen: list = []
-            h = blocks[-1].register_forward_hook(lambda m, a, o: seen.append(isinstance(o, tuple)))
-            with torch.inference_mode():
-                try:
-                    full = self._call(ids, am)[1]
-                finally:
-                    h.remove()
-                self._tuple_out = bool(seen and seen[0])
-                if len(blocks) > 1:
-                    x = self._resumed_call(ids, am, 1, 0, None, self._tuple_out)
-                    again = self._resumed_call(ids, am, None, 1, x, self._tuple_out)
-                    resumable = again.shape == full.shape and torch.allclose(again, full, rtol=0, atol=1e-5)
-                out = self.hf.get_output_embeddings() if self.spec.causal else None
-                if resumable and out is not None:
-                    keep = torch.zeros(1, n, dtype=torch.bool, device=ids.device)
-                    keep[0, -2:] = True
-                    h = out.register_forward_pre_hook(lambda m, a: (a[0][keep.to(a[0].device)], *a[1:]))
-                    try:
-                        some = self._call(ids, am)[1]
-                    finally:
-                        h.remove()
-                    rows = some.shape == full[keep].shape and torch.allclose(some, full[keep], rtol=0, atol=1e-5)
-        except Exception as e:  # noqa: BLE001 - any failure: the model runs whole, as before
-            log.info("%s: HF forward not resumable (%s: %s)", self.spec.name, type(e).__name__, e)
-            resumable, rows = False, False
-        self._resume_checked = (bool(resumable), bool(rows))
-        return self._resume_checked
 
     @contextmanager
     def head_hooks(self, fns: dict[int, HeadFn]):
@@ -616,7 +504,7 @@ def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
         )
 
 
-class BridgeModel(EncodesTexts):
+class BridgeModel(ResumableForward, EncodesTexts):
     """transformer-lens 4.x ``TransformerBridge`` over an HF model, same ``run`` API."""
 
     backend = "bridge"
@@ -694,12 +582,19 @@ class BridgeModel(EncodesTexts):
             self.bridge.to(device)
         return self
 
-    resumable = False
+    # resuming (:class:`~headscope.probes.models.resume.ResumableForward`): the bridge's blocks
+    def _place(self, input_ids, attention_mask):
+        return input_ids.to(self.device), attention_mask.to(self.device)
 
-    def forward(self, input_ids, attention_mask) -> torch.Tensor:
+    def _resume_blocks(self):
+        return tuple(self.bridge.blocks)
+
+    def _output_embedding(self):
+        return getattr(self.bridge, "unembed", None)
+
+    def _whole(self, input_ids, attention_mask) -> torch.Tensor:
         """Logits of a decoder; an encoder's last hidden states (the last block's
         ``hook_resid_post``, what HF's ``AutoModel`` returns), not its MLM logits."""
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         if self.spec.causal:
             return self.bridge(input_ids, attention_mask=attention_mask)
         kept = {}

@@ -1,10 +1,10 @@
-"""The HF backend resumes a forward from a layer, as the in-house one does: the studies run
+"""The hf and bridge backends resume a forward from a layer, as the in-house one does: the studies run
 each ablated replica from the first layer its mask touches (the unablated prefix once), and
 read the logits at the positions their metric reads only. Checked on load, per model: a
 family whose layer loop does not allow it runs whole, as before.
 
-Figures asserted, on a tiny random model of every family the reports cover (13), in a right-
-padded batch: stopped at block ``l`` and resumed there, the output equals the full forward's
+Figures asserted, on a tiny random model of every family the reports cover (13; 11 that
+transformer-lens wraps on the bridge), in a right-padded batch: stopped at block ``l`` and resumed there, the output equals the full forward's
 (≤ 1e-6; 0.0 measured) for every ``l``; a decoder's logits at chosen rows equal the full
 forward's at those rows (≤ 1e-5)."""
 
@@ -26,13 +26,17 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("hf-resume")
 
 
-def _hf(root, family):
-    return load_model(str(tiny_model_dir(root, family, num_hidden_layers=3)), "hf")
+def _hf(root, family, backend="hf"):
+    return load_model(str(tiny_model_dir(root, family, num_hidden_layers=3)), backend)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_resumed_forward_is_the_full_forward(root, family, sentences):
-    model = _hf(root, family)
+# every family on hf; on the bridge those transformer-lens 4 wraps (not RoBERTa nor DistilBERT)
+RUNS = [(f, "hf") for f in FAMILIES] + [(f, "bridge") for f in FAMILIES if f not in ("roberta", "distilbert")]
+
+
+@pytest.mark.parametrize(("family", "backend"), RUNS)
+def test_resumed_forward_is_the_full_forward(root, family, backend, sentences):
+    model = _hf(root, family, backend)
     assert model.resumable
     batch = model.encode(sentences[:3])
     ids, am = batch.input_ids, batch.attention_mask
@@ -44,6 +48,9 @@ def test_resumed_forward_is_the_full_forward(root, family, sentences):
             assert x.shape == (*ids.shape, model.spec.d_model)
             again = model.forward(ids, am, start_at_layer=layer, resid=x)
             assert (again - full).abs().max().item() <= 1e-6, layer
+        # the model is left as it was: the blocks skipped while resuming compute again
+        assert torch.equal(model.forward(ids, am), full)
+        assert ("pattern", 0) in model.run(batch, ["pattern"], layers=[0])
         if family in ENCODERS:
             assert not rows_unembedded(model)
             return
