@@ -36,8 +36,8 @@ def _figures(model, n_items, layers):
 _INHOUSE: dict = {}
 
 
-# MiniLM: every head; SmolLM2: the heads of 3 of its 30 layers (27 heads: all 270 cost the
-# bridge about 2x the in-house time, which the bench measures, not this test)
+# MiniLM: every head; SmolLM2: the heads of 3 of its 30 layers (27 heads; all 270 cost about
+# 45 s of CPU per backend, which the README's figures and the bench measure, not this test)
 @pytest.mark.slow
 @pytest.mark.parametrize("name, n_items, layers", [("minilm", 8, range(6)), ("smollm", 4, (0, 14, 29))])
 @pytest.mark.parametrize("backend", ["hf", "bridge"])
