@@ -135,6 +135,8 @@ class ArchSpec:
     rope_local_type: str | None = None
     #: the scaling factor of a scaled RoPE (``linear``, ``llama3``, ``yarn``...) on the global layers
     rope_factor: float | None = None
+    #: every numeric parameter of that scaling (``factor``, ``low_freq_factor``, ...), sorted pairs
+    rope_scaling: tuple[tuple[str, float], ...] | None = None
     #: fraction of each head's dimensions that RoPE rotates (Phi-3 ``partial_rotary_factor``;
     #: None: the config does not say, i.e. all of them)
     rotary_fraction: float | None = None
@@ -190,12 +192,20 @@ def _rope(hf: dict) -> tuple[float | None, str | None]:
     return (float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else None), rope_type
 
 
-def _rope_factor(hf: dict) -> float | None:
-    """The ``factor`` of the full-attention layers' RoPE scaling, where it is scaled."""
+def _rope_scaling(hf: dict) -> dict:
+    """The numeric parameters of the full-attention layers' RoPE scaling (``factor``, ...),
+    without ``rope_theta``; empty where there are none."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
         rope = rope["full_attention"]
-    return _number(rope.get("factor")) if isinstance(rope, dict) else None
+    if not isinstance(rope, dict):
+        return {}
+    return {k: float(v) for k, v in rope.items() if k != "rope_theta" and _number(v) is not None}
+
+
+def _rope_factor(hf: dict) -> float | None:
+    """The ``factor`` of the full-attention layers' RoPE scaling, where it is scaled."""
+    return _rope_scaling(hf).get("factor")
 
 
 def _rope_local(hf: dict) -> tuple[float | None, str | None]:
@@ -330,6 +340,9 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         rope_local_type=_rope_local(hf)[1] if positional == "rope" else None,
         rotary_fraction=_rotary_fraction(hf) if positional == "rope" else None,
         rope_factor=_rope_factor(hf) if positional == "rope" and rope_type not in (None, "default") else None,
+        rope_scaling=tuple(sorted(_rope_scaling(hf).items()))
+        if positional == "rope" and rope_type not in (None, "default")
+        else None,
         bidirectional_attention=bool(hf.get("use_bidirectional_attention")),
         off_default=tuple(
             f"{k}={hf[k]!r}" for k, default in _FIXED_OPTIONS.get(mtype, {}).items() if k in hf and hf[k] != default

@@ -28,6 +28,8 @@ True
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,12 +68,47 @@ def repeat_kv(kv: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
     return kv.index_select(1, kv_index)
 
 
-def rope_cos_sin(positions: torch.Tensor, d_head: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+#: the RoPE scalings the in-house stack computes (``rope_type`` of an HF config): both change
+#: the frequencies only (no attention factor), the same at every length
+ROPE_SCALINGS = ("linear", "llama3")
+
+
+def scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tensor:
+    """Inverse frequencies under a RoPE scaling ``{"rope_type": ..., parameters}`` (None: as
+    they are), in float32 as transformers computes them: ``linear`` divides every one by
+    ``factor`` (Gemma 3's global layers); ``llama3`` (Llama 3.1+) divides the low frequencies
+    (wavelength above ``original_max_position_embeddings / low_freq_factor``) by ``factor``,
+    keeps the high ones (below ``... / high_freq_factor``) and interpolates between."""
+    if not scaling:
+        return inv_freq
+    kind, factor = scaling["rope_type"], scaling["factor"]
+    if kind == "linear":
+        return inv_freq / factor
+    if kind != "llama3":
+        raise ValueError(f"RoPE scaling {kind!r} is not computed in-house (only {', '.join(ROPE_SCALINGS)})")
+    context, low, high = (
+        scaling["original_max_position_embeddings"],
+        scaling["low_freq_factor"],
+        scaling["high_freq_factor"],
+    )
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < context / high) * ~(wavelen > context / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, d_head: int, theta: float, scaling: dict | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary tables for ``positions [batch, pos]`` -> cos, sin ``[batch, 1, pos, d_head]``
-    (Llama's "rotate half" convention, computed in float32 as HF does)."""
+    (Llama's "rotate half" convention, computed in float32 as HF does); ``scaling``: see
+    :func:`scaled_inv_freq`."""
     inv_freq = 1.0 / (
         theta ** (torch.arange(0, d_head, 2, dtype=torch.int64, device=positions.device).float() / d_head)
     )
+    inv_freq = scaled_inv_freq(inv_freq, scaling)
     freqs = positions.float()[:, :, None] * inv_freq[None, None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[:, None], emb.sin()[:, None]

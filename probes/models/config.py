@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from headscope.probes.models.arch import ArchSpec, check_hf_config
+from headscope.probes.models.attention import ROPE_SCALINGS
 
 __all__ = [
     "ENCODER_FAMILIES",
@@ -107,6 +108,14 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu")
 _OPTION_FALLBACK = dict(rms_offset=False, sandwich_norm=False, qk_norm=False, pad_aware_positions=False, o_bias=None)
 
 
+#: the parameters of Llama 3's RoPE scaling (besides its rope_theta)
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Sizes and architectural options. Options left ``None`` take ``family``'s default
@@ -143,6 +152,9 @@ class ModelConfig:
     qk_norm: bool | None = None  # RMSNorm over d_head on each query and key head, before RoPE (Qwen3, Gemma 3)
     sliding_window: tuple[int | None, ...] | None = None  # per layer: keys fewer than w back are seen; None: global
     rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None: rope_theta
+    # RoPE scaling of the layers at rope_theta: {"rope_type": "linear" | "llama3", "factor": ..., ...}
+    # (attention.scaled_inv_freq); None: plain RoPE. Gemma 3 scales its global layers only.
+    rope_scaling: dict[str, Any] | None = field(default=None, hash=False)
     attn_softcap: float | None = None  # scores -> c·tanh(scores / c) before the mask (Gemma 2)
     final_softcap: float | None = None  # logits -> c·tanh(logits / c) (Gemma 2/3)
     query_scale: float | None = None  # scores = q·k × query_scale; None: d_head ** -0.5
@@ -209,6 +221,13 @@ class ModelConfig:
             v = getattr(self, k)
             if v is not None and not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"The {k!r} parameter of ModelConfig must be a positive number or None; got {v!r}.")
+        if self.rope_scaling is not None:
+            need = {"linear": ("factor",), "llama3": LLAMA3_ROPE_KEYS}.get(self.rope_scaling.get("rope_type"))
+            if need is None or any(not _positive(self.rope_scaling.get(k)) for k in need):
+                raise ValueError(
+                    f"rope_scaling must be linear (factor) or llama3 ({', '.join(LLAMA3_ROPE_KEYS)}), every value "
+                    f"positive; got {self.rope_scaling!r}."
+                )
         if self.heads_kept is not None:
             if len(self.heads_kept) != self.n_layers:
                 raise ValueError(f"heads_kept needs one entry per layer ({self.n_layers}); got {len(self.heads_kept)}.")
@@ -249,6 +268,13 @@ class ModelConfig:
         if self.rope_local_theta is not None and self.window(layer) is not None:
             return self.rope_local_theta
         return self.rope_theta
+
+    def layer_rope_scaling(self, layer: int) -> dict[str, Any] | None:
+        """RoPE scaling of ``layer``: ``rope_scaling`` on the layers at ``rope_theta`` (all but
+        Gemma 3's sliding ones), else None."""
+        if self.rope_local_theta is not None and self.window(layer) is not None:
+            return None
+        return self.rope_scaling
 
     def kv_head_of(self, head: int) -> int:
         """KV head read by query head ``head`` (HF ``repeat_kv``: ``head // group_size``)."""
@@ -318,9 +344,18 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
     label = {"bert": "BERT", "llama": "Llama"}.get(mtype, mtype)
     if defaults["positional"] == "learned" and arch.positional != "learned":
         raise _incompatible(f"{label} position_embedding_type={arch.positional!r}")
+    rope_scaling = None
     if defaults["positional"] == "rope":
-        if arch.rope_type not in ("default", None):
-            raise _incompatible(f"{label} rope_type={arch.rope_type!r}", " (only 'default')")
+        if arch.rope_type not in ("default", None, *ROPE_SCALINGS):
+            raise _incompatible(
+                f"{label} rope_type={arch.rope_type!r}", f" (only 'default', {', '.join(ROPE_SCALINGS)})"
+            )
+        if arch.rope_type in ROPE_SCALINGS:
+            rope_scaling = {"rope_type": arch.rope_type, **dict(arch.rope_scaling or ())}
+            need = ("factor",) if arch.rope_type == "linear" else LLAMA3_ROPE_KEYS
+            missing = [k for k in need if not _positive(rope_scaling.get(k))]
+            if missing:
+                raise _incompatible(f"{label} rope_type={arch.rope_type!r} without {', '.join(missing)}")
         if arch.rope_local_type not in ("default", None):
             raise _incompatible(
                 f"{label} rope_type={arch.rope_local_type!r} on the sliding layers", " (only 'default')"
@@ -369,6 +404,7 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
         max_positions=arch.max_positions or (1024 if mtype == "gpt2" else 2048),
         rope_theta=arch.rope_theta if arch.rope_theta is not None else 10_000.0,
         rope_local_theta=arch.rope_local_theta if gemma else None,
+        rope_scaling=rope_scaling,
         norm_eps=arch.norm_eps if arch.norm_eps is not None else (1e-5 if mtype == "gpt2" else 1e-6),
         # Mistral, Qwen2 and Phi-3 fix their biases in code; the others read attention_bias
         attention_bias=bool(arch.attention_bias)

@@ -84,6 +84,7 @@ class Block(nn.Module):
         self.sandwich_norm = cfg.sandwich_norm
         self.window = cfg.window(layer)  # sliding window of this layer (None: global)
         self.rope_theta = cfg.layer_rope_theta(layer)
+        self.rope_scaling = cfg.layer_rope_scaling(layer)
         kept = cfg.heads_kept[layer] if cfg.heads_kept is not None else tuple(range(cfg.n_heads))
         kv_kept = sorted({cfg.kv_head_of(h) for h in kept})
         kv_index = [kv_kept.index(cfg.kv_head_of(h)) for h in kept]
@@ -251,7 +252,7 @@ class Transformer(nn.Module):
         else:
             x, positions = self.embed_tokens(input_ids, token_type_ids)
         masks: dict = {}  # window -> additive mask [batch, 1, query_pos, key_pos]
-        ropes: dict = {}  # theta -> (cos, sin) [batch, 1, pos, d_head]
+        ropes: dict = {}  # (theta, scaled) -> (cos, sin) [batch, 1, pos, d_head]
         for layer in range(start, len(self.blocks)):
             if stop_at_layer is not None and layer >= stop_at_layer:
                 return x
@@ -260,9 +261,10 @@ class Transformer(nn.Module):
                 masks[block.window] = additive_mask(attention_mask, cfg.causal, dtype=x.dtype, window=block.window)
             rope = None
             if cfg.positional == "rope":
-                if block.rope_theta not in ropes:
-                    ropes[block.rope_theta] = rope_cos_sin(positions, cfg.d_head, block.rope_theta)
-                rope = ropes[block.rope_theta]
+                key = (block.rope_theta, block.rope_scaling is not None)
+                if key not in ropes:
+                    ropes[key] = rope_cos_sin(positions, cfg.d_head, block.rope_theta, block.rope_scaling)
+                rope = ropes[key]
             x = block(x, masks[block.window], rope=rope, need_pattern=need_pattern)
         if not cfg.post_norm:
             x = self.ln_final(x)

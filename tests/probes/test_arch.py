@@ -137,9 +137,9 @@ def test_in_house_config_derives_from_the_spec():
         config_from_hf(
             hf_dict("opt", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128, vocab_size=100)
         )
-    with pytest.raises(ModelIncompatibleError, match="rope_type='linear'"):
+    with pytest.raises(ModelIncompatibleError, match="rope_type='dynamic'"):
         config_from_hf(
-            hf_dict("llama", **SMALL, num_key_value_heads=2, rope_parameters={"rope_type": "linear", "factor": 2.0})
+            hf_dict("llama", **SMALL, num_key_value_heads=2, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
         )
 
 

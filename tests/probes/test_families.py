@@ -78,6 +78,37 @@ FAMILIES = {
         False,
     ),
     "phi3": (dict(DEC, sliding_window=9), False),
+    # scaled RoPE (a variant is "model_type:what"): Llama 3.1's, with a band that splits d_head 16's
+    # frequencies (original context 32: 1 kept, 1 interpolated, 6 divided by 8); Gemma 3's linear
+    # ×8 on its global layer
+    "llama:llama3-rope": (
+        dict(
+            DEC,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10_000.0,
+            },
+        ),
+        False,
+    ),
+    "gemma3_text:linear-rope": (
+        dict(
+            DEC,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        ),
+        False,
+    ),
     "gpt2": (
         dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=VOCAB, bos_token_id=2, eos_token_id=3),
         False,
@@ -92,7 +123,7 @@ def _hf_model(family: str):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     kwargs, encoder = FAMILIES[family]
-    config = AutoConfig.for_model(family, **kwargs)
+    config = AutoConfig.for_model(family.split(":")[0], **kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(0)
     hf = (AutoModel if encoder else AutoModelForCausalLM).from_config(config, attn_implementation="eager")
@@ -168,7 +199,8 @@ def test_gates_and_param_counts(family):
     ours = _inhouse(hf, family)
     batch = _batch()
     module = ours.module
-    assert ours.spec.family == family and family in INHOUSE_MODEL_TYPES
+    model_type = family.split(":")[0]
+    assert ours.spec.family == model_type and model_type in INHOUSE_MODEL_TYPES
     params = [(n, p.numel()) for n, p in module.named_parameters() if not n.endswith(".gate")]
     assert param_counts(ours.cfg) == (sum(k for n, k in params if ".attn." in n), sum(k for _, k in params))
     hf_params = sum(p.numel() for n, p in hf.named_parameters() if not n.startswith("pooler."))  # tied: once
@@ -294,13 +326,13 @@ def test_uncovered_options_name_the_hf_backend():
         vocab_size=100,
     )
     assert "model_type 'opt'" in refused("opt", hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
-    assert "rope_type='linear'" in refused("mistral", **small, rope_parameters={"rope_type": "linear", "factor": 2.0})
+    assert "rope_type='dynamic'" in refused("mistral", **small, rope_parameters={"rope_type": "dynamic", "factor": 2.0})
     assert "partial_rotary_factor" in refused("phi3", **small, partial_rotary_factor=0.5, pad_token_id=0)
-    global_linear = {
-        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    local_linear = {  # the sliding layers scaled: not a Gemma 3 release, not computed in-house
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e4},
     }
-    assert "rope_type='linear'" in refused("gemma3_text", **small, rope_parameters=global_linear)
+    assert "rope_type='linear' on the sliding layers" in refused("gemma3_text", **small, rope_parameters=local_linear)
     with pytest.raises(ModelIncompatibleError):  # the multimodal Gemma 3: only its text model is covered
         config_from_hf(AutoConfig.for_model("gemma3").to_dict())
     gpt2 = dict(n_embd=64, n_layer=2, n_head=4, vocab_size=100)
@@ -348,3 +380,36 @@ def test_auto_runs_an_option_the_in_house_stack_lacks_through_hf(tmp_path):
 #   gpt2          0          0          3.3e-06
 #   roberta       6.9e-07    1.8e-06    2.3e-06   (HF adds token types before positions; we after, as for BERT)
 #   distilbert    0          0          3.6e-06
+
+
+@pytest.mark.parametrize("family", ["llama:llama3-rope", "gemma3_text:linear-rope"])
+def test_scaled_rope_is_computed_not_dropped(family):
+    """The scaled variants match HF (test above) because the scaling is computed: the same
+    weights with plain RoPE give other logits; the config survives its JSON form (a pruned
+    model's folder)."""
+    from headscope.probes.models.config import ModelConfig
+
+    hf, _ = _hf_model(family)
+    ours = _inhouse(hf, family)
+    assert ours.cfg.rope_scaling["rope_type"] == {"llama": "llama3", "gemma3_text": "linear"}[family.split(":")[0]]
+    assert ModelConfig.from_dict(ours.cfg.to_dict()) == ours.cfg
+    plain = InHouseModel.from_hf_state(
+        ours.cfg.replace(rope_scaling=None), hf.state_dict(), None, name=family, where=family
+    )
+    batch = _batch()
+    real = batch.attention_mask.bool()
+    with torch.no_grad():
+        ref = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        scaled = ours.module(batch.input_ids, batch.attention_mask)
+        unscaled = plain.module(batch.input_ids, batch.attention_mask)
+    assert (scaled - ref)[real].abs().max().item() <= 1e-4
+    assert (unscaled - ref)[real].abs().max().item() > 1e-2
+
+
+def test_rope_scalings_not_computed_in_house_go_to_hf():
+    from headscope.probes.models.arch import arch_from_hf_config
+
+    kwargs, _ = FAMILIES["llama"]
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10_000.0}
+    with pytest.raises(ModelIncompatibleError, match=r"rope_type='yarn' .*only 'default', linear, llama3"):
+        config_from_arch(arch_from_hf_config(dict(kwargs, model_type="llama", rope_parameters=yarn)))

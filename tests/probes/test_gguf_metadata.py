@@ -155,11 +155,12 @@ def test_the_card_says_the_scaled_rope_and_the_query_scale(files):
 
 
 def test_default_backend_runs_the_file_right(files, ids, monkeypatch):
-    """auto: the in-house stack takes Gemma's query scale and caps; Llama 3's RoPE goes to hf.
-    Either way the logits are the source model's."""
+    """auto: the in-house stack takes Gemma's query scale and caps, and Llama 3's and Gemma 3's
+    scaled RoPE; yarn goes to hf. Either way the logits are the source model's."""
     from headscope.probes.models.loading import load_model
 
-    for name, backend in (("gemma2", "inhouse"), ("llama3.1", "hf")):
+    runs = (("gemma2", "inhouse"), ("gemma3-4b", "inhouse"), ("llama3.1", "inhouse"), ("qwen2-yarn", "hf"))
+    for name, backend in runs:
         path, src = files[name]
         monkeypatch.setenv("HEADSCOPE_CACHE", str(path.parent / "cache"))
         model = load_model(str(path))
