@@ -164,14 +164,21 @@ def _shot_dir(tmp_path) -> Path:
     return tmp_path
 
 
-def _check(seen: dict, n_images: int):
-    assert seen["errors"] == []
-    assert len(seen["imgs"]) == n_images
-    for complete, w, h, alt in seen["imgs"]:
-        assert complete and w > 100 and h > 50 and alt > 40
-    # the page itself is the only request: images are data URIs, nothing goes out
-    assert all(u.startswith(("file:", "data:")) for u in seen["requests"]), seen["requests"]
-    assert sum(u.startswith("file:") for u in seen["requests"]) == 1
+def _page_problems(seen: dict, n_images: int) -> list[str]:
+    """What is wrong with a page :func:`open_report` saw (empty: nothing): console or script
+    errors, a count of images other than ``n_images``, an image not loaded (or smaller than
+    100 × 50, or with an alt text under 41 characters), a request that left the page (images are
+    data URIs: the page itself is the only request)."""
+    problems = [f"error: {e}" for e in seen["errors"]]
+    if len(seen["imgs"]) != n_images:
+        problems.append(f"{len(seen['imgs'])} images, expected {n_images}")
+    for i, (complete, w, h, alt) in enumerate(seen["imgs"]):
+        if not (complete and w > 100 and h > 50 and alt > 40):
+            problems.append(f"image {i}: complete={complete} {w}x{h} alt {alt} chars")
+    problems += [f"request {u}" for u in seen["requests"] if not u.startswith(("file:", "data:"))]
+    if sum(u.startswith("file:") for u in seen["requests"]) != 1:
+        problems.append(f"file requests: {[u for u in seen['requests'] if u.startswith('file:')]}")
+    return problems
 
 
 def test_synthetic_report_in_chromium(browser, tmp_path):
@@ -185,7 +192,7 @@ def test_synthetic_report_in_chromium(browser, tmp_path):
         synthetic_frames(), card=card, card_text=render_card(card), meta=_meta(), out_dir=tmp_path / "r"
     )
     seen = open_report(browser, paths["html"], _shot_dir(tmp_path) / "report-synthetic.png")
-    _check(seen, 8)
+    assert _page_problems(seen, 8) == []
     assert seen["height"] > 3000
 
 
@@ -208,7 +215,7 @@ def test_real_report_in_chromium(browser, tmp_path, tmp_path_factory):
     html = out / "report.html"
     n = html.read_text().count("<img ")
     seen = open_report(browser, html, _shot_dir(tmp_path) / "report-minilm-l6.png")
-    _check(seen, n)
+    assert _page_problems(seen, n) == []
 
 
 def _click(b: Browser, selector: str):
@@ -265,7 +272,7 @@ def test_head_view_in_chromium(browser, tmp_path, tmp_path_factory):
     roles = pd.read_parquet(out / "tables" / "roles.parquet")
     examples = pd.read_parquet(out / "tables" / "examples.parquet")
     seen = open_report(browser, html, _shot_dir(tmp_path) / "head-view-initial.png")
-    _check(seen, html.read_text().count("<img "))
+    assert _page_problems(seen, html.read_text().count("<img ")) == []
     b = browser
     n_layers, n_heads = int(roles["layer"].max()) + 1, int(roles["head"].max()) + 1
     assert b.eval("document.getElementById('head-view').hidden") is False
@@ -329,7 +336,7 @@ def test_report_without_javascript(browser, tmp_path, tmp_path_factory):
     browser.send("Emulation.setScriptExecutionDisabled", value=True)
     try:
         seen = open_report(browser, html, _shot_dir(tmp_path) / "report-no-js.png")
-        _check(seen, html.read_text().count("<img "))
+        assert _page_problems(seen, html.read_text().count("<img ")) == []
         assert browser.eval("document.getElementById('head-view').hidden") is True
         assert browser.eval("!!document.querySelector('#fig-role_map img').naturalWidth") is True
         assert browser.eval("document.getElementById('hv-title')") is None
