@@ -587,46 +587,24 @@ def _gguf_rope_parameters(reader, get, gguf_arch: str, model_type: str, hf: dict
     return scaled
 
 
-def llama3_rope_factors(
-    factor: float,
-    theta: float,
-    dim: int,
-    low_freq_factor: float,
-    high_freq_factor: float,
-    original_max_position_embeddings: int,
-) -> list[float]:
-    """The factor by which Llama 3's RoPE divides each frequency, as llama.cpp's converter
-    writes them into ``rope_freqs``: 1 above the high-frequency band, ``factor`` below the
-    low one, a smooth step between (transformers' ``_compute_llama3_parameters``)."""
-    import math
-
-    import numpy as np
-
-    freqs = 1.0 / (np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
-    context, low, high = original_max_position_embeddings, low_freq_factor, high_freq_factor
-    out = []
-    for freq in freqs.astype(np.float64):
-        wavelen = 2 * math.pi / freq
-        if wavelen < context / high:
-            out.append(1.0)
-        elif wavelen > context / low:
-            out.append(float(factor))
-        else:
-            smooth = (context / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return out
-
-
 def _llama3_rope_from_factors(factors: list[float], theta: float, dim: int, path: Path) -> dict:
-    """Llama 3's RoPE parameters from a ``rope_freqs`` tensor: the factor is its largest entry,
-    the band is Llama 3's (:data:`_LLAMA3_ROPE`, the same in 3.1, 3.2 and 3.3); refused unless
-    these reproduce every factor to 1e-5 (relative)."""
+    """Llama 3's RoPE parameters from a ``rope_freqs`` tensor (the factor by which llama.cpp
+    divides each frequency): the factor is its largest entry, the band is Llama 3's
+    (:data:`_LLAMA3_ROPE`, the same in 3.1, 3.2 and 3.3); refused unless these reproduce every
+    factor to 1e-5 (relative) through the in-house RoPE
+    (:func:`~headscope.probes.models.attention.scaled_inv_freq`)."""
+    import torch
+
     from headscope.probes.errors import ModelIncompatibleError
+    from headscope.probes.models.attention import scaled_inv_freq
 
     factor = max(factors, default=1.0)
-    expected = llama3_rope_factors(factor, theta, dim, **_LLAMA3_ROPE) if len(factors) == dim // 2 else []
-    worst = max((abs(a - b) / b for a, b in zip(factors, expected, strict=True)), default=float("inf"))
-    if not expected or worst > 1e-5:
+    worst = float("inf")
+    if len(factors) == dim // 2 and factor > 0:
+        plain = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        expected = (plain / scaled_inv_freq(plain, {"rope_type": "llama3", "factor": factor, **_LLAMA3_ROPE})).double()
+        worst = float(((torch.tensor(factors, dtype=torch.float64) - expected).abs() / expected).max())
+    if worst > 1e-5:
         raise ModelIncompatibleError(
             f"{path}: its rope_freqs tensor ({len(factors)} factors for d_rot {dim}) is not Llama 3's RoPE scaling "
             f"(factor {factor:g}, band {_LLAMA3_ROPE}; worst relative difference {worst:.2g}), and transformers "
