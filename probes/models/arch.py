@@ -133,10 +133,15 @@ class ArchSpec:
     #: global layers' (``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]``)
     rope_local_theta: float | None = None
     rope_local_type: str | None = None
-    #: the scaling factor of a scaled RoPE (``linear``, ``llama3``, ``yarn``...) on the global layers
-    rope_factor: float | None = None
-    #: every numeric parameter of that scaling (``factor``, ``low_freq_factor``, ...), sorted pairs
+    #: the numeric parameters of a scaled RoPE (``linear``, ``llama3``, ``yarn``...) on the global
+    #: layers (``factor``, ``low_freq_factor``, ...), sorted pairs; None: plain RoPE
     rope_scaling: tuple[tuple[str, float], ...] | None = None
+
+    @property
+    def rope_factor(self) -> float | None:
+        """The scaling factor of a scaled RoPE (None: plain RoPE)."""
+        return dict(self.rope_scaling or ()).get("factor")
+
     #: fraction of each head's dimensions that RoPE rotates (Phi-3 ``partial_rotary_factor``;
     #: None: the config does not say, i.e. all of them)
     rotary_fraction: float | None = None
@@ -201,11 +206,6 @@ def _rope_scaling(hf: dict) -> dict:
     if not isinstance(rope, dict):
         return {}
     return {k: float(v) for k, v in rope.items() if k != "rope_theta" and _number(v) is not None}
-
-
-def _rope_factor(hf: dict) -> float | None:
-    """The ``factor`` of the full-attention layers' RoPE scaling, where it is scaled."""
-    return _rope_scaling(hf).get("factor")
 
 
 def _rope_local(hf: dict) -> tuple[float | None, str | None]:
@@ -339,7 +339,6 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         rope_local_theta=_rope_local(hf)[0] if positional == "rope" else None,
         rope_local_type=_rope_local(hf)[1] if positional == "rope" else None,
         rotary_fraction=_rotary_fraction(hf) if positional == "rope" else None,
-        rope_factor=_rope_factor(hf) if positional == "rope" and rope_type not in (None, "default") else None,
         rope_scaling=tuple(sorted(_rope_scaling(hf).items()))
         if positional == "rope" and rope_type not in (None, "default")
         else None,
