@@ -337,6 +337,7 @@ class HFReference(ResumableForward, EncodesTexts):
                 f"{where}: refused or unreadable ({type(e).__name__}: {detail}); only intact safetensors or "
                 "weights-only torch files are loaded"
             ) from None
+        _check_positions_built(model, directory / "config.json")
         _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
         spec = spec_from_arch(arch, source.name, "hf")
         return cls(model, tokenizer, spec, vocab_size=model.config.vocab_size, trust_remote_code=trust_remote_code)
@@ -467,6 +468,32 @@ class HFReference(ResumableForward, EncodesTexts):
 
 
 _IGNORED_SUFFIXES = ("position_ids", "rotary_emb.inv_freq", "attn.masked_bias", "attn.bias")
+
+
+def _check_positions_built(model, config_path) -> None:
+    """Refuse a config whose ``position_embedding_type`` the installed transformers' model
+    class does not implement: transformers 5 dropped BERT-style ``relative_key`` /
+    ``relative_key_query`` and builds absolute positions instead, silently, so every pattern
+    and figure would belong to another model than the checkpoint's."""
+    import inspect
+    import sys
+
+    import transformers
+
+    kind = getattr(model.config, "position_embedding_type", None)
+    if kind in (None, "absolute"):
+        return
+    module = sys.modules.get(type(model).__module__)
+    try:
+        implemented = module is not None and "position_embedding_type" in inspect.getsource(module)
+    except (OSError, TypeError):  # no source to read (compiled, remote code): trust the class
+        implemented = True
+    if not implemented:
+        raise ModelIncompatibleError(
+            f"{config_path}: position_embedding_type={kind!r} is not implemented by transformers "
+            f"{transformers.__version__}'s {model.config.model_type} (it builds absolute positions instead, "
+            "which is another model than this checkpoint); no headscope backend computes it"
+        )
 
 
 def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
