@@ -418,9 +418,11 @@ def test_stale_folders_of_killed_report_runs_are_recovered(tmp_path):
     out = tmp_path / "report"
     old = tmp_path / f"report.old-{dead}"  # killed between moving the old report aside and renaming the new one in
     old.mkdir()
-    (old / "run.json").write_text("{}")
-    half = tmp_path / f"report.tmp-{dead}"  # killed while writing
+    (old / "run.json").write_text('{"output": {"kind": "report", "format": 2}}')  # an earlier report
+    half = tmp_path / f"report.tmp-{dead}"  # killed while writing: carries the staging marker headscope writes
     (half / "tables").mkdir(parents=True)
+    marker = {"headscope": "staging", "kind": "report", "out": "report", "pid": dead}
+    (half / ".headscope-staging").write_text(json.dumps(marker))
     mine = tmp_path / f"report.tmp-{os.getpid()}"  # a live run's folder is left alone
     mine.mkdir()
     done = recover_out(out)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
+    from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import positive_int
 
     p = sub.add_parser("diff", help="changes in head roles and importance between two runs of the same architecture")
     p.add_argument("run_a", help="report, roles or prune output folder")
     p.add_argument("run_b", help="report, roles or prune output folder")
-    p.add_argument("--out", default="runs/diff", metavar="DIR", help="output folder (default: runs/diff)")
+    p.add_argument(
+        "--out", type=out_argument, default="runs/diff", metavar="DIR", help="output folder (default: runs/diff)"
+    )
     p.add_argument("--top", type=positive_int, default=10, help="how many of the largest changes to print")
     p.add_argument(
         "--top-heads", type=positive_int, default=3, metavar="K", help="heads per role compared as a set (default 3)"

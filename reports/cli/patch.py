@@ -20,6 +20,7 @@ from pathlib import Path
 def register(sub) -> None:
     from headscope.analyses.patching.study import METHODS
     from headscope.analyses.patching.tasks import TASKS
+    from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
         add_backend,
         add_device,
@@ -88,7 +89,9 @@ def register(sub) -> None:
     p.add_argument("--max-rows", type=positive_int, default=144, help="sequences per forward (default 144)")
     p.add_argument("--alpha", type=unit_interval, default=0.05, help="level of the BH-corrected verdict")
     p.add_argument("--top-k", type=positive_int, default=10, help="heads listed and compared (default 10)")
-    p.add_argument("--out", default=None, help="folder for patch.csv/.parquet, run.json and figures/")
+    p.add_argument(
+        "--out", type=out_argument, default=None, help="folder for patch.csv/.parquet, run.json and figures/"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 

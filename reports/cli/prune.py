@@ -14,6 +14,7 @@ from contextlib import nullcontext
 def register(sub) -> None:
     from headscope.analyses.pruning.curves import ORDERS
     from headscope.analyses.pruning.metrics import METRICS
+    from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
         add_backend,
         add_device,
@@ -69,7 +70,7 @@ def register(sub) -> None:
     p.add_argument(
         "--roles", default=None, help="roles frame (CSV/Parquet with ROLE_COLUMNS) to compare against random heads"
     )
-    p.add_argument("--out", default=None, help="folder for the frames and the resumable state")
+    p.add_argument("--out", type=out_argument, default=None, help="folder for the frames and the resumable state")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 

@@ -10,6 +10,7 @@ import argparse
 
 
 def register(sub) -> None:
+    from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, seed
 
     p = sub.add_parser("report", help="what every head does and what pruning costs: HTML + Markdown + tables")
@@ -26,7 +27,9 @@ def register(sub) -> None:
         help="causal evidence per role by activation + attribution patching on the role's task (default: on; quick: "
         "a bounded number of items, --full: 64 per task)",
     )
-    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default: runs/report-<model>)")
+    p.add_argument(
+        "--out", type=out_argument, default=None, metavar="DIR", help="output folder (default: runs/report-<model>)"
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (0 to 2**32 - 1; default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary table")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

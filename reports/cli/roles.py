@@ -30,6 +30,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
+    from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, positive_int, seed, unit_interval
 
     p = sub.add_parser(
@@ -57,7 +58,7 @@ def register(sub) -> None:
         help="comma-separated role groups to run (default: all): "
         "positional,special,rare-word,summary,clustering,induction,syntactic,coreference",
     )
-    p.add_argument("--out", metavar="DIR", help="output folder (default: runs/roles-<model>)")
+    p.add_argument("--out", type=out_argument, metavar="DIR", help="output folder (default: runs/roles-<model>)")
     p.add_argument(
         "--seed", type=seed, default=0, help="seed for bootstrap, permutations and generated sequences (0 to 2**32 - 1)"
     )
