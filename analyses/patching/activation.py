@@ -61,7 +61,9 @@ class PatchConfig:
     ``n_perm``, ``seed``: statistics (:mod:`~headscope.analyses.patching.frames`) and the
     resample ablation's derangement; ``per_position``: activation and attribution
     patching per (unit, position) (module docstring); ``ablations``: the kinds of
-    :func:`~headscope.analyses.patching.ablation.ablation_patching` (:data:`ABLATIONS`)."""
+    :func:`~headscope.analyses.patching.ablation.ablation_patching` (:data:`ABLATIONS`);
+    ``gradient``: attribution patching's ``"total"`` derivative (every later path) or
+    ``"bypass_heads"`` (later heads cut; :mod:`~headscope.analyses.patching.attribution`)."""
 
     directions: tuple[str, ...] = ("denoising", "noising")
     unit: str = "head"
@@ -73,6 +75,7 @@ class PatchConfig:
     seed: int = 0
     per_position: bool = False
     ablations: tuple[str, ...] = ABLATIONS
+    gradient: str = "total"
 
     def __post_init__(self):
         bad = [d for d in self.directions if d not in DIRECTIONS]
@@ -87,6 +90,8 @@ class PatchConfig:
         bad = [a for a in self.ablations if a not in ABLATIONS]
         if bad or not self.ablations:
             raise ValueError(f"ablations must be a non-empty subset of {ABLATIONS}; got {self.ablations}")
+        if self.gradient not in ("total", "bypass_heads"):
+            raise ValueError(f"gradient must be 'total' or 'bypass_heads'; got {self.gradient!r}")
 
 
 def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:

@@ -5,8 +5,13 @@ Denoising: at the corrupted run, ``delta ≈ (z_clean - z_corrupted) · ∂m/∂
 positions and ``d_head`` per head (``cfg.per_position``: over ``d_head`` only, one estimate
 per head and position, positions counted from the end as in activation patching); noising: at the clean run, ``m_clean - m_patched ≈
 -(z_corrupted - z_clean) · ∂m/∂z``. A KV-group unit sums its heads (the estimate is linear).
-Gradients reach ``z`` through :meth:`Backend.head_hooks`: each layer's ``z`` is replaced by a
-leaf that requires grad, so ``∂m/∂z_l`` is the total derivative through every later layer.
+Gradients reach ``z`` through :meth:`Backend.head_hooks`: a zero tensor that requires grad
+is added to each layer's ``z`` (``z + δ_l``, the value unchanged), and ``∂m/∂δ_l`` is the total
+derivative through every later path: the residual stream, later MLPs and later heads' Q, K
+and V inputs (the composition an induction circuit uses). ``cfg.gradient="bypass_heads"``
+gives the narrower estimate instead: each layer's ``z`` replaced by a detached leaf, so the
+gradient reaching layer l skips every later head (it still passes the residual stream and
+the MLPs); its frames are labelled ``attribution_bypass_heads_*``.
 Frames: :func:`~headscope.analyses.patching.frames.effect_frame`, compared with activation
 patching by :func:`~headscope.analyses.patching.frames.agreement`.
 """
@@ -28,26 +33,36 @@ from headscope.analyses.patching.activation import (
 )
 from headscope.analyses.patching.tasks import Task, metric_fn
 
+#: how ∂m/∂z is taken (module docstring)
+GRADIENTS = ("total", "bypass_heads")
 
-def z_gradients(model, ids: torch.Tensor, metric, answer, wrong) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+
+def z_gradients(
+    model, ids: torch.Tensor, metric, answer, wrong, gradient: str = "total"
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """``(metric [batch], {layer: ∂(sum of metric)/∂z [batch, head, pos, d_head]})`` at ``ids``
-    (items are independent rows, so the gradient of the sum is each item's own)."""
-    leaves: dict[int, torch.Tensor] = {}
+    (items are independent rows, so the gradient of the sum is each item's own).
+    ``gradient``: ``"total"`` (through every later path) or ``"bypass_heads"`` (later heads cut)."""
+    if gradient not in GRADIENTS:
+        raise ValueError(f"gradient must be one of {GRADIENTS}; got {gradient!r}")
+    probes: dict[int, torch.Tensor] = {}
 
-    def leaf(l):
+    def probe(l):
         def fn(z):
-            zl = z.detach().requires_grad_(True)
-            leaves[l] = zl
-            return zl
+            if gradient == "bypass_heads":
+                d = probes[l] = z.detach().requires_grad_(True)
+                return d
+            d = probes[l] = torch.zeros_like(z, requires_grad=True)
+            return z + d
 
         return fn
 
-    with torch.enable_grad(), model.head_hooks({l: leaf(l) for l in range(model.spec.n_layers)}):
+    with torch.enable_grad(), model.head_hooks({l: probe(l) for l in range(model.spec.n_layers)}):
         m = metric(readout(model, ids), answer, wrong)
-        grads = torch.autograd.grad(m.sum(), [leaves[l] for l in sorted(leaves)], allow_unused=True)
+        grads = torch.autograd.grad(m.sum(), [probes[l] for l in sorted(probes)], allow_unused=True)
     out = {}
-    for l, g in zip(sorted(leaves), grads):
-        out[l] = torch.zeros_like(leaves[l]) if g is None else g.detach()
+    for l, g in zip(sorted(probes), grads):
+        out[l] = torch.zeros_like(probes[l]) if g is None else g.detach()
     return m.detach(), out
 
 
@@ -64,7 +79,7 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
             at, z_at, z_other = (
                 (b.corrupted, b.z_corrupted, b.z_clean) if d == "denoising" else (b.clean, b.z_clean, b.z_corrupted)
             )
-            _, grads = z_gradients(model, at, metric, b.answer, b.wrong)
+            _, grads = z_gradients(model, at, metric, b.answer, b.wrong, cfg.gradient)
             dims = 3 if per_pos else (2, 3)  # -> [batch, head, pos] or [batch, head]
             per_head = {l: ((z_other[l] - z_at[l]) * grads[l]).float().sum(dims).cpu() for l in grads}
             est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit(, pos)]
@@ -73,6 +88,7 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
                 store_positions(delta[d], est, b.rows, n)
             else:
                 delta[d][b.rows] = est
+    label = "attribution" if cfg.gradient == "total" else f"attribution_{cfg.gradient}"
     if per_pos:
-        return position_frames(delta, float(run.gap.mean()), units, cfg, "attribution"), run
-    return direction_frames(delta, run, units, cfg, "attribution"), run
+        return position_frames(delta, float(run.gap.mean()), units, cfg, label), run
+    return direction_frames(delta, run, units, cfg, label), run
