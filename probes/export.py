@@ -13,6 +13,11 @@ Neither viewer is a dependency: these functions only shape the data.
 Padding is cut off: an item's output covers only its ``n`` real tokens, so every row
 sums to 1.
 
+The file's first key, ``headscope`` (:data:`EXPORT_MARK`), says that headscope wrote it:
+an existing file is replaced only when it is such an export; any other file, a folder, a
+FIFO, a device or a socket is refused with one line (:func:`export_target`), and a
+symbolic link is followed (its target is written, the link kept).
+
 >>> import torch
 >>> from headscope.probes.capture import Capture
 >>> from headscope.probes.models.loading import ModelSpec
@@ -37,6 +42,8 @@ sums to 1.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import torch
@@ -44,7 +51,89 @@ import torch
 from headscope.probes.outputs.atomic import atomic_write
 from headscope.probes.tokens import display_token
 
-__all__ = ["to_bertviz", "to_circuitsvis", "write_patterns_json"]
+__all__ = ["EXPORT_MARK", "export_target", "to_bertviz", "to_circuitsvis", "write_patterns_json"]
+
+#: the value of the first key (``headscope``) of every file :func:`write_patterns_json` writes
+EXPORT_MARK = {"export": "patterns", "format": 1}
+_MARK_PREFIX = b'{"headscope":{"export":"patterns"'  # how such a file begins (compact JSON, the mark first)
+
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _is_export(path: Path) -> bool:
+    """Whether the regular file ``path`` begins as a file :func:`write_patterns_json` wrote."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(_MARK_PREFIX)) == _MARK_PREFIX
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def export_target(path, *, what: str = "export path") -> Path:
+    """The file :func:`write_patterns_json` writes for ``path``: ``path`` itself, or the
+    target of a symbolic link ``path``. ``what`` names ``path`` in messages (the CLI passes
+    ``"--export"``).
+
+    Raises ``ValueError`` (one line, nothing touched) when ``path`` is empty, is a folder,
+    a FIFO, a device or a socket, lies in a folder that does not exist, or is an existing
+    file that is not a headscope export (its first key is not ``headscope``).
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> export_target(d / "p.json") == d / "p.json"
+    True
+    >>> _ = (d / "notes.json").write_text("{}")
+    >>> try:
+    ...     export_target(d / "notes.json")
+    ... except ValueError as err:
+    ...     print(str(err).replace(str(d), "D").split(";")[0])
+    export path D/notes.json exists and is not a headscope patterns export
+    """
+    if isinstance(path, str) and path == "":
+        raise ValueError(f"{what} is empty; name a file (e.g. patterns.json)")
+    given = Path(path)
+    target, label = given, str(given)
+    if given.is_symlink():
+        try:
+            target = given.resolve()
+        except (RuntimeError, OSError):
+            raise ValueError(f"{what} {given} is a symbolic link that loops and never reaches a file") from None
+        label = f"{given} (a symbolic link to {target})"
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except NotADirectoryError:
+        parent = next(p for p in target.parents if p.exists())
+        raise ValueError(f"{what} {label}: {parent} is a file, not a folder; pass another file") from None
+    if st is None:
+        if not target.parent.is_dir():
+            raise ValueError(f"{what} {label}: folder {str(target.parent)!r} does not exist; create it first")
+        return target
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"{what} must name a file; {label} is a folder")
+    for test, kind in _NOT_REGULAR:
+        if test(st.st_mode):
+            raise ValueError(
+                f"{what} {label} is {kind}, not a regular file; headscope writes the export whole and renames it "
+                "into place, so name a regular file (nothing was written)"
+            )
+    if not _is_export(target):
+        raise ValueError(
+            f"{what} {label} exists and is not a headscope patterns export; name a new file, or move that one "
+            "away first (it was left as it was)"
+        )
+    return target
 
 
 def _check_item(cap, item: int) -> int:
@@ -104,17 +193,20 @@ def to_circuitsvis(cap, layer: int, item: int = 0, *, tokenizer=None) -> dict:
 def write_patterns_json(cap, path, item: int = 0, *, tokenizer=None) -> Path:
     """Write one item's patterns to ``path`` (atomically) and return the path.
 
-    Keys: ``model`` (name), ``text``, ``tokens`` (``n`` strings), ``layers`` (captured
+    Keys: ``headscope`` (:data:`EXPORT_MARK`, first: it lets a later export replace this
+    file), ``model`` (name), ``text``, ``tokens`` (``n`` strings), ``layers`` (captured
     layer indices), ``attention`` (``[layer][head][dest][src]``, rows over the ``n`` real
     tokens, float32 values written exactly), ``kv_groups`` (``{kv_head: [query heads]}``,
     keys as strings). ``json.load`` it and pass ``attention[i]`` and ``tokens`` to
     CircuitsVis, or ``tuple(torch.tensor(a)[None] for a in attention)`` to bertviz.
 
-    Raises ``ValueError`` as :func:`to_bertviz` does.
+    Raises ``ValueError`` as :func:`to_bertviz` and :func:`export_target` do (an existing
+    file is replaced only when it is a headscope export; a symbolic link's target is written).
     """
+    export_target(path)  # before the work: a refused path costs nothing
     attention, tokens = to_bertviz(cap, item, tokenizer=tokenizer)
-    path = Path(path)
     doc = {
+        "headscope": EXPORT_MARK,
         "model": getattr(cap.spec, "name", None),
         "text": cap.tokens.texts[item],
         "tokens": tokens,
@@ -122,7 +214,8 @@ def write_patterns_json(cap, path, item: int = 0, *, tokenizer=None) -> Path:
         "attention": [a[0].tolist() for a in attention],
         "kv_groups": {str(k): v for k, v in cap.kv_groups.items()},
     }
-    with atomic_write(path) as f:  # compact: one float a line would be ~1M lines for 128 tokens x 72 heads
+    target = export_target(path)  # again, just before the rename: nothing but a headscope export is replaced
+    with atomic_write(target) as f:  # compact: one float a line would be ~1M lines for 128 tokens x 72 heads
         json.dump(doc, f, separators=(",", ":"))
         f.write("\n")
-    return path
+    return Path(path)

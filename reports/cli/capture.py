@@ -64,13 +64,13 @@ def capture_summary(cap) -> dict:
 
 
 def _export_path(text: str) -> Path:
-    """``--export FILE``: checked before the model loads, so a typo costs no time."""
-    path = Path(text)
-    if path.is_dir():
-        raise ValueError(f"--export must name a file; {text!r} is a folder")
-    if not path.parent.is_dir():
-        raise ValueError(f"--export {text!r}: folder {str(path.parent)!r} does not exist; create it first")
-    return path
+    """``--export FILE``: checked before the model loads, so a typo costs no time. Refused
+    (one line): an empty FILE, a folder, a FIFO, a device, a socket, a missing folder, and
+    an existing file that is not a headscope export (:func:`~headscope.probes.export.export_target`)."""
+    from headscope.probes.export import export_target
+
+    export_target(text, what="--export")
+    return Path(text)
 
 
 def run(args) -> int:
@@ -80,7 +80,7 @@ def run(args) -> int:
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)
-    export = _export_path(args.export) if args.export else None
+    export = _export_path(args.export) if args.export is not None else None
     quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
     if export is not None and "pattern" not in quantities:
         quantities.append("pattern")
