@@ -78,6 +78,7 @@ _STYLE = {
     "axes.titlesize": 10,
     "axes.labelsize": 9,
     "axes.spines.top": False,
+    "text.parse_math": False,  # names and words from the user are text: "$x$" is not mathtext
     "axes.spines.right": False,
     "figure.dpi": DPI,
     "svg.hashsalt": "headscope",

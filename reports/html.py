@@ -1044,7 +1044,7 @@ def render_html(doc: Document) -> str:
     """One self-contained HTML page: inline CSS, images as data URIs, no external
     resource; the only script is the head view's (embedded, with its data as one JSON
     blob), and the page reads the same without it."""
-    toc = "".join(f'<li><a href="#{s.id}">{_html.escape(s.title)}</a></li>' for s in doc.sections)
+    toc = "".join(f'<li><a href="#{_html.escape(s.id)}">{_html.escape(s.title)}</a></li>' for s in doc.sections)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -1056,7 +1056,7 @@ def render_html(doc: Document) -> str:
     ]
     for s in doc.sections:
         h = f"h{s.level}"
-        parts.append(f'<section id="{s.id}"><{h}>{_html.escape(s.title)}</{h}>')
+        parts.append(f'<section id="{_html.escape(s.id)}"><{h}>{_html.escape(s.title)}</{h}>')
         parts.extend(_block_html(b) for b in s.blocks)
         parts.append("</section>")
     parts.append("</main></body></html>\n")

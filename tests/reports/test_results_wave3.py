@@ -1,0 +1,168 @@
+"""Reading runs back and comparing them, and what reaches the report (issue #29).
+
+1. ``headscope diff`` against a run whose scores are NaN (all or some): the NaN rows are
+   counted, left out of the comparison and reported; a side with no finite score says so.
+2. ``load_run`` checks each table's columns and dtypes against the documented schema and
+   refuses, in one line naming the file and the column, a table that does not hold them
+   (numeric strings are not taken for numbers).
+3. Every user-derived string (a coreference ``kind``, the model's name, file names, words)
+   reaches report.md escaped, and report.html escaped too: built from a real coreference
+   run on MiniLM with hostile kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+from test_report import _meta
+
+from headscope.data import path
+from headscope.reports import pipeline
+
+# ------------------------------------------------------------- 3. escaping in the report
+
+KINDS = [
+    "<script>alert(1)</script>",
+    "a|b",
+    "[x](javascript:alert(1))",
+    "`tick` *em* _u_ #h &amp; ~~s~~",
+    "two\n# lines",
+    "$\\frac$",  # matplotlib mathtext: a figure title must not parse it
+]
+MODEL = "<img src=x onerror=alert(1)>|m"
+SKIPPED_FILE = "evil<b>|[f](javascript:x).conllu"
+WORD = "<u>table</u>"
+
+
+class _Page(HTMLParser):
+    """Tags, attributes and text of an HTML page; the text of each table row's cells."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.text, self.rows, self._row, self._in = [], [], [], None, []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in.append(tag)
+        if tag == "tr":
+            self._row = []
+            self.rows.append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._row.append("")
+
+    def handle_endtag(self, tag):
+        if self._in and self._in[-1] == tag:
+            self._in.pop()
+
+    def handle_data(self, data):
+        if self._in and self._in[-1] == "script":
+            return
+        self.text.append(data)
+        if self._row is not None and self._in and self._in[-1] in ("td", "th"):
+            self._row[-1] += data
+
+
+def _parse(html: str) -> _Page:
+    p = _Page()
+    p.feed(html)
+    return p
+
+
+@pytest.fixture(scope="module")
+def hostile_report(minilm, tmp_path_factory):
+    """A report from a real coreference run on MiniLM whose items carry hostile kinds (and
+    one hostile word), one head per kind planted to hold the role (so each kind gets its
+    section, table and example figure), a hostile model name and a hostile skipped file."""
+    from headscope.analyses.roles.config import RolesConfig
+    from headscope.analyses.roles.pipeline import head_roles
+    from headscope.probes.models.card import model_card, render_card
+
+    tmp = tmp_path_factory.mktemp("hostile")
+    items = [json.loads(line) for line in path("coref/coref.jsonl").read_text(encoding="utf-8").splitlines()[:12]]
+    jsonl = tmp / "coref.jsonl"
+    with jsonl.open("w", encoding="utf-8") as f:
+        for i, item in enumerate(items):
+            item["kind"] = KINDS[(i // 2) % len(KINDS)]
+            if i == 0:
+                item["words"] = [WORD if w == "table" else w for w in item["words"]]
+            f.write(json.dumps(item) + "\n")
+    rr = head_roles(minilm, coref=jsonl, roles=["coreference"], cfg=RolesConfig(n_boot=100, n_perm=500))
+    roles = rr.frame.copy()
+    assert set(roles["role"]) == {f"coreference:{k}" for k in KINDS}  # the kinds reached the frame as they are
+    best = roles.sort_values("score", ascending=False).drop_duplicates("role").index
+    roles.loc[best, "verdict"] = True  # planted: one head per kind holds its role
+    frames = {
+        "roles": roles,
+        "examples": pipeline.examples_frame(rr.examples),
+        "coref_pairs": rr.coref_pairs.reset_index(drop=True),
+        "skipped": pipeline.skipped_frame({**rr.skipped, SKIPPED_FILE: {"malformed line": 2}}),
+    }
+    card = model_card("minilm-l6")
+    paths = pipeline.write_report(
+        frames, card=card, card_text=render_card(card), meta=_meta(model=MODEL), out_dir=tmp / "report"
+    )
+    return paths
+
+
+def _markdown_as_html(md: str) -> str:
+    markdown_it = pytest.importorskip("markdown_it")  # CommonMark + GFM tables (comes with rich)
+    return markdown_it.MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(md)
+
+
+def test_report_markdown_escapes_every_user_string(hostile_report):
+    md = hostile_report["markdown"].read_text(encoding="utf-8")
+    page = _parse(_markdown_as_html(md))
+    tags = [t for t, _ in page.tags]
+    # nothing the values hold became markup: no script, image other than the figures, link,
+    # emphasis, code, strikethrough or heading beyond the report's own
+    assert "script" not in tags and "a" not in tags and "u" not in tags and "b" not in tags
+    assert {t for t in tags} <= {"h1", "h2", "h3", "p", "em", "strong", "blockquote", "img", "pre", "code"} | {
+        "table",
+        "thead",
+        "tbody",
+        "tr",
+        "th",
+        "td",
+    }
+    imgs = [a for t, a in page.tags if t == "img"]
+    assert imgs and all(re.fullmatch(r"figures/[\w-]+\.png", a["src"]) for a in imgs)
+    assert "onerror" not in {k for a in imgs for k in a}
+    assert sum(t == "h1" for t in tags) == 1
+    assert sum(t == "code" for t in tags) == sum(t == "pre" for t in tags) == 1  # the model card, fenced
+    assert sum(t == "strong" for t in tags) == md.count("> **Note.** ")  # only the notes' own bold
+    # every table row has as many cells as its header: no value split a cell
+    tables = re.findall(r"<table>.*?</table>", _markdown_as_html(md), flags=re.S)
+    assert len(tables) >= len(KINDS) + 2  # a top-heads table per kind, the skipped and the run tables
+    for t in tables:
+        widths = {len(r) for r in _parse(t).rows}
+        assert len(widths) == 1, t[:300]
+    # and each value reads as itself
+    text = "".join(page.text)
+    for kind in KINDS:
+        shown = " ".join(kind.split())  # a line break reads as a space, as in the HTML page
+        assert f"Role: coreference:{shown}" in text
+        assert f"coreference:{shown}" in [c.strip() for r in page.rows for c in r] or shown in text
+    assert f"What the attention heads of {MODEL} do" in text
+    assert MODEL in [c.strip() for r in page.rows for c in r]  # the run table's model cell
+    assert SKIPPED_FILE in [c.strip() for r in page.rows for c in r]
+    assert "Jain & Wallace 2019" in md  # a plain & stays as it is
+
+
+def test_report_html_escapes_every_user_string(hostile_report):
+    html = hostile_report["html"].read_text(encoding="utf-8")
+    page = _parse(html)
+    scripts = [a for t, a in page.tags if t == "script"]
+    assert scripts == [{"type": "application/json", "id": "head-view-data"}, {}]  # the head view's own two
+    assert all(a["href"].startswith("#") for t, a in page.tags if t == "a")  # the contents' own links only
+    assert not [t for t, _ in page.tags if t in ("u", "b")]
+    assert all(a["src"].startswith("data:image/png;base64,") for t, a in page.tags if t == "img")
+    text = "".join(page.text)
+    for kind in KINDS:
+        assert f"Role: coreference:{kind}" in text
+    assert f"What the attention heads of {MODEL} do" in text and SKIPPED_FILE in text
+    # the head view's JSON holds the kinds, with no way out of its <script>
+    data = html.split('<script type="application/json" id="head-view-data">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in data and f"coreference:{KINDS[0]}" in json.loads(data)["colours"]
