@@ -372,7 +372,12 @@ def _why_not_ours(folder: Path, out_name: str, pid: int) -> str | None:
     else:
         found = output_kind_of(folder)
         if found is None:
-            return f"it carries neither headscope's {MARKER} marker nor the manifest of a headscope output"
+            try:
+                names = sorted(e.name + ("/" if e.is_dir() else "") for e in folder.iterdir())
+            except OSError:
+                names = []
+            held = f" (it holds {_few(names)})" if names else " (it is empty)"
+            return f"it carries neither headscope's {MARKER} marker nor the manifest of a headscope output{held}"
     try:
         foreign = _foreign_entries(folder, KINDS[found])
     except OSError as e:
