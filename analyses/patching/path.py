@@ -10,9 +10,14 @@ runs freely). With ``target`` the run patched into and ``source`` the other run
    (exactly the sender's ``W_O`` term; nothing else in that block has run yet);
 2. the receiver's input along the path: the target's residual entering block ``lr`` plus
    that contribution, run through block ``lr`` to ``blocks.{lr}.attn.hook_{via}``;
-3. the target run with only the receiver's slice of ``hook_{via}`` replaced by it (the
-   query head ``hr`` for ``q``; its KV head for ``k``/``v`` — with GQA the other query
-   heads of the group read the patched K/V too) -> the metric.
+3. the target run with only the receiver's slice of ``hook_{via}`` replaced by it -> the
+   metric. For ``q`` that slice is the query head ``hr``. For ``k``/``v`` with GQA/MQA, where
+   a KV head is shared by a group of query heads, ``reads`` says whose read is patched:
+   ``"head"`` (the default) only query head ``hr``'s read of the shared K/V (at
+   ``hook_{via}_head``, one slice per query head), so the effect is the receiver's alone;
+   ``"kv_group"`` the KV head itself, which every query head of the group reads (the effect
+   then includes the group's other heads). With one query head per KV head both are the same
+   computation (``hook_{via}`` is patched). The frame's ``receiver_reads`` column says which.
 
 So ``(0, 0) -> (1, 1) via k`` asks whether the receiver's keys carry what the sender
 writes. In-house backend only (its hook points and resumable forward); ``R`` senders
@@ -39,6 +44,8 @@ from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.hooks import hooks
 
 VIAS = ("q", "k", "v")
+#: whose read of a shared K/V a k/v path patches (module docstring)
+READS = ("head", "kv_group")
 
 
 def parse_head(text: str) -> tuple[int, int]:
@@ -95,18 +102,26 @@ def path_patching(
     via: str = "k",
     senders: list[tuple[int, int]] | None = None,
     direction: str = "noising",
+    reads: str = "head",
     cfg: PatchConfig = PatchConfig(),
 ) -> tuple[pd.DataFrame, RunMetrics]:
     """Path patching of each sender (default: every head below the receiver) into the
-    receiver's ``via`` input (see the module docstring) -> (frame, metrics of the runs)."""
+    receiver's ``via`` input, read by the receiver alone or by its KV group (``reads``; see
+    the module docstring) -> (frame, metrics of the runs)."""
     senders = check_path(model, receiver, via, senders)
     if direction not in ("denoising", "noising"):
         raise ValueError(f"direction must be 'denoising' or 'noising'; got {direction!r}")
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}; got {reads!r}")
     metric = metric_fn(task.metric)
     points = model.module.hook_points
     spec = model.spec
     lr, hr = receiver
-    slot = hr if via == "q" else hr // spec.group_size  # the receiver's query head or KV head
+    shared = via != "q" and spec.group_size > 1
+    if shared and reads == "head":  # the receiver's own read of its group's K/V
+        point, slot = f"blocks.{lr}.attn.hook_{via}_head", hr
+    else:  # the query head, or the KV head itself
+        point, slot = f"blocks.{lr}.attn.hook_{via}", hr if via == "q" else hr // spec.group_size
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
     delta = torch.empty(n, len(senders))
@@ -138,7 +153,7 @@ def path_patching(
             )  # [R, batch, pos, d_model]
             resid = target_pre.repeat(r, 1, 1) + contrib.reshape(r * b, *contrib.shape[2:])
             got: dict = {}
-            keep = [(points[f"blocks.{lr}.attn.hook_{via}"], _keeper(got, "x"))]
+            keep = [(points[point], _keeper(got, "x"))]
             with torch.inference_mode(), hooks(keep):
                 model.forward(ids, mask_r, start_at_layer=lr, resid=resid, stop_at_layer=lr + 1)
             new = got["x"]  # [R*batch, head or kv_head, pos, d_head]
@@ -148,7 +163,7 @@ def path_patching(
                 out[:, slot] = new[:, slot]
                 return out
 
-            with torch.inference_mode(), hooks([(points[f"blocks.{lr}.attn.hook_{via}"], swap)]):
+            with torch.inference_mode(), hooks([(points[point], swap)]):
                 logits = readout(model, ids, start_at_layer=lr, resid=target_pre.repeat(r, 1, 1))
             m = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T.cpu()
             delta[rows, s : s + r] = (m_target[:, None] - m) if direction == "noising" else (m - m_target[:, None])
@@ -161,6 +176,6 @@ def path_patching(
         n_boot=cfg.n_boot,
         n_perm=cfg.n_perm,
         seed=cfg.seed,
-        extra={"receiver": f"{lr}.{hr}"},
+        extra={"receiver": f"{lr}.{hr}", "receiver_reads": "head" if via == "q" or not shared else reads},
     )
     return frame, run

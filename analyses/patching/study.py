@@ -20,7 +20,7 @@ from headscope.analyses.patching.ablation import ablation_patching
 from headscope.analyses.patching.activation import PatchConfig, activation_patching
 from headscope.analyses.patching.attribution import attribution_patching
 from headscope.analyses.patching.frames import agreement, top_heads
-from headscope.analyses.patching.path import VIAS, check_path, path_patching
+from headscope.analyses.patching.path import READS, VIAS, check_path, path_patching
 from headscope.analyses.patching.tasks import MEASURES, Task
 
 METHODS = ("activation", "attribution", "path", "ablation")
@@ -29,7 +29,9 @@ METHODS = ("activation", "attribution", "path", "ablation")
 @dataclass(frozen=True, kw_only=True)
 class StudyConfig:
     """What to run: ``methods``, ``patch`` (:class:`PatchConfig`), path patching's
-    ``receiver``/``senders``/``vias``/``path_direction``, and ``top_k`` for the summary."""
+    ``receiver``/``senders``/``vias``/``path_direction``/``path_reads`` (whose read of a shared
+    K/V is patched: the receiver's alone or its KV group's, :data:`~headscope.analyses.patching.path.READS`),
+    and ``top_k`` for the summary."""
 
     methods: tuple[str, ...] = ("activation", "attribution")
     patch: PatchConfig = field(default_factory=PatchConfig)
@@ -37,6 +39,7 @@ class StudyConfig:
     senders: tuple[tuple[int, int], ...] | None = None
     vias: tuple[str, ...] = VIAS
     path_direction: str = "noising"
+    path_reads: str = "head"
     top_k: int = 10
 
     def __post_init__(self):
@@ -48,6 +51,8 @@ class StudyConfig:
         bad = [v for v in self.vias if v not in VIAS]
         if bad or not self.vias:
             raise ValueError(f"vias must be a non-empty subset of {VIAS}; got {self.vias}")
+        if self.path_reads not in READS:
+            raise ValueError(f"path_reads must be one of {READS}; got {self.path_reads!r}")
         if self.top_k < 1:
             raise ValueError(f"top_k must be >= 1; got {self.top_k}")
 
@@ -105,6 +110,7 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
                 via=via,
                 senders=None if cfg.senders is None else list(cfg.senders),
                 direction=cfg.path_direction,
+                reads=cfg.path_reads,
                 cfg=cfg.patch,
             )
             frames.append(f)

@@ -203,7 +203,9 @@ class Attention(nn.Module):
     ``qk_norm`` (an :class:`RMSNorm` over ``d_head`` shared by all query heads, another by all
     key heads, applied before RoPE; ``norm_offset`` makes them Gemma's ``(1 + w)``); ``scale``
     and ``softcap`` of :func:`attention_scores`. ``hook_q``/``hook_k`` see q and k after the
-    QK-norm, before RoPE.
+    QK-norm, before RoPE; ``hook_k_head``/``hook_v_head`` see K (after RoPE) and V repeated to
+    one slice per query head ``[batch, head, pos, d_head]``, so one query head's read of a
+    shared KV head can be changed alone.
     """
 
     def __init__(
@@ -240,7 +242,7 @@ class Attention(nn.Module):
         self.register_buffer("kv_index", torch.tensor(kv_index, dtype=torch.long), persistent=False)
         self.gate = nn.Parameter(torch.ones(n_heads), requires_grad=False)
         self.register_buffer("ablation_value", torch.zeros(n_heads, d_head), persistent=False)
-        for name in ("q", "k", "v", "q_rot", "k_rot", "scores", "pattern", "z", "out"):
+        for name in ("q", "k", "v", "q_rot", "k_rot", "k_head", "v_head", "scores", "pattern", "z", "out"):
             setattr(self, f"hook_{name}", HookPoint())
 
     def _split(self, x: torch.Tensor, n: int) -> torch.Tensor:
@@ -266,7 +268,8 @@ class Attention(nn.Module):
         if rope is not None:
             q = self.hook_q_rot(apply_rope(q, *rope))
             k = self.hook_k_rot(apply_rope(k, *rope))
-        k_full, v_full = repeat_kv(k, self.kv_index), repeat_kv(v, self.kv_index)
+        # [batch, head, pos, d_head]: each query head's own read of its group's K and V
+        k_full, v_full = self.hook_k_head(repeat_kv(k, self.kv_index)), self.hook_v_head(repeat_kv(v, self.kv_index))
 
         if need_pattern or self.softcap is not None or self.hook_scores.active or self.hook_pattern.active:
             pattern = attention_pattern(

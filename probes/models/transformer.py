@@ -10,7 +10,7 @@ Every activation passes a named :class:`~headscope.probes.models.hooks.HookPoint
 >>> model = Transformer(ModelConfig(family="llama", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, vocab_size=50))
 >>> out = model(torch.tensor([[1, 2, 3]]))
 >>> tuple(out.shape), len(model.hook_points)
-((1, 3, 50), 26)
+((1, 3, 50), 30)
 """
 
 from __future__ import annotations

@@ -76,6 +76,13 @@ def register(sub) -> None:
         "--path-direction", choices=["denoising", "noising"], default="noising", help="path patching (default noising)"
     )
     p.add_argument(
+        "--receiver-reads",
+        choices=["head", "kv_group"],
+        default="head",
+        help="path patching via k/v on GQA/MQA: patch only the receiver's read of its shared K/V (head, the "
+        "default) or the KV head itself, which its whole group reads (kv_group)",
+    )
+    p.add_argument(
         "--n-items",
         type=int_at_least(2),
         default=None,
@@ -166,6 +173,7 @@ def run(args) -> int:
         senders=(parse_head(args.sender),) if args.sender else None,
         vias=tuple(dict.fromkeys(args.via)),
         path_direction=args.path_direction,
+        path_reads=args.receiver_reads,
         top_k=args.top_k,
     )
     if args.task not in TASKS:  # a task file is checked (file:line:col) before the model loads
