@@ -15,14 +15,22 @@ role in common and no per-head importance in common are refused ("nothing to com
 Outputs (frames only):
 
 * ``role_changes``: layer, head, role, relation, direction, score_a, score_b, delta
-  (B − A), verdict_a, verdict_b, change (``gained`` / ``lost`` / ``kept`` / ``none``),
-  one row per head and role found in either run;
+  (B − A), verdict_a, verdict_b, change (``gained`` / ``lost`` / ``kept`` / ``none``, or
+  ``unknown (run B has no finite score)`` where a run holds the row with a NaN score: a
+  verdict on no measurement is not a verdict), one row per head and role found in either
+  run, largest |delta| first and the rows without one last;
 * ``importance_changes``: study, layer, head, metric, value_a, value_b, delta — per-head
   importance rows (those with a layer and head);
 * ``top_heads``: per role (and relation, direction) in both runs, the ``top`` heads by
   score in each, whether they are the same heads (``same_set``; ``same_order``), the
   largest |score difference| over the role's heads and the verdict counts — the check
   behind "same top-3 heads per role" (e.g. bf16 against fp32, two seeds, two backends).
+
+NaN scores and importance values (a role measured on no item, a study that diverged) are
+counted per run (:func:`not_finite`, in ``diff.json``'s ``not_finite``), left out of the
+top heads and of the per-head means, and reported in the notes; a role that has no finite
+score in one run is named as not compared. When no row has a finite value in both runs
+the diff is refused ("nothing to compare", with the counts).
 
 >>> import pandas as pd
 >>> a = pd.DataFrame({"layer": [0], "head": [1], "role": ["punctuation"], "relation": [""], "direction": [""],
@@ -62,6 +70,13 @@ TOP_HEADS_COLUMNS = [
     "n_b",
 ]
 ROLE_KEYS = ["role", "relation", "direction"]
+#: ``change`` of a role row that a run holds with a NaN score (by the run(s) lacking a finite one)
+UNKNOWN = {
+    "a": "unknown (run A has no finite score)",
+    "b": "unknown (run B has no finite score)",
+    "both": "unknown (neither run has a finite score)",
+}
+CHANGES = ("gained", "lost", "kept", "none", "unknown")  # diff.json's verdict_changes (unknown: any of UNKNOWN)
 ROLE_TABLE_COLUMNS = ["layer", "head", "role", "score", "verdict"]  # what a roles table needs (ROLE_COLUMNS has more)
 MAX_INDEX = 1023  # largest layer or head index accepted in a table (real models have < 200)
 _TRUE, _FALSE = {"true", "1", "1.0"}, {"false", "0", "0.0"}
@@ -350,15 +365,24 @@ def role_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     cols = KEYS + ["score", "verdict"]
     a = a.assign(**{c: "" for c in ("relation", "direction") if c not in a})[cols]
     b = b.assign(**{c: "" for c in ("relation", "direction") if c not in b})[cols]
-    m = a.merge(b, on=KEYS, how="outer", suffixes=("_a", "_b"))
+    m = a.merge(b, on=KEYS, how="outer", suffixes=("_a", "_b"), indicator=True)
     m["delta"] = (m["score_b"] - m["score_a"]).round(12)
     va = m["verdict_a"].astype("boolean").fillna(False).astype(bool)
     vb = m["verdict_b"].astype("boolean").fillna(False).astype(bool)
     m["verdict_a"], m["verdict_b"] = va, vb
-    m["change"] = np.select([vb & ~va, va & ~vb, va & vb], ["gained", "lost", "kept"], "none")
+    # a row a run holds with a NaN score was not measured there: its verdict says nothing
+    nan_a = (m["_merge"] != "right_only") & ~np.isfinite(m["score_a"].astype(float))
+    nan_b = (m["_merge"] != "left_only") & ~np.isfinite(m["score_b"].astype(float))
+    m["change"] = np.select(
+        [nan_a & nan_b, nan_a, nan_b, vb & ~va, va & ~vb, va & vb],
+        [UNKNOWN["both"], UNKNOWN["a"], UNKNOWN["b"], "gained", "lost", "kept"],
+        "none",
+    )
     m["layer"], m["head"] = m["layer"].astype(int), m["head"].astype(int)
-    m = m.assign(_abs=m["delta"].abs().fillna(np.inf))
-    m = m.sort_values(["_abs", "layer", "head", "role"], ascending=[False, True, True, True], kind="stable")
+    m = m.assign(_abs=m["delta"].abs())
+    m = m.sort_values(
+        ["_abs", "layer", "head", "role"], ascending=[False, True, True, True], kind="stable", na_position="last"
+    )
     return m[ROLE_CHANGE_COLUMNS].reset_index(drop=True)
 
 
@@ -461,10 +485,62 @@ def importance_changes(a: pd.DataFrame | None, b: pd.DataFrame | None) -> pd.Dat
         return pd.DataFrame(columns=IMPORTANCE_CHANGE_COLUMNS)
     m["delta"] = m["value_b"] - m["value_a"]
     m["layer"], m["head"] = m["layer"].astype(int), m["head"].astype(int)
-    m = m.assign(_abs=m["delta"].abs().fillna(np.inf)).sort_values(
-        ["_abs", "study", "layer", "head"], ascending=[False, True, True, True]
+    m = m.assign(_abs=m["delta"].abs()).sort_values(
+        ["_abs", "study", "layer", "head"], ascending=[False, True, True, True], kind="stable", na_position="last"
     )
     return m[IMPORTANCE_CHANGE_COLUMNS].reset_index(drop=True)
+
+
+def not_finite(run: Run) -> dict:
+    """What of ``run`` holds no finite number: ``{"roles": {"rows", "nan", "by_role"},
+    "importance": {"rows", "nan", "by_study"}}`` (``rows``: role rows / per-head importance
+    rows; ``nan``: those whose score / value is NaN; ``by_*``: name -> NaN count), ``None``
+    for a table the run does not have."""
+    out = {"roles": None, "importance": None}
+    if run.roles is not None:
+        bad = ~np.isfinite(run.roles["score"].to_numpy(dtype=float))
+        names = role_key(run.roles.assign(**{c: "" for c in ("relation", "direction") if c not in run.roles}))
+        out["roles"] = {
+            "rows": len(run.roles),
+            "nan": int(bad.sum()),
+            "by_role": {str(k): int(v) for k, v in names[bad].value_counts().sort_index().items()},
+        }
+    if run.impact is not None:
+        d = run.impact[run.impact["layer"].notna() & run.impact["head"].notna()]
+        bad = ~np.isfinite(d["value"].to_numpy(dtype=float))
+        out["importance"] = {
+            "rows": len(d),
+            "nan": int(bad.sum()),
+            "by_study": {str(k): int(v) for k, v in d["study"][bad].astype(str).value_counts().sort_index().items()},
+        }
+    return out
+
+
+def _counts(by: dict) -> str:
+    return _few([f"{k} {v}" for k, v in by.items()])
+
+
+def _nan_notes(name: str, nf: dict) -> list[str]:
+    """The notes on run ``name``'s NaN scores and importance values (none when all finite)."""
+    notes = []
+    r = nf["roles"]
+    if r and r["nan"]:
+        what = (
+            f"none of its {r['rows']} role rows has a finite score"
+            if r["nan"] == r["rows"]
+            else f"{r['nan']} of {r['rows']} role rows have no finite score"
+        )
+        notes.append(
+            f"run {name}: {what} (NaN: {_counts(r['by_role'])}); those rows are left out of the comparison "
+            f"(change '{UNKNOWN[name.lower()]}')"
+        )
+    i = nf["importance"]
+    if i and i["nan"]:
+        notes.append(
+            f"run {name}: {i['nan']} of {i['rows']} per-head importance rows have no finite value "
+            f"(NaN: {_counts(i['by_study'])}); left out (a head's value is the mean of its finite rows)"
+        )
+    return notes
 
 
 def role_key(changes: pd.DataFrame) -> pd.Series:
@@ -483,10 +559,15 @@ def compare(run_a: Run, run_b: Run, *, top: int = 3) -> dict[str, pd.DataFrame]:
             f"{run_a.n_layers} × {run_a.n_heads} in {run_a.path} and {run_b.n_layers} × {run_b.n_heads} in {run_b.path}"
         )
     out, notes = {}, []
+    nf = {"A": not_finite(run_a), "B": not_finite(run_b)}
+    notes += _nan_notes("A", nf["A"]) + _nan_notes("B", nf["B"])
+    role_rows = 0  # rows with a finite score in both runs
     if run_a.roles is not None and run_b.roles is not None:
         ka, kb = _role_names(run_a.roles), _role_names(run_b.roles)
         if ka & kb:
-            out["role_changes"] = role_changes(run_a.roles, run_b.roles)
+            rc = role_changes(run_a.roles, run_b.roles)
+            out["role_changes"] = rc
+            role_rows = int((np.isfinite(rc["score_a"]) & np.isfinite(rc["score_b"])).sum())
             out["top_heads"] = top_heads_agreement(run_a.roles, run_b.roles, top=top)
             out["top_heads"].attrs["top"] = top
             for only, name in ((ka - kb, "A"), (kb - ka, "B")):
@@ -494,13 +575,19 @@ def compare(run_a: Run, run_b: Run, *, top: int = 3) -> dict[str, pd.DataFrame]:
                     notes.append(
                         f"roles only in run {name} (gained/lost there mean measured in one run only): {_few(only)}"
                     )
+            fa, fb = _role_names(_finite(run_a.roles)), _role_names(_finite(run_b.roles))
+            for name, missing in (("A", (ka & kb) - fa), ("B", (ka & kb) - fb)):
+                if missing:
+                    notes.append(f"roles with no finite score in run {name}, not compared: {_few(missing)}")
         else:
             notes.append(f"no role in common (A: {_few(ka) or 'none'}; B: {_few(kb) or 'none'})")
     elif run_a.roles is not None or run_b.roles is not None:
         notes.append(f"only {run_a.path if run_a.roles is not None else run_b.path} has a roles table")
     ic = importance_changes(run_a.impact, run_b.impact)
     out["importance_changes"] = ic
-    if "role_changes" not in out and ic.dropna(subset=["value_a", "value_b"]).empty:
+    if role_rows == 0 and ic.dropna(subset=["value_a", "value_b"]).empty:
+        if "role_changes" in out:
+            notes.append("no role row has a finite score in both runs")
         if run_a.impact is not None and run_b.impact is not None:
             notes.append("no per-head importance (study, layer, head, metric) in common")
         raise ValueError(
@@ -510,7 +597,12 @@ def compare(run_a: Run, run_b: Run, *, top: int = 3) -> dict[str, pd.DataFrame]:
         )
     for frame in out.values():
         frame.attrs["notes"] = notes
+        frame.attrs["not_finite"] = nf
     return out
+
+
+def _finite(roles: pd.DataFrame) -> pd.DataFrame:
+    return roles[np.isfinite(roles["score"].to_numpy(dtype=float))]
 
 
 def _role_names(roles: pd.DataFrame) -> set[str]:
@@ -545,7 +637,7 @@ def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir,
                 fig_path = "figures/role_score_deltas.png"
                 with atomic_write(tmp / fig_path, "wb") as f:
                     f.write(F.png_bytes(fig))
-        counts = rc["change"].value_counts().to_dict() if rc is not None else {}
+        counts = change_counts(rc)
         write_json(
             {
                 **manifest_header("diff"),
@@ -554,7 +646,9 @@ def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir,
                 "model_a": run_a.model,
                 "model_b": run_b.model,
                 "architecture": {"layers": run_a.n_layers, "heads": run_a.n_heads},
-                "verdict_changes": {k: int(counts.get(k, 0)) for k in ("gained", "lost", "kept", "none")},
+                "verdict_changes": counts,
+                "not_finite": not_finite_of(frames),
+                "notes": notes_of(frames),
                 "top_heads": agreement_summary(frames["top_heads"], top) if "top_heads" in frames else None,
                 "figure": fig_path,
                 "tables": sorted(frames),
@@ -562,6 +656,25 @@ def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir,
             tmp / "diff.json",
         )
     return {"out_dir": out, "figure": out / fig_path if fig_path else None, "tables": out / "tables"}
+
+
+def change_counts(rc: pd.DataFrame | None) -> dict[str, int]:
+    """Rows per change (:data:`CHANGES`; every ``unknown (...)`` counted as ``unknown``)."""
+    if rc is None:
+        return dict.fromkeys(CHANGES, 0)
+    kinds = rc["change"].astype(str).str.replace(r" \(.*", "", regex=True).value_counts()
+    return {k: int(kinds.get(k, 0)) for k in CHANGES}
+
+
+def notes_of(frames: dict[str, pd.DataFrame]) -> list[str]:
+    """The notes :func:`compare` left on its frames: what could not be compared, and why."""
+    return next((list(f.attrs["notes"]) for f in frames.values() if f.attrs.get("notes")), [])
+
+
+def not_finite_of(frames: dict[str, pd.DataFrame]) -> dict | None:
+    """``{"run_a": not_finite(A), "run_b": not_finite(B)}`` as :func:`compare` found them."""
+    nf = next((f.attrs["not_finite"] for f in frames.values() if "not_finite" in f.attrs), None)
+    return None if nf is None else {"run_a": nf["A"], "run_b": nf["B"]}
 
 
 def diff_runs(a, b, *, out_dir="runs/diff", top: int = 3) -> tuple[dict[str, pd.DataFrame], dict[str, Path]]:
@@ -583,10 +696,14 @@ def largest_changes(frames: dict[str, pd.DataFrame], top: int = 10) -> list[str]
     if th is not None and not th.empty:
         k = th.attrs.get("top", 3)
         summ = agreement_summary(th, k)
+        largest = (
+            f"largest |score difference| {summ['max_abs_delta']:.4f} ({summ['max_abs_delta_role']})"
+            if summ["max_abs_delta"] is not None
+            else "no head has a finite score in both runs"
+        )
         lines.append(
             f"top-{k} heads per role: the same heads in {summ['same_set']} of {summ['roles']} roles "
-            f"({summ['same_order']} in the same order); largest |score difference| {summ['max_abs_delta']:.4f} "
-            f"({summ['max_abs_delta_role']})"
+            f"({summ['same_order']} in the same order); {largest}"
         )
         if summ["differ"]:
             lines.append(
@@ -597,21 +714,20 @@ def largest_changes(frames: dict[str, pd.DataFrame], top: int = 10) -> list[str]
     rc = frames.get("role_changes")
     if rc is not None and not rc.empty:
         key = role_key(rc)
-        for ch in ("gained", "lost"):
+        for ch in ("gained", "lost", *UNKNOWN.values()):
             d = rc[rc["change"] == ch]
             if not d.empty:
                 heads = ", ".join(
                     f"L{r.layer}H{r.head} {k}" for r, k in zip(d.head(top).itertuples(), key[d.index][:top])
                 )
                 lines.append(f"{ch} {len(d)}: {heads}{' …' if len(d) > top else ''}")
-        for r, k in zip(rc.head(top).itertuples(), key[:top]):
-            if pd.notna(r.delta) and r.delta != 0:
-                lines.append(f"L{r.layer}H{r.head} {k}: {r.score_a:.3f} → {r.score_b:.3f} ({r.delta:+.3f})")
+        moved = rc[rc["delta"].notna() & (rc["delta"] != 0)].head(top)  # the largest finite deltas
+        for r, k in zip(moved.itertuples(), key[moved.index]):
+            lines.append(f"L{r.layer}H{r.head} {k}: {r.score_a:.3f} → {r.score_b:.3f} ({r.delta:+.3f})")
     ic = frames.get("importance_changes")
     if ic is not None and not ic.empty:
-        for r in ic.head(min(top, 5)).itertuples():
-            if pd.notna(r.delta) and r.delta != 0:
-                lines.append(
-                    f"importance {r.study} L{r.layer}H{r.head} {r.metric}: {r.value_a:.4g} → {r.value_b:.4g} ({r.delta:+.4g})"
-                )
+        for r in ic[ic["delta"].notna() & (ic["delta"] != 0)].head(min(top, 5)).itertuples():
+            lines.append(
+                f"importance {r.study} L{r.layer}H{r.head} {r.metric}: {r.value_a:.4g} → {r.value_b:.4g} ({r.delta:+.4g})"
+            )
     return lines or ["no change"]

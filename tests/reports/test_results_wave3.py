@@ -15,12 +15,18 @@ from __future__ import annotations
 import json
 import re
 from html.parser import HTMLParser
+from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+from cli_checks import cli_error
 from test_report import _meta
 
+from headscope.analyses.frames import IMPACT_COLUMNS
 from headscope.data import path
 from headscope.reports import pipeline
+from headscope.reports.cli.app import main
 
 # ------------------------------------------------------------- 3. escaping in the report
 
@@ -166,3 +172,105 @@ def test_report_html_escapes_every_user_string(hostile_report):
     # the head view's JSON holds the kinds, with no way out of its <script>
     data = html.split('<script type="application/json" id="head-view-data">', 1)[1].split("</script>", 1)[0]
     assert "<" not in data and f"coreference:{KINDS[0]}" in json.loads(data)["colours"]
+
+
+# ------------------------------------------------------------- 1. NaN scores in diff
+
+ROLES = pd.DataFrame(
+    {
+        "layer": [0, 0, 1],
+        "head": [0, 1, 0],
+        "role": ["r", "r", "r"],
+        "relation": "",
+        "direction": "",
+        "score": [0.9, 0.5, 0.1],
+        "verdict": [True, False, False],
+        "n": 10,
+    }
+)
+
+
+def _impact(values) -> pd.DataFrame:
+    """Single-head ablation of L1H0, one row per seed."""
+    return pd.DataFrame(
+        [("ablation:zero", 1, 0, 0, 0.0, "delta_accuracy", v, None, seed, 8) for seed, v in enumerate(values)],
+        columns=IMPACT_COLUMNS,
+    )
+
+
+def _run(folder: Path, roles: pd.DataFrame | None = ROLES, impact: pd.DataFrame | None = None) -> Path:
+    folder.mkdir(parents=True)
+    if roles is not None:
+        roles.to_csv(folder / "roles.csv", index=False)
+    if impact is not None:
+        impact.to_csv(folder / "ablation.csv", index=False)
+    return folder
+
+
+def test_diff_against_a_run_with_no_finite_score_is_refused(tmp_path, capsys):
+    a, b = _run(tmp_path / "a"), _run(tmp_path / "b", ROLES.assign(score=np.nan, verdict=False))
+    line = cli_error(capsys, "diff", a, b, "--out", tmp_path / "d")
+    assert "nothing to compare between" in line
+    assert "run B: none of its 3 role rows has a finite score (NaN: r 3)" in line
+    assert "no role row has a finite score in both runs" in line
+    assert not (tmp_path / "d").exists()
+    both = _run(tmp_path / "c", ROLES.assign(score=np.nan))
+    assert "run A: none of its 3 role rows" in cli_error(capsys, "diff", both, b, "--out", tmp_path / "d")
+
+
+def test_diff_says_which_run_has_no_finite_score(tmp_path, capsys):
+    # importance can be compared, the roles cannot: every role row is 'unknown', none is 'none'
+    a = _run(tmp_path / "a", impact=_impact([0.1]))
+    b = _run(tmp_path / "b", ROLES.assign(score=np.nan, verdict=False), _impact([0.3]))
+    assert main(["diff", str(a), str(b), "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "note: run B: none of its 3 role rows has a finite score (NaN: r 3)" in out
+    assert "note: roles with no finite score in run B, not compared: r" in out
+    assert "unknown (run B has no finite score) 3: L0H0 r, L0H1 r, L1H0 r" in out
+    assert "importance ablation:zero L1H0 delta_accuracy: 0.1 → 0.3 (+0.2)" in out
+    rc = pd.read_csv(tmp_path / "d" / "tables" / "role_changes.csv")
+    assert rc["change"].tolist() == ["unknown (run B has no finite score)"] * 3
+    doc = json.loads((tmp_path / "d" / "diff.json").read_text())
+    assert doc["verdict_changes"] == {"gained": 0, "lost": 0, "kept": 0, "none": 0, "unknown": 3}
+    assert doc["not_finite"]["run_b"]["roles"] == {"rows": 3, "nan": 3, "by_role": {"r": 3}}
+    assert doc["not_finite"]["run_a"]["roles"] == {"rows": 3, "nan": 0, "by_role": {}}
+    assert doc["top_heads"]["roles"] == 0 and any("run B: none of its 3" in n for n in doc["notes"])
+
+
+def test_diff_counts_and_leaves_out_some_nan_heads(tmp_path, capsys):
+    # L0H1 has no score in B; a seed of L1H0's ablation is NaN in A
+    a = _run(tmp_path / "a", impact=_impact([0.1, np.nan]))
+    b = _run(tmp_path / "b", ROLES.assign(score=[0.8, np.nan, 0.3]), _impact([0.3, 0.3]))
+    assert main(["diff", str(a), str(b), "--out", str(tmp_path / "d"), "--top-heads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "note: run B: 1 of 3 role rows have no finite score (NaN: r 1)" in out
+    assert "note: run A: 1 of 2 per-head importance rows have no finite value (NaN: ablation:zero 1)" in out
+    assert "unknown (run B has no finite score) 1: L0H1 r" in out
+    # the finite heads are compared, largest first; the mean of L1H0 in A is over its finite seed
+    assert "L1H0 r: 0.100 → 0.300 (+0.200)" in out and "L0H0 r: 0.900 → 0.800 (-0.100)" in out
+    assert "importance ablation:zero L1H0 delta_accuracy: 0.1 → 0.3 (+0.2)" in out
+    rc = pd.read_csv(tmp_path / "d" / "tables" / "role_changes.csv")
+    assert rc[["layer", "head", "change"]].values.tolist() == [
+        [1, 0, "none"],
+        [0, 0, "kept"],
+        [0, 1, "unknown (run B has no finite score)"],  # no delta: last
+    ]
+    top = pd.read_csv(tmp_path / "d" / "tables" / "top_heads.csv").iloc[0]
+    assert (top["top_a"], top["top_b"], top["max_abs_delta"]) == ("L0H0 L0H1", "L0H0 L1H0", pytest.approx(0.2))
+    doc = json.loads((tmp_path / "d" / "diff.json").read_text())
+    assert doc["verdict_changes"] == {"gained": 0, "lost": 0, "kept": 1, "none": 1, "unknown": 1}
+    assert doc["not_finite"]["run_a"]["importance"] == {"rows": 2, "nan": 1, "by_study": {"ablation:zero": 1}}
+
+
+def test_diff_of_runs_whose_finite_heads_do_not_meet(tmp_path, capsys):
+    # A scores L0H0 and L0H1 only, B L1H0 only: the role is in both, no head in both (was a crash)
+    a = _run(tmp_path / "a", ROLES.assign(score=[0.9, 0.5, np.nan]), _impact([0.1]))
+    b = _run(tmp_path / "b", ROLES.assign(score=[np.nan, np.nan, 0.4]), _impact([0.2]))
+    assert main(["diff", str(a), str(b), "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "top-3 heads per role: the same heads in 0 of 1 roles (0 in the same order); "
+        "no head has a finite score in both runs" in out
+    )
+    assert "unknown (run A has no finite score) 1: L1H0 r" in out
+    assert "unknown (run B has no finite score) 2: L0H0 r, L0H1 r" in out
