@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from headscope.probes.alignment import align_offsets, split_words, word_spans_of
+from headscope.probes.corpora.text import is_blank
 
 
 @dataclass
@@ -54,8 +55,31 @@ class TokenBatch:
         )
 
 
+def encode_plain(tokenizer, text, **kwargs):
+    """``tokenizer(text, **kwargs)`` reading ``text`` (a string or a list of them) as plain
+    text: a special token's string typed in it (``"[MASK]"``, ``"<s>"``,
+    ``"<|im_start|>"``) becomes ordinary pieces, never the special id
+    (``split_special_tokens=True``, which transformers passes on to the tokenizers
+    library's ``encode_special_tokens``). The specials the tokenizer adds itself
+    (``add_special_tokens=True``: [CLS]/[SEP], a BOS) are added as before.
+
+    >>> from headscope.probes.models.planted import planted_tokenizer
+    >>> tok = planted_tokenizer()
+    >>> tok.convert_ids_to_tokens(tok("the [BOS] cat")["input_ids"])  # the literal read as the special
+    ['[BOS]', 'the', '[BOS]', 'cat']
+    >>> tok.convert_ids_to_tokens(encode_plain(tok, "the [BOS] cat")["input_ids"])  # '[', 'BOS', ']': not in the vocabulary
+    ['[BOS]', 'the', '[UNK]', '[UNK]', '[UNK]', 'cat']
+    """
+    return tokenizer(text, split_special_tokens=True, **kwargs)
+
+
 def tokenize_one(tokenizer, text: str | None = None, words: list[str] | None = None, add_bos: bool = False):
-    """Tokenise one item; return a dict of ids, tokens, offsets, word ids, special flags."""
+    """Tokenise one item; return a dict of ids, tokens, offsets, word ids, special flags.
+
+    The text is read as plain text (:func:`encode_plain`). ``ValueError`` ("empty text")
+    for a text that shows nothing (:func:`~headscope.probes.corpora.text.is_blank`:
+    whitespace, zero-width and other invisible characters) or that the tokenizer turns
+    into its own specials alone."""
     if words is not None:
         if not words or any((not isinstance(w, str)) or (not w) or any(c.isspace() for c in w) for w in words):
             raise ValueError(f"words must be a non-empty list of non-empty strings without spaces; got {words!r:.120}")
@@ -66,13 +90,15 @@ def tokenize_one(tokenizer, text: str | None = None, words: list[str] | None = N
             raise TypeError(f"texts must be strings; got {type(text).__name__}")
         spans = split_words(text)
         words = [text[a:b] for a, b in spans]
-    if not text.strip():
-        raise ValueError("empty text: nothing to tokenise")
-    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    if is_blank(text):
+        raise ValueError("empty text: nothing to tokenise (blank or invisible characters only)")
+    enc = encode_plain(tokenizer, text, return_offsets_mapping=True, add_special_tokens=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     special_ids = set(tokenizer.all_special_ids)
     special = [i in special_ids and (b - a == 0) for i, (a, b) in zip(ids, offsets)]
+    if all(special):
+        raise ValueError(f"empty text: the tokenizer keeps no token of {text!r:.60}, only its own special tokens")
     if add_bos and tokenizer.bos_token_id is not None and (not ids or ids[0] != tokenizer.bos_token_id):
         ids = [tokenizer.bos_token_id] + ids
         offsets = [(0, 0)] + offsets

@@ -38,14 +38,20 @@ SCORE_KIND = "share"
 
 def count_tokens(tokenizer, items, *, chunk: int = 1024) -> Counter:
     """Token-id counts over ``items`` (texts), special tokens excluded (the rule of
-    :func:`~headscope.probes.tokens.tokenize_one`: a special id with an empty span);
-    items that are not text or are blank are ignored here (the stream counts them as
-    skipped). Texts are tokenised ``chunk`` at a time in one batched call."""
+    :func:`~headscope.probes.tokens.tokenize_one`: a special id with an empty span; text
+    read as plain text, as there); items that are not text or are blank are ignored here
+    (the stream counts them as skipped). Texts are tokenised ``chunk`` at a time in one
+    batched call."""
+    from headscope.probes.corpora.text import is_blank
+    from headscope.probes.tokens import encode_plain
+
     counts: Counter = Counter()
     special_ids = set(tokenizer.all_special_ids)
-    texts = [t for t in items if isinstance(t, str) and t.strip()]
+    texts = [t for t in items if isinstance(t, str) and not is_blank(t)]
     for start in range(0, len(texts), chunk):
-        enc = tokenizer(texts[start : start + chunk], return_offsets_mapping=True, add_special_tokens=True)
+        enc = encode_plain(
+            tokenizer, texts[start : start + chunk], return_offsets_mapping=True, add_special_tokens=True
+        )
         for ids, offsets in zip(enc["input_ids"], enc["offset_mapping"]):
             counts.update(i for i, (a, b) in zip(ids, offsets) if not (i in special_ids and a == b))
     return counts

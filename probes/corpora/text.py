@@ -4,14 +4,16 @@ A text probe set holds one sentence or passage per line. :func:`read_text` decod
 UTF-8 (with or without a byte-order mark), UTF-16 and UTF-32 (with a byte-order
 mark, or recognised without one by :func:`sniff_encoding`), splits lines at LF, CRLF
 or a lone CR, never loads an over-long line into memory whole, and records every
-line it leaves out:
+line it leaves out (a line that shows nothing, :func:`is_blank`, is one of them):
 
 >>> import pathlib, tempfile
 >>> p = pathlib.Path(tempfile.mkdtemp()) / "s.txt"
->>> _ = p.write_bytes("\\ufeffThe cat sat .\\r\\n\\nIt purred .\\n".encode("utf-8"))
+>>> _ = p.write_bytes("\\ufeffThe cat sat .\\r\\n\\u200b\\u2060\\nIt purred .\\n".encode("utf-8"))
 >>> ts = read_text(p)
 >>> ts.lines, ts.line_numbers, ts.blank, ts.encoding
 (('The cat sat .', 'It purred .'), (1, 3), 1, 'utf-8-sig')
+>>> ts.skipped.entries, ts.note()
+(((2, 'blank or invisible-only'),), '1 line skipped: 1 blank or invisible-only')
 
 Errors (:class:`~headscope.probes.errors.InputFileError`) read ``file:line:column: message``.
 """
@@ -27,7 +29,17 @@ from pathlib import Path
 
 from headscope.probes.errors import InputFileError
 
-__all__ = ["Encoding", "SkipRecord", "TextSet", "check_input_path", "iter_lines", "read_text", "sniff_encoding"]
+__all__ = [
+    "BLANK",
+    "Encoding",
+    "SkipRecord",
+    "TextSet",
+    "check_input_path",
+    "is_blank",
+    "iter_lines",
+    "read_text",
+    "sniff_encoding",
+]
 
 # (byte-order mark, codec for the rest of the file, reported name, code-unit width).
 # UTF-32 first: its little-endian mark begins with UTF-16's.
@@ -97,6 +109,58 @@ def sniff_encoding(head: bytes) -> Encoding:
 
 _CHUNK_BYTES = 1 << 20
 
+#: the skip reason of a line that shows nothing (:func:`is_blank`)
+BLANK = "blank or invisible-only"
+
+# Code points that show nothing besides whitespace, controls (Cc) and format characters (Cf):
+# the rest of Unicode's Default_Ignorable_Code_Point set (combining grapheme joiner, Hangul
+# fillers, Khmer inherent vowels, Mongolian and other variation selectors, tags and their
+# reserved neighbours) and the blank braille pattern U+2800, a common "invisible" filler.
+_INVISIBLE_RANGES = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x180B, 0x180F),
+    (0x2065, 0x2065),
+    (0x2800, 0x2800),
+    (0x3164, 0x3164),
+    (0xFE00, 0xFE0F),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0xE0000, 0xE0FFF),
+)
+# Format characters that do show: Unicode's Prepended_Concatenation_Mark (Arabic number signs,
+# end of ayah, Syriac abbreviation mark, Kaithi number signs).
+_VISIBLE_FORMAT = frozenset((*range(0x0600, 0x0606), 0x06DD, 0x070F, 0x0890, 0x0891, 0x08E2, 0x110BD, 0x110CD))
+
+
+def _shows_nothing(c: str) -> bool:
+    if c.isspace():
+        return True
+    category = unicodedata.category(c)
+    if category in ("Cc", "Zs", "Zl", "Zp"):
+        return True
+    cp = ord(c)
+    if category == "Cf":
+        return cp not in _VISIBLE_FORMAT
+    return any(lo <= cp <= hi for lo, hi in _INVISIBLE_RANGES)
+
+
+def is_blank(text: str) -> bool:
+    """True when ``text`` shows nothing: every character is whitespace, a control
+    character, a format character (zero-width space U+200B, non-joiner U+200C, joiner
+    U+200D, word joiner U+2060, byte-order mark U+FEFF, bidi marks, soft hyphen, ...) or
+    another default-ignorable code point (variation selectors, Hangul fillers, tags), or
+    the blank braille pattern. Such a line is no sentence: the readers skip it, and
+    :func:`~headscope.probes.tokens.tokenize_one` refuses it as empty.
+
+    >>> is_blank(" \\t\\u200b\\u200c\\u200d\\ufeff\\u2060\\u00a0\\ufe0f"), is_blank("")
+    (True, True)
+    >>> is_blank("\\u200bcat"), is_blank("\\U0001f468\\u200d\\U0001f469"), is_blank("\\u0600")
+    (False, False, False)
+    """
+    return all(_shows_nothing(c) for c in text)
+
 
 @dataclass(frozen=True, kw_only=True)
 class SkipRecord:
@@ -132,8 +196,9 @@ class TextSet:
     """Lines of a text probe set.
 
     ``lines[i]`` was read from line ``line_numbers[i]`` (1-based) of the file;
-    ``blank`` counts blank (whitespace-only) lines, which are not errors;
-    ``skipped`` records lines left out (``"nul_byte"``, ``"too_long"``).
+    ``skipped`` records every line left out: :data:`BLANK` (``"blank or invisible-only"``:
+    whitespace, zero-width and other invisible characters only, :func:`is_blank`; not an
+    error), ``"nul_byte"``, ``"too_long"``; ``blank`` counts the :data:`BLANK` ones.
     """
 
     lines: tuple[str, ...] = ()
@@ -151,6 +216,18 @@ class TextSet:
 
     def __len__(self) -> int:
         return len(self.lines)
+
+    def note(self) -> str | None:
+        """The skipped lines on one line for the user (None when none was skipped).
+
+        >>> TextSet(skipped=SkipRecord(entries=((2, BLANK), (5, "nul_byte"), (7, BLANK)))).note()
+        '3 lines skipped: 2 blank or invisible-only, 1 nul_byte'
+        """
+        if not self.skipped.total:
+            return None
+        n = self.skipped.total
+        counts = ", ".join(f"{k} {reason}" for reason, k in self.skipped.counts.items())
+        return f"{n} line{'s' if n != 1 else ''} skipped: {counts}"
 
 
 def check_input_path(path: str | Path, *, expected: str) -> Path:
@@ -283,11 +360,12 @@ def _decode(path: Path, line_no: int, raw: bytes, enc: Encoding, max_line_chars:
 def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = False) -> TextSet:
     """Read a text probe set: one sentence or passage per line.
 
-    Blank lines are counted in ``blank``; lines holding a NUL character
-    (``"nul_byte"``) or more than ``max_line_chars`` characters (``"too_long"``) are
-    recorded in ``skipped``. Characters are kept as they are (combining marks,
-    right-to-left text, emoji and ZWJ sequences) unless ``nfc=True`` asks for NFC
-    normalisation.
+    Lines left out are recorded in ``skipped`` (and summed up by :meth:`TextSet.note`):
+    lines that show nothing (:data:`BLANK`: whitespace, zero-width and other invisible
+    characters only, :func:`is_blank`; also counted in ``blank``), lines holding a NUL
+    character (``"nul_byte"``) or more than ``max_line_chars`` characters
+    (``"too_long"``). Characters are kept as they are (combining marks, right-to-left
+    text, emoji and ZWJ sequences) unless ``nfc=True`` asks for NFC normalisation.
 
     Raises :class:`InputFileError` for a missing path, a directory, an empty file, a
     file with no usable line (all blank or skipped; the message gives the counts), or
@@ -312,15 +390,18 @@ def read_text(path: str | Path, *, max_line_chars: int = 100_000, nfc: bool = Fa
             skips.append((line_no, "too_long"))
         elif "\x00" in text:
             skips.append((line_no, "nul_byte"))
-        elif not text.strip():
+        elif is_blank(text):
+            skips.append((line_no, BLANK))
             blank += 1
         else:
             lines.append(unicodedata.normalize("NFC", text) if nfc else text)
             numbers.append(line_no)
     if not lines:
-        skipped = SkipRecord(entries=tuple(skips))
+        others = [(n, r) for n, r in skips if r != BLANK]
         parts = ([f"{blank} blank"] if blank else []) + (
-            [f"{skipped.total} skipped ({skipped.summary()}; first at line {skips[0][0]})"] if skips else []
+            [f"{len(others)} skipped ({SkipRecord(entries=tuple(others)).summary()}; first at line {others[0][0]})"]
+            if others
+            else []
         )
         raise InputFileError(
             p,

@@ -21,21 +21,30 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+#: a stage of at least this many items is long: in plain-line mode it says how far it is every HEARTBEAT_S seconds
+LONG_STAGE_ITEMS = 1000
+HEARTBEAT_S = 15.0
+
 
 class StageProgress:
     """One rich progress bar per stage; ``__call__(stage, done, total)`` advances it.
 
     ``total`` may be ``None`` (unknown length: a pulsing bar). When stderr is not a
     terminal (a log file, CI), bars are replaced by one plain line when a stage starts
-    and one when it ends, with its time, so a log shows where a run is."""
+    and one when it ends, with its time, so a log shows where a run is; a long stage
+    (``total`` of at least :data:`LONG_STAGE_ITEMS` items, or unknown) also prints
+    ``headscope: <stage> <done>/<total> items, <s> s`` every :data:`HEARTBEAT_S`
+    seconds. ``long_only=True`` keeps short stages silent there (only long ones print)."""
 
-    def __init__(self, *, quiet: bool = False, console: Console | None = None):
+    def __init__(self, *, quiet: bool = False, console: Console | None = None, long_only: bool = False):
         self.quiet = quiet
+        self.long_only = long_only
         self.console = console or Console(stderr=True)
         self.seen: dict[str, tuple] = {}
         self._progress = None
         self._tasks: dict[str, int] = {}
         self._started: dict[str, float] = {}
+        self._last: dict[str, float] = {}
         self._ended: set[str] = set()
 
     def __enter__(self):
@@ -69,14 +78,26 @@ class StageProgress:
         self._progress.update(self._tasks[stage], completed=done, total=total)
 
     def _log_line(self, stage: str, done: int, total: int | None) -> None:
+        long = total is None or total >= LONG_STAGE_ITEMS
+        if self.long_only and not long:
+            return
         now = time.perf_counter()
         if stage not in self._started:
-            self._started[stage] = now
+            self._started[stage] = self._last[stage] = now
             self.console.print(f"headscope: {stage} started", markup=False, highlight=False)
-        if total is not None and done >= total and stage not in self._ended:
-            self._ended.add(stage)
+        if total is not None and done >= total:
+            if stage not in self._ended:
+                self._ended.add(stage)
+                self.console.print(
+                    f"headscope: {stage} done in {now - self._started[stage]:.1f} s", markup=False, highlight=False
+                )
+        elif long and now - self._last[stage] >= HEARTBEAT_S:
+            self._last[stage] = now
+            of = f"/{total}" if total is not None else ""
             self.console.print(
-                f"headscope: {stage} done in {now - self._started[stage]:.1f} s", markup=False, highlight=False
+                f"headscope: {stage} {done}{of} items, {now - self._started[stage]:.0f} s",
+                markup=False,
+                highlight=False,
             )
 
 

@@ -28,6 +28,7 @@ from headscope.probes.corpora import (
 )
 from headscope.probes.corpora.coref_templates import build_items
 from headscope.probes.corpora.grammar import detokenize, generate
+from headscope.probes.corpora.text import is_blank
 
 FIX = Path(__file__).parents[1] / "fixtures"
 UD = FIX / "ud_sample.conllu"
@@ -395,7 +396,8 @@ def test_text_encodings_blank_lines_and_nul(tmp_path):
         p.write_bytes(b"\xfe\xff" + raw if encoding == "utf-16-be" else raw)
         ts = read_text(p)
         assert ts.lines == ("one", "two", "four") and ts.line_numbers == (1, 2, 6), encoding
-        assert ts.blank == 2 and ts.skipped.entries == ((5, "nul_byte"),) and ts.encoding == name
+        assert ts.blank == 2 and ts.encoding == name
+        assert ts.skipped.entries == ((3, "blank or invisible-only"), (4, "blank or invisible-only"), (5, "nul_byte"))
 
 
 @pytest.mark.parametrize(
@@ -416,7 +418,7 @@ def test_text_utf16_utf32_are_recognised_with_or_without_bom(tmp_path, encoding,
     ts = read_text(p)
     assert ts.encoding == name
     assert ts.lines == ("The cat sat \u00e9 \u2603 .", "It purred .", "cafe\u0301", "\U0001f468\u200d\U0001f469 ok")
-    assert ts.line_numbers == (1, 2, 3, 5) and ts.blank == 1 and ts.skipped.total == 0
+    assert ts.line_numbers == (1, 2, 3, 5) and ts.blank == 1 and ts.skipped.entries == ((4, "blank or invisible-only"),)
 
 
 def test_sniffing_leaves_utf8_with_a_few_nul_bytes_alone(tmp_path):
@@ -540,9 +542,9 @@ def test_coref_reader_fuzz_only_raises_input_file_error(data, edits):
 def test_text_reader_fuzz_only_raises_input_file_error(data, max_chars):
     ts = _read_bytes(lambda p: read_text(p, max_line_chars=max_chars), data, ".txt")
     if ts is not None:
-        assert all(len(line) <= max_chars and "\x00" not in line and line.strip() for line in ts.lines)
+        assert all(len(line) <= max_chars and "\x00" not in line and not is_blank(line) for line in ts.lines)
         numbers = sorted(ts.line_numbers + tuple(n for n, _ in ts.skipped.entries))
-        assert len(set(numbers)) == len(numbers) and all(n >= 1 for n in numbers)
+        assert numbers == list(range(1, len(numbers) + 1))  # every line kept or skipped with its reason
 
 
 WORD = st.text(st.sampled_from("abcdefgXYZ.,'-é\u05d0\U0001f600_#"), min_size=1, max_size=6)

@@ -26,6 +26,7 @@ from headscope.probes.corpora import (
     read_text,
     tree_problem,
 )
+from headscope.probes.corpora.text import BLANK, is_blank
 from headscope.probes.errors import HeadscopeError
 from headscope.reports.cli.app import build_parser, main
 from headscope.reports.cli.argtypes import MAX_SEED
@@ -151,7 +152,7 @@ def no_space(words) -> bool:
 
 CONLLU_LINES = (FIX / "ud_sample.conllu").read_text(encoding="utf-8").splitlines()
 COREF_LINES = (FIX / "coref_planted.jsonl").read_text(encoding="utf-8").splitlines()
-TEXT_LINES = ["The cat sat on the mat .", "", "It purred \u00e9 \U0001f600 .", "   ", "caf\u00e9 ok"]
+TEXT_LINES = ["The cat sat on the mat .", "", "It purred \u00e9 \U0001f600 .", "   ", "\u200b\u2060", "caf\u00e9 ok"]
 
 
 @READERS
@@ -211,7 +212,12 @@ def test_text_reader_returns_lines_or_one_line_error(edits, byte_edits, raw, max
     data = raw if raw is not None else encode(edit_lines(TEXT_LINES, edits), byte_edits, None)
     ts = read_or_error(lambda p: read_text(p, max_line_chars=max_chars), data, ".txt")
     if ts is not None:
-        assert len(ts) >= 1 and all(line.strip() and "\x00" not in line and len(line) <= max_chars for line in ts.lines)
+        assert len(ts) >= 1
+        assert all(not is_blank(line) and "\x00" not in line and len(line) <= max_chars for line in ts.lines)
+        # every line is either kept or skipped with its reason: nothing is lost
+        numbers = sorted(ts.line_numbers + tuple(n for n, _ in ts.skipped.entries))
+        assert numbers == list(range(1, len(numbers) + 1))
+        assert ts.blank == ts.skipped.counts.get(BLANK, 0)
 
 
 # ------------------------------------------------------------------------------- the CLI
