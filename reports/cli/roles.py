@@ -216,7 +216,7 @@ def run(args) -> int:
         if not (args.quiet or args.json):
             from headscope.reports.cli.terminal import StageProgress
 
-            progress = StageProgress(quiet=not sys.stderr.isatty())
+            progress = StageProgress(long_only=not sys.stderr.isatty())  # a log: only long stages print
         with progress if progress is not None else contextlib.nullcontext():
             result = head_roles(
                 model,
