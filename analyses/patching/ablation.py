@@ -4,16 +4,23 @@ For every unit (a query head, or a KV group with ``unit="kv_group"``) and every 
 clean input runs with the unit's ``z [batch, head, pos, d_head]`` replaced by
 
 * ``zero``: zeros;
-* ``mean``: the mean of that head's ``z`` over the task's clean inputs, per position;
-  inputs of different lengths are aligned from the end (position ``-1`` is every input's
-  last token), so a position's mean is over the inputs that have it (where all inputs
-  share one length this is the plain per-position mean);
+* ``mean``: one ``d_head`` vector per head, that head's ``z`` averaged over every token of
+  the task's clean inputs, the same at every position and for every item: the definition
+  ``prune`` uses over its metric's texts (:func:`~headscope.analyses.pruning.ablation.mean_z`);
+* ``mean_position``: the mean of that head's ``z`` over the task's clean inputs at each
+  position; inputs of different lengths are aligned from the end (position ``-1`` is every
+  input's last token), so a position's mean is over the inputs that have it;
+
+Both means include the ablated item, as prune's corpus mean includes the text it scores:
+mean ablation replaces a head by one fixed reference activation, and a reference that
+changed with the item (leaving the item out) would be a different ablation for every item.
+An item's share of it is one in ``n_items`` (the task's size is in the frame's ``n``).
 * ``resample``: the ``z`` of the clean run of ANOTHER item of the same token length: a
   seeded derangement (one random cycle, ``torch.Generator`` seeded with ``cfg.seed``)
   within each length group; an item alone in its length group has no source and is left
   out of the resample rows (its ``n`` says so).
 
-Effect (frame ``method`` ``"ablation_{zero,mean,resample}"``): the *fraction of the
+Effect (frame ``method`` ``"ablation_{zero,mean,mean_position,resample}"``): the *fraction of the
 clean − corrupted gap lost*, ``(m_clean - m_ablated) / gap`` with ``gap = mean(m_clean -
 m_corrupted)``, like noising: 0 = ablating the unit leaves the clean metric as it is,
 1 = it brings the metric down to the corrupted run's (above 1: below it). Batched
@@ -90,6 +97,17 @@ def mean_z(model, task: Task, batch_size: int) -> dict[int, torch.Tensor]:
     return {l: s / counts.clamp(min=1)[None, :, None] for l, s in sums.items()}
 
 
+def pooled_mean_z(task: Task, means: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+    """``{layer: z [head, d_head]}`` averaged over every token of the task's clean inputs,
+    from :func:`mean_z`'s per-position means (each position weighted by the inputs that have it)."""
+    max_len = max(len(it.clean) for it in task.items)
+    counts = torch.zeros(max_len)
+    for it in task.items:
+        counts[max_len - len(it.clean) :] += 1
+    w = counts / counts.sum()
+    return {l: (m * w[None, :, None]).sum(1) for l, m in means.items()}
+
+
 def ablation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tuple[pd.DataFrame, RunMetrics]:
     """Zero/mean/resample ablation (``cfg.ablations``) of every unit on the clean run ->
     (:data:`PATCH_COLUMNS` frame, one block per kind in ``cfg.ablations`` order; the
@@ -98,7 +116,8 @@ def ablation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tu
     metric = metric_fn(task.metric)
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
-    means = mean_z(model, task, cfg.batch_size) if "mean" in cfg.ablations else None
+    means = mean_z(model, task, cfg.batch_size) if {"mean", "mean_position"} & set(cfg.ablations) else None
+    pooled = means and pooled_mean_z(task, means)
     sources = resample_sources(task, cfg.seed) if "resample" in cfg.ablations else None
     if sources is not None and all(v is None for v in sources.values()):
         raise ValueError("resample ablation needs at least two items of the same token length; the task has none")
@@ -110,6 +129,8 @@ def ablation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tu
             if kind == "zero":
                 src = {l: torch.zeros_like(z) for l, z in b.z_clean.items()}
             elif kind == "mean":
+                src = {l: m.to(b.z_clean[l].dtype)[None, :, None].expand_as(b.z_clean[l]) for l, m in pooled.items()}
+            elif kind == "mean_position":
                 src = {l: m[:, -t:].to(b.z_clean[l].dtype)[None].expand_as(b.z_clean[l]) for l, m in means.items()}
             else:
                 rows = [i for i, item in enumerate(b.rows) if sources[item] is not None]

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 DIRECTIONS = ("denoising", "noising")
 UNITS = ("head", "kv_group")
-ABLATIONS = ("zero", "mean", "resample")
+ABLATIONS = ("zero", "mean", "mean_position", "resample")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +74,7 @@ class PatchConfig:
     n_perm: int = 10000
     seed: int = 0
     per_position: bool = False
-    ablations: tuple[str, ...] = ABLATIONS
+    ablations: tuple[str, ...] = ("zero", "mean", "resample")
     gradient: str = "total"
 
     def __post_init__(self):

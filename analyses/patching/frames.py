@@ -52,7 +52,47 @@ PATCH_COLUMNS = [
     "n",  # items
 ]
 """Columns of a patching frame (``position`` added for per-position runs, ``receiver``
-(``"L.H"``) for path patching; ``p_raw`` and ``unit`` (``"head"``/``"kv_group"``) follow)."""
+(``"L.H"``) and ``receiver_reads`` for path patching; ``p_raw`` and ``unit``
+(``"head"``/``"kv_group"``) follow, and ``definition``, what the method computed in one
+sentence (:func:`definition`), closes every row)."""
+
+
+_RUNS = {"denoising": ("corrupted", "clean"), "noising": ("clean", "corrupted")}  # (run patched, source)
+_ABLATED = {
+    "zero": "set to 0",
+    "mean": "set to its mean over every token of the task's clean inputs (one d_head vector per head, "
+    "the same for every item and position; the ablated item included)",
+    "mean_position": "set to its mean over the task's clean inputs at the same position counted from the end "
+    "(the ablated item included)",
+    "resample": "taken from the clean run of another item of the same token length (a seeded derangement)",
+}
+
+
+def definition(method: str, receiver_reads: str | None = None) -> str:
+    """What a frame's ``method`` computed, in one sentence (the frame's ``definition`` column).
+
+    >>> definition("activation_noising")
+    "the clean run with the unit's z replaced by the corrupted run's"
+    >>> definition("path_k_noising", "head")
+    "the clean run where only the receiver's own read of its k input sees the sender's z from the corrupted run"
+    """
+    kind, _, direction = method.rpartition("_")
+    if kind == "ablation" or method.startswith("ablation_"):
+        return f"the clean run with the unit's z {_ABLATED[method.removeprefix('ablation_')]}"
+    target, source = _RUNS[direction]
+    if kind == "activation":
+        return f"the {target} run with the unit's z replaced by the {source} run's"
+    if kind.startswith("attribution"):
+        through = "with later heads cut" if kind == "attribution_bypass_heads" else "through every later path"
+        return (
+            f"first-order estimate of activation_{direction}: (z_{source} − z_{target}) · ∂m/∂z at the {target} "
+            f"run, ∂m/∂z {through}"
+        )
+    if kind.startswith("path_"):
+        via = kind.removeprefix("path_")
+        whose = "its KV group's read" if receiver_reads == "kv_group" else "the receiver's own read"
+        return f"the {target} run where only {whose} of its {via} input sees the sender's z from the {source} run"
+    raise ValueError(f"no definition for method {method!r}")
 
 
 def two_sided_p(values: torch.Tensor, *, n_perm: int, seed: int) -> torch.Tensor:
@@ -100,6 +140,9 @@ def effect_frame(
     (in the direction of the method's effect, see the module docstring) and per-item
     ``gap [n_items]`` (``m_clean - m_corrupted``); ``units[u]`` the heads of unit ``u``
     (one row each). ``extra``: constant columns added (e.g. ``{"receiver": "1.1"}``)."""
+    what = definition(method, (extra or {}).get("receiver_reads"))
+    if "position" in (extra or {}):
+        what += ", at the row's position only"
     values = normalised_values(delta, gap)
     n = values.shape[0]
     effect = values.mean(0)
@@ -126,9 +169,10 @@ def effect_frame(
                     "p_raw": float(p_raw[u]),
                     "unit": unit,
                     **(extra or {}),
+                    "definition": what,
                 }
             )
-    return pd.DataFrame(rows, columns=[*PATCH_COLUMNS, "p_raw", "unit", *(extra or {})])
+    return pd.DataFrame(rows, columns=[*PATCH_COLUMNS, "p_raw", "unit", *(extra or {}), "definition"])
 
 
 def agreement(a: pd.DataFrame, b: pd.DataFrame, *, k: int = 10) -> dict:

@@ -65,9 +65,10 @@ def register(sub) -> None:
     p.add_argument(
         "--ablation",
         nargs="+",
-        choices=["zero", "mean", "resample"],
+        choices=["zero", "mean", "mean_position", "resample"],
         default=["zero", "mean", "resample"],
-        help="--method ablation: the kinds run on the clean input (default all three)",
+        help="--method ablation: the kinds run on the clean input (default zero mean resample; mean: one vector per "
+        "head over every token of the task's clean inputs, as prune's; mean_position: the mean at each position)",
     )
     p.add_argument("--receiver", default=None, help="path patching: receiver head LAYER.HEAD")
     p.add_argument("--sender", default=None, help="path patching: one sender LAYER.HEAD (default: all below)")

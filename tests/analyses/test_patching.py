@@ -174,13 +174,18 @@ def test_study_summary_and_figures(planted, induction):
 def test_effect_frame_literal():
     delta = torch.tensor([[2.0, 0.0, -1.0], [2.0, 0.0, -1.0], [2.0, 0.0, -1.0], [2.0, 0.0, -1.0], [2.0, 0.0, -1.0]])
     f = effect_frame(
-        delta, torch.full((5,), 2.0), [[(0, 0)], [(0, 1), (0, 2)], [(1, 0)]], method="m", n_perm=999, n_boot=50
+        delta,
+        torch.full((5,), 2.0),
+        [[(0, 0)], [(0, 1), (0, 2)], [(1, 0)]],
+        method="activation_denoising",
+        n_perm=999,
+        n_boot=50,
     )
     expected = pd.DataFrame(
         {
             "layer": [0, 0, 0, 1],
             "head": [0, 1, 2, 0],
-            "method": ["m"] * 4,
+            "method": ["activation_denoising"] * 4,
             "effect": [1.0, 0.0, 0.0, -0.5],
             "ci_low": [1.0, 0.0, 0.0, -0.5],
             "ci_high": [1.0, 0.0, 0.0, -0.5],
@@ -191,11 +196,13 @@ def test_effect_frame_literal():
         }
     )
     pd.testing.assert_frame_equal(f[PATCH_COLUMNS], expected, atol=0.04)
+    assert f.columns[-1] == "definition"
+    assert set(f["definition"]) == {"the corrupted run with the unit's z replaced by the clean run's"}
 
 
 def test_a_task_without_a_gap_gives_nan_effects_and_a_warning():
     with pytest.warns(UserWarning, match="gap"):
-        f = effect_frame(torch.ones(4, 1), torch.zeros(4), [[(0, 0)]], method="m", n_perm=100)
+        f = effect_frame(torch.ones(4, 1), torch.zeros(4), [[(0, 0)]], method="activation_noising", n_perm=100)
     assert f["effect"].isna().all() and not f["significant"].any()
 
 

@@ -18,7 +18,7 @@ import torch
 from test_patching import CFG, effects, significant
 
 from headscope.analyses.patching import ablation_patching, activation_patching, attribution_patching
-from headscope.analyses.patching.ablation import derangement, mean_z, resample_sources
+from headscope.analyses.patching.ablation import derangement, mean_z, pooled_mean_z, resample_sources
 from headscope.analyses.patching.activation import PatchConfig
 from headscope.analyses.patching.frames import PATCH_COLUMNS, top_heads
 from headscope.analyses.patching.study import StudyConfig, patching_study
@@ -65,22 +65,26 @@ def at(frame, method, layer, head, position):
 
 # ----------------------------------------------------------------------------- ablation
 def test_zero_mean_resample_ablation_break_only_the_induction_pair(planted, induction):
-    frame, run = ablation_patching(planted, induction, CFG)
+    kinds = ("zero", "mean", "mean_position", "resample")
+    frame, run = ablation_patching(planted, induction, dataclasses.replace(CFG, ablations=kinds))
     assert frame.columns[: len(PATCH_COLUMNS)].tolist() == PATCH_COLUMNS
-    assert list(dict.fromkeys(frame["method"])) == ["ablation_zero", "ablation_mean", "ablation_resample"]
+    assert list(dict.fromkeys(frame["method"])) == [f"ablation_{k}" for k in kinds]
     # effect = fraction of the clean - corrupted gap lost (0: the clean metric is untouched)
     measured = {
         "zero": {(0, 0): 0.9013, (1, 1): 0.9735},
-        "mean": {(0, 0): 0.3326, (1, 1): 0.6547},
+        # one vector per head (every token's mean): (0, 0)'s previous tokens are gone
+        "mean": {(0, 0): 0.9012, (1, 1): 0.8328},
+        "mean_position": {(0, 0): 0.3326, (1, 1): 0.6547},
         "resample": {(0, 0): 0.9677, (1, 1): 1.4208},  # another item's answer is copied: below corrupted
     }
     for kind, pair in measured.items():
         eff = effects(frame, f"ablation_{kind}")
         assert {h: round(eff[h], 4) for h in pair} == pytest.approx(pair, abs=2e-4), kind
         assert all(eff[h] == 0.0 for h in OTHERS), kind  # exactly the clean metric
-        # mean ablation leaves (0, 0) the average previous token: a partial match that varies by
-        # item (effect 0.33, not significant over 12 items)
-        assert significant(frame, f"ablation_{kind}") == ({(1, 1)} if kind == "mean" else {(0, 0), (1, 1)}), kind
+        # the per-position mean leaves (0, 0) the average previous token at each position: a
+        # partial match that varies by item (effect 0.33, not significant over 12 items)
+        want = {(1, 1)} if kind == "mean_position" else {(0, 0), (1, 1)}
+        assert significant(frame, f"ablation_{kind}") == want, kind
         assert set(frame[frame["method"] == f"ablation_{kind}"]["n"]) == {12}
 
 
@@ -99,6 +103,10 @@ def test_mean_is_per_position_aligned_from_the_end():
     assert means[0].shape == (4, 4, 64)
     torch.testing.assert_close(means[0][:, 0], z4[0][0, :, 0])  # only the longer input has position -4
     torch.testing.assert_close(means[0][:, 1:], (z3[0][0] + z4[0][0, :, 1:]) / 2)
+    # "mean": every token of both inputs (3 + 4) in one vector per head
+    pooled = pooled_mean_z(task, means)
+    assert pooled[0].shape == (4, 64)
+    torch.testing.assert_close(pooled[0], (z3[0][0].sum(1) + z4[0][0].sum(1)) / 7)
 
 
 def test_resample_sources_are_a_seeded_derangement_within_a_length():
