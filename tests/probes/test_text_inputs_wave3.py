@@ -271,3 +271,20 @@ def test_short_stages_keep_their_two_lines_and_no_heartbeat(monkeypatch):
     out = buf.getvalue().splitlines()
     assert out[0] == "headscope: syntactic started" and out[1].startswith("headscope: syntactic done in ")
     assert len(out) == 2
+
+
+def test_roles_on_a_log_prints_progress_for_a_long_text(tmp_path, capsys, monkeypatch):
+    """capsys' stderr is no terminal, as a log: before, roles printed no progress there at all
+    (short stages staying silent is checked on StageProgress above)."""
+    p = tmp_path / "t.txt"
+    p.write_text("\n".join(f"Sentence number {i} is here ." for i in range(12)) + "\n", encoding="utf-8")
+    monkeypatch.setattr(terminal, "LONG_STAGE_ITEMS", 10)  # 12 lines count as a long text
+    monkeypatch.setattr(terminal, "HEARTBEAT_S", 0.0)
+    argv = ["roles", "minilm-l6", "--roles", "positional", "--text", str(p), "--batch-size", "4"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("headscope: text")]
+    assert err[0] == "headscope: text started" and err[-1].startswith("headscope: text done in ")
+    assert [line.rsplit(",", 1)[0] for line in err[1:-1]] == [
+        "headscope: text 4/12 items",
+        "headscope: text 8/12 items",
+    ]
