@@ -92,9 +92,11 @@ class Run:
     model: str | None
 
 
-def _numbers(s: pd.Series) -> tuple[np.ndarray, int | None]:
+def _numbers(s: pd.Series, text: bool = True) -> tuple[np.ndarray, int | None]:
     """``s`` as float64 (missing cells NaN) and the position of the first cell that is
-    not a number (a bool, a word, a list...), or None."""
+    not a number (a bool, a word, a list...), or None. ``text``: the cells are text (a
+    CSV file: "0.5" is a number); else they are typed (Parquet), and a string is not a
+    number whatever it says."""
     if pd.api.types.is_bool_dtype(s):
         return np.full(len(s), np.nan), 0 if len(s) else None
     if pd.api.types.is_numeric_dtype(s):
@@ -108,7 +110,7 @@ def _numbers(s: pd.Series) -> tuple[np.ndarray, int | None]:
         if isinstance(v, (int, float, np.integer, np.floating)):
             out[i] = float(v)
             continue
-        if isinstance(v, str):
+        if isinstance(v, str) and text:
             try:
                 out[i] = float(v)
             except ValueError:
@@ -183,9 +185,10 @@ def check_table(
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"{p}: not {what} (missing column {missing[0]!r}); expected {_expected(columns)}")
+    text = df.attrs.get("source") != "parquet"  # a Parquet column is typed: "0.5" there is text, not a number
     df = df.copy()
     for c in (*ints, *ints_or_missing):
-        values, bad = _numbers(df[c])
+        values, bad = _numbers(df[c], text)
         rule = f"an integer in [0, {MAX_INDEX}]"
         if bad is None:
             wrong = ~np.isnan(values) & ((values != np.floor(values)) | (values < 0) | (values > MAX_INDEX))
@@ -196,7 +199,7 @@ def check_table(
             raise ValueError(f"{p}:row {bad + 1}: {c} must be {rule}; got {_cell(df[c].iloc[bad])}")
         df[c] = values.astype("int64") if c in ints else values  # float64 keeps the empty cells as NaN
     for c in floats:
-        values, bad = _numbers(df[c])
+        values, bad = _numbers(df[c], text)
         if bad is None and np.isinf(values).any():
             bad = int(np.argmax(np.isinf(values)))
         if bad is not None:
@@ -207,14 +210,11 @@ def check_table(
         if not pd.api.types.is_bool_dtype(s):
             flags = []
             for i, v in enumerate(s.to_numpy(dtype=object)):
-                text = (
-                    str(v).strip().lower()
-                    if isinstance(v, (str, bool, int, float, np.bool_, np.integer, np.floating))
-                    else ""
-                )
-                if text not in _TRUE | _FALSE:
+                typed = (bool, int, float, np.bool_, np.integer, np.floating)
+                word = str(v).strip().lower() if isinstance(v, typed) or (text and isinstance(v, str)) else ""
+                if word not in _TRUE | _FALSE:
                     raise ValueError(f"{p}:row {i + 1}: {c} must be True or False; got {_cell(v)}")
-                flags.append(text in _TRUE)
+                flags.append(word in _TRUE)
             df[c] = np.array(flags, dtype=bool)
     for c in labels:
         s = df[c]
@@ -247,7 +247,7 @@ def check_roles_table(df: pd.DataFrame, path) -> pd.DataFrame:
     for c in ("relation", "direction"):
         df[c] = df[c].fillna("").astype(str) if c in df else ""
     if "n" in df:
-        values, bad = _numbers(df["n"])
+        values, bad = _numbers(df["n"], df.attrs.get("source") != "parquet")
         if bad is not None or (~np.isnan(values) & ((values < 0) | (values != np.floor(values)))).any():
             bad = (
                 bad

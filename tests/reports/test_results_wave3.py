@@ -274,3 +274,193 @@ def test_diff_of_runs_whose_finite_heads_do_not_meet(tmp_path, capsys):
     )
     assert "unknown (run A has no finite score) 1: L1H0 r" in out
     assert "unknown (run B has no finite score) 2: L0H0 r, L0H1 r" in out
+
+
+# ------------------------------------------------------------- 2. load_run checks the schema
+
+
+@pytest.fixture(scope="module")
+def real_runs(minilm, tmp_path_factory):
+    """One folder of each kind, written by headscope itself (small runs): roles (MiniLM,
+    positional, 12 lines), prune (the planted copy model), patch (activation and attribution
+    patching of the planted induction model), report (synthetic frames) and diff (the
+    report against itself)."""
+    from test_patching import planted_model, writing_induction
+    from test_pruning import alternating, planted_copy_model
+    from test_report import synthetic_frames
+
+    import headscope.probes.models.loading as loading
+    from headscope.analyses.patching.study import StudyConfig, patching_study
+    from headscope.analyses.patching.tasks import load_task
+    from headscope.analyses.pruning.metrics import LMLoss
+    from headscope.analyses.pruning.study import PruneConfig, pruning_study
+    from headscope.probes.models.card import model_card, render_card
+    from headscope.probes.outputs.atomic import write_frame, write_json
+    from headscope.probes.outputs.folder import claim_output, manifest_header
+
+    base = tmp_path_factory.mktemp("runs")
+    text = base / "t.txt"
+    text.write_text("".join(path("text/sentences.txt").read_text(encoding="utf-8").splitlines(True)[:12]))
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(loading, "load_model", lambda *a, **k: minilm)
+        argv = ["roles", "minilm-l6", "--roles", "positional", "--text", text, "--out", base / "roles", "--quiet"]
+        assert main([str(a) for a in argv]) == 0
+    finally:
+        mp.undo()
+    # a patch folder as `headscope patch` writes it (the frame of a real study, its writers)
+    planted = writing_induction(planted_model())
+    study = patching_study(planted, load_task(planted, "induction", n_items=6, seq_len=6), StudyConfig())
+    with claim_output(base / "patch", "patch") as folder, folder.staging() as tmp:
+        write_frame(study.frame, tmp / "patch")
+        write_json({**manifest_header("patch"), **study.summary}, tmp / "run.json")
+    copy = planted_copy_model()
+    cfg = PruneConfig(metric="lm_loss", step=0.34, n_random_seeds=2, n_boot=20)
+    pruning_study(copy, cfg, base / "prune", metric=LMLoss(copy, alternating(8, seed=2)))
+    frames = {k: v for k, v in synthetic_frames().items() if k in ("roles", "stats", "prune_ablation", "skipped")}
+    card = model_card("minilm-l6")
+    pipeline.write_report(frames, card=card, card_text=render_card(card), meta=_meta(), out_dir=base / "report")
+    assert main(["diff", str(base / "report"), str(base / "report"), "--out", str(base / "diff"), "--json"]) == 0
+    return {kind: base / kind for kind in ("roles", "prune", "patch", "report", "diff")}
+
+
+def _copy(real_runs, kind: str, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(real_runs[kind], tmp_path / kind))
+
+
+def _rewrite(folder: Path, kind: str, stem: str, change, csv: bool = False) -> Path:
+    """Apply ``change`` to table ``stem`` of ``folder`` (its Parquet, or its CSV with the
+    Parquet removed) and return the file changed."""
+    sub = folder / ("tables" if kind in ("report", "diff") else "")
+    parquet, text = sub / f"{stem}.parquet", sub / f"{stem}.csv"
+    if csv:
+        parquet.unlink()
+        df = pd.read_csv(text, keep_default_na=False, na_values=[""])
+        change(df).to_csv(text, index=False)
+        return text
+    change(pd.read_parquet(parquet)).to_parquet(parquet, index=False)
+    return parquet
+
+
+def _first(df, column, value):
+    df = df.copy()
+    df[column] = df[column].astype(object)
+    df.loc[df.index[0], column] = value
+    return df
+
+
+NUMBERS = r"must hold numbers \(empty where there is none\)"
+SCHEMA_CASES = [
+    # kind, table, change, CSV?, the error after "<file>: "
+    (
+        "roles",
+        "roles",
+        lambda d: d.drop(columns="p_value"),
+        False,
+        r"not a roles table \(missing column 'p_value'\); expected columns layer, head, role, relation, "
+        r"direction, score, baseline, margin, ci_low, ci_high, p_value, n, verdict, p_raw, test",
+    ),
+    ("roles", "roles", lambda d: d.astype({"score": str}), False, rf"column 'score' {NUMBERS}; got the text '0\.\d+"),
+    ("roles", "roles", lambda d: d.astype({"p_value": str}), False, rf"column 'p_value' {NUMBERS}; got the text"),
+    ("roles", "roles", lambda d: d.astype({"verdict": int}), False, r"column 'verdict' must hold True or False; got"),
+    (
+        "roles",
+        "roles",
+        lambda d: d.astype({"n": float}).assign(n=2.5),
+        False,
+        r"column 'n' must hold integers; got 2\.5",
+    ),
+    ("roles", "roles", lambda d: _first(d, "score", "high"), True, rf"column 'score' {NUMBERS}; got 'high' in row 1$"),
+    ("roles", "roles", lambda d: _first(d, "layer", ""), True, r"column 'layer' must hold integers; got an empty cell"),
+    ("roles", "roles", lambda d: _first(d, "verdict", "maybe"), True, r"column 'verdict' .* got 'maybe' in row 1$"),
+    ("roles", "roles", lambda d: d.assign(role=1), False, r"column 'role' must hold text; got 1 in row 1$"),
+    ("roles", "roles_by_head", lambda d: d.astype({"n_roles": str}), False, r"column 'n_roles' .*; got the text '\d'"),
+    ("prune", "ablation", lambda d: d.astype({"value": str}), False, rf"column 'value' {NUMBERS}; got the text"),
+    (
+        "prune",
+        "curves",
+        lambda d: _first(d.astype({"layer": float}), "layer", 1.5),
+        False,
+        r"column 'layer' must hold integers or empty cells; got 1\.5 in row 1$",
+    ),
+    (
+        "prune",
+        "prunable",
+        lambda d: d.drop(columns="base_value"),
+        False,
+        r"not a prunable-fraction table \(missing column 'base_value'\)",
+    ),
+    ("patch", "patch", lambda d: d.astype({"effect": str}), False, rf"column 'effect' {NUMBERS}; got the text"),
+    ("patch", "patch", lambda d: _first(d, "significant", "yes"), True, r"'significant' .*; got 'yes' in row 1$"),
+    ("patch", "patch", lambda d: d.drop(columns="p_value"), False, r"not a patching table \(missing column 'p_value'"),
+    ("report", "roles", lambda d: d.drop(columns="score"), False, r"not a roles table \(missing column 'score'\)"),
+    ("report", "prune_ablation", lambda d: d.astype({"value": str}), False, rf"column 'value' {NUMBERS}; got the"),
+    ("report", "stats", lambda d: _first(d, "value", "x"), True, rf"column 'value' {NUMBERS}; got 'x' in row 1$"),
+    ("diff", "role_changes", lambda d: d.astype({"delta": str}), False, rf"column 'delta' {NUMBERS}; got the text"),
+]
+
+
+@pytest.mark.parametrize("kind, stem, change, csv, message", SCHEMA_CASES)
+def test_load_run_checks_each_table_against_its_schema(real_runs, tmp_path, kind, stem, change, csv, message):
+    from headscope.reports import load_run
+
+    folder = _copy(real_runs, kind, tmp_path)
+    load_run(folder)  # as headscope wrote it: read
+    changed = _rewrite(folder, kind, stem, change, csv)
+    with pytest.raises(ValueError) as err:
+        load_run(folder)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"{changed}: ") and re.search(message, line), line
+
+
+def test_a_csv_cell_that_reads_as_a_number_is_a_number(real_runs, tmp_path):
+    from headscope.reports import load_run
+
+    folder = _copy(real_runs, "roles", tmp_path)
+    _rewrite(folder, "roles", "roles", lambda d: _first(d, "score", "NaN"), csv=True)
+    roles = load_run(folder).tables["roles"]
+    assert roles["score"].dtype == "float64" and np.isnan(roles["score"].iloc[0])
+    assert roles["score"].iloc[1:].notna().all()
+
+
+def test_diff_refuses_numbers_stored_as_text(real_runs, tmp_path, capsys):
+    # a report folder (read by load_run) and a folder of hand-written tables (read by diff itself)
+    good = real_runs["report"]
+    bad = _copy(real_runs, "report", tmp_path)
+    changed = _rewrite(bad, "report", "roles", lambda d: d.astype({"score": str}))
+    line = cli_error(capsys, "diff", good, bad, "--out", tmp_path / "d")
+    assert f"{changed}: column 'score' must hold numbers" in line and "got the text" in line
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    ROLES.astype({"score": str}).to_parquet(loose / "roles.parquet", index=False)
+    line = cli_error(capsys, "diff", loose, loose, "--out", tmp_path / "d")
+    assert re.search(r"loose/roles\.parquet:row 1: score must be a finite number \(or empty\); got '0\.9'", line)
+    (loose / "roles.parquet").unlink()
+    ROLES.to_parquet(loose / "roles.parquet", index=False)
+    _impact([0.1]).astype({"value": str}).to_parquet(loose / "ablation.parquet", index=False)
+    line = cli_error(capsys, "diff", loose, loose, "--out", tmp_path / "d")
+    assert re.search(r"loose/ablation\.parquet:row 1: value must be a finite number \(or empty\); got '0\.1'", line)
+    assert not (tmp_path / "d").exists()
+
+
+def test_the_schema_lists_agree_with_the_modules_that_write_the_tables():
+    from headscope.analyses.patching.frames import PATCH_COLUMNS
+    from headscope.analyses.pruning.ablation import ROLE_ABLATION_COLUMNS
+    from headscope.analyses.pruning.curves import PRUNABLE_COLUMNS
+    from headscope.analyses.roles.coreference import PAIR_COLUMNS
+    from headscope.analyses.roles.pipeline import CLUSTER_DTYPES
+    from headscope.reports import diff
+    from headscope.reports.figures import EXAMPLE_COLUMNS
+    from headscope.reports.pipeline import SKIPPED_COLUMNS
+    from headscope.reports.runs import _schemas
+
+    s = _schemas()
+    assert list(s["patch"].columns) == PATCH_COLUMNS and list(s["role_ablation"].columns) == ROLE_ABLATION_COLUMNS
+    assert list(s["prunable"].columns) == PRUNABLE_COLUMNS and list(s["coref_pairs"].columns) == PAIR_COLUMNS
+    assert list(s["clusters"].columns) == list(CLUSTER_DTYPES) and list(s["examples"].columns) == EXAMPLE_COLUMNS
+    assert list(s["skipped"].columns) == SKIPPED_COLUMNS
+    assert list(s["role_changes"].columns) == diff.ROLE_CHANGE_COLUMNS
+    assert list(s["importance_changes"].columns) == diff.IMPORTANCE_CHANGE_COLUMNS
+    assert list(s["top_heads"].columns) == diff.TOP_HEADS_COLUMNS

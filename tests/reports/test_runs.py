@@ -99,8 +99,9 @@ def test_prune_folder_in_progress_and_complete(tmp_path):
     for name, df in done.frames.items():
         pd.testing.assert_frame_equal(run.tables[name], df, check_exact=True, obj=name)
     # diff reads the folder through load_run; a pruning study's "roles" table (its role
-    # ablation) is not taken for a table of role verdicts
-    write_frame(pd.DataFrame({"role": ["r"], "k": [1], "metric": ["lm_loss"], "value_role": [0.1]}), out / "roles")
+    # ablation, ROLE_ABLATION_COLUMNS) is not taken for a table of role verdicts
+    ablation = {"role": ["r"], "k": [1], "metric": ["lm_loss"], "value_role": [0.1], "value_random_mean": [0.2]}
+    write_frame(pd.DataFrame({**ablation, "value_random_std": [0.01], "n_draws": [20]}), out / "roles")
     assert main(["diff", str(out), str(out), "--out", str(tmp_path / "d")]) == 0
 
 
