@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -730,4 +731,14 @@ def largest_changes(frames: dict[str, pd.DataFrame], top: int = 10) -> list[str]
             lines.append(
                 f"importance {r.study} L{r.layer}H{r.head} {r.metric}: {r.value_a:.4g} → {r.value_b:.4g} ({r.delta:+.4g})"
             )
-    return lines or ["no change"]
+    return [_printable(line) for line in lines] or ["no change"]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(line: str) -> str:
+    """``line`` with control characters (a role name's line break or terminal escape
+    sequence, from a user's file) written as ``\\xNN``, so a printed line is one line
+    and cannot drive the terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)

@@ -464,3 +464,13 @@ def test_the_schema_lists_agree_with_the_modules_that_write_the_tables():
     assert list(s["role_changes"].columns) == diff.ROLE_CHANGE_COLUMNS
     assert list(s["importance_changes"].columns) == diff.IMPORTANCE_CHANGE_COLUMNS
     assert list(s["top_heads"].columns) == diff.TOP_HEADS_COLUMNS
+
+
+@pytest.mark.filterwarnings("ignore:Glyph 27:UserWarning")  # the figure's title draws the escape as a box
+def test_diff_prints_a_role_name_from_a_file_on_one_line_without_terminal_codes(tmp_path, capsys):
+    name = "r\x1b[2J\nnext"  # a terminal escape and a line break, from a user's roles table
+    a = _run(tmp_path / "a", ROLES.assign(role=name))
+    b = _run(tmp_path / "b", ROLES.assign(role=name, verdict=[True, True, False]))
+    assert main(["diff", str(a), str(b), "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "gained 1: L0H1 r\\x1b[2J\\x0anext" in out.splitlines()
