@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_STUDIES  # noqa: F401 - QUICK_STUDIES kept for callers
+from headscope.probes.budget import peak_rss_bytes
 from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
 from headscope.probes.outputs.folder import claim_output, manifest_header
 from headscope.probes.outputs.folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
@@ -46,9 +48,6 @@ from headscope.reports.html import build_document, curves_frame, render_html, to
 from headscope.reports.markdown import render_markdown
 
 log = logging.getLogger(__name__)
-
-#: pruning studies of the default (quick) report; ``--full`` runs them all
-QUICK_STUDIES = ("ablation", "importance", "curves")
 
 SKIPPED_COLUMNS = ["analysis", "reason", "count"]
 VERSION_PACKAGES = {
@@ -267,7 +266,7 @@ def _prune_config(*, full: bool, seed: int, prune_config):
     # and all-but-one (H more evaluations); --full runs every study, both ablation modes, on all items
     if full:
         return PruneConfig(seed=seed)
-    return PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)
+    return PruneConfig(**QUICK_PRUNING, seed=seed)  # the quick stage, defined once (analyses.quick_settings)
 
 
 def pruning_blocker(model, prune_config) -> str | None:
@@ -339,6 +338,7 @@ class CausalConfig:
     min_items: int = 4
     max_items: int = 64
     batch_size: int = 16
+    max_rows: int = 144  # sequences per forward (PatchConfig's default); lowered only to fit in memory
     top_k: int = 10
     n_boot: int = 500
     n_perm: int = 2000
@@ -346,7 +346,7 @@ class CausalConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for k in ("row_budget", "min_items", "max_items", "batch_size", "top_k"):
+        for k in ("row_budget", "min_items", "max_items", "batch_size", "max_rows", "top_k"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"The {k!r} parameter of CausalConfig must be a positive int; got {v!r}.")
@@ -470,6 +470,7 @@ def _run_patching(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool):
             directions=("denoising",),
             unit=unit,
             batch_size=cfg.batch_size,
+            max_rows=cfg.max_rows,
             alpha=cfg.alpha,
             n_boot=cfg.n_boot,
             n_perm=cfg.n_perm,
@@ -527,8 +528,13 @@ def run_analyses(
     device_map: str | None = None,
     patching: bool = True,
     causal_config: CausalConfig | None = None,
+    notice=None,
 ):
     """Run card, roles, pruning and patching; return ``(frames, card, card_text, meta)``.
+    Before the model loads, the run's peak memory is estimated and its batch sizes fitted to
+    what is available (:mod:`headscope.reports.budget`; ``MemoryBudgetError`` when nothing
+    fits); ``notice(line)``, when given, receives the estimate and, once the first batch of
+    the role analyses is timed, the estimated time; ``meta["memory"]`` records both with the peak.
     ``patching``: run the patching stage (:data:`ROLE_TASKS`, :class:`CausalConfig`; default
     ``CausalConfig(seed=seed)``); its frame is ``frames["patching"]``, its summary
     ``meta["patching_summary"]``.
@@ -536,7 +542,24 @@ def run_analyses(
     ``role_groups``: a subset of :data:`headscope.analyses.roles.pipeline.ROLE_GROUPS` (default all);
     ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.pipeline.head_roles`
     (default: the shipped corpora)."""
+    from headscope.analyses.roles.config import RolesConfig
+    from headscope.reports import budget as memory
+
     timings: dict[str, float] = {}
+    pcfg = _prune_config(full=full, seed=seed, prune_config=prune_config)
+    ccfg = causal_config or CausalConfig(seed=seed)
+    budget, roles_config, pcfg, ccfg = memory.report_start(
+        model_name,
+        dtype=dtype,
+        device=device,
+        rcfg=roles_config or RolesConfig(seed=seed),
+        pcfg=pcfg,
+        ccfg=ccfg,
+        groups=role_groups,
+        role_inputs=role_inputs,
+        patching=patching,
+        notice=notice,
+    )
     if isinstance(model_name, (str, os.PathLike)):
         with _timed(timings, "card", progress):
             card, card_text = _run_card(model_name)
@@ -555,12 +578,10 @@ def run_analyses(
         card, card_text = _card_of_model(model)
         model_file = {"path": None, "name": None, "sha256": None}
         model_name = model.spec.name
-    pcfg = _prune_config(full=full, seed=seed, prune_config=prune_config)
     absent = {}  # stage -> why it cannot run, known before the first stage spends any time
     if (why := pruning_blocker(model, pcfg)) is not None:
         absent["pruning"] = why
         log.warning("pruning will not run: %s", why)
-    ccfg = causal_config or CausalConfig(seed=seed)
     if not patching:
         absent["patching"] = "turned off (--no-patching)"
     elif (why := patching_blocker(model)) is not None:
@@ -571,7 +592,7 @@ def run_analyses(
             model,
             seed=seed,
             roles_config=roles_config,
-            progress=progress,
+            progress=memory.report_timer(progress, budget, role_groups, roles_config, role_inputs, notice),
             role_groups=role_groups,
             role_inputs=role_inputs,
         )
@@ -613,6 +634,7 @@ def run_analyses(
         "prune_summary": pr.summary if pr else {},
         "patching_summary": patch_summary,
         "absent": absent,
+        "memory": memory.finish(budget, notice),
     }
     return frames, card, card_text, meta
 
@@ -782,6 +804,7 @@ def _run_json(frames, card, meta) -> dict:
         "card": card,
         "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
         "trust_remote_code": bool(meta.get("trust_remote_code")),
+        "memory": {**meta["memory"], "peak_rss_bytes": peak_rss_bytes()} if meta.get("memory") else None,
     }
 
 
@@ -804,6 +827,7 @@ def build_report(
     device_map: str | None = None,
     patching: bool = True,
     causal_config: CausalConfig | None = None,
+    notice=None,
 ) -> ReportResult:
     """Run the analyses on ``model_name`` and write the report folder ``out_dir``
     (default ``runs/report-<model>``). ``model_name`` is a shipped name or a path, or a
@@ -811,7 +835,7 @@ def build_report(
     returned, or a transformer-lens ``TransformerBridge`` (its card comes from the model's
     HF config; ``backend="auto"`` keeps the model's own backend). ``progress(stage, done, total)`` is called on every
     stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
-    defaults (``RolesConfig(seed=seed)``, ``PruneConfig(quick=True, seed=seed, ablation_modes=("zero",), studies=QUICK_STUDIES)``, or ``PruneConfig(seed=seed)`` with ``full``);
+    defaults (``RolesConfig(seed=seed)``, ``PruneConfig(**QUICK_PRUNING, seed=seed)``, or ``PruneConfig(seed=seed)`` with ``full``);
     ``role_groups`` / ``role_inputs`` are passed to the roles pipeline; ``patching`` /
     ``causal_config``: the patching stage (:func:`run_analyses`). Raises
     ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
@@ -844,6 +868,7 @@ def build_report(
             device_map=device_map,
             patching=patching,
             causal_config=causal_config,
+            notice=notice,
         )
         paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
     summary = run_summary(frames, meta, out)

@@ -45,6 +45,7 @@ def model_name(args) -> str:
 
 
 def run(args) -> int:
+    from headscope.reports.budget import emitter
     from headscope.reports.cli.argtypes import resolve_device
     from headscope.reports.cli.terminal import StageProgress, print_summary
     from headscope.reports.pipeline import build_report
@@ -65,6 +66,7 @@ def run(args) -> int:
             dtype=args.dtype,
             device=device,
             device_map=args.device_map,
+            notice=emitter(args.quiet),  # the memory estimate up front, the estimated time, the peak at the end
         )
     if args.json:
         print_summary(result.summary, as_json=True)

@@ -188,6 +188,7 @@ def run(args) -> int:
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     if args.dtype != "fp32" and args.backend == "bridge":
@@ -206,9 +207,11 @@ def run(args) -> int:
             )
     groups = check_roles(wanted)
     inputs = _read_inputs(args, cfg, groups)
+    budget, cfg = memory.roles_start(args, cfg, groups, inputs, device)  # refused in one line if it cannot fit
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
         model = load_from_args(args, device)
+        budget, cfg = memory.roles_refine(budget, model, cfg, groups, inputs)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
 
@@ -225,7 +228,7 @@ def run(args) -> int:
                 text=inputs.get("text"),
                 roles=groups,
                 cfg=cfg,
-                progress=progress,
+                progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet),
             )
 
         with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json
@@ -251,6 +254,7 @@ def run(args) -> int:
                     "config": result.config,
                     "n_items": result.n_items,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()},
+                    "memory": memory.finish(budget, memory.emitter(args.quiet)),
                     "inputs": {
                         "conllu": [str(c.path) for c in inputs.get("conllu", [])],
                         "coref": str(inputs["coref"].path) if "coref" in inputs else None,

@@ -1,0 +1,549 @@
+"""The memory a run will need, the memory it may use, and the batch that fits.
+
+:func:`estimate` is arithmetic on a model's sizes (:class:`Shape`, read from its config
+before any weight is loaded) and on what the run does (one :class:`Stage` per kind of
+forward pass). It returns an :class:`Estimate`: bytes per component and the peak, the
+larger of two phases that never overlap:
+
+* **load**: the process as it is now, the weights, and a second float32 copy of them
+  while they are read (plus a third for a GGUF that is dequantised on first use);
+* **run**: the process, the weights and what the loader leaves behind, plus the largest
+  stage's working set: the patterns kept of one batch (``[batch, head, query_pos,
+  key_pos]`` per captured layer), the attention scores and activations of one forward,
+  the logits of the rows read (``rows × vocab``), the reducers' copies of the patterns,
+  the resampling chunks of the statistics, the activations a backward pass keeps
+  (gradient importance), and the heap glibc keeps after freeing
+  (:mod:`headscope.probes.allocator`).
+
+The factors below were measured on MiniLM-L6 and SmolLM2-135M (CPU, float32): a forward
+costs the patterns kept plus :data:`~headscope.probes.capture.WORK_CELLS` float32 copies of
+one layer's cells, :data:`~headscope.probes.capture.WORK_ACTIVATIONS` values per token and
+``d_model``, and one logit per row read and vocabulary entry.
+
+:func:`available_memory` is what the process may still take: the smallest of
+``MemAvailable``, the cgroup's ``memory.max`` minus its current use, ``RLIMIT_AS`` minus the
+address space mapped and ``RLIMIT_DATA`` minus the data segment, and
+``HEADSCOPE_MEMORY_LIMIT`` (``2G``, ``512M``, bytes: a cap on this process's resident
+memory). :func:`fit` picks the largest batch, at most the one asked for, whose estimate
+fits, and raises :class:`~headscope.probes.errors.MemoryBudgetError` (one line: the
+estimate, what is available, what to change) when even a batch of one does not.
+
+>>> qwen = Shape(n_layers=24, n_heads=14, n_kv_heads=2, d_model=896, d_head=64, d_mlp=4864,
+...              vocab_size=151936, n_params=494_032_768, causal=True)
+>>> est = estimate(qwen, [Stage(name="roles", batch_size=32, longest=40, kept_layers=24)])
+>>> est.phase, round(est.total / 2**30, 1), round(est.breakdown["logits"] / 2**30, 2)
+('load', 4.0, 0.72)
+>>> parse_size("1.5G"), parse_size("512M"), parse_size("4096")
+(1610612736, 536870912, 4096)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import resource
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from headscope.probes.capture import WORK_ACTIVATIONS, WORK_CELLS
+from headscope.probes.errors import MemoryBudgetError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "ENV_LIMIT",
+    "Available",
+    "Estimate",
+    "Shape",
+    "Stage",
+    "available_memory",
+    "estimate",
+    "fit",
+    "parse_size",
+    "peak_rss_bytes",
+    "rss_bytes",
+    "TimeEstimate",
+]
+
+#: the environment variable that caps this process's resident memory (``2G``, ``512M``, bytes)
+ENV_LIMIT = "HEADSCOPE_MEMORY_LIMIT"
+GiB = 1 << 30
+MiB = 1 << 20
+
+#: copies of the kept patterns the role reducers make of a batch (masked rows, word pooling, JS rows)
+REDUCER_COPIES = 2
+#: the largest resampling chunk (:func:`~headscope.analyses.stats.resampling.bootstrap_ci`:
+#: ``2**21`` draws × (8-byte index + 4-byte count + 4-byte one), the permutation test likewise)
+STATISTICS_BYTES = (1 << 21) * 16
+#: heap glibc keeps after a free (``M_TRIM_THRESHOLD`` of :func:`~headscope.probes.allocator.tune_allocator`)
+ALLOCATOR_SLACK = 64 * MiB
+#: share of the float32 loading copy the heap still holds once the weights are in place (measured: 0.35-0.45)
+LOADER_RESIDUE = 0.4
+#: resident bytes of a tokenizer per vocabulary entry (measured: MiniLM-L6 and SmolLM2-135M)
+TOKENIZER_BYTES_PER_ENTRY = 300
+#: code and buffers the loader maps while reading weights (safetensors, tokenizers)
+LOADER_EXTRA = 40 * MiB
+#: values per token, layer and ``d_model`` a backward pass keeps (residual, norms, q/k/v, outputs)
+GRAD_ACTIVATIONS = 10
+
+
+@dataclass(frozen=True, kw_only=True)
+class Shape:
+    """The sizes :func:`estimate` reads: ``bytes_per`` is the run's dtype (4: fp32, 2: bf16/fp16);
+    ``n_params`` counts the weights (a tied unembedding once)."""
+
+    n_layers: int = 1
+    n_heads: int = 1
+    n_kv_heads: int = 1
+    d_model: int = 1
+    d_head: int = 1
+    d_mlp: int = 4
+    vocab_size: int = 0
+    n_params: int = 0
+    causal: bool = False
+    bytes_per: int = 4
+
+    def __post_init__(self):
+        for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "d_mlp"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"The {k!r} parameter of Shape must be a positive int; got {v!r}.")
+        for k in ("vocab_size", "n_params"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"The {k!r} parameter of Shape must be an int >= 0; got {v!r}.")
+        if self.bytes_per not in (1, 2, 4, 8):
+            raise ValueError(f"The 'bytes_per' parameter of Shape must be 1, 2, 4 or 8; got {self.bytes_per!r}.")
+
+    @classmethod
+    def from_hf_config(cls, hf: dict, *, dtype: str = "fp32", where: str = "config") -> Shape:
+        """The shape of the model an HF config dict describes (a GGUF's is read from its metadata:
+        :func:`~headscope.probes.models.card.source_hf_config`), nothing loaded.
+
+        >>> s = Shape.from_hf_config({"model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896,
+        ...     "num_attention_heads": 14, "num_key_value_heads": 2, "intermediate_size": 4864,
+        ...     "vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": True})
+        >>> s.n_params, s.d_head, s.causal
+        (494032768, 64, True)
+        """
+        from headscope.probes.models.arch import arch_from_hf_config
+        from headscope.probes.models.checkpoints import estimate_params
+
+        arch = arch_from_hf_config(hf, where)
+        return cls(
+            n_layers=arch.n_layers,
+            n_heads=arch.n_heads,
+            n_kv_heads=arch.n_kv_heads,
+            d_model=arch.d_model,
+            d_head=arch.d_head,
+            d_mlp=arch.d_mlp or 4 * arch.d_model,
+            vocab_size=arch.vocab_size or 0,
+            n_params=estimate_params(hf) or 0,
+            causal=arch.causal,
+            bytes_per=2 if dtype in ("bf16", "bfloat16", "fp16", "float16") else 4,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stage:
+    """One kind of forward pass of a run.
+
+    ``batch_size``: sequences per forward (the knob :func:`fit` turns); ``longest``: tokens of
+    the longest sequence; ``max_tokens``/``max_cells``: :func:`~headscope.probes.capture.stream`'s
+    caps per batch (padded tokens; attention cells per head, rows × length²; None: none);
+    ``kept_layers``: layers whose patterns are kept for the whole forward; ``logits``:
+    ``"all"`` (every position unembedded), ``"last"`` (one row per sequence) or ``"none"``
+    (an encoder's hidden states); ``loss``: the logits also pass a log-softmax; ``grad``: a
+    backward pass follows (its activations are kept); ``reducers``: role reducers read
+    the patterns; ``statistics``: per-item values are resampled; ``cache_bytes``: what the
+    stage holds besides one batch (a patching study's clean activations, say)."""
+
+    name: str = "run"
+    batch_size: int = 1
+    longest: int = 1
+    max_tokens: int | None = None
+    max_cells: int | None = None
+    kept_layers: int = 0
+    logits: str = "all"
+    loss: bool = False
+    grad: bool = False
+    reducers: bool = False
+    statistics: bool = False
+    cache_bytes: int = 0
+    flag: str = "--batch-size"
+
+    def __post_init__(self):
+        for k in ("batch_size", "longest"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"The {k!r} parameter of Stage must be a positive int; got {v!r}.")
+        if self.logits not in ("all", "last", "none"):
+            raise ValueError(f"The 'logits' parameter of Stage must be 'all', 'last' or 'none'; got {self.logits!r}.")
+
+    def extent(self) -> tuple[int, int, int]:
+        """``(rows, tokens, cells)`` of its largest batch: the most sequences, padded tokens and
+        attention cells per head that one batch can hold, over every length up to ``longest``
+        (an item alone is never split).
+
+        >>> Stage(batch_size=32, longest=37).extent()
+        (32, 1184, 43808)
+        >>> Stage(batch_size=32, longest=300, max_cells=1 << 17, max_tokens=8192).extent()
+        (32, 2048, 131072)
+        """
+        rows = tokens = cells = 0
+        for t in range(1, self.longest + 1):
+            r = self.batch_size
+            if self.max_tokens:
+                r = min(r, max(1, self.max_tokens // t))
+            if self.max_cells:
+                r = min(r, max(1, self.max_cells // (t * t)))
+            rows, tokens, cells = max(rows, r), max(tokens, r * t), max(cells, r * t * t)
+        return rows, tokens, cells
+
+
+@dataclass
+class Estimate:
+    """What :func:`estimate` found: ``breakdown`` (bytes per component), ``phases`` (bytes per
+    phase: ``load`` and each stage), ``total`` (the largest phase, named by ``phase``) and
+    the batch size of each stage."""
+
+    breakdown: dict[str, int]
+    phases: dict[str, int]
+    total: int
+    phase: str
+    batch_sizes: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, dict[str, int]] = field(default_factory=dict, repr=False)
+
+    def describe(self, n: int = 4, phase: str | None = None) -> str:
+        """The ``n`` largest components of ``phase`` (default: the peak's): ``weights 1.8 GiB, …``."""
+        comps = self.parts.get(phase, self.breakdown) if phase else self.breakdown
+        top = sorted(((v, k) for k, v in comps.items() if v > 0), reverse=True)[:n]
+        return ", ".join(f"{k.replace('_', ' ')} {gib(v)}" for v, k in top)
+
+    def record(self) -> dict:
+        """JSON-ready: ``estimate_bytes``, ``phase``, ``breakdown``, ``phases``, ``batch_sizes``."""
+        return {
+            "estimate_bytes": int(self.total),
+            "phase": self.phase,
+            "breakdown": {k: int(v) for k, v in self.breakdown.items()},
+            "phases": {k: int(v) for k, v in self.phases.items()},
+            "batch_sizes": dict(self.batch_sizes),
+        }
+
+
+def _stage_bytes(shape: Shape, stage: Stage) -> dict[str, int]:
+    """The working set of one batch of ``stage``, by component."""
+    b, f32 = shape.bytes_per, 4
+    rows, tokens, cells = stage.extent()
+    h, d, L = shape.n_heads, shape.d_model, shape.n_layers
+    out = {
+        "patterns": stage.kept_layers * h * cells * b,
+        "attention": WORK_CELLS * h * cells * f32,
+        "activations": WORK_ACTIVATIONS * tokens * d * b,
+        "logits": 0,
+        "reducers": REDUCER_COPIES * stage.kept_layers * h * cells * f32 if stage.reducers else 0,
+        "statistics": STATISTICS_BYTES if stage.statistics else 0,
+        "gradients": 0,
+        "cache": int(stage.cache_bytes),
+    }
+    if shape.causal and shape.vocab_size and stage.logits != "none":
+        read = tokens if stage.logits == "all" else rows
+        out["logits"] = read * shape.vocab_size * b * (1 + 2 * (stage.loss or stage.grad))
+    if stage.grad:  # every layer's activations and patterns are kept for the backward pass
+        out["gradients"] = L * (GRAD_ACTIVATIONS * tokens * d + 2 * tokens * shape.d_mlp) * b + L * 2 * h * cells * f32
+    return out
+
+
+def estimate(
+    shape: Shape, stages: Sequence[Stage], *, process: int = 0, load: bool = True, convert: bool = False
+) -> Estimate:
+    """The peak resident memory of a run (see the module doc). ``process``: bytes this process
+    holds now (:func:`rss_bytes`); ``load``: the weights are still to be read (False: a model
+    already in memory, counted in ``process``); ``convert``: a GGUF is dequantised first.
+    ``breakdown`` gives the components of the largest phase (``weights``, ``loading``,
+    ``process``, and that stage's ``patterns``, ``logits``, …).
+
+    >>> tiny = Shape(n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=256, vocab_size=1000, n_params=10**6)
+    >>> e = estimate(tiny, [Stage(batch_size=8, longest=16)], process=100 * 2**20)
+    >>> e.phase, e.breakdown["weights"], e.breakdown["patterns"]
+    ('run', 4000000, 0)
+    """
+    w = shape.n_params * shape.bytes_per if load else 0
+    base = {"process": int(process), "weights": w}
+    tokenizer = TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size if load else 0
+    load_extra = {
+        "loading": (shape.n_params * 4 * (2 if convert else 1) + LOADER_EXTRA) if load else 0,
+        "tokenizer": tokenizer,
+    }
+    residue = {"loader residue": int(LOADER_RESIDUE * shape.n_params * 4) if load else 0, "tokenizer": tokenizer}
+    phases = {"load": sum(base.values()) + sum(load_extra.values())}
+    parts = {"load": {**base, **load_extra}}
+    for stage in stages:
+        work = _stage_bytes(shape, stage)
+        parts[stage.name] = {**base, **residue, **work, "allocator": ALLOCATOR_SLACK}
+        phases[stage.name] = sum(parts[stage.name].values())
+    phase = max(phases, key=phases.get)
+    return Estimate(
+        breakdown=parts[phase],
+        phases=phases,
+        total=phases[phase],
+        phase=phase,
+        batch_sizes={s.name: s.batch_size for s in stages},
+        parts=parts,
+    )
+
+
+# ----------------------------------------------------------------------------- what may be used
+
+
+def parse_size(text) -> int:
+    """``"2G"``, ``"1.5GiB"``, ``"512M"``, ``"300k"``, ``"4096"`` -> bytes (powers of 1024);
+    ``ValueError`` otherwise."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{ENV_LIMIT} must be a size such as 2G, 512M or a number of bytes; got {str(text)[:40]!r}")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def _status() -> dict[str, int]:
+    """``/proc/self/status`` sizes in bytes (VmRSS, VmHWM, VmSize, VmData); {} off Linux."""
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM", "VmSize", "VmData"):
+                    out[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (0 when unknown)."""
+    return _status().get("VmRSS", 0)
+
+
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held (``VmHWM``, else ``ru_maxrss``)."""
+    hwm = _status().get("VmHWM")
+    if hwm:
+        return hwm
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_headroom() -> tuple[int, str] | None:
+    """``memory.max − memory.current`` of this process's cgroup (v2, or v1's ``limit_in_bytes −
+    usage_in_bytes``); None when there is no limit or it cannot be read."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hid == "0" and controllers == "":
+            candidates = [(f"/sys/fs/cgroup{path}".rstrip("/"), "memory.max", "memory.current")]
+        elif "memory" in controllers.split(","):
+            candidates = [
+                (f"/sys/fs/cgroup/memory{path}".rstrip("/"), "memory.limit_in_bytes", "memory.usage_in_bytes"),
+                ("/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"),
+            ]
+        else:
+            continue
+        for folder, lim_name, cur_name in candidates:
+            limit, current = _read_int(f"{folder}/{lim_name}"), _read_int(f"{folder}/{cur_name}")
+            if limit is None or current is None or limit >= 1 << 60:  # "max" or v1's "no limit"
+                continue
+            room = (max(0, limit - current), f"cgroup limit {gib(limit)}")
+            best = room if best is None or room[0] < best[0] else best
+            break
+    return best
+
+
+@dataclass(frozen=True)
+class Available:
+    """``bytes``: what the process may still take; ``source``: which limit says so;
+    ``resident``: what it held when measured (the estimate counts it as ``process``);
+    ``cap``: the limit on the whole process's resident memory, where that is what ``source`` is
+    (``HEADSCOPE_MEMORY_LIMIT``)."""
+
+    bytes: int | None
+    source: str
+    resident: int
+    cap: int | None = None
+
+    @property
+    def budget(self) -> int | None:
+        """The peak resident memory the run may reach: ``cap``, else ``resident + bytes``."""
+        if self.cap is not None:
+            return self.cap
+        return None if self.bytes is None else self.resident + self.bytes
+
+
+def available_memory() -> Available:
+    """The smallest of: ``HEADSCOPE_MEMORY_LIMIT`` minus this process's resident memory,
+    ``MemAvailable``, the cgroup's limit minus its use, ``RLIMIT_AS`` minus the address space
+    mapped, ``RLIMIT_DATA`` minus the data segment. ``bytes`` is None when none is known.
+    ``ValueError`` for a ``HEADSCOPE_MEMORY_LIMIT`` that is not a size."""
+    st = _status()
+    rss = st.get("VmRSS", 0)
+    found: list[tuple[int, str]] = []
+    env = os.environ.get(ENV_LIMIT)
+    cap = None
+    if env is not None and env.strip():
+        cap = parse_size(env)
+        found.append((max(0, cap - rss), f"{ENV_LIMIT}={env.strip()}"))
+    from headscope.probes.models.checkpoints import available_memory_bytes
+
+    avail = available_memory_bytes()
+    if avail is not None:
+        found.append((avail, "MemAvailable"))
+    cg = _cgroup_headroom()
+    if cg is not None:
+        found.append(cg)
+    for name, res, key in (
+        ("RLIMIT_AS", resource.RLIMIT_AS, "VmSize"),
+        ("RLIMIT_DATA", resource.RLIMIT_DATA, "VmData"),
+    ):
+        soft, _hard = resource.getrlimit(res)
+        if soft != resource.RLIM_INFINITY and key in st:
+            found.append((max(0, soft - st[key]), f"{name} {gib(soft)}"))
+    if not found:
+        return Available(None, "unknown", rss)
+    room, source = min(found)
+    return Available(room, source, rss, cap if source.startswith(ENV_LIMIT) else None)
+
+
+# ----------------------------------------------------------------------------- choosing the batch
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.2f} GiB" if n < 10 * GiB else f"{n / GiB:.1f} GiB"
+
+
+def fit(
+    shape: Shape,
+    stages: Sequence[Stage],
+    available: Available,
+    *,
+    command: str,
+    load: bool = True,
+    convert: bool = False,
+    remedies: dict[str, str] | None = None,
+) -> Estimate:
+    """The estimate with each stage's batch at most its ``batch_size``, shrunk (largest first)
+    until the peak fits in ``available.budget``. Raises :class:`MemoryBudgetError` with one line
+    (the estimate, what is available and from where, what to change) when the load alone, or
+    every stage at a batch of one, does not fit. With no known limit, the estimate as asked.
+    ``remedies``: component -> advice (``{"weights": "use --dtype bf16"}``) for the message."""
+    stages = list(stages)
+    kw = dict(process=available.resident, load=load, convert=convert)
+    est = estimate(shape, stages, **kw)
+    budget = available.budget
+    if budget is None or est.total <= budget:
+        return est
+    if est.phases["load"] > budget:
+        raise MemoryBudgetError(_refusal(command, est, "load", available, remedies))
+    fitted = []
+    for i, s in enumerate(stages):
+        lo, hi = 1, s.batch_size  # the largest batch whose phase fits, by bisection (monotone in the batch)
+
+        def fits(n, i=i, s=s):
+            trial = estimate(shape, [replace(s, batch_size=n)], **kw)
+            return trial.phases[s.name] <= budget
+
+        if not fits(1):
+            one = estimate(shape, [replace(s, batch_size=1)], **kw)
+            raise MemoryBudgetError(_refusal(command, one, s.name, available, remedies))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        fitted.append(replace(s, batch_size=lo))
+    return estimate(shape, fitted, **kw)
+
+
+def _refusal(command, est: Estimate, phase: str, available: Available, remedies) -> str:
+    """The one line of a refusal: the estimate of ``phase``, its largest parts, what is
+    available and from where, and what to change (``remedies`` of its largest part)."""
+    remedies = remedies or {}
+    where = "loading the model" if phase == "load" else f"its {phase} stage at batch size 1"
+    comps = est.parts.get(phase, {})
+    top = max((k for k in comps if k != "process"), key=lambda k: comps[k], default="weights")
+    advice = remedies.get(top) or remedies.get("*") or "free memory or use a smaller model"
+    return (
+        f"{command} needs ~{gib(est.phases[phase])} for {where} ({est.describe(phase=phase)}), more than the "
+        f"{gib(available.budget)} this run may use ({available.source}); {advice}, or set {ENV_LIMIT} higher "
+        "if more memory is free"
+    )
+
+
+# ----------------------------------------------------------------------------- time
+
+
+class TimeEstimate:
+    """A ``progress(stage, done, total)`` wrapper that, once the first batch of a run is
+    timed, calls ``emit`` once with the estimated time of the run: the seconds of the work
+    done so far, per unit, times the run's ``total_work`` (0: the ``total`` of that call).
+    ``stages``: only calls of these stages are timed (None: any); ``inner``: the progress
+    callable it wraps.
+
+    >>> lines = []
+    >>> clock = TimeEstimate(total_work=100, emit=lines.append, clock=iter([0.0, 2.0]).__next__)
+    >>> clock("text", 10, 50); clock("text", 20, 50)
+    >>> lines
+    ['estimated time: ~20 s for 100 items at the rate of the first 10 (2.0 s)']
+    """
+
+    def __init__(
+        self,
+        total_work: float,
+        emit: Callable[[str], None],
+        *,
+        inner: Callable | None = None,
+        unit: str = "items",
+        stages: set[str] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.total_work = total_work
+        self.emit = emit
+        self.inner = inner
+        self.unit = unit
+        self.stages = stages
+        self.clock = clock
+        self.started = clock()
+        self.seconds: float | None = None
+
+    def __call__(self, stage: str, done: int, total: int | None = None) -> None:
+        whole = self.total_work or total
+        if self.seconds is None and done and whole and (self.stages is None or stage in self.stages):
+            took = self.clock() - self.started
+            self.seconds = took / done * whole
+            self.emit(
+                f"estimated time: ~{_duration(self.seconds)} for {whole:,.0f} {self.unit} at the rate of "
+                f"the first {done:,} ({took:.1f} s)"
+            )
+        if self.inner is not None:
+            self.inner(stage, done, total)
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"

@@ -1,0 +1,295 @@
+"""Runs sized to the machine (issue #23 item 2): the whole run's peak is estimated before the
+model loads, batches shrink to fit, a run that cannot fit is refused in one line (exit 2)
+instead of being killed, and run.json records the estimate with the measured peak.
+
+Each command runs in a subprocess (its own peak resident memory, its own limits)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from headscope.probes.budget import Shape, Stage, available_memory, estimate, parse_size
+from headscope.probes.errors import MemoryBudgetError
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADSCOPE = [sys.executable, "-m", "headscope.reports.cli"]
+
+#: Qwen2-0.5B's sizes (the model of the issue: 24 layers x 14 heads, 2 KV heads, vocabulary 151,936)
+QWEN_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+}
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "HEADSCOPE_MEMORY_LIMIT"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+def _headscope(args, *, env=None, preexec_fn=None, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*HEADSCOPE, *map(str, args)],
+        cwd=ROOT,
+        env=env or _env(),
+        preexec_fn=preexec_fn,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("headscope: error:")]
+
+
+@pytest.fixture(scope="module")
+def qwen_config(tmp_path_factory) -> Path:
+    """A config.json of Qwen2-0.5B's shape, no weights: the estimate must come from it alone."""
+    path = tmp_path_factory.mktemp("qwen05b") / "config.json"
+    path.write_text(json.dumps(QWEN_05B))
+    return path
+
+
+@pytest.fixture(scope="module")
+def short_text(tmp_path_factory) -> Path:
+    """40 lines of the shipped sentences (a roles run of seconds)."""
+    from headscope.analyses.roles.pipeline import default_text
+
+    path = tmp_path_factory.mktemp("text") / "short.txt"
+    lines = default_text().read_text(encoding="utf-8").splitlines()[:40]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# ----------------------------------------------------------------------------- the estimate itself
+
+
+def test_estimate_from_qwen_config_alone_counts_weights_twice_while_loading_and_the_logits():
+    """Qwen2-0.5B from its config: 494M parameters; loading holds them twice (4 bytes each),
+    the text stage's logits are rows x 151,936 x 4 bytes of its largest batch."""
+    shape = Shape.from_hf_config(QWEN_05B)
+    assert shape.n_params == 494_032_768 and shape.n_kv_heads == 2 and shape.causal
+    stage = Stage(name="text", batch_size=32, longest=40, max_tokens=8192, max_cells=1 << 17, kept_layers=24)
+    est = estimate(shape, [stage], process=0)
+    weights = 494_032_768 * 4
+    assert est.parts["load"]["weights"] == weights and est.parts["load"]["loading"] >= weights
+    assert est.phases["load"] >= 2 * weights
+    assert est.parts["text"]["logits"] == 32 * 40 * 151936 * 4
+    assert est.parts["text"]["patterns"] == 24 * 14 * 32 * 40 * 40 * 4
+    small = estimate(shape, [Stage(name="text", batch_size=1, longest=40, kept_layers=24)], process=0)
+    assert small.parts["text"]["logits"] == 40 * 151936 * 4  # batch 1: one item's rows
+
+
+def test_stage_extent_follows_the_stream_caps():
+    """A batch never holds more than max_cells attention cells per head (rows x length^2), nor
+    max_tokens padded tokens, unless one item alone is larger."""
+    rows, tokens, cells = Stage(batch_size=32, longest=300, max_cells=1 << 17, max_tokens=8192).extent()
+    assert cells <= 1 << 17 and tokens <= 8192 and rows == 32  # 32 rows of 64 tokens: 2048 tokens
+    assert tokens == 2048
+    assert Stage(batch_size=32, longest=1000, max_cells=1 << 17).extent()[2] == 1000 * 1000  # one item alone
+
+
+def test_memory_limit_env_is_a_cap_on_this_process(monkeypatch):
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "3G")
+    avail = available_memory()
+    assert avail.source.startswith("HEADSCOPE_MEMORY_LIMIT") or avail.budget <= parse_size("3G")
+    assert avail.budget <= parse_size("3G")
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "lots")
+    with pytest.raises(ValueError, match="HEADSCOPE_MEMORY_LIMIT must be a size"):
+        available_memory()
+
+
+def test_fit_shrinks_the_batch_and_refuses_when_one_item_cannot_fit():
+    from headscope.probes.budget import Available, fit
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    stage = Stage(name="text", batch_size=32, longest=40, kept_layers=24)
+    at = {
+        b: estimate(shape, [Stage(name="text", batch_size=b, longest=40, kept_layers=24)], load=False).total
+        for b in (1, 32)
+    }
+    mid = (at[1] + at[32]) // 2
+    est = fit(shape, [stage], Available(mid, "test", 0), command="roles", load=False)
+    assert 1 < est.batch_sizes["text"] < 32 and est.total <= mid
+    with pytest.raises(MemoryBudgetError, match=r"roles needs ~.* GiB for its text stage at batch size 1 .*\(test\)"):
+        fit(shape, [stage], Available(at[1] - 1, "test", 0), command="roles", load=False)
+
+
+# ----------------------------------------------------------------------------- refused, not killed
+
+
+def test_roles_over_the_memory_limit_exits_2_with_one_line_and_writes_nothing(tmp_path, short_text):
+    """The reproduction: a roles run whose estimate exceeds its limit used to grow until the
+    kernel killed it; now it answers at once: exit 2, one line with the estimate, the limit and
+    what to change, nothing in --out."""
+    out = tmp_path / "roles"
+    proc = _headscope(
+        ["roles", "minilm-l6", "--roles", "positional", "--text", short_text, "--out", out],
+        env=_env(HEADSCOPE_MEMORY_LIMIT="500M"),
+    )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "roles needs ~" in line and "more than the 0.49 GiB this run may use (HEADSCOPE_MEMORY_LIMIT=500M)" in line
+    assert "HEADSCOPE_MEMORY_LIMIT higher" in line
+    assert not out.exists()
+
+
+def test_qwen_05b_config_gets_an_estimate_up_front_and_a_refusal_under_a_small_limit(tmp_path, qwen_config):
+    """The issue's model from its config alone (no weights exist): the estimate is printed before
+    anything loads; under 2 GiB it is refused in one line naming the load (weights x 2)."""
+    out = tmp_path / "roles"
+    proc = _headscope(
+        ["roles", qwen_config, "--roles", "positional", "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT="64G")
+    )
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    estimate_line = next(line for line in lines if line.startswith("headscope: memory: ~"))
+    gib = float(estimate_line.split("~")[1].split()[0])
+    assert 3.6 <= gib <= 8, estimate_line  # 494M float32 weights, held twice while loading
+    assert "weights 1.84 GiB" in estimate_line
+    if "error: roles needs" not in proc.stderr:  # the machine had the memory: the missing weights stop it
+        assert "has no weights" in _error_lines(proc)[0]
+
+    small = _headscope(["roles", qwen_config, "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT="2G"))
+    assert small.returncode == 2
+    (line,) = _error_lines(small)
+    assert line.startswith("headscope: error: roles needs ~4.") and "for loading the model" in line
+    assert "weights 1.84 GiB" in line and "(HEADSCOPE_MEMORY_LIMIT=2G)" in line
+    assert len(small.stderr.strip().splitlines()) == 1 and not out.exists()
+
+
+def _vm_size_after_imports() -> int:
+    """VmSize of a fresh interpreter once it holds what ``headscope roles`` imports before its estimate."""
+    code = (
+        "from headscope.reports.cli import app, roles; from headscope.reports import budget; "
+        "import headscope.analyses.roles.pipeline; budget.preload('roles'); "
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmSize')][0])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.strip().splitlines()[-1]) * 1024
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+def test_a_real_address_space_limit_is_read_and_refuses_with_exit_2(tmp_path, qwen_config):
+    """RLIMIT_AS set on the subprocess (torch imports under it with 1.5 GiB to spare): the
+    estimate of the Qwen-shaped run (~4 GiB more) does not fit and is refused in one line naming
+    RLIMIT_AS, where without the check the load would die of MemoryError or be killed."""
+    limit = _vm_size_after_imports() + (3 << 29)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+    out = tmp_path / "roles"
+    proc = _headscope(["roles", qwen_config, "--roles", "positional", "--out", out], preexec_fn=cap)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc)
+    assert "roles needs ~" in line and "RLIMIT_AS" in line, line
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- the estimate against the peak
+
+
+def _run_json(out: Path) -> dict:
+    return json.loads((out / "run.json").read_text(encoding="utf-8"))
+
+
+def test_minilm_roles_estimate_is_within_25_percent_of_the_measured_peak(tmp_path, short_text):
+    """The estimate recorded in run.json (and the one printed up front) against the process's
+    measured peak resident memory (VmHWM), within +-25%."""
+    out = tmp_path / "roles"
+    proc = _headscope(
+        ["roles", "minilm-l6", "--roles", "positional,special,summary", "--text", short_text, "--out", out]
+    )
+    assert proc.returncode == 0, proc.stderr
+    mem = _run_json(out)["memory"]
+    peak, est = mem["peak_rss_bytes"], mem["estimate_bytes"]
+    assert abs(est - peak) <= 0.25 * peak, (est, peak)
+    up_front = next(line for line in proc.stderr.splitlines() if line.startswith("headscope: memory: ~"))
+    first = float(up_front.split("~")[1].split()[0]) * 2**30
+    assert abs(first - peak) <= 0.25 * peak, (up_front, peak)
+    assert any(line.startswith("headscope: estimated time: ~") for line in proc.stderr.splitlines())
+    assert any(line.startswith("headscope: memory: peak ") for line in proc.stderr.splitlines())
+    assert mem["available_bytes"] > 0 and mem["breakdown"]["process"] > 0
+
+
+@pytest.mark.slow
+def test_smollm2_roles_estimate_is_within_25_percent_of_the_measured_peak(tmp_path, short_text):
+    """The decoder: logits of every row read (vocabulary 49,152) dominate the run's working set."""
+    out = tmp_path / "roles"
+    proc = _headscope(["roles", "smollm2-135m", "--roles", "positional,special", "--text", short_text, "--out", out])
+    assert proc.returncode == 0, proc.stderr
+    mem = _run_json(out)["memory"]
+    assert abs(mem["estimate_bytes"] - mem["peak_rss_bytes"]) <= 0.25 * mem["peak_rss_bytes"], mem
+
+
+# ----------------------------------------------------------------------------- a smaller batch, the same figures
+
+
+@pytest.fixture(scope="module")
+def long_text(tmp_path_factory) -> Path:
+    """40 lines of ~120 tokens: the batch's patterns and activations dominate what a batch adds."""
+    from headscope.analyses.roles.pipeline import default_text
+
+    words = default_text().read_text(encoding="utf-8").split()
+    path = tmp_path_factory.mktemp("long") / "long.txt"
+    path.write_text("\n".join(" ".join(words[i * 90 : (i + 1) * 90]) for i in range(40)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_batch_shrinks_under_a_budget_between_batch_1_and_default_and_the_figures_stay(tmp_path, long_text):
+    """A budget between the estimates at batch 1 and at the default 32: the run is not refused,
+    its batch shrinks (said on stderr, recorded in run.json) and its role table matches the
+    default run's: same verdicts and p-values, scores equal to float32 rounding (padding to
+    another batch length changes the order of float sums, by < 1e-7 here)."""
+    from dataclasses import replace
+
+    args = ["roles", "minilm-l6", "--roles", "positional,special,summary"]
+    default = _headscope([*args, "--text", long_text, "--out", tmp_path / "a"])
+    assert default.returncode == 0, default.stderr
+    mem = _run_json(tmp_path / "a")["memory"]
+    assert mem["batch_sizes"] == {"text": 32}
+    shape = Shape(**mem["shape"])
+    stage = Stage(**mem["stages"][0])
+    work = {b: estimate(shape, [replace(stage, batch_size=b)], load=False).total for b in (1, 32)}
+    assert work[32] - work[1] > 100 << 20  # the gap is wide against the noise of a process's size
+    limit = mem["breakdown"]["process"] + (work[1] + work[32]) // 2
+
+    shrunk = _headscope(
+        [*args, "--text", long_text, "--out", tmp_path / "b"], env=_env(HEADSCOPE_MEMORY_LIMIT=str(limit))
+    )
+    assert shrunk.returncode == 0, shrunk.stderr
+    got = _run_json(tmp_path / "b")
+    assert 1 <= got["memory"]["batch_sizes"]["text"] < 32 and got["config"]["batch_size"] < 32
+    assert "text batch 32 -> " in shrunk.stderr
+    a = pd.read_csv(tmp_path / "a" / "roles.csv", keep_default_na=False)
+    b = pd.read_csv(tmp_path / "b" / "roles.csv", keep_default_na=False)
+    keys = ["layer", "head", "role", "relation", "direction", "n", "verdict"]
+    pd.testing.assert_frame_equal(a[keys], b[keys])
+    for col in ("score", "baseline", "margin", "ci_low", "ci_high"):
+        assert (a[col] - b[col]).abs().max() < 1e-5, col
+    assert (a.p_value - b.p_value).abs().max() < 1e-3  # a permutation count may move by one at a tie
