@@ -202,7 +202,7 @@ class InHouseModel(EncodesTexts):
     @property
     def unembedding(self) -> torch.nn.Module | None:
         """The decoder's unembedding module, whose input rows a caller may select
-        (:func:`~headscope.analyses.pruning.ablation.unembed_at`); None for an encoder."""
+        (:func:`~headscope.probes.models.backend.unembed_at`); None for an encoder."""
         return None if self.module.cfg.encoder else self.module.unembed
 
     def forward(self, input_ids, attention_mask, **resume) -> torch.Tensor:
