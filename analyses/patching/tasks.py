@@ -51,10 +51,17 @@ or token ids (no tokenisation)::
 (with: ``logit_diff``, without: ``logprob``; on an encoder both are read but unused: the
 metric is ``embedding_cosine``). ``answer`` and ``wrong`` must be single tokens
 (tokenised without special tokens). Blank lines and lines starting with ``#`` are skipped.
+A task file is UTF-8 text (as JSON Lines are), with or without a byte-order mark; any other
+encoding (UTF-16, a binary file) is refused as ``file:line: not UTF-8 text (...)``.
 A malformed line raises :class:`~headscope.probes.errors.InputFileError`
 (``file:line:column: message``); an item whose clean and corrupted inputs tokenise to
 different lengths, or whose answer is not one token, is *unusable*: it is counted and
-listed in :attr:`Task.unusable` (with its line and reason), never dropped silently.
+listed in :attr:`Task.unusable` (with its line, its ``kind`` (:data:`UNUSABLE_KINDS`) and
+the reason), never dropped silently; :meth:`Task.unusable_counts` tallies the kinds. A task
+with no usable item is refused, with the count of each kind.
+
+Generated tasks (``induction``, ``duplicate_token``) make at most
+:data:`MAX_GENERATED_ITEMS` items.
 
 >>> rows = agreement_rows()
 >>> len(rows), sorted(rows[0])
@@ -63,9 +70,12 @@ listed in :attr:`Task.unusable` (with its line and reason), never dropped silent
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import logging
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,6 +84,34 @@ import torch
 from headscope.probes.errors import InputFileError, ModelIncompatibleError
 
 log = logging.getLogger(__name__)
+
+#: most items a generated task (induction, duplicate_token) makes: past it the items alone
+#: fill gigabytes, and patching them takes days (write a larger task to a JSONL file)
+MAX_GENERATED_ITEMS = 100_000
+
+#: why an item is unusable (the ``kind`` of each :attr:`Task.unusable` entry)
+UNUSABLE_KINDS = {
+    "id_past_vocab": "a token id past the vocabulary",
+    "longer_than_context": "longer than the model's context",
+    "not_single_token": "answer or wrong is not a single token",
+    "length_mismatch": "clean and corrupted tokenise to different lengths",
+    "no_partner": "no minimal-pair partner",
+    "same_antecedent": "the partner has the same antecedent",
+    "not_two_candidates": "not two candidates",
+}
+
+
+def unusable_counts(unusable: list[dict]) -> dict[str, int]:
+    """``{kind: count}`` of :attr:`Task.unusable` entries, kinds sorted.
+
+    >>> unusable_counts([{"kind": "not_single_token"}, {"kind": "length_mismatch"}, {"kind": "not_single_token"}])
+    {'length_mismatch': 1, 'not_single_token': 2}
+    """
+    return dict(sorted(Counter(u.get("kind", "other") for u in unusable).items()))
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n}" for k, n in counts.items())
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -173,6 +211,10 @@ class Task:
     def n_unusable(self) -> int:
         return len(self.unusable)
 
+    def unusable_counts(self) -> dict[str, int]:
+        """``{kind: count}`` of the unusable items (:data:`UNUSABLE_KINDS`)."""
+        return unusable_counts(self.unusable)
+
     def batches(self, batch_size: int):
         """Yield ``(clean [batch, pos], corrupted [batch, pos], answer [batch], wrong [batch] | None,
         item indices)`` of items of equal length (no padding), at most ``batch_size`` per batch,
@@ -200,6 +242,7 @@ class Task:
             "metric": self.metric,
             "n_items": len(self.items),
             "n_unusable": self.n_unusable,
+            "unusable_counts": self.unusable_counts(),
             "unusable": self.unusable[:20],
         }
 
@@ -223,8 +266,8 @@ def induction_task(tokenizer, *, n_items: int = 16, seq_len: int = 10, seed: int
     all ``2 seq_len`` ids distinct), answer ``S[-1]``, metric ``logprob``. ``vocab_ids``:
     the ids to draw from (default the roles' ordinary vocabulary). Seeded, no global state."""
 
-    if n_items < 1 or seq_len < 2:
-        raise ValueError(f"n_items must be >= 1 and seq_len >= 2; got {n_items}, {seq_len}")
+    if not 1 <= n_items <= MAX_GENERATED_ITEMS or seq_len < 2:
+        raise ValueError(f"n_items must be in [1, {MAX_GENERATED_ITEMS}] and seq_len >= 2; got {n_items}, {seq_len}")
     vocab, first, gen = _random_items_setup(tokenizer, vocab_ids, 2 * seq_len, "induction", seed)
     items = []
     for _ in range(n_items):
@@ -292,13 +335,47 @@ _TEXT_KEYS = ("clean", "corrupted", "answer")
 _ID_KEYS = ("clean_ids", "corrupted_ids", "answer_id")
 
 
+def _utf8_text(path: Path) -> str:
+    """The text of a task file: UTF-8, a leading byte-order mark dropped; ``InputFileError``
+    ``file:line: not UTF-8 text (...)`` for anything else (UTF-16/32, a binary file)."""
+    from headscope.probes.corpora.text import sniff_encoding
+
+    raw = path.read_bytes()
+    if raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    else:
+        enc = sniff_encoding(raw[:4096])
+        if enc.codec != "utf-8":
+            raise InputFileError(
+                path,
+                1,
+                None,
+                f"not UTF-8 text (it reads as {enc.name}); JSON Lines are UTF-8: re-save the file as UTF-8",
+            )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        before = io.StringIO(raw[: err.start].decode("utf-8"), newline=None).read()  # line ends as read below
+        line, col = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        raise InputFileError(
+            path,
+            line,
+            None,
+            f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {col}: {err.reason}); "
+            "a task file is UTF-8 JSON Lines: re-save it as UTF-8",
+        ) from None
+
+
 def read_task_jsonl(path) -> list[tuple[int, dict]]:
     """``[(line number, item dict)]`` of a task file (format: module docstring), checked for
-    structure; :class:`InputFileError` (``file:line:col``) on the first bad line."""
+    structure; :class:`InputFileError` (``file:line:col``) on the first bad line, or
+    ``file:line: not UTF-8 text (...)`` for a file that is not UTF-8 (a leading byte-order
+    mark is fine)."""
     path = Path(path)
     rows: list[tuple[int, dict]] = []
     with_wrong: bool | None = None
-    with open(path, encoding="utf-8") as f:
+    text = _utf8_text(path)
+    with io.StringIO(text, newline=None) as f:  # LF, CRLF or CR line ends, as open() reads them
         for lineno, line in enumerate(f, start=1):
             stripped = line.strip()
             if not stripped or stripped.startswith("#"):
@@ -398,11 +475,12 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
                 x for x in [*clean, *corrupted, answer, *([wrong] if wrong is not None else [])] if vocab and x >= vocab
             ]
             if too_big:
-                unusable.append({"item": k, "line": lineno, "reason": f"token id {too_big[0]} >= vocab size {vocab}"})
+                reason = f"token id {too_big[0]} >= vocab size {vocab}"
+                unusable.append({"item": k, "line": lineno, "kind": "id_past_vocab", "reason": reason})
                 continue
             if len(clean) > model.spec.max_positions or len(corrupted) > model.spec.max_positions:
                 reason = f"{max(len(clean), len(corrupted))} tokens; the model's context is {model.spec.max_positions}"
-                unusable.append({"item": k, "line": lineno, "reason": reason})
+                unusable.append({"item": k, "line": lineno, "kind": "longer_than_context", "reason": reason})
                 continue
         elif not model.spec.causal:  # an encoder's metric reads no answer token
             clean, corrupted = encoded[id(r)]
@@ -413,12 +491,13 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
             wrong = _single_token(tok, r["wrong"]) if "wrong" in r else None
             if answer is None or ("wrong" in r and wrong is None):
                 bad = r["answer"] if answer is None else r["wrong"]
-                unusable.append({"item": k, "line": lineno, "reason": f"{bad!r} is not a single token"})
+                unusable.append(
+                    {"item": k, "line": lineno, "kind": "not_single_token", "reason": f"{bad!r} is not a single token"}
+                )
                 continue
         if len(clean) != len(corrupted):
-            unusable.append(
-                {"item": k, "line": lineno, "reason": f"clean has {len(clean)} tokens, corrupted {len(corrupted)}"}
-            )
+            reason = f"clean has {len(clean)} tokens, corrupted {len(corrupted)}"
+            unusable.append({"item": k, "line": lineno, "kind": "length_mismatch", "reason": reason})
             continue
         items.append(PairItem(tuple(clean), tuple(corrupted), int(answer), None if wrong is None else int(wrong)))
     metric = "logit_diff" if ("wrong" in rows[0][1] or "wrong_id" in rows[0][1]) else "logprob"
@@ -428,8 +507,8 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
     if unusable:
         first = unusable[0]
         warnings.warn(
-            f"task {name}: {len(unusable)} of {len(rows)} items unusable (first: line {first['line']}: "
-            f"{first['reason']}); they are listed in Task.unusable",
+            f"task {name}: {len(unusable)} of {len(rows)} items unusable ({_counts_text(unusable_counts(unusable))}; "
+            f"first: line {first['line']}: {first['reason']}); they are listed in Task.unusable",
             stacklevel=2,
         )
     if not items:
@@ -437,7 +516,9 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
             source or name,
             None,
             None,
-            f"no usable items: all {len(rows)} unusable (first: line {unusable[0]['line']}: {unusable[0]['reason']})",
+            f"no usable items: read {len(rows)} item{'s' if len(rows) != 1 else ''}, all unusable "
+            f"({_counts_text(unusable_counts(unusable))}; "
+            f"first at line {unusable[0]['line']}: {unusable[0]['reason']})",
         )
     return Task(name=name, items=items, metric=metric, unusable=unusable, source=source)
 
@@ -461,9 +542,10 @@ def duplicate_token_task(
     """
 
     at = seq_len // 2 if first_at is None else first_at
-    if n_items < 1 or seq_len < 3 or not 1 <= at <= seq_len - 2:
+    if not 1 <= n_items <= MAX_GENERATED_ITEMS or seq_len < 3 or not 1 <= at <= seq_len - 2:
         raise ValueError(
-            f"n_items must be >= 1, seq_len >= 3 and 1 <= first_at <= seq_len - 2; got {n_items}, {seq_len}, {at}"
+            f"n_items must be in [1, {MAX_GENERATED_ITEMS}], seq_len >= 3 and 1 <= first_at <= seq_len - 2; "
+            f"got {n_items}, {seq_len}, {at}"
         )
     vocab, first, gen = _random_items_setup(tokenizer, vocab_ids, seq_len + 1, "duplicate_token", seed)
     items = []
@@ -531,16 +613,17 @@ def coreference_rows(path=None, *, seed: int = 0) -> tuple[list[tuple[int, dict]
     rows, unusable = [], []
     for k, it in enumerate(cs.items):
         partner = by_id.get(it.pair) if it.pair else None
-        reason = None
+        reason = kind = None
         if partner is None:
-            reason = "no minimal-pair partner"
+            reason, kind = "no minimal-pair partner", "no_partner"
         elif partner.antecedent == it.antecedent:
-            reason = f"the partner {partner.id} has the same antecedent"
+            reason, kind = f"the partner {partner.id} has the same antecedent", "same_antecedent"
         else:
             a, b = coreference_prompt(it), coreference_prompt(partner)
             reason = a if isinstance(a, str) else (b if isinstance(b, str) else None)
+            kind = "not_two_candidates"
         if reason is not None:
-            unusable.append({"item": k, "line": it.source_line, "reason": reason})
+            unusable.append({"item": k, "line": it.source_line, "kind": kind, "reason": reason})
             continue
         rows.append((it.source_line, {"clean": a[0], "corrupted": b[0], "answer": a[1], "wrong": a[2]}))
     random.Random(seed).shuffle(rows)
@@ -556,7 +639,22 @@ def _agreement(model, *, n_items=None, seed=0, **_):
     return tokenize_rows(model, rows, name="agreement", source=str(p))
 
 
+def _check_fits(model, task: str, seq_len: int, *, per_token: int, extra: int) -> None:
+    """``ValueError`` before generating when ``seq_len`` makes items (``per_token × seq_len +
+    extra`` tokens, plus [CLS]/BOS) longer than the model's context, naming the largest
+    ``seq_len`` that fits."""
+    tok, context = model.tokenizer, model.spec.max_positions
+    first = int((tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id) is not None)
+    n = first + per_token * seq_len + extra
+    if context and n > context:
+        raise ValueError(
+            f"task {task}: seq_len {seq_len} makes items of {n} tokens; the model's context is {context} positions "
+            f"(seq_len at most {(context - first - extra) // per_token})"
+        )
+
+
 def _induction(model, *, n_items=None, seed=0, seq_len=10, **_):
+    _check_fits(model, "induction", seq_len, per_token=2, extra=-1)
     return induction_task(model.tokenizer, n_items=n_items or 16, seq_len=seq_len, seed=seed)
 
 
@@ -571,6 +669,7 @@ def _coreference(model, *, n_items=None, seed=0, **_):
 
 
 def _duplicate_token(model, *, n_items=None, seed=0, seq_len=10, **_):
+    _check_fits(model, "duplicate_token", seq_len, per_token=1, extra=1)
     return duplicate_token_task(model.tokenizer, n_items=n_items or 16, seq_len=seq_len, seed=seed)
 
 
@@ -581,6 +680,22 @@ TASKS = {
     "coreference": _coreference,
     "duplicate_token": _duplicate_token,
 }
+
+
+def task_size(task: str) -> int | None:
+    """How many items ``task`` can give at most, without a model: the rows of a shipped
+    file task (agreement) or of a JSONL file, the minimal pairs of coreference; ``None`` for
+    a generated task (any number up to :data:`MAX_GENERATED_ITEMS`). Tokenisation may leave
+    fewer usable (:attr:`Task.unusable`)."""
+    from headscope.data import path
+
+    if task in ("induction", "duplicate_token"):
+        return None
+    if task == "agreement":
+        return len(read_task_jsonl(path("tasks/agreement.jsonl")))
+    if task == "coreference":
+        return len(coreference_rows()[0])
+    return len(read_task_jsonl(task))
 
 
 def check_decoder(model) -> None:

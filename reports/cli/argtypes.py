@@ -4,6 +4,10 @@ argparse calls them on the raw string; a bad value exits 2 with
 ``headscope <command>: error: argument --top: must be an integer >= 1; got '0'``
 (after the usage line), before anything is read or loaded.
 
+Every count has an upper bound too (``MAX_*`` below), so an absurd value is refused in
+one line instead of running for hours or allocating what no machine holds; list-valued
+flags (``--layers 0,2``, ``--receiver 1.1``) are parsed here as well.
+
 >>> positive_int("3"), seed("0"), fraction("0.5"), unit_interval("0")
 (3, 0, 0.5, 0.0)
 >>> try:
@@ -11,6 +15,13 @@ argparse calls them on the raw string; a bad value exits 2 with
 ... except argparse.ArgumentTypeError as err:
 ...     print(err)
 must be an integer >= 1; got '0'
+>>> try:
+...     batch_size("1000000000000000000")
+... except argparse.ArgumentTypeError as err:
+...     print(err)
+must be an integer <= 65536 (items or rows per forward pass); got '1000000000000000000'
+>>> layer_list("0,2,5"), head("1.3")
+((0, 2, 5), (1, 3))
 """
 
 from __future__ import annotations
@@ -27,18 +38,47 @@ if TYPE_CHECKING:
 __all__ = [
     "BACKENDS",
     "DTYPES",
+    "MAX_BATCH",
+    "MAX_CONTEXT",
+    "MAX_LISTED",
+    "MAX_REPEATS",
     "MAX_SEED",
+    "MAX_SEEDS",
+    "MAX_SENTENCES",
+    "MAX_SEQ_LEN",
     "add_backend",
     "add_device",
     "add_dtype",
+    "batch_size",
+    "cap_note",
     "fraction",
+    "head",
     "int_at_least",
+    "int_in",
+    "layer_list",
+    "listed",
     "load_from_args",
     "positive_int",
     "resolve_device",
     "seed",
     "unit_interval",
 ]
+
+#: items (or rows) per forward pass: ``--batch-size``, ``--max-rows``, ``bench --batch``
+MAX_BATCH = 1 << 16
+#: tokens of context (``card --context``): past any model's
+MAX_CONTEXT = 1 << 32
+#: heads listed or compared (``--top``, ``--top-k``, ``--top-heads``): more than any model has
+MAX_LISTED = 1 << 16
+#: random-order seeds of a pruning study (``prune --seeds``; each is a whole pruning curve)
+MAX_SEEDS = 1000
+#: sentences of a bench corpus (``bench --sentences``, ``--memory-sizes``)
+MAX_SENTENCES = 1_000_000
+#: timed rounds per bench path (``bench --repeats``)
+MAX_REPEATS = 1000
+#: tokens of a generated sequence (``patch --seq-len``): past any model's context; the
+#: model's own context is checked when it loads
+MAX_SEQ_LEN = 1 << 20
 
 #: ``--backend`` of every command that loads a model
 BACKENDS = ("auto", "inhouse", "hf", "bridge")
@@ -154,10 +194,66 @@ def int_at_least(low: int):
         return value
 
     parse.__name__ = f"int_at_least_{low}"
+    parse.low, parse.high = low, None  # read by the tests that go through every count flag
     return parse
 
 
 positive_int = int_at_least(1)
+
+
+def int_in(low: int, high: int, what: str):
+    """A type accepting integers in ``[low, high]``; ``what`` says what the count counts
+    (named in the message for a value past ``high``)."""
+
+    def parse(text: str) -> int:
+        value = _int(text, f"an integer >= {low}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}; got {text[:40]!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be an integer <= {high} ({what}); got {text[:40]!r}")
+        return value
+
+    parse.__name__ = f"int_in_{low}_{high}"
+    parse.low, parse.high = low, high
+    return parse
+
+
+batch_size = int_in(1, MAX_BATCH, "items or rows per forward pass")
+listed = int_in(1, MAX_LISTED, "heads listed")
+
+
+def cap_note(flag: str, asked: int, holds: int, what: str) -> str:
+    """The one-line note of a count capped at what the data holds.
+
+    >>> cap_note("--n-items", 3000, 2304, "task agreement")
+    '--n-items 3000: task agreement holds 2304 items; using all 2304'
+    """
+    return f"{flag} {asked}: {what} holds {holds} item{'s' if holds != 1 else ''}; using all {holds}"
+
+
+def layer_list(text: str) -> tuple[int, ...]:
+    """``--layers``: comma-separated layer indices (integers >= 0), e.g. ``0,2,5``; the
+    model's range is checked when it loads."""
+    rule = "comma-separated layer indices (integers >= 0, e.g. 0,2,5)"
+    parts = [x.strip() for x in str(text).split(",")]
+    if not any(parts):
+        raise argparse.ArgumentTypeError(f"must be {rule}; got {text[:40]!r}")
+    out = []
+    for x in parts:
+        if not x.isascii() or not x.isdigit() or len(x) > 9:  # '', '-1', '1.5', 'a', a number past any model
+            what = "an empty item" if not x else repr(x[:20])
+            raise argparse.ArgumentTypeError(f"must be {rule}; got {text[:40]!r} ({what} is not a layer index)")
+        out.append(int(x))
+    return tuple(dict.fromkeys(out))
+
+
+def head(text: str) -> tuple[int, int]:
+    """``--receiver`` / ``--sender``: one head as ``LAYER.HEAD`` (two integers >= 0, e.g.
+    ``1.1``); the model's range is checked when it loads."""
+    parts = str(text).strip().split(".")
+    if len(parts) != 2 or not all(x.isascii() and x.isdigit() and len(x) <= 9 for x in parts):
+        raise argparse.ArgumentTypeError(f"must be LAYER.HEAD (two integers >= 0, e.g. 1.1); got {text[:40]!r}")
+    return int(parts[0]), int(parts[1])
 
 
 def seed(text: str) -> int:
@@ -167,6 +263,9 @@ def seed(text: str) -> int:
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be {rule}; got {text[:40]!r}")
     return value
+
+
+seed.low, seed.high = 0, MAX_SEED
 
 
 def _float(text: str, rule: str) -> float:

@@ -15,18 +15,20 @@ import sys
 
 def register(sub) -> None:
     from headscope.analyses.bench.harness import PATHS
-    from headscope.reports.cli.argtypes import add_device
+    from headscope.reports.cli.argtypes import MAX_REPEATS, MAX_SENTENCES, add_device, batch_size, int_in, seed
 
     p = sub.add_parser("bench", help="time attention capture against HF and transformer-lens on the same batches")
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name or model directory")
-    p.add_argument("--sentences", type=int, default=512, help="sentences to run (default 512)")
-    p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    p.add_argument(
+        "--sentences", type=int_in(1, MAX_SENTENCES, "sentences"), default=512, help="sentences to run (default 512)"
+    )
+    p.add_argument("--batch", type=batch_size, default=64, help="batch size (default 64)")
     p.add_argument(
         "--dtype", choices=["fp32", "bf16"], default="fp32", help="dtype of the model paths (fp32 default, or bf16)"
     )
     p.add_argument(
         "--repeats",
-        type=int,
+        type=int_in(1, MAX_REPEATS, "timed rounds per path"),
         default=3,
         help="timed rounds per path; the fastest is reported, the median kept (default 3)",
     )
@@ -42,7 +44,7 @@ def register(sub) -> None:
         default="generated",
         help="'generated' (12-40 words, seeded), 'shipped' (data/text/sentences.txt) or a text file",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0, help="seed of the generated corpus (0 to 2**32 - 1; default 0)")
     add_device(p)
     p.add_argument("--memory", action="store_true", help="peak RSS of streaming a small vs a 10x corpus instead")
     p.add_argument("--memory-sizes", default="1000,10000", help="corpus sizes for --memory (default 1000,10000)")
@@ -148,6 +150,10 @@ def _sizes(text: str) -> tuple[int, ...]:
         raise ValueError(f"--memory-sizes must be comma-separated integers; got {text!r}") from None
     if len(sizes) < 2 or min(sizes) < 1:
         raise ValueError(f"--memory-sizes needs at least two positive sizes; got {text!r}")
+    from headscope.reports.cli.argtypes import MAX_SENTENCES
+
+    if max(sizes) > MAX_SENTENCES:
+        raise ValueError(f"--memory-sizes: a corpus size must be at most {MAX_SENTENCES} sentences; got {max(sizes)}")
     return sizes
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, layer_list
 
     p = sub.add_parser("capture", help="capture Q/K/V/patterns for a few texts and summarise them")
     p.add_argument("model", nargs="?", default="minilm-l6")
@@ -20,7 +20,9 @@ def register(sub) -> None:
         default="pattern,q,k,v,z",
         help="comma-separated: pattern,scores,q,k,v,q_rot,k_rot,z,out,resid_post",
     )
-    p.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
+    p.add_argument(
+        "--layers", type=layer_list, default=None, help="comma-separated layer indices, e.g. 0,2,5 (default: all)"
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--export",
@@ -77,15 +79,22 @@ def run(args) -> int:
     from headscope.probes.capture import capture
     from headscope.probes.export import write_patterns_json
     from headscope.probes.models.card import model_card, render_card
+    from headscope.probes.models.loading import QUANTITIES
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)
     export = _export_path(args.export) if args.export is not None else None
     quantities = [q.strip() for q in args.quantities.split(",") if q.strip()]
+    bad = [q for q in quantities if q not in QUANTITIES] or ([] if quantities else [args.quantities])
+    if bad:  # before the model loads
+        raise ValueError(f"--quantities: unknown quantity {bad[0]!r}; choose from {','.join(QUANTITIES)}")
     if export is not None and "pattern" not in quantities:
         quantities.append("pattern")
     model = load_from_args(args, device)
-    layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+    layers = list(args.layers) if args.layers else None
+    past = [layer for layer in layers or () if layer >= model.spec.n_layers]
+    if past:
+        raise ValueError(f"--layers: {model.spec.name} has layers 0..{model.spec.n_layers - 1}; got layer {past[0]}")
     cap = capture(model, args.texts or EXAMPLES, quantities=quantities, layers=layers)
     if export is not None:
         write_patterns_json(cap, export, item=0, tokenizer=model.tokenizer)

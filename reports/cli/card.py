@@ -6,7 +6,7 @@ import json
 
 
 def register(sub) -> None:
-    from headscope.reports.cli.argtypes import positive_int
+    from headscope.reports.cli.argtypes import MAX_CONTEXT, int_in
 
     p = sub.add_parser(
         "card",
@@ -17,7 +17,7 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--context",
-        type=positive_int,
+        type=int_in(1, MAX_CONTEXT, "tokens of context"),
         default=None,
         help="context length for the KV-cache figure (default: the model's)",
     )

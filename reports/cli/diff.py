@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import positive_int
+    from headscope.reports.cli.argtypes import MAX_LISTED, int_in, listed
 
     p = sub.add_parser("diff", help="changes in head roles and importance between two runs of the same architecture")
     p.add_argument("run_a", help="report, roles or prune output folder")
@@ -14,9 +14,14 @@ def register(sub) -> None:
     p.add_argument(
         "--out", type=out_argument, default="runs/diff", metavar="DIR", help="output folder (default: runs/diff)"
     )
-    p.add_argument("--top", type=positive_int, default=10, help="how many of the largest changes to print")
     p.add_argument(
-        "--top-heads", type=positive_int, default=3, metavar="K", help="heads per role compared as a set (default 3)"
+        "--top",
+        type=int_in(1, MAX_LISTED, "changes printed"),
+        default=10,
+        help="how many of the largest changes to print",
+    )
+    p.add_argument(
+        "--top-heads", type=listed, default=3, metavar="K", help="heads per role compared as a set (default 3)"
     )
     p.add_argument("--json", action="store_true", help="print the changes as JSON on stdout")
     p.set_defaults(func=run)

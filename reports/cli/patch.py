@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -22,11 +23,16 @@ def register(sub) -> None:
     from headscope.analyses.patching.tasks import TASKS
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
+        MAX_BATCH,
+        MAX_SEQ_LEN,
         add_backend,
         add_device,
         add_dtype,
+        batch_size,
+        head,
         int_at_least,
-        positive_int,
+        int_in,
+        listed,
         seed,
         unit_interval,
     )
@@ -70,8 +76,10 @@ def register(sub) -> None:
         help="--method ablation: the kinds run on the clean input (default zero mean resample; mean: one vector per "
         "head over every token of the task's clean inputs, as prune's; mean_position: the mean at each position)",
     )
-    p.add_argument("--receiver", default=None, help="path patching: receiver head LAYER.HEAD")
-    p.add_argument("--sender", default=None, help="path patching: one sender LAYER.HEAD (default: all below)")
+    p.add_argument("--receiver", type=head, default=None, help="path patching: receiver head LAYER.HEAD")
+    p.add_argument(
+        "--sender", type=head, default=None, help="path patching: one sender LAYER.HEAD (default: all below)"
+    )
     p.add_argument("--via", nargs="+", choices=["q", "k", "v"], default=["q", "k", "v"], help="receiver inputs")
     p.add_argument(
         "--path-direction", choices=["denoising", "noising"], default="noising", help="path patching (default noising)"
@@ -87,21 +95,60 @@ def register(sub) -> None:
         "--n-items",
         type=int_at_least(2),
         default=None,
-        help="items (default: 16 induction/duplicate_token, 32 agreement/coreference, all of a file)",
+        help="items (default: 16 induction/duplicate_token, 32 agreement/coreference, all of a file; more than a "
+        "file task holds: all, with a note)",
     )
     p.add_argument(
-        "--seq-len", type=int_at_least(2), default=10, help="induction/duplicate_token: length of the random sequence"
+        "--seq-len",
+        type=int_in(2, MAX_SEQ_LEN, "tokens of a generated sequence"),
+        default=10,
+        help="induction/duplicate_token: length of the random sequence (within the model's context)",
     )
     p.add_argument("--seed", type=seed, default=0, help="seed for generated items and resampling")
-    p.add_argument("--batch-size", type=positive_int, default=16, help="items per batch (default 16)")
-    p.add_argument("--max-rows", type=positive_int, default=144, help="sequences per forward (default 144)")
+    p.add_argument("--batch-size", type=batch_size, default=16, help="items per batch (default 16)")
+    p.add_argument(
+        "--max-rows",
+        type=int_in(1, MAX_BATCH, "sequences per forward pass"),
+        default=144,
+        help="sequences per forward (default 144)",
+    )
     p.add_argument("--alpha", type=unit_interval, default=0.05, help="level of the BH-corrected verdict")
-    p.add_argument("--top-k", type=positive_int, default=10, help="heads listed and compared (default 10)")
+    p.add_argument("--top-k", type=listed, default=10, help="heads listed and compared (default 10)")
     p.add_argument(
         "--out", type=out_argument, default=None, help="folder for patch.csv/.parquet, run.json and figures/"
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
+
+
+def _task_items(args, rows) -> tuple[int | None, list[str]]:
+    """``--n-items`` checked against what the task holds, before the model loads: refused past
+    :data:`~headscope.analyses.patching.tasks.MAX_GENERATED_ITEMS` for a generated task, capped
+    (with the note returned) at the rows of a file task. ``rows``: a task file's rows, read."""
+    from headscope.analyses.patching.tasks import MAX_GENERATED_ITEMS, task_size
+    from headscope.reports.cli.argtypes import cap_note
+
+    if args.n_items is None:
+        return None, []
+    holds = len(rows) if rows is not None else task_size(args.task)
+    if holds is None:
+        if args.n_items > MAX_GENERATED_ITEMS:
+            raise ValueError(
+                f"--n-items {args.n_items}: task {args.task} generates at most {MAX_GENERATED_ITEMS} items; "
+                "write a larger task to a JSONL file (--task FILE.jsonl)"
+            )
+        return args.n_items, []
+    if args.n_items <= holds:
+        return args.n_items, []
+    what = f"task file {args.task}" if rows is not None else f"task {args.task}"
+    return holds, [cap_note("--n-items", args.n_items, holds, what)]
+
+
+def _unusable_line(task) -> str:
+    """``task NAME: K of N items unusable (kind count, ...); listed in run.json``."""
+    counts = ", ".join(f"{k} {n}" for k, n in task.unusable_counts().items())
+    total = len(task.items) + task.n_unusable
+    return f"task {task.name}: {task.n_unusable} of {total} items unusable ({counts}); listed in run.json"
 
 
 def render_summary(summary: dict) -> str:
@@ -149,13 +196,11 @@ def figures(frame, spec) -> dict[str, bytes]:
 
 def run(args) -> int:
     from headscope.analyses.patching.activation import PatchConfig
-    from headscope.analyses.patching.path import parse_head
     from headscope.analyses.patching.study import StudyConfig, patching_study
     from headscope.analyses.patching.tasks import TASKS, load_task, read_task_jsonl
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
-    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)  # checked before anything loads
@@ -171,32 +216,36 @@ def run(args) -> int:
             per_position=args.per_position,
             ablations=tuple(dict.fromkeys(args.ablation)),
         ),
-        receiver=parse_head(args.receiver) if args.receiver else None,
-        senders=(parse_head(args.sender),) if args.sender else None,
+        receiver=args.receiver,
+        senders=(args.sender,) if args.sender else None,
         vias=tuple(dict.fromkeys(args.via)),
         path_direction=args.path_direction,
         path_reads=args.receiver_reads,
         top_k=args.top_k,
     )
+    rows = None
     if args.task not in TASKS:  # a task file is checked (file:line:col) before the model loads
         if not Path(args.task).is_file():
             raise FileNotFoundError(
                 f"--task {args.task}: neither a shipped task ({', '.join(TASKS)}) nor an existing JSONL file"
             )
-        read_task_jsonl(args.task)
-    asked = cfg
-    budget, cfg = memory.patch_start(args, asked, device)  # refused in one line if it cannot fit
+        rows = read_task_jsonl(args.task)
+    n_items, notes = _task_items(args, rows)  # an absurd count answers before the model loads
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     with claim_output(args.out, "patch") if args.out else nullcontext() as folder:  # checked before the model loads
         model = load_from_args(args, device)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
-        task = load_task(model, args.task, n_items=args.n_items, seed=args.seed, seq_len=args.seq_len)
-        if task.n_unusable and not args.json:
-            print(f"task {task.name}: {task.n_unusable} unusable items (listed in run.json)", file=sys.stderr)
-        budget, cfg = memory.patch_refine(budget, task, cfg, asked)
+        with warnings.catch_warnings():  # the library's warning of unusable items: said below in one line
+            warnings.filterwarnings("ignore", message=r"task .* items unusable", category=UserWarning)
+            task = load_task(model, args.task, n_items=n_items, seed=args.seed, seq_len=args.seq_len)
+        if task.n_unusable:
+            print(_unusable_line(task), file=sys.stderr)
         result = patching_study(model, task, cfg)
-        used = memory.finish(budget, memory.emitter(False))
         summary = {"model": model.spec.name, "backend": model.backend, **placement(model), **result.summary}
+        if notes:
+            summary["notes"] = notes
         if folder is not None:
             with folder.staging() as tmp:
                 write_frame(result.frame, tmp / "patch")
@@ -210,7 +259,6 @@ def run(args) -> int:
                         **summary,
                         "backend_choice": model.backend_choice,
                         "trust_remote_code": model.trust_remote_code,
-                        "memory": used,
                     },
                     tmp / "run.json",
                 )

@@ -16,12 +16,14 @@ def register(sub) -> None:
     from headscope.analyses.pruning.metrics import METRICS
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
+        MAX_SEEDS,
         add_backend,
         add_device,
         add_dtype,
+        batch_size,
         fraction,
         int_at_least,
-        positive_int,
+        int_in,
         seed,
     )
 
@@ -44,7 +46,12 @@ def register(sub) -> None:
         help="stop the curves at this fraction (default 1.0; 0.5 with --quick)",
     )
     p.add_argument("--orders", nargs="+", choices=list(ORDERS), default=list(ORDERS), help="pruning orders to compare")
-    p.add_argument("--seeds", type=positive_int, default=3, help="random-order seeds (default 3)")
+    p.add_argument(
+        "--seeds",
+        type=int_in(1, MAX_SEEDS, "random-order seeds, each a whole pruning curve"),
+        default=3,
+        help=f"random-order seeds (default 3, at most {MAX_SEEDS})",
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed for random orders and draws (0 to 2**32 - 1; default 0)")
     p.add_argument(
         "--unit",
@@ -56,9 +63,9 @@ def register(sub) -> None:
         "--n-items",
         type=int_at_least(2),
         default=None,
-        help="items of the metric's data (default all; 24 with --quick)",
+        help="items of the metric's data (default all; 24 with --quick; more than the data holds: all, with a note)",
     )
-    p.add_argument("--batch-size", type=positive_int, default=16, help="items per forward pass (default 16)")
+    p.add_argument("--batch-size", type=batch_size, default=16, help="items per forward pass (default 16)")
     p.add_argument("--quick", action="store_true", help="fewer items and steps")
     p.add_argument(
         "--studies",
@@ -81,6 +88,51 @@ def _read_roles(path):
     from headscope.reports.diff import read_roles_table
 
     return read_roles_table(path)
+
+
+def metric_data_size(metric: str | None) -> tuple[int, str]:
+    """``(items, what)``: how many items the data of ``--metric`` holds (``None``: the
+    default metric, lm_loss or cosine_to_unpruned, both on ``heldout/lm_text.txt``), counted
+    as :func:`~headscope.analyses.pruning.metrics.build_metric` reads it, without the model."""
+    import inspect
+
+    from headscope.analyses.pruning.metrics import CorefAccuracy, read_lines, read_paraphrases
+    from headscope.data import path
+
+    if metric == "coref_accuracy":
+        from headscope.probes.corpora import read_coref
+
+        kinds = inspect.signature(CorefAccuracy).parameters["kinds"].default  # build_metric keeps these kinds
+        items = [it for it in read_coref(path("coref/coref.jsonl")).items if it.kind is None or it.kind in kinds]
+        return len(items), f"the coref_accuracy data (coref/coref.jsonl, {'/'.join(kinds)} items)"
+    if metric == "paraphrase_accuracy":
+        items = read_paraphrases(path("paraphrase/pairs.jsonl"))
+        return len(items), "the paraphrase_accuracy data (paraphrase/pairs.jsonl)"
+    name = f"the {metric} data" if metric else "the default metric's data"
+    return len(read_lines(path("heldout/lm_text.txt"))), f"{name} (heldout/lm_text.txt)"
+
+
+def _capped_items(args) -> tuple[int | None, list[str]]:
+    """``--n-items`` capped at what the metric's data holds, and the note saying so."""
+    if args.n_items is None:
+        return None, []
+    from headscope.reports.cli.argtypes import cap_note
+
+    holds, what = metric_data_size(args.metric)
+    if args.n_items <= holds:
+        return args.n_items, []
+    return holds, [cap_note("--n-items", args.n_items, holds, what)]
+
+
+def _record_notes(out, notes: list[str]) -> None:
+    """Add the run's notes (capped counts) to the ``run.json`` the study wrote in ``out``."""
+    from pathlib import Path
+
+    from headscope.probes.outputs.atomic import write_json
+
+    run_json = Path(out) / "run.json"
+    if notes and run_json.is_file():
+        write_json({**json.loads(run_json.read_text(encoding="utf-8")), "notes": notes}, run_json)
 
 
 def render_summary(summary: dict) -> str:
@@ -114,10 +166,12 @@ def render_summary(summary: dict) -> str:
 def run(args) -> int:
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.probes.outputs.folder import claim_output
-    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = None if args.device_map else resolve_device(args.device)
+    n_items, notes = _capped_items(args)  # before the model loads: an absurd count answers at once
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     cfg = PruneConfig(
         metric=args.metric,
         step=args.step,
@@ -127,20 +181,19 @@ def run(args) -> int:
         seed=args.seed,
         quick=args.quick,
         batch_size=args.batch_size,
-        n_items=args.n_items,
+        n_items=n_items,
         unit=args.unit,
         studies=tuple(args.studies),
     )
     roles = _read_roles(args.roles) if args.roles else None
-    asked = cfg
-    budget, cfg = memory.prune_start(args, asked, device)  # refused in one line if it cannot fit
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
         model = load_from_args(args, device)
-        budget, cfg = memory.prune_refine(budget, model, cfg, asked)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
-        timer = memory.parts_timer(None, "pruning", None, False, "parts of the study")
-        result = pruning_study(model, cfg, args.out, roles=roles, progress=timer)  # frames and state into --out
-        memory.add_to_run_json(args.out, "memory", memory.finish(budget, memory.emitter(False)))
+        result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
+        if notes:
+            result.summary["notes"] = notes
+            if args.out:
+                _record_notes(args.out, notes)
     print(json.dumps(result.summary, indent=2, sort_keys=True) if args.json else render_summary(result.summary))
     return 0

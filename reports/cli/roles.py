@@ -31,7 +31,15 @@ from pathlib import Path
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, positive_int, seed, unit_interval
+    from headscope.reports.cli.argtypes import (
+        add_backend,
+        add_device,
+        add_dtype,
+        batch_size,
+        listed,
+        seed,
+        unit_interval,
+    )
 
     p = sub.add_parser(
         "roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference"
@@ -85,8 +93,8 @@ def register(sub) -> None:
     p.add_argument(
         "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
     )
-    p.add_argument("--batch-size", type=positive_int, default=None, help="items per forward pass (default 32)")
-    p.add_argument("--top", type=positive_int, default=3, help="heads shown per role")
+    p.add_argument("--batch-size", type=batch_size, default=None, help="items per forward pass (default 32)")
+    p.add_argument("--top", type=listed, default=3, help="heads shown per role")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
     p.set_defaults(func=run)
@@ -123,6 +131,31 @@ def _read_inputs(args, cfg, groups):
     if "text" in corpora:
         inputs["text"] = read_text(args.text or default_text())
     return inputs
+
+
+def _skipped_text(skipped: dict) -> str:
+    """``group: reason count, ...; group: ...`` of the groups and files that skipped something."""
+    parts = [f"{g}: " + ", ".join(f"{k} {v}" for k, v in sorted(r.items())) for g, r in sorted(skipped.items()) if r]
+    return "; ".join(parts) or "nothing"
+
+
+def check_usable(result, inputs: dict) -> None:
+    """``ValueError`` (one line) when no role group had a usable item: how many items were
+    read from each input and what was skipped, by reason. A run where some group had
+    items passes (its skipped counts are in skipped.json, run.json and on stderr)."""
+    if any(result.n_items.values()) or not result.n_items:
+        return
+    read = []
+    if "text" in inputs:
+        read.append(f"{len(inputs['text'].lines)} text lines")
+    if "conllu" in inputs:
+        read.append(f"{sum(len(c) for c in inputs['conllu'])} CoNLL-U sentences")
+    if "coref" in inputs:
+        read.append(f"{len(inputs['coref'].items)} coreference items")
+    raise ValueError(
+        f"no usable items: read {', '.join(read) or 'generated items only'}, and every role group "
+        f"({', '.join(result.n_items)}) skipped all of them ({_skipped_text(result.skipped)}); nothing written"
+    )
 
 
 def _summary_records(result, top: int) -> list[dict]:
@@ -188,7 +221,6 @@ def run(args) -> int:
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
-    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     if args.dtype != "fp32" and args.backend == "bridge":
@@ -207,11 +239,9 @@ def run(args) -> int:
             )
     groups = check_roles(wanted)
     inputs = _read_inputs(args, cfg, groups)
-    budget, cfg = memory.roles_start(args, cfg, groups, inputs, device)  # refused in one line if it cannot fit
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
         model = load_from_args(args, device)
-        budget, cfg = memory.roles_refine(budget, model, cfg, groups, inputs)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
 
@@ -228,8 +258,11 @@ def run(args) -> int:
                 text=inputs.get("text"),
                 roles=groups,
                 cfg=cfg,
-                progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet),
+                progress=progress,
             )
+        check_usable(result, inputs)  # before anything is written
+        if not args.quiet and any(result.skipped.values()):
+            print(f"skipped: {_skipped_text(result.skipped)} (skipped.json)", file=sys.stderr)
 
         with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json
             write_frame(result.frame, tmp / "roles")
@@ -253,8 +286,8 @@ def run(args) -> int:
                     "trust_remote_code": model.trust_remote_code,
                     "config": result.config,
                     "n_items": result.n_items,
+                    "skipped": result.skipped,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()},
-                    "memory": memory.finish(budget, memory.emitter(args.quiet)),
                     "inputs": {
                         "conllu": [str(c.path) for c in inputs.get("conllu", [])],
                         "coref": str(inputs["coref"].path) if "coref" in inputs else None,
