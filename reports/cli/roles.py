@@ -139,21 +139,28 @@ def _skipped_text(skipped: dict) -> str:
     return "; ".join(parts) or "nothing"
 
 
-def check_usable(result, inputs: dict) -> None:
-    """``ValueError`` (one line) when no role group had a usable item: how many items were
-    read from each input and what was skipped, by reason. A run where some group had
-    items passes (its skipped counts are in skipped.json, run.json and on stderr)."""
+def check_usable(result, inputs: dict, args) -> None:
+    """``ValueError`` (one line, naming the input files) when no role group had a usable
+    item: how many items were read from each input and what was skipped, by reason. A run
+    where some group had items passes (its skipped counts are in skipped.json, run.json and
+    on stderr)."""
+    from headscope.analyses.roles.pipeline import default_text
+
     if any(result.n_items.values()) or not result.n_items:
         return
-    read = []
+    read, files = [], []
     if "text" in inputs:
         read.append(f"{len(inputs['text'].lines)} text lines")
+        files.append(args.text or default_text())
     if "conllu" in inputs:
         read.append(f"{sum(len(c) for c in inputs['conllu'])} CoNLL-U sentences")
+        files += [c.path for c in inputs["conllu"]]
     if "coref" in inputs:
         read.append(f"{len(inputs['coref'].items)} coreference items")
+        files.append(inputs["coref"].path)
+    where = ", ".join(str(f) for f in files) or "roles"
     raise ValueError(
-        f"no usable items: read {', '.join(read) or 'generated items only'}, and every role group "
+        f"{where}: no usable items: read {', '.join(read) or 'generated items only'}, and every role group "
         f"({', '.join(result.n_items)}) skipped all of them ({_skipped_text(result.skipped)}); nothing written"
     )
 
@@ -260,7 +267,7 @@ def run(args) -> int:
                 cfg=cfg,
                 progress=progress,
             )
-        check_usable(result, inputs)  # before anything is written
+        check_usable(result, inputs, args)  # before anything is written
         if not args.quiet and any(result.skipped.values()):
             print(f"skipped: {_skipped_text(result.skipped)} (skipped.json)", file=sys.stderr)
 

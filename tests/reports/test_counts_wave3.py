@@ -316,8 +316,8 @@ def test_roles_with_no_usable_item_exits_2_saying_what_was_read_and_skipped(caps
     text.write_text(("word " * 700 + "\n") * 3)
     rc, lines = run_cli(capsys, "roles", "--roles", "positional", "--text", text, "--out", tmp_path / "o", "--json")
     assert rc == 2 and one_error(lines) == (
-        "headscope: error: no usable items: read 3 text lines, and every role group (positional) skipped all of "
-        "them (positional: longer than context 3); nothing written"
+        f"headscope: error: {text}: no usable items: read 3 text lines, and every role group (positional) skipped "
+        "all of them (positional: longer than context 3); nothing written"
     )
     assert not (tmp_path / "o").exists()
 
