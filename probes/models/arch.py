@@ -151,6 +151,17 @@ class ArchSpec:
     #: family options set away from their default (``"name=value"``), e.g. GPT-2's
     #: ``scale_attn_by_inverse_layer_idx=True``: see ``_FIXED_OPTIONS``
     off_default: tuple[str, ...] = ()
+    #: query heads, KV heads and MLP width of each layer where a GGUF file's layers differ
+    #: (:data:`PER_LAYER`; the card only: no backend builds such a model); None: the same in every
+    #: layer. ``n_heads``/``n_kv_heads``/``d_mlp`` then hold the widest layer's.
+    heads_per_layer: tuple[int, ...] | None = None
+    kv_heads_per_layer: tuple[int, ...] | None = None
+    d_mlp_per_layer: tuple[int, ...] | None = None
+
+    @property
+    def per_layer(self) -> bool:
+        """Whether the layers differ in heads, KV heads or MLP width."""
+        return any(x is not None for x in (self.heads_per_layer, self.kv_heads_per_layer, self.d_mlp_per_layer))
 
     @property
     def causal(self) -> bool:
@@ -346,7 +357,19 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         off_default=tuple(
             f"{k}={hf[k]!r}" for k, default in _FIXED_OPTIONS.get(mtype, {}).items() if k in hf and hf[k] != default
         ),
+        **_per_layer_fields(hf),
     )
+
+
+def _per_layer_fields(hf: dict) -> dict:
+    """The :class:`ArchSpec` per-layer fields of ``hf[PER_LAYER]`` (checked by :func:`check_hf_config`)."""
+    per = hf.get(PER_LAYER) or {}
+    names = {
+        "num_attention_heads": "heads_per_layer",
+        "num_key_value_heads": "kv_heads_per_layer",
+        "intermediate_size": "d_mlp_per_layer",
+    }
+    return {field: tuple(per[key]) for key, field in names.items() if key in per}
 
 
 def arch_from_gguf(path: Path) -> ArchSpec:
@@ -453,9 +476,18 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
         v = get(f"{gguf_arch}.{key}")
         if not (isinstance(v, int) or (isinstance(v, list) and v and all(isinstance(x, int) for x in v))):
             raise CheckpointError(f"{path}: GGUF metadata {gguf_arch}.{key} is missing or not an integer")
+    sizes = _gguf_sizes(f, gguf_arch, model_type, path)
 
     hf: dict[str, Any] = {"model_type": model_type, "architectures": [cls], "_name_or_path": name}
+    if sizes.equal_arrays:
+        hf[EQUAL_PER_LAYER] = list(sizes.equal_arrays)
     for key, hf_key in _GGUF_KEYS.items():
+        if key in _GGUF_SIZES:
+            if key in sizes.per_layer:  # stand-ins for the card's checks; the lists go into hf[PER_LAYER]
+                hf[hf_key] = max(sizes.per_layer[key])
+            elif key in sizes.values:
+                hf[hf_key] = sizes.values[key]
+            continue
         v = get(f"{gguf_arch}.{key}")
         if v is None:
             continue
@@ -469,12 +501,14 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
             hf[key] = float(hf[key])
     if "head_dim" not in hf and model_type in ("llama", "mistral"):  # llama.cpp: the rotated width is d_head
         rot = get(f"{gguf_arch}.rope.dimension_count")
-        if isinstance(rot, int) and rot:
+        if isinstance(rot, int) and not isinstance(rot, bool) and 0 < rot < _MAX_SIZE:
             hf["head_dim"] = rot
     n_heads, d_model = hf.get("num_attention_heads"), hf["hidden_size"]
     if n_heads:
+        heads, kv_heads = _gguf_heads(sizes, gguf_arch, path)
         hf.setdefault("num_key_value_heads", n_heads)
-        hf.setdefault("head_dim", d_model // n_heads)
+        hf.setdefault("head_dim", d_model // next(h for h in heads if h))  # llama.cpp: layer 0's heads
+        _per_layer_heads(hf, sizes, heads, kv_heads, gguf_arch, model_type, path, strict)
     if model_type == "falcon":  # FalconConfig's own names; its head_dim is derived, not set
         n_kv = hf.pop("num_key_value_heads")
         hf.pop("head_dim", None)
@@ -502,7 +536,8 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
     except ModelIncompatibleError as e:
         if strict:
             raise
-        rope, hf[NOT_LOADABLE] = None, str(e).removeprefix(f"{path}: ")
+        rope = None
+        hf.setdefault(NOT_LOADABLE, str(e).removeprefix(f"{path}: "))
     if rope is not None:
         hf["rope_parameters"] = rope
     tokens = f.get("tokenizer.ggml.tokens")
@@ -518,7 +553,318 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
     hf["tie_word_embeddings"] = gguf_arch in ("falcon", "bloom") or "output.weight" not in {
         t.name for t in reader.tensors
     }
+    _check_gguf_tensors(reader, hf, sizes, gguf_arch, path)
     return hf
+
+
+#: GGUF ``<arch>.KEY`` sizes, checked under the file's own key names before any is used
+#: (:func:`_gguf_sizes`); ``block_count`` first, as the per-layer arrays' lengths are checked against it
+_GGUF_SIZES = (
+    "block_count",
+    "embedding_length",
+    "context_length",
+    "vocab_size",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+)
+#: sizes llama.cpp lets a file give per layer, as an array of ``block_count`` entries (``get_key_or_arr``)
+_GGUF_PER_LAYER = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
+#: the most layers llama.cpp loads (``LLAMA_MAX_LAYERS``, ``llama-hparams.h``): its per-layer arrays hold so many
+GGUF_MAX_LAYERS = 512
+#: key of :func:`gguf_hf_config`'s dict (``strict=False``: the card) holding the sizes of a file whose layers
+#: differ: ``{HF key: [one per layer]}`` (``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``)
+PER_LAYER = "headscope_per_layer"
+#: key of :func:`gguf_hf_config`'s dict listing the per-layer arrays whose entries are all equal (full GGUF
+#: keys), read as that one number; transformers' reader is shown them so while it reads the file
+EQUAL_PER_LAYER = "headscope_equal_per_layer"
+
+
+@dataclass(frozen=True)
+class _GGUFSizes:
+    """A GGUF file's sizes, checked: ``values`` by key (without the ``<arch>.`` prefix; a per-layer
+    array whose entries are all equal is that entry), ``per_layer`` the arrays whose entries differ,
+    ``kinds`` each key's stored value type (to spot a negative count written unsigned)."""
+
+    values: dict[str, int]
+    per_layer: dict[str, tuple[int, ...]]
+    kinds: dict[str, Any]
+    equal_arrays: tuple[str, ...] = ()
+
+    def layers(self, key: str) -> tuple[int, ...] | None:
+        """``key``'s value in each layer (None: the file does not give it)."""
+        if key in self.per_layer:
+            return self.per_layer[key]
+        return (self.values[key],) * self.values["block_count"] if key in self.values else None
+
+    def show(self, key: str, v: int) -> str:
+        """``v`` as a message states it, with what it reads as signed when it looks like a
+        negative count written unsigned (``4294967292 (-4 as a signed 32-bit integer)``)."""
+        bits = {"UINT32": 32, "UINT64": 64}.get(getattr(self.kinds.get(key), "name", None))
+        if bits and v >= 1 << (bits - 1):
+            return f"{v:,} ({v - (1 << bits):,} as a signed {bits}-bit integer: a negative count?)"
+        return f"{v:,}"
+
+
+def _gguf_sizes(fields: dict, gguf_arch: str, model_type: str, path: Path) -> _GGUFSizes:
+    """Read and check the sizes of :data:`_GGUF_SIZES` under their GGUF names: each one integer
+    (or, for :data:`_GGUF_PER_LAYER`, an array with one non-negative entry per layer), positive,
+    below 2**63; at most :data:`GGUF_MAX_LAYERS` layers. Mamba's files write head counts and
+    ``feed_forward_length`` 0 ("unused"): those are left out. Raises ``CheckpointError`` naming
+    the key and the value."""
+    from gguf import GGUFValueType
+
+    from headscope.probes.errors import CheckpointError
+
+    def bad(key: str, msg: str) -> CheckpointError:  # msg: " must be ..." or "=value is ..."
+        return CheckpointError(f"{path}: GGUF metadata {gguf_arch}.{key}{msg}")
+
+    values: dict[str, int] = {}
+    per_layer: dict[str, tuple[int, ...]] = {}
+    kinds: dict[str, Any] = {}
+    equal: list[str] = []
+    for key in _GGUF_SIZES:
+        field = fields.get(f"{gguf_arch}.{key}")
+        if field is None:
+            continue
+        try:
+            v = field.contents()
+        except Exception:  # noqa: BLE001 - an entry the reader cannot decode
+            raise bad(key, " cannot be read") from None
+        is_array = bool(field.types) and field.types[0] == GGUFValueType.ARRAY
+        kinds[key] = field.types[-1] if field.types else None
+        items = v if is_array else [v]
+        if is_array and key not in _GGUF_PER_LAYER:
+            raise bad(key, f" must be one integer; got an array of {len(items)}")
+        if is_array and not items:
+            raise bad(key, " is an empty array; expected one entry per layer")
+        for x in items:
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise bad(key, f" must be a positive integer; got {x!r}")
+            if x < 0:
+                raise bad(key, f" must be a positive integer; got {x:,}")
+            if x >= _MAX_SIZE:
+                raise bad(key, f"={x:,} is past 2**63, more than any tensor can index")
+        if not is_array:
+            values[key] = v
+            continue
+        n = values.get("block_count")
+        if n is not None and len(items) != n:
+            raise bad(key, f" gives {len(items)} per-layer entries; {gguf_arch}.block_count is {n}")
+        if len(set(items)) == 1:
+            values[key] = items[0]
+            equal.append(f"{gguf_arch}.{key}")
+        else:
+            per_layer[key] = tuple(items)
+    if model_type == "mamba":
+        for key in _GGUF_PER_LAYER:
+            if values.get(key) == 0:
+                del values[key]
+    for key, v in values.items():
+        if v == 0:
+            raise bad(key, " must be a positive integer; got 0")
+    if values.get("block_count", 0) > GGUF_MAX_LAYERS:
+        raise bad(
+            "block_count",
+            f"={values['block_count']:,} is past {GGUF_MAX_LAYERS}, the most layers llama.cpp loads (LLAMA_MAX_LAYERS)",
+        )
+    return _GGUFSizes(values, per_layer, kinds, tuple(equal))
+
+
+def _gguf_heads(sizes: _GGUFSizes, gguf_arch: str, path: Path) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(query heads, KV heads)`` of each layer, checked: some layer has heads, none more than
+    ``embedding_length``; KV heads divide the query heads of their layer; without a
+    ``key_length``, the heads (layer 0's, as llama.cpp reads them) divide ``embedding_length``
+    (d_head = embedding_length / head_count). A layer may have no heads at all only in a
+    per-layer array (attention-free layers: LFM2's convolutions, Nemotron-51B's skipped attention)."""
+    from headscope.probes.errors import CheckpointError
+
+    key = f"{gguf_arch}.attention"
+    d_model = sizes.values["embedding_length"]
+    heads = sizes.layers("attention.head_count")
+    kv_heads = sizes.layers("attention.head_count_kv") or heads
+    if not any(heads):
+        raise CheckpointError(f"{path}: GGUF metadata {key}.head_count is 0 in every layer; expected heads somewhere")
+    varies = "attention.head_count" in sizes.per_layer or "attention.head_count_kv" in sizes.per_layer
+    for i, (h, kv) in enumerate(zip(heads, kv_heads)):
+        where = f" in layer {i}" if varies else ""
+        if h > d_model:
+            raise CheckpointError(
+                f"{path}: GGUF metadata {key}.head_count={sizes.show('attention.head_count', h)}{where} is more than "
+                f"{gguf_arch}.embedding_length={d_model:,} (each head reads at least one dimension of the residual stream)"
+            )
+        if kv and not h:
+            raise CheckpointError(
+                f"{path}: GGUF metadata {key}.head_count_kv={kv}{where} gives KV heads to a layer without query heads"
+            )
+        if kv and h % kv:
+            raise CheckpointError(
+                f"{path}: GGUF metadata {key}.head_count_kv={sizes.show('attention.head_count_kv', kv)} does not divide "
+                f"{key}.head_count={h}{where} (each KV head serves an equal group of query heads)"
+            )
+    first = next(h for h in heads if h)
+    if "attention.key_length" not in sizes.values and d_model % first:
+        raise CheckpointError(
+            f"{path}: GGUF metadata {key}.head_count={first} does not divide {gguf_arch}.embedding_length={d_model:,}, "
+            f"and no {key}.key_length gives d_head (llama.cpp takes d_head = embedding_length / head_count)"
+        )
+    return heads, kv_heads
+
+
+def _per_layer_heads(hf: dict, sizes: _GGUFSizes, heads, kv_heads, gguf_arch: str, model_type: str, path, strict):
+    """A file whose layers differ in heads, KV heads or MLP width: refused for loading (no
+    backend here builds layers of different widths), named in one line; for the card
+    (``strict=False``), ``hf[PER_LAYER]`` holds the per-layer values and ``hf[NOT_LOADABLE]`` why
+    it cannot load. LFM2's KV heads, 0 in its convolution layers and one number in its attention
+    layers, are what transformers builds (``full_attn_idxs``): read as that number, as it does."""
+    from headscope.probes.errors import ModelIncompatibleError
+
+    varying = dict(sizes.per_layer)
+    kv = varying.get("attention.head_count_kv")
+    if model_type == "lfm2" and kv is not None and len(set(kv) - {0}) == 1:
+        del varying["attention.head_count_kv"]
+    if not varying:
+        return
+    said = "; ".join(f"{gguf_arch}.{k} = {layer_runs(v)}" for k, v in varying.items())
+    why = f"per-layer sizes ({said}): no backend here builds layers of different widths"
+    if strict:
+        raise ModelIncompatibleError(f"{path}: GGUF metadata gives {why}")
+    hf[NOT_LOADABLE] = f"the metadata gives {why}"
+    hf[PER_LAYER] = {
+        "num_attention_heads": list(heads),
+        "num_key_value_heads": list(kv_heads),
+        **({"intermediate_size": list(varying["feed_forward_length"])} if "feed_forward_length" in varying else {}),
+    }
+
+
+def layer_runs(values) -> str:
+    """Per-layer values as runs: ``4, 8`` or ``8 ×3, 4`` (a value repeated in consecutive layers
+    once, with its count).
+
+    >>> layer_runs([8, 8, 8, 4])
+    '8 ×3, 4'
+    """
+    values = list(values)
+    out: list[str] = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}" if j - i == 1 else f"{values[i]} ×{j - i}")
+        i = j
+    return ", ".join(out)
+
+
+#: GGUF architectures whose layers llama.cpp lays out the common way (``llama-model.cpp``): separate
+#: or fused ``attn_q/k/v`` of head_count × key_length rows, ``ffn_gate/up/down`` of feed_forward_length
+#: (Phi-3's ``ffn_up`` holds gate and up: twice that); their block tensors' shapes are checked
+#: against the metadata (every architecture's embedding, output and layer numbers are)
+_COMMON_LAYOUT = frozenset(
+    {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen2moe",
+        "qwen3moe",
+        "gemma2",
+        "gemma3",
+        "phi3",
+        "starcoder2",
+        "stablelm",
+        "falcon",
+        "bloom",
+        "gpt2",
+        "nemotron",
+    }
+)
+_NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")
+
+
+def _check_gguf_tensors(reader, hf: dict, sizes: _GGUFSizes, gguf_arch: str, path: Path) -> None:
+    """Refuse a GGUF file whose tensor table disagrees with its metadata, before transformers
+    reads it (it would stop on the first mismatch with a ``RuntimeError`` naming neither file nor
+    key): a tensor of a layer past ``block_count``, a layer without tensors, or a tensor whose
+    shape is not the one the sizes imply: the embedding and the output ``[embedding_length,
+    vocab_size]``, GPT-2's positions ``[embedding_length, context_length]`` and, for
+    :data:`_COMMON_LAYOUT`, each layer's attention, MLP and norms. Shapes are given as llama.cpp
+    prints them (``ne0`` first: a linear map's input width, then its output width)."""
+    import re
+
+    from headscope.probes.errors import CheckpointError
+
+    tensors = list(reader.tensors)
+    n_layers = sizes.values.get("block_count")
+    layer_of = {t.name: int(m.group(1)) for t in tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
+    if n_layers and layer_of:
+        past = [name for name, i in layer_of.items() if i >= n_layers]
+        if past:
+            raise CheckpointError(
+                f"{path}: tensor {past[0]!r} belongs to layer {layer_of[past[0]]}, but {gguf_arch}.block_count is "
+                f"{n_layers} (layers 0–{n_layers - 1}); the metadata and the tensors disagree"
+            )
+        empty = sorted(set(range(n_layers)) - set(layer_of.values()))
+        if empty:
+            raise CheckpointError(
+                f"{path}: {gguf_arch}.block_count is {n_layers}, but the file holds no tensor of layer {empty[0]} "
+                f"(blk.{empty[0]}.*; {len(empty)} layer(s) without tensors); the metadata and the tensors disagree"
+            )
+    d_model, vocab = sizes.values.get("embedding_length"), hf.get("vocab_size")
+    said_d, said_v = f"{gguf_arch}.embedding_length {d_model}", f"vocab_size {vocab}"
+    expected: dict[str, tuple[tuple[int, ...], str]] = {}
+    if d_model and vocab:
+        for name in ("token_embd.weight", "output.weight"):
+            expected[name] = ((d_model, vocab), f"{said_d}, {said_v}")
+    if d_model:
+        expected["output_norm.weight"] = expected["output_norm.bias"] = ((d_model,), said_d)
+    ctx = sizes.values.get("context_length")
+    if gguf_arch == "gpt2" and d_model and ctx:
+        expected["position_embd.weight"] = ((d_model, ctx), f"{said_d}, {gguf_arch}.context_length {ctx}")
+    heads = sizes.layers("attention.head_count")
+    if gguf_arch in _COMMON_LAYOUT and d_model and heads and n_layers:
+        kv_heads = sizes.layers("attention.head_count_kv") or heads
+        d_k = sizes.values.get("attention.key_length") or hf.get("head_dim") or d_model // max(heads)
+        d_v = sizes.values.get("attention.value_length") or d_k
+        d_mlp = sizes.layers("feed_forward_length")
+        for i in range(n_layers):
+            h, kv = heads[i], kv_heads[i]
+            q, k, v = h * d_k, kv * d_k, kv * d_v
+            hs = f"head_count {h} × d_head {d_k}"
+            kvs = f"head_count_kv {kv} × d_head {d_k}"
+            rows = {
+                "attn_q": ((d_model, q), q, f"{said_d}; {hs}"),
+                "attn_k": ((d_model, k), k, f"{said_d}; {kvs}"),
+                "attn_v": ((d_model, v), v, f"{said_d}; {kvs}"),
+                "attn_qkv": ((d_model, q + k + v), q + k + v, f"{said_d}; q, k, v of {hs}, {kvs}"),
+                "attn_output": ((h * d_v, d_model), d_model, f"{hs}; {said_d}"),
+            }
+            if d_mlp:
+                f_i = d_mlp[i]
+                up = 2 * f_i if gguf_arch == "phi3" else f_i
+                ff = f"{gguf_arch}.feed_forward_length {f_i}"
+                rows |= {
+                    "ffn_gate": ((d_model, f_i), f_i, f"{said_d}; {ff}"),
+                    "ffn_up": ((d_model, up), up, f"{said_d}; {'2 × ' if up != f_i else ''}{ff}"),
+                    "ffn_down": ((f_i, d_model), d_model, f"{ff}; {said_d}"),
+                }
+            for stem, (shape, out, why) in rows.items():
+                expected[f"blk.{i}.{stem}.weight"] = (shape, why)
+                expected[f"blk.{i}.{stem}.bias"] = ((out,), why)
+            for stem in _NORMS:
+                expected[f"blk.{i}.{stem}.weight"] = expected[f"blk.{i}.{stem}.bias"] = ((d_model,), said_d)
+    for t in tensors:
+        if t.name not in expected:
+            continue
+        shape, why = expected[t.name]
+        got = tuple(int(n) for n in t.shape)
+        if got != shape:
+            raise CheckpointError(
+                f"{path}: tensor {t.name!r} has shape [{', '.join(map(str, got))}]; the metadata implies "
+                f"[{', '.join(map(str, shape))}] ({why}; ne0 first, as llama.cpp prints it)"
+            )
 
 
 #: ``general.architecture`` → layer count of the file's 27B model, on which llama.cpp scales
@@ -652,6 +998,23 @@ _NULL_MEANS_UNSET = ("num_key_value_heads", "head_dim", "n_inner")  # HF derives
 _MAX_SIZE = 2**63  # torch indexes with int64
 
 
+def _check_per_layer(hf: dict, where: str) -> None:
+    """``hf[PER_LAYER]``: a list of non-negative integers per key, one per layer."""
+    from headscope.probes.errors import CheckpointError
+
+    per, n = hf[PER_LAYER], hf.get("num_hidden_layers")
+    keys = ("num_attention_heads", "num_key_value_heads", "intermediate_size")
+    if not isinstance(per, dict) or not set(per) <= set(keys):
+        raise CheckpointError(f"{where}: {PER_LAYER} must map some of {', '.join(keys)} to per-layer lists")
+    for key, values in per.items():
+        if (
+            not isinstance(values, (list, tuple))
+            or len(values) != n
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_SIZE for v in values)
+        ):
+            raise CheckpointError(f"{where}: {PER_LAYER}.{key} must list one non-negative integer per layer ({n})")
+
+
 def check_hf_config(hf: dict[str, Any], where: str) -> None:
     """Refuse a config whose sizes cannot describe a model: a size missing (for the BERT and
     Llama families), null, not an integer, not positive, or heads that do not divide.
@@ -684,7 +1047,9 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
     n_heads = hf.get("num_attention_heads") or hf.get("n_head")
     d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
     n_kv = hf.get("num_key_value_heads") if family not in ENCODER_TYPES else None  # encoders: no KV heads of their own
-    if n_heads and n_kv and n_heads % n_kv:
+    if PER_LAYER in hf:  # a GGUF file's layers differ: gguf_hf_config checked each layer's heads
+        _check_per_layer(hf, where)
+    elif n_heads and n_kv and n_heads % n_kv:
         raise CheckpointError(
             f"{where}: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads} "
             "(each KV head serves an equal group of query heads)"
@@ -702,3 +1067,74 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
             )
         if d_head % 2:
             raise CheckpointError(f"{where}: head_dim {d_head} is odd; RoPE rotates pairs of dimensions")
+    _check_rope_types(hf, where)
+
+
+#: the RoPE types of transformers' ``ROPE_INIT_FUNCTIONS`` (and the plain one): accepted without asking it
+_ROPE_TYPES = ("default", "dynamic", "linear", "llama3", "longrope", "proportional", "yarn")
+
+
+def _rope_type_entries(hf: dict) -> list[tuple[str, Any]]:
+    """``(key path, rope type)`` of each RoPE parameter set in the config: ``rope_parameters``
+    (one set, or one per layer type) and the older ``rope_scaling`` (``type`` or ``rope_type``)."""
+    out = []
+    for top in ("rope_parameters", "rope_scaling"):
+        rope = hf.get(top)
+        if not isinstance(rope, dict):
+            continue
+        sets = (
+            {f"{top}.{k}": v for k, v in rope.items()}
+            if rope and all(isinstance(v, dict) or v is None for v in rope.values())
+            else {top: rope}
+        )
+        for key, params in sets.items():
+            if isinstance(params, dict):
+                for name in ("rope_type", "type"):
+                    if name in params:
+                        out.append((f"{key}.{name}", params[name]))
+                        break
+    return out
+
+
+def _check_rope_types(hf: dict, where: str) -> None:
+    """Refuse a config whose RoPE type transformers does not implement (it would fail with a bare
+    ``KeyError`` while building the model, after the weights were opened). A type outside
+    :data:`_ROPE_TYPES` is put to transformers' own config class of the family, which renames its
+    legacy spellings (Phi-3's ``su``, Qwen2-VL's ``mrope``); code shipped with a checkpoint
+    (``auto_map``) may define its own and is not judged."""
+    from headscope.probes.errors import CheckpointError
+
+    odd = [(k, v) for k, v in _rope_type_entries(hf) if v not in _ROPE_TYPES]
+    if not odd or "auto_map" in hf:
+        return
+    key, value = odd[0]
+    valid = _ROPE_TYPES
+    try:
+        from transformers import CONFIG_MAPPING
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        valid = tuple(sorted({"default", *ROPE_INIT_FUNCTIONS}))
+        config_class = CONFIG_MAPPING[hf.get("model_type")]
+    except (ImportError, KeyError):
+        return  # a family transformers does not know: whatever builds it judges its RoPE
+    if isinstance(value, str):
+        from headscope.probes.models.checkpoints import quiet_transformers
+
+        try:
+            with quiet_transformers():
+                config = config_class(
+                    **{k: v for k, v in hf.items() if k not in ("model_type", "transformers_version")}
+                )
+        except Exception as e:  # noqa: BLE001 - the family's config class refuses it: say why
+            detail = " ".join(str(e).split())[:200] or type(e).__name__
+            raise CheckpointError(
+                f"{where}: {key} is {value!r}, and transformers' {config_class.__name__} refuses the config "
+                f"({detail}); fix it in the config"
+            ) from None
+        allowed = {*valid, getattr(config_class, "default_rope_type", "default")}
+        if all(v in allowed for _, v in _rope_type_entries(config.to_dict())):
+            return  # a legacy spelling the family's config renames
+    raise CheckpointError(
+        f"{where}: {key} is {value!r}, not a RoPE type transformers implements (valid: {', '.join(valid)}); "
+        "fix it in the config"
+    )

@@ -21,6 +21,8 @@ contexts up to the maximum.
 
 from __future__ import annotations
 
+import dataclasses
+
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.arch import (
     NOT_LOADABLE,
@@ -28,6 +30,7 @@ from headscope.probes.models.arch import (
     arch_from_hf_config,
     check_hf_config,
     gguf_hf_config,
+    layer_runs,
 )
 from headscope.probes.models.checkpoints import (
     ModelSource,
@@ -63,12 +66,44 @@ def source_hf_config(source: ModelSource) -> dict:
 def _count_params(arch: ArchSpec) -> tuple[int | None, int | None]:
     """(attention params, total params): exact for the in-house families, by arithmetic
     (:func:`~headscope.probes.models.config.param_counts`: nothing allocated, whatever the sizes);
-    None otherwise."""
+    layer by layer where the layers differ (None if one has no attention); None otherwise."""
+    if arch.per_layer:
+        return _count_params_per_layer(arch)
     try:
         cfg = config_from_arch(arch)
     except ModelIncompatibleError:
         return None, None
     return param_counts(cfg)
+
+
+def _count_params_per_layer(arch: ArchSpec) -> tuple[int | None, int | None]:
+    """The counts of a model whose layers differ: each layer's by the arithmetic of a one-layer
+    model of its sizes, the embeddings and final norm once."""
+    n = arch.n_layers
+    heads = arch.heads_per_layer or (arch.n_heads,) * n
+    kv_heads = arch.kv_heads_per_layer or heads
+    widths = arch.d_mlp_per_layer or (arch.d_mlp,) * n
+    if not all(heads) or not all(kv_heads):
+        return None, None  # attention-free layers: what stands in for attention is not in the metadata
+    uniform = dataclasses.replace(
+        arch,
+        n_heads=heads[0],
+        n_kv_heads=kv_heads[0],
+        heads_per_layer=None,
+        kv_heads_per_layer=None,
+        d_mlp_per_layer=None,
+    )
+    try:
+        one = config_from_arch(uniform).replace(n_layers=1)
+        layers = [
+            param_counts(one.replace(n_heads=h, n_kv_heads=kv, **({"d_mlp": m} if m else {})))
+            for h, kv, m in zip(heads, kv_heads, widths)
+        ]
+        with_one, with_two = param_counts(one)[1], param_counts(one.replace(n_layers=2))[1]
+    except (ModelIncompatibleError, ValueError, TypeError):
+        return None, None
+    outside = 2 * with_one - with_two  # embeddings, final norm, unembedding: a one-layer model less its layer
+    return sum(a for a, _ in layers), outside + sum(t - outside for _, t in layers)
 
 
 def card_from_hf_config(hf: dict, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
@@ -86,22 +121,43 @@ TABLE_CONTEXTS = (1024, 4096, 32768, 131072)
 
 def kv_cache_bytes(arch: ArchSpec, context: int, bytes_per_value: int) -> int:
     """KV-cache bytes at ``context`` tokens: a global layer holds every token, a sliding layer
-    at most its window; × 2 (K and V) × KV heads × d_head × bytes per value."""
-    if arch.sliding_window is None:  # arithmetic: a config may claim any number of layers
-        tokens = arch.n_layers * context
-    else:
-        tokens = sum(context if w is None else min(w, context) for w in arch.sliding_window)
-    return 2 * tokens * arch.n_kv_heads * arch.d_head * bytes_per_value
+    at most its window; × 2 (K and V) × the layer's KV heads × d_head × bytes per value."""
+    if arch.sliding_window is None and arch.kv_heads_per_layer is None:  # arithmetic: any number of layers
+        return 2 * arch.n_layers * context * arch.n_kv_heads * arch.d_head * bytes_per_value
+    windows = arch.sliding_window or (None,) * arch.n_layers
+    kv_heads = arch.kv_heads_per_layer or (arch.n_kv_heads,) * arch.n_layers
+    tokens = sum((context if w is None else min(w, context)) * kv for w, kv in zip(windows, kv_heads))
+    return 2 * tokens * arch.d_head * bytes_per_value
+
+
+def _kind(heads: int, kv_heads: int) -> str:
+    """A layer's attention: MHA, MQA, ``GQA/<group size>`` or ``none``."""
+    if not heads or not kv_heads:
+        return "none"
+    if kv_heads == heads:
+        return "MHA"
+    return "MQA" if kv_heads == 1 else f"GQA/{heads // kv_heads}"
 
 
 def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dtype: str = "fp32") -> dict:
+    """The card's dict. Where a GGUF file's layers differ (``arch.per_layer``), ``heads``,
+    ``kv_heads``, ``group_size``, ``heads_x_d_head`` and ``attention`` are None and
+    ``heads_per_layer``, ``kv_heads_per_layer`` and ``attention_per_layer`` hold each layer's;
+    totals and the KV cache add the layers up."""
     if dtype not in BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; valid: {', '.join(BYTES)}")
     n_layers, d_model, n_heads, n_kv, d_head = arch.n_layers, arch.d_model, arch.n_heads, arch.n_kv_heads, arch.d_head
     ctx = context or arch.max_positions or 2048
     if ctx <= 0:
         raise ValueError(f"--context must be positive; got {ctx}")
-    per_token = 2 * n_layers * n_kv * d_head * BYTES[dtype]
+    per_layer = arch.heads_per_layer is not None or arch.kv_heads_per_layer is not None
+    if per_layer:
+        heads = arch.heads_per_layer or (n_heads,) * n_layers
+        kv_heads = arch.kv_heads_per_layer or heads
+        total_heads, total_kv = sum(heads), sum(kv_heads)
+    else:
+        total_heads, total_kv = n_layers * n_heads, n_layers * n_kv
+    per_token = 2 * total_kv * d_head * BYTES[dtype]
     attn_params, total_params = _count_params(arch)
     windows = arch.sliding_window or ()
     sliding = [w for w in windows if w is not None]
@@ -113,14 +169,19 @@ def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dty
         "model_type": arch.model_type,
         "layers": n_layers,
         "d_model": d_model,
-        "heads": n_heads,
+        "heads": None if per_layer else n_heads,
         "d_head": d_head,
-        "kv_heads": n_kv,
-        "attention": arch.attention_kind,
-        "group_size": arch.group_size,
-        "heads_x_d_head": n_heads * d_head,
-        "heads_x_d_head_equals_d_model": n_heads * d_head == d_model,
-        "total_heads": n_layers * n_heads,
+        "kv_heads": None if per_layer else n_kv,
+        "attention": None if per_layer else arch.attention_kind,
+        "group_size": None if per_layer else arch.group_size,
+        "heads_x_d_head": None if per_layer else n_heads * d_head,
+        "heads_x_d_head_equals_d_model": all(h * d_head == d_model for h in heads)
+        if per_layer
+        else n_heads * d_head == d_model,
+        "heads_per_layer": list(heads) if per_layer else None,
+        "kv_heads_per_layer": list(kv_heads) if per_layer else None,
+        "attention_per_layer": [_kind(h, kv) for h, kv in zip(heads, kv_heads)] if per_layer else None,
+        "total_heads": total_heads,
         "attention_params": attn_params,
         "total_params": total_params,
         "attention_share": (attn_params / total_params) if attn_params and total_params else None,
@@ -128,7 +189,7 @@ def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dty
         "dtype": dtype,
         "kv_cache_bytes_per_token": per_token,
         "kv_cache_bytes_at_context": kv_cache_bytes(arch, ctx, BYTES[dtype]),
-        "kv_cache_vs_mha": n_kv / n_heads,
+        "kv_cache_vs_mha": total_kv / total_heads,
         "encoder": arch.encoder,
         # what the attention is beyond heads and KV heads
         "sliding_layers": len(sliding),
@@ -166,14 +227,18 @@ def _bytes(n: int) -> str:
 def render_card(c: dict) -> str:
     """Plain-text rendering of :func:`model_card`'s dict."""
     kind = c["attention"]
-    if kind == "GQA":
+    if kind is None:
+        pass  # per layer: _per_layer_lines
+    elif kind == "GQA":
         kind = f"GQA, {c['kv_heads']} KV heads shared by groups of {c['group_size']} query heads"
     elif kind == "MQA":
         kind = f"MQA, one KV head shared by all {c['heads']} query heads"
     else:
         kind = "MHA, one KV head per query head"
     eq = (
-        f"{c['heads']} heads × {c['d_head']} = {c['heads_x_d_head']} = d_model"
+        ""
+        if c["heads"] is None
+        else f"{c['heads']} heads × {c['d_head']} = {c['heads_x_d_head']} = d_model"
         if c["heads_x_d_head_equals_d_model"]
         else f"{c['heads']} heads × {c['d_head']} = {c['heads_x_d_head']} ≠ d_model {c['d_model']}: "
         "the attention works in a space of a different width than the residual stream"
@@ -182,11 +247,16 @@ def render_card(c: dict) -> str:
         f"model           {c['name']} ({c['model_type']}{', encoder' if c['encoder'] else ', decoder'})",
         f"layers          {c['layers']}",
         f"d_model         {c['d_model']}",
-        f"heads           {c['heads']} per layer, {c['total_heads']} in all; d_head {c['d_head']}",
-        f"                {eq}",
-        f"KV heads        {c['kv_heads']}",
-        f"attention       {kind}",
     ]
+    if c.get("heads_per_layer") is not None:
+        lines += _per_layer_lines(c)
+    else:
+        lines += [
+            f"heads           {c['heads']} per layer, {c['total_heads']} in all; d_head {c['d_head']}",
+            f"                {eq}",
+            f"KV heads        {c['kv_heads']}",
+            f"attention       {kind}",
+        ]
     lines += _attention_extras(c)
     if c.get("not_loadable"):
         lines.append(f"not loadable    {c['not_loadable']}")
@@ -204,7 +274,7 @@ def render_card(c: dict) -> str:
     )
     if c["sliding_layers"] and c["kv_cache_bytes_at_context"] != c["kv_cache_bytes_at_context_without_sliding"]:
         cache += f" ({_bytes(c['kv_cache_bytes_at_context_without_sliding'])} if no layer slid)"
-    if c["kv_heads"] != c["heads"]:
+    if c["kv_cache_vs_mha"] != 1:
         cache += f" ({c['kv_cache_vs_mha']:.2f}× an MHA model of the same shape)"
     lines.append(cache)
     if c["encoder"]:
@@ -217,6 +287,45 @@ def render_card(c: dict) -> str:
         ]
         lines.append(f"KV cache 16-bit {'; '.join(cells)} (fp16/bf16)")
     return "\n".join(lines)
+
+
+def _per_layer_lines(c: dict) -> list[str]:
+    """The heads, KV heads and attention lines of a model whose layers differ: each layer's
+    values (a run of equal ones as ``value ×count``) and their sum."""
+    heads, kv_heads, d_head, d_model = c["heads_per_layer"], c["kv_heads_per_layer"], c["d_head"], c["d_model"]
+    widths = layer_runs(h * d_head for h in heads)
+    vs = "= d_model" if c["heads_x_d_head_equals_d_model"] else f"against d_model {d_model}"
+    kinds = {"MHA": "MHA", "MQA": "MQA", "none": "no attention"}
+    layers = "; ".join(
+        f"{kinds.get(k, f'GQA, groups of {k[4:]}')} in {_layer_span(a, b)}"
+        for k, a, b in _spans(c["attention_per_layer"])
+    )
+    return [
+        f"heads           {_each(heads)}, {c['total_heads']} in all; d_head {d_head}",
+        f"                heads × {d_head} = {widths} (per layer) {vs}",
+        f"KV heads        {_each(kv_heads)}, {sum(kv_heads)} in all",
+        f"attention       by layer: {layers}",
+    ]
+
+
+def _each(values) -> str:
+    """``4, 8 (per layer)``, or ``2 in every layer``."""
+    return f"{values[0]} in every layer" if len(set(values)) == 1 else f"{layer_runs(values)} (per layer)"
+
+
+def _spans(values) -> list[tuple]:
+    """``(value, first layer, last layer)`` of each run of equal values."""
+    out: list[list] = []
+    for i, v in enumerate(values):
+        if out and out[-1][0] == v:
+            out[-1][2] = i
+        else:
+            out.append([v, i, i])
+    return [tuple(x) for x in out]
+
+
+def _layer_span(a: int, b: int) -> str:
+    return f"layer {a}" if a == b else f"layers {a}–{b}"
 
 
 def _attention_extras(c: dict) -> list[str]:

@@ -30,7 +30,7 @@ from headscope.probes.errors import (
     ModelIncompatibleError,
     UnknownGGUFArchitectureError,
 )
-from headscope.probes.models.arch import arch_from_hf_config, check_hf_config, gguf_hf_config
+from headscope.probes.models.arch import EQUAL_PER_LAYER, arch_from_hf_config, check_hf_config, gguf_hf_config
 from headscope.probes.models.config import ModelConfig, config_from_arch, param_counts
 
 log = logging.getLogger(__name__)
@@ -186,12 +186,27 @@ def gguf_as_hf_dir(path: Path) -> Path:
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        with quiet_transformers():
+        with quiet_transformers(), per_layer_arrays_as_numbers(path, meta.get(EQUAL_PER_LAYER)):
             tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    except (ValueError, OSError, KeyError, struct.error, EOFError) as e:
-        detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            hf, info = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32, output_loading_info=True
+            )
+    except (ValueError, OSError, KeyError, struct.error, EOFError, *_config_errors()) as e:
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
         raise CheckpointError(f"{path}: cannot read GGUF file ({detail})") from None
+    except RuntimeError as e:  # a shape the checks of the metadata do not cover (transformers names no tensor)
+        if "ignore_mismatched_sizes" not in str(e):
+            raise
+        raise CheckpointError(
+            f"{path}: a tensor's shape does not match the model its metadata describes (transformers: "
+            f"{str(e).splitlines()[0][:160]}); the file is corrupt or its metadata is wrong"
+        ) from None
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would fill them with random values
+        raise CheckpointError(
+            f"{path}: the model its metadata describes has {len(missing)} weight(s) the file does not hold, "
+            f"e.g. {missing[0]!r}; the file is incomplete or its metadata is wrong"
+        )
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     hf.config.quantization_config = None
@@ -218,6 +233,41 @@ def gguf_as_hf_dir(path: Path) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def per_layer_arrays_as_numbers(path: Path, keys) -> None:
+    """While transformers reads the GGUF file ``path``, show each of ``keys`` (full GGUF keys
+    that :func:`~headscope.probes.models.arch.gguf_hf_config` found to be per-layer arrays
+    whose entries are all equal: ``llama.attention.head_count = [4, 4]``, as some converters
+    write them; ``hf[EQUAL_PER_LAYER]``) as that one number: transformers' reader would put the
+    array into the config (``StrictDataclassFieldValidationError``) and its tensor processors
+    would reshape by it. Arrays whose entries differ never get here (refused by name);
+    nothing is patched where ``keys`` is empty."""
+    if not keys:
+        yield
+        return
+    import gguf
+    import numpy as np
+
+    base, target = gguf.GGUFReader, Path(path).resolve()
+
+    class OneNumberReader(base):
+        def __init__(self, file, *args, **kwargs):
+            super().__init__(file, *args, **kwargs)
+            if Path(file).resolve() != target:
+                return
+            for name in keys:
+                f = self.fields[name]
+                kind = f.types[-1]
+                one = [*f.parts[:2], np.array([int(kind)], dtype=np.uint32), f.parts[f.data[0]]]
+                self.fields[name] = gguf.ReaderField(f.offset, f.name, one, [3], [kind])
+
+    gguf.GGUFReader = OneNumberReader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = base
+
+
 def gguf_meta_config(path: Path) -> dict:
     """The HF config dict of a GGUF file from its metadata alone, to check its sizes before any
     tensor is read: :func:`~headscope.probes.models.arch.gguf_hf_config` (a cut or corrupt file
@@ -236,12 +286,22 @@ def gguf_meta_config(path: Path) -> dict:
 
         with quiet_transformers():
             cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
-    except (ValueError, OSError, KeyError, TypeError, struct.error, EOFError) as e:
-        detail = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    except (ValueError, OSError, KeyError, TypeError, struct.error, EOFError, *_config_errors()) as e:
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
         raise CheckpointError(f"{path}: cannot read GGUF file ({detail})") from None
     log.info("%s; its config comes from transformers' GGUF reader", reason)
     cfg.pop("quantization_config", None)
     return cfg
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers' config classes raise for a value they refuse (huggingface_hub's strict
+    dataclasses: a per-layer array where one number goes, heads that do not divide)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:
+        return ()
+    return (StrictDataclassError,)
 
 
 def _transformers_reads_gguf_arch(path: Path) -> bool:
@@ -389,24 +449,31 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
     index = directory / "model.safetensors.index.json"
     try:
         if st.exists():
-            return load_file(str(st))
+            state = load_file(str(st))
+            check_weight_dtypes({k: str(v.dtype) for k, v in state.items()}, st)
+            return state
         if index.exists():
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
             state = {}
             for shard in shards:
-                state.update(load_file(str(directory / shard)))
+                part = load_file(str(directory / shard))
+                check_weight_dtypes({k: str(v.dtype) for k, v in part.items()}, directory / shard)
+                state.update(part)
             return state
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{st if st.exists() else index}: corrupt or truncated safetensors ({e})") from None
     binf = directory / "pytorch_model.bin"
     if binf.exists():
         try:
-            return torch.load(binf, map_location="cpu", weights_only=True)
+            state = torch.load(binf, map_location="cpu", weights_only=True)
         except Exception as e:
             raise CheckpointError(
                 f"{binf}: refused or unreadable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
                 "only weights-only checkpoints are loaded"
             ) from None
+        if isinstance(state, dict):
+            check_weight_dtypes({k: str(v.dtype) for k, v in state.items() if isinstance(v, torch.Tensor)}, binf)
+        return state
     raise CheckpointError(f"{directory}: no model.safetensors, shard index or pytorch_model.bin")
 
 
@@ -622,14 +689,27 @@ def quiet_transformers():
     verbosity = transformers.logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
     transformers.logging.set_verbosity_error()
-    if not log.isEnabledFor(logging.INFO):
+    quiet = not log.isEnabledFor(logging.INFO)
+    if quiet:
         hf_logging.disable_progress_bar()
+    gguf_utils = bar = None
+    if quiet:  # the GGUF reader's own bar ("Converting and de-quantizing GGUF tensors") is a plain tqdm
+        with contextlib.suppress(ImportError):
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+            bar, gguf_utils.tqdm = gguf_utils.tqdm, _no_bar
     try:
         yield
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+        if bar is not None:
+            gguf_utils.tqdm = bar
+
+
+def _no_bar(iterable, *args, **kwargs):
+    return iterable
 
 
 # ----------------------------------------------------------------------------- sizes and memory
@@ -720,10 +800,61 @@ def check_safetensors(path: Path) -> None:
     try:
         header = json.loads(raw.decode("utf-8"))
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        dtypes = {k: str(v["dtype"]) for k, v in header.items() if k != "__metadata__"}
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
         raise bad("the header is not the JSON table of tensors") from None
     if 8 + n + end > size:
         raise bad(f"{size:,} bytes; its header places tensor data up to byte {8 + n + end:,}")
+    check_weight_dtypes(dtypes, path)
+
+
+#: safetensors dtypes of integers and booleans (never a trained weight's) -> torch's names for them
+INTEGER_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U64": "uint64",
+    "I64": "int64",
+}
+#: tensors that name a quantised checkpoint's parts (bitsandbytes, GPTQ, AWQ)
+_QUANTISED_PARTS = (".SCB", ".weight_format", ".qweight", ".qzeros", ".g_idx")
+
+
+def _is_parameter(name: str) -> bool:
+    """Whether a checkpoint tensor is a trained weight or bias (not a buffer: position or
+    token-type ids, GPT-2's causal mask ``attn.bias``/``attn.masked_bias``, a batch count)."""
+    return name.endswith((".weight", ".bias")) and not name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+def check_weight_dtypes(dtypes: dict[str, str], where) -> None:
+    """Refuse a checkpoint whose weights (``{tensor name: dtype}``, safetensors' ``I8`` or
+    torch's ``torch.int8``) include one stored as an integer or boolean: transformers and
+    torch would cast it to float without a word (int8 ``-3`` becomes the weight ``-3.0``; a
+    quantised weight loses its scales). Floating dtypes (float16, bfloat16, float32, float64)
+    pass, and so do integer buffers (``position_ids``)."""
+    torch_names = set(INTEGER_DTYPES.values())
+
+    def integer(d: str) -> str | None:
+        d = d.removeprefix("torch.")
+        return INTEGER_DTYPES.get(d) or (d if d in torch_names else None)
+
+    bad = sorted(k for k, d in dtypes.items() if _is_parameter(k) and integer(d))
+    if not bad:
+        return
+    kind = (
+        "it is a quantised checkpoint (its tensors include bitsandbytes/GPTQ/AWQ parts), which headscope does not load"
+        if any(k.endswith(_QUANTISED_PARTS) for k in dtypes)
+        else "quantised checkpoints (int8, GPTQ, AWQ, bitsandbytes) are not supported"
+    )
+    raise CheckpointError(
+        f"{where}: weight {bad[0]!r} is stored as {integer(dtypes[bad[0]])} ({len(bad)} integer or boolean "
+        f"weight(s)); weights must be floating point (float16, bfloat16, float32 or float64): {kind}; load the "
+        "unquantised release, or dequantise it first"
+    )
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -770,4 +901,47 @@ def check_gguf(path: Path):
         raise CheckpointError(
             f"{path}: truncated GGUF file ({size:,} bytes; its tensors end at byte {end:,}); copy or download it again"
         )
+    check_gguf_layout(reader, path, size)
     return reader
+
+
+def _ne(tensor) -> str:
+    """A GGUF tensor's shape as llama.cpp prints it: ``[ne0, ne1, ...]``, the row length first."""
+    return "[" + ", ".join(str(int(n)) for n in tensor.shape) + "]"
+
+
+def check_gguf_layout(reader, path: Path, size: int) -> None:
+    """Refuse a GGUF file whose tensors' declared types and shapes do not account for its bytes,
+    as llama.cpp's loader does (``gguf.cpp``): each tensor's data starts where the one before
+    it ends, padded to the file's alignment, and the last one ends the file (gguf's reader
+    already refuses a quantised tensor whose rows are not whole blocks). A tensor declared
+    ``Q4_0`` whose bytes are F32 (its type lies) is caught by the gap it leaves; the message
+    names the tensor, its declared type and shape, the bytes these imply and those it has."""
+    align = int(reader.alignment)
+    tensors = list(reader.tensors)
+    expected = 0  # offset of the next tensor's data from the start of the data section
+    for i, t in enumerate(tensors):
+        start = int(t.data_offset) - int(reader.data_offset)
+        if start != expected:
+            if i == 0:
+                raise CheckpointError(
+                    f"{path}: tensor {t.name!r}, the first, starts {start:,} bytes into the data section; expected 0 "
+                    "(the tensor table is corrupt)"
+                )
+            prev = tensors[i - 1]
+            given = start - (int(prev.data_offset) - int(reader.data_offset))
+            raise CheckpointError(
+                f"{path}: tensor {prev.name!r} is declared {prev.tensor_type.name} {_ne(prev)} ({int(prev.n_bytes):,} "
+                f"bytes), but the file gives it {given:,} bytes before {t.name!r} starts; its declared type or shape "
+                "does not match its data"
+            )
+        expected = start + -(-int(t.n_bytes) // align) * align
+    if tensors:
+        last = tensors[-1]
+        given = size - int(last.data_offset)
+        if given > -(-int(last.n_bytes) // align) * align:
+            raise CheckpointError(
+                f"{path}: tensor {last.name!r} (the last) is declared {last.tensor_type.name} {_ne(last)} "
+                f"({int(last.n_bytes):,} bytes), but {given:,} bytes follow its start to the end of the file; its "
+                "declared type or shape does not match its data"
+            )

@@ -336,6 +336,12 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
     ``scale_attn_by_inverse_layer_idx``, Llama's ``mlp_bias``).
     """
     mtype = arch.model_type
+    if arch.per_layer:
+        from headscope.probes.errors import ModelIncompatibleError
+
+        raise ModelIncompatibleError(
+            f"{arch.name or mtype}: its layers differ in heads, KV heads or MLP width; no backend here builds such a model"
+        )
     if mtype == "gemma3":
         raise _incompatible("the multimodal Gemma 3 (model_type 'gemma3'; its text model 'gemma3_text' is covered)")
     if mtype not in INHOUSE_MODEL_TYPES:

@@ -195,18 +195,67 @@ def _full_rope(cfg) -> dict:
     return rope.get("full_attention", rope)
 
 
-def write_tiny_gguf(path, family: str, *, seed: int = 0, **overrides):
+#: ``metadata=`` value types of :func:`write_tiny_gguf` spelled by name (a ``(value, type)`` pair)
+VALUE_TYPES = ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "bool", "string")
+
+
+def _set_metadata(w, key: str, value) -> None:
+    """``key`` = ``value`` in the writer's metadata, replacing what it holds: an int as uint32
+    (GGUFWriter's own choice for sizes), a list as an array, None removes the key, a
+    ``(value, "int32")`` pair writes that type (a wrapped or negative count, say)."""
+    import gguf
+
+    w.kv_data[0].pop(key, None)  # replaced, not "overwritten" with a warning
+    if value is None:
+        return
+    if isinstance(value, tuple):
+        value, kind = value
+        if kind not in VALUE_TYPES:
+            raise ValueError(f"unknown GGUF value type {kind!r}; valid: {', '.join(VALUE_TYPES)}")
+        if (
+            "int" in kind
+        ):  # the bits of a value outside the type's range, as a wrap leaves them (2**32 - 1 as int32: -1)
+            bits = int(kind.lstrip("uint"))
+            value = int(value) % (1 << bits)
+            if not kind.startswith("u") and value >= 1 << (bits - 1):
+                value -= 1 << bits
+        getattr(w, f"add_{kind}")(key, value)
+        return
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, int):
+        w.add_key_value(key, value, gguf.GGUFValueType.UINT32)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, list):
+        w.add_array(key, value)
+    else:
+        w.add_string(key, str(value))
+
+
+def write_tiny_gguf(
+    path, family: str, *, seed: int = 0, metadata: dict | None = None, edit=None, source=None, **overrides
+):
     """Write a tiny random ``family`` model (see :data:`FAMILIES`; ``overrides`` as in
     :func:`tiny_hf_model`) to ``path`` as an F32 GGUF, with the RoPE scaling llama.cpp's
     converter writes: ``rope.scaling.type``/``factor`` (and the original context for yarn)
     for linear and yarn scaling, and Llama 3's as the
     per-frequency factors of a ``rope_freqs`` tensor. Returns ``(path, hf_model)``: the file
-    and the source model it holds, float32, eager, eval."""
+    and the source model it holds, float32, eager, eval.
+
+    Files that lie (for tests of what a reader refuses): ``metadata`` replaces
+    ``<arch>.KEY`` values after the honest ones are written (see :func:`_set_metadata`;
+    ``{"attention.head_count": [4, 4]}``); ``edit(name, array)`` sees each tensor as written
+    (GGUF name, float32 array in GGUF's row order) and returns it, another array, None (the
+    tensor is left out) or ``(array, ggml_type)``: the array's bytes written under a declared
+    type (an F32 array declared ``Q4_0``: a tensor whose type lies about its bytes). ``source``:
+    a model :func:`tiny_hf_model` built before for ``family`` (and these ``overrides``), written
+    again instead of building a new one (a property test writes many files of one model)."""
     import gguf
 
     fam = FAMILIES[family]
     path = Path(path)
-    hf = tiny_hf_model(family, seed=seed, **overrides)
+    hf = source if source is not None else tiny_hf_model(family, seed=seed, **overrides)
     cfg = hf.config
     rope = _full_rope(cfg)
     vocab = tiny_vocab(fam.tokenizer)
@@ -273,15 +322,29 @@ def write_tiny_gguf(path, family: str, *, seed: int = 0, **overrides):
             a = _permute(a, cfg.num_key_value_heads)
         if fam.norm_plus_one and name.endswith("norm"):
             a = a + np.float32(1.0)
-        w.add_tensor(f"{name}.{suffix}", a.astype(np.float32))
+        _add_tensor(w, f"{name}.{suffix}", a.astype(np.float32), edit)
     if rope["rope_type"] == "llama3":  # the factors by which transformers' own llama3 RoPE divides each frequency
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
         scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg)
         plain = 1.0 / rope["rope_theta"] ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float32) / cfg.head_dim)
-        w.add_tensor("rope_freqs.weight", (plain / scaled).float().numpy())
+        _add_tensor(w, "rope_freqs.weight", (plain / scaled).float().numpy(), edit)
+    for key, value in (metadata or {}).items():
+        _set_metadata(w, f"{fam.gguf_arch}.{key}", value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path, hf
+
+
+def _add_tensor(w, name: str, a: np.ndarray, edit) -> None:
+    """Add tensor ``name`` to the writer, through ``edit`` (see :func:`write_tiny_gguf`)."""
+    out = a if edit is None else edit(name, a)
+    if out is None:
+        return
+    if isinstance(out, tuple):  # the bytes of one array under another declared type
+        arr, kind = out
+        w.add_tensor(name, np.ascontiguousarray(arr), raw_shape=arr.shape, raw_dtype=kind)
+        return
+    w.add_tensor(name, np.ascontiguousarray(out))

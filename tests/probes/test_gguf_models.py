@@ -204,7 +204,9 @@ def _bad_qwen2(tmp_path):
 
 def test_sizes_are_checked_before_dequantising(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(CheckpointError, match="num_key_value_heads=3 does not divide num_attention_heads=4"):
+    with pytest.raises(
+        CheckpointError, match=r"qwen2\.attention\.head_count_kv=3 does not divide qwen2\.attention\.head_count=4"
+    ):
         gguf_as_hf_dir(_bad_qwen2(tmp_path))
     assert not (tmp_path / "cache").exists()
 
