@@ -248,16 +248,35 @@ class Task:
 
 
 # ----------------------------------------------------------------------------- induction
+def leading_specials(tokenizer) -> list[int]:
+    """The ids the tokenizer itself puts in front of a text ([CLS], a BOS), found by encoding a
+    probe word with and without special tokens: ``[]`` for a tokenizer that adds none, as
+    SmolLM2's, whose ``bos_token`` (``<|im_start|>``) never starts an encoded text."""
+    with_specials = tokenizer("a", add_special_tokens=True)["input_ids"]
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    for start in range(len(with_specials) - len(plain) + 1):
+        if with_specials[start : start + len(plain)] == plain:
+            return list(with_specials[:start])
+    return []
+
+
+def _first_convention(first: list[int], tokenizer) -> str:
+    """How a generated task's items start, in words (its :attr:`Task.source`)."""
+    if not first:
+        return "no BOS: the tokenizer adds none to a text"
+    return f"starts with {', '.join(tokenizer.convert_ids_to_tokens(first))} as the tokenizer's own texts do"
+
+
 def _random_items_setup(tokenizer, vocab_ids, need: int, task: str, seed: int):
-    """``(vocab ids [n], first token ([CLS]/BOS or nothing), seeded generator)`` of a task drawn
-    from random tokens; ``ValueError`` when fewer than ``need`` ids can be drawn."""
+    """``(vocab ids [n], first tokens (what the tokenizer puts in front of a text: [CLS], a BOS,
+    or nothing; :func:`leading_specials`), seeded generator)`` of a task drawn from random
+    tokens; ``ValueError`` when fewer than ``need`` ids can be drawn."""
     from headscope.analyses.roles.induction import ordinary_vocab
 
     vocab = torch.tensor(list(vocab_ids) if vocab_ids is not None else ordinary_vocab(tokenizer), dtype=torch.long)
     if vocab.numel() < need:
         raise ValueError(f"{task} needs {need} distinct ordinary token ids; the tokenizer has {vocab.numel()}")
-    first_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
-    return vocab, [first_id] if first_id is not None else [], torch.Generator().manual_seed(seed)
+    return vocab, leading_specials(tokenizer), torch.Generator().manual_seed(seed)
 
 
 def induction_task(tokenizer, *, n_items: int = 16, seq_len: int = 10, seed: int = 0, vocab_ids=None) -> Task:
@@ -274,7 +293,8 @@ def induction_task(tokenizer, *, n_items: int = 16, seq_len: int = 10, seed: int
         draw = vocab[torch.randperm(vocab.numel(), generator=gen)[: 2 * seq_len]].tolist()
         s, t = draw[:seq_len], draw[seq_len:]
         items.append(PairItem(tuple(first + s + s[:-1]), tuple(first + t + s[:-1]), s[-1]))
-    return Task(name="induction", items=items, metric="logprob", source=f"generated (seq_len={seq_len}, seed={seed})")
+    source = f"generated (seq_len={seq_len}, seed={seed}; {_first_convention(first, tokenizer)})"
+    return Task(name="induction", items=items, metric="logprob", source=source)
 
 
 # ----------------------------------------------------------------------------- agreement
@@ -447,7 +467,11 @@ def _column(line: str, key: str) -> int:
 
 
 def _single_token(tokenizer, text: str) -> int | None:
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    """The one id ``text`` is as plain text (a special token's string typed as an answer is not
+    the special), or ``None`` when it is not a single token."""
+    from headscope.probes.tokens import encode_plain
+
+    ids = encode_plain(tokenizer, text, add_special_tokens=False)["input_ids"]
     return ids[0] if len(ids) == 1 else None
 
 
@@ -558,7 +582,10 @@ def duplicate_token_task(
         corrupted = first + a + [z, y] + b + [x]
         items.append(PairItem(tuple(clean), tuple(corrupted), y))
     return Task(
-        name="duplicate_token", items=items, metric="logprob", source=f"generated (seq_len={seq_len}, seed={seed})"
+        name="duplicate_token",
+        items=items,
+        metric="logprob",
+        source=f"generated (seq_len={seq_len}, seed={seed}; {_first_convention(first, tokenizer)})",
     )
 
 
@@ -644,7 +671,7 @@ def _check_fits(model, task: str, seq_len: int, *, per_token: int, extra: int) -
     extra`` tokens, plus [CLS]/BOS) longer than the model's context, naming the largest
     ``seq_len`` that fits."""
     tok, context = model.tokenizer, model.spec.max_positions
-    first = int((tok.cls_token_id if tok.cls_token_id is not None else tok.bos_token_id) is not None)
+    first = len(leading_specials(tok))
     n = first + per_token * seq_len + extra
     if context and n > context:
         raise ValueError(
