@@ -853,7 +853,7 @@ class _Bench:
                 mask[0, l, h] = 1.0
                 with torch.inference_mode(), replica_patches(model, mask, z_c):
                     delta[:, i] = metric(readout(model, corrupted), ref, wrong) - m_x
-            effect_frame(delta, m_c - m_x, [[x] for x in heads], method="naive", n_boot=pcfg.n_boot, n_perm=pcfg.n_perm)
+            effect_frame(delta, m_c - m_x, [[x] for x in heads], method="activation_denoising", n_boot=pcfg.n_boot, n_perm=pcfg.n_perm)
 
         return (
             lambda: run(heads),
