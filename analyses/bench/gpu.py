@@ -28,7 +28,10 @@ from pathlib import Path
 
 import torch
 
+from headscope.analyses.bench.counts import linear_params, model_gflop
+from headscope.analyses.bench.machine import matmul_peak_gflops, sync
 from headscope.analyses.bench.targets import RatioTarget
+from headscope.probes.corpora.bench_sentences import generate_sentences
 
 __all__ = ["GPU_TARGETS", "GpuBenchConfig", "LLAMA_8B", "TINY", "gpu_bench"]
 
@@ -134,20 +137,15 @@ def build_model(cfg: GpuBenchConfig, tokenizer):
     return InHouseModel(module, tokenizer, name=mcfg.name)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time(fn, device: torch.device, repeats: int) -> float:
     """Seconds of the fastest of ``repeats`` calls of ``fn`` after one warm-up call."""
     fn()
-    _sync(device)
+    sync(device)
     best = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        _sync(device)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -157,44 +155,15 @@ def _free_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> dict:
-    """Run every path (module docstring) and return ``{"paths", "targets", "info"}``
-    (JSON-serialisable). ``tokenizer``: any HF tokenizer whose ids fit the vocabulary
-    (default: the shipped corpora's byte-level BPE of the test suite); ``texts``: the
-    sentences of the text paths (default: generated, seeded); ``log(message)`` reports progress."""
-    from headscope.analyses.bench.harness import generate_sentences, linear_params, matmul_peak_gflops, model_gflop
-    from headscope.analyses.pruning.ablation import head_gates
-    from headscope.analyses.pruning.metrics import token_nll
-    from headscope.analyses.roles import pipeline as roles
-    from headscope.analyses.roles.config import RolesConfig
-    from headscope.probes.capture import stream
+class _Rows:
+    """The result rows, one per path, in the order they ran; ``say`` reports each."""
 
-    say = log or (lambda m: None)
-    device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("the GPU bench needs CUDA; this machine has none (use dry_run for the CPU)")
-    if tokenizer is None:
-        tokenizer = default_tokenizer()
-    t_build = time.perf_counter()
-    model = build_model(cfg, tokenizer)
-    _sync(device)
-    build_s = time.perf_counter() - t_build
-    spec = model.spec
-    say(f"built {spec.n_layers} layers x {spec.n_heads} heads ({spec.n_kv_heads} KV), d_model {spec.d_model}")
-    vocab = min(int(cfg.hf_config["vocab_size"]), len(tokenizer))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    ids = torch.randint(0, vocab, (cfg.batch, cfg.seq_len), generator=gen).to(device)
-    am = torch.ones_like(ids)
-    g_ids, g_am = ids[: cfg.grad_batch], am[: cfg.grad_batch]
-    linear = linear_params(model.module)
+    def __init__(self, say):
+        self.rows: list[dict] = []
+        self.say = say
 
-    def flop(rows: int) -> float:
-        return model_gflop(linear=linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=[cfg.seq_len] * rows)
-
-    rows: list[dict] = []
-
-    def record(path: str, seconds: float, gflop: float | None, tokens: int, note: str = "") -> None:
-        rows.append(
+    def record(self, path: str, seconds: float, gflop: float | None, tokens: int, note: str = "") -> None:
+        self.rows.append(
             {
                 "path": path,
                 "seconds": seconds,
@@ -203,18 +172,27 @@ def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> d
                 "note": note,
             }
         )
-        say(f"{path}: {seconds:.4f} s")
+        self.say(f"{path}: {seconds:.4f} s")
 
-    say("matmul peak")
-    peak = matmul_peak_gflops(
-        torch.bfloat16 if cfg.dtype == "bf16" else torch.float32, size=cfg.peak_size, seconds=1.0, device=device
-    )
+
+def _model_paths(model, cfg: GpuBenchConfig, ids: torch.Tensor, am: torch.Tensor, out: _Rows) -> None:
+    """``forward``, ``capture``, ``grad_forward``, ``gate_grad`` on ``ids``/``am``
+    (``[batch, seq_len]``; the gradient paths on the first ``cfg.grad_batch`` rows)."""
+    from headscope.analyses.pruning.ablation import head_gates
+    from headscope.analyses.pruning.metrics import token_nll
+
+    device, spec = torch.device(cfg.device), model.spec
+    g_ids, g_am = ids[: cfg.grad_batch], am[: cfg.grad_batch]
+    linear = linear_params(model.module)
+
+    def flop(rows: int) -> float:
+        return model_gflop(linear=linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=[cfg.seq_len] * rows)
 
     def forward():
         with torch.inference_mode():
             model.forward(ids, am)
 
-    record("forward", _time(forward, device, cfg.repeats), flop(cfg.batch), ids.numel(), "plain forward, logits")
+    out.record("forward", _time(forward, device, cfg.repeats), flop(cfg.batch), ids.numel(), "plain forward, logits")
     _free_cache(device)
 
     batch = _ids_batch(ids, am)
@@ -222,15 +200,17 @@ def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> d
     def capture():
         model.run(batch, ("pattern",), None)
 
-    record("capture", _time(capture, device, cfg.repeats), flop(cfg.batch), ids.numel(), "every layer's pattern kept")
+    out.record(
+        "capture", _time(capture, device, cfg.repeats), flop(cfg.batch), ids.numel(), "every layer's pattern kept"
+    )
     _free_cache(device)
 
     def grad_forward():
         with torch.inference_mode():
             model.forward(g_ids, g_am)
 
-    record("grad_forward", _time(grad_forward, device, cfg.repeats), flop(cfg.grad_batch), g_ids.numel())
-    ones = torch.ones(spec.n_layers, spec.n_heads)
+    out.record("grad_forward", _time(grad_forward, device, cfg.repeats), flop(cfg.grad_batch), g_ids.numel())
+    ones = torch.ones(spec.n_layers, spec.n_heads)  # [layer, head]
 
     def gate_grad():
         with head_gates(model, ones, requires_grad=True) as gates, torch.enable_grad():
@@ -239,27 +219,36 @@ def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> d
             loss = s.sum() / n.sum()
             torch.autograd.grad(loss, gates, allow_unused=True)
 
-    record("gate_grad", _time(gate_grad, device, cfg.repeats), None, g_ids.numel(), "forward + backward to the gates")
+    out.record(
+        "gate_grad", _time(gate_grad, device, cfg.repeats), None, g_ids.numel(), "forward + backward to the gates"
+    )
     _free_cache(device)
 
-    sentences = list(texts) if texts is not None else generate_sentences(cfg.n_texts, seed=cfg.seed)
-    n_tokens = sum(len(tokenizer(s)["input_ids"]) for s in sentences)
+
+def _text_paths(model, cfg: GpuBenchConfig, sentences: list[str], n_tokens: int, out: _Rows) -> None:
+    """``capture_text`` and ``roles_text`` on ``sentences`` (``n_tokens`` tokens), one timed call each."""
+    from headscope.analyses.roles import pipeline as roles
+    from headscope.analyses.roles.config import RolesConfig
+    from headscope.probes.capture import stream
+
+    device = torch.device(cfg.device)
 
     def capture_text():
         stream(model, sentences, [], batch_size=64)
 
-    record("capture_text", _time(capture_text, device, 1), None, n_tokens, f"{len(sentences)} sentences")
+    out.record("capture_text", _time(capture_text, device, 1), None, n_tokens, f"{len(sentences)} sentences")
     groups = tuple(roles.TEXT_GROUPS)
     rcfg = RolesConfig(seed=cfg.seed, batch_size=64)
 
     def roles_text():
         roles.head_roles(model, text=sentences, roles=groups, cfg=rcfg, examples=False)
 
-    record("roles_text", _time(roles_text, device, 1), None, n_tokens, ", ".join(groups))
+    out.record("roles_text", _time(roles_text, device, 1), None, n_tokens, ", ".join(groups))
     _free_cache(device)
 
-    by = {r["path"]: r for r in rows}
-    nominal = next((v for k, v in NOMINAL_BF16_TFLOPS.items() if k in _device_name(device)), None)
+
+def _targets(by: dict[str, dict], peak: float) -> list[dict]:
+    """Each of :data:`GPU_TARGETS` against the rows ``by`` path (``peak``: the matmul peak, GFLOP/s)."""
     fwd = by["forward"]["gflop_per_s"]
     targets = []
     for t in GPU_TARGETS:
@@ -268,6 +257,13 @@ def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> d
         else:
             value = by[t.numerator]["seconds"] / by[t.denominator]["seconds"]
         targets.append({"target": t.name, "value": value, "threshold": t.threshold, "met": t.met(value)})
+    return targets
+
+
+def _info(cfg: GpuBenchConfig, spec, by: dict[str, dict], *, peak: float, n_tokens: int, build_s: float) -> dict:
+    device = torch.device(cfg.device)
+    nominal = next((v for k, v in NOMINAL_BF16_TFLOPS.items() if k in _device_name(device)), None)
+    fwd = by["forward"]["gflop_per_s"]
     info = {
         "device": _device_name(device),
         "dtype": cfg.dtype,
@@ -286,7 +282,45 @@ def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> d
     }
     if device.type == "cuda":
         info["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    return {"paths": rows, "targets": targets, "info": info}
+    return info
+
+
+def gpu_bench(cfg: GpuBenchConfig, *, tokenizer=None, texts=None, log=None) -> dict:
+    """Run every path (module docstring) and return ``{"paths", "targets", "info"}``
+    (JSON-serialisable). ``tokenizer``: any HF tokenizer whose ids fit the vocabulary
+    (default: the shipped corpora's byte-level BPE of the test suite); ``texts``: the
+    sentences of the text paths (default: generated, seeded); ``log(message)`` reports progress.
+    Raises ``ValueError`` for a CUDA device on a machine without CUDA."""
+    say = log or (lambda m: None)
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("the GPU bench needs CUDA; this machine has none (use dry_run for the CPU)")
+    if tokenizer is None:
+        tokenizer = default_tokenizer()
+    t_build = time.perf_counter()
+    model = build_model(cfg, tokenizer)
+    sync(device)
+    build_s = time.perf_counter() - t_build
+    spec = model.spec
+    say(f"built {spec.n_layers} layers x {spec.n_heads} heads ({spec.n_kv_heads} KV), d_model {spec.d_model}")
+    vocab = min(int(cfg.hf_config["vocab_size"]), len(tokenizer))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ids = torch.randint(0, vocab, (cfg.batch, cfg.seq_len), generator=gen).to(device)  # [batch, seq_len]
+    am = torch.ones_like(ids)
+    out = _Rows(say)
+
+    say("matmul peak")
+    peak = matmul_peak_gflops(
+        torch.bfloat16 if cfg.dtype == "bf16" else torch.float32, size=cfg.peak_size, seconds=1.0, device=device
+    )
+    _model_paths(model, cfg, ids, am, out)
+    sentences = list(texts) if texts is not None else generate_sentences(cfg.n_texts, seed=cfg.seed)
+    n_tokens = sum(len(tokenizer(s)["input_ids"]) for s in sentences)
+    _text_paths(model, cfg, sentences, n_tokens, out)
+
+    by = {r["path"]: r for r in out.rows}
+    info = _info(cfg, spec, by, peak=peak, n_tokens=n_tokens, build_s=build_s)
+    return {"paths": out.rows, "targets": _targets(by, peak), "info": info}
 
 
 def _ids_batch(ids: torch.Tensor, am: torch.Tensor):

@@ -81,14 +81,6 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         "time ratio; gate-gradient importance, same model and batches",
     ),
     RatioTarget(
-        "quick pruning now / before <= 0.6",
-        "quick_pruning",
-        "quick_pruning_before",
-        0.6,
-        False,
-        "time ratio; the report's quick pruning stage, same figures",
-    ),
-    RatioTarget(
         "attribution patching / forward+backward <= 3",
         "patch_attribution",
         "patch_forward_backward",

@@ -8,16 +8,31 @@ machine shared with other work are indicative only.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
 
 
+def paths_epilog() -> str:
+    """``--help``'s list of the bench paths: every name of the registry with its description, in run order."""
+    from headscope.analyses.bench.registry import PATHS
+
+    width = max(map(len, PATHS))
+    lines = [f"  {name:<{width}}  {p.description}" for name, p in PATHS.items()]
+    return "\n".join(["paths (--paths; default all, in this order):", *lines])
+
+
 def register(sub) -> None:
-    from headscope.analyses.bench.harness import PATHS
+    from headscope.analyses.bench.registry import PATHS
     from headscope.reports.cli.argtypes import MAX_REPEATS, MAX_SENTENCES, add_device, batch_size, int_in, seed
 
-    p = sub.add_parser("bench", help="time attention capture against HF and transformer-lens on the same batches")
+    p = sub.add_parser(
+        "bench",
+        help="time attention capture against HF and transformer-lens on the same batches",
+        epilog=paths_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("model", nargs="?", default="minilm-l6", help="shipped name or model directory")
     p.add_argument(
         "--sentences", type=int_in(1, MAX_SENTENCES, "sentences"), default=512, help="sentences to run (default 512)"
@@ -110,7 +125,7 @@ def _cells(r) -> list[str]:
 
 
 def render(result) -> str:
-    """Plain-text table of a :class:`~headscope.analyses.bench.harness.BenchResult`."""
+    """Plain-text table of a :class:`~headscope.analyses.bench.results.BenchResult`."""
     rows = [list(_COLS)] + [_cells(r) for r in result.frame.itertuples()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLS) - 1)]
     table = []

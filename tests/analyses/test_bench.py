@@ -2,48 +2,55 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import pytest
 
 from headscope.analyses.bench import harness as B
+from headscope.analyses.bench import pruning_paths, registry, results
+from headscope.analyses.bench.config import BenchConfig
+from headscope.analyses.bench.counts import model_gflop, padding_ratio
+from headscope.analyses.bench.state import PathSkipped, Prepared
 from headscope.probes.capture import pattern_bytes
+from headscope.probes.corpora.bench_sentences import generate_sentences
+from headscope.probes.tokens import tokenize_one
 
 SKIP_NOTE = "roles cannot run here"
 MINILM_LINEAR = 10_616_832  # 6 layers x (4 x 384^2 + 2 x 384 x 1536) weights of nn.Linear
 
 
 def test_generated_sentences_are_seeded_and_within_length():
-    a = B.generate_sentences(200, seed=3)
-    assert a == B.generate_sentences(200, seed=3)
-    assert a != B.generate_sentences(200, seed=4)
+    a = generate_sentences(200, seed=3)
+    assert a == generate_sentences(200, seed=3)
+    assert a != generate_sentences(200, seed=4)
     n_words = [len(s.split()) for s in a]
     assert min(n_words) == 12 and max(n_words) == 40  # the whole range is used
     assert all(s[0].isupper() and s.endswith(".") for s in a)
     with pytest.raises(ValueError, match="positive int"):
-        B.generate_sentences(0)
+        generate_sentences(0)
 
 
 def test_closed_form_counts():
     # 2 x 1e6 x 30 tokens + 4 x 2 x 8 x (100 + 400)
-    assert B.model_gflop(linear=1_000_000, n_layers=2, d_model=8, lengths=[10, 20]) == pytest.approx(0.06 + 0.000032)
-    assert B.padding_ratio([2, 4, 4], [[0, 1], [2]]) == pytest.approx(0.2)
-    assert B.padding_ratio([3, 3], [[0, 1]]) == 0.0
+    assert model_gflop(linear=1_000_000, n_layers=2, d_model=8, lengths=[10, 20]) == pytest.approx(0.06 + 0.000032)
+    assert padding_ratio([2, 4, 4], [[0, 1], [2]]) == pytest.approx(0.2)
+    assert padding_ratio([3, 3], [[0, 1]]) == 0.0
 
 
 def test_config_validation():
     with pytest.raises(ValueError, match="unknown bench path 'nope'"):
-        B.BenchConfig(paths=("nope",))
+        BenchConfig(paths=("nope",))
     with pytest.raises(ValueError, match="'dtype'"):
-        B.BenchConfig(dtype="fp16")
+        BenchConfig(dtype="fp16")
     with pytest.raises(ValueError, match="'repeats'"):
-        B.BenchConfig(repeats=0)
+        BenchConfig(repeats=0)
 
 
 def _quick(paths, n_sentences=4, **kw):
     """A bench of a few sentences, one round, a short matmul peak: the plumbing, not the speed."""
-    return B.BenchConfig(
+    return BenchConfig(
         n_sentences=n_sentences, batch_size=4, repeats=1, peak_seconds=0.05, peak_size=256, paths=paths, **kw
     )
 
@@ -52,28 +59,29 @@ def _quick(paths, n_sentences=4, **kw):
 def small_bench():
     cfg = _quick(("hf_sdpa", "capture_patterns", "gate_grad", "roles"), n_sentences=8)
 
-    def cannot_run(self):
-        raise B.PathSkipped(SKIP_NOTE)
+    def cannot_run(bench):
+        raise PathSkipped(SKIP_NOTE)
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(B._Bench, "p_roles", cannot_run)  # a path that cannot run here (as bf16 without native bf16)
+    with pytest.MonkeyPatch.context() as mp:  # a path that cannot run here (as bf16 without native bf16)
+        mp.setitem(registry.PATHS, "roles", registry.BenchPath(registry.PATHS["roles"].description, cannot_run))
         return B.run_bench(cfg)
 
 
 def test_bench_frame_ratios_and_flops(small_bench):
     f = small_bench.frame.set_index("path")
     info = small_bench.info
-    assert list(small_bench.frame.columns) == B.BENCH_COLUMNS
+    assert list(small_bench.frame.columns) == results.BENCH_COLUMNS
+    assert small_bench.frame["description"].tolist() == [registry.PATHS[p].description for p in f.index]
     assert list(f.index) == ["hf_sdpa", "capture_patterns", "gate_grad", "roles"]
     assert f.loc["hf_sdpa", "ratio"] == 1.0
     for p in ("capture_patterns", "gate_grad"):
         assert f.loc[p, "status"] == "ok" and f.loc[p, "seconds"] > 0
         assert f.loc[p, "ratio"] == pytest.approx(f.loc[p, "seconds"] / f.loc["hf_sdpa", "seconds"])
     # FLOPs from the real token lengths of the 8 generated sentences
-    lengths = [len(B.tokenize_one(_tok(), text=s)["ids"]) for s in B.generate_sentences(8, seed=0)]
+    lengths = [len(tokenize_one(_tok(), text=s)["ids"]) for s in generate_sentences(8, seed=0)]
     assert info["real_tokens"] == sum(lengths)
     assert info["linear_params"] == MINILM_LINEAR
-    fwd = B.model_gflop(linear=MINILM_LINEAR, n_layers=6, d_model=384, lengths=lengths)
+    fwd = model_gflop(linear=MINILM_LINEAR, n_layers=6, d_model=384, lengths=lengths)
     assert f.loc["capture_patterns", "gflop"] == pytest.approx(fwd)
     assert f.loc["gate_grad", "gflop"] == pytest.approx(2 * fwd)
     # a path that cannot run is a skipped row with a note, not a crash
@@ -85,7 +93,7 @@ def test_bench_padding_and_pattern_memory(small_bench):
     info = small_bench.info
     assert info["batches"] == 2
     assert 0 <= info["padding_ratio_bucketed"] < info["padding_ratio_unsorted"]
-    lengths = sorted(len(B.tokenize_one(_tok(), text=s)["ids"]) for s in B.generate_sentences(8, seed=0))
+    lengths = sorted(len(tokenize_one(_tok(), text=s)["ids"]) for s in generate_sentences(8, seed=0))
     per_batch = [pattern_bytes(4, max(lengths[i : i + 4]), 12, 6) for i in (0, 4)]
     assert info["pattern_bytes_store_all"] == sum(per_batch)
     assert info["pattern_bytes_streaming"] == max(per_batch)
@@ -152,7 +160,7 @@ def test_cli_help_lists_every_path():
 
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     paths_help = next(a.help for a in sub.choices["bench"]._actions if a.dest == "paths")
-    assert paths_help.split(": ", 1)[1].split() == list(B.PATHS)
+    assert paths_help.split(": ", 1)[1].split() == list(registry.PATHS)
 
 
 def test_targets_pair_interleaved_rounds():
@@ -162,10 +170,10 @@ def test_targets_pair_interleaved_rounds():
     # the two fastest rounds 5.0 / 3.0 = 1.67
     rounds = {"capture_stream": [4.0, 3.0, 4.4], "roles": [5.0, 5.0, 5.5]}
     frame = pd.DataFrame([{"path": p, "status": "ok", "seconds": min(t)} for p, t in rounds.items()])
-    row = B._targets(frame, rounds=rounds).set_index("target").loc["roles / capture from text <= 1.5"]
+    row = results.targets_frame(frame, rounds=rounds).set_index("target").loc["roles / capture from text <= 1.5"]
     assert row["value"] == pytest.approx(1.25) and row["met"]
     assert "median of 3 paired rounds (fastest rounds: 1.67)" in row["note"]
-    fastest = B._targets(frame).set_index("target").loc["roles / capture from text <= 1.5"]
+    fastest = results.targets_frame(frame).set_index("target").loc["roles / capture from text <= 1.5"]
     assert fastest["value"] == pytest.approx(5.0 / 3.0) and not fastest["met"]
 
 
@@ -177,22 +185,22 @@ def test_targets_come_from_the_targets_table(monkeypatch):
     frame = pd.DataFrame(
         [{"path": "hf_sdpa", "status": "ok", "seconds": 2.0}, {"path": "x", "status": "ok", "seconds": 1.0}]
     )
-    got = B._targets(frame)
+    got = results.targets_frame(frame)
     assert got["target"].tolist() == [t.name for t in T.RATIO_TARGETS]
     assert got["threshold"].tolist() == [t.threshold for t in T.RATIO_TARGETS]
     mine = T.RatioTarget("x / hf_sdpa <= 0.4", "x", "hf_sdpa", 0.4, False, "time ratio")
-    monkeypatch.setattr(B, "RATIO_TARGETS", (mine,))
-    row = B._targets(frame).iloc[0]
+    monkeypatch.setattr(results, "RATIO_TARGETS", (mine,))
+    row = results.targets_frame(frame).iloc[0]
     assert row["target"] == mine.name and row["value"] == 0.5 and not row["met"]
 
 
 def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
     # the plumbing only: a smaller study than the report's (one random curve, one stand-in role)
     small = {"quick": True, "ablation_modes": ("zero",), "studies": ("curves",), "orders": ("random",)}
-    monkeypatch.setattr(B, "QUICK_PRUNING", {**small, "n_random_seeds": 1, "max_fraction": 0.2})
-    stand_in = B.stand_in_roles
-    monkeypatch.setattr(B, "stand_in_roles", lambda spec, seed=0: stand_in(spec, n_roles=1, seed=seed))
-    cfg = _quick(("hook_gates", "inhouse_gates", "quick_pruning", "quick_pruning_before"), prune_items=2)
+    monkeypatch.setattr(pruning_paths, "QUICK_PRUNING", {**small, "n_random_seeds": 1, "max_fraction": 0.2})
+    stand_in = pruning_paths.stand_in_roles
+    monkeypatch.setattr(pruning_paths, "stand_in_roles", lambda spec, seed=0: stand_in(spec, n_roles=1, seed=seed))
+    cfg = _quick(("hook_gates", "inhouse_gates", "quick_pruning"), prune_items=2)
     result = B.run_bench(cfg)
     f = result.frame.set_index("path")
     assert list(f.index) == list(cfg.paths)
@@ -201,10 +209,10 @@ def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
         assert math.isfinite(f.loc[p, "seconds"]) and f.loc[p, "seconds"] > 0
     assert f.loc["hook_gates", "gflop"] == f.loc["inhouse_gates", "gflop"] > 0
     t = result.targets.set_index("target")
-    for name in ("hook gates / in-house gates <= 1.1", "quick pruning now / before <= 0.6"):
+    for name in ("hook gates / in-house gates <= 1.1",):
         assert math.isfinite(t.loc[name, "value"]) and t.loc[name, "met"] in (True, False)  # reported, never enforced
     with pytest.raises(ValueError, match="'prune_items'"):
-        B.BenchConfig(prune_items=1)
+        BenchConfig(prune_items=1)
 
 
 def test_hf_ablation_paths_give_finite_rows():
@@ -224,6 +232,63 @@ def test_stand_in_roles_are_seeded():
     from types import SimpleNamespace
 
     spec = SimpleNamespace(n_layers=6, n_heads=12)
-    a = B.stand_in_roles(spec, seed=1)
-    assert a.equals(B.stand_in_roles(spec, seed=1)) and not a.equals(B.stand_in_roles(spec, seed=2))
+    a = pruning_paths.stand_in_roles(spec, seed=1)
+    assert a.equals(pruning_paths.stand_in_roles(spec, seed=1)) and not a.equals(
+        pruning_paths.stand_in_roles(spec, seed=2)
+    )
     assert a.groupby("role").size().tolist() == [3] * 9
+
+
+def test_help_lists_every_path_with_its_description(capsys):
+    from headscope.reports.cli.app import main
+
+    assert main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    listed = [
+        line.split(None, 1) for line in out.split("paths (--paths; default all, in this order):\n", 1)[1].splitlines()
+    ]
+    assert listed == [[name, p.description] for name, p in registry.PATHS.items()]
+
+
+def test_run_bench_runs_the_paths_of_the_registry():
+    """A path registered under a new name is run through the registry: warmed once, then
+    timed once per round, its description, GFLOP and note in its row."""
+    calls = {"warm": 0, "pass": 0}
+
+    def planted(bench):
+        def one_pass():
+            calls["pass"] += 1
+
+        def warm():
+            calls["warm"] += 1
+
+        return Prepared(one_pass, warm, 2.5 * len(bench.batches), f"{len(bench.sentences)} sentences")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(registry.PATHS, "planted", registry.BenchPath("a planted path", planted))
+        result = B.run_bench(dataclasses.replace(_quick(("planted",)), repeats=3))
+    row = result.frame.set_index("path").loc["planted"]
+    assert calls == {"warm": 1, "pass": 3}
+    assert (row["description"], row["status"], row["repeats"], row["note"]) == (
+        "a planted path",
+        "ok",
+        3,
+        "4 sentences",
+    )
+    assert row["gflop"] == 2.5 * result.info["batches"] and len(result.info["round_seconds"]["planted"]) == 3
+    assert math.isnan(row["ratio"])  # no reference run
+    with pytest.raises(ValueError, match="unknown bench path 'planted'; valid paths: hf_sdpa, "):
+        BenchConfig(paths=("planted",))  # gone from the registry, gone from the bench
+
+
+def test_report_and_bench_share_one_quick_pruning_definition():
+    from headscope.analyses import quick_settings
+    from headscope.analyses.pruning.study import PruneConfig
+    from headscope.reports import pipeline
+
+    # the report's quick stage is what it was before the settings moved
+    before = PruneConfig(quick=True, seed=5, ablation_modes=("zero",), studies=("ablation", "importance", "curves"))
+    assert pipeline._prune_config(full=False, seed=5, prune_config=None) == before
+    assert PruneConfig(**pruning_paths.QUICK_PRUNING, seed=5) == before  # what the bench's quick_pruning times
+    assert pruning_paths.QUICK_PRUNING is quick_settings.QUICK_PRUNING is pipeline.QUICK_PRUNING
+    assert pipeline.QUICK_STUDIES is quick_settings.QUICK_STUDIES

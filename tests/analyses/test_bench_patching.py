@@ -9,6 +9,8 @@ import pytest
 from tiny_models import tiny_model_dir
 
 from headscope.analyses.bench import harness as B
+from headscope.analyses.bench import patching_paths
+from headscope.analyses.bench.config import BenchConfig
 
 PATCH_PATHS = ("patch_attribution", "patch_forward_backward", "patch_activation", "patch_one_forward_per_head")
 TARGETS = (
@@ -20,11 +22,11 @@ TARGETS = (
 @pytest.fixture(scope="module")
 def patch_bench(tmp_path_factory):
     model = tiny_model_dir(tmp_path_factory.mktemp("tiny"), "llama")
-    cfg = B.BenchConfig(
+    cfg = BenchConfig(
         model=str(model), n_sentences=4, batch_size=4, repeats=1, peak_seconds=0.05, peak_size=256, paths=PATCH_PATHS
     )
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(B, "PATCHING", {"items": 4, "seq_len": 6, "n_boot": 20, "n_perm": 50})
+        mp.setattr(patching_paths, "PATCHING", {"items": 4, "seq_len": 6, "n_boot": 20, "n_perm": 50})
         return B.run_bench(cfg)
 
 
