@@ -996,6 +996,10 @@ _ANY_SIZE_KEYS = (
 )
 _NULL_MEANS_UNSET = ("num_key_value_heads", "head_dim", "n_inner")  # HF derives these when null
 _MAX_SIZE = 2**63  # torch indexes with int64
+#: most layers a config may declare: every per-layer list (windows, head counts) is built from
+#: the count, so 10**8 layers would hang the card before anything could refuse them
+MAX_LAYERS = 4096
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
 def _check_per_layer(hf: dict, where: str) -> None:
@@ -1044,6 +1048,11 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
             raise CheckpointError(f"{where}: {key} must be a positive integer; got {v!r}")
         if v >= _MAX_SIZE:
             raise CheckpointError(f"{where}: {key}={v} is past 2**63, more than any tensor can index")
+        if key in _LAYER_KEYS and v > MAX_LAYERS:
+            raise CheckpointError(
+                f"{where}: {key}={v:,} layers is past {MAX_LAYERS:,} (the largest released transformers have a few "
+                "hundred); is the config's layer count right?"
+            )
     n_heads = hf.get("num_attention_heads") or hf.get("n_head")
     d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
     n_kv = hf.get("num_key_value_heads") if family not in ENCODER_TYPES else None  # encoders: no KV heads of their own

@@ -820,6 +820,15 @@ INTEGER_DTYPES = {
     "U64": "uint64",
     "I64": "int64",
 }
+#: 8-bit floats: a checkpoint stores its weights so only with per-block scale tensors beside them,
+#: which a cast to float32 drops (safetensors' names and torch's)
+FP8_DTYPES = {
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "float8_e4m3fnuz": "float8_e4m3fnuz",
+    "float8_e5m2fnuz": "float8_e5m2fnuz",
+}
 #: tensors that name a quantised checkpoint's parts (bitsandbytes, GPTQ, AWQ)
 _QUANTISED_PARTS = (".SCB", ".weight_format", ".qweight", ".qzeros", ".g_idx")
 
@@ -837,10 +846,22 @@ def check_weight_dtypes(dtypes: dict[str, str], where) -> None:
     quantised weight loses its scales). Floating dtypes (float16, bfloat16, float32, float64)
     pass, and so do integer buffers (``position_ids``)."""
     torch_names = set(INTEGER_DTYPES.values())
+    fp8_names = set(FP8_DTYPES.values())
 
     def integer(d: str) -> str | None:
         d = d.removeprefix("torch.")
         return INTEGER_DTYPES.get(d) or (d if d in torch_names else None)
+
+    fp8 = sorted(
+        k for k, d in dtypes.items() if _is_parameter(k) and (d in FP8_DTYPES or d.removeprefix("torch.") in fp8_names)
+    )
+    if fp8:
+        d = dtypes[fp8[0]].removeprefix("torch.")
+        raise CheckpointError(
+            f"{where}: weight {fp8[0]!r} is stored as {FP8_DTYPES.get(d, d)} ({len(fp8)} 8-bit float weight(s)): an "
+            "FP8-quantised checkpoint, whose per-block scales a cast to float32 would drop; headscope does not "
+            "load it: load the bf16/fp16 release, or dequantise it first"
+        )
 
     bad = sorted(k for k, d in dtypes.items() if _is_parameter(k) and integer(d))
     if not bad:

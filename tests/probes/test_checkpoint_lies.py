@@ -460,3 +460,40 @@ def test_a_lying_gguf_loads_as_its_source_or_is_one_line(capsys, source, case):
             assert diff <= 1e-4, (metadata, lie, tensor)
             event("loaded: the source model")
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_an_fp8_weight_is_refused_not_cast(llama_dir, tmp_path, capsys, dtype):
+    """An FP8 checkpoint keeps per-block scales beside its weights; a cast to float32 (what
+    transformers does without a quantisation config) drops them, so every figure would come
+    from weights off by those scales."""
+    folder = _with_weight(llama_dir, tmp_path / "m", dtype)
+    name = str(dtype).removeprefix("torch.")
+    for backend in ("inhouse", "hf", "bridge"):
+        line = cli_error(capsys, "capture", folder, "--backend", backend)
+        assert f"weight 'model.layers.0.self_attn.q_proj.weight' is stored as {name}" in line, line
+        assert "FP8-quantised checkpoint" in line, line
+
+
+def test_a_config_with_absurdly_many_layers_is_refused_at_once(tmp_path, capsys):
+    """A Gemma 2 config with a sliding window builds one window entry per layer: with 10**8
+    layers the card hung before anything refused it."""
+    import json
+    import time
+
+    cfg = {
+        "model_type": "gemma2",
+        "num_hidden_layers": 10**8,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 100,
+        "sliding_window": 8,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    start = time.monotonic()
+    line = cli_error(capsys, "card", tmp_path / "config.json")
+    assert time.monotonic() - start < 60  # a bound for a hang, not a speed target
+    assert "num_hidden_layers=100,000,000 layers is past 4,096" in line, line
