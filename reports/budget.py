@@ -100,7 +100,18 @@ def longest_tokens(items, tokenizer=None, *, words: bool = False) -> int:
 def model_shape(model, dtype: str = "fp32") -> tuple[Shape, bool, object] | None:
     """``(shape, convert, tokenizer)`` of a MODEL argument from its config alone (``convert``:
     a GGUF not yet dequantised; ``tokenizer``: loaded where its files are at hand without
-    the weights, else None); None for a hub id (nothing to read before the download)."""
+    the weights, else None); None for a hub id (nothing to read before the download) and for
+    a model whose config cannot be read here: the load then reports what is wrong, as before."""
+    from headscope.probes.errors import HeadscopeError
+
+    try:
+        return _model_shape(model, dtype)
+    except (HeadscopeError, ValueError, TypeError, KeyError, OSError) as e:
+        log.info("no memory estimate for %s before it loads: %s", model, e)
+        return None
+
+
+def _model_shape(model, dtype: str):
     from headscope.probes.models.card import source_hf_config
     from headscope.probes.models.checkpoints import cache_dir, file_sha256, resolve
 
@@ -127,11 +138,17 @@ def model_shape(model, dtype: str = "fp32") -> tuple[Shape, bool, object] | None
 
 
 def _shape_of_model(model, dtype: str) -> Shape | None:
-    """The :class:`Shape` of a loaded model (its HF config), for a run on a model a notebook holds."""
+    """The :class:`Shape` of a loaded model (its HF config), for a run on a model a notebook
+    holds; None when its config is unknown or unreadable."""
+    from headscope.probes.errors import HeadscopeError
     from headscope.probes.models.loading import hf_config_of
 
-    hf = hf_config_of(model)
-    return None if hf is None else Shape.from_hf_config(hf, dtype=dtype)
+    try:
+        hf = hf_config_of(model)
+        return None if hf is None else Shape.from_hf_config(hf, dtype=dtype)
+    except (HeadscopeError, ValueError, TypeError, KeyError, OSError) as e:
+        log.info("no memory estimate for the model object: %s", e)
+        return None
 
 
 # ----------------------------------------------------------------------------- stages per command
@@ -352,28 +369,32 @@ class Budget:
             return "memory: no estimate (the model's sizes are not known before it loads)"
         e, a = self.estimate, self.available
         avail = f"{gib(a.budget)} available ({a.source})" if a.budget is not None else "available memory unknown"
-        shrunk = "; ".join(f"{k} batch {x} -> {y} to fit" for k, (x, y) in self.shrunk().items())
+        shrunk = _changes(self.shrunk())
         return (
             f"memory: ~{gib(e.total)} estimated peak while {'loading' if e.phase == 'load' else e.phase} "
             f"({e.describe()}); {avail}" + (f"; {shrunk}" if shrunk else "")
         )
 
-    def refine(self, stages: list[Stage]) -> Budget:
+    def refine(self, stages: list[Stage], *, uniform: bool = False) -> Budget:
         """The plan again with ``stages`` (counted with the loaded model's tokenizer): the process
-        now holds the weights, so only the run's phases are estimated."""
+        now holds the weights, so only the run's phases are estimated. ``uniform``: every stage
+        runs at the smallest batch fitted (one ``--batch-size`` for all)."""
         if self.shape is None:
             return self
         avail = available_memory()
-        est = fit(self.shape, stages, avail, command=self.command, load=False, remedies=REMEDIES.get(self.command))
+        est = _fit(self.command, self.shape, stages, avail, load=False, convert=False, uniform=uniform)
+        if self.load and self.estimate is not None:  # the load, estimated before it, stays a phase of the run
+            est.parts["load"] = self.estimate.parts["load"]
+            est.phases["load"] = self.estimate.phases["load"]
+            est.phase = max(est.phases, key=est.phases.get)
+            est.total, est.breakdown = est.phases[est.phase], est.parts[est.phase]
         before = self.estimate.batch_sizes if self.estimate else {}
-        changed = {k: v for k, v in est.batch_sizes.items() if before.get(k, v) != v}
+        changed = {k: (self.asked.get(k, v), v) for k, v in est.batch_sizes.items() if before.get(k, v) != v}
         if changed and self.emit:
             self.emit(
-                "memory: "
-                + "; ".join(f"{k} batch {self.asked.get(k, v)} -> {v} to fit" for k, v in changed.items())
-                + f" (~{gib(est.total)} with the model loaded; {gib(avail.budget)} available)"
+                f"memory: {_changes(changed)} (~{gib(est.total)} with the model loaded; {gib(avail.budget)} available)"
             )
-        return replace(self, stages=stages, available=avail, estimate=est, load=False)
+        return replace(self, stages=stages, available=avail, estimate=est)
 
     def record(self, *, peak: int | None = None) -> dict:
         """run.json's ``memory``: the estimate (``estimate_bytes``, ``breakdown``, ``phases``,
@@ -382,6 +403,7 @@ class Budget:
         out = self.estimate.record() if self.estimate else {"estimate_bytes": None}
         out["available_bytes"] = self.available.budget
         out["available_source"] = self.available.source
+        out["process_bytes"] = self.available.resident  # resident when the batches were last fitted
         out["batch_sizes_asked"] = dict(self.asked)
         out["stages"] = [dataclasses.asdict(st) for st in self.stages]
         out["shape"] = dataclasses.asdict(self.shape) if self.shape is not None else None
@@ -389,14 +411,42 @@ class Budget:
         return out
 
 
-def plan(command: str, shape: Shape | None, stages: list[Stage], *, load: bool = True, convert: bool = False) -> Budget:
-    """Fit ``stages`` of ``command`` to the memory available now (see the module doc); raises
+def _changes(sizes: dict[str, tuple[int, int]]) -> str:
+    """``batch 32 -> 9 to fit (text, syntactic)``, one clause per distinct change."""
+    by: dict[tuple[int, int], list[str]] = {}
+    for stage, change in sizes.items():
+        by.setdefault(change, []).append(stage)
+    return "; ".join(f"batch {x} -> {y} to fit ({', '.join(names)})" for (x, y), names in by.items())
+
+
+def _fit(command, shape, stages, avail, *, load, convert, uniform) -> Estimate:
+    """:func:`~headscope.probes.budget.fit`, then (``uniform``) every stage at the smallest batch fitted."""
+    est = fit(shape, stages, avail, command=command, load=load, convert=convert, remedies=REMEDIES.get(command))
+    if uniform and len(set(est.batch_sizes.values())) > 1:
+        b = min(est.batch_sizes.values())
+        est = estimate(
+            shape, [replace(s, batch_size=b) for s in stages], process=avail.resident, load=load, convert=convert
+        )
+    return est
+
+
+def plan(
+    command: str,
+    shape: Shape | None,
+    stages: list[Stage],
+    *,
+    load: bool = True,
+    convert: bool = False,
+    uniform: bool = False,
+) -> Budget:
+    """Fit ``stages`` of ``command`` to the memory available now (see the module doc; ``uniform``:
+    one batch size for every stage, the smallest fitted); raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit."""
     avail = available_memory()
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:
         return Budget(command, None, stages, avail, None, load, convert, asked)
-    est = fit(shape, stages, avail, command=command, load=load, convert=convert, remedies=REMEDIES.get(command))
+    est = _fit(command, shape, stages, avail, load=load, convert=convert, uniform=uniform)
     return Budget(command, shape, stages, avail, est, load, convert, asked)
 
 
@@ -427,7 +477,9 @@ def _on_gpu(device) -> bool:
     return device is not None and str(device).startswith("cuda")
 
 
-def start(command: str, model, *, dtype: str, device, stages_of, emit=None) -> tuple[Budget, object]:
+def start(
+    command: str, model, *, dtype: str, device, stages_of, emit=None, uniform: bool = False
+) -> tuple[Budget, object]:
     """The plan of a run of ``command`` on MODEL ``model`` before it loads: ``stages_of(shape,
     tokenizer)`` gives its stages. Prints :meth:`Budget.line` through ``emit``; raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when the run cannot fit. Returns the
@@ -442,7 +494,7 @@ def start(command: str, model, *, dtype: str, device, stages_of, emit=None) -> t
         return budget, None
     shape, convert, tokenizer = got
     stages = [] if _on_gpu(device) else stages_of(shape, tokenizer)
-    budget = plan(command, shape, stages, convert=convert)
+    budget = plan(command, shape, stages, convert=convert, uniform=uniform)
     budget.emit = emit
     if emit:
         emit(budget.line())
@@ -478,6 +530,7 @@ def roles_start(args, cfg, groups, inputs: dict, device):
         device=device,
         stages_of=lambda shape, tok: roles_stages(shape, cfg, groups, inputs, tok),
         emit=emit,
+        uniform=True,
     )
     return budget, _with_batch(cfg, budget)
 
@@ -487,23 +540,13 @@ def roles_refine(budget: Budget, model, cfg, groups, inputs: dict):
     if budget.shape is None or not budget.stages:
         return budget, cfg
     asked = replace(cfg, batch_size=max(budget.asked.values(), default=cfg.batch_size))
-    budget = budget.refine(roles_stages(budget.shape, asked, groups, inputs, model.tokenizer))
+    budget = budget.refine(roles_stages(budget.shape, asked, groups, inputs, model.tokenizer), uniform=True)
     return budget, _with_batch(asked, budget)
 
 
 def _with_batch(cfg, budget: Budget):
-    """``cfg`` with the one batch size every roles stage runs at (the smallest fitted), and the
-    budget's estimate made at that size."""
+    """``cfg`` with the batch size every roles stage was fitted to."""
     b = budget.smallest_batch(cfg.batch_size)
-    if budget.estimate is not None and len(set(budget.estimate.batch_sizes.values())) > 1:
-        est = estimate(
-            budget.shape,
-            [replace(s, batch_size=b) for s in budget.stages],
-            process=budget.available.resident,
-            load=budget.load,
-            convert=budget.convert,
-        )
-        budget.estimate = est
     if b < cfg.batch_size:
         log.info("batch size %d -> %d to fit in %s", cfg.batch_size, b, gib(budget.available.budget or 0))
         return replace(cfg, batch_size=b)
