@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -154,6 +154,11 @@ def batch_to(batch: TokenBatch, device: torch.device | str) -> TokenBatch:
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
 
 
+def _network(model) -> torch.nn.Module | None:
+    """The torch module behind a loaded model (in-house ``module``, ``hf`` or ``bridge``)."""
+    return next((getattr(model, a) for a in ("module", "hf", "bridge") if getattr(model, a, None) is not None), None)
+
+
 def placement(model) -> dict:
     """Where a loaded model runs, for run.json: ``{"device": "cuda:0", "dtype": "bf16"}``
     (``device`` lists every device of a model spread by a device map, e.g. ``"cuda:0,cuda:1"``).
@@ -161,13 +166,44 @@ def placement(model) -> dict:
     >>> placement(type("M", (), {"module": torch.nn.Linear(2, 2)})())
     {'device': 'cpu', 'dtype': 'fp32'}
     """
-    net = next((getattr(model, a) for a in ("module", "hf", "bridge") if getattr(model, a, None) is not None), None)
+    net = _network(model)
     if net is None:
         return {"device": str(getattr(model, "device", "cpu")), "dtype": None}
     params = [p for p in net.parameters() if p.is_floating_point()]
     devices = sorted({str(p.device) for p in params}) or ["cpu"]
     dtype = params[0].dtype if params else None
     return {"device": ",".join(devices), "dtype": _DTYPE_NAMES.get(dtype, str(dtype))}
+
+
+def weight_dtype(model) -> torch.dtype | None:
+    """The dtype of a loaded model's (first floating-point) weights; None when unknown.
+
+    >>> weight_dtype(type("M", (), {"module": torch.nn.Linear(2, 2).to(torch.bfloat16)})())
+    torch.bfloat16
+    """
+    net = _network(model)
+    p = None if net is None else next((p for p in net.parameters() if p.is_floating_point()), None)
+    return None if p is None else p.dtype
+
+
+def rows_unembedded(model) -> bool:
+    """Whether the model's unembedding can read some rows only (:func:`unembed_at`): the
+    in-house decoder, and an HF or bridge causal LM where checked on load (``model.unembedding``)."""
+    return getattr(model, "unembedding", None) is not None
+
+
+@contextmanager
+def unembed_at(model, keep: torch.Tensor):
+    """A decoder whose ``unembedding`` module is known (:func:`rows_unembedded`): inside the
+    ``with`` block the unembedding reads the final hidden states at ``keep [batch, pos]``
+    (True) only, so ``forward`` returns logits ``[n_kept, vocab]`` (rows in row-major order
+    of ``keep``): the logits nobody reads are never computed. Each kept row's arithmetic is
+    the full forward's. The hook is removed on exit, whatever happens."""
+    handle = model.unembedding.register_forward_pre_hook(lambda mod, args: (args[0][keep.to(args[0].device)],))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def module_device(module: torch.nn.Module) -> torch.device:

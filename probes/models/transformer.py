@@ -16,6 +16,7 @@ Every activation passes a named :class:`~headscope.probes.models.hooks.HookPoint
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -186,6 +187,32 @@ class Transformer(nn.Module):
     def gates(self) -> list[torch.nn.Parameter]:
         """Per-layer head gates ``[head]`` (see :class:`~headscope.probes.models.attention.Attention`)."""
         return [b.attn.gate for b in self.blocks]
+
+    @contextmanager
+    def gates_set(self, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
+        """For the ``with`` block, the built-in gates hold ``mask [layer, head]`` (and, where
+        given, the ablation values ``ablation [layer, head, d_head]``), with ``requires_grad``;
+        yields :attr:`gates`. The previous gates, ablation values and ``requires_grad`` come
+        back on exit, whatever happens, and the gates' gradients are cleared."""
+        saved = [
+            (b.attn.gate.detach().clone(), b.attn.gate.requires_grad, b.attn.ablation_value.clone())
+            for b in self.blocks
+        ]
+        try:
+            for l, b in enumerate(self.blocks):
+                with torch.no_grad():
+                    b.attn.gate.copy_(mask[l].to(b.attn.gate.dtype))
+                    if ablation is not None:
+                        b.attn.ablation_value.copy_(ablation[l].to(b.attn.ablation_value.dtype))
+                b.attn.gate.requires_grad_(requires_grad)
+            yield self.gates
+        finally:
+            for b, (g, rg, av) in zip(self.blocks, saved):
+                with torch.no_grad():
+                    b.attn.gate.copy_(g)
+                    b.attn.ablation_value.copy_(av)
+                b.attn.gate.requires_grad_(rg)
+                b.attn.gate.grad = None
 
     def positions(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Position ids ``[batch, pos]``: ``0, 1, …``; RoBERTa (``pad_aware_positions``):
