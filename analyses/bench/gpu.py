@@ -179,7 +179,7 @@ def _model_paths(model, cfg: GpuBenchConfig, ids: torch.Tensor, am: torch.Tensor
     """``forward``, ``capture``, ``grad_forward``, ``gate_grad`` on ``ids``/``am``
     (``[batch, seq_len]``; the gradient paths on the first ``cfg.grad_batch`` rows)."""
     from headscope.analyses.pruning.ablation import head_gates
-    from headscope.analyses.pruning.metrics import token_nll
+    from headscope.analyses.pruning.metric_functions import token_nll
 
     device, spec = torch.device(cfg.device), model.spec
     g_ids, g_am = ids[: cfg.grad_batch], am[: cfg.grad_batch]

@@ -8,7 +8,7 @@ KV head) and every item:
 * **noising**: run the clean input with the unit's ``z`` from the corrupted run;
   ``delta = m_clean - m_patched``.
 
-Batched like :func:`~headscope.analyses.pruning.ablation.replica_masks`: ``R`` units are
+Batched like :func:`~headscope.analyses.pruning.gates.replica_masks`: ``R`` units are
 patched in one forward of ``R`` stacked replicas of a batch (rows ``r*B .. (r+1)*B``),
 through :meth:`Backend.head_hooks` on any backend::
 
@@ -41,8 +41,8 @@ import torch
 
 from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.tasks import REFERENCE_METRICS, Task, check_decoder, metric_fn
-from headscope.analyses.pruning.ablation import rows_unembedded, unembed_at
 from headscope.analyses.stats.resampling import adjust_p
+from headscope.probes.models.backend import rows_unembedded, unembed_at
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def readout(model, ids: torch.Tensor, **resume) -> torch.Tensor:
     """What the metric reads (all inputs of a batch have equal length, no padding): a
     decoder's logits at the last position ``[batch, vocab]``; an encoder's last hidden
     state mean-pooled over positions ``[batch, d_model]`` (float32). A decoder whose
-    unembedding reads chosen rows (in-house; HF where checked) unembeds the last position only (:func:`~headscope.analyses.pruning.ablation.unembed_at`:
+    unembedding reads chosen rows (in-house; HF where checked) unembeds the last position only (:func:`~headscope.probes.models.backend.unembed_at`:
     the same arithmetic per row; the other positions' logits, 22% of a SmolLM2 forward of
     17 tokens, are never computed)."""
     mask = torch.ones_like(ids)

@@ -17,7 +17,7 @@ so a study can save it after every step and resume a killed run exactly
 (:mod:`headscope.analyses.pruning.study`), which advances all its curves together
 (:func:`curve_round`: one replicated call scores a step of every curve). Pruning = zero
 ablation through the head hooks' masks; importance gradients are taken through gates
-set to the mask (:func:`~headscope.analyses.pruning.ablation.head_gates`).
+set to the mask (:func:`~headscope.analyses.pruning.gates.head_gates`).
 
 Rows per step (IMPACT_COLUMNS, ``study = "curve:" + order``, ``layer``/``head`` empty):
 ``metric = name`` (value, bootstrap SE over items in ``spread``), ``query_heads_pruned``,
@@ -39,16 +39,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.analyses.pruning.ablation import (
-    bootstrap_se,
-    evaluate,
-    harm,
-    impact_frame,
-    impact_rows,
-    mask_of,
-    prune_units,
-)
+from headscope.analyses.pruning.impact import bootstrap_se, harm, impact_frame, impact_rows
 from headscope.analyses.pruning.importance import head_importance
+from headscope.analyses.pruning.masks import mask_of, prune_units
+from headscope.analyses.pruning.scoring import evaluate
 
 ORDERS = ("importance", "ablation", "reverse_importance", "random")
 
@@ -248,7 +242,7 @@ def curve_round(
     importance_scored=None,
 ) -> list[tuple[CurveState, list[dict]]]:
     """One step of every curve in ``states``, the new masks scored in ONE replicated
-    :func:`~headscope.analyses.pruning.ablation.evaluate` call: per curve its new state and
+    :func:`~headscope.analyses.pruning.scoring.evaluate` call: per curve its new state and
     rows, as :func:`curve_step` gives them. ``fixed``: curve key -> removal order (fixed
     orders); ``importance(mask) -> [layer, unit]`` (iterative orders; may serve a mask it has
     seen from a cache). ``importance_scored(mask) -> (importance, (values, weights))``, when
@@ -287,7 +281,7 @@ def start_curve(
     unpruned: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[CurveState, list[dict]]:
     """Step 0 of a curve: the unpruned model's rows (``unpruned``: its ``(values, weights)``
-    from :func:`~headscope.analyses.pruning.ablation.evaluate`, to skip re-scoring)."""
+    from :func:`~headscope.analyses.pruning.scoring.evaluate`, to skip re-scoring)."""
     if order not in ORDERS:
         raise ValueError(f"unknown order {order!r}; valid orders: {', '.join(ORDERS)}")
     state = CurveState(order=order, seed=seed)

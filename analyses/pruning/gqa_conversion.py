@@ -1,22 +1,18 @@
-"""MHA → GQA conversion by mean-pooling K/V heads (Ainslie et al. 2023), without uptraining.
+"""What MHA → GQA conversion by mean-pooling K/V heads (Ainslie et al. 2023) costs, without uptraining.
 
 Ainslie et al. turn a multi-head checkpoint into a grouped-query one by averaging the key
 and value projections of the heads in each group, then uptrain for ~5% of pre-training.
-:func:`convert_to_gqa` does the first step on an in-house model: consecutive heads
-``[j·r, (j+1)·r)`` (``r = n_heads / n_groups``) share KV head ``j``, whose ``W_K``,
-``W_V`` (and biases) are the mean of theirs. Query and output projections are untouched.
+:func:`~headscope.probes.models.kv_pooling.convert_to_gqa` does the first step on an
+in-house model (consecutive heads ``[j·r, (j+1)·r)``, ``r = n_heads / n_groups``, share KV
+head ``j``, whose ``W_K``, ``W_V`` and biases are the mean of theirs).
 
 :func:`gqa_study` measures what the conversion alone costs a sentence encoder (MiniLM):
 ``cosine_to_mha`` — cosine of each sentence embedding to the original model's — and
 ``paraphrase_accuracy`` on ``data/paraphrase/pairs.jsonl`` (anchor closer to its
 paraphrase than to every hard negative), next to the KV cache each setting would need.
 
->>> from headscope.probes.models.transformer import Transformer
->>> from headscope.probes.models.loading import InHouseModel
->>> m = InHouseModel(Transformer(ModelConfig(family="bert", n_layers=1, n_heads=4)))
->>> g = convert_to_gqa(m, 2)
->>> g.cfg.n_kv_heads, tuple(g.module.blocks[0].attn.k_proj.weight.shape)
-(2, (32, 64))
+>>> kv_cache_bytes_per_token(ModelConfig(family="bert", n_layers=6, d_model=384, n_heads=12), n_kv_heads=3)
+4608
 """
 
 from __future__ import annotations
@@ -27,67 +23,17 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 
-from headscope.analyses.pruning.metrics import mean_pool, paraphrase_hits, read_paraphrases
-from headscope.probes.models.backend import Backend, batch_to
+from headscope.analyses.pruning.metric_functions import mean_pool, paraphrase_hits
+from headscope.analyses.pruning.metrics import read_paraphrases
+from headscope.probes.models.backend import batch_to, weight_dtype
 from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.kv_pooling import check_groups, convert_to_gqa
 from headscope.probes.models.loading import InHouseModel
 from headscope.probes.tokens import collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)
 
 GQA_COLUMNS = ["n_kv_heads", "group_size", "metric", "value", "spread", "n", "kv_cache_bytes_per_token"]
-
-
-def _check_groups(cfg: ModelConfig, n_groups) -> int:
-    if isinstance(n_groups, bool) or not isinstance(n_groups, int):
-        raise TypeError(f"n_groups must be an int; got {type(n_groups).__name__}.")
-    if n_groups < 1 or cfg.n_kv_heads % n_groups:
-        divisors = [d for d in range(1, cfg.n_kv_heads + 1) if cfg.n_kv_heads % d == 0]
-        raise ValueError(
-            f"n_groups must divide the model's {cfg.n_kv_heads} KV heads (groups of consecutive heads); "
-            f"got {n_groups}. Valid: {divisors}."
-        )
-    return n_groups
-
-
-def convert_to_gqa(model: InHouseModel, n_groups: int) -> InHouseModel:
-    """A new in-house model with ``n_kv_heads = n_groups``: the K/V projections of each group
-    of consecutive KV heads are mean-pooled (Ainslie et al. 2023). The input is untouched.
-
-    ``n_groups`` must divide the model's current ``n_kv_heads`` (so an existing GQA model can
-    be grouped further). ``n_groups == n_kv_heads`` returns an exact copy.
-
-    Raises ``TypeError`` for a model that is not in-house, ``ValueError`` for a bad
-    ``n_groups`` or a physically pruned model (its layers hold different head sets).
-    """
-    if not (isinstance(model, Backend) and model.has_gates):
-        raise TypeError(f"convert_to_gqa needs an in-house model (backend='inhouse'); got {type(model).__name__}.")
-    cfg = model.module.cfg
-    if cfg.heads_kept is not None:
-        raise ValueError("convert_to_gqa needs an unpruned model (heads_kept is set); convert first, then prune.")
-    g = _check_groups(cfg, n_groups)
-    r, d_head = cfg.n_kv_heads // g, cfg.d_head
-    new_cfg = cfg.replace(n_kv_heads=g)
-    from headscope.probes.models.transformer import Transformer
-
-    param = next(model.module.parameters())
-    new = Transformer(new_cfg).to(dtype=param.dtype, device=param.device)
-    state = {k: v for k, v in model.module.state_dict().items() if not k.endswith(".gate")}
-    for layer in range(cfg.n_layers):
-        for proj in ("k_proj", "v_proj"):
-            w = state[f"blocks.{layer}.attn.{proj}.weight"]  # [n_kv * d_head, d_model]
-            state[f"blocks.{layer}.attn.{proj}.weight"] = w.view(g, r, d_head, -1).mean(1).reshape(g * d_head, -1)
-            bname = f"blocks.{layer}.attn.{proj}.bias"
-            if bname in state:
-                state[bname] = state[bname].view(g, r, d_head).mean(1).reshape(g * d_head)
-    missing, unexpected = new.load_state_dict(state, strict=False)
-    if [m for m in missing if not m.endswith(".gate")] or unexpected:  # pragma: no cover - same config but n_kv_heads
-        raise RuntimeError(f"internal: GQA state mismatch {missing[:3]} {unexpected[:3]}")
-    with torch.no_grad():
-        for old_b, new_b in zip(model.module.blocks, new.blocks):
-            new_b.attn.gate.copy_(old_b.attn.gate)
-            new_b.attn.ablation_value.copy_(old_b.attn.ablation_value)
-    return InHouseModel(new.eval(), model.tokenizer, name=f"{model.spec.name}-gqa{g}")
 
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, n_kv_heads: int | None = None, bytes_per_value: int = 4) -> int:
@@ -120,7 +66,7 @@ def _embed(model: InHouseModel, toks: list[dict], batch_size: int) -> torch.Tens
         for s in range(0, len(order), batch_size):
             idx = order[s : s + batch_size]
             batch = batch_to(collate([toks[i] for i in idx], pad), model.device)
-            hidden = model.module(batch.input_ids, batch.attention_mask)
+            hidden = model.forward(batch.input_ids, batch.attention_mask)
             out[idx] = mean_pool(hidden, batch.attention_mask).float().cpu()  # [n_texts, d_model] on the host
     return out
 
@@ -181,8 +127,8 @@ def gqa_study(
     layers). Raises ``ValueError`` when a group count does not divide the KV heads or the model is
     not an encoder.
     """
-    cfg = model.module.cfg
-    gs = [_check_groups(cfg, int(g)) for g in groups]
+    cfg = model.cfg
+    gs = [check_groups(cfg, int(g)) for g in groups]
     if sentences is None:
         from headscope.data import path
         from headscope.probes.corpora import read_text
@@ -196,7 +142,7 @@ def gqa_study(
     toks = _tokenize(model, sentences + pair_texts)
     original = _embed(model, toks, batch_size)
     reference = original[: len(sentences)]
-    bytes_per_value = next(model.module.parameters()).element_size()
+    bytes_per_value = weight_dtype(model).itemsize
     rows = []
     for g in gs:
         emb = original if g == cfg.n_kv_heads else _embed(convert_to_gqa(model, g), toks, batch_size)

@@ -48,15 +48,12 @@ from contextlib import nullcontext
 import pandas as pd
 import torch
 
-from headscope.analyses.pruning.ablation import (
-    _read_positions,
-    check_head_hooks,
-    head_gates,
-    impact_frame,
-    impact_rows,
-    unembed_at,
-)
-from headscope.analyses.pruning.metrics import unit_to
+from headscope.analyses.pruning.gates import head_gates
+from headscope.analyses.pruning.impact import impact_frame, impact_rows
+from headscope.analyses.pruning.masks import check_head_hooks
+from headscope.analyses.pruning.metric_base import unit_to
+from headscope.analyses.pruning.scoring import positions_read
+from headscope.probes.models.backend import unembed_at
 
 
 class ImportanceTieWarning(UserWarning):
@@ -77,7 +74,7 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
     ``units``: the metric's units (default) or any list of them (e.g. one item each).
     ``scores`` (the metric's own units only): also return the metric at ``mask`` from the
     same forwards, ``(values [1, n_items], weights [n_items])`` as
-    :func:`~headscope.analyses.pruning.ablation.evaluate` gives them (the same numbers).
+    :func:`~headscope.analyses.pruning.scoring.evaluate` gives them (the same numbers).
     """
     if scores and units is not None:
         raise ValueError("scores=True reads the metric's own units; pass units=None")
@@ -93,7 +90,7 @@ def gate_gradients(model, metric, *, mask: torch.Tensor | None = None, units=Non
     values, weights = torch.zeros(1, metric.n_items), torch.zeros(metric.n_items)
     with head_gates(model, mask, requires_grad=True) as gates, torch.enable_grad():
         for u in units:
-            keep = _read_positions(model, metric, u)
+            keep = positions_read(model, metric, u)
             with unembed_at(model, keep) if keep is not None else nullcontext():  # only the logits the loss reads
                 out = model.forward(u.batch.input_ids, u.batch.attention_mask)
             if scores:

@@ -34,53 +34,52 @@ ValueError: The 'step' parameter of PruneConfig must be in (0, 1]; got 0.0 inste
 
 from __future__ import annotations
 
-import json
 import logging
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pandas as pd
 import torch
 
-from headscope.analyses.pruning.ablation import (
-    all_but_one,
-    bootstrap_se,
-    check_head_hooks,
-    evaluate,
-    impact_frame,
-    impact_rows,
-    prune_units,
-    remembered_scores,
-    role_ablation,
-    sharing,
-    single_head_ablation,
-    unshared,
-)
+from headscope.analyses.pruning.ablation import all_but_one, role_ablation, single_head_ablation
 from headscope.analyses.pruning.curves import (
     ORDERS,
     CurveSettings,
     CurveState,
     ablation_harms,
     curve_round,
-    curve_step,
     curve_summary,
     prunable_table,
     start_curve,
     static_order,
 )
+from headscope.analyses.pruning.impact import bootstrap_se, impact_frame, impact_rows
 from headscope.analyses.pruning.importance import head_importance, importance_frame
+from headscope.analyses.pruning.masks import check_head_hooks, prune_units
+from headscope.analyses.pruning.memo import Scored, remembered_scores
 from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric
+from headscope.analyses.pruning.scoring import evaluate
+from headscope.analyses.pruning.store import TABLE_FILES, PruneTables, StudyStore
 from headscope.analyses.roles.config import is_seed
-from headscope.probes.errors import CheckpointError
 from headscope.probes.models.backend import placement
-from headscope.probes.outputs.atomic import write_frame, write_json
+from headscope.probes.outputs.atomic import write_json
 from headscope.probes.outputs.folder import claim_output, manifest_header
+
+__all__ = [
+    "STUDIES",
+    "TABLE_FILES",
+    "PruneConfig",
+    "PruneResult",
+    "PruneTables",
+    "curve_keys",
+    "pruning_study",
+    "study_summary",
+]
 
 log = logging.getLogger(__name__)
 
 STUDIES = ("ablation", "all_but_one", "importance", "curves")
-STATE_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,39 +180,6 @@ class PruneConfig:
         return cls(**d)
 
 
-#: the file (CSV + Parquet stem in ``out_dir``, key of ``state.json``'s row counts) of each
-#: :class:`PruneTables` field
-TABLE_FILES = {
-    "baseline": "baseline",
-    "ablation": "ablation",
-    "all_but_one": "all_but_one",
-    "importance": "importance",
-    "role_ablation": "roles",
-    "curves": "curves",
-    "curve_summary": "curve_summary",
-    "prunable": "prunable",
-}
-_FIELD_OF_FILE = {v: k for k, v in TABLE_FILES.items()}
-
-
-@dataclass
-class PruneTables:
-    """The study's tables; None for one not (yet) produced."""
-
-    baseline: pd.DataFrame | None = None
-    ablation: pd.DataFrame | None = None
-    all_but_one: pd.DataFrame | None = None
-    importance: pd.DataFrame | None = None
-    role_ablation: pd.DataFrame | None = None
-    curves: pd.DataFrame | None = None
-    curve_summary: pd.DataFrame | None = None
-    prunable: pd.DataFrame | None = None
-
-    def by_file(self) -> dict[str, pd.DataFrame]:
-        """The produced tables under their file names (:data:`TABLE_FILES`), in field order."""
-        return {TABLE_FILES[f.name]: df for f in fields(self) if (df := getattr(self, f.name)) is not None}
-
-
 @dataclass
 class PruneResult:
     """The tables, a JSON-able ``summary`` (:func:`study_summary`), the config, and whether
@@ -241,90 +207,6 @@ def curve_keys(cfg: PruneConfig) -> list[tuple[str, int | None]]:
     return keys
 
 
-class _Store:
-    """The tables + state on disk (or only in memory when ``out_dir`` is None)."""
-
-    def __init__(self, out_dir, cfg: PruneConfig, model_name: str, metric_name: str):
-        self.dir = None if out_dir is None else Path(out_dir)
-        self.tables = PruneTables()
-        self.state = {
-            **manifest_header("prune"),
-            "version": STATE_VERSION,
-            "config": cfg.to_dict(),
-            "model": model_name,
-            "metric": metric_name,
-            "done": [],
-            "curves": {},
-            "rows": {},
-            "complete": False,
-        }
-        if self.dir is not None and (self.dir / "state.json").exists():
-            self._load(cfg, model_name, metric_name)
-
-    def _load(self, cfg, model_name, metric_name):
-        path = self.dir / "state.json"
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: unreadable pruning state ({e}); delete it to start over") from None
-        if state.get("version") != STATE_VERSION:
-            raise CheckpointError(
-                f"{path}: state version {state.get('version')!r}, expected {STATE_VERSION}; use a new --out"
-            )
-        mine = {"config": cfg.to_dict(), "model": model_name, "metric": metric_name}
-        for k, v in mine.items():
-            if state.get(k) != v:
-                raise CheckpointError(
-                    f"{path} holds a run with a different {k} ({state.get(k)!r} vs {v!r}); "
-                    "use a new output folder or delete state.json to start over"
-                )
-        for name, n in state["rows"].items():
-            if name not in _FIELD_OF_FILE:
-                raise CheckpointError(f"{path} counts rows of an unknown table {name!r}; delete it to start over")
-            pq = self.dir / f"{name}.parquet"
-            if not pq.exists():
-                raise CheckpointError(
-                    f"{pq} is missing but state.json says it holds {n} rows; delete state.json to start over"
-                )
-            try:
-                df = pd.read_parquet(pq)
-            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged file
-                raise CheckpointError(
-                    f"{pq}: unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                    "delete state.json to start over"
-                ) from None
-            if len(df) < n:  # rows are written before state.json counts them: fewer means the file was cut or replaced
-                raise CheckpointError(
-                    f"{pq} holds {len(df)} rows but state.json says {n} were committed (the file was cut "
-                    "short or replaced); delete state.json to start over"
-                )
-            setattr(self.tables, _FIELD_OF_FILE[name], df.iloc[:n].reset_index(drop=True))
-        self.state = state
-        log.info("resuming pruning study from %s: done %s", path, state["done"])
-
-    def done(self, stage: str) -> bool:
-        return stage in self.state["done"]
-
-    def put(self, table: str, df: pd.DataFrame, *, append: bool = False) -> None:
-        """Set (or with ``append``, extend) the :class:`PruneTables` field ``table``."""
-        old = getattr(self.tables, table)
-        if append and old is not None:
-            df = pd.concat([old, df], ignore_index=True)
-        setattr(self.tables, table, df.reset_index(drop=True))
-
-    def commit(self, stage: str | None = None, tables: tuple[str, ...] = ()) -> None:
-        """Write ``tables`` (field names), then ``state.json`` counting their rows."""
-        if stage is not None and stage not in self.state["done"]:
-            self.state["done"].append(stage)
-        for table in tables:
-            df, name = getattr(self.tables, table), TABLE_FILES[table]
-            self.state["rows"][name] = int(len(df))
-            if self.dir is not None:
-                write_frame(df, self.dir / name)
-        if self.dir is not None:
-            write_json(self.state, self.dir / "state.json")
-
-
 def pruning_study(
     model,
     cfg: PruneConfig = PruneConfig(),
@@ -334,7 +216,6 @@ def pruning_study(
     roles: pd.DataFrame | None = None,
     step_limit: int | None = None,
     progress=None,
-    shared: bool = True,
 ) -> PruneResult:
     """Run (or resume) a pruning study; see the module docstring for the stages and frames.
 
@@ -346,11 +227,8 @@ def pruning_study(
     ``out_dir`` holds a run with another config, and ``ValueError`` when it is a file,
     holds anything but an earlier pruning study, or another run is writing it
     (:func:`~headscope.probes.outputs.folder.claim_output`).
-
-    ``shared=False`` runs the previous algorithm (:func:`~headscope.analyses.pruning.ablation.unshared`):
-    the same tables, slower; ``headscope bench`` times the two (``quick_pruning_before``).
     """
-    with nullcontext() if shared else unshared(), remembered_scores() if shared else nullcontext():
+    with remembered_scores():
         if out_dir is None:
             return _study(model, cfg, None, metric=metric, roles=roles, step_limit=step_limit, progress=progress)
         with claim_output(out_dir, "prune"):
@@ -364,19 +242,99 @@ def _parts(cfg: PruneConfig, with_roles: bool) -> int:
     return n + (len(curve_keys(cfg)) if "curves" in cfg.studies else 0)
 
 
-def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progress=None) -> PruneResult:
-    check_head_hooks(model)
-    n_parts, parts_done = _parts(cfg, roles is not None), 0
+class _Progress:
+    """Calls ``progress("pruning", done, total)`` (when given) as each part of the study ends."""
 
-    def part_done():
-        nonlocal parts_done
-        parts_done += 1
+    def __init__(self, progress, total: int):
+        self.progress, self.total, self.n = progress, total, 0
         if progress is not None:
-            progress("pruning", parts_done, n_parts)
+            progress("pruning", 0, total)
 
-    if progress is not None:
-        progress("pruning", 0, n_parts)
-    torch.manual_seed(cfg.seed)
+    def part_done(self) -> None:
+        self.n += 1
+        if self.progress is not None:
+            self.progress("pruning", self.n, self.total)
+
+
+class _Importance:
+    """Gradient importance at a mask, each asked-for mask computed once per call of the
+    study (a resumed run recomputes it, to the same numbers): the importance stage and the
+    first step of both iterative orders ask for the unpruned mask's, and a step of an
+    iterative order for the mask its previous step scored."""
+
+    def __init__(self, model, metric, cfg: PruneConfig):
+        self.model, self.metric = model, metric
+        self.kw = dict(unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance)
+        self.seen: dict[bytes, torch.Tensor] = {}
+
+    def __call__(self, mask: torch.Tensor) -> torch.Tensor:
+        """Importance ``[layer, head or kv_head]`` at ``mask [layer, head]``."""
+        key = mask.numpy().tobytes()
+        if key not in self.seen:
+            self.seen[key] = head_importance(self.model, self.metric, mask=mask, **self.kw)
+        return self.seen[key]
+
+    def scored(self, mask: torch.Tensor):
+        """``(importance, (values [1, n_items], weights [n_items]))``: the importance and the
+        metric at ``mask`` from the same forwards; the importance is kept for :meth:`__call__`."""
+        imp, scored = head_importance(self.model, self.metric, mask=mask, scores=True, **self.kw)
+        self.seen[mask.numpy().tobytes()] = imp
+        return imp, scored
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """A stage before the curves: its name in ``state.json``, the :class:`PruneTables` field
+    it fills (extends with ``append``), and ``compute() -> frame`` (no writing)."""
+
+    name: str
+    table: str
+    compute: Callable[[], pd.DataFrame]
+    append: bool = False
+
+
+def _baseline_frame(metric, unpruned: Scored, cfg: PruneConfig) -> pd.DataFrame:
+    """The unpruned metric, bootstrap SE over items in ``spread`` (IMPACT_COLUMNS, one row)."""
+    v, w = unpruned
+    se = bootstrap_se(metric, v, w, n_boot=cfg.boots, seed=cfg.seed)[0]
+    value = metric.aggregate(v, w)[0]
+    return impact_frame([impact_rows("baseline", metric.name, value=value, spread=se, seed=cfg.seed, n=metric.n_items)])
+
+
+def _stages(model, metric, cfg: PruneConfig, roles, unpruned: Scored, importance: _Importance) -> list[_Stage]:
+    """The stages before the curves, in order, each computed only when called."""
+    common = dict(n_boot=cfg.boots, seed=cfg.seed, max_rows=cfg.max_rows, unpruned=unpruned)
+    stages = [_Stage("baseline", "baseline", lambda: _baseline_frame(metric, unpruned, cfg))]
+    if "ablation" in cfg.studies:
+        for mode in cfg.ablation_modes:
+            stages.append(
+                _Stage(
+                    f"ablation:{mode}",
+                    "ablation",
+                    lambda mode=mode: single_head_ablation(model, metric, mode=mode, **common),
+                    append=True,
+                )
+            )
+    if "all_but_one" in cfg.studies:
+        stages.append(_Stage("all_but_one", "all_but_one", lambda: all_but_one(model, metric, **common)))
+    if "importance" in cfg.studies:
+        ones = torch.ones(model.spec.n_layers, model.spec.n_heads)
+        stages.append(
+            _Stage(
+                "importance",
+                "importance",
+                lambda: importance_frame(importance(ones), metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items),
+            )
+        )
+    if roles is not None:
+        roles_kw = dict(k=cfg.role_k, n_draws=cfg.role_draws, seed=cfg.seed, max_rows=cfg.max_rows, unpruned=unpruned)
+        stages.append(_Stage("roles", "role_ablation", lambda: role_ablation(model, metric, roles, **roles_kw)))
+    return stages
+
+
+def _study_metric(model, cfg: PruneConfig, metric):
+    """The metric the study scores (``cfg.metric``'s on its shipped data unless one is passed);
+    ``ValueError`` when it disagrees with ``cfg`` or cannot serve the studies asked for."""
     if metric is None:
         metric = build_metric(
             cfg.metric or default_metric(model.spec), model, n_items=cfg.items, batch_size=cfg.batch_size
@@ -391,133 +349,78 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
             f"metric {metric.name!r} is a plain callable: no gradients and no corpus for mean ablation; "
             "use orders=('ablation', 'random'), studies without 'importance' and ablation_modes=('zero',)"
         )
-    store = _Store(out_dir, cfg, model.spec.name, metric.name)
-    settings = cfg.curve_settings()
-    boots, mr = cfg.boots, cfg.max_rows
+    return metric
 
-    unpruned = evaluate(model, metric, max_rows=mr)  # (values, weights): scored once, shared by every stage
-    seen_importance: dict[bytes, torch.Tensor] = {}
 
-    def importance_at(mask: torch.Tensor, scores: bool = False):
-        """Gradient importance at ``mask`` (with ``scores``: and the metric there, from the
-        same forwards). The importance stage and the first step of both iterative orders ask
-        for the unpruned mask's, and a step of an iterative order for the mask its previous
-        step scored: each is computed once (kept for this call only: a resumed run
-        recomputes it, to the same numbers)."""
-        key = mask.numpy().tobytes()
-        kw = dict(mask=mask, unit=cfg.unit, per_example=cfg.per_example, normalize=cfg.normalize_importance)
-        if scores:
-            imp, scored = head_importance(model, metric, scores=True, **kw)
-            seen_importance[key] = imp
-            return imp, scored
-        if key not in seen_importance or not sharing():
-            seen_importance[key] = head_importance(model, metric, **kw)
-        return seen_importance[key]
-
-    if not store.done("baseline"):
-        v, w = unpruned
-        se = bootstrap_se(metric, v, w, n_boot=boots, seed=cfg.seed)[0]
-        store.put(
-            "baseline",
-            impact_frame(
-                [
-                    impact_rows(
-                        "baseline",
-                        metric.name,
-                        value=metric.aggregate(v, w)[0],
-                        spread=se,
-                        seed=cfg.seed,
-                        n=metric.n_items,
-                    )
-                ]
-            ),
-        )
-        store.commit("baseline", ("baseline",))
-    part_done()
-    if "ablation" in cfg.studies:
-        for mode in cfg.ablation_modes:
-            if not store.done(f"ablation:{mode}"):
-                df = single_head_ablation(
-                    model, metric, mode=mode, n_boot=boots, seed=cfg.seed, max_rows=mr, unpruned=unpruned
-                )
-                store.put("ablation", df, append=True)
-                store.commit(f"ablation:{mode}", ("ablation",))
-            part_done()
-    if "all_but_one" in cfg.studies:
-        if not store.done("all_but_one"):
-            store.put(
-                "all_but_one", all_but_one(model, metric, n_boot=boots, seed=cfg.seed, max_rows=mr, unpruned=unpruned)
-            )
-            store.commit("all_but_one", ("all_but_one",))
-        part_done()
-    if "importance" in cfg.studies:
-        if not store.done("importance"):
-            imp = importance_at(torch.ones(model.spec.n_layers, model.spec.n_heads))
-            store.put("importance", importance_frame(imp, metric.name, unit=cfg.unit, seed=cfg.seed, n=metric.n_items))
-            store.commit("importance", ("importance",))
-        part_done()
-    if roles is not None:
-        if not store.done("roles"):
-            store.put(
-                "role_ablation",
-                role_ablation(
-                    model,
-                    metric,
-                    roles,
-                    k=cfg.role_k,
-                    n_draws=cfg.role_draws,
-                    seed=cfg.seed,
-                    max_rows=mr,
-                    unpruned=unpruned,
-                ),
-            )
-            store.commit("roles", ("role_ablation",))
-        part_done()
-
-    steps_run = 0
+def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progress=None) -> PruneResult:
+    """:func:`pruning_study` inside its output folder claim and the memo of scored masks."""
+    check_head_hooks(model)
+    parts = _Progress(progress, _parts(cfg, roles is not None))
+    torch.manual_seed(cfg.seed)
+    metric = _study_metric(model, cfg, metric)
+    store = StudyStore(out_dir, cfg.to_dict(), model.spec.name, metric.name)
+    unpruned = evaluate(model, metric, max_rows=cfg.max_rows)  # (values, weights): scored once, shared by every stage
+    importance = _Importance(model, metric, cfg)
+    for stage in _stages(model, metric, cfg, roles, unpruned, importance):
+        if not store.done(stage.name):
+            store.put(stage.table, stage.compute(), append=stage.append)
+            store.commit(stage.name, (stage.table,))
+        parts.part_done()
     complete = True
     if "curves" in cfg.studies:
-        units = prune_units(model.spec, cfg.unit)
-        fixed = {}
-        for order, seed in curve_keys(cfg):
-            key = order if seed is None else f"{order}:{seed}"
-            if order == "random":
-                fixed[key] = static_order("random", len(units), seed=seed)
-            elif order == "ablation" and not (store.state["curves"].get(key) or {}).get("done"):
-                harms = ablation_harms(model, metric, units, ablation_frame=store.tables.ablation, max_rows=mr)
-                fixed[key] = static_order("ablation", len(units), harms=harms)
-        run = _curves_in_rounds if sharing() else _curves_one_by_one
-        steps_run, complete = run(
-            model, metric, cfg, settings, store, fixed, unpruned, importance_at, step_limit, part_done
-        )
+        fixed = _fixed_orders(model, metric, cfg, store)
+        _, complete = _curves_in_rounds(model, metric, cfg, store, fixed, unpruned, importance, step_limit, parts)
         if complete:
-            store.put("curves", _curve_major(store.tables.curves, cfg))
-            summary = curve_summary(store.tables.curves)
-            store.put("curve_summary", summary)
-            store.put("prunable", prunable_table(summary, metric))
-            store.state["complete"] = True
-            store.commit("summary", ("curves", "curve_summary", "prunable"))
+            _commit_curve_summary(store, cfg, metric)
     else:
         store.state["complete"] = True
         store.commit("summary")
-
     summary = study_summary(store.tables, metric, model.spec, cfg)
     summary["complete"] = complete
     if store.dir is not None and complete:
-        write_json(
-            {
-                **manifest_header("prune"),
-                "config": cfg.to_dict(),
-                "model": model.spec.name,
-                "backend": model.backend,
-                "backend_choice": getattr(model, "backend_choice", model.backend),
-                **placement(model),
-                "summary": summary,
-                "trust_remote_code": model.trust_remote_code,
-            },
-            store.dir / "run.json",
-        )
+        _write_run_json(store.dir / "run.json", model, cfg, summary)
     return PruneResult(tables=store.tables, summary=summary, config=cfg, complete=complete)
+
+
+def _fixed_orders(model, metric, cfg: PruneConfig, store: StudyStore) -> dict[str, list[int]]:
+    """Curve key -> removal order of the fixed orders (``random`` per seed; ``ablation`` from
+    the single-head ablation table, unless that curve is done)."""
+    units = prune_units(model.spec, cfg.unit)
+    fixed = {}
+    for order, seed in curve_keys(cfg):
+        key = order if seed is None else f"{order}:{seed}"
+        if order == "random":
+            fixed[key] = static_order("random", len(units), seed=seed)
+        elif order == "ablation" and not (store.state["curves"].get(key) or {}).get("done"):
+            harms = ablation_harms(model, metric, units, ablation_frame=store.tables.ablation, max_rows=cfg.max_rows)
+            fixed[key] = static_order("ablation", len(units), harms=harms)
+    return fixed
+
+
+def _commit_curve_summary(store: StudyStore, cfg: PruneConfig, metric) -> None:
+    """The finished curves in curve order, their summary and the prunable table, committed."""
+    store.put("curves", _curve_major(store.tables.curves, cfg))
+    summary = curve_summary(store.tables.curves)
+    store.put("curve_summary", summary)
+    store.put("prunable", prunable_table(summary, metric))
+    store.state["complete"] = True
+    store.commit("summary", ("curves", "curve_summary", "prunable"))
+
+
+def _write_run_json(path: Path, model, cfg: PruneConfig, summary: dict) -> None:
+    write_json(
+        {
+            **manifest_header("prune"),
+            "config": cfg.to_dict(),
+            "model": model.spec.name,
+            "backend": model.backend,
+            "backend_choice": getattr(model, "backend_choice", model.backend),
+            **placement(model),
+            "summary": summary,
+            "trust_remote_code": model.trust_remote_code,
+        },
+        path,
+    )
 
 
 def _curve_major(curves: pd.DataFrame, cfg: PruneConfig) -> pd.DataFrame:
@@ -532,82 +435,69 @@ def _curve_major(curves: pd.DataFrame, cfg: PruneConfig) -> pd.DataFrame:
     return curves.iloc[order].reset_index(drop=True)
 
 
-def _start_curves(model, metric, settings, store, keys, unpruned) -> None:
+def _record_steps(store: StudyStore, stepped: list[tuple[CurveState, list[dict]]]) -> None:
+    """Append each curve's step rows and its new state, then commit them together."""
+    for state, rows in stepped:
+        store.put("curves", impact_frame(rows), append=True)
+        store.state["curves"][state.key] = state.to_dict()
+    store.commit(None, ("curves",))
+
+
+def _start_curves(model, metric, settings, store: StudyStore, keys, unpruned: Scored) -> None:
     """Step 0 (the unpruned model's rows) of every curve in ``keys`` not started yet."""
     for order, seed in keys:
         key = order if seed is None else f"{order}:{seed}"
         if key not in store.state["curves"]:
-            state, rows = start_curve(model, metric, order, settings, seed=seed, unpruned=unpruned)
-            store.put("curves", impact_frame(rows), append=True)
-            store.state["curves"][key] = state.to_dict()
-            store.commit(None, ("curves",))
+            _record_steps(store, [start_curve(model, metric, order, settings, seed=seed, unpruned=unpruned)])
 
 
-def _curves_in_rounds(model, metric, cfg, settings, store, fixed, unpruned, importance_at, step_limit, part_done):
+def _curves_in_rounds(
+    model,
+    metric,
+    cfg: PruneConfig,
+    store: StudyStore,
+    fixed,
+    unpruned: Scored,
+    importance: _Importance,
+    step_limit,
+    parts,
+) -> tuple[int, bool]:
     """Every unfinished curve advances one step per round, the round's masks scored in one
     replicated call (:func:`curve_round`); a round is committed as a whole. Returns
     ``(steps run, complete)``."""
+    settings = cfg.curve_settings()
     keys = curve_keys(cfg)
-    for order, seed in keys:
-        key = order if seed is None else f"{order}:{seed}"
-        if key in store.state["curves"] and store.state["curves"][key]["done"]:
-            part_done()
+    curve_of = {(o, s): o if s is None else f"{o}:{s}" for o, s in keys}
+    for k in keys:
+        if curve_of[k] in store.state["curves"] and store.state["curves"][curve_of[k]]["done"]:
+            parts.part_done()
     steps_run = 0
     if (
         step_limit is not None
         and step_limit <= 0
-        and any(not store.state["curves"].get(o if s is None else f"{o}:{s}", {}).get("done") for o, s in keys)
+        and any(not store.state["curves"].get(curve_of[k], {}).get("done") for k in keys)
     ):
         return 0, False
     _start_curves(model, metric, settings, store, keys, unpruned)
+    fused = None if cfg.per_example else importance.scored
     while True:
-        states = [CurveState.from_dict(store.state["curves"][o if s is None else f"{o}:{s}"]) for o, s in keys]
-        active = [st for st in states if not st.done]
+        active = [st for st in (CurveState.from_dict(store.state["curves"][curve_of[k]]) for k in keys) if not st.done]
         if not active:
             return steps_run, True
         if step_limit is not None:
             if steps_run >= step_limit:
                 return steps_run, False
             active = active[: step_limit - steps_run]
-        fused = None if cfg.per_example else (lambda mask: importance_at(mask, scores=True))
         stepped = curve_round(
-            model, metric, active, settings, fixed=fixed, importance=importance_at, importance_scored=fused
+            model, metric, active, settings, fixed=fixed, importance=importance, importance_scored=fused
         )
-        for state, rows in stepped:
-            store.put("curves", impact_frame(rows), append=True)
-            store.state["curves"][state.key] = state.to_dict()
+        _record_steps(store, stepped)
+        for state, _ in stepped:
             log.info("curve %s: step %d, %d units removed", state.key, state.step, len(state.removed))
         steps_run += len(stepped)
-        store.commit(None, ("curves",))
         for state, _ in stepped:
             if state.done:
-                part_done()
-
-
-def _curves_one_by_one(model, metric, cfg, settings, store, fixed, unpruned, importance_at, step_limit, part_done):
-    """The previous algorithm (:func:`~headscope.analyses.pruning.ablation.unshared`): each
-    curve to its end, a step at a time. Returns ``(steps run, complete)``."""
-    steps_run = 0
-    for order, seed in curve_keys(cfg):
-        key = order if seed is None else f"{order}:{seed}"
-        if key in store.state["curves"] and store.state["curves"][key]["done"]:
-            part_done()
-            continue
-        if step_limit is not None and steps_run >= step_limit:
-            return steps_run, False
-        _start_curves(model, metric, settings, store, [(order, seed)], unpruned)
-        state = CurveState.from_dict(store.state["curves"][key])
-        while not state.done:
-            if step_limit is not None and steps_run >= step_limit:
-                return steps_run, False
-            state, rows = curve_step(model, metric, state, settings, fixed=fixed.get(key))
-            steps_run += 1
-            store.put("curves", impact_frame(rows), append=True)
-            store.state["curves"][key] = state.to_dict()
-            store.commit(None, ("curves",))
-            log.info("curve %s: step %d, %d units removed", key, state.step, len(state.removed))
-        part_done()
-    return steps_run, True
+                parts.part_done()
 
 
 def study_summary(tables: PruneTables, metric, spec, cfg: PruneConfig) -> dict:

@@ -9,9 +9,11 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from headscope.analyses.pruning.ablation import evaluate, head_gates, head_masks, replica_masks
+from headscope.analyses.pruning.gates import head_gates, replica_masks
 from headscope.analyses.pruning.importance import head_importance
+from headscope.analyses.pruning.masks import head_masks
 from headscope.analyses.pruning.metrics import build_metric, default_metric
+from headscope.analyses.pruning.scoring import evaluate
 
 
 def _figures(model, n_items, layers):

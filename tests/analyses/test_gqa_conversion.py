@@ -7,12 +7,12 @@ import torch
 
 from headscope.analyses.pruning.gqa_conversion import (
     GQA_COLUMNS,
-    convert_to_gqa,
     gqa_study,
     kv_cache_bytes_per_token,
     sentence_embeddings,
 )
 from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.kv_pooling import convert_to_gqa
 from headscope.probes.models.loading import InHouseModel
 from headscope.probes.models.transformer import Transformer
 

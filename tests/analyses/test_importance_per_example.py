@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
-from headscope.analyses.pruning.ablation import gates_as
+from headscope.analyses.pruning.gates import gates_as
 from headscope.analyses.pruning.importance import ImportanceTieWarning, head_importance
-from headscope.analyses.pruning.metrics import build_metric, mean_pool
+from headscope.analyses.pruning.metric_functions import mean_pool
+from headscope.analyses.pruning.metrics import build_metric
 from headscope.probes.models.loading import InHouseModel
 
 

@@ -8,6 +8,9 @@ task alternates two words (``w4 w0 w4 w0 …``), so the next token is the previo
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -17,23 +20,17 @@ from headscope.analyses.pruning.ablation import (
     MeanZ,
     all_but_one,
     batching_speedup,
-    evaluate,
-    gates_as,
-    head_masks,
-    replica_masks,
     role_ablation,
     single_head_ablation,
 )
 from headscope.analyses.pruning.curves import CurveSettings, prunable_fraction, pruning_curve
+from headscope.analyses.pruning.decoder_metrics import substitute
+from headscope.analyses.pruning.gates import gates_as, replica_masks
 from headscope.analyses.pruning.importance import gate_gradients, head_importance
-from headscope.analyses.pruning.metrics import (
-    CallableMetric,
-    EmbeddingCosine,
-    LMLoss,
-    build_metric,
-    mean_pool,
-    substitute,
-)
+from headscope.analyses.pruning.masks import head_masks
+from headscope.analyses.pruning.metric_functions import mean_pool
+from headscope.analyses.pruning.metrics import CallableMetric, EmbeddingCosine, LMLoss, build_metric
+from headscope.analyses.pruning.scoring import evaluate
 from headscope.analyses.pruning.study import PruneConfig, pruning_study
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError
 from headscope.probes.models.config import ModelConfig
@@ -634,11 +631,59 @@ def _stand_in_roles(n_layers, n_heads):
     return pd.DataFrame(rows)
 
 
-def test_staggered_replicas_equal_separate_forwards():
-    from headscope.analyses.pruning.ablation import first_changed, unshared
+@contextlib.contextmanager
+def own_gates(model, mask, ablation=None, requires_grad=False):
+    """The reference: the in-house Attention's own gates (``z' = g z + (1 - g) a``) set to
+    ``mask [layer, head]`` by hand, no engine code; restored on exit."""
+    gates = model.gates
+    try:
+        for l, g in enumerate(gates):
+            g.data.copy_(mask[l])
+            g.requires_grad_(requires_grad)
+            if ablation is not None:
+                model.module.blocks[l].attn.ablation_value.copy_(ablation[l])
+        yield gates
+    finally:
+        for l, g in enumerate(gates):
+            g.data.fill_(1.0)
+            g.requires_grad_(False)
+            g.grad = None
+            model.module.blocks[l].attn.ablation_value.zero_()
+
+
+def plain_values(model, metric, mask, ablation=None):
+    """Per-item values ``[n_items]`` and weights of ``metric`` under ``mask``: one plain full
+    forward per unit (every layer, every logit) under the model's own gates."""
+    values, weights = torch.zeros(metric.n_items), torch.zeros(metric.n_items)
+    with own_gates(model, mask, ablation), torch.no_grad():
+        for u in metric.units:
+            v, w = metric.item_values(model.forward(u.batch.input_ids, u.batch.attention_mask), u)
+            values[u.items], weights[u.items] = v[0].float(), w.float()
+    return values, weights
+
+
+def plain_text_loss(model, texts, mask):
+    """Mean next-token cross-entropy of each text alone under ``mask``, computed here with
+    ``F.cross_entropy`` (no metric code): ``[n_texts]``."""
+    out = []
+    with own_gates(model, mask), torch.no_grad():
+        for t in texts:
+            ids = torch.tensor([model.tokenizer(t)["input_ids"]])
+            logits = model.forward(ids, torch.ones_like(ids))
+            out.append(float(torch.nn.functional.cross_entropy(logits[0, :-1].double(), ids[0, 1:])))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_staggered_replicas_equal_plain_forwards():
+    """Replicas joining the unablated stream at their first changed layer, the logits at the
+    read positions only, any number of replicas per forward: bit for bit the values of a
+    plain forward per mask under the model's own gates; and the per-text losses agree with
+    ``F.cross_entropy`` on each text alone."""
+    from headscope.analyses.pruning.masks import first_changed
 
     model = random_deep_model()
-    metric = LMLoss(model, alternating(10, length=9, seed=5) + alternating(3, length=13, seed=6), batch_size=4)
+    texts = alternating(10, length=9, seed=5) + alternating(3, length=13, seed=6)
+    metric = LMLoss(model, texts, batch_size=4)
     g = torch.Generator().manual_seed(0)
     masks = (torch.rand(9, 4, 4, generator=g) > 0.4).float()
     masks[0] = 1.0  # untouched
@@ -647,46 +692,113 @@ def test_staggered_replicas_equal_separate_forwards():
     masks[2] = 1.0
     masks[2, 0, 0] = 0.0
     assert first_changed(masks[:3]).tolist() == [3, 3, 0]
+    plain = [plain_values(model, metric, m) for m in masks]
+    ref = torch.stack([v for v, _ in plain])
     for max_rows in (4, 8, 64):  # one replica per forward, some, all
         v, w = evaluate(model, metric, masks, max_rows=max_rows)
-        with unshared():
-            sep = torch.cat([evaluate(model, metric, m[None])[0] for m in masks])
-            _, w_old = evaluate(model, metric, masks[:1])
-        assert torch.equal(v, sep) and torch.equal(w, w_old)  # bit for bit
+        assert torch.equal(v, ref) and torch.equal(w, plain[0][1])  # bit for bit
+    for r in (0, 1, 5):
+        assert v[r].double().tolist() == pytest.approx(plain_text_loss(model, texts, masks[r]).tolist(), abs=1e-5)
 
 
 def test_read_positions_give_the_same_loss_and_gradients():
-    from headscope.analyses.pruning.ablation import unshared
-
+    """Gate gradients from the logits the loss reads equal those of a full forward under the
+    model's own gates (every logit), the loss computed here with ``F.cross_entropy``."""
     model = random_deep_model()
-    metric = LMLoss(model, alternating(5, length=9, seed=5) + alternating(3, length=12, seed=7), batch_size=8)
+    texts = alternating(5, length=9, seed=5) + alternating(3, length=12, seed=7)
+    metric = LMLoss(model, texts, batch_size=8)
     mask = torch.ones(4, 4)
     mask[1, 2] = 0.0
-    g_new, _ = gate_gradients(model, metric, mask=mask)
-    with unshared():  # every logit computed
-        g_old, _ = gate_gradients(model, metric, mask=mask)
-    assert torch.equal(g_new, g_old)
+    g_new, items = gate_gradients(model, metric, mask=mask)
+    assert items.tolist() == [8.0]  # one unit
+    (u,) = metric.units
+    ids, am = u.batch.input_ids, u.batch.attention_mask
+    with own_gates(model, mask, requires_grad=True) as gates, torch.enable_grad():
+        logits = model.forward(ids, am)  # [batch, pos, vocab], every logit
+        tok = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        keep = am[:, 1:].float()
+        ref = torch.stack(torch.autograd.grad((tok * keep).sum() / keep.sum(), gates))
+    assert g_new.shape == (1, 4, 4)
+    assert torch.allclose(g_new[0], ref, rtol=1e-5, atol=1e-7)
+    assert bool(g_new[0, 1, 2] != 0) and bool((g_new != 0).sum() > 8)  # real gradients, not zeros
 
 
-def test_shared_study_equals_the_previous_algorithm(tmp_path):
+def test_study_tables_equal_plain_forwards_per_mask(tmp_path):
+    """A whole study (every mask in shared calls, the memo, curves advancing in rounds) gives
+    the figures of a plain forward per mask under the model's own gates: the baseline, every
+    single-head ablation (zero and mean), all-but-one, the roles' own masks and the random and
+    ablation curves; resumed in pieces, it writes the uninterrupted run's tables."""
+    from headscope.analyses.pruning.ablation import mean_z
+
     model = random_deep_model()
     metric = LMLoss(model, alternating(8, length=9, seed=8), batch_size=4)
     roles = _stand_in_roles(4, 4)
     cfg = PruneConfig(metric="lm_loss", step=0.2, max_fraction=0.6, n_random_seeds=2, n_boot=20, role_k=2, role_draws=3)
     new = pruning_study(model, cfg, metric=metric, roles=roles)
-    old = pruning_study(model, cfg, metric=metric, roles=roles, shared=False)
-    assert set(new.frames) == set(old.frames) and "roles" in new.frames
-    for name, df in old.frames.items():
-        pd.testing.assert_frame_equal(new.frames[name], df, check_exact=True, obj=name)
-    assert new.summary == old.summary
+    assert set(new.frames) == {"baseline", "ablation", "all_but_one", "importance", "roles", "curves"} | {
+        "curve_summary",
+        "prunable",
+    }
+    n_l, n_h = 4, 4
+
+    def agg(mask, ablation=None):
+        v, w = plain_values(model, metric, mask, ablation)
+        return float(metric.aggregate(v[None], w)[0])
+
+    ones = torch.ones(n_l, n_h)
+    base = agg(ones)
+    assert new.frames["baseline"]["value"].tolist() == [base]
+    abl = new.frames["ablation"]
+    means = mean_z(model, metric)
+    for mode, a in (("zero", None), ("mean", means)):
+        rows = abl[(abl["study"] == f"ablation:{mode}") & (abl["metric"] == "lm_loss")]
+        assert len(rows) == n_l * n_h
+        for l, h, value in zip(rows["layer"], rows["head"], rows["value"]):
+            m = ones.clone()
+            m[l, h] = 0.0
+            assert value == agg(m, a), (mode, l, h)
+    abo = new.frames["all_but_one"]
+    abo = abo[abo["metric"] == "lm_loss"]
+    for l, h, value in zip(abo["layer"], abo["head"], abo["value"]):
+        keep_only = []
+        for k in range(n_h):
+            m = ones.clone()
+            m[l] = 0.0
+            m[l, k] = 1.0
+            keep_only.append(agg(m))
+        assert int(h) == min(range(n_h), key=lambda k: (keep_only[k], k)) and value == keep_only[int(h)]
+    by_role = roles.sort_values("score", ascending=False).groupby("role")
+    for role, row in new.frames["roles"].set_index("role").iterrows():
+        heads = list(zip(by_role.get_group(role)["layer"], by_role.get_group(role)["head"]))[: cfg.role_k]
+        m = ones.clone()
+        for l, h in heads:
+            m[l, h] = 0.0
+        assert row["value_role"] == agg(m) - base
+    curves = new.frames["curves"]
+    curves = curves[curves["metric"] == "lm_loss"]
+    n_units, k = n_l * n_h, round(cfg.step * n_l * n_h)
+    total = round(cfg.max_fraction * n_units)  # 3 units a step, 10 in all: 3, 6, 9, 10
+    zero = abl[(abl["study"] == "ablation:zero") & (abl["metric"] == "delta_lm_loss")]
+    harms = dict(zip(zip(zero["layer"], zero["head"]), zero["value"]))
+    orders = {("random", s): [int(x) for x in np.random.default_rng(s).permutation(n_units)] for s in (0, 1)}
+    orders[("ablation", None)] = sorted(range(n_units), key=lambda u: (harms[(u // n_h, u % n_h)], u))
+    for (order, seed), units in orders.items():
+        c = curves[
+            (curves["study"] == f"curve:{order}") & (curves["seed"].isna() if seed is None else curves["seed"] == seed)
+        ]
+        assert c["step"].tolist() == [0, 1, 2, 3, 4]
+        for step, value in zip(c["step"], c["value"]):
+            m = ones.clone().flatten()
+            m[units[: min(step * k, total)]] = 0.0
+            assert value == agg(m.view(n_l, n_h)), (order, seed, step)
     # resumed in pieces: curves advance in rounds, the tables are the uninterrupted run's
     out = tmp_path / "split"
     for limit in (1, 4, 5):
         part = pruning_study(model, cfg, out, metric=metric, roles=roles, step_limit=limit)
         assert not part.complete
     last = pruning_study(model, cfg, out, metric=metric, roles=roles)
-    assert last.complete
-    for name, df in old.frames.items():
+    assert last.complete and last.summary == new.summary
+    for name, df in new.frames.items():
         pd.testing.assert_frame_equal(last.frames[name], df, check_exact=True, obj=name)
         pd.testing.assert_frame_equal(pd.read_parquet(out / f"{name}.parquet"), df, check_exact=True, obj=name)
 
@@ -694,9 +806,7 @@ def test_shared_study_equals_the_previous_algorithm(tmp_path):
 def test_a_study_scores_each_distinct_mask_once(monkeypatch):
     """With ``role_k=1`` every role mask and every one-head random draw is a single-head
     ablation mask the study already scored: the role stage adds no forward, same tables."""
-    import contextlib
-
-    from headscope.analyses.pruning import ablation as abl
+    from headscope.analyses.pruning import scoring
     from headscope.analyses.pruning import study as st
 
     model = random_deep_model()
@@ -704,13 +814,13 @@ def test_a_study_scores_each_distinct_mask_once(monkeypatch):
     roles = _stand_in_roles(4, 4)
     cfg = PruneConfig(metric="lm_loss", studies=("ablation",), ablation_modes=("zero",), n_boot=20, role_k=1)
     scored = []
-    plain = abl._staggered_scores
+    plain = scoring._staggered_scores
 
     def counting(model, metric, masks, **kw):
         scored.append(masks.shape[0])
         return plain(model, metric, masks, **kw)
 
-    monkeypatch.setattr(abl, "_staggered_scores", counting)
+    monkeypatch.setattr(scoring, "_staggered_scores", counting)
     kept = pruning_study(model, cfg, metric=metric, roles=roles)
     # unpruned 1 + single heads 16; the role stage: 2 roles x (1 + 5 draws) masks, all known
     assert scored == [1, 16]

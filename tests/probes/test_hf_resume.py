@@ -15,8 +15,8 @@ import dataclasses
 import pytest
 import torch
 
-from headscope.analyses.pruning.ablation import rows_unembedded, unembed_at
 from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.backend import rows_unembedded, unembed_at
 from headscope.probes.models.loading import load_model
 from tests.tiny_models import ENCODERS, FAMILIES, tiny_model_dir
 

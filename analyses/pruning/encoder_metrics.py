@@ -1,0 +1,159 @@
+"""Metrics of a pruned encoder, read from its last hidden states through sentence embeddings
+(sentence-transformers' ``all-MiniLM-L6-v2`` recipe: mean over real tokens, L2-normalised,
+:func:`~headscope.analyses.pruning.metric_functions.mean_pool`): :class:`EmbeddingCosine`
+(cosine to the unpruned model's embedding) and :class:`ParaphraseAccuracy`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from headscope.analyses.pruning.metric_base import ItemMetric, Unit, input_device, tile, tokenize_all
+from headscope.analyses.pruning.metric_functions import mean_pool, paraphrase_hits
+from headscope.probes.tokens import collate, pad_id
+
+
+class EmbeddingCosine(ItemMetric):
+    """Mean cosine of each sentence's embedding to the unpruned model's (``reference``,
+    computed at construction with every head on unless given).
+
+    The loss cannot be ``1 - cosine``: at the unpruned point cosine is at its maximum and
+    the gradient is exactly zero. It is instead the cross-entropy of retrieving each
+    sentence's own unpruned embedding among the unit's unpruned embeddings
+    (``softmax(cos(e_i, ref_j) / temperature)``, target ``j = i``): zero-gradient-free,
+    differentiable, and low exactly when embeddings stay where they were. A one-sentence
+    unit (per-example gradients, or a last batch of one) would make that a softmax over
+    one logit, the constant 0 with zero gradient; such a unit retrieves its sentence among
+    the unpruned embeddings of all the metric's sentences instead (with a single sentence
+    in all, the loss is constant and :meth:`loss` raises). ``temperature`` (default 0.2)
+    keeps the softmax from saturating, where the gate gradients would vanish.
+    """
+
+    name = "cosine_to_unpruned"
+    higher_is_better = True
+    family = "encoder"
+
+    def __init__(
+        self,
+        model,
+        texts: Sequence[str],
+        *,
+        batch_size: int = 32,
+        temperature: float = 0.2,
+        reference: torch.Tensor | None = None,
+    ):
+        super().__init__(batch_size)
+        self.check_model(model)
+        self.temperature = temperature
+        self.toks = tokenize_all(model.tokenizer, texts=list(texts), max_positions=model.spec.max_positions)
+        self.n_items = len(self.toks)
+        self.pad = pad_id(model.tokenizer)
+        self.reference = None
+        self.device = input_device(model)  # units built where the model takes its inputs
+        self.units = self.make_units()
+        if reference is None:
+            reference = torch.zeros(self.n_items, model.spec.d_model, device=self.device)
+            with torch.inference_mode():
+                for u in self.units:
+                    out = model.forward(u.batch.input_ids, u.batch.attention_mask)
+                    reference = reference.to(out.dtype)
+                    reference[u.items] = mean_pool(out, u.batch.attention_mask)
+        self.reference = reference.to(self.device).clone()
+        self.units = self.make_units()
+
+    def _lengths(self):
+        return [len(t["ids"]) for t in self.toks]
+
+    def _prepare(self, item_ids):
+        extra = {} if self.reference is None else {"ref": self.reference[item_ids]}
+        return Unit(collate([self.toks[i] for i in item_ids], self.pad), list(item_ids), extra)
+
+    def item_values(self, out, unit):
+        r = out.shape[0] // unit.rows
+        emb = mean_pool(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
+        return (emb * unit.extra["ref"].to(emb.dtype)[None]).sum(-1), torch.ones(unit.rows, device=emb.device)
+
+    def loss(self, out, unit):
+        emb = mean_pool(out, unit.batch.attention_mask)  # [rows, d_model]
+        if unit.rows > 1:  # among the unit's sentences
+            logits = emb @ unit.extra["ref"].to(emb.dtype).T / self.temperature  # [rows, rows]
+            return F.cross_entropy(logits, torch.arange(unit.rows, device=logits.device))
+        if self.n_items < 2:
+            raise ValueError(
+                f"{self.name}'s loss retrieves each sentence among the unpruned embeddings of the other "
+                f"sentences; with {self.n_items} sentence it is constant (zero gradient). "
+                "Give the metric at least 2 texts."
+            )
+        logits = emb @ self.reference.to(emb.dtype).T / self.temperature  # [1, n_items]
+        return F.cross_entropy(logits, torch.tensor(unit.items, device=logits.device))
+
+
+class ParaphraseAccuracy(ItemMetric):
+    """Share of items whose anchor is closer (cosine) to its paraphrase than to every
+    distractor. Items: dicts with ``anchor``, ``positive``, ``negatives`` (list of str).
+
+    Loss: cross-entropy of the positive among ``[positive] + negatives`` with logits
+    ``cos / temperature`` (sentence-transformers' MultipleNegativesRankingLoss with hard
+    negatives, scale 20).
+    """
+
+    name = "paraphrase_accuracy"
+    higher_is_better = True
+    family = "encoder"
+
+    def __init__(self, model, items: Sequence[dict], *, batch_size: int = 8, temperature: float = 0.05):
+        super().__init__(batch_size)
+        self.check_model(model)
+        self.temperature = temperature
+        self.items = list(items)
+        self.n_items = len(self.items)
+        self.pad = pad_id(model.tokenizer)
+        self.toks = []
+        for i, it in enumerate(self.items):
+            negs = list(it.get("negatives") or [])
+            if not isinstance(it.get("anchor"), str) or not isinstance(it.get("positive"), str) or not negs:
+                raise ValueError(
+                    f"paraphrase item {i} needs 'anchor', 'positive' (str) and a non-empty 'negatives' list"
+                )
+            self.toks.append(
+                tokenize_all(
+                    model.tokenizer, texts=[it["anchor"], it["positive"], *negs], max_positions=model.spec.max_positions
+                )
+            )
+        self.device = input_device(model)  # units built where the model takes its inputs
+        self.units = self.make_units()
+
+    def _lengths(self):
+        return [max(len(t["ids"]) for t in ts) for ts in self.toks]
+
+    def _prepare(self, item_ids):
+        flat = []
+        n_neg = max(len(self.toks[i]) - 2 for i in item_ids)
+        index = torch.zeros(len(item_ids), 2 + n_neg, dtype=torch.long)
+        valid = torch.zeros(len(item_ids), n_neg, dtype=torch.bool)
+        for k, i in enumerate(item_ids):
+            for j, t in enumerate(self.toks[i]):
+                index[k, j] = len(flat)
+                flat.append(t)
+            valid[k, : len(self.toks[i]) - 2] = True
+        return Unit(collate(flat, self.pad), list(item_ids), {"index": index, "valid": valid})
+
+    def _emb(self, out, unit):
+        r = out.shape[0] // unit.rows
+        emb = mean_pool(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
+        return emb[:, unit.extra["index"]]  # [R, item, 2 + n_neg, d]
+
+    def item_values(self, out, unit):
+        e = self._emb(out, unit)
+        hits = torch.stack([paraphrase_hits(x[:, 0], x[:, 1], x[:, 2:], unit.extra["valid"]) for x in e])
+        return hits, torch.ones(len(unit.items), device=hits.device)
+
+    def loss(self, out, unit):
+        e = self._emb(out, unit)[0]
+        sims = torch.einsum("id,ijd->ij", e[:, 0], e[:, 1:]) / self.temperature
+        sims = torch.cat([sims[:, :1], sims[:, 1:].masked_fill(~unit.extra["valid"], -math.inf)], dim=1)
+        return F.cross_entropy(sims, torch.zeros(len(unit.items), dtype=torch.long, device=sims.device))
