@@ -1,4 +1,4 @@
-r"""The report as Markdown: the same :class:`~headscope.reports.html.Document` as the
+r"""The report as Markdown: the same :class:`~headscope.reports.document.Document` as the
 HTML page, figures as PNG files under ``figures/``.
 
 The document holds plain text (the HTML page escapes all of it), and much of that text
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from headscope.reports.html import (  # noqa: F401 (Section: doctest)
+from headscope.reports.document import (  # noqa: F401 (Section: doctest)
     Document,
     Figure,
     HeadView,
@@ -45,7 +45,7 @@ _LINE_START = re.compile(r"^(?:([-+=])|(\d{1,9})([.)])(?=\s|$))")
 _NEWLINES = re.compile(r"\s*(?:\r\n|\r|\n)\s*")
 
 
-def escape(text, *, line_start: bool = False) -> str:
+def escape(text: object, *, line_start: bool = False) -> str:
     """``text`` (any value, through ``str``) as Markdown that renders as exactly that text,
     on one line: line breaks become spaces (as in the HTML page's ``<p>``), and every
     character that could start Markdown or HTML syntax is backslash-escaped; with
@@ -59,7 +59,7 @@ def escape(text, *, line_start: bool = False) -> str:
     return _LINE_START.sub(lambda m: "\\" + m.group(1) if m.group(1) else m.group(2) + "\\" + m.group(3), s)
 
 
-def _cell(v) -> str:
+def _cell(v: object) -> str:
     return escape(fmt(v))
 
 

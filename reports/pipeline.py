@@ -44,8 +44,11 @@ from headscope.probes.outputs.atomic import atomic_write, write_frame, write_jso
 from headscope.probes.outputs.folder import claim_output, manifest_header
 from headscope.probes.outputs.folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
 from headscope.reports import figures as F
-from headscope.reports.html import build_document, curves_frame, render_html, top_heads
+from headscope.reports.html import render_html
 from headscope.reports.markdown import render_markdown
+from headscope.reports.sections import build_document
+from headscope.reports.sections.pruning import curves_frame
+from headscope.reports.sections.role_detail import top_heads
 
 log = logging.getLogger(__name__)
 
@@ -710,7 +713,7 @@ def run_summary(frames: dict[str, pd.DataFrame], meta: dict, out_dir: Path, top:
 def _patching_summary(frames: dict[str, pd.DataFrame], meta: dict) -> dict:
     """Per role with a task: its task, top heads by attention and by patching, and how many
     of the first are among the second (``{}`` when patching did not run)."""
-    from headscope.reports.html import attention_top, patching_top
+    from headscope.reports.sections.causal import attention_top, patching_top
 
     summ, patching, roles = meta.get("patching_summary") or {}, frames.get("patching"), frames.get("roles")
     out = {}

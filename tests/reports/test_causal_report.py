@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from headscope.reports import pipeline as P
-from headscope.reports.html import build_document, causal_comparison, causal_sentence
+from headscope.reports.sections import build_document
+from headscope.reports.sections.causal import causal_comparison, causal_sentence
 
 CFG = P.CausalConfig(n_items=12, top_k=2, n_perm=2000, n_boot=200)
 CARD = {"name": "planted", "layers": 2, "heads": 4, "kv_heads": 4}

@@ -11,8 +11,11 @@ import pandas as pd
 import pytest
 from test_report import _meta, synthetic_frames
 
-from headscope.reports.html import ROLE_VIEW_COLUMNS, HeadView, build_document, head_view_data, render_html
+from headscope.reports.document import HeadView
+from headscope.reports.head_view import ROLE_VIEW_COLUMNS, head_view_data, render_head_view
+from headscope.reports.html import render_html
 from headscope.reports.markdown import render_markdown
+from headscope.reports.sections import build_document
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +90,7 @@ def test_json_cannot_close_its_script():
     ex = frames["examples"].copy()
     ex["sentence"] = "a </script><script>alert(1)</script> <!-- b"
     frames["examples"] = ex
-    from headscope.reports.html import _head_view_html
-
-    html = _head_view_html(HeadView(head_view_data(frames, 6, 12)))
+    html = render_head_view(HeadView(head_view_data(frames, 6, 12)))
     # the blob parses whole (a literal </script> would have cut it short) and keeps the text
     assert _blob(html)["cells"]["L1H3"]["examples"][0]["sentence"] == ex["sentence"].iloc[0]
 

@@ -315,7 +315,7 @@ def test_prune_tables_become_report_tables_by_field():
 
 def test_pruning_curves_average_random_seeds():
     from headscope.reports.figures import curve_rows
-    from headscope.reports.html import curves_frame
+    from headscope.reports.sections.pruning import curves_frame
 
     c = curve_rows(curves_frame(synthetic_frames()))
     assert set(c["metric"]) == {"accuracy"}  # head counts are not plotted
