@@ -313,8 +313,11 @@ def apply_patch(pc, est: Estimate):
 
 
 def task_longest(task: str, seq_len: int, tokenizer=None) -> int:
-    """Tokens of a patching task's longest sequence: generated tasks from ``seq_len``, a
-    file task bounded by its longest line's bytes."""
+    """Tokens of a patching task's longest sequence: generated tasks from ``seq_len``; a file
+    task (``agreement``, ``coreference``, a JSONL path) from its rows' texts (``clean``,
+    ``corrupted``, or ``words``), counted with ``tokenizer`` or bounded by their bytes, plus
+    the answer's token."""
+    import json
     from pathlib import Path
 
     if task == "induction":
@@ -324,11 +327,22 @@ def task_longest(task: str, seq_len: int, tokenizer=None) -> int:
     from headscope.data import path
 
     f = {"agreement": path("tasks/agreement.jsonl"), "coreference": path("coref/coref.jsonl")}.get(task, Path(task))
+    texts = []
     try:
         with open(f, encoding="utf-8", errors="replace") as fh:
-            return max((len(line.encode()) for line in fh), default=1) + 2
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(row, dict):
+                    continue
+                if isinstance(row.get("words"), list):
+                    texts.append(" ".join(map(str, row["words"])))
+                texts.extend(v for k, v in row.items() if k in ("clean", "corrupted", "text") and isinstance(v, str))
     except OSError:
         return 64
+    return longest_tokens(texts, tokenizer) + 2
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -487,18 +501,31 @@ def start(
     estimated here (a batch's tensors live on the device, bounded by its own free memory)."""
     preload(command)
     got = model_shape(model, dtype) if isinstance(model, str) or hasattr(model, "__fspath__") else None
-    if got is None:
-        budget = plan(command, None, [])
-        if emit:
-            emit(budget.line())
-        return budget, None
+    if got is None:  # nothing said: the load reports what is wrong with the model, or it loads
+        return plan(command, None, []), None
     shape, convert, tokenizer = got
     stages = [] if _on_gpu(device) else stages_of(shape, tokenizer)
     budget = plan(command, shape, stages, convert=convert, uniform=uniform)
     budget.emit = emit
-    if emit:
-        emit(budget.line())
+    say(budget)
     return budget, tokenizer
+
+
+#: the estimate is printed up front when it is over this share of what may be used (or a batch shrank);
+#: below, it is logged (``-v``) and kept in run.json, so a run with room to spare prints nothing more
+NOTABLE_SHARE = 0.5
+
+
+def say(budget: Budget) -> None:
+    """Print :meth:`Budget.line` through ``budget.emit`` when it matters (:data:`NOTABLE_SHARE`),
+    else log it."""
+    line = budget.line()
+    est, room = budget.estimate, budget.available.budget
+    notable = est is not None and (budget.shrunk() or room is None or est.total > NOTABLE_SHARE * room)
+    if budget.emit and notable:
+        budget.emit(line)
+    else:
+        log.info(line)
 
 
 def finish(budget: Budget, emit=None) -> dict:
@@ -510,19 +537,21 @@ def finish(budget: Budget, emit=None) -> dict:
     return rec
 
 
-def emitter(quiet: bool):
-    """``emit(line)`` printing ``headscope: <line>`` on stderr, or None when ``quiet``."""
+def emitter(quiet: bool, prefix: str = "headscope: "):
+    """``emit(line)`` printing ``<prefix><line>`` on stderr, or None when ``quiet``. The plan up
+    front and a batch shrunk are notes on the run's settings (``prefix="note: "``, as the CLI's
+    other notes); the estimated time and the peak are progress (``headscope: ``)."""
     import sys
 
     if quiet:
         return None
-    return lambda line: print(f"headscope: {line}", file=sys.stderr, flush=True)
+    return lambda line: print(f"{prefix}{line}", file=sys.stderr, flush=True)
 
 
 def roles_start(args, cfg, groups, inputs: dict, device):
     """``headscope roles``: the plan before the model loads -> ``(budget, cfg)`` with
     ``cfg.batch_size`` the batch that fits (refused in one line when none does)."""
-    emit = emitter(args.quiet)
+    emit = emitter(args.quiet, "note: ")
     budget, _tok = start(
         "roles",
         args.model,
@@ -572,7 +601,7 @@ def prune_start(args, cfg, device):
         dtype=args.dtype,
         device=device,
         stages_of=lambda shape, tok: prune_stages(shape, cfg, tok),
-        emit=emitter(False),
+        emit=emitter(False, "note: "),
     )
     return budget, (apply_prune(cfg, budget.estimate) if budget.estimate else cfg)
 
@@ -588,14 +617,15 @@ def prune_refine(budget: Budget, model, cfg, asked):
 def patch_start(args, cfg, device):
     """``headscope patch``: the plan before the model loads -> ``(budget, cfg)`` with the patching
     batch and ``max_rows`` that fit (refused in one line when none does)."""
-    longest = task_longest(args.task, args.seq_len)
     budget, _tok = start(
         "patch",
         args.model,
         dtype=args.dtype,
         device=device,
-        stages_of=lambda shape, tok: patch_stages(shape, cfg.patch, longest=longest, methods=cfg.methods),
-        emit=emitter(False),
+        stages_of=lambda shape, tok: patch_stages(
+            shape, cfg.patch, longest=task_longest(args.task, args.seq_len, tok), methods=cfg.methods
+        ),
+        emit=emitter(False, "note: "),
     )
     if budget.estimate is None:
         return budget, cfg
@@ -678,10 +708,10 @@ def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs,
     groups = check_roles(groups)
     inputs = _role_corpora(groups, role_inputs)
     patch = PatchConfig(batch_size=ccfg.batch_size, max_rows=ccfg.max_rows)
-    longest = max(task_longest(t, 10) for t in _REPORT_TASKS)
 
     def stages_of(shape, tok):
         out = roles_stages(shape, rcfg, groups, inputs, tok) + prune_stages(shape, pcfg, tok)
+        longest = max(task_longest(t, 10, tok) for t in _REPORT_TASKS)
         return out + (patch_stages(shape, patch, longest=longest) if patching else [])
 
     if isinstance(model, str) or hasattr(model, "__fspath__"):
@@ -691,8 +721,8 @@ def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs,
         shape = _shape_of_model(model, dtype)
         stages = [] if shape is None or _on_gpu(device) else stages_of(shape, None)
         budget = plan("report", shape, stages, load=False)
-        if notice:
-            notice(budget.line())
+        budget.emit = notice
+        say(budget)
     est = budget.estimate
     if est is None:
         return budget, rcfg, pcfg, ccfg

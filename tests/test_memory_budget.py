@@ -160,11 +160,13 @@ def test_qwen_05b_config_gets_an_estimate_up_front_and_a_refusal_under_a_small_l
     anything loads; under 2 GiB it is refused in one line naming the load (weights x 2)."""
     out = tmp_path / "roles"
     proc = _headscope(
-        ["roles", qwen_config, "--roles", "positional", "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT="64G")
+        ["roles", qwen_config, "--roles", "positional", "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT="8G")
     )
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
-    estimate_line = next(line for line in lines if line.startswith("headscope: memory: ~"))
+    # the estimate up front (over half of what may be used: printed); or, on a machine with less
+    # than the estimate free, the refusal that states it
+    estimate_line = next(line for line in lines if line.startswith(("note: memory: ~", "headscope: error: roles")))
     gib = float(estimate_line.split("~")[1].split()[0])
     assert 3.6 <= gib <= 8, estimate_line  # 494M float32 weights, held twice while loading
     assert "weights 1.84 GiB" in estimate_line
@@ -223,13 +225,14 @@ def test_minilm_roles_estimate_is_within_25_percent_of_the_measured_peak(tmp_pat
     measured peak resident memory (VmHWM), within +-25%."""
     out = tmp_path / "roles"
     proc = _headscope(
-        ["roles", "minilm-l6", "--roles", "positional,special,summary", "--text", short_text, "--out", out]
+        ["roles", "minilm-l6", "--roles", "positional,special,summary", "--text", short_text, "--out", out],
+        env=_env(HEADSCOPE_MEMORY_LIMIT="1G"),  # room for the run with little to spare: the estimate is printed
     )
     assert proc.returncode == 0, proc.stderr
     mem = _run_json(out)["memory"]
     peak, est = mem["peak_rss_bytes"], mem["estimate_bytes"]
     assert abs(est - peak) <= 0.25 * peak, (est, peak)
-    up_front = next(line for line in proc.stderr.splitlines() if line.startswith("headscope: memory: ~"))
+    up_front = next(line for line in proc.stderr.splitlines() if line.startswith("note: memory: ~"))
     first = float(up_front.split("~")[1].split()[0]) * 2**30
     assert abs(first - peak) <= 0.25 * peak, (up_front, peak)
     assert any(line.startswith("headscope: estimated time: ~") for line in proc.stderr.splitlines())
