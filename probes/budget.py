@@ -31,8 +31,8 @@ estimate, what is available, what to change) when even a batch of one does not.
 >>> qwen = Shape(n_layers=24, n_heads=14, n_kv_heads=2, d_model=896, d_head=64, d_mlp=4864,
 ...              vocab_size=151936, n_params=494_032_768, causal=True)
 >>> est = estimate(qwen, [Stage(name="roles", batch_size=32, longest=40, kept_layers=24)])
->>> est.phase, round(est.total / 2**30, 1), round(est.breakdown["logits"] / 2**30, 2)
-('load', 4.0, 0.72)
+>>> est.phase, round(est.total / 2**30, 2), round(est.parts["roles"]["logits"] / 2**30, 2)
+('load', 3.76, 0.72)
 >>> parse_size("1.5G"), parse_size("512M"), parse_size("4096")
 (1610612736, 536870912, 4096)
 """
@@ -172,7 +172,6 @@ class Stage:
     reducers: bool = False
     statistics: bool = False
     cache_bytes: int = 0
-    flag: str = "--batch-size"
 
     def __post_init__(self):
         for k in ("batch_size", "longest"):
