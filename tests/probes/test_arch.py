@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError
-from headscope.probes.models.arch import ArchSpec, arch_from_gguf, arch_from_hf_config
+from headscope.probes.models.arch import ArchSpec, arch_from_hf_config
 from headscope.probes.models.backend import Backend, spec_from_arch
 from headscope.probes.models.card import card_from_hf_config
 from headscope.probes.models.checkpoints import read_hf_config, resolve
 from headscope.probes.models.config import config_from_hf
+from headscope.probes.models.gguf import arch_from_gguf
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=100)
 

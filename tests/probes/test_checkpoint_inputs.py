@@ -24,9 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from headscope.probes.errors import CheckpointError, HeadscopeError
-from headscope.probes.models import checkpoints
-from headscope.probes.models.checkpoints import check_gguf, resolve
+from headscope.probes.models import checkpoints, weights
+from headscope.probes.models.checkpoints import resolve
 from headscope.probes.models.config import ModelConfig, param_counts
+from headscope.probes.models.gguf import check_gguf
 from headscope.probes.models.loading import InHouseModel, load_model
 from headscope.probes.models.transformer import Transformer
 from headscope.reports.cli import app as cli
@@ -101,7 +102,9 @@ def _copy(src: Path, dst: Path, config: dict | None = None, drop: tuple[str, ...
 
 @pytest.fixture
 def memory_4gib(monkeypatch):
-    """The memory guard sees 4 GiB available, whatever this machine has."""
+    """The memory guard (and the memory budget, which asks checkpoints) sees 4 GiB available, whatever this
+    machine has."""
+    monkeypatch.setattr(weights, "available_memory_bytes", lambda: 4 * GiB)
     monkeypatch.setattr(checkpoints, "available_memory_bytes", lambda: 4 * GiB)
 
 

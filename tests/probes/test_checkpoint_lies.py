@@ -145,7 +145,8 @@ def test_a_data_offset_that_moves_is_named(tmp_path, capsys):
 
 def test_the_shipped_smollm2_file_passes_the_layout_check():
     """The Q4_1 file headscope ships: every tensor where its type and shape put it."""
-    from headscope.probes.models.checkpoints import SHIPPED, _package_path, check_gguf
+    from headscope.probes.models.checkpoints import SHIPPED, _package_path
+    from headscope.probes.models.gguf import check_gguf
 
     assert "smollm2-135m" in SHIPPED
     reader = check_gguf(_package_path("smollm2-135m"))

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError
-from headscope.probes.models.arch import GGUF_ARCHITECTURES, arch_from_gguf, gguf_hf_config
 from headscope.probes.models.card import card_from_hf_config, render_card
+from headscope.probes.models.gguf import GGUF_ARCHITECTURES, arch_from_gguf, gguf_hf_config
 
 gguf = pytest.importorskip("gguf")
 

@@ -29,8 +29,8 @@ pytest.importorskip("gguf")
 from gguf_writer import write_tiny_gguf  # noqa: E402
 
 from headscope.probes.errors import ModelIncompatibleError  # noqa: E402
-from headscope.probes.models.arch import arch_from_hf_config, gguf_hf_config  # noqa: E402
-from headscope.probes.models.checkpoints import gguf_as_hf_dir  # noqa: E402
+from headscope.probes.models.arch import arch_from_hf_config  # noqa: E402
+from headscope.probes.models.gguf import gguf_as_hf_dir, gguf_hf_config  # noqa: E402
 
 LLAMA3 = {
     "rope_type": "llama3",
@@ -173,12 +173,12 @@ def test_an_older_cache_is_brought_up_to_date(files, ids, tmp_path, monkeypatch)
     """A folder dequantised before headscope read these keys holds transformers' values: the
     next load puts the metadata's in, and says so in a sidecar that spares later loads the
     metadata."""
-    from headscope.probes.models import checkpoints
+    from headscope.probes.models.gguf import cache
 
     path, _ = files["gemma2"]
     monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
     config = gguf_as_hf_dir(path) / "config.json"
-    sidecar = config.parent / checkpoints.SETTLED_FILE
+    sidecar = config.parent / cache.SETTLED_FILE
     caps = ["attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"]
     assert json.loads(sidecar.read_text())["from_metadata"] == caps
     cfg = json.loads(config.read_text())
@@ -189,7 +189,7 @@ def test_an_older_cache_is_brought_up_to_date(files, ids, tmp_path, monkeypatch)
     cfg = json.loads(config.read_text())
     assert [cfg[k] for k in caps] == [20.0, 15.0, 16]
     assert json.loads(sidecar.read_text())["from_metadata"] == caps
-    monkeypatch.setattr(checkpoints, "gguf_meta_config", lambda p: pytest.fail("metadata read again"))
+    monkeypatch.setattr(cache, "gguf_meta_config", lambda p: pytest.fail("metadata read again"))
     assert gguf_as_hf_dir(path) / "config.json" == config  # settled: the metadata is not read again
 
 

@@ -24,9 +24,8 @@ gguf = pytest.importorskip("gguf")
 from gguf_writer import FAMILIES, write_tiny_gguf  # noqa: E402
 
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError  # noqa: E402
-from headscope.probes.models import arch as arch_mod  # noqa: E402
-from headscope.probes.models.arch import GGUF_ARCHITECTURES  # noqa: E402
-from headscope.probes.models.checkpoints import gguf_as_hf_dir, gguf_meta_config  # noqa: E402
+from headscope.probes.models.gguf import GGUF_ARCHITECTURES, gguf_as_hf_dir, gguf_meta_config  # noqa: E402
+from headscope.probes.models.gguf import metadata as arch_mod  # noqa: E402
 
 ALL = sorted(FAMILIES)  # gemma2, gemma3, llama, qwen2
 SLIDING = {"llama": [], "qwen2": [], "gemma2": [0], "gemma3": [0, 1]}  # sliding layers (window 5)
