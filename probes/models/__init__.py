@@ -11,10 +11,11 @@
 * :mod:`.planted` — tiny models with heads built by hand (ground truth for the roles).
 """
 
-from headscope.probes.models.arch import ArchSpec, arch_from_hf_config
+from headscope.probes.models.arch import arch_from_hf_config
 from headscope.probes.models.backend import Backend, ModelSpec
 from headscope.probes.models.gguf import arch_from_gguf
 from headscope.probes.models.loading import BridgeModel, HFReference, InHouseModel, load_model
+from headscope.probes.models.spec import ArchSpec
 
 __all__ = [
     "ArchSpec",

@@ -23,10 +23,10 @@ True
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from headscope.probes.models.quiet import quiet_transformers
+from headscope.probes.models.spec import ArchSpec
 
 #: model types whose attention is bidirectional (encoders); every other type is a causal
 #: decoder. ``is_decoder: true`` in the config (a BERT trained as a decoder) makes one causal.
@@ -90,94 +90,6 @@ _FIXED_OPTIONS = {
     "llama": {"mlp_bias": False},
 }
 _QK_NORM_TYPES = frozenset({"gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2", "olmoe", "chameleon"})
-
-
-@dataclass(frozen=True, kw_only=True)
-class ArchSpec:
-    """What a checkpoint's configuration says about its architecture, one name per fact.
-
-    ``None`` means the configuration does not say (consumers apply their own default:
-    the card a context of 2048, the in-house BERT a LayerNorm epsilon of 1e-12, …).
-    ``sliding_window`` holds one entry per layer (``None`` for a layer that attends to
-    the whole context), or is ``None`` when no layer slides.
-    """
-
-    model_type: str
-    name: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    n_kv_heads: int
-    d_head: int
-    d_mlp: int | None
-    vocab_size: int | None
-    max_positions: int | None
-    encoder: bool
-    positional: str | None  # "learned" | "rope" | "relative" | "alibi" | "none"; None: not known
-    rope_theta: float | None
-    rope_type: str | None
-    norm: str | None  # "layernorm" | "rmsnorm"
-    norm_eps: float | None
-    activation: str | None
-    attention_bias: bool | None
-    sliding_window: tuple[int | None, ...] | None
-    qk_norm: bool
-    attn_softcap: float | None
-    final_softcap: float | None
-    tie_embeddings: bool
-    type_vocab_size: int | None
-    pad_token_id: int | None
-    bos_token_id: int | None
-    #: Gemma 2/3: queries are scaled by ``query_pre_attn_scalar ** -0.5`` (not ``d_head ** -0.5``)
-    query_pre_attn_scalar: float | None = None
-    #: Gemma 3: the RoPE base and type of the sliding (local) layers, when they differ from the
-    #: global layers' (``rope_local_base_freq``, or ``rope_parameters["sliding_attention"]``)
-    rope_local_theta: float | None = None
-    rope_local_type: str | None = None
-    #: the numeric parameters of a scaled RoPE (``linear``, ``llama3``, ``yarn``...) on the global
-    #: layers (``factor``, ``low_freq_factor``, ...), sorted pairs; None: plain RoPE
-    rope_scaling: tuple[tuple[str, float], ...] | None = None
-
-    @property
-    def rope_factor(self) -> float | None:
-        """The scaling factor of a scaled RoPE (None: plain RoPE)."""
-        return dict(self.rope_scaling or ()).get("factor")
-
-    #: fraction of each head's dimensions that RoPE rotates (Phi-3 ``partial_rotary_factor``;
-    #: None: the config does not say, i.e. all of them)
-    rotary_fraction: float | None = None
-    #: a decoder family run with bidirectional attention (``use_bidirectional_attention``:
-    #: EmbeddingGemma); ``encoder`` still follows the model type
-    bidirectional_attention: bool = False
-    #: family options set away from their default (``"name=value"``), e.g. GPT-2's
-    #: ``scale_attn_by_inverse_layer_idx=True``: see ``_FIXED_OPTIONS``
-    off_default: tuple[str, ...] = ()
-    #: query heads, KV heads and MLP width of each layer where a GGUF file's layers differ
-    #: (:data:`PER_LAYER`; the card only: no backend builds such a model); None: the same in every
-    #: layer. ``n_heads``/``n_kv_heads``/``d_mlp`` then hold the widest layer's.
-    heads_per_layer: tuple[int, ...] | None = None
-    kv_heads_per_layer: tuple[int, ...] | None = None
-    d_mlp_per_layer: tuple[int, ...] | None = None
-
-    @property
-    def per_layer(self) -> bool:
-        """Whether the layers differ in heads, KV heads or MLP width."""
-        return any(x is not None for x in (self.heads_per_layer, self.kv_heads_per_layer, self.d_mlp_per_layer))
-
-    @property
-    def causal(self) -> bool:
-        return not self.encoder
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per KV head (1 for MHA, ``n_heads`` for MQA)."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
-    def attention_kind(self) -> str:
-        if self.n_kv_heads == self.n_heads:
-            return "MHA"
-        return "MQA" if self.n_kv_heads == 1 else "GQA"
 
 
 def _first(hf: dict, *keys):

@@ -24,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.arch import ArchSpec, arch_from_hf_config, check_hf_config, layer_runs
+from headscope.probes.models.arch import arch_from_hf_config, check_hf_config, layer_runs
 from headscope.probes.models.checkpoints import ModelSource, read_config_file, read_hf_config, resolve
 from headscope.probes.models.config import config_from_arch, param_counts
 from headscope.probes.models.gguf import NOT_LOADABLE, gguf_hf_config, settle_cached_config
 from headscope.probes.models.source import cache_dir, file_sha256
+from headscope.probes.models.spec import ArchSpec
 
 BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "int8": 1, "fp8": 1}
 

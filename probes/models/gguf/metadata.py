@@ -14,17 +14,17 @@ from headscope.probes.errors import CheckpointError, ModelIncompatibleError, Unk
 from headscope.probes.models.arch import (
     _MAX_SIZE,
     PER_LAYER,
-    ArchSpec,
     _int_or_none,
     _number,
     arch_from_hf_config,
     layer_runs,
 )
 from headscope.probes.models.gguf.tensors import check_gguf, check_gguf_tensors
+from headscope.probes.models.spec import ArchSpec
 
 
 def arch_from_gguf(path: Path) -> ArchSpec:
-    """The :class:`ArchSpec` of a GGUF file, from its metadata alone (no tensor is read)."""
+    """The :class:`~headscope.probes.models.spec.ArchSpec` of a GGUF file, from its metadata alone (no tensor is read)."""
     return arch_from_hf_config(gguf_hf_config(Path(path)), str(path))
 
 
