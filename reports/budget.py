@@ -252,7 +252,8 @@ def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
             logits="all" if decoder else "none",
             loss=decoder,
             statistics=True,
-            cache_bytes=shape.n_layers * pcfg.batch_size * n * shape.d_model * b,
+            cache_per_row=shape.n_layers * n * shape.d_model * b,  # the unablated stream of the batch
+            cache_rows=pcfg.batch_size,
         )
     ]
     if "importance" in pcfg.studies or "curves" in pcfg.studies:
@@ -278,17 +279,20 @@ def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attr
     corrupted ``z`` of a batch kept per layer, the last position's logits read) and, for
     attribution, one batch's backward."""
     b = shape.bytes_per
-    z = 2 * shape.n_layers * pc.batch_size * longest * shape.n_heads * shape.d_head * b
-    out = [
-        Stage(
-            name="patching",
-            batch_size=max(pc.batch_size, pc.max_rows),
-            longest=longest,
-            logits="last" if shape.causal else "none",
-            statistics=True,
-            cache_bytes=z,
+    z = 2 * shape.n_layers * longest * shape.n_heads * shape.d_head * b  # clean and corrupted z, per item
+    out = []
+    if set(methods) - {"attribution"}:  # activation, ablation and path patching: replicated forwards
+        out.append(
+            Stage(
+                name="patching",
+                batch_size=max(pc.batch_size, pc.max_rows),
+                longest=longest,
+                logits="last" if shape.causal else "none",
+                statistics=True,
+                cache_per_row=z,
+                cache_rows=pc.batch_size,
+            )
         )
-    ]
     if "attribution" in methods:
         out.append(
             Stage(
@@ -297,7 +301,7 @@ def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attr
                 longest=longest,
                 logits="last" if shape.causal else "none",
                 grad=True,
-                cache_bytes=z,
+                cache_per_row=z,
             )
         )
     return out
