@@ -222,6 +222,7 @@ def test_two_concurrent_roles_runs_into_one_out_never_mix(tmp_path, text_file):
         tree = _tree(folder)
         run = json.loads(tree.pop("run.json"))
         run.pop("timings")
+        run.pop("memory", None)  # measured per run, like the timings (peak resident memory, what was free)
         return {**tree, "run.json": {k: v for k, v in run.items() if k != "inputs"}}
 
     assert content(refs[1]) != content(refs[2])  # the seeds must be told apart
