@@ -129,24 +129,7 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
     hf: dict[str, Any] = {"model_type": model_type, "architectures": [cls], "_name_or_path": name}
     if sizes.equal_arrays:
         hf[EQUAL_PER_LAYER] = list(sizes.equal_arrays)
-    for key, hf_key in _GGUF_KEYS.items():
-        if key in _GGUF_SIZES:
-            if key in sizes.per_layer:  # stand-ins for the card's checks; the lists go into hf[PER_LAYER]
-                hf[hf_key] = max(sizes.per_layer[key])
-            elif key in sizes.values:
-                hf[hf_key] = sizes.values[key]
-            continue
-        v = get(f"{gguf_arch}.{key}")
-        if v is None:
-            continue
-        if isinstance(v, list) and key != "attention.sliding_window_pattern":  # per layer: the widest
-            v = max((x for x in v if isinstance(x, (int, float))), default=None)
-            if v is None:
-                continue
-        hf[hf_key] = v
-    for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps", "attn_logit_softcapping", "final_logit_softcapping"):
-        if key in hf:
-            hf[key] = float(hf[key])
+    _read_keys(hf, sizes, gguf_arch, get)
     if "head_dim" not in hf and model_type in ("llama", "mistral"):  # llama.cpp: the rotated width is d_head
         rot = get(f"{gguf_arch}.rope.dimension_count")
         if isinstance(rot, int) and not isinstance(rot, bool) and 0 < rot < _MAX_SIZE:
@@ -157,28 +140,7 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
         hf.setdefault("num_key_value_heads", n_heads)
         hf.setdefault("head_dim", d_model // next(h for h in heads if h))  # llama.cpp: layer 0's heads
         _per_layer_heads(hf, sizes, heads, kv_heads, gguf_arch, model_type, path, strict)
-    if model_type == "falcon":  # FalconConfig's own names; its head_dim is derived, not set
-        n_kv = hf.pop("num_key_value_heads")
-        hf.pop("head_dim", None)
-        hf.update(num_kv_heads=n_kv, multi_query=n_kv == 1, new_decoder_architecture=n_kv not in (1, n_heads))
-        if "intermediate_size" in hf:
-            hf["ffn_hidden_size"] = hf.pop("intermediate_size")
-    if model_type == "mistral":
-        hf.setdefault("sliding_window", None)  # not MistralConfig's default of 4096: the file says none
-    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        hf["use_sliding_window"] = "sliding_window" in hf
-    if model_type in ("gemma2", "gemma3_text", "gemma4_text") and "sliding_window" in hf:
-        pattern = hf.pop("sliding_window_pattern", None)
-        every = 2 if model_type == "gemma2" else 6
-        n = hf["num_hidden_layers"]
-        slides = (
-            [bool(p) for p in pattern]
-            if isinstance(pattern, list) and len(pattern) == n
-            else [bool((i + 1) % (pattern if isinstance(pattern, int) and pattern > 0 else every)) for i in range(n)]
-        )
-        hf["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
-    if model_type in ("gemma2", "gemma3_text"):
-        hf["query_pre_attn_scalar"] = _gguf_query_pre_attn_scalar(get(f"{gguf_arch}.attention.scale"), gguf_arch, hf)
+    _family_names(hf, model_type, gguf_arch, get, n_heads)
     try:
         rope = _gguf_rope_parameters(reader, get, gguf_arch, model_type, hf, path)
     except ModelIncompatibleError as e:
@@ -203,6 +165,57 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
     }
     check_gguf_tensors(reader, hf, sizes, gguf_arch, path)
     return hf
+
+
+def _read_keys(hf: dict, sizes: _GGUFSizes, gguf_arch: str, get) -> None:
+    """Put into ``hf`` the :data:`_GGUF_KEYS` the file gives, under their HF names: the checked
+    sizes (a per-layer array that differs: its widest layer), and the other keys as read (a
+    per-layer list: its widest entry, except the sliding-window pattern), floats as floats."""
+    for key, hf_key in _GGUF_KEYS.items():
+        if key in _GGUF_SIZES:
+            if key in sizes.per_layer:  # stand-ins for the card's checks; the lists go into hf[PER_LAYER]
+                hf[hf_key] = max(sizes.per_layer[key])
+            elif key in sizes.values:
+                hf[hf_key] = sizes.values[key]
+            continue
+        v = get(f"{gguf_arch}.{key}")
+        if v is None:
+            continue
+        if isinstance(v, list) and key != "attention.sliding_window_pattern":  # per layer: the widest
+            v = max((x for x in v if isinstance(x, (int, float))), default=None)
+            if v is None:
+                continue
+        hf[hf_key] = v
+    for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps", "attn_logit_softcapping", "final_logit_softcapping"):
+        if key in hf:
+            hf[key] = float(hf[key])
+
+
+def _family_names(hf: dict, model_type: str, gguf_arch: str, get, n_heads: int | None) -> None:
+    """Put into ``hf`` what a family's HF config class names or defaults its own way (Falcon's
+    KV heads, Mistral's and Qwen's sliding window, Gemma's sliding layers and query scale)."""
+    if model_type == "falcon":  # FalconConfig's own names; its head_dim is derived, not set
+        n_kv = hf.pop("num_key_value_heads")
+        hf.pop("head_dim", None)
+        hf.update(num_kv_heads=n_kv, multi_query=n_kv == 1, new_decoder_architecture=n_kv not in (1, n_heads))
+        if "intermediate_size" in hf:
+            hf["ffn_hidden_size"] = hf.pop("intermediate_size")
+    if model_type == "mistral":
+        hf.setdefault("sliding_window", None)  # not MistralConfig's default of 4096: the file says none
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        hf["use_sliding_window"] = "sliding_window" in hf
+    if model_type in ("gemma2", "gemma3_text", "gemma4_text") and "sliding_window" in hf:
+        pattern = hf.pop("sliding_window_pattern", None)
+        every = 2 if model_type == "gemma2" else 6
+        n = hf["num_hidden_layers"]
+        slides = (
+            [bool(p) for p in pattern]
+            if isinstance(pattern, list) and len(pattern) == n
+            else [bool((i + 1) % (pattern if isinstance(pattern, int) and pattern > 0 else every)) for i in range(n)]
+        )
+        hf["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
+    if model_type in ("gemma2", "gemma3_text"):
+        hf["query_pre_attn_scalar"] = _gguf_query_pre_attn_scalar(get(f"{gguf_arch}.attention.scale"), gguf_arch, hf)
 
 
 #: GGUF ``<arch>.KEY`` sizes, checked under the file's own key names before any is used
