@@ -14,20 +14,9 @@ import torch
 from headscope.analyses.patching import PatchConfig, attribution_patching
 from headscope.analyses.patching.activation import readout
 from headscope.analyses.patching.attribution import z_gradients
-from headscope.analyses.patching.tasks import induction_task
 from headscope.probes.models.planted import planted_model, writing_induction
 
 CFG = PatchConfig(n_perm=200, n_boot=50)
-
-
-@pytest.fixture(scope="module")
-def planted():
-    return writing_induction(planted_model())
-
-
-@pytest.fixture(scope="module")
-def induction(planted):
-    return induction_task(planted.tokenizer, n_items=12, seq_len=8, seed=0)
 
 
 def _logprob64(logits, answer, wrong=None):  # the task's metric, in float64 for a finite difference

@@ -31,19 +31,9 @@ from headscope.analyses.patching.tasks import (
     tokenize_rows,
 )
 from headscope.probes.errors import InputFileError, ModelIncompatibleError
-from headscope.probes.models.planted import VOCAB, planted_model, writing_induction
+from headscope.probes.models.planted import VOCAB, planted_model
 
 CFG = PatchConfig(n_perm=2000, n_boot=200)
-
-
-@pytest.fixture(scope="module")
-def planted():
-    return writing_induction(planted_model())
-
-
-@pytest.fixture(scope="module")
-def induction(planted):
-    return induction_task(planted.tokenizer, n_items=12, seq_len=8, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -32,19 +32,9 @@ from headscope.analyses.patching.tasks import (
     induction_task,
     load_task,
 )
-from headscope.probes.models.planted import planted_model, writing_induction
+from headscope.probes.models.planted import planted_model
 
 OTHERS = [(l, h) for l in range(2) for h in range(4) if (l, h) not in {(0, 0), (1, 1)}]
-
-
-@pytest.fixture(scope="module")
-def planted():
-    return writing_induction(planted_model())
-
-
-@pytest.fixture(scope="module")
-def induction(planted):
-    return induction_task(planted.tokenizer, n_items=12, seq_len=8, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -285,7 +285,6 @@ def real_runs(minilm, tmp_path_factory):
     positional, 12 lines), prune (the planted copy model), patch (activation and attribution
     patching of the planted induction model), report (synthetic frames) and diff (the
     report against itself)."""
-    from test_patching import planted_model, writing_induction
     from test_pruning import alternating, planted_copy_model
     from test_report import synthetic_frames
 
@@ -295,6 +294,7 @@ def real_runs(minilm, tmp_path_factory):
     from headscope.analyses.pruning.metrics import LMLoss
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.probes.models.card import model_card, render_card
+    from headscope.probes.models.planted import planted_model, writing_induction
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
 
