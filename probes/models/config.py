@@ -350,33 +350,12 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
     label = {"bert": "BERT", "llama": "Llama"}.get(mtype, mtype)
     if defaults["positional"] == "learned" and arch.positional != "learned":
         raise _incompatible(f"{label} position_embedding_type={arch.positional!r}")
-    rope_scaling = None
-    if defaults["positional"] == "rope":
-        if arch.rope_type not in ("default", None, *ROPE_SCALINGS):
-            raise _incompatible(
-                f"{label} rope_type={arch.rope_type!r}", f" (only 'default', {', '.join(ROPE_SCALINGS)})"
-            )
-        if arch.rope_type in ROPE_SCALINGS:
-            rope_scaling = {"rope_type": arch.rope_type, **dict(arch.rope_scaling or ())}
-            need = ("factor",) if arch.rope_type == "linear" else LLAMA3_ROPE_KEYS
-            missing = [k for k in need if not _positive(rope_scaling.get(k))]
-            if missing:
-                raise _incompatible(f"{label} rope_type={arch.rope_type!r} without {', '.join(missing)}")
-        if arch.rope_local_type not in ("default", None):
-            raise _incompatible(
-                f"{label} rope_type={arch.rope_local_type!r} on the sliding layers", " (only 'default')"
-            )
-        if arch.rotary_fraction not in (None, 1.0):
-            raise _incompatible(f"{label} partial_rotary_factor={arch.rotary_fraction}", " (only 1.0)")
+    rope_scaling = _rope_scaling(arch, label) if defaults["positional"] == "rope" else None
     if arch.bidirectional_attention:
         raise _incompatible(f"{label} with use_bidirectional_attention")
     if arch.off_default:
         raise _incompatible(f"{label} with {', '.join(arch.off_default)}")
-    activation = arch.activation or defaults["activation"]
-    if activation == "gelu_fast":
-        activation = "gelu_new"  # the same tanh approximation of GELU
-    if activation not in ACTIVATIONS:
-        raise _incompatible(f"{label} activation {activation!r}", f" ({', '.join(ACTIVATIONS)})")
+    activation = _activation(arch, defaults, label)
     name = name or arch.name or mtype
     if mtype in ENCODER_FAMILIES:
         type_vocab = arch.type_vocab_size if arch.type_vocab_size is not None else 2
@@ -425,6 +404,37 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
         query_scale=arch.query_pre_attn_scalar**-0.5 if gemma and arch.query_pre_attn_scalar else None,
         name=name,
     )
+
+
+def _rope_scaling(arch: ArchSpec, label: str) -> dict | None:
+    """The in-house ``rope_scaling`` of a RoPE family's ``arch`` (None: plain RoPE); refuses
+    (:func:`_incompatible`) a RoPE type, missing parameters, sliding-layer RoPE or partial
+    rotation that the in-house stack does not implement."""
+    rope_scaling = None
+    if arch.rope_type not in ("default", None, *ROPE_SCALINGS):
+        raise _incompatible(f"{label} rope_type={arch.rope_type!r}", f" (only 'default', {', '.join(ROPE_SCALINGS)})")
+    if arch.rope_type in ROPE_SCALINGS:
+        rope_scaling = {"rope_type": arch.rope_type, **dict(arch.rope_scaling or ())}
+        need = ("factor",) if arch.rope_type == "linear" else LLAMA3_ROPE_KEYS
+        missing = [k for k in need if not _positive(rope_scaling.get(k))]
+        if missing:
+            raise _incompatible(f"{label} rope_type={arch.rope_type!r} without {', '.join(missing)}")
+    if arch.rope_local_type not in ("default", None):
+        raise _incompatible(f"{label} rope_type={arch.rope_local_type!r} on the sliding layers", " (only 'default')")
+    if arch.rotary_fraction not in (None, 1.0):
+        raise _incompatible(f"{label} partial_rotary_factor={arch.rotary_fraction}", " (only 1.0)")
+    return rope_scaling
+
+
+def _activation(arch: ArchSpec, defaults: dict, label: str) -> str:
+    """The activation the in-house stack runs for ``arch`` (``gelu_fast`` is ``gelu_new``); refuses
+    one it does not know."""
+    activation = arch.activation or defaults["activation"]
+    if activation == "gelu_fast":
+        activation = "gelu_new"  # the same tanh approximation of GELU
+    if activation not in ACTIVATIONS:
+        raise _incompatible(f"{label} activation {activation!r}", f" ({', '.join(ACTIVATIONS)})")
+    return activation
 
 
 def _norm_params(cfg: ModelConfig, d: int) -> int:
