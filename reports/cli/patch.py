@@ -201,6 +201,7 @@ def run(args) -> int:
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)  # checked before anything loads
@@ -233,6 +234,8 @@ def run(args) -> int:
     n_items, notes = _task_items(args, rows)  # an absurd count answers before the model loads
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
+    asked = cfg
+    budget, cfg = memory.patch_start(args, asked, device)  # refused in one line if it cannot fit
     with claim_output(args.out, "patch") if args.out else nullcontext() as folder:  # checked before the model loads
         model = load_from_args(args, device)
         if not args.json:
@@ -242,7 +245,9 @@ def run(args) -> int:
             task = load_task(model, args.task, n_items=n_items, seed=args.seed, seq_len=args.seq_len)
         if task.n_unusable:
             print(_unusable_line(task), file=sys.stderr)
+        budget, cfg = memory.patch_refine(budget, task, cfg, asked)
         result = patching_study(model, task, cfg)
+        used = memory.finish(budget, memory.emitter(False))
         summary = {"model": model.spec.name, "backend": model.backend, **placement(model), **result.summary}
         if notes:
             summary["notes"] = notes
@@ -259,6 +264,7 @@ def run(args) -> int:
                         **summary,
                         "backend_choice": model.backend_choice,
                         "trust_remote_code": model.trust_remote_code,
+                        "memory": used,
                     },
                     tmp / "run.json",
                 )

@@ -166,6 +166,7 @@ def render_summary(summary: dict) -> str:
 def run(args) -> int:
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.probes.outputs.folder import claim_output
+    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = None if args.device_map else resolve_device(args.device)
@@ -186,11 +187,16 @@ def run(args) -> int:
         studies=tuple(args.studies),
     )
     roles = _read_roles(args.roles) if args.roles else None
+    asked = cfg
+    budget, cfg = memory.prune_start(args, asked, device)  # refused in one line if it cannot fit
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
         model = load_from_args(args, device)
+        budget, cfg = memory.prune_refine(budget, model, cfg, asked)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
-        result = pruning_study(model, cfg, args.out, roles=roles)  # writes the frames and state into --out
+        timer = memory.parts_timer(None, "pruning", None, False, "parts of the study")
+        result = pruning_study(model, cfg, args.out, roles=roles, progress=timer)  # frames and state into --out
+        memory.add_to_run_json(args.out, "memory", memory.finish(budget, memory.emitter(False)))
         if notes:
             result.summary["notes"] = notes
             if args.out:

@@ -228,6 +228,7 @@ def run(args) -> int:
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     if args.dtype != "fp32" and args.backend == "bridge":
@@ -246,9 +247,11 @@ def run(args) -> int:
             )
     groups = check_roles(wanted)
     inputs = _read_inputs(args, cfg, groups)
+    budget, cfg = memory.roles_start(args, cfg, groups, inputs, device)  # refused in one line if it cannot fit
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
         model = load_from_args(args, device)
+        budget, cfg = memory.roles_refine(budget, model, cfg, groups, inputs)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
 
@@ -265,7 +268,7 @@ def run(args) -> int:
                 text=inputs.get("text"),
                 roles=groups,
                 cfg=cfg,
-                progress=progress,
+                progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet),
             )
         check_usable(result, inputs, args)  # before anything is written
         if not args.quiet and any(result.skipped.values()):
@@ -295,6 +298,7 @@ def run(args) -> int:
                     "n_items": result.n_items,
                     "skipped": result.skipped,
                     "timings": {k: round(v, 3) for k, v in result.timings.items()},
+                    "memory": memory.finish(budget, memory.emitter(args.quiet)),
                     "inputs": {
                         "conllu": [str(c.path) for c in inputs.get("conllu", [])],
                         "coref": str(inputs["coref"].path) if "coref" in inputs else None,
