@@ -171,7 +171,7 @@ def _positional(hf: dict, mtype: str) -> str | None:
     return "rope" if mtype in ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma2") else None
 
 
-def _sliding(hf: dict, mtype: str, n_layers: int) -> tuple[int | None, ...] | None:
+def _sliding(hf: dict, mtype: str, n_layers: int, where: str = "config") -> tuple[int | None, ...] | None:
     """The window of each layer (``None``: global), as transformers decides it: ``layer_types``
     when the config lists them; else Gemma's pattern (every ``sliding_window_pattern``-th layer
     global: 2 for Gemma 2, 6 for Gemma 3); else Qwen's ``max_window_layers`` (the layers from it
@@ -179,6 +179,14 @@ def _sliding(hf: dict, mtype: str, n_layers: int) -> tuple[int | None, ...] | No
     window = _int_or_none(hf.get("sliding_window"))
     if not window or hf.get("use_sliding_window") is False:
         return None
+    if n_layers > MAX_LAYERS:
+        from headscope.probes.errors import CheckpointError
+
+        raise CheckpointError(
+            f"{where}: num_hidden_layers={n_layers:,} layers with a sliding window is past {MAX_LAYERS:,} (the "
+            "largest released transformers have a few hundred; each layer's window is listed); is the layer count "
+            "right?"
+        )
     types = hf.get("layer_types")
     pattern = hf.get("sliding_window_pattern")
     if isinstance(types, list) and len(types) == n_layers:
@@ -251,7 +259,7 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         norm_eps=float(eps) if isinstance(eps, (int, float)) else None,
         activation=hf.get("hidden_act") or hf.get("hidden_activation") or hf.get("activation_function"),
         attention_bias=hf.get("attention_bias") if isinstance(hf.get("attention_bias"), bool) else None,
-        sliding_window=_sliding(hf, mtype, n_layers),
+        sliding_window=_sliding(hf, mtype, n_layers, where),
         qk_norm=bool(hf.get("qk_layernorm") or hf.get("use_qk_norm") or mtype in _QK_NORM_TYPES),
         attn_softcap=_number(hf.get("attn_logit_softcapping")),
         final_softcap=_number(hf.get("final_logit_softcapping")),
@@ -348,10 +356,10 @@ _ANY_SIZE_KEYS = (
 )
 _NULL_MEANS_UNSET = ("num_key_value_heads", "head_dim", "n_inner")  # HF derives these when null
 _MAX_SIZE = 2**63  # torch indexes with int64
-#: most layers a config may declare: every per-layer list (windows, head counts) is built from
-#: the count, so 10**8 layers would hang the card before anything could refuse them
+#: most layers a config with per-layer sliding windows may declare: the windows are one entry
+#: per layer, so 10**8 layers hung the card building them (a config without them stays
+#: arithmetic at any layer count)
 MAX_LAYERS = 4096
-_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 
 
 def _check_per_layer(hf: dict, where: str) -> None:
@@ -400,11 +408,7 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
             raise CheckpointError(f"{where}: {key} must be a positive integer; got {v!r}")
         if v >= _MAX_SIZE:
             raise CheckpointError(f"{where}: {key}={v} is past 2**63, more than any tensor can index")
-        if key in _LAYER_KEYS and v > MAX_LAYERS:
-            raise CheckpointError(
-                f"{where}: {key}={v:,} layers is past {MAX_LAYERS:,} (the largest released transformers have a few "
-                "hundred); is the config's layer count right?"
-            )
+
     n_heads = hf.get("num_attention_heads") or hf.get("n_head")
     d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
     n_kv = hf.get("num_key_value_heads") if family not in ENCODER_TYPES else None  # encoders: no KV heads of their own

@@ -497,4 +497,4 @@ def test_a_config_with_absurdly_many_layers_is_refused_at_once(tmp_path, capsys)
     start = time.monotonic()
     line = cli_error(capsys, "card", tmp_path / "config.json")
     assert time.monotonic() - start < 60  # a bound for a hang, not a speed target
-    assert "num_hidden_layers=100,000,000 layers is past 4,096" in line, line
+    assert "num_hidden_layers=100,000,000 layers with a sliding window is past 4,096" in line, line
