@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast bench lint gpu-check gpu-wheels
+.PHONY: bootstrap report test test-fast bench figures lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -28,6 +28,11 @@ test-fast: bootstrap
 
 bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
+
+# The README's patching figures, regenerated on SmolLM2 (~15 min on 2 cores) into data/figures/patching.json;
+# tests/test_readme_figures.py fails while the README quotes other values
+figures: bootstrap
+	$(PY) -m headscope.analyses.experiments.patching_figures
 
 # On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
 # GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.

@@ -84,3 +84,21 @@ SENTENCES = [
 @pytest.fixture(scope="session")
 def sentences():
     return list(SENTENCES)
+
+
+# the planted induction circuit and its task, shared by the patching tests: the planted model
+# whose induction head (1, 1) is given an output (writing_induction), and 12 induction items of
+# [BOS] + 8 + 7 tokens on it; a module built around another planted model (pruning,
+# coreference, the causal report) defines its own ``planted``, which takes precedence there
+@pytest.fixture(scope="module")
+def planted():
+    from headscope.probes.models.planted import planted_model, writing_induction
+
+    return writing_induction(planted_model())
+
+
+@pytest.fixture(scope="module")
+def induction(planted):
+    from headscope.analyses.patching.tasks import induction_task
+
+    return induction_task(planted.tokenizer, n_items=12, seq_len=8, seed=0)

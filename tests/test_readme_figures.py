@@ -1,0 +1,49 @@
+"""The README's figures against the JSON the code that measures them writes (``make figures``).
+
+Each JSON under ``data/figures/`` names its figures and the text the README prints for each;
+every text must stand in the README section the JSON belongs to. A figure that changes when
+``make figures`` regenerates it then fails here until the README says the new value.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from headscope.data import path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+#: JSON file -> the README section (its heading) whose text quotes it
+SECTIONS = {"figures/patching.json": "## Causal evidence by patching"}
+
+
+def _section(heading: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    return text[start : end if end > 0 else None]
+
+
+def _texts(doc: dict):
+    for group, figures in doc["figures"].items():
+        for name, fig in figures.items():
+            yield f"{group}.{name}", fig["text"]
+
+
+@pytest.mark.parametrize("rel, heading", sorted(SECTIONS.items()))
+def test_every_figure_the_readme_quotes_is_the_regenerated_one(rel, heading):
+    doc = json.loads(path(rel).read_text(encoding="utf-8"))
+    section = _section(heading)
+    quoted = {name: text for name, text in _texts(doc) if name in doc.get("quoted", ())}
+    assert quoted, f"{rel} names no figure the README quotes"
+    missing = {name: text for name, text in quoted.items() if text not in section}
+    assert not missing, f"the README's {heading!r} lacks these regenerated figures (run make figures): {missing}"
+
+
+def test_a_figure_that_changes_is_caught():
+    """The check above can fail: a figure whose text the section does not hold is reported."""
+    doc = {"figures": {"g": {"x": {"value": 1.0, "text": "123.456789"}}}, "quoted": ["g.x"]}
+    section = _section("## Causal evidence by patching")
+    assert [t for n, t in _texts(doc) if t not in section] == ["123.456789"]
