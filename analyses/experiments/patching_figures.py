@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from headscope.analyses.patching import PatchConfig, activation_patching, agreem
 from headscope.analyses.patching.frames import top_heads
 from headscope.analyses.patching.tasks import induction_task
 
+log = logging.getLogger(__name__)
 OUT = Path(__file__).resolve().parents[2] / "data" / "figures" / "patching.json"
 RECEIVER = (18, 6)
 GRADIENTS = ("total", "bypass_heads")
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "path": path_figures(model),
     }
     write(figures, args.out, seconds=time.perf_counter() - start)
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -176,7 +179,7 @@ def write(figures: dict, out: Path = OUT, *, seconds: float | None = None) -> No
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {out}", file=sys.stderr)
+    log.info("wrote %s", out)
 
 
 if __name__ == "__main__":
