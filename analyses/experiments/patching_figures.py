@@ -27,13 +27,14 @@ from pathlib import Path
 import pandas as pd
 
 from headscope.analyses.patching import PatchConfig, activation_patching, agreement, attribution_patching, path_patching
+from headscope.analyses.patching.activation import GRADIENTS
 from headscope.analyses.patching.frames import top_heads
 from headscope.analyses.patching.tasks import induction_task
 
 log = logging.getLogger(__name__)
 OUT = Path(__file__).resolve().parents[2] / "data" / "figures" / "patching.json"
 RECEIVER = (18, 6)
-GRADIENTS = ("total", "bypass_heads")
+
 #: the figures the README's patching section quotes (``group.name``); tests/test_readme_figures.py checks them
 QUOTED = (
     "induction8.clean",

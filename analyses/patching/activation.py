@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 DIRECTIONS = ("denoising", "noising")
 UNITS = ("head", "kv_group")
 ABLATIONS = ("zero", "mean", "mean_position", "resample")
+#: how attribution patching takes ∂m/∂z (:mod:`~headscope.analyses.patching.attribution`)
+GRADIENTS = ("total", "bypass_heads")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,8 +92,8 @@ class PatchConfig:
         bad = [a for a in self.ablations if a not in ABLATIONS]
         if bad or not self.ablations:
             raise ValueError(f"ablations must be a non-empty subset of {ABLATIONS}; got {self.ablations}")
-        if self.gradient not in ("total", "bypass_heads"):
-            raise ValueError(f"gradient must be 'total' or 'bypass_heads'; got {self.gradient!r}")
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"gradient must be one of {GRADIENTS}; got {self.gradient!r}")
 
 
 def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.patching.activation import (
+    GRADIENTS,
     PatchConfig,
     RunMetrics,
     direction_frames,
@@ -32,9 +33,6 @@ from headscope.analyses.patching.activation import (
     store_positions,
 )
 from headscope.analyses.patching.tasks import Task, metric_fn
-
-#: how ∂m/∂z is taken (module docstring)
-GRADIENTS = ("total", "bypass_heads")
 
 
 def z_gradients(
