@@ -23,7 +23,14 @@ row per head × relation × direction. It says
   (e.g. ``include_special``; :func:`~headscope.analyses.roles.pipeline.head_roles` takes
   ``options={group: {name: value}}`` and refuses a name not listed here). Options are
   for values that are not configuration (a frequency table, given items) or that only
-  one group reads; each role documents its options and their defaults.
+  one group reads; each role documents its options and their defaults;
+* ``task``: the patching task (a name in :data:`~headscope.analyses.patching.tasks.TASKS`)
+  that tests the group's rows (``role`` equal to ``name`` or ``name:<kind>``), or None;
+  ``row_tasks``: the task of particular rows, by row role (``"previous-token"``) or
+  ``"role:relation"`` (``"syntactic:nsubj"``); :func:`role_tasks` collects both;
+* ``example(output, row, inputs)``: the item to draw for the report's example of the
+  head in ``row`` (a row of the group's frame) -> ``(item index or None, gold (query, key)
+  word marks, words or None)``; None: the first readable item of the corpus.
 
 Roles of one corpus share one pass over it. Adding a role = one module that builds a
 :class:`Role` + :func:`register` + its tests; :func:`~headscope.analyses.roles.pipeline.run_role`
@@ -32,7 +39,7 @@ runs one group through the same code as ``head_roles``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +74,9 @@ class Role:
     items: Callable[[RoleContext], list] | None = None
     feed: Callable[[RoleContext, list, Any], Any] | None = None
     options: tuple[str, ...] = ()
+    task: str | None = None
+    row_tasks: Mapping[str, str] = field(default_factory=dict)
+    example: Callable[[RoleOutput, Any, dict], tuple[int | None, list, list | None]] | None = None
 
     def __post_init__(self):
         if self.corpus not in CORPORA:
@@ -77,6 +87,12 @@ class Role:
             raise ValueError(f"role {self.name!r}: a generated corpus needs items() and feed()")
         if isinstance(self.options, str) or not all(isinstance(o, str) for o in self.options):
             raise TypeError(f"role {self.name!r}: options must be a tuple of option names; got {self.options!r}")
+        if self.task is not None and not isinstance(self.task, str):
+            raise TypeError(f"role {self.name!r}: task must be a task name or None; got {self.task!r}")
+        if not isinstance(self.row_tasks, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.row_tasks.items()
+        ):
+            raise TypeError(f"role {self.name!r}: row_tasks must map row roles to task names; got {self.row_tasks!r}")
 
 
 #: every registered role group, in pipeline order (registration order)
@@ -130,3 +146,19 @@ def unregister(name: str) -> None:
     """Remove a role group (tests that register a toy role clean up with this)."""
     REGISTRY.pop(name, None)
     _remove_pending(name)
+
+
+def role_tasks() -> dict[str, str]:
+    """The patching task of each role key, from every registered group's :attr:`Role.task`
+    (keyed by the group's name) and :attr:`Role.row_tasks`: ``{role or "role:relation": task}``.
+    A row role ``a:b`` without its own key takes ``a``'s task.
+
+    >>> role_tasks()["syntactic:nsubj"], role_tasks()["coreference"]  # doctest: +SKIP
+    ('agreement', 'coreference')
+    """
+    out: dict[str, str] = {}
+    for role in REGISTRY.values():
+        if role.task is not None:
+            out[role.name] = role.task
+        out.update(role.row_tasks)
+    return out

@@ -440,6 +440,24 @@ def finish(reducer: CorefReducer, report, cfg: RolesConfig) -> RoleOutput:
     )
 
 
+def example(out: RoleOutput, row, inputs: dict) -> tuple[int | None, list, list | None]:
+    """The report's example for the head of ``row``: the first item of the row's kind it
+    gets right (else the first of that kind), the (pronoun, antecedent) word mark, and the
+    item's words (:attr:`Role.example`)."""
+    res = out.extra["hits"]
+    if len(res) == 0:
+        return None, [], None
+    col = int(row["layer"]) * res.n_heads + int(row["head"])
+    # the row's own items: role "coreference:<kind>" -> that kind ("coreference": items without one)
+    own = res.kind == row["role"].partition(":")[2]
+    own = own if own.any() else np.ones(len(res), dtype=bool)
+    hit = res.hits[:, col].numpy() & own
+    k = int(hit.nonzero()[0][0]) if hit.any() else int(own.nonzero()[0][0])
+    item = int(res.item[k])
+    it = inputs["coref"][item]
+    return item, [(it.pronoun, it.antecedent_head)], list(it.words)
+
+
 def _reducer(ctx) -> CorefReducer:
     return CorefReducer(ctx.items, ctx.model.spec.n_layers, ctx.model.spec.n_heads)
 
@@ -451,6 +469,8 @@ ROLE_DEF = register(
         score_kind=SCORE_KIND,
         reducer=_reducer,
         finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
+        task="coreference",
+        example=example,
         description="the pronoun's most-attended candidate is its gold antecedent (Clark et al. 2019, §5)",
     )
 )

@@ -326,6 +326,8 @@ ROLE_DEF = register(
         items=probe_items,
         feed=feed,
         options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
+        task="induction",
+        row_tasks={"previous-token": "duplicate_token", "duplicate-token": "duplicate_token"},
         description=(
             "induction, duplicate-token, previous-token (and next-token, bidirectional models): the share of a "
             "head's attention mass on the cells of the transformer-lens detection pattern over repeated random "

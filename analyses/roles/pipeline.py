@@ -43,7 +43,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -492,39 +491,6 @@ def _example_keys(frame: pd.DataFrame, max_syntactic: int = 8) -> list[tuple[str
     return keys
 
 
-def _pick_syntactic(out: RoleOutput, row, inputs) -> tuple[int | None, list, list | None]:
-    arcs = out.extra["arcs"]
-    col = int(row["layer"]) * arcs.n_heads + int(row["head"])
-    sel = (arcs.relation == row["relation"]) & (arcs.direction == row["direction"])
-    hit = sel & arcs.hits[:, col].numpy()
-    cand = hit if hit.any() else sel
-    idx = [int(i) for i in cand.nonzero()[0]]
-    if not idx:
-        return None, [], None
-    item = int(arcs.sentence[idx[0]])
-    marks = [(int(arcs.query[i]), int(arcs.partner[i])) for i in sel.nonzero()[0] if int(arcs.sentence[i]) == item]
-    return item, marks, list(inputs["conllu"][item].words)
-
-
-def _pick_coref(out: RoleOutput, row, inputs) -> tuple[int | None, list, list | None]:
-    res = out.extra["hits"]
-    if len(res) == 0:
-        return None, [], None
-    col = int(row["layer"]) * res.n_heads + int(row["head"])
-    # the row's own items: role "coreference:<kind>" -> that kind ("coreference": items without one)
-    own = res.kind == row["role"].partition(":")[2]
-    own = own if own.any() else np.ones(len(res), dtype=bool)
-    hit = res.hits[:, col].numpy() & own
-    k = int(hit.nonzero()[0][0]) if hit.any() else int(own.nonzero()[0][0])
-    item = int(res.item[k])
-    it = inputs["coref"][item]
-    return item, [(it.pronoun, it.antecedent_head)], list(it.words)
-
-
-#: groups whose example item is the top head's own (item, gold marks, words)
-_PICKERS = {"syntactic": _pick_syntactic, "coreference": _pick_coref}
-
-
 def _text_item(texts: list[str]) -> int | None:
     """A readable text item: the first with 8-20 words, else the first."""
     for i, t in enumerate(texts):
@@ -556,8 +522,8 @@ def _plan_examples(result: RolesResult, inputs: dict) -> list[_Planned]:
             continue
         corpus, out = REGISTRY[group].corpus, result.outputs[group]
         item, words, marks, source = None, None, [], corpus
-        if group in _PICKERS:
-            item, marks, words = _PICKERS[group](out, row, inputs)
+        if REGISTRY[group].example is not None:
+            item, marks, words = REGISTRY[group].example(out, row, inputs)
         elif corpus == "generated":
             if "sequences" not in out.extra:
                 continue

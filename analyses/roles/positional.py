@@ -176,6 +176,7 @@ ROLE_DEF = register(
         reducer=_reducer,
         finish=finish,
         options=("include_special",),
+        row_tasks={"positional:previous": "duplicate_token"},
         description=(
             "positional:<bucket>: the share of a head's query rows whose MAXIMUM attention weight lands on one "
             "relative key (-2, previous, self, next, +2) or on key position 0 (positional:first), against the "

@@ -270,6 +270,23 @@ def finish(reducer: SyntacticReducer, report, cfg: RolesConfig) -> RoleOutput:
     )
 
 
+def example(out: RoleOutput, row, inputs: dict) -> tuple[int | None, list, list | None]:
+    """The report's example for the head of ``row``: the first sentence where it finds the
+    row's relation (else the first with that relation), its gold arcs of that relation as
+    (query, partner) word marks, and its words (:attr:`Role.example`)."""
+    arcs = out.extra["arcs"]
+    col = int(row["layer"]) * arcs.n_heads + int(row["head"])
+    sel = (arcs.relation == row["relation"]) & (arcs.direction == row["direction"])
+    hit = sel & arcs.hits[:, col].numpy()
+    cand = hit if hit.any() else sel
+    idx = [int(i) for i in cand.nonzero()[0]]
+    if not idx:
+        return None, [], None
+    item = int(arcs.sentence[idx[0]])
+    marks = [(int(arcs.query[i]), int(arcs.partner[i])) for i in sel.nonzero()[0] if int(arcs.sentence[i]) == item]
+    return item, marks, list(inputs["conllu"][item].words)
+
+
 def _reducer(ctx: RoleContext) -> SyntacticReducer:
     spec = ctx.model.spec
     return SyntacticReducer(ctx.items, spec.n_layers, spec.n_heads, full_labels=ctx.cfg.full_labels)
@@ -282,6 +299,8 @@ ROLE_DEF = register(
         score_kind=SCORE_KIND,
         reducer=_reducer,
         finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
+        row_tasks={"syntactic:nsubj": "agreement"},
+        example=example,
         description=(
             "syntactic/<relation>/<direction>: per dependency arc, whether the word's most-attended other word "
             "(word-level attention) is its gold partner; accuracy against the best fixed-offset baseline "

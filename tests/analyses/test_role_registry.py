@@ -59,6 +59,26 @@ def test_shipped_groups_are_registered_in_pipeline_order():
         check_roles(["nope"])
 
 
+def test_each_role_carries_its_patching_task_and_example_picker():
+    assert base.role_tasks() == {
+        "induction": "induction",
+        "coreference": "coreference",
+        "syntactic:nsubj": "agreement",
+        "previous-token": "duplicate_token",
+        "positional:previous": "duplicate_token",
+        "duplicate-token": "duplicate_token",
+    }
+    assert {g: REGISTRY[g].task for g in SHIPPED if REGISTRY[g].task} == {
+        "induction": "induction",
+        "coreference": "coreference",
+    }
+    assert {g for g in SHIPPED if REGISTRY[g].example is not None} == {"syntactic", "coreference"}
+    with pytest.raises(TypeError, match="task must be a task name"):
+        Role("x", "text", "share", print, print, task=3)
+    with pytest.raises(TypeError, match="row_tasks must map"):
+        Role("x", "text", "share", print, print, row_tasks={"x": 1})
+
+
 def test_the_three_first_position_roles_say_how_they_differ():
     pos, spec = REGISTRY["positional"].description, REGISTRY["special"].description
     assert "MAXIMUM" in pos and "MASS" in pos and "sink:first-token" in pos and "special" in pos
