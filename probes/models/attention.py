@@ -35,6 +35,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from headscope.probes.models.hooks import HookPoint
+from headscope.probes.shapes import (
+    AdditiveMask,
+    HeadKeys,
+    KeyMask,
+    Keys,
+    KVIndex,
+    Pattern,
+    PerHead,
+    Positions,
+    Queries,
+    Residual,
+    Rotary,
+    Scores,
+)
 
 
 class RMSNorm(nn.Module):
@@ -60,7 +74,7 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def repeat_kv(kv: torch.Tensor, kv_index: torch.Tensor) -> torch.Tensor:
+def repeat_kv(kv: Keys, kv_index: KVIndex) -> HeadKeys:
     """``[batch, kv_head, pos, d_head]`` -> ``[batch, head, pos, d_head]``: query head ``h``
     gets KV head ``kv_index[h]``."""
     if kv.shape[1] == kv_index.numel():
@@ -99,9 +113,7 @@ def scaled_inv_freq(inv_freq: torch.Tensor, scaling: dict | None) -> torch.Tenso
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_cos_sin(
-    positions: torch.Tensor, d_head: int, theta: float, scaling: dict | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(positions: Positions, d_head: int, theta: float, scaling: dict | None = None) -> tuple[Rotary, Rotary]:
     """Rotary tables for ``positions [batch, pos]`` -> cos, sin ``[batch, 1, pos, d_head]``
     (Llama's "rotate half" convention, computed in float32 as HF does); ``scaling``: see
     :func:`scaled_inv_freq`."""
@@ -114,16 +126,14 @@ def rope_cos_sin(
     return emb.cos()[:, None], emb.sin()[:, None]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: PerHead, cos: Rotary, sin: Rotary) -> PerHead:
     """Rotate ``x [batch, head, pos, d_head]`` by the position's angle."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
-def attention_scores(
-    q: torch.Tensor, k: torch.Tensor, scale: float | None = None, softcap: float | None = None
-) -> torch.Tensor:
+def attention_scores(q: Queries, k: HeadKeys, scale: float | None = None, softcap: float | None = None) -> Scores:
     """Scaled dot products ``q·k × scale`` (default ``scale = d_head ** -0.5``), then
     ``softcap · tanh(scores / softcap)`` where a soft cap is given; ``k`` already expanded
     to query heads. ``[batch, head, query_pos, key_pos]``."""
@@ -134,15 +144,15 @@ def attention_scores(
 
 
 def attention_pattern(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    mask: torch.Tensor | None,
-    kv_index: torch.Tensor | None = None,
+    q: Queries,
+    k: Keys,
+    mask: AdditiveMask | None,
+    kv_index: KVIndex | None = None,
     *,
     on_scores=None,
     scale: float | None = None,
     softcap: float | None = None,
-) -> torch.Tensor:
+) -> Pattern:
     """Softmax over keys of the scaled (and soft-capped, see :func:`attention_scores`)
     scores plus an additive ``mask`` (0 or dtype-min).
 
@@ -165,12 +175,12 @@ def attention_pattern(
 
 
 def additive_mask(
-    attention_mask: torch.Tensor,
+    attention_mask: KeyMask,
     causal: bool,
     n_query: int | None = None,
     dtype=torch.float32,
     window: int | None = None,
-) -> torch.Tensor:
+) -> AdditiveMask:
     """``attention_mask [batch, key_pos]`` (1 = real token) -> ``[batch, 1, query_pos, key_pos]``
     additive mask: 0 where a query may look, ``finfo(dtype).min`` where it may not.
 
@@ -251,12 +261,12 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None,
+        x: Residual,
+        mask: AdditiveMask | None,
         *,
-        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope: tuple[Rotary, Rotary] | None = None,
         need_pattern: bool = False,
-    ) -> torch.Tensor:
+    ) -> Residual:
         """``x [batch, pos, d_model]`` -> ``[batch, pos, d_model]``; ``mask`` is additive,
         ``[batch, 1, query_pos, key_pos]``. The pattern is :func:`attention_pattern`'s."""
         q = self._split(self.q_proj(x), self.n_heads)  # [batch, head, pos, d_head]
