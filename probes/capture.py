@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 
 from headscope.probes.errors import MemoryBudgetError, NumericalError
-from headscope.probes.models.backend import Backend, ModelSpec, batch_to, placement
+from headscope.probes.models.backends.protocol import Backend, ModelSpec, batch_to, placement
 from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ symbolic link is followed (its target is written, the link kept).
 
 >>> import torch
 >>> from headscope.probes.capture import Capture
->>> from headscope.probes.models.loading import ModelSpec
+>>> from headscope.probes.models.backends.protocol import ModelSpec
 >>> from headscope.probes.tokens import collate
 >>> def item(toks):
 ...     n = len(toks)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from headscope.probes.models.backend import Backend
+from headscope.probes.models.backends.inhouse import InHouseModel
+from headscope.probes.models.backends.protocol import Backend
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.loading import InHouseModel
 
 __all__ = ["check_groups", "convert_to_gqa"]
 

@@ -39,12 +39,13 @@ from pathlib import Path
 import torch
 
 from headscope.probes.errors import CheckpointError
-from headscope.probes.models.backend import Backend
+from headscope.probes.models.backends.inhouse import InHouseModel
+from headscope.probes.models.backends.protocol import Backend
 from headscope.probes.models.checkpoints import load_state_into
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.loading import InHouseModel
 from headscope.probes.models.transformer import Transformer
-from headscope.probes.outputs.folder import folder_mode, swap_in
+from headscope.probes.outputs.modes import folder_mode
+from headscope.probes.outputs.swap import swap_in
 
 log = logging.getLogger(__name__)
 

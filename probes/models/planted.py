@@ -1,6 +1,6 @@
 """Tiny in-house models whose heads are built by hand: ground truth for the role classifiers.
 
-:func:`planted_model` returns an :class:`~headscope.probes.models.loading.InHouseModel` (a
+:func:`planted_model` returns an :class:`~headscope.probes.models.backends.inhouse.InHouseModel` (a
 2-layer, 4-head Llama-family :class:`~headscope.probes.models.transformer.Transformer` with
 learned absolute positions, d_model 128, d_head 64) and a word-level tokenizer over a
 35-word vocabulary with word classes. The residual stream is laid out in blocks:
@@ -37,8 +37,8 @@ import random
 
 import torch
 
+from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.loading import InHouseModel
 from headscope.probes.models.transformer import Transformer
 
 SPECIALS = ["[PAD]", "[BOS]", "[UNK]"]

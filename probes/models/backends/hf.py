@@ -1,0 +1,344 @@
+"""The hf backend: plain HF transformers (eager attention), the reference the in-house stack is
+checked against and the baseline of ``headscope bench``, with the checks its load makes
+(positions the installed transformers builds, tensors missing, extra or misshapen)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from headscope.probes.errors import CheckpointError, HeadscopeError, ModelIncompatibleError
+from headscope.probes.models.arch import arch_from_hf_config
+from headscope.probes.models.backends.protocol import (
+    BackendCommon,
+    HeadFn,
+    ModelSpec,
+    apply_to_heads,
+    batch_to,
+    check_layers,
+    check_quantities,
+    module_device,
+    spec_from_arch,
+)
+from headscope.probes.models.backends.resume import ResumableForward
+from headscope.probes.models.checkpoints import (
+    ModelSource,
+    check_safetensors,
+    check_tokenizer_vocab,
+    check_weight_memory,
+    hf_dir,
+    load_tokenizer,
+    quiet_transformers,
+    read_hf_config,
+    weight_files,
+)
+from headscope.probes.tokens import TokenBatch
+
+__all__ = ["HFReference", "check_device_map"]
+
+
+class HFReference(ResumableForward, BackendCommon):
+    """Plain HF transformers model (eager attention, so ``output_attentions`` works), the
+    ``"hf"`` backend: patterns from ``output_attentions``, every other quantity and the head
+    hooks from PyTorch hooks on the HF modules themselves (:mod:`~headscope.probes.models.hf_layout`
+    finds them): ``z`` at the input of the attention output projection, ``out`` at its
+    output, ``q``/``k``/``v`` at the projections' outputs (before RoPE and QK-norm),
+    ``resid_post`` at each block's output. Any family whose modules it can map runs every
+    analysis; it is also the reference the in-house stack is checked against."""
+
+    backend = "hf"
+    has_gates = False
+    backend_choice = "hf"
+
+    def __init__(
+        self, hf_model, tokenizer, spec: ModelSpec, *, vocab_size: int | None = None, trust_remote_code: bool = False
+    ):
+        self.hf = hf_model.eval()
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.vocab_size = vocab_size
+        self.trust_remote_code = trust_remote_code
+        self._layout = None
+
+    @property
+    def layout(self):
+        """The model's :class:`~headscope.probes.models.hf_layout.HFLayout` (found on first use)."""
+        if self._layout is None:
+            from headscope.probes.models.hf_layout import find_layout
+
+            self._layout = find_layout(self.hf, self.spec)
+        return self._layout
+
+    @classmethod
+    def from_source(
+        cls,
+        source: ModelSource,
+        *,
+        attn_implementation: str = "eager",
+        for_bridge: bool = False,
+        trust_remote_code: bool = False,
+        dtype: torch.dtype = torch.float32,
+        device_map: str | None = None,
+    ):
+        """``dtype``: the weights' dtype (HF keeps softmax in fp32 and norms in the weights'
+        dtype); ``device_map="auto"`` spreads the layers over every visible GPU through
+        accelerate (:func:`check_device_map` says when it cannot)."""
+        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+        if device_map is not None:
+            check_device_map(device_map)
+
+        directory = hf_dir(source)
+        hf_cfg = read_hf_config(source)
+        arch = arch_from_hf_config(hf_cfg, str(directory / "config.json"))
+        check_weight_memory(hf_cfg, directory / "config.json")
+        tokenizer = load_tokenizer(directory, trust_remote_code=trust_remote_code)
+        if arch.vocab_size is not None:
+            check_tokenizer_vocab(tokenizer, arch.vocab_size, directory)
+        files = weight_files(directory)
+        for f in files:
+            if f.suffix == ".safetensors":
+                check_safetensors(f)
+        where = files[0] if len(files) == 1 else directory
+        if arch.encoder:
+            klass = AutoModelForMaskedLM if for_bridge else AutoModel
+        else:
+            klass = AutoModelForCausalLM
+        torch.manual_seed(0)  # heads missing from the checkpoint (BERT MLM head) initialise the same every time
+        try:
+            with quiet_transformers():
+                config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
+                config._attn_implementation = attn_implementation
+                model, info = klass.from_pretrained(
+                    str(directory),
+                    config=config,
+                    dtype=dtype,
+                    trust_remote_code=trust_remote_code,
+                    output_loading_info=True,
+                    ignore_mismatched_sizes=True,
+                    **({"device_map": device_map} if device_map is not None else {}),
+                )
+        except (HeadscopeError, ImportError, MemoryError):
+            raise
+        except Exception as e:  # noqa: BLE001 - unreadable weights: corrupt, truncated, refused pickle
+            detail = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
+            raise CheckpointError(
+                f"{where}: refused or unreadable ({type(e).__name__}: {detail}); only intact safetensors or "
+                "weights-only torch files are loaded"
+            ) from None
+        _check_positions_built(model, directory / "config.json")
+        _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
+        spec = spec_from_arch(arch, source.name, "hf")
+        return cls(model, tokenizer, spec, vocab_size=model.config.vocab_size, trust_remote_code=trust_remote_code)
+
+    @property
+    def device(self) -> torch.device:
+        return module_device(self.hf)
+
+    @property
+    def network(self) -> torch.nn.Module:
+        """The HF model that runs."""
+        return self.hf
+
+    def check_head_hooks(self) -> None:
+        """The head hooks need each layer's attention output projection:
+        :class:`~headscope.probes.errors.ModelIncompatibleError` naming the bridge where they cannot be found."""
+        self.layout  # noqa: B018 - finds the heads' modules, or says why not
+
+    @property
+    def input_device(self) -> torch.device:
+        """Where token ids go: the embedding's device (the first GPU of a ``device_map``)."""
+        emb = self.hf.get_input_embeddings()
+        return emb.weight.device if emb is not None else self.device
+
+    def to(self, device) -> HFReference:
+        self.hf.to(device)
+        return self
+
+    def _call(self, input_ids, attention_mask, **kw):
+        """A causal LM's full model (logits); an encoder's base model (last hidden states,
+        also when the object holds an MLM or classification head)."""
+        if self.spec.causal:
+            res = self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
+            return res, res.logits if "logits" in res else res.last_hidden_state
+        res = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        return res, res.last_hidden_state
+
+    # resuming (:class:`~headscope.probes.models.backends.resume.ResumableForward`): HF's own layer loop
+    def _place(self, input_ids, attention_mask):
+        device = self.input_device
+        return input_ids.to(device), attention_mask.to(device)
+
+    def _whole(self, ids, am) -> torch.Tensor:
+        """Logits (a causal LM) or last hidden states (an encoder)."""
+        return self._call(ids, am)[1]
+
+    def _resume_blocks(self):
+        return self.layout.blocks
+
+    def _output_embedding(self):
+        return self.hf.get_output_embeddings()
+
+    @contextmanager
+    def head_hooks(self, fns: dict[int, HeadFn]):
+        """``fn(z)`` through a forward pre-hook on each listed layer's attention output projection."""
+        n_heads = self.spec.n_heads
+        handles = []
+
+        def pre(module, args, fn):
+            return (apply_to_heads(fn, args[0], n_heads), *args[1:])
+
+        try:
+            for l, fn in fns.items():
+                handles.append(self.layout.attn_out[l].register_forward_pre_hook(lambda m, a, fn=fn: pre(m, a, fn)))
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict:
+        qs = check_quantities(quantities)
+        ls = check_layers(layers, self.spec.n_layers)
+        bad = [q for q in qs if q in ("scores", "q_rot", "k_rot")]
+        if bad:
+            raise ValueError(f"quantity {bad[0]!r} is inside HF's attention function; use --backend inhouse")
+        out: dict = {}
+        handles = []
+        spec = self.spec
+
+        def heads(t, n):  # [batch, pos, n × d_head] -> [batch, n, pos, d_head]
+            return t.view(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
+
+        try:
+            for l in ls:
+                if "z" in qs:
+                    handles.append(
+                        self.layout.attn_out[l].register_forward_pre_hook(
+                            lambda m, a, l=l: out.__setitem__(("z", l), heads(a[0].detach(), spec.n_heads))
+                        )
+                    )
+                if "out" in qs:
+                    handles.append(
+                        self.layout.attn_out[l].register_forward_hook(
+                            lambda m, a, o, l=l: out.__setitem__(("out", l), o.detach())
+                        )
+                    )
+                if "resid_post" in qs:
+                    handles.append(
+                        self.layout.blocks[l].register_forward_hook(
+                            lambda m, a, o, l=l: out.__setitem__(
+                                ("resid_post", l), (o[0] if isinstance(o, tuple) else o).detach()
+                            )
+                        )
+                    )
+                for q in ("q", "k", "v"):
+                    if q not in qs:
+                        continue
+                    mods = getattr(self.layout, q)
+                    if mods is None:
+                        raise ValueError(
+                            f"{spec.name!r} fuses its Q/K/V projections; quantity {q!r} needs --backend inhouse or bridge"
+                        )
+                    n = spec.n_heads if q == "q" else spec.n_kv_heads
+                    handles.append(
+                        mods[l].register_forward_hook(
+                            lambda m, a, o, l=l, q=q, n=n: out.__setitem__((q, l), heads(o.detach(), n))
+                        )
+                    )
+            batch = batch_to(batch, self.input_device)
+            with torch.inference_mode():
+                res, output = self._call(batch.input_ids, batch.attention_mask, output_attentions="pattern" in qs)
+        finally:
+            for h in handles:
+                h.remove()
+        if "pattern" in qs:
+            out.update({("pattern", l): res.attentions[l] for l in ls})
+        out[("output", None)] = output
+        if self.spread:  # a device map: every tensor to the inputs' device, where the reducers work
+            device = self.input_device
+            out = {k: v.to(device) for k, v in out.items()}
+        return out
+
+    @property
+    def spread(self) -> bool:
+        """Whether a device map spreads the model over several devices."""
+        device_map = getattr(self.hf, "hf_device_map", None) or {}
+        return len({str(d) for d in device_map.values()}) > 1
+
+
+_IGNORED_SUFFIXES = ("position_ids", "rotary_emb.inv_freq", "attn.masked_bias", "attn.bias")
+
+
+def _check_positions_built(model, config_path) -> None:
+    """Refuse a config whose ``position_embedding_type`` the installed transformers' model
+    class does not implement: transformers 5 dropped BERT-style ``relative_key`` /
+    ``relative_key_query`` and builds absolute positions instead, silently, so every pattern
+    and figure would belong to another model than the checkpoint's."""
+    import inspect
+    import sys
+
+    import transformers
+
+    kind = getattr(model.config, "position_embedding_type", None)
+    if kind in (None, "absolute"):
+        return
+    module = sys.modules.get(type(model).__module__)
+    try:
+        implemented = module is not None and "position_embedding_type" in inspect.getsource(module)
+    except (OSError, TypeError):  # no source to read (compiled, remote code): trust the class
+        implemented = True
+    if not implemented:
+        raise ModelIncompatibleError(
+            f"{config_path}: position_embedding_type={kind!r} is not implemented by transformers "
+            f"{transformers.__version__}'s {model.config.model_type} (it builds absolute positions instead, "
+            "which is another model than this checkpoint); no headscope backend computes it"
+        )
+
+
+def _check_loading_info(model, info: dict, where, *, strict_head: bool) -> None:
+    """Refuse an HF model whose checkpoint lacks tensors of the base model (e.g. a config
+    with more layers than the weights), holds tensors the base model would have used
+    (fewer layers), or holds a tensor of another shape. A task head absent from the
+    checkpoint (BERT's MLM head, seeded) is allowed unless ``strict_head`` (a causal LM:
+    its logits would be random)."""
+    prefix = model.base_model_prefix
+    base = model.base_model
+    in_base = (lambda k: True) if base is model else (lambda k: k.startswith(prefix + "."))
+    missing = sorted(
+        k for k in info.get("missing_keys", ()) if (strict_head or in_base(k)) and not k.endswith(_IGNORED_SUFFIXES)
+    )
+    base_children = {n for n, _ in base.named_children()}
+    unexpected = sorted(
+        k
+        for k in info.get("unexpected_keys", ())
+        if k.removeprefix(prefix + ".").split(".")[0] in base_children and not k.endswith(_IGNORED_SUFFIXES)
+    )
+    mismatched = sorted(info.get("mismatched_keys", ()), key=lambda m: str(m[0]))
+    layers = getattr(model.config, "num_hidden_layers", None)
+    hint = f"; does config.json (num_hidden_layers={layers}) describe these weights?"
+    if missing:
+        raise CheckpointError(f"{where}: tensor {missing[0]!r} missing from checkpoint ({len(missing)} missing){hint}")
+    if unexpected:
+        raise CheckpointError(
+            f"{where}: unexpected tensor {unexpected[0]!r} in checkpoint ({len(unexpected)} extra){hint}"
+        )
+    if mismatched:
+        key, got, want = mismatched[0][0], mismatched[0][1], mismatched[0][2]
+        raise CheckpointError(
+            f"{where}: tensor {key!r} has shape {tuple(got)}; the config implies {tuple(want)} "
+            f"({len(mismatched)} mismatched)"
+        )
+
+
+def check_device_map(device_map) -> None:
+    """``device_map`` must be ``"auto"`` and accelerate installed; a one-line ``ValueError``
+    or ``ImportError`` naming the package otherwise (accelerate is not a dependency)."""
+    if device_map != "auto":
+        raise ValueError(f"device_map must be 'auto'; got {device_map!r}")
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "device_map='auto' needs the accelerate package, which is not installed: pip install accelerate"
+        ) from None
