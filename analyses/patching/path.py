@@ -114,7 +114,7 @@ def path_patching(
     if reads not in READS:
         raise ValueError(f"reads must be one of {READS}; got {reads!r}")
     metric = metric_fn(task.metric)
-    points = model.module.hook_points
+    points = model.hook_points
     spec = model.spec
     lr, hr = receiver
     shared = via != "q" and spec.group_size > 1
