@@ -5,6 +5,7 @@ Every analysis returns one long-form ``pandas.DataFrame``, one observation per r
 * :data:`ROLE_COLUMNS` — role verdicts: a row per (layer, head, role[, relation, direction]).
 * :data:`STAT_COLUMNS` — per-head statistics: a row per (layer, head, metric).
 * :data:`IMPACT_COLUMNS` — pruning studies: a row per (study, layer, head or step, metric).
+* :data:`EXAMPLE_COLUMNS` — the report's example attention maps: a row per (example, query word, key word).
 
 >>> empty_roles().columns.tolist()[:4], empty_roles().columns.tolist()[-5:]
 (['layer', 'head', 'role', 'relation'], ['p_raw', 'test', 'interval', 'family', 'meets_threshold'])
@@ -41,6 +42,28 @@ ROLE_COLUMNS = [
 STAT_COLUMNS = ["layer", "head", "metric", "value", "n"]
 
 IMPACT_COLUMNS = ["study", "layer", "head", "step", "fraction_pruned", "metric", "value", "spread", "seed", "n"]
+
+EXAMPLE_COLUMNS = [
+    "example",
+    "role",
+    "relation",
+    "direction",
+    "layer",
+    "head",
+    "level",
+    "sentence",
+    "query_index",
+    "key_index",
+    "query_word",
+    "key_word",
+    "weight",
+    "gold",
+]
+"""Columns of the example-attention frame: one row per (example, query word, key word);
+``example`` names the example (e.g. ``"syntactic:nsubj:dep->head"``), ``gold`` marks the
+pairs the role expects the head to link (where the role defines them); ``level`` is
+``"word"`` (Clark et al. word-level pattern) or ``"token"`` (sub-word tokens, for items
+that have no words, such as random induction sequences)."""
 
 
 def empty_roles() -> pd.DataFrame:

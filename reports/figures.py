@@ -42,27 +42,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
-EXAMPLE_COLUMNS = [
-    "example",
-    "role",
-    "relation",
-    "direction",
-    "layer",
-    "head",
-    "level",
-    "sentence",
-    "query_index",
-    "key_index",
-    "query_word",
-    "key_word",
-    "weight",
-    "gold",
-]
-"""Columns of the example-attention frame: one row per (example, query word, key word);
-``example`` names the example (e.g. ``"syntactic:nsubj:dep->head"``), ``gold`` marks the
-pairs the role expects the head to link (where the role defines them); ``level`` is
-``"word"`` (Clark et al. word-level pattern) or ``"token"`` (sub-word tokens, for items
-that have no words, such as random induction sequences)."""
+from headscope.analyses.frames import EXAMPLE_COLUMNS  # noqa: E402, F401 - defined with the other tidy frames; F.EXAMPLE_COLUMNS
 
 DPI = 110
 # tab10 without its grey (grey means "no role"), then Dark2 and tab20b for more roles
