@@ -32,9 +32,12 @@ row per head × relation × direction. It says
   head in ``row`` (a row of the group's frame) -> ``(item index or None, gold (query, key)
   word marks, words or None)``; None: the first readable item of the corpus.
 
-Roles of one corpus share one pass over it. Adding a role = one module that builds a
-:class:`Role` + :func:`register` + its tests; :func:`~headscope.analyses.roles.pipeline.run_role`
-runs one group through the same code as ``head_roles``.
+Roles of one corpus share one pass over it. Adding a role = one module that defines its
+:class:`Role` as ``ROLE_DEF`` + its line in :mod:`.shipped` (which registers the shipped groups
+in pipeline order) + its tests: the role contract test (tests/analyses/test_role_contract.py)
+runs on every registered group. :func:`register` adds a group at run time (last);
+:func:`~headscope.analyses.roles.pipeline.run_role` runs one group through the same code as
+``head_roles``.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ class Role:
     feed: Callable[[RoleContext, list, Any], Any] | None = None
     options: tuple[str, ...] = ()
     task: str | None = None
-    row_tasks: Mapping[str, str] = field(default_factory=dict)
+    row_tasks: Mapping[str, str] = field(default_factory=dict, hash=False)  # a Role stays hashable
     example: Callable[[RoleOutput, Any, dict], tuple[int | None, list, list | None]] | None = None
 
     def __post_init__(self):
@@ -95,40 +98,22 @@ class Role:
             raise TypeError(f"role {self.name!r}: row_tasks must map row roles to task names; got {self.row_tasks!r}")
 
 
-#: every registered role group, in pipeline order (registration order)
+#: every registered role group, in pipeline order (registration order; :mod:`.shipped`
+#: registers the shipped ones)
 REGISTRY: dict[str, Role] = {}
-#: roles registered with ``after=`` a group not registered yet: {that group: [roles]}
-_PENDING: dict[str, list[Role]] = {}
 
 
-def register(role: Role, *, replace: bool = False, after: str | None = None) -> Role:
-    """Add ``role`` to :data:`REGISTRY` (``replace=True`` to redefine a name).
-
-    ``after``: place it right after that group rather than last. A module whose import
-    comes before that group's (``summary`` lives in :mod:`.pattern_stats`, which every
-    token role imports first) registers ``after="rare-word"``; until that group is
-    registered the role waits, then takes its place.
-    """
+def register(role: Role, *, replace: bool = False) -> Role:
+    """Add ``role`` to :data:`REGISTRY`, last (``replace=True`` to redefine a name, which
+    keeps its place)."""
     if not isinstance(role, Role):
         raise TypeError(f"register takes a Role; got {type(role).__name__}")
-    known = REGISTRY.get(role.name) or next((r for rs in _PENDING.values() for r in rs if r.name == role.name), None)
+    known = REGISTRY.get(role.name)
     if known is not None and not replace:
         if _source(known) is not None and _source(known) == _source(role):
             return known  # the same module imported again under another name (pytest --doctest-modules)
         raise ValueError(f"a role group named {role.name!r} is registered already; pass replace=True")
-    if after is not None and after not in REGISTRY:
-        _remove_pending(role.name)
-        _PENDING.setdefault(after, []).append(role)
-        return role
-    if after is None or role.name in REGISTRY:
-        REGISTRY[role.name] = role  # a replaced role keeps its place
-    else:
-        items = list(REGISTRY.items())
-        at = [k for k, _ in items].index(after) + 1
-        REGISTRY.clear()
-        REGISTRY.update([*items[:at], (role.name, role), *items[at:]])
-    for waiting in _PENDING.pop(role.name, []):
-        register(waiting, after=role.name)
+    REGISTRY[role.name] = role
     return role
 
 
@@ -137,15 +122,9 @@ def _source(role: Role) -> str | None:
     return getattr(getattr(role.finish, "__code__", None), "co_filename", None)
 
 
-def _remove_pending(name: str) -> None:
-    for rs in _PENDING.values():
-        rs[:] = [r for r in rs if r.name != name]
-
-
 def unregister(name: str) -> None:
     """Remove a role group (tests that register a toy role clean up with this)."""
     REGISTRY.pop(name, None)
-    _remove_pending(name)
 
 
 def role_tasks() -> dict[str, str]:

@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import empty_roles
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import check_layers, entropy, query_rows, special_mask_of
 
@@ -226,18 +226,17 @@ def finish(reducer: JSReducer, report, ctx: RoleContext) -> RoleOutput:
     )
 
 
-ROLE_DEF = register(
-    Role(
-        name="clustering",
-        corpus="text",
-        score_kind="none",
-        reducer=_reducer,
-        finish=finish,
-        options=("k", "distance", "include_special"),
-        description=(
-            "No verdicts: the head-by-head Jensen-Shannon divergence of attention rows (Clark et al. 2019, §6), "
-            "an MDS map and agglomerative clusters. Options: k (clusters, default 6, at most the number of "
-            "heads), distance ('js' default, or 'sqrt_js'), include_special (default False)."
-        ),
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name="clustering",
+    corpus="text",
+    score_kind="none",
+    reducer=_reducer,
+    finish=finish,
+    options=("k", "distance", "include_special"),
+    description=(
+        "No verdicts: the head-by-head Jensen-Shannon divergence of attention rows (Clark et al. 2019, §6), "
+        "an MDS map and agglomerative clusters. Options: k (clusters, default 6, at most the number of "
+        "heads), distance ('js' default, or 'sqrt_js'), include_special (default False)."
+    ),
 )

@@ -94,7 +94,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.base import Role, register
+from headscope.analyses.roles.base import Role
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.wordlevel import pooling_matrices
 from headscope.analyses.stats.verdicts import verdict_rows
@@ -462,15 +462,14 @@ def _reducer(ctx) -> CorefReducer:
     return CorefReducer(ctx.items, ctx.model.spec.n_layers, ctx.model.spec.n_heads)
 
 
-ROLE_DEF = register(
-    Role(
-        name="coreference",
-        corpus="coref",
-        score_kind=SCORE_KIND,
-        reducer=_reducer,
-        finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
-        task="coreference",
-        example=example,
-        description="the pronoun's most-attended candidate is its gold antecedent (Clark et al. 2019, §5)",
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name="coreference",
+    corpus="coref",
+    score_kind=SCORE_KIND,
+    reducer=_reducer,
+    finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
+    task="coreference",
+    example=example,
+    description="the pronoun's most-attended candidate is its gold antecedent (Clark et al. 2019, §5)",
 )

@@ -43,7 +43,7 @@ from collections import Counter
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, allowed_keys, check_layers
 from headscope.analyses.stats.verdicts import layered_rows
@@ -316,24 +316,23 @@ def finish(reducer: InductionReducer, report, ctx: RoleContext) -> RoleOutput:
     )
 
 
-ROLE_DEF = register(
-    Role(
-        name="induction",
-        corpus="generated",
-        score_kind=SCORE_KIND,
-        reducer=_reducer,
-        finish=finish,
-        items=probe_items,
-        feed=feed,
-        options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
-        task="induction",
-        row_tasks={"previous-token": "duplicate_token", "duplicate-token": "duplicate_token"},
-        description=(
-            "induction, duplicate-token, previous-token (and next-token, bidirectional models): the share of a "
-            "head's attention mass on the cells of the transformer-lens detection pattern over repeated random "
-            "token sequences (error_measure='mul'), against uniform attention. Options: items (sequences to use "
-            "instead of random ones), vocab_ids (ids to draw from), exclude_bos, exclude_current_token "
-            "(default False, as detect_head)."
-        ),
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name="induction",
+    corpus="generated",
+    score_kind=SCORE_KIND,
+    reducer=_reducer,
+    finish=finish,
+    items=probe_items,
+    feed=feed,
+    options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
+    task="induction",
+    row_tasks={"previous-token": "duplicate_token", "duplicate-token": "duplicate_token"},
+    description=(
+        "induction, duplicate-token, previous-token (and next-token, bidirectional models): the share of a "
+        "head's attention mass on the cells of the transformer-lens detection pattern over repeated random "
+        "token sequences (error_measure='mul'), against uniform attention. Options: items (sequences to use "
+        "instead of random ones), vocab_ids (ids to draw from), exclude_bos, exclude_current_token "
+        "(default False, as detect_head)."
+    ),
 )

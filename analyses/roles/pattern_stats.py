@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import STAT_COLUMNS, empty_roles
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 
 METRICS = ("entropy", "kl_from_uniform", "mean_distance", "confidence")
@@ -371,20 +371,17 @@ def _summary_finish(reducer: SummaryReducer, report, ctx: RoleContext) -> RoleOu
     )
 
 
-# this module loads before positional (every token role imports its masks): after= keeps pipeline order
-ROLE_DEF = register(
-    Role(
-        name="summary",
-        corpus="text",
-        score_kind="none",
-        reducer=_summary_reducer,
-        finish=_summary_finish,
-        options=("include_special",),
-        description=(
-            "Per-head statistics, no verdicts: entropy (nats), KL from uniform, attention-weighted distance "
-            "and confidence (largest weight), each the mean over query rows then items. "
-            "Option include_special (default False): keep special tokens as query rows."
-        ),
+#: the ``summary`` group (per-head statistics; registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name="summary",
+    corpus="text",
+    score_kind="none",
+    reducer=_summary_reducer,
+    finish=_summary_finish,
+    options=("include_special",),
+    description=(
+        "Per-head statistics, no verdicts: entropy (nats), KL from uniform, attention-weighted distance "
+        "and confidence (largest weight), each the mean over query rows then items. "
+        "Option include_special (default False): keep special tokens as query rows."
     ),
-    after="rare-word",
 )

@@ -1,8 +1,8 @@
 """The roles pipeline: every registered role group over its corpus, assembled into one frame.
 
-Each role group is a :class:`~headscope.analyses.roles.base.Role` registered by its own
-module (:data:`~headscope.analyses.roles.base.REGISTRY`, in registration order = the
-order of :data:`ROLE_GROUPS`). :func:`head_roles` reads each corpus the wanted groups
+Each role group is a :class:`~headscope.analyses.roles.base.Role` defined by its own
+module and registered by :mod:`.shipped` (:data:`~headscope.analyses.roles.base.REGISTRY`,
+in registration order = the order of :data:`ROLE_GROUPS`). :func:`head_roles` reads each corpus the wanted groups
 need once and streams it through the model once, with the reducers of every group of
 that corpus attached; a ``"generated"`` group runs its own items through its ``feed``;
 then each group's ``finish`` makes its :class:`RoleOutput`. :func:`run_role` runs one
@@ -35,41 +35,24 @@ Syntactic rows carry the best fixed-offset baseline per relation and direction
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
-import torch
 
 from headscope.analyses.frames import ROLE_COLUMNS, STAT_COLUMNS, empty_roles
+from headscope.analyses.roles import shipped  # noqa: F401  (registers the shipped role groups)
 from headscope.analyses.roles.base import REGISTRY, Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
-from headscope.analyses.roles.wordlevel import pooling_matrices, word_patterns
+from headscope.analyses.roles.examples import build_examples
+from headscope.analyses.roles.inputs import default_conllu, default_coref, default_text, read_inputs
 from headscope.analyses.stats.verdicts import apply_family
 from headscope.probes.capture import stream
-from headscope.probes.tokens import display_token
 
 log = logging.getLogger(__name__)
-
-#: the modules that register the shipped role groups; imported in this order, which is
-#: the pipeline order (registration order)
-ROLE_MODULES = (
-    "positional",
-    "special",
-    "rareword",
-    "pattern_stats",
-    "clustering",
-    "induction",
-    "syntactic",
-    "coreference",
-)
-for _name in ROLE_MODULES:
-    importlib.import_module(f"headscope.analyses.roles.{_name}")
 
 #: the shipped role groups, in pipeline order (``roles=`` takes a subset; a group
 #: registered later is in :data:`~headscope.analyses.roles.base.REGISTRY` and
@@ -79,8 +62,6 @@ ROLE_GROUPS = tuple(REGISTRY)
 TEXT_GROUPS = tuple(g for g, r in REGISTRY.items() if r.corpus == "text")
 #: columns of ``RolesResult.clusters`` (from :func:`headscope.analyses.roles.clustering.embed_and_cluster`)
 CLUSTER_DTYPES = {"layer": "int64", "head": "int64", "x": "float64", "y": "float64", "cluster": "int64"}
-#: corpora read from a file (or given): :func:`head_roles` takes one keyword each
-READ_CORPORA = ("text", "conllu", "coref")
 
 __all__ = [
     "ROLE_GROUPS",
@@ -145,109 +126,6 @@ class RolesResult:
 
             return pd.DataFrame(columns=PAIR_COLUMNS)
         return pairs
-
-
-def default_conllu() -> list[Path]:
-    """The shipped CoNLL-U files (``data/syntax/*.conllu``), sorted."""
-    from headscope.data import path
-
-    return sorted(path("syntax").glob("*.conllu"))
-
-
-def default_coref() -> Path:
-    from headscope.data import path
-
-    return path("coref/coref.jsonl")
-
-
-def default_text() -> Path:
-    from headscope.data import path
-
-    return path("text/sentences.txt")
-
-
-# ---------------------------------------------------------------------------------- inputs
-
-
-def _add_file_skips(file_skips: dict, path, counts: dict, *, full_path: bool = False) -> None:
-    """Record ``counts`` under ``file:<name>``, or ``file:<path as given>`` when ``full_path``
-    (several inputs share the name) or the name is taken; never overwrite another file's
-    counts (the same path given twice gets `` (2)``, `` (3)``, ...)."""
-    key = f"file:{path}" if full_path else f"file:{Path(path).name}"
-    if key in file_skips:
-        key = f"file:{path}"
-    base, n = key, 2
-    while key in file_skips:
-        key, n = f"{base} ({n})", n + 1
-    file_skips[key] = counts
-
-
-def _read_conllu(conllu, cfg: RolesConfig, file_skips: dict) -> list:
-    from headscope.probes.corpora import DependencyCorpus, DependencySentence, read_conllu
-
-    sources = default_conllu() if conllu is None else conllu
-    if isinstance(sources, (str, Path, DependencyCorpus)):
-        sources = [sources]
-    sources = list(sources)
-    if sources and all(isinstance(s, DependencySentence) for s in sources):
-        return sources  # sentences given as they are
-    names = [Path(str(s.path or "corpus") if isinstance(s, DependencyCorpus) else str(s)).name for s in sources]
-    sentences = []
-    for src, name in zip(sources, names):
-        if isinstance(src, DependencyCorpus):
-            corpus = src
-        elif isinstance(src, (str, Path)):
-            corpus = read_conllu(src, full_labels=cfg.full_labels)
-        else:
-            raise TypeError(
-                "conllu must be a path, a DependencyCorpus, a list of them or a list of DependencySentence; "
-                f"got {type(src).__name__}"
-            )
-        if corpus.skipped.total:
-            _add_file_skips(
-                file_skips, corpus.path or "corpus", dict(corpus.skipped.counts), full_path=names.count(name) > 1
-            )
-        sentences.extend(corpus.sentences)
-    return sentences
-
-
-def _read_coref(coref, file_skips: dict) -> list:
-    from headscope.probes.corpora import CorefItem, CorefSet, read_coref
-
-    if isinstance(coref, Sequence) and not isinstance(coref, str) and all(isinstance(i, CorefItem) for i in coref):
-        return list(coref)  # items given as they are
-    cs = read_coref(default_coref() if coref is None else coref) if not isinstance(coref, CorefSet) else coref
-    if cs.skipped.total:
-        _add_file_skips(file_skips, cs.path or "coref", dict(cs.skipped.counts))
-    return list(cs.items)
-
-
-def _read_text(text, file_skips: dict) -> list[str]:
-    from headscope.probes.corpora import TextSet, read_text
-
-    if isinstance(text, TextSet):
-        if text.skipped.total:
-            _add_file_skips(file_skips, "text", dict(text.skipped.counts))
-        return list(text.lines)
-    if text is None or isinstance(text, (str, Path)):
-        ts = read_text(default_text() if text is None else text)
-        if ts.skipped.total:
-            _add_file_skips(file_skips, str(text or default_text()), dict(ts.skipped.counts))
-        return list(ts.lines)
-    if isinstance(text, Sequence) and all(isinstance(t, str) for t in text):
-        return list(text)
-    raise TypeError(f"text must be a path or a list of strings; got {type(text).__name__}")
-
-
-def _read_inputs(corpora, given: dict, cfg: RolesConfig, file_skips: dict) -> dict[str, list]:
-    """The items of each corpus in ``corpora`` that is read (text, conllu, coref), in that
-    order (so ``file_skips`` keeps it)."""
-    readers = {
-        "text": lambda: _read_text(given["text"], file_skips),
-        "conllu": lambda: _read_conllu(given["conllu"], cfg, file_skips),
-        "coref": lambda: _read_coref(given["coref"], file_skips),
-    }
-    return {c: readers[c]() for c in READ_CORPORA if c in corpora}
 
 
 # ------------------------------------------------------------------------------ pipeline
@@ -385,7 +263,7 @@ def head_roles(
     file_skips: dict[str, dict] = {}
 
     t0 = time.perf_counter()
-    inputs = _read_inputs(corpora_for(wanted), {"text": text, "conllu": conllu, "coref": coref}, cfg, file_skips)
+    inputs = read_inputs(corpora_for(wanted), {"text": text, "conllu": conllu, "coref": coref}, cfg, file_skips)
     timings["read"] = time.perf_counter() - t0
 
     outputs: dict[str, RoleOutput] = {}
@@ -469,141 +347,6 @@ def run_role(name: str, model, items=None, cfg: RolesConfig = RolesConfig(), *, 
         **given,
     )
     return res.outputs[group]
-
-
-# ------------------------------------------------------------------------------ examples
-
-
-def _example_keys(frame: pd.DataFrame, max_syntactic: int = 8) -> list[tuple[str, pd.Series]]:
-    """(key, top row) per role; for syntactic, per relation/direction with a verdict,
-    the ``max_syntactic`` with the largest margin."""
-    keys = []
-    if not len(frame):
-        return keys
-    for role, g in frame[frame.role != "syntactic"].groupby("role", sort=True):
-        top = g.sort_values(["verdict", "score"], ascending=[False, False], kind="stable").iloc[0]
-        keys.append((role, top))
-    syn = frame[(frame.role == "syntactic") & frame.verdict]
-    if len(syn):
-        best = syn.sort_values("margin", ascending=False, kind="stable").drop_duplicates(["relation", "direction"])
-        for _, row in best.head(max_syntactic).iterrows():
-            keys.append((f"syntactic:{row['relation']}:{row['direction']}", row))
-    return keys
-
-
-def _text_item(texts: list[str]) -> int | None:
-    """A readable text item: the first with 8-20 words, else the first."""
-    for i, t in enumerate(texts):
-        if 8 <= len(t.split()) <= 20:
-            return i
-    return 0 if texts else None
-
-
-@dataclass
-class _Planned:
-    """One example to draw: ``source`` is the corpus, or the group for a generated one."""
-
-    key: str
-    row: pd.Series
-    source: str
-    corpus: str
-    item: int
-    words: list | None
-    marks: list
-
-
-def _plan_examples(result: RolesResult, inputs: dict) -> list[_Planned]:
-    """Which item to draw for each role's top head (see :func:`_example_keys`)."""
-    group_of = {role: g for g, o in result.outputs.items() if o.frame is not None for role in o.frame["role"].unique()}
-    plan = []
-    for key, row in _example_keys(result.frame):
-        group = group_of.get(row["role"])
-        if group not in REGISTRY:
-            continue
-        corpus, out = REGISTRY[group].corpus, result.outputs[group]
-        item, words, marks, source = None, None, [], corpus
-        if REGISTRY[group].example is not None:
-            item, marks, words = REGISTRY[group].example(out, row, inputs)
-        elif corpus == "generated":
-            if "sequences" not in out.extra:
-                continue
-            item, source = 0, group
-        elif corpus == "text":
-            item = _text_item(inputs["text"])
-        elif inputs.get(corpus):
-            item, words = 0, list(inputs[corpus][0].words)
-        if item is not None:
-            plan.append(_Planned(key, row, source, corpus, item, words, marks))
-    return plan
-
-
-def _capture_examples(model, result: RolesResult, inputs: dict, plan: list[_Planned]) -> dict:
-    """``{(source, item): (TokenBatch, {layer: pattern [1, head, q, k]})}``: one forward
-    pass per item, capturing only the layers its examples need."""
-    captured = {}
-    for source, item in dict.fromkeys((p.source, p.item) for p in plan):
-        mine = [p for p in plan if (p.source, p.item) == (source, item)]
-        layers = sorted({int(p.row["layer"]) for p in mine})
-        if mine[0].corpus == "generated":
-            from headscope.analyses.roles.induction import capture_ids
-
-            cap = capture_ids(model, result.outputs[source].extra["sequences"][:1], layers=layers)
-            captured[source, item] = (cap.tokens, {l: cap["pattern", l] for l in layers})
-            continue
-        words = mine[0].words
-        try:
-            batch = model.encode(words=[words]) if words is not None else model.encode(texts=[inputs["text"][item]])
-        except ValueError:
-            continue
-        data = model.run(batch, ("pattern",), layers)
-        captured[source, item] = (batch, {l: data[("pattern", l)] for l in layers})
-    return captured
-
-
-def _example_record(model, p: _Planned, batch, pattern) -> dict:
-    """The JSON-ready example of one planned head (see :attr:`RolesResult.examples`)."""
-    layer, head = int(p.row["layer"]), int(p.row["head"])
-    wp = word_patterns(pattern, pooling_matrices(batch))[0, head] if batch.words[0] else torch.zeros(0, 0)
-    n = batch.lengths[0]
-    tokens = [display_token(model.tokenizer, t) for t in batch.tokens[0][:n]]
-    tp = [[round(float(x), 6) for x in r[:n]] for r in pattern[0, head, :n]]
-    wpl = [[round(float(x), 6) for x in r] for r in wp]
-    word_level = p.source in ("conllu", "coref")
-    return {
-        "role": p.row["role"],
-        "label": p.key,
-        "relation": p.row["relation"],
-        "direction": p.row["direction"],
-        "layer": layer,
-        "head": head,
-        "score": float(p.row["score"]),
-        "verdict": bool(p.row["verdict"]),
-        "source": p.source,
-        "item": int(p.item),
-        "sentence": " ".join(batch.words[0]) if batch.words[0] else " ".join(tokens),
-        "words": list(batch.words[0]),
-        "word_pattern": wpl,
-        "tokens": tokens,
-        "token_pattern": tp,
-        "pattern": wpl if word_level else tp,
-        "query_words": list(batch.words[0]) if word_level else tokens,
-        "key_words": list(batch.words[0]) if word_level else tokens,
-        "marks": [list(m) for m in p.marks],
-    }
-
-
-def build_examples(model, result: RolesResult, inputs: dict) -> dict:
-    """For each role's top head (see :func:`_example_keys`): one item with its word-level and
-    token-level pattern of that head (lists, JSON-ready). Examples that share an item
-    share one forward pass (capturing only the layers they need)."""
-    plan = _plan_examples(result, inputs)
-    captured = _capture_examples(model, result, inputs, plan)
-    out = {}
-    for p in plan:
-        if (p.source, p.item) in captured:
-            batch, pats = captured[p.source, p.item]
-            out[p.key] = _example_record(model, p, batch, pats[int(p.row["layer"])])
-    return out
 
 
 # ------------------------------------------------------------------------------- summaries

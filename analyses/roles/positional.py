@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, argmax_share, row_mean
 from headscope.analyses.stats.verdicts import layered_rows
@@ -168,23 +168,22 @@ def finish(reducer: PositionalReducer, report, ctx: RoleContext) -> RoleOutput:
     )
 
 
-ROLE_DEF = register(
-    Role(
-        name="positional",
-        corpus="text",
-        score_kind=SCORE_KIND,
-        reducer=_reducer,
-        finish=finish,
-        options=("include_special",),
-        row_tasks={"positional:previous": "duplicate_token"},
-        description=(
-            "positional:<bucket>: the share of a head's query rows whose MAXIMUM attention weight lands on one "
-            "relative key (-2, previous, self, next, +2) or on key position 0 (positional:first), against the "
-            "share under uniform attention (Voita et al. 2019). It counts where each row's argmax goes, not how "
-            "much mass goes there: positional:first can be 1 for a head that puts only 40% of its mass on "
-            "position 0 (its largest weight), whereas sink:first-token is the attention MASS on position 0 and "
-            "special the MASS on every special token ([CLS], [SEP], BOS), wherever they stand. "
-            "Option include_special (default False): keep special tokens as query rows."
-        ),
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name="positional",
+    corpus="text",
+    score_kind=SCORE_KIND,
+    reducer=_reducer,
+    finish=finish,
+    options=("include_special",),
+    row_tasks={"positional:previous": "duplicate_token"},
+    description=(
+        "positional:<bucket>: the share of a head's query rows whose MAXIMUM attention weight lands on one "
+        "relative key (-2, previous, self, next, +2) or on key position 0 (positional:first), against the "
+        "share under uniform attention (Voita et al. 2019). It counts where each row's argmax goes, not how "
+        "much mass goes there: positional:first can be 1 for a head that puts only 40% of its mass on "
+        "position 0 (its largest weight), whereas sink:first-token is the attention MASS on position 0 and "
+        "special the MASS on every special token ([CLS], [SEP], BOS), wherever they stand. "
+        "Option include_special (default False): keep special tokens as query rows."
+    ),
 )

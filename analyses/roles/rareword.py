@@ -25,7 +25,7 @@ from collections import Counter
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, row_mean
 from headscope.analyses.stats.verdicts import layered_rows
@@ -140,19 +140,18 @@ def finish(reducer: RareWordReducer, report, ctx: RoleContext) -> RoleOutput:
     )
 
 
-ROLE_DEF = register(
-    Role(
-        name=ROLE,
-        corpus="text",
-        score_kind=SCORE_KIND,
-        reducer=_reducer,
-        finish=finish,
-        options=("frequencies", "include_special"),
-        description=(
-            "rare-word: the share of a head's query rows whose MAXIMUM attention weight lands on the item's "
-            "least frequent token (corpus token counts), against the share under uniform attention "
-            "(Voita et al. 2019). Options: frequencies (a Counter of token ids; default: counted over the "
-            "items analysed), include_special (default False)."
-        ),
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name=ROLE,
+    corpus="text",
+    score_kind=SCORE_KIND,
+    reducer=_reducer,
+    finish=finish,
+    options=("frequencies", "include_special"),
+    description=(
+        "rare-word: the share of a head's query rows whose MAXIMUM attention weight lands on the item's "
+        "least frequent token (corpus token counts), against the share under uniform attention "
+        "(Voita et al. 2019). Options: frequencies (a Counter of token ids; default: counted over the "
+        "items analysed), include_special (default False)."
+    ),
 )

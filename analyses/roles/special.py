@@ -39,7 +39,7 @@ from collections import Counter
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, masked_pattern
 from headscope.analyses.stats.verdicts import layered_rows
@@ -181,23 +181,22 @@ def finish(reducer: SpecialReducer, report, ctx: RoleContext) -> RoleOutput:
     return RoleOutput(frame=frame, skipped=skipped, n_items=report.n_used, extra={"left_out": left_out})
 
 
-ROLE_DEF = register(
-    Role(
-        name="special",
-        corpus="text",
-        score_kind=SCORE_KIND,
-        reducer=_reducer,
-        finish=finish,
-        options=("include_special",),
-        description=(
-            "Attention MASS (mean over a head's query rows of the weight summed over a key set), against the "
-            "mass under uniform attention. special: mass on every special token ([CLS], [SEP], BOS/EOS) "
-            "wherever it stands (Clark et al. 2019); sink:first-token: mass on key position 0 alone, special "
-            "or not (Xiao et al. 2023), so it leaves out [SEP] and counts a first real token when the tokenizer "
-            "adds no BOS; punctuation: mass on punctuation tokens. Unlike positional:first, which counts the "
-            "rows whose MAXIMUM lands on position 0, both are masses: a head whose largest weight is on [CLS] "
-            "in every row but holds only 40% of the mass there is positional:first and neither sink nor special. "
-            "Option include_special (default False): keep special tokens as query rows."
-        ),
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name="special",
+    corpus="text",
+    score_kind=SCORE_KIND,
+    reducer=_reducer,
+    finish=finish,
+    options=("include_special",),
+    description=(
+        "Attention MASS (mean over a head's query rows of the weight summed over a key set), against the "
+        "mass under uniform attention. special: mass on every special token ([CLS], [SEP], BOS/EOS) "
+        "wherever it stands (Clark et al. 2019); sink:first-token: mass on key position 0 alone, special "
+        "or not (Xiao et al. 2023), so it leaves out [SEP] and counts a first real token when the tokenizer "
+        "adds no BOS; punctuation: mass on punctuation tokens. Unlike positional:first, which counts the "
+        "rows whose MAXIMUM lands on position 0, both are masses: a head whose largest weight is on [CLS] "
+        "in every row but holds only 40% of the mass there is positional:first and neither sink nor special. "
+        "Option include_special (default False): keep special tokens as query rows."
+    ),
 )

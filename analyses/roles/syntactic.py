@@ -44,7 +44,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.frames import roles_frame
-from headscope.analyses.roles.base import Role, RoleContext, register
+from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.wordlevel import most_attended, pooling_matrices, word_patterns
 from headscope.analyses.stats.verdicts import verdict_rows
@@ -292,19 +292,18 @@ def _reducer(ctx: RoleContext) -> SyntacticReducer:
     return SyntacticReducer(ctx.items, spec.n_layers, spec.n_heads, full_labels=ctx.cfg.full_labels)
 
 
-ROLE_DEF = register(
-    Role(
-        name=ROLE,
-        corpus="conllu",
-        score_kind=SCORE_KIND,
-        reducer=_reducer,
-        finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
-        row_tasks={"syntactic:nsubj": "agreement"},
-        example=example,
-        description=(
-            "syntactic/<relation>/<direction>: per dependency arc, whether the word's most-attended other word "
-            "(word-level attention) is its gold partner; accuracy against the best fixed-offset baseline "
-            "(Clark et al. 2019, §4.2)."
-        ),
-    )
+#: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ROLE_DEF = Role(
+    name=ROLE,
+    corpus="conllu",
+    score_kind=SCORE_KIND,
+    reducer=_reducer,
+    finish=lambda reducer, report, ctx: finish(reducer, report, ctx.cfg),
+    row_tasks={"syntactic:nsubj": "agreement"},
+    example=example,
+    description=(
+        "syntactic/<relation>/<direction>: per dependency arc, whether the word's most-attended other word "
+        "(word-level attention) is its gold partner; accuracy against the best fixed-offset baseline "
+        "(Clark et al. 2019, §4.2)."
+    ),
 )

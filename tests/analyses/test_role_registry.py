@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from headscope.analyses.frames import ROLE_COLUMNS, roles_frame
-from headscope.analyses.roles import base
+from headscope.analyses.roles import base, shipped
 from headscope.analyses.roles.base import REGISTRY, Role, RoleContext, register, unregister
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer
@@ -29,29 +29,15 @@ from headscope.analyses.stats.verdicts import layered_rows
 from headscope.probes.capture import capture
 from headscope.probes.models.planted import planted_model, planted_sentences
 
-SHIPPED = ("positional", "special", "rare-word", "summary", "clustering", "induction", "syntactic", "coreference")
+#: the shipped groups, in the order analyses/roles/shipped.py registers them
+SHIPPED = tuple(m.ROLE_DEF.name for m in shipped.MODULES)
 CFG = RolesConfig(n_boot=200, n_perm=500)
 
 
 # -- the shipped registry -------------------------------------------------------------------------
-def test_shipped_groups_are_registered_in_pipeline_order():
+def test_shipped_groups_are_registered_in_the_order_shipped_lists_them():
     assert tuple(REGISTRY)[: len(SHIPPED)] == SHIPPED == ROLE_GROUPS
-    assert TEXT_GROUPS == ("positional", "special", "rare-word", "summary", "clustering")
-    assert {g: REGISTRY[g].score_kind for g in SHIPPED} == {
-        "positional": "share",
-        "special": "share",
-        "rare-word": "share",
-        "summary": "none",
-        "clustering": "none",
-        "induction": "share",
-        "syntactic": "hit",
-        "coreference": "hit",
-    }
-    assert {g: REGISTRY[g].corpus for g in SHIPPED if REGISTRY[g].corpus != "text"} == {
-        "induction": "generated",
-        "syntactic": "conllu",
-        "coreference": "coref",
-    }
+    assert TEXT_GROUPS == tuple(g for g in SHIPPED if REGISTRY[g].corpus == "text")
     assert all(REGISTRY[g].description for g in SHIPPED)
     assert check_roles(["coreference", "summary", "positional"]) == ("positional", "summary", "coreference")
     assert corpora_for(["induction", "coreference", "rare-word"]) == ("text", "coref", "generated")
@@ -103,22 +89,21 @@ def test_role_contract_is_checked():
         register(Role("positional", "text", "share", noop, noop))
 
 
-def test_register_after_waits_for_its_anchor():
+def test_register_adds_last_and_replace_keeps_the_place():
     def finish(*a):
         return None
 
-    names = ("toy-a", "toy-b", "toy-c")
+    names = ("toy-a", "toy-b")
+    shipped = tuple(REGISTRY)
     try:
-        register(Role("toy-c", "text", "none", finish, finish), after="toy-a")  # toy-a not there yet: waits
-        assert "toy-c" not in REGISTRY
         register(Role("toy-a", "text", "none", finish, finish))
         register(Role("toy-b", "text", "none", finish, finish))
-        assert tuple(REGISTRY)[-3:] == ("toy-a", "toy-c", "toy-b")
-        assert tuple(REGISTRY)[: len(SHIPPED)] == SHIPPED
+        register(Role("toy-a", "coref", "none", finish, finish), replace=True)
+        assert tuple(REGISTRY) == (*shipped, "toy-a", "toy-b") and REGISTRY["toy-a"].corpus == "coref"
     finally:
         for n in names:
             unregister(n)
-    assert not set(names) & set(REGISTRY) and not any(base._PENDING.values())
+    assert tuple(REGISTRY) == shipped
 
 
 def test_options_are_checked_per_group():
