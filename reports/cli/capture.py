@@ -78,8 +78,8 @@ def _export_path(text: str) -> Path:
 def run(args) -> int:
     from headscope.probes.capture import capture
     from headscope.probes.export import write_patterns_json
+    from headscope.probes.models.backends.protocol import QUANTITIES
     from headscope.probes.models.card import model_card, render_card
-    from headscope.probes.models.loading import QUANTITIES
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)
