@@ -338,46 +338,8 @@ def verdict_rows(
     ``score_kind``, a missing absolute threshold, or non-0/1 values with
     ``score_kind="hit"``; ``TypeError`` on values of the wrong type.
     """
-    if threshold_kind not in THRESHOLD_KINDS:
-        raise ValueError(f"threshold_kind must be one of {THRESHOLD_KINDS}; got {threshold_kind!r}")
-    if score_kind not in SCORE_KINDS:
-        raise ValueError(f"score_kind must be one of {SCORE_KINDS}; got {score_kind!r} (role {role!r})")
-    if threshold is None:
-        if threshold_kind == "absolute":
-            raise ValueError("threshold_kind='absolute' needs an explicit threshold (e.g. cfg.positional_threshold)")
-        threshold = cfg.margin
-    if not all(hasattr(cfg, a) for a in ("alpha", "margin", "n_boot", "n_perm", "correction", "seed")):
-        raise TypeError(f"cfg must be a RolesConfig; got {type(cfg).__name__}")
-    if n_layers < 1 or n_heads < 1:
-        raise ValueError(f"n_layers and n_heads must be >= 1; got {n_layers}, {n_heads}")
-
-    blocks, empty = _blocks(values, baseline, n_layers, n_heads)
-    for blk in blocks:
-        _block_stats(blk, cfg, score_kind, role)
-    m = sum(int((~torch.isnan(blk.p)).sum()) for blk in blocks)  # the family: this call's heads with a p
-    needed = required_p(m, cfg.alpha, cfg.correction)
-    counts = {"floor": 0, "refined": 0, "tail": 0}
-    for blk in blocks:
-        for key, c in _refine(blk, cfg, needed).items():
-            counts[key] += c
-    if report is not None:
-        for key, c in counts.items():
-            report[key] = report.get(key, 0) + c
-
-    nan = math.nan
-    res: dict[int, tuple] = {col: (nan, nan, nan, nan, nan, 0, "", "") for col in empty}
-    for blk in blocks:
-        for j, col in enumerate(blk.cols):
-            res[col] = (
-                float(blk.score[j]),
-                float(blk.base[j]),
-                float(blk.lo[j]),
-                float(blk.hi[j]),
-                float(blk.p[j]),
-                blk.n,
-                blk.test[j],
-                blk.interval[j],
-            )
+    threshold = _check_verdict_args(threshold_kind, threshold, score_kind, role, cfg, n_layers, n_heads)
+    res = _stats_by_column(values, baseline, n_layers, n_heads, cfg, score_kind, role, report)
     cols = sorted(res)
     raw_p = torch.tensor([res[c][4] for c in cols], dtype=torch.float64)
     adj = adjust_p(raw_p, cfg.correction)
@@ -412,6 +374,57 @@ def verdict_rows(
             }
         )
     return rows
+
+
+def _check_verdict_args(threshold_kind, threshold, score_kind, role, cfg, n_layers, n_heads) -> float:
+    """:func:`verdict_rows`' argument checks -> the threshold (``cfg.margin`` by default)."""
+    if threshold_kind not in THRESHOLD_KINDS:
+        raise ValueError(f"threshold_kind must be one of {THRESHOLD_KINDS}; got {threshold_kind!r}")
+    if score_kind not in SCORE_KINDS:
+        raise ValueError(f"score_kind must be one of {SCORE_KINDS}; got {score_kind!r} (role {role!r})")
+    if threshold is None:
+        if threshold_kind == "absolute":
+            raise ValueError("threshold_kind='absolute' needs an explicit threshold (e.g. cfg.positional_threshold)")
+        threshold = cfg.margin
+    if not all(hasattr(cfg, a) for a in ("alpha", "margin", "n_boot", "n_perm", "correction", "seed")):
+        raise TypeError(f"cfg must be a RolesConfig; got {type(cfg).__name__}")
+    if n_layers < 1 or n_heads < 1:
+        raise ValueError(f"n_layers and n_heads must be >= 1; got {n_layers}, {n_heads}")
+    return threshold
+
+
+def _stats_by_column(values, baseline, n_layers, n_heads, cfg, score_kind, role, report) -> dict[int, tuple]:
+    """``{column: (score, baseline, ci_low, ci_high, raw p, n, test, interval)}`` for every
+    head of :func:`verdict_rows` (NaN and n = 0 for a head without items); raw p refined
+    where the family's correction needs it (counts added to ``report``)."""
+    blocks, empty = _blocks(values, baseline, n_layers, n_heads)
+    for blk in blocks:
+        _block_stats(blk, cfg, score_kind, role)
+    m = sum(int((~torch.isnan(blk.p)).sum()) for blk in blocks)  # the family: this call's heads with a p
+    needed = required_p(m, cfg.alpha, cfg.correction)
+    counts = {"floor": 0, "refined": 0, "tail": 0}
+    for blk in blocks:
+        for key, c in _refine(blk, cfg, needed).items():
+            counts[key] += c
+    if report is not None:
+        for key, c in counts.items():
+            report[key] = report.get(key, 0) + c
+
+    nan = math.nan
+    res: dict[int, tuple] = {col: (nan, nan, nan, nan, nan, 0, "", "") for col in empty}
+    for blk in blocks:
+        for j, col in enumerate(blk.cols):
+            res[col] = (
+                float(blk.score[j]),
+                float(blk.base[j]),
+                float(blk.lo[j]),
+                float(blk.hi[j]),
+                float(blk.p[j]),
+                blk.n,
+                blk.test[j],
+                blk.interval[j],
+            )
+    return res
 
 
 def apply_family(frame: pd.DataFrame, cfg: RolesConfig) -> pd.DataFrame:
