@@ -4,7 +4,8 @@ cross-entropy, or perplexity) and :class:`CorefAccuracy` (coreference by LM scor
 Both tokenise their items once into length-bucketed :class:`~headscope.analyses.pruning.metric_base.Unit`
 batches; :meth:`~headscope.analyses.pruning.metric_base.ItemMetric.item_values` turns the
 model's output for a unit (possibly ``R`` replicas stacked along the batch dimension, each
-run under another head mask) into one value per replica and item.
+run under another head mask) into one value per replica and item, with the pure functions of
+their entries in :data:`headscope.analyses.metrics.METRICS` (name, direction, definition).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from headscope.analyses.metrics import METRICS, candidate_hits, nll_per_token, token_nll, token_nll_at
 from headscope.analyses.pruning.metric_base import ItemMetric, Unit, input_device, tile, tokenize_all
-from headscope.analyses.pruning.metric_functions import token_nll, token_nll_at
 from headscope.probes.tokens import collate, pad_id, tokenize_one
 
 
@@ -29,14 +30,15 @@ class LMLoss(ItemMetric):
     context only).
     """
 
-    higher_is_better = False
-    family = "decoder"
+    higher_is_better = METRICS["lm_loss"].higher_is_better
+    family = METRICS["lm_loss"].model
 
     def __init__(
         self, model, texts: Sequence[str], *, perplexity: bool = False, batch_size: int = 16, add_bos: bool = False
     ):
         super().__init__(batch_size)
-        self.name = "perplexity" if perplexity else "lm_loss"  # before check_model, whose message names it
+        self.registered = METRICS["perplexity" if perplexity else "lm_loss"]
+        self.name = self.registered.name  # before check_model, whose message names it
         self.check_model(model)
         self.perplexity = perplexity
         self.toks = tokenize_all(
@@ -78,14 +80,14 @@ class LMLoss(ItemMetric):
 
     def item_values(self, out, unit):
         s, n = self._nll(out, unit)
-        return s / n.clamp(min=1), n
+        return nll_per_token(s, n), n
 
     def loss(self, out, unit):
         s, n = self._nll(out, unit)
         return s.sum() / n.sum()
 
     def finalize(self, x):
-        return torch.exp(x) if self.perplexity else x
+        return self.registered.finalize(x)  # exp for perplexity
 
 
 _DETERMINERS = {
@@ -138,9 +140,8 @@ class CorefAccuracy(ItemMetric):
     summed log-probabilities.
     """
 
-    name = "coref_accuracy"
-    higher_is_better = True
-    family = "decoder"
+    registered = METRICS["coref_accuracy"]
+    name, higher_is_better, family = registered.name, registered.higher_is_better, registered.model
 
     def __init__(
         self,
@@ -216,7 +217,7 @@ class CorefAccuracy(ItemMetric):
 
     def item_values(self, out, unit):
         table = self._cand_logp(out, unit)
-        hits = (table.argmax(-1) == unit.extra["gold"][None]).float()
+        hits = candidate_hits(table, unit.extra["gold"][None])
         return hits, torch.ones(len(unit.items), device=hits.device)
 
     def loss(self, out, unit):

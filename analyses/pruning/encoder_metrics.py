@@ -1,6 +1,6 @@
 """Metrics of a pruned encoder, read from its last hidden states through sentence embeddings
 (sentence-transformers' ``all-MiniLM-L6-v2`` recipe: mean over real tokens, L2-normalised,
-:func:`~headscope.analyses.pruning.metric_functions.mean_pool`): :class:`EmbeddingCosine`
+:func:`~headscope.analyses.metrics.mean_pool`): :class:`EmbeddingCosine`
 (cosine to the unpruned model's embedding) and :class:`ParaphraseAccuracy`.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from headscope.analyses.metrics import METRICS, mean_pool, paraphrase_hits, unit_cosine
 from headscope.analyses.pruning.metric_base import ItemMetric, Unit, input_device, tile, tokenize_all
-from headscope.analyses.pruning.metric_functions import mean_pool, paraphrase_hits
 from headscope.probes.tokens import collate, pad_id
 
 
@@ -33,9 +33,8 @@ class EmbeddingCosine(ItemMetric):
     keeps the softmax from saturating, where the gate gradients would vanish.
     """
 
-    name = "cosine_to_unpruned"
-    higher_is_better = True
-    family = "encoder"
+    registered = METRICS["cosine_to_unpruned"]
+    name, higher_is_better, family = registered.name, registered.higher_is_better, registered.model
 
     def __init__(
         self,
@@ -75,7 +74,7 @@ class EmbeddingCosine(ItemMetric):
     def item_values(self, out, unit):
         r = out.shape[0] // unit.rows
         emb = mean_pool(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
-        return (emb * unit.extra["ref"].to(emb.dtype)[None]).sum(-1), torch.ones(unit.rows, device=emb.device)
+        return unit_cosine(emb, unit.extra["ref"][None]), torch.ones(unit.rows, device=emb.device)
 
     def loss(self, out, unit):
         emb = mean_pool(out, unit.batch.attention_mask)  # [rows, d_model]
@@ -101,9 +100,8 @@ class ParaphraseAccuracy(ItemMetric):
     negatives, scale 20).
     """
 
-    name = "paraphrase_accuracy"
-    higher_is_better = True
-    family = "encoder"
+    registered = METRICS["paraphrase_accuracy"]
+    name, higher_is_better, family = registered.name, registered.higher_is_better, registered.model
 
     def __init__(self, model, items: Sequence[dict], *, batch_size: int = 8, temperature: float = 0.05):
         super().__init__(batch_size)

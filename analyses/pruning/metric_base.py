@@ -8,7 +8,8 @@ under ``R`` head masks ``[R, layer, head]``; :meth:`ItemMetric.aggregate` reduce
 is the differentiable loss gradient importance uses, where ``differentiable`` is True;
 ``has_corpus`` says whether its ``units`` hold tokens (the corpus mean ablation averages
 over). The metrics themselves: :mod:`~headscope.analyses.pruning.decoder_metrics`,
-:mod:`~headscope.analyses.pruning.encoder_metrics`; by name: :mod:`~headscope.analyses.pruning.metrics`.
+:mod:`~headscope.analyses.pruning.encoder_metrics`; by name: :mod:`~headscope.analyses.pruning.metrics`;
+their definitions, directions and pure functions: the one registry, :data:`headscope.analyses.metrics.METRICS`.
 
 >>> check_kind("lm_loss", "decoder", type("Spec", (), {"causal": False, "name": "m", "family": "bert"})())
 Traceback (most recent call last):
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headscope.analyses.pruning.metric_functions import weighted_mean
+from headscope.analyses.metrics import weighted_mean
 from headscope.probes.capture import buckets
 from headscope.probes.models.backend import batch_to
 from headscope.probes.tokens import TokenBatch, tokenize_items
@@ -74,6 +75,9 @@ class ItemMetric:
 
     name: str = "metric"
     higher_is_better: bool = True
+    #: the metric's entry in the one registry (:data:`headscope.analyses.metrics.METRICS`: its
+    #: definition, direction and pure function); None for a :class:`CallableMetric`
+    registered = None
     #: what the metric reads from the model's output: a causal LM's logits (``"decoder"``)
     #: or an encoder's last hidden states (``"encoder"``)
     family: str = "decoder"

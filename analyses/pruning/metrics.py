@@ -1,4 +1,5 @@
-"""Metrics of what a (partly pruned) model still does, scored per item.
+"""Pruning's metrics by name: :func:`build_metric` (a metric on its shipped data),
+:func:`default_metric`, and :data:`METRICS`, pruning's view of the one registry.
 
 Every metric is an :class:`ItemMetric`, and pruning code uses nothing else:
 :meth:`ItemMetric.score` gives per-item ``values [R, n_items]`` and ``weights [n_items]``
@@ -16,30 +17,13 @@ value per replica and item. :class:`CallableMetric` wraps any ``metric_fn(model)
 float`` as a one-item, non-differentiable metric without a corpus, scored with the
 model's gates set to each mask.
 
-=========================  =======  ===============================================================
-name                       better   per item / aggregate
-=========================  =======  ===============================================================
-``lm_loss``                lower    mean next-token cross-entropy of a text, weighted by its
-                                    predicted tokens (so the aggregate is the token mean; padding
-                                    never counts)
-``perplexity``             lower    same items, aggregate ``exp(lm_loss)``
-``coref_accuracy``         higher   1 when the gold antecedent, substituted for the pronoun, gives
-                                    the sentence the highest log-probability (see :class:`CorefAccuracy`)
-``cosine_to_unpruned``     higher   cosine of the sentence embedding to the unpruned model's
-``paraphrase_accuracy``    higher   1 when the anchor is closer to its paraphrase than to every
-                                    distractor
-=========================  =======  ===============================================================
-
+What each metric is (its definition, which direction is better, what it reads, the pure
+function it is made of) is registered once, in :data:`headscope.analyses.metrics.METRICS`;
+pruning scores those whose ``analysis`` is ``"pruning"`` (:func:`~headscope.analyses.metrics.metrics_for`).
 Sentence embeddings are sentence-transformers' ``all-MiniLM-L6-v2`` recipe: mean of
 the last hidden states over real tokens (attention-mask weighted), L2-normalised.
 
-The pure functions they are made of (:func:`~headscope.analyses.pruning.metric_functions.token_nll`,
-:func:`~headscope.analyses.pruning.metric_functions.mean_pool`, ...) take tensors and return
-new tensors (:mod:`~headscope.analyses.pruning.metric_functions`).
-
-This module is the registry: :data:`METRICS` (name -> the kind of model it reads),
-:func:`build_metric` (a metric by name on its shipped data), :func:`default_metric`; the
-interface lives in :mod:`~headscope.analyses.pruning.metric_base`, the metrics in
+The interface lives in :mod:`~headscope.analyses.pruning.metric_base`, the metrics in
 :mod:`~headscope.analyses.pruning.decoder_metrics` and
 :mod:`~headscope.analyses.pruning.encoder_metrics`, and are importable from here.
 
@@ -49,6 +33,7 @@ True
 
 from __future__ import annotations
 
+from headscope.analyses.metrics import get_metric, metrics_for
 from headscope.analyses.pruning.decoder_metrics import CorefAccuracy, LMLoss
 from headscope.analyses.pruning.encoder_metrics import EmbeddingCosine, ParaphraseAccuracy
 from headscope.analyses.pruning.metric_base import CallableMetric, ItemMetric, Unit, check_kind
@@ -111,8 +96,7 @@ def build_metric(name: str, model, *, n_items: int | None = None, batch_size: in
     """
     from headscope.data import path
 
-    if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; valid metrics: {', '.join(METRICS)}")
+    get_metric(name, "pruning")  # ValueError listing pruning's metrics
     bs = {} if batch_size is None else {"batch_size": batch_size}
     if name in ("lm_loss", "perplexity"):
         return LMLoss(
@@ -130,14 +114,10 @@ def build_metric(name: str, model, *, n_items: int | None = None, batch_size: in
     return ParaphraseAccuracy(model, _take(read_paraphrases(path("paraphrase/pairs.jsonl")), n_items), **bs, **kw)
 
 
-#: metric name -> the kind of model it reads (``"decoder"``: logits; ``"encoder"``: hidden states)
-METRICS = {
-    "lm_loss": "decoder",
-    "perplexity": "decoder",
-    "coref_accuracy": "decoder",
-    "cosine_to_unpruned": "encoder",
-    "paraphrase_accuracy": "encoder",
-}
+#: pruning's view of the one registry (:func:`~headscope.analyses.metrics.metrics_for`):
+#: metric name -> the kind of model it reads (``"decoder"``: logits; ``"encoder"``: hidden
+#: states), in registry order; the CLI's ``--metric`` choices and the configs' checks read it
+METRICS = {name: m.model for name, m in metrics_for("pruning").items()}
 
 
 def default_metric(spec) -> str:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from headscope.analyses.frames import IMPACT_COLUMNS, roles_frame
+from headscope.analyses.metrics import mean_pool
 from headscope.analyses.pruning.ablation import (
     MeanZ,
     all_but_one,
@@ -28,7 +29,6 @@ from headscope.analyses.pruning.decoder_metrics import substitute
 from headscope.analyses.pruning.gates import gates_as, replica_masks
 from headscope.analyses.pruning.importance import gate_gradients, head_importance
 from headscope.analyses.pruning.masks import head_masks
-from headscope.analyses.pruning.metric_functions import mean_pool
 from headscope.analyses.pruning.metrics import CallableMetric, EmbeddingCosine, LMLoss, build_metric
 from headscope.analyses.pruning.scoring import evaluate
 from headscope.analyses.pruning.study import PruneConfig, pruning_study

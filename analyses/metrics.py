@@ -1,0 +1,385 @@
+"""The metrics of headscope: pure functions, and the one registry pruning and patching look up.
+
+Every metric is a pure function (tensors in, new tensors out; no model access, no write into
+its inputs, float32 accumulation, float64 kept for float64 inputs) registered once in
+:data:`METRICS` as a :class:`Metric`: its name, its definition in words, which direction is
+better, what it reads from the model's output (:data:`READS`), the kind of model it applies to
+(``"decoder"``: a causal LM's logits; ``"encoder"``: its last hidden states) and the analysis
+that scores it (``"pruning"``: a study of removed heads, per item then aggregated;
+``"patching"``: per item of a minimal pair, clean vs corrupted).
+
+=======================  ========  =========  =================  ===============================================
+name                     analysis  better     reads              per item
+=======================  ========  =========  =================  ===============================================
+``lm_loss``              pruning   lower      ``logits``         mean next-token NLL of a text (weight: its
+                                                                 predicted tokens, so the aggregate is the token
+                                                                 mean)
+``perplexity``           pruning   lower      ``logits``         as ``lm_loss``; reported ``exp`` of the mean
+``coref_accuracy``       pruning   higher     ``logits``         1 when the gold candidate's substituted sentence
+                                                                 has the highest summed log-probability
+``cosine_to_unpruned``   pruning   higher     ``embedding``      cosine of the unit-norm sentence embedding to the
+                                                                 unpruned model's
+``paraphrase_accuracy``  pruning   higher     ``embedding``      1 when the anchor is closer to its paraphrase than
+                                                                 to every distractor
+``logprob``              patching  higher     ``logits_last``    ``log p(answer)`` at the last position
+``logit_diff``           patching  higher     ``logits_last``    ``logit(answer) - logit(wrong)`` at the last position
+``embedding_cosine``     patching  higher     ``embedding``      cosine of the mean-pooled last hidden state to the
+                                                                 clean run's
+=======================  ========  =========  =================  ===============================================
+
+``cosine_to_unpruned`` and ``embedding_cosine`` are both cosines of pooled embeddings but not
+the same computation: the first L2-normalises each sentence-transformers embedding and takes
+the dot product (:func:`unit_cosine`), the second is :func:`torch.nn.functional.cosine_similarity`
+of unnormalised pools; each keeps its own numbers.
+
+Pruning builds the stateful scorer of a metric (its data, batches and loss) by name
+(:func:`headscope.analyses.pruning.metrics.build_metric`); patching reads the function
+(:func:`headscope.analyses.patching.tasks.metric_fn`). :func:`metrics_for` is what each analysis
+(and its CLI choices) iterates; :func:`get_metric` raises listing the valid names.
+
+>>> [m.name for m in metrics_for("patching").values()]
+['logprob', 'logit_diff', 'embedding_cosine']
+>>> get_metric("lm_loss").higher_is_better, get_metric("lm_loss").reads
+(False, 'logits')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def token_nll(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token negative log-likelihood per row and the number of tokens scored.
+
+    ``logits [batch, pos, vocab]`` predict ``input_ids[:, 1:]``; a target counts when it
+    is a real token (``attention_mask``) and, if given, ``score_mask [batch, pos]`` is
+    True at the target's position. Returns ``(nll_sum [batch], n_scored [batch])`` in float32
+    (float64 for float64 logits). ``ValueError`` when the shapes disagree.
+
+    >>> logits = torch.zeros(1, 3, 4)                      # uniform over 4 tokens
+    >>> nll, n = token_nll(logits, torch.tensor([[0, 1, 2]]), torch.tensor([[1, 1, 1]]))
+    >>> round(float(nll[0] / n[0]), 4), int(n[0])       # log 4, two predicted tokens
+    (1.3863, 2)
+    """
+    if logits.dim() != 3 or logits.shape[:2] != input_ids.shape:
+        raise ValueError(
+            f"logits must be [batch, pos, vocab] matching input_ids {tuple(input_ids.shape)}; got {tuple(logits.shape)}"
+        )
+    logp = F.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    target = input_ids[:, 1:]
+    tok = -logp.gather(-1, target[..., None])[..., 0]  # [batch, pos-1]
+    keep = attention_mask[:, 1:].bool()
+    if score_mask is not None:
+        keep = keep & score_mask[:, 1:].bool()
+    keep_f = keep.to(logp.dtype)
+    return (tok * keep_f).sum(-1), keep_f.sum(-1)
+
+
+def token_nll_at(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_nll` from the logits at the scored positions only: ``logits [n, vocab]``
+    are the rows, in row-major order, of the positions ``p < pos - 1`` whose target
+    ``input_ids[:, p + 1]`` is a real token (:meth:`LMLoss.read_positions`). Same values,
+    bit for bit: each scored token's log-probability is computed alike and the sums run
+    over the same ``[batch, pos - 1]`` grid (zeros where nothing is scored).
+
+    >>> logits = torch.zeros(1, 3, 4)
+    >>> ids, am = torch.tensor([[0, 1, 2]]), torch.tensor([[1, 1, 1]])
+    >>> [torch.equal(a, b) for a, b in zip(token_nll_at(logits[0, :2], ids, am), token_nll(logits, ids, am))]
+    [True, True]
+    """
+    keep = attention_mask[:, 1:].bool()
+    if logits.dim() != 2 or logits.shape[0] != int(keep.sum()):
+        raise ValueError(f"logits must be [{int(keep.sum())} scored positions, vocab]; got {tuple(logits.shape)}")
+    logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    scored = -logp.gather(-1, input_ids[:, 1:][keep][:, None])[:, 0]
+    tok = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, scored)
+    keep_f = keep.to(logp.dtype)
+    return (tok * keep_f).sum(-1), keep_f.sum(-1)
+
+
+def nll_per_token(nll_sum: torch.Tensor, n_scored: torch.Tensor) -> torch.Tensor:
+    """``nll_sum [...]`` / ``n_scored [...]`` (at least 1): a text's mean next-token NLL.
+
+    >>> nll_per_token(torch.tensor([3.0, 0.0]), torch.tensor([2.0, 0.0])).tolist()
+    [1.5, 0.0]
+    """
+    return nll_sum / n_scored.clamp(min=1)
+
+
+def lm_loss(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-text mean next-token NLL ``[batch]`` and its weight, the predicted tokens ``[batch]``,
+    from ``logits [batch, pos, vocab]`` (:func:`token_nll`, :func:`nll_per_token`).
+
+    >>> v, w = lm_loss(torch.zeros(1, 3, 4), torch.tensor([[0, 1, 2]]), torch.tensor([[1, 1, 1]]))
+    >>> round(float(v[0]), 4), float(w[0])                # log 4 over 2 predicted tokens
+    (1.3863, 2.0)
+    """
+    s, n = token_nll(logits, input_ids, attention_mask)
+    return nll_per_token(s, n), n
+
+
+def candidate_hits(cand_logp: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+    """``cand_logp [..., item, cand]`` (a candidate's summed log-probability; ``-inf`` where an
+    item has fewer candidates), ``gold [item]`` -> ``[..., item]`` float, 1.0 where the gold
+    candidate scores highest (the first on a tie).
+
+    >>> candidate_hits(torch.tensor([[-1.0, -3.0], [-4.0, -2.0]]), torch.tensor([0, 0])).tolist()
+    [1.0, 0.0]
+    """
+    return (cand_logp.argmax(-1) == gold).float()
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+    """``hidden [batch, pos, d_model]`` -> ``[batch, d_model]``: mean over real tokens
+    (sentence-transformers' pooling), then L2-normalised when ``normalize``.
+
+    >>> mean_pool(torch.tensor([[[3.0, 0.0], [0.0, 4.0], [9.0, 9.0]]]), torch.tensor([[1, 1, 0]])).tolist()
+    [[0.6000000238418579, 0.800000011920929]]
+    """
+    m = attention_mask.to(hidden.dtype)[..., None]
+    pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    return F.normalize(pooled, p=2, dim=-1) if normalize else pooled
+
+
+def unit_cosine(emb: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """Cosine of unit-norm embeddings ``emb [..., item, d_model]`` to ``reference [..., item,
+    d_model]`` (broadcast; cast to ``emb``'s dtype): their dot product -> ``[..., item]``.
+
+    >>> unit_cosine(torch.tensor([[0.6, 0.8]]), torch.tensor([[1.0, 0.0]])).tolist()
+    [0.6000000238418579]
+    """
+    return (emb * reference.to(emb.dtype)).sum(-1)
+
+
+def paraphrase_hits(
+    anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor, neg_valid: torch.Tensor
+) -> torch.Tensor:
+    """Unit-norm embeddings ``anchor, positive [item, d]``, ``negatives [item, n_neg, d]``
+    (``neg_valid [item, n_neg]`` False on padding) -> ``[item]`` float 1.0 where
+    ``cos(anchor, positive)`` beats every valid negative.
+
+    >>> a = torch.tensor([[1.0, 0.0]])
+    >>> paraphrase_hits(a, a, torch.tensor([[[0.0, 1.0]]]), torch.tensor([[True]])).tolist()
+    [1.0]
+    """
+    pos = (anchor * positive).sum(-1)
+    neg = torch.einsum("id,ind->in", anchor, negatives).masked_fill(~neg_valid, -math.inf)
+    return (pos > neg.max(-1).values).float()
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``values [..., item]``, ``weights [item]`` -> ``[...]`` weighted mean over items.
+
+    >>> weighted_mean(torch.tensor([1.0, 4.0]), torch.tensor([3.0, 1.0])).item()
+    1.75
+    """
+    w = weights.to(values.dtype)
+    return (values * w).sum(-1) / w.sum().clamp(min=1e-12)
+
+
+def logprob_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
+    """``log p(answer)``: ``logits [batch, vocab]`` (the last position), ``answer [batch]`` -> ``[batch]`` (float32).
+
+    >>> logprob_metric(torch.tensor([[0.0, 0.0]]), torch.tensor([1])).tolist()
+    [-0.6931471824645996]
+    """
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, answer.to(logits.device)[:, None])[:, 0]
+
+
+def logit_diff_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
+    """``logit(answer) - logit(wrong)``: ``[batch, vocab]``, ``[batch]``, ``[batch]`` -> ``[batch]`` (float32);
+    ``ValueError`` without ``wrong``.
+
+    >>> logit_diff_metric(torch.tensor([[1.0, 3.0]]), torch.tensor([1]), torch.tensor([0])).tolist()
+    [2.0]
+    """
+    if wrong is None:
+        raise ValueError("the logit_diff metric needs a wrong token per item; got none")
+    lf = logits.float()
+    answer, wrong = answer.to(lf.device), wrong.to(lf.device)
+    return lf.gather(-1, answer[:, None])[:, 0] - lf.gather(-1, wrong[:, None])[:, 0]
+
+
+def embedding_cosine_metric(
+    pooled: torch.Tensor, reference: torch.Tensor, wrong: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Cosine similarity of ``pooled [batch, d_model]`` (a run's mean-pooled last hidden
+    state) to ``reference [batch, d_model]`` (the clean run's) -> ``[batch]`` (float32).
+
+    >>> embedding_cosine_metric(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]])).tolist()
+    [1.0, 0.7071067690849304]
+    """
+    return torch.nn.functional.cosine_similarity(pooled.float(), reference.to(pooled.device).float(), dim=-1)
+
+
+# ----------------------------------------------------------------------------- the registry
+
+#: what a metric reads from the model's output
+READS = {
+    "logits": "next-token logits at the positions it scores ([batch, pos, vocab])",
+    "logits_last": "next-token logits at the last position ([batch, vocab])",
+    "embedding": "the last hidden state, mean-pooled over real tokens ([batch, d_model])",
+}
+#: the kind of model a metric applies to
+MODELS = ("decoder", "encoder")
+#: the analyses that score metrics
+ANALYSES = ("pruning", "patching")
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metric:
+    """One registered metric: ``fn`` the pure per-item function, ``definition`` what one item's
+    value is, ``higher_is_better``, ``reads`` (:data:`READS`), ``model`` (:data:`MODELS`),
+    ``analysis`` (:data:`ANALYSES`) and ``finalize``, applied to the item-weighted mean to give
+    the reported value (identity but for perplexity's ``exp``). ``ValueError`` for an unknown
+    ``reads``, ``model`` or ``analysis``."""
+
+    name: str = ""
+    fn: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = _identity
+    definition: str = ""
+    higher_is_better: bool = True
+    reads: str = "logits"
+    model: str = "decoder"
+    analysis: str = "pruning"
+    finalize: Callable[[torch.Tensor], torch.Tensor] = _identity
+
+    def __post_init__(self):
+        for field_name, valid in (("reads", tuple(READS)), ("model", MODELS), ("analysis", ANALYSES)):
+            if getattr(self, field_name) not in valid:
+                raise ValueError(
+                    f"The {field_name!r} parameter of Metric must be one of {valid}; "
+                    f"got {getattr(self, field_name)!r} instead."
+                )
+
+    def aggregate(self, values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``values [..., item]``, ``weights [item]`` -> ``[...]``: the reported value,
+        ``finalize`` of the :func:`weighted_mean`."""
+        return self.finalize(weighted_mean(values, weights))
+
+
+_DEFINED = (
+    Metric(
+        name="lm_loss",
+        fn=lm_loss,
+        definition="mean next-token cross-entropy of a text, weighted by its predicted tokens (so the aggregate "
+        "is the token mean; padding never counts)",
+        higher_is_better=False,
+        reads="logits",
+        model="decoder",
+        analysis="pruning",
+    ),
+    Metric(
+        name="perplexity",
+        fn=lm_loss,
+        definition="exp of lm_loss (the same items and weights; exp taken after the token mean)",
+        higher_is_better=False,
+        reads="logits",
+        model="decoder",
+        analysis="pruning",
+        finalize=torch.exp,
+    ),
+    Metric(
+        name="coref_accuracy",
+        fn=candidate_hits,
+        definition="1 when the gold antecedent, substituted for the pronoun, gives the sentence the highest "
+        "log-probability (summed over the words after it), else 0",
+        higher_is_better=True,
+        reads="logits",
+        model="decoder",
+        analysis="pruning",
+    ),
+    Metric(
+        name="cosine_to_unpruned",
+        fn=unit_cosine,
+        definition="cosine of the sentence embedding (mean pool, L2-normalised) to the unpruned model's",
+        higher_is_better=True,
+        reads="embedding",
+        model="encoder",
+        analysis="pruning",
+    ),
+    Metric(
+        name="paraphrase_accuracy",
+        fn=paraphrase_hits,
+        definition="1 when the anchor's embedding is closer (cosine) to its paraphrase's than to every "
+        "distractor's, else 0",
+        higher_is_better=True,
+        reads="embedding",
+        model="encoder",
+        analysis="pruning",
+    ),
+    Metric(
+        name="logprob",
+        fn=logprob_metric,
+        definition="log p(answer) at the last position (next-token log-prob of the clean answer)",
+        higher_is_better=True,
+        reads="logits_last",
+        model="decoder",
+        analysis="patching",
+    ),
+    Metric(
+        name="logit_diff",
+        fn=logit_diff_metric,
+        definition="logit(answer) - logit(wrong) at the last position (= log p(answer) - log p(wrong))",
+        higher_is_better=True,
+        reads="logits_last",
+        model="decoder",
+        analysis="patching",
+    ),
+    Metric(
+        name="embedding_cosine",
+        fn=embedding_cosine_metric,
+        definition="cosine similarity of the run's mean-pooled last hidden state to the clean run's "
+        "(an encoder has no LM head; clean = 1, corrupted < 1)",
+        higher_is_better=True,
+        reads="embedding",
+        model="encoder",
+        analysis="patching",
+    ),
+)
+
+#: every metric, by name (the table of the module docstring)
+METRICS: dict[str, Metric] = {m.name: m for m in _DEFINED}
+
+
+def get_metric(name: str, analysis: str | None = None) -> Metric:
+    """The metric registered as ``name`` (scored by ``analysis`` when given); ``ValueError``
+    listing the valid names otherwise.
+
+    >>> get_metric("bleu")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown metric 'bleu'; valid metrics: lm_loss, perplexity, coref_accuracy, cosine_to_unpruned, paraphrase_accuracy, logprob, logit_diff, embedding_cosine
+    """
+    valid = METRICS if analysis is None else metrics_for(analysis)
+    if name not in valid:
+        raise ValueError(f"unknown metric {name!r}; valid metrics: {', '.join(valid)}")
+    return valid[name]
+
+
+def metrics_for(analysis: str, model: str | None = None) -> dict[str, Metric]:
+    """``{name: Metric}`` of the metrics ``analysis`` scores (on ``model`` kind when given), in
+    registry order; ``ValueError`` for an unknown analysis.
+
+    >>> list(metrics_for("pruning", "encoder"))
+    ['cosine_to_unpruned', 'paraphrase_accuracy']
+    """
+    if analysis not in ANALYSES:
+        raise ValueError(f"analysis must be one of {ANALYSES}; got {analysis!r}")
+    return {n: m for n, m in METRICS.items() if m.analysis == analysis and model in (None, m.model)}
