@@ -43,7 +43,8 @@ from headscope.analyses.patching.activation import (
     patched_metrics,
     subset_frame,
 )
-from headscope.analyses.patching.tasks import Task, metric_fn
+from headscope.analyses.patching.items import Task
+from headscope.analyses.patching.tasks import metric_fn
 
 log = logging.getLogger(__name__)
 

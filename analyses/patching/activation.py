@@ -26,8 +26,8 @@ effect at a position is aggregated over the items that have it (its ``n``), norm
 the task's gap over all items. The frame gets a ``position`` column (int).
 
 The metric reads :func:`readout`: a decoder's last-position logits, an encoder's
-mean-pooled last hidden state (:data:`~headscope.analyses.patching.tasks.REFERENCE_METRICS`
-compare it with the clean run's, per item).
+mean-pooled last hidden state (the metrics that read an embedding,
+:data:`~headscope.analyses.patching.tasks.REFERENCE_METRICS`, compare it with the clean run's, per item).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ import pandas as pd
 import torch
 
 from headscope.analyses.patching.frames import effect_frame
-from headscope.analyses.patching.tasks import REFERENCE_METRICS, Task, check_decoder, metric_fn
+from headscope.analyses.patching.items import Task
+from headscope.analyses.patching.tasks import REFERENCE_METRICS, check_decoder, metric_fn
 from headscope.analyses.stats.resampling import adjust_p
 from headscope.probes.models.backend import rows_unembedded, unembed_at
 

@@ -32,7 +32,8 @@ from headscope.analyses.patching.activation import (
     readout,
     store_positions,
 )
-from headscope.analyses.patching.tasks import Task, metric_fn
+from headscope.analyses.patching.items import Task
+from headscope.analyses.patching.tasks import metric_fn
 
 
 def z_gradients(

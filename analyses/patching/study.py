@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from headscope.analyses.metrics import get_metric
 from headscope.analyses.patching.ablation import ablation_patching
 from headscope.analyses.patching.activation import PatchConfig, activation_patching
 from headscope.analyses.patching.attribution import attribution_patching
 from headscope.analyses.patching.frames import agreement, top_heads
+from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.path import READS, VIAS, check_path, path_patching
-from headscope.analyses.patching.tasks import MEASURES, Task
 
 METHODS = ("activation", "attribution", "path", "ablation")
 
@@ -119,7 +120,7 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
     frame["method"] = frame["method"].astype("category")
     summary = {
         "task": task.summary(),
-        "measures": MEASURES[task.metric],
+        "measures": get_metric(task.metric).definition,
         "metric_clean": float(run.clean.mean()),
         "metric_corrupted": float(run.corrupted.mean()),
         "gap": float(run.gap.mean()),

@@ -16,20 +16,16 @@ import pandas as pd
 import pytest
 import torch
 
+from headscope.analyses.metrics import logprob_metric
 from headscope.analyses.patching import PatchConfig, activation_patching, agreement, attribution_patching, path_patching
 from headscope.analyses.patching.activation import capture_z, patch_units, patched_metrics
 from headscope.analyses.patching.frames import PATCH_COLUMNS, effect_frame, normalised_values, top_heads
+from headscope.analyses.patching.generated import induction_task
+from headscope.analyses.patching.items import PairItem, Task
+from headscope.analyses.patching.sentence_tasks import agreement_rows
 from headscope.analyses.patching.study import StudyConfig, patching_study
-from headscope.analyses.patching.tasks import (
-    PairItem,
-    Task,
-    agreement_rows,
-    induction_task,
-    load_task,
-    logprob_metric,
-    read_task_jsonl,
-    tokenize_rows,
-)
+from headscope.analyses.patching.task_files import read_task_jsonl, tokenize_rows
+from headscope.analyses.patching.tasks import load_task
 from headscope.probes.errors import InputFileError, ModelIncompatibleError
 from headscope.probes.models.planted import VOCAB, planted_model
 

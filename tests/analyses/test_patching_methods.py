@@ -17,21 +17,16 @@ import pytest
 import torch
 from test_patching import CFG, effects, significant
 
+from headscope.analyses.metrics import METRICS
 from headscope.analyses.patching import ablation_patching, activation_patching, attribution_patching
 from headscope.analyses.patching.ablation import derangement, mean_z, pooled_mean_z, resample_sources
 from headscope.analyses.patching.activation import PatchConfig
 from headscope.analyses.patching.frames import PATCH_COLUMNS, top_heads
+from headscope.analyses.patching.generated import duplicate_token_task, induction_task
+from headscope.analyses.patching.items import PairItem, Task
+from headscope.analyses.patching.sentence_tasks import coreference_rows
 from headscope.analyses.patching.study import StudyConfig, patching_study
-from headscope.analyses.patching.tasks import (
-    MEASURES,
-    TASKS,
-    PairItem,
-    Task,
-    coreference_rows,
-    duplicate_token_task,
-    induction_task,
-    load_task,
-)
+from headscope.analyses.patching.tasks import TASKS, load_task
 from headscope.probes.models.planted import planted_model
 
 OTHERS = [(l, h) for l in range(2) for h in range(4) if (l, h) not in {(0, 0), (1, 1)}]
@@ -209,7 +204,7 @@ def test_minilm_agreement_is_measured_by_embedding_cosine(minilm):
     assert task.metric == "embedding_cosine" and len(task.items) == 16
     res = patching_study(minilm, task, StudyConfig(methods=("activation",), patch=CFG))
     s = res.summary
-    assert s["measures"] == MEASURES["embedding_cosine"] and "mean-pooled" in s["measures"]
+    assert s["measures"] == METRICS["embedding_cosine"].definition and "mean-pooled" in s["measures"]
     assert s["metric_clean"] == pytest.approx(1.0, abs=1e-6)
     assert s["metric_corrupted"] == pytest.approx(0.925958, rel=1e-4)
     f = res.frame
@@ -233,7 +228,10 @@ def test_cli_on_an_encoder_writes_what_is_measured(planted, tmp_path, monkeypatc
     text = capsys.readouterr().out
     assert "measures: cosine similarity of the run's mean-pooled last hidden state" in text
     manifest = json.loads((out / "run.json").read_text())
-    assert manifest["measures"] == MEASURES["embedding_cosine"] and manifest["task"]["metric"] == "embedding_cosine"
+    assert (
+        manifest["measures"] == METRICS["embedding_cosine"].definition
+        and manifest["task"]["metric"] == "embedding_cosine"
+    )
 
 
 def test_cli_per_position_and_new_tasks(planted, tmp_path, monkeypatch, capsys):

@@ -16,8 +16,8 @@ from test_patching_methods import _gap_items
 from tiny_models import tiny_model_dir
 
 from headscope.analyses.patching import PatchConfig, path_patching
+from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.study import StudyConfig
-from headscope.analyses.patching.tasks import Task
 from headscope.probes.models.loading import load_model
 
 CFG = PatchConfig(n_perm=200, n_boot=50)

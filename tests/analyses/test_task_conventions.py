@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from headscope.analyses.patching.tasks import duplicate_token_task, induction_task, leading_specials
+from headscope.analyses.patching.generated import duplicate_token_task, induction_task, leading_specials
 from headscope.probes.models.checkpoints import hf_dir, load_tokenizer, resolve
 from headscope.probes.models.planted import planted_tokenizer
 
