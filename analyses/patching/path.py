@@ -39,7 +39,8 @@ from headscope.analyses.patching.activation import (
     tile,
 )
 from headscope.analyses.patching.frames import effect_frame
-from headscope.analyses.patching.tasks import Task, metric_fn
+from headscope.analyses.patching.items import Task
+from headscope.analyses.patching.tasks import metric_fn
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.hooks import hooks
 
@@ -94,6 +95,22 @@ def _keeper(store: dict, key):
     return fn
 
 
+def _receiver_slot(spec, receiver, via: str, direction: str, reads: str) -> tuple[str, int, str]:
+    """``(hook point, slot, whose read)`` of the receiver's ``via`` input that path patching
+    replaces: the query head, the receiver's own read of its group's K/V (``reads="head"``
+    on GQA/MQA) or the KV head itself; ``ValueError`` for a bad ``direction`` or ``reads``."""
+    if direction not in ("denoising", "noising"):
+        raise ValueError(f"direction must be 'denoising' or 'noising'; got {direction!r}")
+    if reads not in READS:
+        raise ValueError(f"reads must be one of {READS}; got {reads!r}")
+    lr, hr = receiver
+    shared = via != "q" and spec.group_size > 1
+    if shared and reads == "head":  # the receiver's own read of its group's K/V
+        return f"blocks.{lr}.attn.hook_{via}_head", hr, reads
+    # the query head, or the KV head itself
+    return f"blocks.{lr}.attn.hook_{via}", hr if via == "q" else hr // spec.group_size, reads if shared else "head"
+
+
 def path_patching(
     model,
     task: Task,
@@ -109,19 +126,11 @@ def path_patching(
     receiver's ``via`` input, read by the receiver alone or by its KV group (``reads``; see
     the module docstring) -> (frame, metrics of the runs)."""
     senders = check_path(model, receiver, via, senders)
-    if direction not in ("denoising", "noising"):
-        raise ValueError(f"direction must be 'denoising' or 'noising'; got {direction!r}")
-    if reads not in READS:
-        raise ValueError(f"reads must be one of {READS}; got {reads!r}")
+    point, slot, read_by = _receiver_slot(model.spec, receiver, via, direction, reads)
     metric = metric_fn(task.metric)
     points = model.hook_points
     spec = model.spec
     lr, hr = receiver
-    shared = via != "q" and spec.group_size > 1
-    if shared and reads == "head":  # the receiver's own read of its group's K/V
-        point, slot = f"blocks.{lr}.attn.hook_{via}_head", hr
-    else:  # the query head, or the KV head itself
-        point, slot = f"blocks.{lr}.attn.hook_{via}", hr if via == "q" else hr // spec.group_size
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
     delta = torch.empty(n, len(senders))
@@ -176,6 +185,6 @@ def path_patching(
         n_boot=cfg.n_boot,
         n_perm=cfg.n_perm,
         seed=cfg.seed,
-        extra={"receiver": f"{lr}.{hr}", "receiver_reads": "head" if via == "q" or not shared else reads},
+        extra={"receiver": f"{lr}.{hr}", "receiver_reads": read_by},
     )
     return frame, run
