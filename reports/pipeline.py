@@ -41,8 +41,9 @@ import pandas as pd
 from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_STUDIES  # noqa: F401 - QUICK_STUDIES kept for callers
 from headscope.probes.budget import peak_rss_bytes
 from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
-from headscope.probes.outputs.folder import claim_output, manifest_header
-from headscope.probes.outputs.folder import recover as recover_out  # noqa: F401 - kept for callers of the old name
+from headscope.probes.outputs.folder import claim_output
+from headscope.probes.outputs.kinds import manifest_header
+from headscope.probes.outputs.swap import recover as recover_out  # noqa: F401 - kept for callers of the old name
 from headscope.reports import figures as F
 from headscope.reports.html import render_html
 from headscope.reports.markdown import render_markdown

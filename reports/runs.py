@@ -4,7 +4,7 @@
 or ``diff`` and returns a :class:`RunFolder`:
 
 * ``kind``: ``"roles"``, ``"report"``, ``"prune"`` or ``"diff"``
-  (:data:`~headscope.probes.outputs.folder.KINDS`), read from the manifest;
+  (:data:`~headscope.probes.outputs.kinds.KINDS`), read from the manifest;
 * ``format``: the manifest's ``output.format`` (2 today; 1 before the role tables gained their test columns); ``0`` for a folder written
   before manifests recorded it (its kind is then recognised by the manifest's keys);
 * ``manifest``: ``run.json`` (``diff.json`` for a diff; ``state.json`` for a pruning
@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from headscope.probes.outputs.folder import KINDS, output_kind_of
+from headscope.probes.outputs.kinds import KINDS, output_kind_of
 
 #: where each kind keeps its tables: at the top of the folder or under ``tables/``
 TABLE_DIRS = {"roles": "", "prune": "", "report": "tables", "diff": "tables", "patch": ""}

@@ -16,7 +16,7 @@ import pandas as pd
 
 from headscope.probes.errors import CheckpointError
 from headscope.probes.outputs.atomic import write_frame, write_json
-from headscope.probes.outputs.folder import manifest_header
+from headscope.probes.outputs.kinds import manifest_header
 
 log = logging.getLogger(__name__)
 

@@ -64,7 +64,8 @@ from headscope.analyses.pruning.store import TABLE_FILES, PruneTables, StudyStor
 from headscope.analyses.roles.config import is_seed
 from headscope.probes.models.backend import placement
 from headscope.probes.outputs.atomic import write_json
-from headscope.probes.outputs.folder import claim_output, manifest_header
+from headscope.probes.outputs.folder import claim_output
+from headscope.probes.outputs.kinds import manifest_header
 
 __all__ = [
     "STUDIES",

@@ -20,7 +20,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from headscope.probes.outputs.folder import file_mode
+from headscope.probes.outputs.modes import file_mode
 
 
 @contextmanager

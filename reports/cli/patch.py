@@ -200,7 +200,8 @@ def run(args) -> int:
     from headscope.analyses.patching.tasks import TASKS, load_task, read_task_jsonl
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
-    from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.probes.outputs.folder import claim_output
+    from headscope.probes.outputs.kinds import manifest_header
     from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 

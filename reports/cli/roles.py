@@ -227,7 +227,8 @@ def run(args) -> int:
     from headscope.analyses.roles.pipeline import check_roles, head_roles, roles_by_head
     from headscope.probes.models.backend import placement
     from headscope.probes.outputs.atomic import write_frame, write_json
-    from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.probes.outputs.folder import claim_output
+    from headscope.probes.outputs.kinds import manifest_header
     from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 

@@ -15,6 +15,7 @@ import pytest
 from cli_checks import cli_error
 
 from headscope.probes.outputs import folder as of
+from headscope.probes.outputs import kinds, swap
 from headscope.probes.outputs.atomic import write_frame, write_json
 
 TEXT = [
@@ -90,7 +91,7 @@ def test_an_earlier_report_with_a_user_file_inside_is_refused(tmp_path, minilm_r
 def test_each_kind_refuses_the_others_folder(tmp_path, capsys, no_model):
     roles = tmp_path / "roles"
     roles.mkdir()
-    write_json({**of.manifest_header("roles"), "model": "m"}, roles / "run.json")
+    write_json({**kinds.manifest_header("roles"), "model": "m"}, roles / "run.json")
     write_frame(pd.DataFrame({"layer": [0]}), roles / "roles")
     before = _tree(roles)
     err = cli_error(capsys, "prune", "minilm-l6", "--out", roles)  # used to overwrite the roles run.json
@@ -102,7 +103,7 @@ def test_each_kind_refuses_the_others_folder(tmp_path, capsys, no_model):
     legacy = tmp_path / "legacy"
     legacy.mkdir()
     (legacy / "run.json").write_text(json.dumps({"model": "m", "roles": ["positional"], "config": {}, "n_items": {}}))
-    assert of.output_kind_of(legacy) == "roles"
+    assert kinds.output_kind_of(legacy) == "roles"
     of.check_output(legacy, "roles")
     with pytest.raises(ValueError, match="holds a headscope roles output"):
         of.check_output(legacy, "report")
@@ -130,16 +131,16 @@ def test_swap_is_one_exchange_never_two_renames(tmp_path, monkeypatch):
     (out / "run.json").write_text('{"v": "old"}')
     tmp.mkdir()
     (tmp / "run.json").write_text('{"v": "new"}')
-    if not of.exchange(tmp, out):  # swapped them; swap back (and tell why the check cannot run)
+    if not swap.exchange(tmp, out):  # swapped them; swap back (and tell why the check cannot run)
         pytest.skip("this file system has no renameat2(RENAME_EXCHANGE)")
-    of.exchange(tmp, out)
+    swap.exchange(tmp, out)
 
     def no_rename(*a, **k):
         raise AssertionError("out was moved away: a kill here would leave no folder")
 
     monkeypatch.setattr(of.os, "replace", no_rename)
     monkeypatch.setattr(of.os, "rename", no_rename)
-    of.swap_in(tmp, out)
+    swap.swap_in(tmp, out)
     assert json.loads((out / "run.json").read_text()) == {"v": "new"} and not tmp.exists()
 
 
@@ -151,12 +152,12 @@ def test_without_exchange_a_kill_between_the_renames_is_repaired(tmp_path, monke
     out = tmp_path / "rep"
     old = tmp_path / f"rep.old-{dead}"
     old.mkdir()
-    (old / "run.json").write_text(json.dumps({**of.manifest_header("report"), "seed": 3}))
+    (old / "run.json").write_text(json.dumps({**kinds.manifest_header("report"), "seed": 3}))
     with of.claim_output(out, "report") as folder:
         assert folder.recovered and folder.recovered[0].startswith("restored the previous output")
         assert json.loads((out / "run.json").read_text())["seed"] == 3
         with folder.staging() as tmp:
-            (tmp / "run.json").write_text(json.dumps({**of.manifest_header("report"), "seed": 4}))
+            (tmp / "run.json").write_text(json.dumps({**kinds.manifest_header("report"), "seed": 4}))
     assert json.loads((out / "run.json").read_text())["seed"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no old, no tmp, no lock file
 
@@ -250,7 +251,7 @@ def test_orphan_tmp_files_of_killed_prune_writes_are_removed_and_user_files_kept
     out = tmp_path / "prune"
     out.mkdir()
     write_json(
-        {**of.manifest_header("prune"), "version": 1, "config": {}, "done": [], "curves": {}}, out / "state.json"
+        {**kinds.manifest_header("prune"), "version": 1, "config": {}, "done": [], "curves": {}}, out / "state.json"
     )
     (out / ".curves.parquet.a1b2c3d4.tmp.parquet").write_bytes(b"PAR1 half")
     (out / ".state.json.x_9Yz0Qw.tmp").write_text("{")
@@ -273,7 +274,7 @@ def test_files_and_folders_follow_the_umask(tmp_path, mask):
     try:
         out = tmp_path / f"roles-{mask:o}"
         with of.claim_output(out, "roles") as folder, folder.staging() as tmp:
-            write_json({**of.manifest_header("roles")}, tmp / "run.json")
+            write_json({**kinds.manifest_header("roles")}, tmp / "run.json")
             write_frame(pd.DataFrame({"a": [1.5]}), tmp / "roles")
     finally:
         os.umask(old)
@@ -343,7 +344,7 @@ def small_disk(tmp_path):
 def test_a_full_disk_is_one_line_and_the_earlier_output_stays(small_disk, text_file, capsys):
     out = small_disk / "roles"
     out.mkdir()
-    write_json({**of.manifest_header("roles"), "model": "minilm-l6", "seed": "earlier"}, out / "run.json")
+    write_json({**kinds.manifest_header("roles"), "model": "minilm-l6", "seed": "earlier"}, out / "run.json")
     before = _tree(out)
     fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT)
     try:  # fill the disk, then leave ~8 KiB: the tables do not fit

@@ -19,6 +19,7 @@ import pytest
 from cli_checks import cli_error
 
 from headscope.probes.outputs import folder as of
+from headscope.probes.outputs import kinds, markers
 from headscope.probes.outputs.atomic import write_frame, write_json
 from headscope.reports.cli.app import main
 
@@ -76,14 +77,14 @@ def _usage_error(capsys, *argv) -> str:
 def _stage(out, run: str, kind: str = "roles") -> of.OutputFolder:
     """One run through the real claim and staging, writing a small ``kind`` output."""
     with of.claim_output(out, kind) as folder, folder.staging() as tmp:
-        write_json({**of.manifest_header(kind), "run": run}, tmp / "run.json")
+        write_json({**kinds.manifest_header(kind), "run": run}, tmp / "run.json")
         write_frame(pd.DataFrame({"layer": [0], "head": [1]}), tmp / "roles")
     return folder
 
 
 def _earlier_roles(out: Path, run: str = "earlier") -> dict[str, bytes]:
     out.mkdir(parents=True)
-    write_json({**of.manifest_header("roles"), "run": run}, out / "run.json")
+    write_json({**kinds.manifest_header("roles"), "run": run}, out / "run.json")
     write_frame(pd.DataFrame({"layer": [5], "head": [5]}), out / "roles")
     return _tree(out)
 
@@ -109,7 +110,7 @@ def roles_run(tmp_path_factory):
 def test_roles_claims_an_empty_folder_made_first(roles_run):
     rc, _, target = roles_run
     assert rc == 0
-    assert of.output_kind_of(target) == "roles" and (target / "roles.parquet").is_file()
+    assert kinds.output_kind_of(target) == "roles" and (target / "roles.parquet").is_file()
     assert sorted(p.name for p in target.parent.iterdir()) == ["made-first", "roles", "small.txt"]  # no tmp/old/lock
 
 
@@ -143,7 +144,7 @@ def test_diff_report_and_prune_write_into_an_empty_folder(tmp_path, capsys, role
     diff_out = tmp_path / "diff"
     diff_out.mkdir()
     assert main(["diff", str(run), str(run), "--out", str(diff_out)]) == 0, capsys.readouterr().err
-    assert of.output_kind_of(diff_out) == "diff" and (diff_out / "diff.json").is_file()
+    assert kinds.output_kind_of(diff_out) == "diff" and (diff_out / "diff.json").is_file()
 
     card = model_card("minilm-l6")
     meta = {"model": "minilm-l6", "backend": "inhouse", "seed": 0, "timings": {}, "config": {}}
@@ -152,7 +153,7 @@ def test_diff_report_and_prune_write_into_an_empty_folder(tmp_path, capsys, role
     pipeline.write_report(
         {"skipped": pipeline.skipped_frame({})}, card=card, card_text=render_card(card), meta=meta, out_dir=rep
     )
-    assert of.output_kind_of(rep) == "report" and (rep / "report.html").is_file()
+    assert kinds.output_kind_of(rep) == "report" and (rep / "report.html").is_file()
 
     model = planted_copy_model()
     prune = tmp_path / "prune"
@@ -347,17 +348,18 @@ def test_a_file_put_into_out_during_the_run_is_kept(tmp_path, caplog):
     out = tmp_path / "roles"
     _earlier_roles(out)
     with of.claim_output(out, "roles") as folder, folder.staging() as tmp:
-        write_json({**of.manifest_header("roles"), "run": "new"}, tmp / "run.json")
+        write_json({**kinds.manifest_header("roles"), "run": "new"}, tmp / "run.json")
         (out / "notes.txt").write_text("written while the run ran")
     kept = tmp_path / f"roles.tmp-{os.getpid()}"
     assert json.loads((out / "run.json").read_text())["run"] == "new"
-    assert (kept / "notes.txt").read_text() == "written while the run ran" and not (kept / of.MARKER).exists()
+    assert (kept / "notes.txt").read_text() == "written while the run ran" and not (kept / markers.MARKER).exists()
     assert any(f"kept what was in {out} before this run at {kept}" in r.getMessage() for r in caplog.records)
 
 
 KILLED_RUN = r"""
 import os, sys
 from headscope.probes.outputs import folder as of
+from headscope.probes.outputs import kinds, swap
 from headscope.probes.outputs.atomic import write_json
 
 out, point = sys.argv[1], sys.argv[2]
@@ -368,14 +370,14 @@ def die(*a, **k):
 
 
 with of.claim_output(out, "roles") as f, f.staging() as tmp:
-    write_json({**of.manifest_header("roles"), "run": "killed"}, tmp / "run.json")
+    write_json({**kinds.manifest_header("roles"), "run": "killed"}, tmp / "run.json")
     (tmp / "roles.csv").write_text("layer\n0\n")
     if point == "writing":
         die()
     elif point == "before-exchange":
-        of.exchange = die
+        swap.exchange = die
     elif point == "after-exchange":
-        of._discard = die
+        swap._discard = die
     elif point == "between-renames":
         os.environ["HEADSCOPE_NO_EXCHANGE"] = "1"
         replace = os.replace
@@ -424,7 +426,7 @@ def test_a_run_killed_anywhere_is_tidied_by_the_next(tmp_path, previous, point):
         else:
             assert _tree(out) == before
         with folder.staging() as tmp:
-            write_json({**of.manifest_header("roles"), "run": "next"}, tmp / "run.json")
+            write_json({**kinds.manifest_header("roles"), "run": "next"}, tmp / "run.json")
     assert sorted(_tree(out)) == ["run.json"] and json.loads((out / "run.json").read_text())["run"] == "next"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["roles"]
 
@@ -455,7 +457,7 @@ def test_a_symlinked_out_is_followed_and_the_link_kept(roles_run, tmp_path):
     """The link used to be swapped out (the output put in its place) and left as ``<out>.tmp-<pid>``."""
     rc, link, target = roles_run
     assert rc == 0 and link.is_symlink() and os.readlink(link) == str(target)
-    assert of.output_kind_of(target) == "roles" and sorted(p.name for p in link.parent.iterdir()) == [
+    assert kinds.output_kind_of(target) == "roles" and sorted(p.name for p in link.parent.iterdir()) == [
         "made-first",
         "roles",
         "small.txt",

@@ -296,7 +296,8 @@ def real_runs(minilm, tmp_path_factory):
     from headscope.probes.models.card import model_card, render_card
     from headscope.probes.models.planted import planted_model, writing_induction
     from headscope.probes.outputs.atomic import write_frame, write_json
-    from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.probes.outputs.folder import claim_output
+    from headscope.probes.outputs.kinds import manifest_header
 
     base = tmp_path_factory.mktemp("runs")
     text = base / "t.txt"

@@ -12,7 +12,7 @@ from test_report import _meta, minilm_card, synthetic_frames  # noqa: F401 - min
 from headscope.analyses.frames import ROLE_COLUMNS, STAT_COLUMNS
 from headscope.data import path
 from headscope.probes.outputs.atomic import write_frame
-from headscope.probes.outputs.folder import OUTPUT_FORMAT
+from headscope.probes.outputs.kinds import OUTPUT_FORMAT
 from headscope.reports import load_run
 from headscope.reports.cli.app import main
 
