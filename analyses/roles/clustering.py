@@ -171,6 +171,15 @@ class JSReducer:
         return (self.total / self.n).float().cpu(), labels
 
 
+#: columns of the clusters frame (:func:`embed_and_cluster`) and their dtypes
+CLUSTER_DTYPES = {"layer": "int64", "head": "int64", "x": "float64", "y": "float64", "cluster": "int64"}
+
+
+def empty_clusters() -> pd.DataFrame:
+    """A clusters frame without rows (:data:`CLUSTER_DTYPES`)."""
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in CLUSTER_DTYPES.items()})
+
+
 def embed_and_cluster(js: torch.Tensor, labels, *, k: int = 6, seed: int = 0, distance: str = "js") -> pd.DataFrame:
     """MDS (2-D) and agglomerative clusters of a head-by-head divergence matrix ->
     frame ``layer, head, x, y, cluster``."""
@@ -215,7 +224,15 @@ def _reducer(ctx: RoleContext) -> JSReducer:
 
 def finish(reducer: JSReducer, report, ctx: RoleContext) -> RoleOutput:
     """An empty role frame; ``extra["clusters"]`` (frame ``layer, head, x, y, cluster``)
-    and ``extra["js"]`` (the ``[H_total, H_total]`` matrix)."""
+    and ``extra["js"]`` (the ``[H_total, H_total]`` matrix; None, with empty clusters and a
+    note, when no item had query rows)."""
+    if reducer.n == 0:  # no item with query rows (an empty corpus): an empty map, as the other groups give
+        return RoleOutput(
+            frame=empty_roles(),
+            skipped=Counter(report.skipped),
+            n_items=report.n_used,
+            extra={"clusters": empty_clusters(), "js": None, "notes": ["no item with query rows: nothing to cluster"]},
+        )
     js, labels = reducer.result()
     k = ctx.options.get("k", 6)
     frame = embed_and_cluster(

@@ -46,6 +46,7 @@ import pandas as pd
 from headscope.analyses.frames import ROLE_COLUMNS, STAT_COLUMNS, empty_roles
 from headscope.analyses.roles import shipped  # noqa: F401  (registers the shipped role groups)
 from headscope.analyses.roles.base import REGISTRY, Role, RoleContext
+from headscope.analyses.roles.clustering import CLUSTER_DTYPES, empty_clusters
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.examples import build_examples
 from headscope.analyses.roles.inputs import default_conllu, default_coref, default_text, read_inputs
@@ -60,12 +61,11 @@ log = logging.getLogger(__name__)
 ROLE_GROUPS = tuple(REGISTRY)
 #: the shipped groups that read the plain-text corpus
 TEXT_GROUPS = tuple(g for g, r in REGISTRY.items() if r.corpus == "text")
-#: columns of ``RolesResult.clusters`` (from :func:`headscope.analyses.roles.clustering.embed_and_cluster`)
-CLUSTER_DTYPES = {"layer": "int64", "head": "int64", "x": "float64", "y": "float64", "cluster": "int64"}
 
 __all__ = [
     "ROLE_GROUPS",
     "TEXT_GROUPS",
+    "CLUSTER_DTYPES",
     "RolesResult",
     "head_roles",
     "run_role",
@@ -297,7 +297,7 @@ def _assemble(model, cfg: RolesConfig, outputs: dict, file_skips: dict, timings:
     frame = apply_family(frame, cfg)  # "role": each role/relation/direction; "global": the whole run
     stats_list = [o.stats for o in outputs.values() if o.stats is not None and len(o.stats)]
     stats = pd.concat(stats_list, ignore_index=True)[STAT_COLUMNS] if stats_list else pd.DataFrame(columns=STAT_COLUMNS)
-    clusters = pd.DataFrame({c: pd.Series(dtype=t) for c, t in CLUSTER_DTYPES.items()})
+    clusters = empty_clusters()
     if "clustering" in outputs:
         clusters = outputs["clustering"].extra["clusters"]
     skipped = {g: dict(o.skipped) for g, o in outputs.items()}
