@@ -52,12 +52,53 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from headscope.probes.shapes import Float, Shaped, Tensor, TokenIds
+
+# ----------------------------------------------------------------------------- shapes
+# the style guide's vocabulary (headscope.probes.shapes), plus ``vocab``, ``item`` (one scored
+# item: a text, a coreference item, a paraphrase set), ``cand`` and ``neg`` (an item's candidates
+# and distractors), and ``*replica`` (any leading replica dimensions: R head masks)
+
+#: next-token logits at every position
+Logits = Float[Tensor, "batch pos vocab"]
+#: next-token logits at the last position
+LastLogits = Float[Tensor, "batch vocab"]
+#: 1 on a real token, 0 on padding (any integer or bool dtype)
+TokenMask = Shaped[Tensor, "batch pos"]
+#: one value per row of a batch
+PerRow = Float[Tensor, "batch"]
+#: one value per item, under any leading replica dimensions
+PerItem = Float[Tensor, "*replica item"]
+#: last hidden states
+Hidden = Float[Tensor, "batch pos d_model"]
+#: a pooled last hidden state per row
+Pooled = Float[Tensor, "batch d_model"]
+#: unit-norm sentence embeddings per item, under any leading replica dimensions
+Embeddings = Float[Tensor, "*replica item d_model"]
+#: the logits at the positions a metric scores, one row each
+ScoredLogits = Float[Tensor, "n_scored vocab"]
+#: one token id per row (an answer, a wrong token)
+RowIds = Shaped[Tensor, "batch"]
+#: one weight per item
+ItemWeights = Float[Tensor, "item"]
+#: a candidate's summed log-probability per item (``-inf`` where an item has fewer)
+CandidateLogp = Float[Tensor, "*replica item cand"]
+#: the index of each item's gold candidate
+Gold = Shaped[Tensor, "*replica item"]
+#: one unit-norm embedding per item
+ItemEmbedding = Float[Tensor, "item d_model"]
+#: an item's distractor embeddings, and which are real (not padding)
+Negatives = Float[Tensor, "item neg d_model"]
+NegativesValid = Shaped[Tensor, "item neg"]
+#: the reported value under each replica
+Reported = Float[Tensor, "*replica"]
+
 # ----------------------------------------------------------------------------- pure functions
 
 
 def token_nll(
-    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor, score_mask: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    logits: Logits, input_ids: TokenIds, attention_mask: TokenMask, score_mask: TokenMask | None = None
+) -> tuple[PerRow, PerRow]:
     """Summed next-token negative log-likelihood per row and the number of tokens scored.
 
     ``logits [batch, pos, vocab]`` predict ``input_ids[:, 1:]``; a target counts when it
@@ -84,9 +125,7 @@ def token_nll(
     return (tok * keep_f).sum(-1), keep_f.sum(-1)
 
 
-def token_nll_at(
-    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def token_nll_at(logits: ScoredLogits, input_ids: TokenIds, attention_mask: TokenMask) -> tuple[PerRow, PerRow]:
     """:func:`token_nll` from the logits at the scored positions only: ``logits [n, vocab]``
     are the rows, in row-major order, of the positions ``p < pos - 1`` whose target
     ``input_ids[:, p + 1]`` is a real token (:meth:`LMLoss.read_positions`). Same values,
@@ -108,7 +147,7 @@ def token_nll_at(
     return (tok * keep_f).sum(-1), keep_f.sum(-1)
 
 
-def nll_per_token(nll_sum: torch.Tensor, n_scored: torch.Tensor) -> torch.Tensor:
+def nll_per_token(nll_sum: PerItem, n_scored: ItemWeights) -> PerItem:
     """``nll_sum [...]`` / ``n_scored [...]`` (at least 1): a text's mean next-token NLL.
 
     >>> nll_per_token(torch.tensor([3.0, 0.0]), torch.tensor([2.0, 0.0])).tolist()
@@ -117,9 +156,7 @@ def nll_per_token(nll_sum: torch.Tensor, n_scored: torch.Tensor) -> torch.Tensor
     return nll_sum / n_scored.clamp(min=1)
 
 
-def lm_loss(
-    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def lm_loss(logits: Logits, input_ids: TokenIds, attention_mask: TokenMask) -> tuple[PerRow, PerRow]:
     """Per-text mean next-token NLL ``[batch]`` and its weight, the predicted tokens ``[batch]``,
     from ``logits [batch, pos, vocab]`` (:func:`token_nll`, :func:`nll_per_token`).
 
@@ -131,7 +168,7 @@ def lm_loss(
     return nll_per_token(s, n), n
 
 
-def candidate_hits(cand_logp: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+def candidate_hits(cand_logp: CandidateLogp, gold: Gold) -> PerItem:
     """``cand_logp [..., item, cand]`` (a candidate's summed log-probability; ``-inf`` where an
     item has fewer candidates), ``gold [item]`` -> ``[..., item]`` float, 1.0 where the gold
     candidate scores highest (the first on a tie).
@@ -142,7 +179,7 @@ def candidate_hits(cand_logp: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
     return (cand_logp.argmax(-1) == gold).float()
 
 
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+def mean_pool(hidden: Hidden, attention_mask: TokenMask, normalize: bool = True) -> Pooled:
     """``hidden [batch, pos, d_model]`` -> ``[batch, d_model]``: mean over real tokens
     (sentence-transformers' pooling), then L2-normalised when ``normalize``.
 
@@ -154,7 +191,7 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor, normalize: boo
     return F.normalize(pooled, p=2, dim=-1) if normalize else pooled
 
 
-def unit_cosine(emb: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+def unit_cosine(emb: Embeddings, reference: Embeddings) -> PerItem:
     """Cosine of unit-norm embeddings ``emb [..., item, d_model]`` to ``reference [..., item,
     d_model]`` (broadcast; cast to ``emb``'s dtype): their dot product -> ``[..., item]``.
 
@@ -165,8 +202,8 @@ def unit_cosine(emb: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 
 
 def paraphrase_hits(
-    anchor: torch.Tensor, positive: torch.Tensor, negatives: torch.Tensor, neg_valid: torch.Tensor
-) -> torch.Tensor:
+    anchor: ItemEmbedding, positive: ItemEmbedding, negatives: Negatives, neg_valid: NegativesValid
+) -> PerItem:
     """Unit-norm embeddings ``anchor, positive [item, d]``, ``negatives [item, n_neg, d]``
     (``neg_valid [item, n_neg]`` False on padding) -> ``[item]`` float 1.0 where
     ``cos(anchor, positive)`` beats every valid negative.
@@ -180,7 +217,7 @@ def paraphrase_hits(
     return (pos > neg.max(-1).values).float()
 
 
-def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_mean(values: PerItem, weights: ItemWeights) -> Reported:
     """``values [..., item]``, ``weights [item]`` -> ``[...]`` weighted mean over items.
 
     >>> weighted_mean(torch.tensor([1.0, 4.0]), torch.tensor([3.0, 1.0])).item()
@@ -190,7 +227,7 @@ def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (values * w).sum(-1) / w.sum().clamp(min=1e-12)
 
 
-def logprob_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
+def logprob_metric(logits: LastLogits, answer: RowIds, wrong: RowIds | None = None) -> PerRow:
     """``log p(answer)``: ``logits [batch, vocab]`` (the last position), ``answer [batch]`` -> ``[batch]`` (float32).
 
     >>> logprob_metric(torch.tensor([[0.0, 0.0]]), torch.tensor([1])).tolist()
@@ -199,7 +236,7 @@ def logprob_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tens
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, answer.to(logits.device)[:, None])[:, 0]
 
 
-def logit_diff_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor | None = None) -> torch.Tensor:
+def logit_diff_metric(logits: LastLogits, answer: RowIds, wrong: RowIds | None = None) -> PerRow:
     """``logit(answer) - logit(wrong)``: ``[batch, vocab]``, ``[batch]``, ``[batch]`` -> ``[batch]`` (float32);
     ``ValueError`` without ``wrong``.
 
@@ -213,9 +250,7 @@ def logit_diff_metric(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.T
     return lf.gather(-1, answer[:, None])[:, 0] - lf.gather(-1, wrong[:, None])[:, 0]
 
 
-def embedding_cosine_metric(
-    pooled: torch.Tensor, reference: torch.Tensor, wrong: torch.Tensor | None = None
-) -> torch.Tensor:
+def embedding_cosine_metric(pooled: Pooled, reference: Pooled, wrong: RowIds | None = None) -> PerRow:
     """Cosine similarity of ``pooled [batch, d_model]`` (a run's mean-pooled last hidden
     state) to ``reference [batch, d_model]`` (the clean run's) -> ``[batch]`` (float32).
 

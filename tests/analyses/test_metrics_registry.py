@@ -102,6 +102,21 @@ def test_metric_states_what_it_is(name):
     torch.testing.assert_close(m.aggregate(values, weights), torch.tensor(reported))
 
 
+@pytest.mark.parametrize("name", list(METRICS))
+def test_metric_signature_states_the_shapes(name):
+    """The function's shape annotations hold on its hand case (jaxtyping's run-time check),
+    and a batch that disagrees with itself is refused by name."""
+    from beartype import beartype
+    from jaxtyping import TypeCheckError, jaxtyped
+
+    checked = jaxtyped(typechecker=beartype)(METRICS[name].fn)
+    args, _ = HAND_CASES[name]
+    checked(*args)
+    bad = (args[0], args[1][..., :-1], *args[2:])  # the second tensor one short in its last dimension
+    with pytest.raises(TypeCheckError):
+        checked(*bad)
+
+
 def test_metric_functions_leave_their_inputs_alone():
     for name, (args, _) in HAND_CASES.items():
         before = [a.clone() for a in args]
