@@ -6,7 +6,7 @@ from its table files at the top and under ``tables/``): the role frame is the ``
 table (Parquet preferred over CSV); importance every table with IMPACT_COLUMNS. Both runs must have the same layers ×
 heads (from ``run.json``'s ``architecture`` when present, else from the frames).
 
-Tables are checked as they are read (:func:`read_table`): a file that is not CSV or
+Tables are checked as they are read (:func:`~headscope.reports.table_checks.read_table`): a file that is not CSV or
 Parquet, a missing column, or a cell of the wrong type raises ``ValueError`` naming the
 file, the row (1 = the first row after the header) and the value, e.g.
 ``roles.csv:row 2: layer must be an integer in [0, 1023]; got 'x'``. Two runs with no
@@ -42,16 +42,13 @@ the diff is refused ("nothing to compare", with the counts).
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from headscope.reports.runs import read_frame
+from headscope.reports.diff_input import Run, read_run
 
 KEYS = ["layer", "head", "role", "relation", "direction"]
 ROLE_CHANGE_COLUMNS = KEYS + ["score_a", "score_b", "delta", "verdict_a", "verdict_b", "change"]
@@ -78,286 +75,6 @@ UNKNOWN = {
     "both": "unknown (neither run has a finite score)",
 }
 CHANGES = ("gained", "lost", "kept", "none", "unknown")  # diff.json's verdict_changes (unknown: any of UNKNOWN)
-ROLE_TABLE_COLUMNS = ["layer", "head", "role", "score", "verdict"]  # what a roles table needs (ROLE_COLUMNS has more)
-MAX_INDEX = 1023  # largest layer or head index accepted in a table (real models have < 200)
-_TRUE, _FALSE = {"true", "1", "1.0"}, {"false", "0", "0.0"}
-
-
-@dataclass
-class Run:
-    path: Path
-    roles: pd.DataFrame | None
-    impact: pd.DataFrame | None
-    n_layers: int
-    n_heads: int
-    model: str | None
-
-
-def _numbers(s: pd.Series, text: bool = True) -> tuple[np.ndarray, int | None]:
-    """``s`` as float64 (missing cells NaN) and the position of the first cell that is
-    not a number (a bool, a word, a list...), or None. ``text``: the cells are text (a
-    CSV file: "0.5" is a number); else they are typed (Parquet), and a string is not a
-    number whatever it says."""
-    if pd.api.types.is_bool_dtype(s):
-        return np.full(len(s), np.nan), 0 if len(s) else None
-    if pd.api.types.is_numeric_dtype(s):
-        return s.to_numpy(dtype="float64", na_value=np.nan), None
-    out = np.full(len(s), np.nan)
-    for i, v in enumerate(s.to_numpy(dtype=object)):
-        if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)):
-            continue
-        if isinstance(v, (bool, np.bool_)):
-            return out, i
-        if isinstance(v, (int, float, np.integer, np.floating)):
-            out[i] = float(v)
-            continue
-        if isinstance(v, str) and text:
-            try:
-                out[i] = float(v)
-            except ValueError:
-                return out, i
-            continue
-        return out, i
-    return out, None
-
-
-def _cell(v) -> str:
-    """A cell for an error message: ``'x'`` for text, ``1.5`` for a number."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    return "an empty cell" if v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v)) else repr(v)[:60]
-
-
-def _expected(columns) -> str:
-    return f"CSV or Parquet with columns {', '.join(columns)}"
-
-
-def read_table(
-    path, *, what: str = "a table", columns=(), ints=(), ints_or_missing=(), floats=(), bools=(), labels=()
-) -> pd.DataFrame:
-    """Read a CSV or Parquet table and check it: every name in ``columns`` present;
-    ``ints`` integers in [0, MAX_INDEX] in every row (``ints_or_missing`` may also be
-    empty); ``floats`` numbers or empty; ``bools`` True/False (or 1/0); ``labels``
-    non-empty. Returns the frame with those columns converted (``int64``; ``float64``
-    for ``ints_or_missing`` and ``floats``; ``bool``; ``str``).
-
-    Raises ``ValueError``: ``file: not a roles table (missing column 'layer'); expected
-    ...`` or ``file:row N: layer must be an integer in [0, 1023]; got 'x'`` (row 1 is the
-    first row after the header).
-
-    >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "t.csv"
-    >>> _ = p.write_text("layer,score\\n0,0.5\\nx,0.1\\n")
-    >>> try:
-    ...     read_table(p, columns=["layer", "score"], ints=["layer"], floats=["score"])
-    ... except ValueError as err:
-    ...     print(str(err).replace(str(p), "t.csv"))
-    t.csv:row 2: layer must be an integer in [0, 1023]; got 'x'
-    """
-    p = Path(path)
-    return check_table(
-        read_frame(p, what, _expected(columns)),
-        p,
-        what=what,
-        columns=columns,
-        ints=ints,
-        ints_or_missing=ints_or_missing,
-        floats=floats,
-        bools=bools,
-        labels=labels,
-    )
-
-
-def check_table(
-    df: pd.DataFrame,
-    path,
-    *,
-    what: str = "a table",
-    columns=(),
-    ints=(),
-    ints_or_missing=(),
-    floats=(),
-    bools=(),
-    labels=(),
-) -> pd.DataFrame:
-    """The checks and conversions of :func:`read_table` on a frame already read from
-    ``path`` (named in the errors)."""
-    p = Path(path)
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{p}: not {what} (missing column {missing[0]!r}); expected {_expected(columns)}")
-    text = df.attrs.get("source") != "parquet"  # a Parquet column is typed: "0.5" there is text, not a number
-    df = df.copy()
-    for c in (*ints, *ints_or_missing):
-        values, bad = _numbers(df[c], text)
-        rule = f"an integer in [0, {MAX_INDEX}]"
-        if bad is None:
-            wrong = ~np.isnan(values) & ((values != np.floor(values)) | (values < 0) | (values > MAX_INDEX))
-            if c in ints:
-                wrong |= np.isnan(values)
-            bad = int(np.argmax(wrong)) if wrong.any() else None
-        if bad is not None:
-            raise ValueError(f"{p}:row {bad + 1}: {c} must be {rule}; got {_cell(df[c].iloc[bad])}")
-        df[c] = values.astype("int64") if c in ints else values  # float64 keeps the empty cells as NaN
-    for c in floats:
-        values, bad = _numbers(df[c], text)
-        if bad is None and np.isinf(values).any():
-            bad = int(np.argmax(np.isinf(values)))
-        if bad is not None:
-            raise ValueError(f"{p}:row {bad + 1}: {c} must be a finite number (or empty); got {_cell(df[c].iloc[bad])}")
-        df[c] = values
-    for c in bools:
-        s = df[c]
-        if not pd.api.types.is_bool_dtype(s):
-            flags = []
-            for i, v in enumerate(s.to_numpy(dtype=object)):
-                typed = (bool, int, float, np.bool_, np.integer, np.floating)
-                word = str(v).strip().lower() if isinstance(v, typed) or (text and isinstance(v, str)) else ""
-                if word not in _TRUE | _FALSE:
-                    raise ValueError(f"{p}:row {i + 1}: {c} must be True or False; got {_cell(v)}")
-                flags.append(word in _TRUE)
-            df[c] = np.array(flags, dtype=bool)
-    for c in labels:
-        s = df[c]
-        blank = s.isna() | (s.astype(str).str.strip() == "")
-        if blank.any():
-            raise ValueError(f"{p}:row {int(np.argmax(blank.to_numpy())) + 1}: {c} must not be empty")
-        df[c] = s.astype(str)
-    return df
-
-
-def read_roles_table(path) -> pd.DataFrame:
-    """A roles frame from CSV or Parquet (``roles.csv`` / ``roles.parquet`` of headscope
-    roles or report), checked by :func:`read_table`; ``relation``/``direction`` become
-    ``""`` where absent, ``n`` is an optional count."""
-    return check_roles_table(read_frame(Path(path), "a roles table", _expected(ROLE_TABLE_COLUMNS)), path)
-
-
-def check_roles_table(df: pd.DataFrame, path) -> pd.DataFrame:
-    """The checks of :func:`read_roles_table` on a frame already read from ``path``."""
-    df = check_table(
-        df,
-        path,
-        what="a roles table",
-        columns=ROLE_TABLE_COLUMNS,
-        ints=["layer", "head"],
-        floats=["score"],
-        bools=["verdict"],
-        labels=["role"],
-    )
-    for c in ("relation", "direction"):
-        df[c] = df[c].fillna("").astype(str) if c in df else ""
-    if "n" in df:
-        values, bad = _numbers(df["n"], df.attrs.get("source") != "parquet")
-        if bad is not None or (~np.isnan(values) & ((values < 0) | (values != np.floor(values)))).any():
-            bad = (
-                bad
-                if bad is not None
-                else int(np.argmax(~np.isnan(values) & ((values < 0) | (values != np.floor(values)))))
-            )
-            raise ValueError(
-                f"{Path(path)}:row {bad + 1}: n must be a count (an integer >= 0) or empty; "
-                f"got {_cell(df['n'].iloc[bad])}"
-            )
-        df["n"] = values
-    return df
-
-
-def _check_impact(df: pd.DataFrame, path: Path) -> pd.DataFrame:
-    from headscope.analyses.frames import IMPACT_COLUMNS
-
-    return check_table(
-        df, path, what="a pruning table", columns=IMPACT_COLUMNS, ints_or_missing=["layer", "head"], floats=["value"]
-    )[IMPACT_COLUMNS]
-
-
-def _read_architecture(run_json: Path) -> tuple[int | None, int | None, str | None]:
-    """``(layers, heads, model)`` from a run.json (None where absent); one-line errors."""
-    try:
-        meta = json.loads(run_json.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        raise ValueError(
-            f"{run_json}: not valid JSON ({(str(err).splitlines() or ['nested too deeply'])[0][:120]}); "
-            "fix or remove it (diff then takes the architecture from the tables)"
-        ) from None
-    if not isinstance(meta, dict):  # a malformed file: ValueError like every other one
-        raise ValueError(  # noqa: TRY004
-            f"{run_json}: must hold a JSON object; got a {type(meta).__name__}"
-        )
-    arch = meta.get("architecture") or {}
-    if not isinstance(arch, dict):
-        raise ValueError(  # noqa: TRY004
-            f"{run_json}: 'architecture' must be an object with 'layers' and 'heads'; got {json.dumps(arch)[:60]}"
-        )
-    for key in ("layers", "heads"):
-        v = arch.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_INDEX + 1):
-            raise ValueError(
-                f"{run_json}: architecture.{key} must be an integer in [1, {MAX_INDEX + 1}]; got {json.dumps(v)[:60]}"
-            )
-    model = meta.get("model")
-    return arch.get("layers"), arch.get("heads"), None if model is None else str(model)
-
-
-def read_run(path) -> Run:
-    """Read the role and impact frames and the architecture of a run folder.
-
-    A headscope roles, report or prune output is read by
-    :func:`~headscope.reports.runs.load_run`; a folder without a manifest (tables written
-    by hand) is read from its table files at the top and under ``tables/``. The ``roles``
-    table (not a prune folder's: that one is its role ablation) is checked by
-    :func:`check_roles_table`; every other table holding
-    IMPACT_COLUMNS is a pruning table, checked row by row."""
-    from headscope.analyses.frames import IMPACT_COLUMNS
-    from headscope.probes.outputs.folder import output_kind_of
-    from headscope.reports.runs import TABLE_DIRS, load_run, read_tables, table_files
-
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such run folder (pass a report, roles or prune output folder)")
-    kind = output_kind_of(folder)
-    if kind is not None:
-        run = load_run(folder)
-        paths = table_files(folder / TABLE_DIRS[kind])
-        frames = run.tables
-    else:
-        paths = table_files(folder, folder / "tables")
-        frames = read_tables(paths)
-    roles, impacts = None, []
-    for stem, df in frames.items():
-        if stem == "roles" and kind != "prune":  # a pruning study's "roles" is its role ablation, not verdicts
-            roles = check_roles_table(df, paths[stem])
-        elif set(IMPACT_COLUMNS) <= set(df.columns):
-            impacts.append(_check_impact(df, paths[stem]))
-    impact = pd.concat(impacts, ignore_index=True) if impacts else None
-    if roles is None and impact is None:
-        raise ValueError(
-            f"{folder}: no roles table (roles.parquet / roles.csv) and no pruning table found; "
-            "pass a folder written by headscope report, roles or prune"
-        )
-    n_layers = n_heads = None
-    model = None
-    run_json = folder / "run.json"
-    if run_json.is_file():
-        n_layers, n_heads, model = _read_architecture(run_json)
-    if n_layers is None or n_heads is None:
-        frames = [f for f in (roles, impact) if f is not None]
-        both = pd.concat([f[["layer", "head"]].dropna() for f in frames], ignore_index=True)
-        if both.empty:
-            raise ValueError(
-                f"{folder}: its tables hold no row with a layer and head, and there is no run.json "
-                "giving the architecture; pass the folder of a completed run"
-            )
-        n_layers, n_heads = int(both["layer"].max()) + 1, int(both["head"].max()) + 1
-    else:
-        for f in (roles, impact):
-            if f is not None and ((f["layer"] >= n_layers) | (f["head"] >= n_heads)).any():
-                r = f[(f["layer"] >= n_layers) | (f["head"] >= n_heads)].iloc[0]
-                raise ValueError(
-                    f"{folder}: a table holds L{int(r['layer'])}H{int(r['head'])}, outside the {n_layers} "
-                    f"× {n_heads} heads of {run_json}; the tables and run.json come from different runs"
-                )
-    return Run(path=folder, roles=roles, impact=impact, n_layers=int(n_layers), n_heads=int(n_heads), model=model)
 
 
 def role_changes(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
@@ -621,7 +338,8 @@ def write_diff(run_a: Run, run_b: Run, frames: dict[str, pd.DataFrame], out_dir,
     """Write tables/*.csv|parquet, figures/role_score_deltas.png and diff.json into
     ``out_dir`` (atomically, folder swapped in when complete)."""
     from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
-    from headscope.probes.outputs.folder import claim_output, manifest_header
+    from headscope.probes.outputs.folder import claim_output
+    from headscope.probes.outputs.kinds import manifest_header
     from headscope.reports import figures as F
 
     out = Path(out_dir)

@@ -85,7 +85,7 @@ def register(sub) -> None:
 def _read_roles(path):
     """The ``--roles`` frame, checked (a file that is not a roles table fails here, naming
     itself, before the model loads)."""
-    from headscope.reports.diff import read_roles_table
+    from headscope.reports.table_checks import read_roles_table
 
     return read_roles_table(path)
 
