@@ -1,10 +1,13 @@
 """``build_report``: run the analyses on a model and write the report folder.
 
-The one place in ``reports/`` that calls the analyses (model card, head roles, pruning
-study, patching on each role's task: :data:`ROLE_TASKS`); everything after :func:`run_analyses` works on frames only
-(:func:`write_report`). ``<out>`` is claimed before the analyses run (refused at once
-when it is a file, holds anything but an earlier report, or another run is writing it),
-the folder is written into ``<out>.tmp-<pid>`` and swapped in whole once complete
+The run itself (the model card and load, head roles, pruning study, patching on each role's
+task) is :mod:`headscope.analyses.run`: :class:`~headscope.analyses.run.RunConfig` says
+what it does, :func:`~headscope.analyses.run.run_analyses` returns its frames. This module
+plans the run's memory before the model loads (:mod:`headscope.reports.budget`), calls it,
+and writes the folder from the frames (:func:`write_report`: no model needed). ``<out>`` is
+claimed before the analyses run (refused at once when it is a file, holds anything but an
+earlier report, or another run is writing it), the folder is written into
+``<out>.tmp-<pid>`` and swapped in whole once complete
 (:mod:`headscope.probes.outputs.folder`), so a crash never leaves a half report that
 looks complete, nor no report at all.
 
@@ -18,31 +21,27 @@ Folder layout::
 
 Example (runs the analyses)::
 
-    result = build_report("minilm-l6", out_dir="runs/report-minilm-l6")
+    result = build_report("minilm-l6", RunConfig(seed=1), out_dir="runs/report-minilm-l6")
     result.paths["html"], result.summary["roles"]["positional:previous"]["top"][0]
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
-import logging
 import os
 import time
-import warnings
-from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_STUDIES  # noqa: F401 - QUICK_STUDIES kept for callers
+from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_STUDIES  # noqa: F401 - kept for callers
+from headscope.analyses.run import RunConfig, open_model, run_analyses, timed
+from headscope.analyses.run_frames import SKIPPED_COLUMNS, skipped_frame  # noqa: F401 - kept for callers
+from headscope.analyses.run_json import model_record, run_json, versions
+from headscope.analyses.run_patching import CAUSAL_METHOD
 from headscope.probes.budget import peak_rss_bytes
 from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
 from headscope.probes.outputs.folder import claim_output
-from headscope.probes.outputs.kinds import manifest_header
 from headscope.probes.outputs.swap import recover as recover_out  # noqa: F401 - kept for callers of the old name
 from headscope.reports import figures as F
 from headscope.reports.html import render_html
@@ -50,19 +49,6 @@ from headscope.reports.markdown import render_markdown
 from headscope.reports.sections import build_document
 from headscope.reports.sections.pruning import curves_frame
 from headscope.reports.sections.role_detail import top_heads
-
-log = logging.getLogger(__name__)
-
-SKIPPED_COLUMNS = ["analysis", "reason", "count"]
-VERSION_PACKAGES = {
-    "torch": "torch",
-    "transformers": "transformers",
-    "transformer_lens": "transformer-lens",
-    "headscope": "headscope",
-    "numpy": "numpy",
-    "pandas": "pandas",
-    "matplotlib": "matplotlib",
-}
 
 
 @dataclass
@@ -77,580 +63,54 @@ class ReportResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def versions() -> dict[str, str | None]:
-    out = {}
-    for key, dist in VERSION_PACKAGES.items():
-        try:
-            out[key] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[key] = None
-    return out
-
-
-@contextmanager
-def _timed(timings: dict, stage: str, progress):
-    if progress:
-        progress(stage, 0, None)  # length unknown until the stage reports it
-    t0 = time.perf_counter()
-    yield
-    timings[stage] = round(time.perf_counter() - t0, 3)
-    if progress:
-        progress(stage, 1, 1)
-
-
-# ----------------------------------------------------------------- adapters: analyses -> frames
-def skipped_frame(skipped) -> pd.DataFrame:
-    """Skipped counts as a tidy frame (analysis, reason, count) from a ``Counter`` of
-    reasons, a dict ``{analysis: Counter}``, or ``{(analysis, reason): n}``.
-
-    >>> skipped_frame({"syntactic": Counter({"too long": 2}), "coref": Counter()}).to_dict("records")
-    [{'analysis': 'syntactic', 'reason': 'too long', 'count': 2}]
-    """
-    rows = []
-    if isinstance(skipped, pd.DataFrame):
-        return skipped.reindex(columns=SKIPPED_COLUMNS)
-    for key, val in (skipped or {}).items():
-        if isinstance(val, (dict, Counter)):
-            rows += [(str(key), str(r), int(n)) for r, n in val.items() if n]
-        elif isinstance(key, tuple) and len(key) == 2:
-            rows.append((str(key[0]), str(key[1]), int(val)))
-        elif val:
-            rows.append(("all", str(key), int(val)))
-    df = pd.DataFrame(rows, columns=SKIPPED_COLUMNS)
-    return df.sort_values(["analysis", "reason"], kind="stable").reset_index(drop=True)
-
-
-def _as_array(x):
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=float)
-
-
-WORD_MASS_MIN = 0.5  # below this mean word-level row mass, an example is drawn at token level
-
-
-def _mean_row_mass(pat) -> float:
-    a = _as_array(pat)
-    return float(a.sum(axis=-1).mean()) if a.ndim == 2 and a.size else 0.0
-
-
-def examples_frame(examples) -> pd.DataFrame:
-    """Example attention maps as EXAMPLE_COLUMNS rows.
-
-    Accepts a frame with those columns, or :attr:`RolesResult.examples`: a mapping
-    ``{example key: record}`` where a record carries ``layer``, ``head``, ``words``, a
-    word-level ``word_pattern`` (or ``pattern``) [query word][key word], and optionally
-    ``role``, ``relation``, ``direction``, ``sentence``, ``marks`` (gold (query, key)
-    word pairs), ``tokens`` and ``token_pattern``. The token-level pattern is drawn instead
-    when the record has no words or when its word-level rows hold less than
-    :data:`WORD_MASS_MIN` of the attention on average (a head looking at [CLS]/[SEP]/BOS,
-    which belong to no word). Records whose pattern does not match the words are left out.
-    """
-    if examples is None:
-        return pd.DataFrame(columns=F.EXAMPLE_COLUMNS)
-    if isinstance(examples, pd.DataFrame):
-        missing = [c for c in F.EXAMPLE_COLUMNS if c not in examples]
-        if missing:
-            raise ValueError(f"examples frame lacks columns {missing}; expected {F.EXAMPLE_COLUMNS}")
-        return examples[F.EXAMPLE_COLUMNS].reset_index(drop=True)
-    if not isinstance(examples, dict):
-        raise TypeError(f"examples must be a DataFrame or a dict of records; got {type(examples).__name__}")
-    rows = []
-    for key, r in examples.items():
-        if not isinstance(r, dict) or "layer" not in r or "head" not in r:
-            continue
-        level, pat, words = "word", r.get("word_pattern", r.get("pattern")), list(r.get("words") or [])
-        has_tokens = r.get("token_pattern") is not None and bool(r.get("tokens"))
-        # token level where there are no words (induction sequences) or where the word-level map would hide
-        # where the head looks: most of its attention on special tokens, which belong to no word
-        if has_tokens and (pat is None or not len(words) or _mean_row_mass(pat) < WORD_MASS_MIN):
-            level, pat, words = "token", r["token_pattern"], list(r["tokens"])
-        if pat is None:
-            continue
-        pat = _as_array(pat)
-        words = [str(w) for w in words]
-        if pat.ndim != 2 or pat.shape != (len(words), len(words)):
-            log.warning(
-                "example %r: pattern shape %s does not match %d %ss; left out", key, pat.shape, len(words), level
-            )
-            continue
-        gold = {(int(m[0]), int(m[1])) for m in (r.get("marks") or []) if len(m) == 2} if level == "word" else set()
-        sentence = str(r.get("sentence") or r.get("text") or " ".join(words))
-        role = str(r.get("role") or str(key).split(":")[0])
-        for i in range(pat.shape[0]):
-            for j in range(pat.shape[1]):
-                rows.append(
-                    (
-                        str(key),
-                        role,
-                        str(r.get("relation") or ""),
-                        str(r.get("direction") or ""),
-                        int(r["layer"]),
-                        int(r["head"]),
-                        level,
-                        sentence,
-                        i,
-                        j,
-                        words[i],
-                        words[j],
-                        float(pat[i, j]),
-                        (i, j) in gold,
-                    )
-                )
-    return pd.DataFrame(rows, columns=F.EXAMPLE_COLUMNS)
-
-
-def prune_frames(tables) -> dict[str, pd.DataFrame]:
-    """A pruning study's :class:`~headscope.analyses.pruning.study.PruneTables` -> the
-    report's tables: ``prune_<file name>`` for each study table (baseline, ablation,
-    all_but_one, importance, curves, curve_summary, prunable) and ``roles_vs_importance``
-    for the role ablation."""
-    from headscope.analyses.pruning.study import TABLE_FILES
-
-    out = {}
-    for field_name, file_name in TABLE_FILES.items():
-        df = getattr(tables, field_name)
-        if df is None:
-            continue
-        name = "roles_vs_importance" if field_name == "role_ablation" else f"prune_{file_name}"
-        out[name] = df.reset_index(drop=True)
-    return out
-
-
-# ----------------------------------------------------------------- stages that call the analyses
-def _run_card(model_name: str):
-    from headscope.probes.models.card import model_card, render_card
-
-    card = model_card(model_name)
-    return card, render_card(card)
-
-
-def _card_of_model(model):
-    from headscope.probes.models.card import card_from_hf_config, render_card
-    from headscope.probes.models.loading import hf_config_of
-
-    cfg = hf_config_of(model)
-    if cfg is None:
-        raise ValueError(f"{model.spec.name!r}: no HF configuration to make the model card from")
-    card = card_from_hf_config(cfg, name=model.spec.name)
-    return card, render_card(card)
-
-
-def _load(model_name, backend: str, trust_remote_code: bool = False, *, dtype="fp32", device=None, device_map=None):
-    from headscope.probes.models.loading import load_model
-
-    return load_model(
-        model_name, backend, dtype=dtype, device=device, device_map=device_map, trust_remote_code=trust_remote_code
-    )
-
-
-def _model_hash(model_name: str) -> dict:
-    from headscope.probes.models.checkpoints import file_sha256, resolve
-
-    f = resolve(model_name).file_for_hash
-    return {"path": str(f) if f else None, "name": f.name if f else None, "sha256": file_sha256(f) if f else None}
-
-
-def _run_roles(model, *, seed: int, roles_config, progress, role_groups=None, role_inputs=None):
-    from headscope.analyses.roles.config import RolesConfig
-    from headscope.analyses.roles.pipeline import head_roles
-
-    cfg = roles_config or RolesConfig(seed=seed)
-    return head_roles(
-        model, cfg=cfg, progress=progress, roles=role_groups, **(role_inputs or {})
-    ), cfg  # progress(stage, done, total), stages text/syntactic/...
-
-
-def _prune_config(*, full: bool, seed: int, prune_config):
-    from headscope.analyses.pruning.study import PruneConfig
-
-    if prune_config is not None:
-        return prune_config
-    # the quick report leaves out mean ablation (an extra corpus pass and H more evaluations)
-    # and all-but-one (H more evaluations); --full runs every study, both ablation modes, on all items
-    if full:
-        return PruneConfig(seed=seed)
-    return PruneConfig(**QUICK_PRUNING, seed=seed)  # the quick stage, defined once (analyses.quick_settings)
-
-
-def pruning_blocker(model, prune_config) -> str | None:
-    """Why the pruning stage cannot run on ``model`` (its backend has no head hooks, or the
-    metric reads another kind of model), or None — checked before the first stage runs."""
-    from headscope.analyses.pruning.ablation import check_head_hooks
-    from headscope.analyses.pruning.metrics import METRICS, check_kind, default_metric
-    from headscope.probes.errors import ModelIncompatibleError
-
-    metric = prune_config.metric or default_metric(model.spec)
-    try:
-        check_head_hooks(model)
-        check_kind(metric, METRICS[metric], model.spec)
-    except (ModelIncompatibleError, ValueError) as e:
-        return str(e)
-    return None
-
-
-def _run_pruning(model, prune_config, *, roles: pd.DataFrame | None, progress=None):
-    """The pruning study in memory (the report folder is the output), with the roles
-    frame so that it ablates each role's top heads against random ones."""
-    from headscope.analyses.pruning.study import pruning_study
-
-    return pruning_study(model, prune_config, None, roles=roles, progress=progress)
-
-
-# ----------------------------------------------------------------- patching: causal evidence per role
-#: The patching task that tests each role, by task name (looked up in
-#: :data:`~headscope.analyses.patching.tasks.TASKS` at run time: a task not registered
-#: leaves its roles "without a task"). Keys are role names of the roles frame, or
-#: ``"role:relation"`` for one relation of a role (a role ``a:b`` falls back to ``a``):
-#:
-#: * ``induction`` -> ``induction`` (repeated random tokens: the log-prob of the token the
-#:   induction rule predicts);
-#: * ``coreference`` (``coreference:winograd``/``:gender``/``:number``) -> ``coreference``
-#:   (the two candidates of Winograd-style pairs);
-#: * ``syntactic:nsubj`` (subject <-> verb) -> ``agreement`` (subject-verb number agreement);
-#: * ``previous-token``, ``positional:previous``, ``duplicate-token`` -> ``duplicate_token``.
-ROLE_TASKS: dict[str, str] = {
-    "induction": "induction",
-    "coreference": "coreference",
-    "syntactic:nsubj": "agreement",
-    "previous-token": "duplicate_token",
-    "positional:previous": "duplicate_token",
-    "duplicate-token": "duplicate_token",
-}
-#: the patching method the report ranks heads by (the other, attribution, is compared with it)
-CAUSAL_METHOD = "activation_denoising"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CausalConfig:
-    """The report's patching stage: activation (denoising) and attribution patching of every
-    head on each role's task (:data:`ROLE_TASKS`).
-
-    ``unit``: ``"head"`` or ``"kv_group"`` (the query heads sharing a KV head patched
-    together, each given the group's effect); None: ``"kv_group"`` in quick mode on a model
-    with GQA groups (a third of the forwards on SmolLM2), ``"head"`` otherwise and in full mode.
-    ``n_items``: items per task; None: quick mode takes ``row_budget // (units × tasks)``
-    items per task, clipped to ``[min_items, max_items]`` (activation patching runs one
-    sequence per unit and item, so the budget bounds the stage's cost on any model), full
-    mode ``max_items``. ``batch_size``, ``n_boot``, ``n_perm``, ``alpha``, ``seed``: as
-    :class:`~headscope.analyses.patching.activation.PatchConfig`; ``top_k``: the heads
-    compared (largest effects, and the role's best by attention score)."""
-
-    unit: str | None = None
-    n_items: int | None = None
-    row_budget: int = 1500
-    min_items: int = 4
-    max_items: int = 64
-    batch_size: int = 16
-    max_rows: int = 144  # sequences per forward (PatchConfig's default); lowered only to fit in memory
-    top_k: int = 10
-    n_boot: int = 500
-    n_perm: int = 2000
-    alpha: float = 0.05
-    seed: int = 0
-
-    def __post_init__(self):
-        for k in ("row_budget", "min_items", "max_items", "batch_size", "max_rows", "top_k"):
-            v = getattr(self, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"The {k!r} parameter of CausalConfig must be a positive int; got {v!r}.")
-        if self.n_items is not None and (
-            isinstance(self.n_items, bool) or not isinstance(self.n_items, int) or self.n_items < 2
-        ):
-            raise ValueError(
-                f"The 'n_items' parameter of CausalConfig must be None or an int >= 2; got {self.n_items!r}."
-            )
-        if self.unit not in (None, "head", "kv_group"):
-            raise ValueError(
-                f"The 'unit' parameter of CausalConfig must be None, 'head' or 'kv_group'; got {self.unit!r}."
-            )
-        if self.min_items > self.max_items:
-            raise ValueError(f"min_items must be <= max_items; got {self.min_items} and {self.max_items}")
-
-    def unit_for(self, spec, *, full: bool) -> str:
-        """The patching unit on a model of ``spec`` (see the class docstring)."""
-        if self.unit is not None:
-            return self.unit
-        gqa = 0 < int(getattr(spec, "n_kv_heads", 0) or 0) < spec.n_heads
-        return "kv_group" if gqa and not full else "head"
-
-    def items_per_task(self, *, n_heads: int, n_tasks: int, full: bool) -> int:
-        """Items per task (see the class docstring).
-
-        >>> CausalConfig().items_per_task(n_heads=90, n_tasks=4, full=False)
-        4
-        >>> CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=False), CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=True)
-        (5, 64)
-        """
-        if self.n_items is not None:
-            return self.n_items
-        if full:
-            return self.max_items
-        return int(min(self.max_items, max(self.min_items, self.row_budget // max(1, n_heads * n_tasks))))
-
-
-def task_for_role(role: str, relation: str = "") -> str | None:
-    """The registered patching task of ``role`` (and ``relation``), or None (:data:`ROLE_TASKS`).
-
-    >>> task_for_role("syntactic", "nsubj"), task_for_role("syntactic", "det"), task_for_role("coreference:gender")
-    ('agreement', None, 'coreference')
-    """
-    from headscope.analyses.patching.tasks import TASKS
-
-    keys = [f"{role}:{relation}"] if relation else []
-    keys += [role, str(role).split(":")[0]]
-    for key in keys:
-        if key in ROLE_TASKS:
-            return ROLE_TASKS[key] if ROLE_TASKS[key] in TASKS else None
-    return None
-
-
-def causal_roles(roles: pd.DataFrame | None) -> pd.DataFrame:
-    """The roles of a roles frame with a patching task: columns ``label`` (``role`` or
-    ``role:relation``), ``role``, ``relation`` ("" for the whole role), ``task``; one row per
-    label, in the frame's role order."""
-    rows = []
-    if roles is not None and not roles.empty:
-        rel = roles["relation"].astype(str) if "relation" in roles else pd.Series("", index=roles.index)
-        pairs = pd.DataFrame({"role": roles["role"].astype(str), "relation": rel}).drop_duplicates()
-        for r in pairs.itertuples(index=False):
-            whole = task_for_role(r.role)
-            if whole is not None:
-                rows.append((r.role, r.role, "", whole))
-            elif r.relation and (t := task_for_role(r.role, r.relation)) is not None:
-                rows.append((f"{r.role}:{r.relation}", r.role, r.relation, t))
-    return pd.DataFrame(rows, columns=["label", "role", "relation", "task"]).drop_duplicates("label")
-
-
-def patching_blocker(model) -> str | None:
-    """Why the patching stage cannot run on ``model`` at all (no head hooks on its backend,
-    or every role's task refused), or None — checked before the roles stage spends time."""
-    from headscope.analyses.patching.tasks import TASKS, load_task
-    from headscope.analyses.pruning.ablation import check_head_hooks
-    from headscope.probes.errors import HeadscopeError
-
-    try:
-        check_head_hooks(model)
-    except (HeadscopeError, ValueError) as e:
-        return str(e)
-    names = [t for t in dict.fromkeys(ROLE_TASKS.values()) if t in TASKS]
-    if not names:
-        return "no role task is registered (analyses.patching.tasks.TASKS)"
-    why = {}
-    for t in names:
-        try:
-            with warnings.catch_warnings():  # unusable items: the stage records them
-                warnings.simplefilter("ignore")
-                load_task(model, t, n_items=2)
-        except (HeadscopeError, ValueError) as e:
-            why[t] = str(e)
-    if len(why) == len(names):
-        return "; ".join(dict.fromkeys(why.values()))
-    return None
-
-
-def _run_patching(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool):
-    """Activation (denoising) + attribution patching on the task of each role of ``roles``
-    that has one -> ``(frame, summary)``: the frame is ``task`` + the patching frame's columns
-    (:data:`~headscope.analyses.patching.frames.PATCH_COLUMNS`, ``p_raw``, ``unit``) of every
-    task; the summary holds ``roles`` (:func:`causal_roles` records), ``tasks`` (each task's
-    ``patching_study`` summary + ``warnings``), ``refused`` (task -> reason), ``n_items``,
-    ``unit``, ``method``, ``top_k``, ``seconds``. A task the model refuses is recorded in
-    ``refused``, never raised."""
-    from headscope.analyses.patching.activation import PatchConfig
-    from headscope.analyses.patching.frames import PATCH_COLUMNS
-    from headscope.analyses.patching.study import StudyConfig, patching_study
-    from headscope.analyses.patching.tasks import load_task
-    from headscope.probes.errors import HeadscopeError
-
-    todo = causal_roles(roles)
-    tasks = list(dict.fromkeys(todo["task"]))
-    unit = cfg.unit_for(model.spec, full=full)
-    per_layer = len(model.spec.kv_groups()) if unit == "kv_group" else model.spec.n_heads
-    n_items = cfg.items_per_task(n_heads=model.spec.n_layers * per_layer, n_tasks=max(1, len(tasks)), full=full)
-    study = StudyConfig(
-        methods=("activation", "attribution"),
-        patch=PatchConfig(
-            directions=("denoising",),
-            unit=unit,
-            batch_size=cfg.batch_size,
-            max_rows=cfg.max_rows,
-            alpha=cfg.alpha,
-            n_boot=cfg.n_boot,
-            n_perm=cfg.n_perm,
-            seed=cfg.seed,
-        ),
-        top_k=cfg.top_k,
-    )
-    frames, summaries, refused, seconds = [], {}, {}, {}
-    for t in tasks:
-        t0 = time.perf_counter()
-        try:
-            with warnings.catch_warnings(record=True) as caught:  # unusable items, a task without a gap
-                warnings.simplefilter("always")
-                task = load_task(model, t, n_items=n_items, seed=cfg.seed)
-                res = patching_study(model, task, study)
-        except (HeadscopeError, ValueError) as e:
-            refused[t] = str(e)
-            log.warning("patching task %s refused: %s", t, e)
-            continue
-        seconds[t] = round(time.perf_counter() - t0, 3)
-        f = res.frame.copy()
-        f.insert(0, "task", t)
-        frames.append(f)
-        summaries[t] = {**res.summary, "warnings": sorted({str(w.message) for w in caught})}
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["task", *PATCH_COLUMNS])
-    for c in ("task", "method"):
-        frame[c] = frame[c].astype(str)
-    summary = {
-        "roles": todo.to_dict("records"),
-        "tasks": summaries,
-        "refused": refused,
-        "n_items": n_items,
-        "unit": unit,
-        "method": CAUSAL_METHOD,
-        "top_k": cfg.top_k,
-        "seconds": seconds,
-    }
-    return frame, summary
-
-
-def run_analyses(
-    model_name: str = "minilm-l6",
-    *,
-    backend: str = "auto",
-    full: bool = False,
-    seed: int = 0,
-    progress=None,
-    roles_config=None,
-    prune_config=None,
-    role_groups=None,
-    role_inputs=None,
-    trust_remote_code: bool = False,
-    dtype: str = "fp32",
-    device=None,
-    device_map: str | None = None,
-    patching: bool = True,
-    causal_config: CausalConfig | None = None,
-    notice=None,
-):
-    """Run card, roles, pruning and patching; return ``(frames, card, card_text, meta)``.
-    Before the model loads, the run's peak memory is estimated and its batch sizes fitted to
-    what is available (:mod:`headscope.reports.budget`; ``MemoryBudgetError`` when nothing
-    fits); ``notice(line)``, when given, receives the estimate and, once the first batch of
-    the role analyses is timed, the estimated time; ``meta["memory"]`` records both with the peak.
-    ``patching``: run the patching stage (:data:`ROLE_TASKS`, :class:`CausalConfig`; default
-    ``CausalConfig(seed=seed)``); its frame is ``frames["patching"]``, its summary
-    ``meta["patching_summary"]``.
-    ``dtype``/``device``/``device_map``: see :func:`~headscope.probes.models.loading.load_model`.
-    ``role_groups``: a subset of :data:`headscope.analyses.roles.pipeline.ROLE_GROUPS` (default all);
-    ``role_inputs``: ``text``/``conllu``/``coref`` for :func:`~headscope.analyses.roles.pipeline.head_roles`
-    (default: the shipped corpora)."""
-    from headscope.analyses.roles.config import RolesConfig
+# ----------------------------------------------------------------- the run
+def report_run(model, config: RunConfig, *, progress=None, notice=None):
+    """Plan the run's memory, open the model and run the analyses; return ``(frames, card,
+    card_text, meta)``. Before the model loads, the run's peak memory is estimated and its
+    batch sizes fitted to what is available (:mod:`headscope.reports.budget`;
+    ``MemoryBudgetError`` when nothing fits); ``notice(line)``, when given, receives the
+    estimate and, once the first batch of the role analyses is timed, the estimated time;
+    ``meta["memory"]`` records both with the peak. ``meta`` holds what run.json and the
+    report's sections read (the model's record, the settings run, timings, summaries)."""
     from headscope.reports import budget as memory
 
-    timings: dict[str, float] = {}
-    pcfg = _prune_config(full=full, seed=seed, prune_config=prune_config)
-    ccfg = causal_config or CausalConfig(seed=seed)
-    budget, roles_config, pcfg, ccfg = memory.report_start(
-        model_name,
-        dtype=dtype,
-        device=device,
-        rcfg=roles_config or RolesConfig(seed=seed),
-        pcfg=pcfg,
-        ccfg=ccfg,
-        groups=role_groups,
-        role_inputs=role_inputs,
-        patching=patching,
+    config = config.resolved()
+    budget, rcfg, pcfg, ccfg = memory.report_start(
+        model,
+        dtype=config.dtype,
+        device=config.device,
+        rcfg=config.roles(),
+        pcfg=config.pruning(),
+        ccfg=config.causal(),
+        groups=config.role_groups,
+        role_inputs=config.role_inputs,
+        patching=config.patching,
         notice=notice,
     )
-    if isinstance(model_name, (str, os.PathLike)):
-        with _timed(timings, "card", progress):
-            card, card_text = _run_card(model_name)
-            model_file = _model_hash(model_name)
-        with _timed(timings, "load", progress):
-            model = _load(model_name, backend, trust_remote_code, dtype=dtype, device=device, device_map=device_map)
-    else:  # a model a notebook holds: load_model's result, or what it takes (a TransformerBridge)
-        model = _load(
-            model_name,
-            None if backend == "auto" else backend,
-            trust_remote_code,
-            dtype=dtype,
-            device=device,
-            device_map=device_map,
-        )
-        card, card_text = _card_of_model(model)
-        model_file = {"path": None, "name": None, "sha256": None}
-        model_name = model.spec.name
-    absent = {}  # stage -> why it cannot run, known before the first stage spends any time
-    if (why := pruning_blocker(model, pcfg)) is not None:
-        absent["pruning"] = why
-        log.warning("pruning will not run: %s", why)
-    if not patching:
-        absent["patching"] = "turned off (--no-patching)"
-    elif (why := patching_blocker(model)) is not None:
-        absent["patching"] = why
-        log.warning("patching will not run: %s", why)
-    with _timed(timings, "roles", None):
-        rr, rcfg = _run_roles(
-            model,
-            seed=seed,
-            roles_config=roles_config,
-            progress=memory.report_timer(progress, budget, role_groups, roles_config, role_inputs, notice),
-            role_groups=role_groups,
-            role_inputs=role_inputs,
-        )
-    frames: dict[str, pd.DataFrame] = {
-        "roles": rr.frame.reset_index(drop=True),
-        "stats": rr.stats.reset_index(drop=True),
-        "examples": examples_frame(rr.examples),
-        "clusters": rr.clusters.reset_index(drop=True),
-        "coref_pairs": rr.coref_pairs.reset_index(drop=True),
-    }
-    pr = None
-    if "pruning" not in absent:
-        with _timed(timings, "pruning", None):  # pruning_study reports its own parts
-            pr = _run_pruning(model, pcfg, roles=frames["roles"], progress=progress)
-        frames.update(prune_frames(pr.tables))
-    patch_summary = {}
-    if "patching" not in absent:
-        with _timed(timings, "patching", progress):
-            frames["patching"], patch_summary = _run_patching(model, frames["roles"], ccfg, full=full)
-    frames["skipped"] = skipped_frame(rr.skipped)
-    for k, v in rr.timings.items():
-        timings[f"roles.{k}"] = round(float(v), 3)
+    config = config.resolved(roles=rcfg, pruning=pcfg, causal=ccfg)
+    opened = open_model(model, config, progress=progress)
+    timer = memory.report_timer(progress, budget, config.role_groups, rcfg, config.role_inputs, notice)
+    run = run_analyses(opened.model, config, progress=progress, roles_progress=timer)
     meta = {
-        "model": card.get("name", model_name),
-        "model_arg": model_name,
-        "backend": model.backend,
-        "backend_choice": getattr(model, "backend_choice", model.backend),
-        **_placement(model),
-        "full": full,
-        "seed": seed,
-        "model_file": model_file,
-        "sha256": model_file["sha256"],
+        **model_record(opened.model),
+        "model": opened.card.get("name", opened.name),
+        "model_arg": opened.name,
+        "trust_remote_code": opened.model.trust_remote_code,
+        "full": config.full,
+        "seed": config.seed,
+        "model_file": opened.model_file,
+        "sha256": opened.model_file["sha256"],
         "versions": versions(),
-        "timings": timings,
-        "trust_remote_code": model.trust_remote_code,
-        "n_items": dict(rr.n_items),
-        "config": {"roles": _cfg_dict(rcfg), "pruning": _cfg_dict(pcfg), "patching": _cfg_dict(ccfg)},
-        "prune_metric": pr.summary["metric"] if pr else None,
-        "prune_summary": pr.summary if pr else {},
-        "patching_summary": patch_summary,
-        "absent": absent,
+        "timings": {**opened.timings, **run.timings},
+        "n_items": run.n_items,
+        "config": config.settings(),
+        "prune_metric": run.prune_metric,
+        "prune_summary": run.prune_summary,
+        "patching_summary": run.patching_summary,
+        "absent": run.absent,
         "memory": memory.finish(budget, notice),
     }
-    return frames, card, card_text, meta
-
-
-def _placement(model) -> dict:
-    from headscope.probes.models.backend import placement
-
-    return placement(model)
-
-
-def _cfg_dict(cfg) -> dict:
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+    return run.frames, opened.card, opened.card_text, meta
 
 
 # ----------------------------------------------------------------- summary and writing
@@ -744,7 +204,7 @@ def write_report(
     out = Path(out_dir)
     timings = meta.setdefault("timings", {})
     with claim_output(out, "report") as folder:
-        with _timed(timings, "figures", progress):
+        with timed(timings, "figures", progress):
             doc = build_document(frames, card=card, card_text=card_text, meta=meta)
         with folder.staging() as tmp:
             if progress:
@@ -760,7 +220,7 @@ def write_report(
             with atomic_write(tmp / "report.html") as f:
                 f.write(render_html(doc))
             timings["write"] = round(time.perf_counter() - t0, 3)  # run.json, written last, records it
-            write_json(_run_json(frames, card, meta), tmp / "run.json")
+            write_json(_report_json(frames, card, meta), tmp / "run.json")
             if progress:
                 progress("write", 1, 1)
     return {
@@ -779,74 +239,59 @@ def _write_tables(frames: dict[str, pd.DataFrame], folder: Path) -> None:
             write_frame(df, folder / name)
 
 
-def _run_json(frames, card, meta) -> dict:
+def _report_json(frames, card, meta) -> dict:
+    """The report's run.json (:func:`~headscope.analyses.run_json.run_json`) from its frames,
+    card and meta."""
     sk = frames.get("skipped")
     skipped = {}
     if sk is not None and not sk.empty:
         for r in sk.itertuples(index=False):
             skipped.setdefault(r.analysis, {})[r.reason] = int(r.count)
-    return {
-        **manifest_header("report"),
-        "model": meta.get("model"),
-        "model_arg": meta.get("model_arg"),
-        "backend": meta.get("backend"),
-        "backend_choice": meta.get("backend_choice"),
-        "device": meta.get("device"),
-        "dtype": meta.get("dtype"),
-        "absent": meta.get("absent") or {},
-        "full": bool(meta.get("full")),
-        "seed": meta.get("seed"),
-        "config": meta.get("config", {}),
-        "versions": meta.get("versions") or versions(),
-        "model_file": meta.get("model_file", {}),
-        "timings": meta.get("timings", {}),
-        "skipped": skipped,
-        "n_items": meta.get("n_items", {}),
-        "architecture": {"layers": card.get("layers"), "heads": card.get("heads"), "kv_heads": card.get("kv_heads")},
-        "pruning_summary": meta.get("prune_summary", {}),
-        "patching_summary": meta.get("patching_summary", {}),
-        "card": card,
-        "tables": sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
-        "trust_remote_code": bool(meta.get("trust_remote_code")),
-        "memory": {**meta["memory"], "peak_rss_bytes": peak_rss_bytes()} if meta.get("memory") else None,
-    }
+    return run_json(
+        "report",
+        meta,
+        model_arg=meta.get("model_arg"),
+        absent=meta.get("absent") or {},
+        full=bool(meta.get("full")),
+        seed=meta.get("seed"),
+        config=meta.get("config", {}),
+        versions=meta.get("versions") or versions(),
+        model_file=meta.get("model_file", {}),
+        timings=meta.get("timings", {}),
+        skipped=skipped,
+        n_items=meta.get("n_items", {}),
+        architecture={"layers": card.get("layers"), "heads": card.get("heads"), "kv_heads": card.get("kv_heads")},
+        pruning_summary=meta.get("prune_summary", {}),
+        patching_summary=meta.get("patching_summary", {}),
+        card=card,
+        tables=sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
+        memory={**meta["memory"], "peak_rss_bytes": peak_rss_bytes()} if meta.get("memory") else None,
+    )
 
 
 def build_report(
-    model_name: str = "minilm-l6",
+    model_name="minilm-l6",
+    config: RunConfig | None = None,
     *,
-    backend: str = "auto",
-    full: bool = False,
     out_dir=None,
-    seed: int = 0,
     quiet: bool = False,
     progress=None,
-    roles_config=None,
-    prune_config=None,
-    role_groups=None,
-    role_inputs=None,
-    trust_remote_code: bool = False,
-    dtype: str = "fp32",
-    device=None,
-    device_map: str | None = None,
-    patching: bool = True,
-    causal_config: CausalConfig | None = None,
     notice=None,
+    **options,
 ) -> ReportResult:
-    """Run the analyses on ``model_name`` and write the report folder ``out_dir``
-    (default ``runs/report-<model>``). ``model_name`` is a shipped name or a path, or a
-    model a notebook holds: what :func:`~headscope.probes.models.loading.load_model`
-    returned, or a transformer-lens ``TransformerBridge`` (its card comes from the model's
-    HF config; ``backend="auto"`` keeps the model's own backend). ``progress(stage, done, total)`` is called on every
-    stage (``quiet=True``: never). ``roles_config`` / ``prune_config`` override the
-    defaults (``RolesConfig(seed=seed)``, ``PruneConfig(**QUICK_PRUNING, seed=seed)``, or ``PruneConfig(seed=seed)`` with ``full``);
-    ``role_groups`` / ``role_inputs`` are passed to the roles pipeline; ``patching`` /
-    ``causal_config``: the patching stage (:func:`run_analyses`). Raises
+    """Run the analyses on ``model_name`` as ``config`` says and write the report folder
+    ``out_dir`` (default ``runs/report-<model>``). ``model_name`` is a shipped name or a path,
+    or a model a notebook holds: what :func:`~headscope.probes.models.loading.load_model`
+    returned, or a transformer-lens ``TransformerBridge`` (:func:`~headscope.analyses.run.open_model`).
+    ``config``: a :class:`~headscope.analyses.run.RunConfig`, or its fields given as keywords
+    (``options``: ``build_report("minilm-l6", seed=1, patching=False)``), not both.
+    ``progress(stage, done, total)`` is called on every stage (``quiet=True``: never);
+    ``notice(line)``: the memory plan and the estimated time (:func:`report_run`). Raises
     ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
-    if backend not in ("auto", "inhouse", "bridge", "hf"):
-        raise ValueError(f"backend must be 'auto', 'inhouse', 'bridge' or 'hf'; got {backend!r}")
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
+    if config is None:
+        config = RunConfig(**options)
+    elif options:
+        raise TypeError(f"build_report takes a RunConfig or its fields as keywords, not both; got {sorted(options)}")
     label = (
         model_name
         if isinstance(model_name, (str, os.PathLike))
@@ -856,24 +301,7 @@ def build_report(
     if quiet:
         progress = None
     with claim_output(out, "report"):  # checked and locked before the analyses run
-        frames, card, card_text, meta = run_analyses(
-            model_name,
-            backend=backend,
-            full=full,
-            seed=seed,
-            progress=progress,
-            roles_config=roles_config,
-            prune_config=prune_config,
-            role_groups=role_groups,
-            role_inputs=role_inputs,
-            trust_remote_code=trust_remote_code,
-            dtype=dtype,
-            device=device,
-            device_map=device_map,
-            patching=patching,
-            causal_config=causal_config,
-            notice=notice,
-        )
+        frames, card, card_text, meta = report_run(model_name, config, progress=progress, notice=notice)
         paths = write_report(frames, card=card, card_text=card_text, meta=meta, out_dir=out, progress=progress)
     summary = run_summary(frames, meta, out)
     return ReportResult(frames=frames, paths=paths, summary=summary, timings=dict(meta["timings"]))

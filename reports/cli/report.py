@@ -45,27 +45,30 @@ def model_name(args) -> str:
 
 
 def run(args) -> int:
+    from headscope.analyses.run import RunConfig
     from headscope.reports.budget import emitter
     from headscope.reports.cli.argtypes import resolve_device
     from headscope.reports.cli.terminal import StageProgress, print_summary
     from headscope.reports.pipeline import build_report
 
     name = model_name(args)
-    device = None if args.device_map else resolve_device(args.device)
+    config = RunConfig(
+        backend=args.backend,
+        full=args.full,
+        seed=args.seed,
+        trust_remote_code=args.trust_remote_code,
+        patching=args.patching,
+        dtype=args.dtype,
+        device=None if args.device_map else resolve_device(args.device),
+        device_map=args.device_map,
+    )
     with StageProgress(quiet=args.quiet or args.json) as progress:
         result = build_report(
             name,
-            backend=args.backend,
-            full=args.full,
+            config,
             out_dir=args.out,
-            seed=args.seed,
             quiet=args.quiet,
             progress=progress,
-            trust_remote_code=args.trust_remote_code,
-            patching=args.patching,
-            dtype=args.dtype,
-            device=device,
-            device_map=args.device_map,
             notice=emitter(args.quiet),  # the memory estimate up front, the estimated time, the peak at the end
         )
     if args.json:

@@ -282,13 +282,12 @@ def test_run_bench_runs_the_paths_of_the_registry():
 
 
 def test_report_and_bench_share_one_quick_pruning_definition():
-    from headscope.analyses import quick_settings
+    from headscope.analyses import quick_settings, run
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.reports import pipeline
 
-    # the report's quick stage is what it was before the settings moved
+    # the report's quick stage (the run's default pruning settings) is what it was before the settings moved
     before = PruneConfig(quick=True, seed=5, ablation_modes=("zero",), studies=("ablation", "importance", "curves"))
-    assert pipeline._prune_config(full=False, seed=5, prune_config=None) == before
+    assert run.RunConfig(seed=5).pruning() == before
     assert PruneConfig(**pruning_paths.QUICK_PRUNING, seed=5) == before  # what the bench's quick_pruning times
-    assert pruning_paths.QUICK_PRUNING is quick_settings.QUICK_PRUNING is pipeline.QUICK_PRUNING
-    assert pipeline.QUICK_STUDIES is quick_settings.QUICK_STUDIES
+    assert pruning_paths.QUICK_PRUNING is quick_settings.QUICK_PRUNING is run.QUICK_PRUNING
+    assert run.QUICK_PRUNING["studies"] is quick_settings.QUICK_STUDIES

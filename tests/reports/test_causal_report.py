@@ -13,11 +13,13 @@ import json
 import pandas as pd
 import pytest
 
+from headscope.analyses import run_patching as RP
+from headscope.analyses.run import CausalConfig
 from headscope.reports import pipeline as P
 from headscope.reports.sections import build_document
 from headscope.reports.sections.causal import causal_comparison, causal_sentence
 
-CFG = P.CausalConfig(n_items=12, top_k=2, n_perm=2000, n_boot=200)
+CFG = CausalConfig(n_items=12, top_k=2, n_perm=2000, n_boot=200)
 CARD = {"name": "planted", "layers": 2, "heads": 4, "kv_heads": 4}
 
 
@@ -37,7 +39,7 @@ def planted_roles(planted):
 
 @pytest.fixture(scope="module")
 def planted_patching(planted, planted_roles):
-    return P._run_patching(planted, planted_roles, CFG, full=False)
+    return RP.run_patching(planted, planted_roles, CFG, full=False)
 
 
 def _meta(summary, absent=None):
@@ -45,14 +47,14 @@ def _meta(summary, absent=None):
 
 
 def test_roles_map_to_registered_tasks(planted_roles):
-    got = P.causal_roles(planted_roles)
+    got = RP.causal_roles(planted_roles)
     assert got.to_dict("records") == [
         {"label": "duplicate-token", "role": "duplicate-token", "relation": "", "task": "duplicate_token"},
         {"label": "induction", "role": "induction", "relation": "", "task": "induction"},
         {"label": "previous-token", "role": "previous-token", "relation": "", "task": "duplicate_token"},
     ]
-    assert P.task_for_role("syntactic", "nsubj") == "agreement" and P.task_for_role("syntactic", "amod") is None
-    assert P.task_for_role("coreference:winograd") == "coreference" and P.task_for_role("rare-word") is None
+    assert RP.task_for_role("syntactic", "nsubj") == "agreement" and RP.task_for_role("syntactic", "amod") is None
+    assert RP.task_for_role("coreference:winograd") == "coreference" and RP.task_for_role("rare-word") is None
 
 
 def test_patching_stage_finds_the_planted_heads(planted_patching):
@@ -119,10 +121,10 @@ def test_a_refused_task_is_recorded_not_raised(planted, planted_roles, monkeypat
         return real(model, task, **kw)
 
     monkeypatch.setattr(T, "load_task", refuse_duplicates)
-    frame, summary = P._run_patching(planted, planted_roles, CFG, full=False)
+    frame, summary = RP.run_patching(planted, planted_roles, CFG, full=False)
     assert summary["refused"] == {"duplicate_token": "duplicate_token: not on this model"}
     assert set(frame["task"]) == {"induction"}
-    assert P.patching_blocker(planted) is None  # one task still runs
+    assert RP.patching_blocker(planted) is None  # one task still runs
     doc = build_document({"roles": planted_roles, "patching": frame}, card=CARD, card_text="", meta=_meta(summary))
     sec = next(s for s in doc.sections if s.title == "Causal evidence: previous-token")
     assert sec.blocks[0].text == "Task duplicate_token was refused on this model: duplicate_token: not on this model."
@@ -136,7 +138,7 @@ def test_a_model_patching_refuses_is_absent_with_the_reason(planted, monkeypatch
         raise ModelIncompatibleError("no task for this model")
 
     monkeypatch.setattr(T, "load_task", refuse)
-    assert P.patching_blocker(planted) == "no task for this model"
+    assert RP.patching_blocker(planted) == "no task for this model"
     doc = build_document({}, card=CARD, card_text="", meta=_meta({}, {"patching": "no task for this model"}))
     sec = next(s for s in doc.sections if s.id == "causal")
     assert [b.text for b in sec.blocks] == ["No patching on this model: no task for this model."]
@@ -175,16 +177,16 @@ def test_comparison_and_sentence_closed_form():
 
 
 def test_config_is_validated_and_bounds_the_items():
-    assert P.CausalConfig().items_per_task(n_heads=270, n_tasks=4, full=False) == 4  # the floor
-    assert P.CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=False) == 5
-    assert P.CausalConfig().items_per_task(n_heads=8, n_tasks=1, full=False) == 64  # the ceiling
-    assert P.CausalConfig(n_items=5).items_per_task(n_heads=270, n_tasks=4, full=True) == 5
+    assert CausalConfig().items_per_task(n_heads=270, n_tasks=4, full=False) == 4  # the floor
+    assert CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=False) == 5
+    assert CausalConfig().items_per_task(n_heads=8, n_tasks=1, full=False) == 64  # the ceiling
+    assert CausalConfig(n_items=5).items_per_task(n_heads=270, n_tasks=4, full=True) == 5
     with pytest.raises(ValueError, match="'n_items' parameter of CausalConfig"):
-        P.CausalConfig(n_items=1)
+        CausalConfig(n_items=1)
     with pytest.raises(ValueError, match="'top_k' parameter of CausalConfig"):
-        P.CausalConfig(top_k=0)
+        CausalConfig(top_k=0)
     with pytest.raises(ValueError, match="'unit' parameter of CausalConfig"):
-        P.CausalConfig(unit="layer")
+        CausalConfig(unit="layer")
 
 
 def test_quick_mode_patches_gqa_groups_and_full_mode_heads():
@@ -193,13 +195,13 @@ def test_quick_mode_patches_gqa_groups_and_full_mode_heads():
     kw = dict(name="m", family="llama", n_layers=2, d_head=8, d_model=32, causal=True, max_positions=64)
     gqa = ModelSpec(n_heads=9, n_kv_heads=3, backend="inhouse", **kw)
     mha = ModelSpec(n_heads=4, n_kv_heads=4, backend="inhouse", **kw)
-    cfg = P.CausalConfig()
+    cfg = CausalConfig()
     assert [cfg.unit_for(gqa, full=False), cfg.unit_for(gqa, full=True), cfg.unit_for(mha, full=False)] == [
         "kv_group",
         "head",
         "head",
     ]
-    assert P.CausalConfig(unit="head").unit_for(gqa, full=False) == "head"
+    assert CausalConfig(unit="head").unit_for(gqa, full=False) == "head"
 
 
 def test_cli_flag():

@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headscope.analyses.frames import IMPACT_COLUMNS, ROLE_COLUMNS, STAT_COLUMNS, roles_frame
+from headscope.analyses import run_frames, run_json
+from headscope.analyses.frames import EXAMPLE_COLUMNS, IMPACT_COLUMNS, ROLE_COLUMNS, STAT_COLUMNS, roles_frame
 from headscope.reports import pipeline
-from headscope.reports.figures import EXAMPLE_COLUMNS
 
 N_LAYERS, N_HEADS = 6, 12
 
@@ -78,7 +78,7 @@ def synthetic_frames(seed: int = 0, shift: float = 0.0) -> dict[str, pd.DataFram
     prev = [[1.0 if j == max(i - 1, 0) else 0.0 for j in range(n)] for i in range(n)]
     punct = [[1.0 if j == n - 1 else 0.0 for j in range(n)] for i in range(n)]
     # as analyses.roles.build_examples gives them: {key: record}
-    examples = pipeline.examples_frame(
+    examples = run_frames.examples_frame(
         {
             "positional:previous": {
                 "role": "positional:previous",
@@ -154,7 +154,7 @@ def synthetic_frames(seed: int = 0, shift: float = 0.0) -> dict[str, pd.DataFram
             ),
         ]
     )
-    skipped = pipeline.skipped_frame(
+    skipped = run_frames.skipped_frame(
         {"syntactic": {"longer than max_positions": 3, "no aligned words": 1}, "coreference": {}}
     )
     return {
@@ -185,7 +185,7 @@ def _meta(**kw):
         seed=0,
         sha256="ab" * 32,
         model_file={"name": "model.safetensors", "sha256": "ab" * 32},
-        versions=pipeline.versions(),
+        versions=run_json.versions(),
         timings={"roles": 1.0},
         n_items={"roles": 120},
         config={},
@@ -307,7 +307,7 @@ def test_prune_tables_become_report_tables_by_field():
         curves=fr["prune_curves"],
         role_ablation=fr["roles_vs_importance"],
     )
-    out = pipeline.prune_frames(tables)
+    out = run_frames.prune_frames(tables)
     assert list(out) == ["prune_baseline", "roles_vs_importance", "prune_curves"]
     pd.testing.assert_frame_equal(out["roles_vs_importance"], fr["roles_vs_importance"].reset_index(drop=True))
     assert tables.by_file().keys() == {"baseline", "roles", "curves"}  # the prune folder's file names
@@ -378,7 +378,7 @@ def test_refuses_to_replace_a_folder_that_is_not_a_report(tmp_path, minilm_card)
 def test_examples_frame_from_records():
     import torch
 
-    ex = pipeline.examples_frame(
+    ex = run_frames.examples_frame(
         {
             "syntactic:det:dep->head": {
                 "role": "syntactic",
@@ -398,7 +398,7 @@ def test_examples_frame_from_records():
     assert ex["gold"].tolist() == [False, True, False, False]
     assert set(ex["relation"]) == {"det"} and set(ex["sentence"]) == {"a b"} and set(ex["level"]) == {"word"}
     # a [CLS]-looking head: its word rows hold 0.1 of the attention, so the token map is drawn
-    sink = pipeline.examples_frame(
+    sink = run_frames.examples_frame(
         {
             "special": {
                 "role": "special",
@@ -594,13 +594,17 @@ def test_crash_mid_run_leaves_no_report(tmp_path, monkeypatch, minilm_card):
     def boom(*a, **k):
         raise RuntimeError("roles stage crashed")
 
-    monkeypatch.setattr(pipeline, "_run_roles", boom)
+    monkeypatch.setattr(pipeline, "run_analyses", boom)  # after the model is loaded
     with pytest.raises(RuntimeError, match="roles stage crashed"):
         pipeline.build_report("minilm-l6", out_dir=tmp_path / "rep", quiet=True)
     assert list(tmp_path.iterdir()) == []
     card, text = minilm_card
     pipeline.write_report(
-        {"skipped": pipeline.skipped_frame({})}, card=card, card_text=text, meta=_meta(seed=7), out_dir=tmp_path / "rep"
+        {"skipped": run_frames.skipped_frame({})},
+        card=card,
+        card_text=text,
+        meta=_meta(seed=7),
+        out_dir=tmp_path / "rep",
     )
     with pytest.raises(RuntimeError):
         pipeline.build_report("minilm-l6", out_dir=tmp_path / "rep", quiet=True)

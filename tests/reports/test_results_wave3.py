@@ -23,6 +23,7 @@ import pytest
 from cli_checks import cli_error
 from test_report import _meta
 
+from headscope.analyses import run_frames
 from headscope.analyses.frames import IMPACT_COLUMNS
 from headscope.data import path
 from headscope.reports import pipeline
@@ -102,9 +103,9 @@ def hostile_report(minilm, tmp_path_factory):
     roles.loc[best, "verdict"] = True  # planted: one head per kind holds its role
     frames = {
         "roles": roles,
-        "examples": pipeline.examples_frame(rr.examples),
+        "examples": run_frames.examples_frame(rr.examples),
         "coref_pairs": rr.coref_pairs.reset_index(drop=True),
-        "skipped": pipeline.skipped_frame({**rr.skipped, SKIPPED_FILE: {"malformed line": 2}}),
+        "skipped": run_frames.skipped_frame({**rr.skipped, SKIPPED_FILE: {"malformed line": 2}}),
     }
     card = model_card("minilm-l6")
     paths = pipeline.write_report(
@@ -447,14 +448,14 @@ def test_diff_refuses_numbers_stored_as_text(real_runs, tmp_path, capsys):
 
 
 def test_the_schema_lists_agree_with_the_modules_that_write_the_tables():
+    from headscope.analyses.frames import EXAMPLE_COLUMNS
     from headscope.analyses.patching.frames import PATCH_COLUMNS
     from headscope.analyses.pruning.ablation import ROLE_ABLATION_COLUMNS
     from headscope.analyses.pruning.curves import PRUNABLE_COLUMNS
     from headscope.analyses.roles.coreference import PAIR_COLUMNS
     from headscope.analyses.roles.pipeline import CLUSTER_DTYPES
+    from headscope.analyses.run_frames import SKIPPED_COLUMNS
     from headscope.reports import diff
-    from headscope.reports.figures import EXAMPLE_COLUMNS
-    from headscope.reports.pipeline import SKIPPED_COLUMNS
     from headscope.reports.runs import _schemas
 
     s = _schemas()
