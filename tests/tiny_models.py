@@ -1,5 +1,6 @@
 """Tiny randomly initialised checkpoints of many families, written as HF folders, for tests
-that run headscope's commands on every family without a download.
+that run headscope's commands on every family without a download; and the parity configs
+(:data:`PARITY`) the in-house stack is compared with HF eager on.
 
 Each model is built from transformers' own config class (``AutoConfig.for_model``) with
 small sizes and the family's own options switched on (a sliding window shorter than the
@@ -37,6 +38,128 @@ DECODERS: dict[str, dict] = {
 }
 ENCODERS: dict[str, dict] = {"bert": {}, "roberta": {}, "distilbert": {"hidden_dim": 128, "intermediate_size": None}}
 FAMILIES = (*DECODERS, *ENCODERS)
+
+PARITY_VOCAB = 128
+PARITY_PAD = 1  # every family's pad id here (RoBERTa's positions start after it)
+_DEC = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=128,
+    vocab_size=PARITY_VOCAB,
+    max_position_embeddings=64,
+    pad_token_id=PARITY_PAD,
+    bos_token_id=2,
+    eos_token_id=3,
+)
+_ENC = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    vocab_size=PARITY_VOCAB,
+    max_position_embeddings=64,
+    pad_token_id=PARITY_PAD,
+)
+#: the parity configs of the in-house families (tests/probes/test_families.py): case -> (kwargs of
+#: AutoConfig.for_model, encoder?), a case being a model_type or "model_type:variant"; every in-house
+#: family needs one (tests/probes/test_family_contract.py)
+PARITY: dict[str, tuple[dict, bool]] = {
+    "bert": (dict(_ENC), True),
+    "llama": (dict(_DEC), False),
+    "mistral": (dict(_DEC, sliding_window=8), False),
+    "qwen2": (dict(_DEC, use_sliding_window=True, sliding_window=8, max_window_layers=1), False),
+    "qwen3": (dict(_DEC, num_hidden_layers=3, attention_bias=True), False),
+    "gemma2": (
+        dict(
+            _DEC,
+            num_key_value_heads=1,  # MQA
+            head_dim=32,  # n_heads * d_head = 128 != d_model
+            sliding_window=8,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+            query_pre_attn_scalar=24,
+        ),
+        False,
+    ),
+    "gemma3_text": (
+        dict(
+            _DEC,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            sliding_window=8,
+            final_logit_softcapping=3.0,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        ),
+        False,
+    ),
+    "phi3": (dict(_DEC, sliding_window=9), False),
+    # scaled RoPE (a variant is "model_type:what"): Llama 3.1's, with a band that splits d_head 16's
+    # frequencies (original context 32: 1 kept, 1 interpolated, 6 divided by 8); Gemma 3's linear
+    # ×8 on its global layer
+    "llama:llama3-rope": (
+        dict(
+            _DEC,
+            rope_parameters={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10_000.0,
+            },
+        ),
+        False,
+    ),
+    "gemma3_text:linear-rope": (
+        dict(
+            _DEC,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            sliding_window=8,
+            query_pre_attn_scalar=24,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            },
+        ),
+        False,
+    ),
+    "gpt2": (
+        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=PARITY_VOCAB, bos_token_id=2, eos_token_id=3),
+        False,
+    ),
+    "roberta": (dict(_ENC, max_position_embeddings=64 + PARITY_PAD + 1, type_vocab_size=1), True),
+    "distilbert": (
+        dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=PARITY_VOCAB, pad_token_id=PARITY_PAD),
+        True,
+    ),
+}
+
+
+def parity_hf_model(case: str):
+    """``(model, encoder?)``: the tiny random HF model of a :data:`PARITY` case (eager attention,
+    eval, fp32), its weights large enough for peaked patterns."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+
+    kwargs, encoder = PARITY[case]
+    config = AutoConfig.for_model(case.split(":")[0], **kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = (AutoModel if encoder else AutoModelForCausalLM).from_config(config, attn_implementation="eager")
+    with torch.no_grad():  # weights large enough for peaked patterns; norms and biases off their init
+        for p in hf.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+            else:  # a norm's weight stays near its init (1, or 0 for Gemma's 1 + w); biases near 0
+                p.copy_(p + 0.1 * torch.randn_like(p))
+    return hf.eval().float(), encoder
 
 
 def _texts() -> list[str]:

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from headscope.probes.models.families import FAMILIES, family_of
 from headscope.probes.models.quiet import quiet_transformers
 from headscope.probes.models.spec import ArchSpec
 
-#: model types whose attention is bidirectional (encoders); every other type is a causal
-#: decoder. ``is_decoder: true`` in the config (a BERT trained as a decoder) makes one causal.
-ENCODER_TYPES = frozenset(
+#: model types whose attention is bidirectional (encoders): the encoder families and these
+#: others; every other type is a causal decoder. ``is_decoder: true`` in the config (a BERT
+#: trained as a decoder) makes one causal.
+ENCODER_TYPES = frozenset(t for t, f in FAMILIES.items() if f.encoder) | frozenset(
     {
         "albert",
-        "bert",
         "big_bird",
         "camembert",
         "canine",
@@ -41,7 +42,6 @@ ENCODER_TYPES = frozenset(
         "data2vec-text",
         "deberta",
         "deberta-v2",
-        "distilbert",
         "electra",
         "ernie",
         "esm",
@@ -58,7 +58,6 @@ ENCODER_TYPES = frozenset(
         "nomic_bert",
         "nystromformer",
         "rembert",
-        "roberta",
         "roberta-prelayernorm",
         "roformer",
         "squeezebert",
@@ -68,28 +67,19 @@ ENCODER_TYPES = frozenset(
         "xmod",
     }
 )
-#: decoders with learned absolute positions (every other decoder without ALiBi rotates: RoPE)
-_LEARNED_DECODERS = frozenset({"gpt2", "gpt_bigcode", "opt", "biogpt", "gpt_neo", "xglm", "imagegpt"})
+#: decoders with learned absolute positions: the families' and these others (every other decoder
+#: without ALiBi rotates: RoPE)
+_LEARNED_DECODERS = frozenset(
+    t for t, f in FAMILIES.items() if not f.encoder and f.positional == "learned"
+) | frozenset({"gpt_bigcode", "opt", "biogpt", "gpt_neo", "xglm", "imagegpt"})
 _ALIBI = frozenset({"bloom", "mpt", "falcon_alibi"})
-#: config keys a family spells its own way -> the common HF name (DistilBERT: dim, n_layers, …)
-_OWN_NAMES = {
-    "distilbert": {
-        "n_layers": "num_hidden_layers",
-        "dim": "hidden_size",
-        "n_heads": "num_attention_heads",
-        "hidden_dim": "intermediate_size",
-        "activation": "hidden_act",
-    }
-}
-#: decoders whose query and key heads are normalised before the dot product
-#: options whose non-default value changes what a family computes, in ways the in-house
-#: stack does not implement: ``{model_type: {option: default}}`` (the in-house backend refuses
-#: a checkpoint that sets one; the HF backend runs it)
-_FIXED_OPTIONS = {
-    "gpt2": {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
-    "llama": {"mlp_bias": False},
-}
-_QK_NORM_TYPES = frozenset({"gemma3", "gemma3_text", "qwen3", "qwen3_moe", "olmo2", "olmoe", "chameleon"})
+#: decoders that rotate (RoPE) even where the config names no RoPE key: the families' and Gemma 1
+_ROPE_DECODERS = frozenset(t for t, f in FAMILIES.items() if not f.encoder and f.positional == "rope") | {"gemma"}
+#: model types whose query and key heads are normalised before the dot product: the families'
+#: (with their aliases) and these others
+_QK_NORM_TYPES = frozenset(t for f in FAMILIES.values() if f.qk_norm for t in (f.model_type, *f.aliases)) | frozenset(
+    {"qwen3_moe", "olmoe", "chameleon"}
+)
 
 
 def _first(hf: dict, *keys):
@@ -168,7 +158,7 @@ def _positional(hf: dict, mtype: str) -> str | None:
         return "learned"
     if any(k in hf for k in ("rope_parameters", "rope_theta", "rope_scaling", "rotary_dim", "rotary_pct")):
         return "rope"
-    return "rope" if mtype in ("llama", "mistral", "qwen2", "phi3", "gemma", "gemma2") else None
+    return "rope" if mtype in _ROPE_DECODERS else None
 
 
 def _sliding(hf: dict, mtype: str, n_layers: int, where: str = "config") -> tuple[int | None, ...] | None:
@@ -193,8 +183,8 @@ def _sliding(hf: dict, mtype: str, n_layers: int, where: str = "config") -> tupl
         slides = [t == "sliding_attention" for t in types]
     elif isinstance(pattern, list) and len(pattern) == n_layers:  # GGUF: one flag per layer
         slides = [bool(p) for p in pattern]
-    elif mtype in ("gemma2", "gemma3", "gemma3_text") or _int_or_none(pattern):
-        every = _int_or_none(pattern) or (2 if mtype == "gemma2" else 6)
+    elif (family_pattern := getattr(family_of(mtype), "sliding_pattern", None)) or _int_or_none(pattern):
+        every = _int_or_none(pattern) or family_pattern
         slides = [bool((i + 1) % every) for i in range(n_layers)]
     elif hf.get("use_sliding_window") and _int_or_none(hf.get("max_window_layers")) is not None:
         slides = [i >= hf["max_window_layers"] for i in range(n_layers)]
@@ -215,7 +205,8 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
 
     check_hf_config(hf, where)
     mtype = hf.get("model_type") or "?"
-    own_names = _OWN_NAMES.get(mtype, {})
+    family = FAMILIES.get(mtype)
+    own_names = family.config_names if family else {}
     hf = {**{ours: hf[theirs] for theirs, ours in own_names.items() if theirs in hf}, **hf}
     n_layers = _first(hf, "num_hidden_layers", "n_layer")
     d_model = _first(hf, "hidden_size", "n_embd", "d_model")
@@ -276,7 +267,9 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         else None,
         bidirectional_attention=bool(hf.get("use_bidirectional_attention")),
         off_default=tuple(
-            f"{k}={hf[k]!r}" for k, default in _FIXED_OPTIONS.get(mtype, {}).items() if k in hf and hf[k] != default
+            f"{k}={hf[k]!r}"
+            for k, default in (family.fixed_options if family else {}).items()
+            if k in hf and hf[k] != default
         ),
         **_per_layer_fields(hf),
     )
@@ -320,24 +313,8 @@ def layer_runs(values) -> str:
 
 # -- checking a config.json's sizes before anything is built -------------------------------
 
-# keys that hold a size, per family: (required, optional); any of _ANY_SIZE_KEYS present is checked too
-_SIZE_KEYS = {
-    "bert": (
-        (
-            "num_hidden_layers",
-            "hidden_size",
-            "num_attention_heads",
-            "intermediate_size",
-            "vocab_size",
-            "max_position_embeddings",
-        ),
-        ("type_vocab_size",),
-    ),
-    "llama": (
-        ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"),
-        ("num_key_value_heads", "head_dim", "max_position_embeddings"),
-    ),
-}
+# keys that hold a size (a family adds the ones its config must hold: Family.required_sizes); any
+# of _ANY_SIZE_KEYS present is checked too
 _ANY_SIZE_KEYS = (
     "num_hidden_layers",
     "n_layer",
@@ -396,7 +373,8 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
     from headscope.probes.errors import CheckpointError
 
     family = hf.get("model_type")
-    required, optional = _SIZE_KEYS.get(family, ((), _ANY_SIZE_KEYS))
+    rules = FAMILIES.get(family)
+    required, optional = (rules.required_sizes, rules.optional_sizes) if rules else ((), ())
     for key in required:
         if key not in hf:
             raise CheckpointError(f"{where}: {key} is missing (a {family!r} config needs it); add it to the config")
@@ -410,7 +388,6 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
             raise CheckpointError(f"{where}: {key}={v} is past 2**63, more than any tensor can index")
 
     n_heads = hf.get("num_attention_heads") or hf.get("n_head")
-    d_model = hf.get("hidden_size") or hf.get("n_embd") or hf.get("d_model")
     n_kv = hf.get("num_key_value_heads") if family not in ENCODER_TYPES else None  # encoders: no KV heads of their own
     if PER_LAYER in hf:  # a GGUF file's layers differ: gguf_hf_config checked each layer's heads
         _check_per_layer(hf, where)
@@ -419,19 +396,8 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
             f"{where}: num_key_value_heads={n_kv} does not divide num_attention_heads={n_heads} "
             "(each KV head serves an equal group of query heads)"
         )
-    if family == "bert" and d_model % n_heads:
-        raise CheckpointError(
-            f"{where}: hidden_size={d_model} is not divisible by num_attention_heads={n_heads}; fix one of them"
-        )
-    if family == "llama":
-        d_head = hf.get("head_dim") or d_model // n_heads
-        if d_head < 1:
-            raise CheckpointError(
-                f"{where}: num_attention_heads={n_heads} exceeds hidden_size={d_model} (d_head would be 0); "
-                "fix one of them or set head_dim"
-            )
-        if d_head % 2:
-            raise CheckpointError(f"{where}: head_dim {d_head} is odd; RoPE rotates pairs of dimensions")
+    if rules is not None and rules.check_sizes is not None:  # the family's own rule (BERT, Llama)
+        rules.check_sizes(hf, where)
     _check_rope_types(hf, where)
 
 

@@ -15,6 +15,7 @@ import importlib.util
 import json
 import os
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from headscope.probes.errors import CheckpointError, HeadscopeError
 from headscope.probes.models.arch import check_hf_config
 from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.families import FAMILIES, Family
 from headscope.probes.models.gguf import gguf_as_hf_dir
 
 # moved out (#24), still importable from here for the callers that name them here (loading, budget,
@@ -182,120 +184,56 @@ def read_config_file(path: Path) -> dict:
     return cfg
 
 
-_BERT_NAMES = (  # HF BERT / RoBERTa -> in-house, applied in order
-    ("embeddings.word_embeddings.", "embed."),
-    ("embeddings.position_embeddings.", "pos_embed."),
-    ("embeddings.token_type_embeddings.", "type_embed."),
-    ("embeddings.LayerNorm.", "embed_ln."),
-    ("encoder.layer.", "blocks."),
-    ("attention.self.query.", "attn.q_proj."),
-    ("attention.self.key.", "attn.k_proj."),
-    ("attention.self.value.", "attn.v_proj."),
-    ("attention.output.dense.", "attn.o_proj."),
-    ("attention.output.LayerNorm.", "ln1."),
-    ("intermediate.dense.", "mlp.up."),
-    ("output.dense.", "mlp.down."),
-    ("output.LayerNorm.", "ln2."),
-)
-_DISTILBERT_NAMES = (
-    ("embeddings.word_embeddings.", "embed."),
-    ("embeddings.position_embeddings.", "pos_embed."),
-    ("embeddings.LayerNorm.", "embed_ln."),
-    ("transformer.layer.", "blocks."),
-    ("attention.q_lin.", "attn.q_proj."),
-    ("attention.k_lin.", "attn.k_proj."),
-    ("attention.v_lin.", "attn.v_proj."),
-    ("attention.out_lin.", "attn.o_proj."),
-    ("sa_layer_norm.", "ln1."),
-    ("ffn.lin1.", "mlp.up."),
-    ("ffn.lin2.", "mlp.down."),
-    ("output_layer_norm.", "ln2."),
-)
-_LLAMA_NAMES = (  # Llama, Mistral, Qwen2/3, Phi-3 (after splitting), Gemma 2/3
-    ("model.embed_tokens.", "embed."),
-    ("model.layers.", "blocks."),
-    ("self_attn.", "attn."),
-    ("input_layernorm.", "ln1."),
-    ("post_attention_layernorm.", "ln2."),
-    ("mlp.gate_proj.", "mlp.gate."),
-    ("mlp.up_proj.", "mlp.up."),
-    ("mlp.down_proj.", "mlp.down."),
-    ("model.norm.", "ln_final."),
-    ("lm_head.", "unembed."),
-)
-_GEMMA_NAMES = (  # sandwich norms: HF's post_attention_layernorm is the attention OUTPUT's norm
-    ("post_attention_layernorm.", "ln1_post."),
-    ("pre_feedforward_layernorm.", "ln2."),
-    ("post_feedforward_layernorm.", "ln2_post."),
-) + tuple(p for p in _LLAMA_NAMES if p[0] != "post_attention_layernorm.")
-_GPT2_NAMES = (  # after the prefixes: "transformer." dropped, "h." -> "blocks."
-    ("wte.", "embed."),
-    ("wpe.", "pos_embed."),
-    ("ln_1.", "ln1."),
-    ("ln_2.", "ln2."),
-    ("attn.c_proj.", "attn.o_proj."),
-    ("mlp.c_fc.", "mlp.up."),
-    ("mlp.c_proj.", "mlp.down."),
-    ("ln_f.", "ln_final."),
-    ("lm_head.", "unembed."),
-)
-
-
 def _rename(name: str, pairs) -> str:
     for a, b in pairs:
         name = name.replace(a, b)
     return name
 
 
-def _split_fused(cfg: ModelConfig, name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
-    """The in-house tensors of a fused HF tensor (None: not a fused one). Phi-3's
-    ``qkv_proj`` ``[q + k + v, d_model]`` and ``gate_up_proj`` ``[2 * d_mlp, d_model]``
-    (gate first, as its ``chunk(2)``); GPT-2's ``Conv1D`` weights are ``[in, out]``
-    (transposed here), its ``c_attn`` ``[d_model, 3 * d_model]`` holds q, k, v in that order."""
-    q, kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+def _strip_prefixes(name: str, prefixes) -> str:
+    for old, new in prefixes:
+        if name.startswith(old):
+            name = new + name[len(old) :]
+    return name
+
+
+def _split_fused(family: Family, cfg: ModelConfig, name: str, t: torch.Tensor) -> dict[str, torch.Tensor] | None:
+    """The in-house tensors of one of ``family``'s fused HF tensors (:class:`~headscope.probes.models.families.Fused`;
+    None: not a fused one): three parts are ``[q, kv, kv]`` rows (Phi-3's ``qkv_proj``, GPT-2's
+    ``c_attn``), two are equal halves (Phi-3's ``gate_up_proj``, gate first, as its ``chunk(2)``);
+    a ``Conv1D`` weight ``[in, out]`` is transposed to ``[out, in]`` first (GPT-2)."""
     stem, _, kind = name.rpartition(".")  # kind: weight | bias
-    if stem.endswith("attn.qkv_proj") or stem.endswith("attn.c_attn"):
-        if stem.endswith("c_attn") and kind == "weight":
-            t = t.t()  # Conv1D [in, out] -> Linear [out, in]
-        base = stem.rsplit(".", 1)[0]
+    fused = next((f for f in family.hf_fused if stem.endswith(f.suffix)), None)
+    if fused is None or (not fused.into and kind != "weight"):
+        return None
+    if fused.conv1d and kind == "weight":
+        t = t.t()  # Conv1D [in, out] -> Linear [out, in]
+    if not fused.into:
+        return {name: t.contiguous()}
+    base = stem.rsplit(".", 1)[0]
+    if len(fused.into) == 3:
+        q, kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
         parts = torch.split(t, [q, kv, kv], dim=0)
-        return {f"{base}.{p}_proj.{kind}": x.contiguous() for p, x in zip("qkv", parts)}
-    if stem.endswith("mlp.gate_up_proj"):
-        base = stem.rsplit(".", 1)[0]
-        gate, up = t.chunk(2, dim=0)
-        return {f"{base}.gate_proj.{kind}": gate.contiguous(), f"{base}.up_proj.{kind}": up.contiguous()}
-    if cfg.family == "gpt2" and kind == "weight" and (stem.endswith(("attn.c_proj", "mlp.c_fc", "mlp.c_proj"))):
-        return {name: t.t().contiguous()}
-    return None
+    else:
+        parts = t.chunk(2, dim=0)
+    return {f"{base}.{p}.{kind}": x.contiguous() for p, x in zip(fused.into, parts)}
 
 
 def hf_to_inhouse_names(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename HF tensors of ``cfg.family`` to the in-house names, splitting fused tensors
-    (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``; GPT-2's ``Conv1D`` weights
-    transposed). Unused HF tensors (pooler, MLM heads, position_ids, rotary tables, GPT-2's
-    causal-mask buffers) are dropped; unknown ones are kept so the strict check can name them."""
-    family = cfg.family
+    """Rename HF tensors of ``cfg.family`` to the in-house names (its
+    :class:`~headscope.probes.models.families.Family`: prefixes, then name pieces), splitting its
+    fused tensors (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``; GPT-2's ``Conv1D``
+    weights transposed). The HF tensors it does not use (``Family.hf_drop``: pooler, MLM heads,
+    position_ids, rotary tables, GPT-2's causal-mask buffers) are dropped; unknown ones are kept
+    so the strict check can name them."""
+    family = FAMILIES[cfg.family]
     out = {}
     for name, t in state.items():
-        if family in ("bert", "roberta", "distilbert"):
-            n = name.removeprefix(f"{family}.").removeprefix("model.")
-            if n.startswith(("pooler.", "cls.", "lm_head.", "vocab_")) or n.endswith("position_ids"):
-                continue
-            if family == "roberta" and n == "embeddings.token_type_ids":
-                continue
-            out[_rename(n, _DISTILBERT_NAMES if family == "distilbert" else _BERT_NAMES)] = t
+        n = _strip_prefixes(name, family.hf_prefixes)
+        if any(fnmatchcase(n, pattern) for pattern in family.hf_drop):
             continue
-        if name.endswith("rotary_emb.inv_freq") or (
-            family == "gpt2" and name.endswith((".attn.bias", ".attn.masked_bias"))
-        ):
-            continue
-        pieces = _split_fused(cfg, name, t) or {name: t}
-        pairs = {"gpt2": _GPT2_NAMES, "gemma2": _GEMMA_NAMES, "gemma3_text": _GEMMA_NAMES}.get(family, _LLAMA_NAMES)
-        for n, piece in pieces.items():
-            if family == "gpt2":  # GPT2LMHeadModel: "transformer.h.0.…"; GPT2Model and hub files: "h.0.…"
-                n = n.removeprefix("transformer.")
-                n = "blocks." + n.removeprefix("h.") if n.startswith("h.") else n
-            out[_rename(n, pairs)] = piece
+        for piece_name, piece in (_split_fused(family, cfg, n, t) or {n: t}).items():
+            out[_rename(piece_name, family.hf_names)] = piece
     return out
 
 

@@ -1,29 +1,10 @@
 """The in-house transformer's configuration: one flat, frozen dataclass.
 
 ``family`` names the checkpoint family (HF ``model_type``) and sets the defaults of every
-architectural option; each option can also be set on its own. The families:
-
-* encoders (return final hidden states, bidirectional attention, post-LayerNorm blocks,
-  GELU MLP with biases, learned absolute positions):
-
-  - ``"bert"``       — BERT, MiniLM: + token-type embeddings;
-  - ``"roberta"``    — positions count from ``pad_token_id + 1`` and skip padding;
-  - ``"distilbert"`` — no token types.
-
-* decoders (return logits, causal attention, pre-norm blocks):
-
-  - ``"llama"``       — RoPE, RMSNorm, SwiGLU MLP, grouped-query attention when
-    ``n_kv_heads < n_heads`` (SmolLM2, Llama 3);
-  - ``"mistral"``     — Llama + a sliding window;
-  - ``"qwen2"``       — Llama + biases on q/k/v (not on o);
-  - ``"qwen3"``       — Llama + RMSNorm on each query and key head before RoPE;
-  - ``"phi3"``        — Llama (its fused ``qkv_proj``/``gate_up_proj`` are split on loading);
-  - ``"gemma2"``      — Llama with ``(1 + w)`` RMSNorms before *and* after attention and MLP,
-    GELU(tanh)-gated MLP, embeddings × sqrt(d_model), ``query_pre_attn_scalar``, alternating
-    sliding / global layers, soft-capped attention and final logits;
-  - ``"gemma3_text"`` — Gemma 2 + QK-norm, no attention soft-capping, its own RoPE base
-    on the sliding layers;
-  - ``"gpt2"``        — learned positions, pre-LayerNorm, GELU(tanh) MLP, biases everywhere.
+architectural option; each option can also be set on its own. What each family is (its
+defaults, fixed options, tensor names) lives in its module under
+:mod:`headscope.probes.models.families`; the in-house ones are :data:`INHOUSE_MODEL_TYPES`
+(encoders, :data:`ENCODER_FAMILIES`, return final hidden states; decoders return logits).
 
 >>> cfg = ModelConfig(family="llama", n_layers=2, d_model=64, n_heads=4, n_kv_heads=2)
 >>> cfg.d_head, cfg.attention_kind, cfg.group_size
@@ -41,10 +22,10 @@ from typing import Any
 
 from headscope.probes.models.arch import ArchSpec, check_hf_config
 from headscope.probes.models.attention import ROPE_SCALINGS
+from headscope.probes.models.families import ENCODER_FAMILIES, FAMILIES, INHOUSE_MODEL_TYPES, Family, family_of
 
 __all__ = [
     "ENCODER_FAMILIES",
-    "FAMILIES",
     "INHOUSE_MODEL_TYPES",
     "ModelConfig",
     "check_hf_config",
@@ -53,59 +34,8 @@ __all__ = [
     "param_counts",
 ]
 
-_ENCODER = dict(
-    causal=False,
-    positional="learned",
-    norm="layernorm",
-    post_norm=True,
-    mlp="plain",
-    activation="gelu",
-    attention_bias=True,
-    mlp_bias=True,
-)
-_LLAMA = dict(
-    causal=True,
-    positional="rope",
-    norm="rmsnorm",
-    post_norm=False,
-    mlp="gated",
-    activation="silu",
-    attention_bias=False,
-    mlp_bias=False,
-)
-_GEMMA = dict(_LLAMA, rms_offset=True, sandwich_norm=True, activation="gelu_pytorch_tanh")
-#: each family's defaults for the options left ``None`` (see :class:`ModelConfig`)
-FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "bert": _ENCODER,
-    "roberta": dict(_ENCODER, pad_aware_positions=True),
-    "distilbert": _ENCODER,
-    "llama": _LLAMA,
-    "mistral": _LLAMA,
-    "qwen2": dict(_LLAMA, attention_bias=True, o_bias=False),
-    "qwen3": dict(_LLAMA, qk_norm=True),
-    "phi3": _LLAMA,
-    "gemma2": _GEMMA,
-    "gemma3_text": dict(_GEMMA, qk_norm=True),
-    "gpt2": dict(
-        _LLAMA,
-        positional="learned",
-        norm="layernorm",
-        mlp="plain",
-        activation="gelu_new",
-        attention_bias=True,
-        mlp_bias=True,
-    ),
-}
-FAMILIES = tuple(FAMILY_DEFAULTS)
-#: families whose model returns final hidden states (HF ``AutoModel``); the others return logits
-ENCODER_FAMILIES = ("bert", "roberta", "distilbert")
-#: HF ``model_type`` values :func:`config_from_arch` builds an in-house configuration for (other
-#: code picks a backend with it); anything else needs ``--backend hf`` or ``--backend bridge``
-INHOUSE_MODEL_TYPES = FAMILIES
 #: activation names (HF ``ACT2FN`` spelling) the MLP knows
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu")
-#: options a family sets; ``False`` / ``None`` where no family default says otherwise
-_OPTION_FALLBACK = dict(rms_offset=False, sandwich_norm=False, qk_norm=False, pad_aware_positions=False, o_bias=None)
 
 
 #: the parameters of Llama 3's RoPE scaling (besides its rope_theta)
@@ -119,7 +49,8 @@ def _positive(v) -> bool:
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Sizes and architectural options. Options left ``None`` take ``family``'s default
-    (:data:`FAMILY_DEFAULTS`); a field's comment says what it does."""
+    (:meth:`Family.options <headscope.probes.models.families.Family.options>`); a field's comment
+    says what it does."""
 
     family: str = "llama"
     n_layers: int = 2
@@ -169,8 +100,10 @@ class ModelConfig:
             object.__setattr__(self, key, value)
 
     def __post_init__(self):
-        if self.family not in FAMILIES:
-            raise ValueError(f"The 'family' parameter of ModelConfig must be one of {FAMILIES}; got {self.family!r}.")
+        if self.family not in INHOUSE_MODEL_TYPES:
+            raise ValueError(
+                f"The 'family' parameter of ModelConfig must be one of {INHOUSE_MODEL_TYPES}; got {self.family!r}."
+            )
         for k in ("n_layers", "d_model", "n_heads", "vocab_size", "max_positions"):
             v = getattr(self, k)
             if not isinstance(v, int) or v <= 0:
@@ -185,10 +118,11 @@ class ModelConfig:
             object.__setattr__(self, "d_head", self.d_model // self.n_heads)
         if self.d_mlp is None:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
-        for key, value in {**_OPTION_FALLBACK, **FAMILY_DEFAULTS[self.family]}.items():
+        family = FAMILIES[self.family]
+        for key, value in family.options().items():
             self._default(key, value)
         self._default("o_bias", self.attention_bias)
-        if self.family in ("gemma2", "gemma3_text"):
+        if family.scaled_embeddings:
             self._default("embed_scale", math.sqrt(self.d_model))
         if self.positional not in ("learned", "rope", "none"):
             raise ValueError(f"positional must be 'learned', 'rope' or 'none'; got {self.positional!r}.")
@@ -330,10 +264,10 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
     Raises :class:`~headscope.probes.errors.ModelIncompatibleError`, naming the way out
     (``--backend hf``), for a model type outside :data:`INHOUSE_MODEL_TYPES` and for options
     the in-house stack does not implement: RoPE scaling (only the default RoPE), partial
-    rotary embeddings, relative positions, the multimodal Gemma 3 (its text model,
-    ``gemma3_text``, is covered), an activation it does not know, and family options away
+    rotary embeddings, relative positions, a family's alias (the multimodal Gemma 3: its text
+    model, ``gemma3_text``, is covered), an activation it does not know, and family options away
     from their default that change the computation (GPT-2's ``scale_attn_weights`` and
-    ``scale_attn_by_inverse_layer_idx``, Llama's ``mlp_bias``).
+    ``scale_attn_by_inverse_layer_idx``, Llama's ``mlp_bias``: ``Family.fixed_options``).
     """
     mtype = arch.model_type
     if arch.per_layer:
@@ -342,67 +276,71 @@ def config_from_arch(arch: ArchSpec, name: str = "") -> ModelConfig:
         raise ModelIncompatibleError(
             f"{arch.name or mtype}: its layers differ in heads, KV heads or MLP width; no backend here builds such a model"
         )
-    if mtype == "gemma3":
-        raise _incompatible("the multimodal Gemma 3 (model_type 'gemma3'; its text model 'gemma3_text' is covered)")
-    if mtype not in INHOUSE_MODEL_TYPES:
+    family = family_of(mtype)
+    if family is not None and mtype in family.aliases:
+        raise _incompatible(family.aliases[mtype])
+    if family is None or not family.inhouse:
         raise _incompatible(f"model_type {mtype!r}", f" ({', '.join(INHOUSE_MODEL_TYPES)})")
-    defaults = FAMILY_DEFAULTS[mtype]
-    label = {"bert": "BERT", "llama": "Llama"}.get(mtype, mtype)
-    if defaults["positional"] == "learned" and arch.positional != "learned":
+    label = family.label
+    if family.positional == "learned" and arch.positional != "learned":
         raise _incompatible(f"{label} position_embedding_type={arch.positional!r}")
-    rope_scaling = _rope_scaling(arch, label) if defaults["positional"] == "rope" else None
+    rope_scaling = _rope_scaling(arch, label) if family.positional == "rope" else None
     if arch.bidirectional_attention:
         raise _incompatible(f"{label} with use_bidirectional_attention")
     if arch.off_default:
         raise _incompatible(f"{label} with {', '.join(arch.off_default)}")
-    activation = _activation(arch, defaults, label)
-    name = name or arch.name or mtype
-    if mtype in ENCODER_FAMILIES:
-        type_vocab = arch.type_vocab_size if arch.type_vocab_size is not None else 2
-        return ModelConfig(
-            family=mtype,
-            n_layers=arch.n_layers,
-            d_model=arch.d_model,
-            n_heads=arch.n_heads,
-            d_mlp=arch.d_mlp,
-            vocab_size=arch.vocab_size,
-            max_positions=arch.max_positions,
-            causal=arch.causal,
-            norm_eps=arch.norm_eps if arch.norm_eps is not None else 1e-12,
-            type_vocab_size=0 if mtype == "distilbert" else type_vocab,
-            pad_token_id=arch.pad_token_id,
-            tie_embeddings=True,
-            activation=activation,
-            name=name,
-            extra={"hidden_act": activation},
-        )
-    gemma = mtype in ("gemma2", "gemma3_text")
-    return ModelConfig(
+    activation = _activation(arch, family)
+    sizes = dict(
         family=mtype,
         n_layers=arch.n_layers,
         d_model=arch.d_model,
         n_heads=arch.n_heads,
-        n_kv_heads=arch.n_kv_heads,
-        d_head=arch.d_head,
         d_mlp=arch.d_mlp,
         vocab_size=arch.vocab_size,
-        max_positions=arch.max_positions or (1024 if mtype == "gpt2" else 2048),
-        rope_theta=arch.rope_theta if arch.rope_theta is not None else 10_000.0,
-        rope_local_theta=arch.rope_local_theta if gemma else None,
-        rope_scaling=rope_scaling,
-        norm_eps=arch.norm_eps if arch.norm_eps is not None else (1e-5 if mtype == "gpt2" else 1e-6),
-        # Mistral, Qwen2 and Phi-3 fix their biases in code; the others read attention_bias
-        attention_bias=bool(arch.attention_bias)
-        if arch.attention_bias is not None and mtype not in ("mistral", "qwen2", "phi3", "gpt2")
-        else defaults["attention_bias"],
-        tie_embeddings=arch.tie_embeddings,
+        max_positions=arch.max_positions or family.default_max_positions,
+        norm_eps=arch.norm_eps if arch.norm_eps is not None else family.default_norm_eps,
         pad_token_id=arch.pad_token_id,
         activation=activation,
+        name=name or arch.name or mtype,
+    )
+    if family.encoder:
+        return ModelConfig(**sizes, **_encoder_options(family, arch, activation))
+    return ModelConfig(**sizes, **_decoder_options(family, arch, rope_scaling))
+
+
+def _encoder_options(family: Family, arch: ArchSpec, activation: str) -> dict[str, Any]:
+    """An encoder family's :class:`ModelConfig` fields beyond the sizes (MHA, tied embeddings,
+    token types where it has them)."""
+    type_vocab = arch.type_vocab_size if arch.type_vocab_size is not None else 2
+    return dict(
+        causal=arch.causal,
+        type_vocab_size=type_vocab if family.token_types else 0,
+        tie_embeddings=True,
+        extra={"hidden_act": activation},
+    )
+
+
+def _decoder_options(family: Family, arch: ArchSpec, rope_scaling: dict | None) -> dict[str, Any]:
+    """A decoder family's :class:`ModelConfig` fields beyond the sizes: the checkpoint's facts
+    the family reads (``Family.reads``: attention biases, soft-caps, query scale, the sliding
+    layers' RoPE base) over its fixed ones."""
+    reads = family.reads
+    attention_bias = family.attention_bias
+    if arch.attention_bias is not None and "attention_bias" in reads:
+        attention_bias = bool(arch.attention_bias)
+    scalar = arch.query_pre_attn_scalar if "query_pre_attn_scalar" in reads else None
+    return dict(
+        n_kv_heads=arch.n_kv_heads,
+        d_head=arch.d_head,
+        rope_theta=arch.rope_theta if arch.rope_theta is not None else 10_000.0,
+        rope_local_theta=arch.rope_local_theta if "rope_local_theta" in reads else None,
+        rope_scaling=rope_scaling,
+        attention_bias=attention_bias,
+        tie_embeddings=arch.tie_embeddings,
         sliding_window=arch.sliding_window,
-        attn_softcap=arch.attn_softcap if mtype == "gemma2" else None,
-        final_softcap=arch.final_softcap if gemma else None,
-        query_scale=arch.query_pre_attn_scalar**-0.5 if gemma and arch.query_pre_attn_scalar else None,
-        name=name,
+        attn_softcap=arch.attn_softcap if "attn_softcap" in reads else None,
+        final_softcap=arch.final_softcap if "final_softcap" in reads else None,
+        query_scale=scalar**-0.5 if scalar else None,
     )
 
 
@@ -426,10 +364,11 @@ def _rope_scaling(arch: ArchSpec, label: str) -> dict | None:
     return rope_scaling
 
 
-def _activation(arch: ArchSpec, defaults: dict, label: str) -> str:
+def _activation(arch: ArchSpec, family: Family) -> str:
     """The activation the in-house stack runs for ``arch`` (``gelu_fast`` is ``gelu_new``); refuses
     one it does not know."""
-    activation = arch.activation or defaults["activation"]
+    label = family.label
+    activation = arch.activation or family.activation
     if activation == "gelu_fast":
         activation = "gelu_new"  # the same tanh approximation of GELU
     if activation not in ACTIVATIONS:

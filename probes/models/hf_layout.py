@@ -1,9 +1,10 @@
 """Where the heads are in a transformers model: per layer, the block, the attention output
 projection (its input is every head's ``z``, concatenated) and the Q/K/V projections.
 
-HF families name these modules differently (``self_attn.o_proj`` in Llama, Mistral, Qwen,
-Gemma, Phi-3, OLMo; ``attention.output.dense`` in BERT and RoBERTa; ``attn.c_proj`` in
-GPT-2; ``attention.out_lin`` in DistilBERT; …) but every one of them concatenates the heads
+HF families name these modules differently (each :class:`~headscope.probes.models.families.Family`
+says its own: ``self_attn.o_proj`` in Llama, Mistral, Qwen, Gemma, Phi-3, OLMo;
+``attention.output.dense`` in BERT and RoBERTa; ``attn.c_proj`` in GPT-2; ``attention.out_lin``
+in DistilBERT; …) but every one of them concatenates the heads
 ``[batch, pos, head × d_head]`` before that projection, so a forward pre-hook there sees
 (and may replace) each head's output — what :class:`~headscope.probes.models.loading.HFReference`
 builds ablation, gradient importance and patching on. :func:`find_layout` finds the modules
@@ -20,13 +21,11 @@ from dataclasses import dataclass
 from torch import nn
 
 from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.families import FAMILIES
 
-#: attention output projections (input: heads concatenated), by the end of the module name
-ATTN_OUT = (
-    "self_attn.o_proj",
-    "attention.output.dense",
-    "attn.c_proj",
-    "attention.out_lin",
+#: attention output projections of architectures that are no family of :data:`FAMILIES` (Phi,
+#: Falcon, GPT-NeoX, OPT, GPT-Neo, ModernBERT, …), by the end of the module name
+_OTHER_ATTN_OUT = (
     "self_attn.dense",
     "self_attention.dense",
     "attention.dense",
@@ -36,11 +35,23 @@ ATTN_OUT = (
     "attn.Wo",
     "attention.o",
 )
-#: separate query / key / value projections, by the end of the module name
+#: their separate query / key / value projections
+_OTHER_QKV = (("attn.q_proj", "attn.k_proj", "attn.v_proj"), ("attention.q", "attention.k", "attention.v"))
+
+
+def _by_use(names) -> tuple[str, ...]:
+    """``names`` without repeats, the most used first (ties: in their first order)."""
+    names = list(names)
+    return tuple(sorted(dict.fromkeys(names), key=lambda n: -names.count(n)))
+
+
+#: attention output projections (input: heads concatenated), by the end of the module name: each
+#: family's (``Family.attn_out``), the most shared first, then the others'
+ATTN_OUT = _by_use(f.attn_out for f in FAMILIES.values()) + _OTHER_ATTN_OUT
+#: separate query / key / value projections, by the end of the module name (``Family.qkv``, then the others')
 QKV = {
-    "q": ("self_attn.q_proj", "attention.self.query", "attention.q_lin", "attn.q_proj", "attention.q"),
-    "k": ("self_attn.k_proj", "attention.self.key", "attention.k_lin", "attn.k_proj", "attention.k"),
-    "v": ("self_attn.v_proj", "attention.self.value", "attention.v_lin", "attn.v_proj", "attention.v"),
+    which: _by_use(qkv[i] for qkv in (*(f.qkv for f in FAMILIES.values() if f.qkv), *_OTHER_QKV))
+    for i, which in enumerate("qkv")
 }
 _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 

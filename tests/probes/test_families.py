@@ -1,5 +1,6 @@
 """The in-house stack reproduces HF transformers (eager attention, fp32) for every family it
-covers: a tiny random model built from transformers' own config class, with the family's
+covers (every in-house family of :data:`~headscope.probes.models.families.FAMILIES`, with its
+config in ``tests/tiny_models.py`` ``PARITY``): a tiny random model built from transformers' own config class, with the family's
 interesting options switched on (sliding windows shorter than the input, soft-capping,
 biases, QK-norm, MQA with a d_head independent of d_model, …), is loaded through
 ``config_from_arch`` + ``hf_to_inhouse_names`` + ``load_state_into`` and compared on one
@@ -17,123 +18,20 @@ from headscope.probes.models.arch import arch_from_hf_config
 from headscope.probes.models.config import INHOUSE_MODEL_TYPES, config_from_arch, config_from_hf, param_counts
 from headscope.probes.models.loading import InHouseModel
 from headscope.probes.tokens import TokenBatch
-from tests.tiny_models import tiny_hf_model, tiny_model_dir
+from tests.tiny_models import PARITY, PARITY_PAD, PARITY_VOCAB, parity_hf_model, tiny_hf_model, tiny_model_dir
 
-VOCAB = 128
+VOCAB, PAD = PARITY_VOCAB, PARITY_PAD  # PAD: every family's pad id here (RoBERTa's positions start after it)
 LENGTHS = (20, 13, 7)
-PAD = 1  # every family's pad id here (RoBERTa's positions start after it)
-DEC = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    intermediate_size=128,
-    vocab_size=VOCAB,
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-    bos_token_id=2,
-    eos_token_id=3,
-)
-ENC = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=128,
-    vocab_size=VOCAB,
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-)
-#: family -> (kwargs of AutoConfig.for_model, encoder?)
-FAMILIES = {
-    "llama": (dict(DEC), False),
-    "mistral": (dict(DEC, sliding_window=8), False),
-    "qwen2": (dict(DEC, use_sliding_window=True, sliding_window=8, max_window_layers=1), False),
-    "qwen3": (dict(DEC, num_hidden_layers=3, attention_bias=True), False),
-    "gemma2": (
-        dict(
-            DEC,
-            num_key_value_heads=1,  # MQA
-            head_dim=32,  # n_heads * d_head = 128 != d_model
-            sliding_window=8,
-            attn_logit_softcapping=5.0,
-            final_logit_softcapping=3.0,
-            query_pre_attn_scalar=24,
-        ),
-        False,
-    ),
-    "gemma3_text": (
-        dict(
-            DEC,
-            num_hidden_layers=3,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            sliding_window=8,
-            final_logit_softcapping=3.0,
-            query_pre_attn_scalar=24,
-            rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        ),
-        False,
-    ),
-    "phi3": (dict(DEC, sliding_window=9), False),
-    # scaled RoPE (a variant is "model_type:what"): Llama 3.1's, with a band that splits d_head 16's
-    # frequencies (original context 32: 1 kept, 1 interpolated, 6 divided by 8); Gemma 3's linear
-    # ×8 on its global layer
-    "llama:llama3-rope": (
-        dict(
-            DEC,
-            rope_parameters={
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 32,
-                "rope_theta": 10_000.0,
-            },
-        ),
-        False,
-    ),
-    "gemma3_text:linear-rope": (
-        dict(
-            DEC,
-            num_hidden_layers=3,
-            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            sliding_window=8,
-            query_pre_attn_scalar=24,
-            rope_parameters={
-                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
-                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-            },
-        ),
-        False,
-    ),
-    "gpt2": (
-        dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=VOCAB, bos_token_id=2, eos_token_id=3),
-        False,
-    ),
-    "roberta": (dict(ENC, max_position_embeddings=64 + PAD + 1, type_vocab_size=1), True),
-    "distilbert": (dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB, pad_token_id=PAD), True),
-}
+#: every in-house family (a new one is picked up here and fails until tests/tiny_models.py PARITY has its
+#: config), then the variants ("model_type:what") of PARITY
+CASES = [*INHOUSE_MODEL_TYPES, *(case for case in PARITY if ":" in case)]
 # the measured differences: see the table at the end of the file
 
 
-def _hf_model(family: str):
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
-
-    kwargs, encoder = FAMILIES[family]
-    config = AutoConfig.for_model(family.split(":")[0], **kwargs)
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    hf = (AutoModel if encoder else AutoModelForCausalLM).from_config(config, attn_implementation="eager")
-    with torch.no_grad():  # weights large enough for peaked patterns; norms and biases off their init
-        for p in hf.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-            else:  # a norm's weight stays near its init (1, or 0 for Gemma's 1 + w); biases near 0
-                p.copy_(p + 0.1 * torch.randn_like(p))
-    return hf.eval().float(), encoder
+def _hf_model(case: str):
+    if case not in PARITY:
+        pytest.fail(f"in-house family {case!r} has no parity config: add it to tests/tiny_models.py PARITY")
+    return parity_hf_model(case)
 
 
 def _batch() -> TokenBatch:
@@ -185,7 +83,7 @@ def _diffs(family: str) -> tuple[float, float, float]:
     return pattern, output, (fused - out)[real].abs().max().item()
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", CASES)
 def test_inhouse_matches_hf_eager(family):
     pattern, output, fused = _diffs(family)
     print(f"{family}: pattern {pattern:.1e} output {output:.1e} fused {fused:.1e}")
@@ -193,7 +91,7 @@ def test_inhouse_matches_hf_eager(family):
     assert output <= 1e-4 and fused <= 1e-4, (output, fused)
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", CASES)
 def test_gates_and_param_counts(family):
     hf, _ = _hf_model(family)
     ours = _inhouse(hf, family)
@@ -370,6 +268,7 @@ def test_auto_runs_an_option_the_in_house_stack_lacks_through_hf(tmp_path):
 # Measured max |in-house - HF eager| over real positions, CPU fp32, torch 2.13, transformers 5.24
 # (output: with the patterns computed, explicit softmax; fused: a plain forward, SDPA kernel):
 #   family        pattern    output     fused
+#   bert          9.5e-07    2.6e-06    1.8e-06   (as RoBERTa: HF adds token types before positions; we after)
 #   llama         0          0          5.2e-06
 #   mistral       0          0          4.1e-06
 #   qwen2         0          0          3.8e-06
@@ -409,7 +308,7 @@ def test_scaled_rope_is_computed_not_dropped(family):
 def test_rope_scalings_not_computed_in_house_go_to_hf():
     from headscope.probes.models.arch import arch_from_hf_config
 
-    kwargs, _ = FAMILIES["llama"]
+    kwargs, _ = PARITY["llama"]
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10_000.0}
     with pytest.raises(ModelIncompatibleError, match=r"rope_type='yarn' .*only 'default', linear, llama3"):
         config_from_arch(arch_from_hf_config(dict(kwargs, model_type="llama", rope_parameters=yarn)))
