@@ -1,0 +1,334 @@
+"""The stages of each command's memory plan: what one forward of a ``roles``, ``prune`` or
+``patch`` run holds, read from the model's config and the run's settings and inputs.
+
+Each builder returns :class:`~headscope.probes.budget.Stage` rows for
+:func:`headscope.reports.budget.plan` (:func:`roles_stages`, :func:`prune_stages`,
+:func:`patch_stages`); :func:`apply_prune` / :func:`apply_patch` put the fitted batch sizes
+back into a config. Lengths are counted with the model's tokenizer where one is at hand
+(:func:`model_shape` reads it without the weights), else bounded by the items' UTF-8 bytes
+(:func:`longest_tokens`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import replace
+
+from headscope.probes.budget import Estimate, Shape, Stage
+
+log = logging.getLogger(__name__)
+
+
+def _stream_caps() -> tuple[int | None, int | None]:
+    """``(max_tokens, max_cells)``: :func:`~headscope.probes.capture.stream`'s defaults."""
+    from headscope.probes.capture import stream
+
+    p = inspect.signature(stream).parameters
+    return p["max_tokens"].default, p["max_cells"].default
+
+
+def longest_tokens(items, tokenizer=None, *, words: bool = False) -> int:
+    """Tokens of the longest of ``items`` (texts, or word lists with ``words``): counted with
+    ``tokenizer``, else bounded by UTF-8 bytes + 2 (special tokens). 1 for no items."""
+    from headscope.probes.tokens import tokenize_one
+
+    best = 1
+    for it in items:
+        if tokenizer is not None:
+            try:
+                n = len(
+                    tokenize_one(tokenizer, words=list(it), add_bos=False)["ids"]
+                    if words
+                    else tokenize_one(tokenizer, text=it)["ids"]
+                )
+            except (ValueError, TypeError):  # skipped by the run, counted there
+                continue
+        else:
+            n = (sum(len(str(w).encode()) + 1 for w in it) if words else len(str(it).encode())) + 2
+        best = max(best, n)
+    return best
+
+
+def model_shape(model, dtype: str = "fp32") -> tuple[Shape, bool, object] | None:
+    """``(shape, convert, tokenizer)`` of a MODEL argument from its config alone (``convert``:
+    a GGUF not yet dequantised; ``tokenizer``: loaded where its files are at hand without
+    the weights, else None); None for a hub id (nothing to read before the download) and for
+    a model whose config cannot be read here: the load then reports what is wrong, as before."""
+    from headscope.probes.errors import HeadscopeError
+
+    try:
+        return _model_shape(model, dtype)
+    except (HeadscopeError, ValueError, TypeError, KeyError, OSError) as e:
+        log.info("no memory estimate for %s before it loads: %s", model, e)
+        return None
+
+
+def _model_shape(model, dtype: str):
+    from headscope.probes.models.card import source_hf_config
+    from headscope.probes.models.checkpoints import cache_dir, file_sha256, resolve
+
+    source = resolve(model)
+    if source.kind == "hub":
+        return None
+    hf = source_hf_config(source)
+    folder = None
+    if source.kind == "hf-dir":
+        folder = source.path
+    elif source.kind == "gguf":
+        cached = cache_dir() / "gguf" / file_sha256(source.path)[:16]
+        folder = cached if (cached / "model.safetensors").exists() else None
+    convert = source.kind == "gguf" and folder is None
+    tokenizer = None
+    if folder is not None and any((folder / f).exists() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model")):
+        try:
+            from headscope.probes.models.checkpoints import load_tokenizer
+
+            tokenizer = load_tokenizer(folder)
+        except Exception as e:  # noqa: BLE001 - lengths are then bounded by bytes; the load reports the error
+            log.info("tokenizer of %s not read for the memory estimate (%s); lengths bounded by bytes", model, e)
+    return Shape.from_hf_config(hf, dtype=dtype, where=str(source.path)), convert, tokenizer
+
+
+def shape_of_model(model, dtype: str) -> Shape | None:
+    """The :class:`Shape` of a loaded model (its HF config), for a run on a model a notebook
+    holds; None when its config is unknown or unreadable."""
+    from headscope.probes.errors import HeadscopeError
+    from headscope.probes.models.loading import hf_config_of
+
+    try:
+        hf = hf_config_of(model)
+        return None if hf is None else Shape.from_hf_config(hf, dtype=dtype)
+    except (HeadscopeError, ValueError, TypeError, KeyError, OSError) as e:
+        log.info("no memory estimate for the model object: %s", e)
+        return None
+
+
+# ----------------------------------------------------------------------------- stages per command
+
+
+def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> list[Stage]:
+    """One stage per corpus the role ``groups`` stream (text, syntactic, coreference) and one for
+    induction's generated sequences, at ``cfg.batch_size`` with every layer's patterns kept."""
+    from headscope.analyses.roles.base import REGISTRY
+
+    max_tokens, max_cells = _stream_caps()
+    common = dict(
+        batch_size=cfg.batch_size,
+        max_tokens=max_tokens,
+        max_cells=max_cells,
+        kept_layers=shape.n_layers,
+        reducers=True,
+        statistics=True,
+    )
+    out = []
+    corpora = {}
+    for g in groups:
+        corpora.setdefault(REGISTRY[g].corpus, []).append(g)
+    for corpus, gs in corpora.items():
+        if corpus == "generated":
+            if "induction" in gs:
+                out.append(Stage(name="induction", longest=2 * cfg.induction_seq_len + 2, **common))
+            continue
+        items = inputs.get(corpus)
+        if corpus == "text":
+            lines = list(items.lines) if hasattr(items, "lines") else list(items or [])
+            n = longest_tokens(lines, tokenizer)
+        elif corpus == "conllu":
+            sents = [s for c in items or [] for s in (c.sentences if hasattr(c, "sentences") else [c])]
+            n = longest_tokens([s.words for s in sents], tokenizer, words=True)
+        else:
+            its = list(items.items) if hasattr(items, "items") else list(items or [])
+            n = longest_tokens([i.words for i in its], tokenizer, words=True)
+        out.append(Stage(name="text" if corpus == "text" else "+".join(gs), longest=n, **common))
+    return out
+
+
+def roles_items(groups, inputs: dict, cfg) -> int:
+    """Items the role ``groups`` will run (for the time estimate)."""
+    from headscope.analyses.roles.base import REGISTRY
+
+    corpora = {REGISTRY[g].corpus for g in groups}
+    n = 0
+    if "text" in corpora and inputs.get("text") is not None:
+        n += len(getattr(inputs["text"], "lines", inputs["text"]))
+    if "conllu" in corpora:
+        n += sum(len(getattr(c, "sentences", [c])) for c in inputs.get("conllu") or [])
+    if "coref" in corpora and inputs.get("coref") is not None:
+        n += len(getattr(inputs["coref"], "items", inputs["coref"]))
+    if "generated" in corpora and "induction" in groups:
+        n += cfg.induction_n_sequences
+    return n
+
+
+def _prune_data(metric: str, n_items: int | None):
+    """``(items, words)`` the pruning metric reads (its shipped data, first ``n_items``)."""
+    from headscope.data import path
+
+    if metric == "coref_accuracy":
+        from headscope.probes.corpora import read_coref
+
+        items = [i.words for i in read_coref(path("coref/coref.jsonl")).items]
+        return items[:n_items] if n_items else items, True
+    if metric == "paraphrase_accuracy":
+        from headscope.analyses.pruning.metrics import read_paraphrases
+
+        pairs = read_paraphrases(path("paraphrase/pairs.jsonl"))
+        pairs = pairs[:n_items] if n_items else pairs
+        texts = []
+        for p in pairs:  # anchor, positive, negatives
+            for v in p.values():
+                texts.extend(t for t in (v if isinstance(v, list) else [v]) if isinstance(t, str))
+        return texts, False
+    from headscope.analyses.pruning.metrics import read_lines
+
+    lines = read_lines(path("heldout/lm_text.txt"))
+    return (lines[:n_items] if n_items else lines), False
+
+
+def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
+    """The masked replicas of a batch (``max(batch_size, max_rows)`` rows per forward, the
+    unablated stream of the batch kept per layer) and, with importance, one batch's backward."""
+    from headscope.analyses.pruning.metrics import default_metric
+
+    metric = pcfg.metric or default_metric(shape)
+    items, words = _prune_data(metric, pcfg.items)
+    n = longest_tokens(items, tokenizer, words=words)
+    b = shape.bytes_per
+    decoder = shape.causal
+    rows = max(pcfg.batch_size, pcfg.max_rows)
+    out = [
+        Stage(
+            name="pruning",
+            batch_size=rows,
+            longest=n,
+            logits="all" if decoder else "none",
+            loss=decoder,
+            statistics=True,
+            cache_per_row=shape.n_layers * n * shape.d_model * b,  # the unablated stream of the batch
+            cache_rows=pcfg.batch_size,
+        )
+    ]
+    if "importance" in pcfg.studies or "curves" in pcfg.studies:
+        out.append(
+            Stage(
+                name="importance", batch_size=pcfg.batch_size, longest=n, logits="all" if decoder else "none", grad=True
+            )
+        )
+    return out
+
+
+def apply_prune(pcfg, est: Estimate):
+    """``pcfg`` with the batch sizes :func:`~headscope.probes.budget.fit` chose."""
+    rows = est.batch_sizes.get("pruning", pcfg.max_rows)
+    batch = min(pcfg.batch_size, est.batch_sizes.get("importance", pcfg.batch_size), rows)
+    if rows >= max(pcfg.batch_size, pcfg.max_rows) and batch == pcfg.batch_size:
+        return pcfg
+    return replace(pcfg, batch_size=batch, max_rows=min(pcfg.max_rows, rows))
+
+
+def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attribution")) -> list[Stage]:
+    """Activation patching (``max(batch_size, max_rows)`` sequences per forward, the clean and
+    corrupted ``z`` of a batch kept per layer, the last position's logits read) and, for
+    attribution, one batch's backward."""
+    b = shape.bytes_per
+    z = 2 * shape.n_layers * longest * shape.n_heads * shape.d_head * b  # clean and corrupted z, per item
+    out = []
+    if set(methods) - {"attribution"}:  # activation, ablation and path patching: replicated forwards
+        out.append(
+            Stage(
+                name="patching",
+                batch_size=max(pc.batch_size, pc.max_rows),
+                longest=longest,
+                logits="last" if shape.causal else "none",
+                statistics=True,
+                cache_per_row=z,
+                cache_rows=pc.batch_size,
+            )
+        )
+    if "attribution" in methods:
+        out.append(
+            Stage(
+                name="attribution",
+                batch_size=pc.batch_size,
+                longest=longest,
+                logits="last" if shape.causal else "none",
+                grad=True,
+                cache_per_row=z,
+            )
+        )
+    return out
+
+
+def apply_patch(pc, est: Estimate):
+    """``pc`` with the batch sizes :func:`~headscope.probes.budget.fit` chose."""
+    rows = est.batch_sizes.get("patching", pc.max_rows)
+    batch = min(pc.batch_size, est.batch_sizes.get("attribution", pc.batch_size), rows)
+    if rows >= max(pc.batch_size, pc.max_rows) and batch == pc.batch_size:
+        return pc
+    return replace(pc, batch_size=batch, max_rows=min(pc.max_rows, rows))
+
+
+def task_longest(task: str, seq_len: int, tokenizer=None) -> int:
+    """Tokens of a patching task's longest sequence: generated tasks from ``seq_len``; a file
+    task (``agreement``, ``coreference``, a JSONL path) from its rows' texts (``clean``,
+    ``corrupted``, or ``words``), counted with ``tokenizer`` or bounded by their bytes, plus
+    the answer's token."""
+    import json
+    from pathlib import Path
+
+    if task == "induction":
+        return 2 * seq_len + 2
+    if task == "duplicate_token":
+        return seq_len + 3
+    from headscope.data import path
+
+    f = {"agreement": path("tasks/agreement.jsonl"), "coreference": path("coref/coref.jsonl")}.get(task, Path(task))
+    texts = []
+    try:
+        with open(f, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(row, dict):
+                    continue
+                if isinstance(row.get("words"), list):
+                    texts.append(" ".join(map(str, row["words"])))
+                texts.extend(v for k, v in row.items() if k in ("clean", "corrupted", "text") and isinstance(v, str))
+    except OSError:
+        return 64
+    return longest_tokens(texts, tokenizer) + 2
+
+
+def role_corpora(groups, role_inputs: dict | None) -> dict:
+    """The corpora the role ``groups`` read, as :func:`roles_stages` takes them: the given
+    ``role_inputs`` (paths are read), the shipped files for the others."""
+    from pathlib import Path
+
+    from headscope.analyses.roles.pipeline import corpora_for, default_conllu, default_coref, default_text
+    from headscope.probes.corpora import read_conllu, read_coref, read_text
+
+    given = dict(role_inputs or {})
+    out = {}
+    for corpus in corpora_for(groups):
+        if corpus == "text":
+            t = given.get("text")
+            out["text"] = (
+                read_text(default_text() if t is None else t) if t is None or isinstance(t, (str, Path)) else t
+            )
+        elif corpus == "conllu":
+            c = given.get("conllu")
+            c = default_conllu() if c is None else ([c] if isinstance(c, (str, Path)) else list(c))
+            out["conllu"] = [read_conllu(x) if isinstance(x, (str, Path)) else x for x in c]
+        elif corpus == "coref":
+            c = given.get("coref")
+            out["coref"] = (
+                read_coref(default_coref() if c is None else c) if c is None or isinstance(c, (str, Path)) else c
+            )
+    return out
+
+
+#: the report's patching tasks (:data:`~headscope.reports.pipeline.ROLE_TASKS`) and the seq_len of the generated ones
+REPORT_TASKS = ("induction", "coreference", "agreement", "duplicate_token")
