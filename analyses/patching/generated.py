@@ -19,6 +19,7 @@ import torch
 
 from headscope.analyses.patching.items import PairItem, Task
 
+#: most items a generated task (induction, duplicate_token) makes: past it the items alone
 #: fill gigabytes, and patching them takes days (write a larger task to a JSONL file)
 MAX_GENERATED_ITEMS = 100_000
 
