@@ -15,13 +15,23 @@ keys (config, items, timings, summaries, memory, ...) through :func:`run_json`.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from collections.abc import Mapping
 from pathlib import Path
 
 from headscope.probes.outputs.atomic import write_json
 from headscope.probes.outputs.kinds import manifest_header
 
-__all__ = ["COMMON_KEYS", "MODEL_KEYS", "VERSION_PACKAGES", "model_record", "run_json", "versions", "write_run_json"]
+__all__ = [
+    "COMMON_KEYS",
+    "MODEL_KEYS",
+    "VERSION_PACKAGES",
+    "add_to_run_json",
+    "model_record",
+    "run_json",
+    "versions",
+    "write_run_json",
+]
 
 #: the model's keys of every run.json (:func:`model_record`)
 MODEL_KEYS = ("model", "backend", "backend_choice", "device", "dtype", "trust_remote_code")
@@ -81,3 +91,16 @@ def write_run_json(folder, kind: str, record: Mapping, **fields) -> Path:
     path = Path(folder) / "run.json"
     write_json(run_json(kind, record, **fields), path)
     return path
+
+
+def add_to_run_json(folder, **fields) -> bool:
+    """Add ``fields`` to the run.json a run wrote in ``folder`` (rewritten atomically; a
+    pruning study's, which the command completes with its notes and memory). False, and
+    nothing written, when ``folder`` is None or holds no run.json (an incomplete study)."""
+    if folder is None:
+        return False
+    path = Path(folder) / "run.json"
+    if not path.is_file():
+        return False
+    write_json({**json.loads(path.read_text(encoding="utf-8")), **fields}, path)
+    return True

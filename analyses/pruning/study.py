@@ -62,10 +62,9 @@ from headscope.analyses.pruning.metrics import METRICS, build_metric, default_me
 from headscope.analyses.pruning.scoring import evaluate
 from headscope.analyses.pruning.store import TABLE_FILES, PruneTables, StudyStore
 from headscope.analyses.roles.config import is_seed
-from headscope.probes.models.backend import placement
+from headscope.analyses.run_json import model_record, run_json
 from headscope.probes.outputs.atomic import write_json
 from headscope.probes.outputs.folder import claim_output
-from headscope.probes.outputs.kinds import manifest_header
 
 __all__ = [
     "STUDIES",
@@ -409,19 +408,7 @@ def _commit_curve_summary(store: StudyStore, cfg: PruneConfig, metric) -> None:
 
 
 def _write_run_json(path: Path, model, cfg: PruneConfig, summary: dict) -> None:
-    write_json(
-        {
-            **manifest_header("prune"),
-            "config": cfg.to_dict(),
-            "model": model.spec.name,
-            "backend": model.backend,
-            "backend_choice": getattr(model, "backend_choice", model.backend),
-            **placement(model),
-            "summary": summary,
-            "trust_remote_code": model.trust_remote_code,
-        },
-        path,
-    )
+    write_json(run_json("prune", model_record(model), config=cfg.to_dict(), summary=summary), path)
 
 
 def _curve_major(curves: pd.DataFrame, cfg: PruneConfig) -> pd.DataFrame:

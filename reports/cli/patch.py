@@ -19,23 +19,9 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from headscope.analyses.patching.study import METHODS
     from headscope.analyses.patching.tasks import TASKS
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import (
-        MAX_BATCH,
-        MAX_SEQ_LEN,
-        add_backend,
-        add_device,
-        add_dtype,
-        batch_size,
-        head,
-        int_at_least,
-        int_in,
-        listed,
-        seed,
-        unit_interval,
-    )
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype
 
     p = sub.add_parser("patch", help="causal evidence per head: activation, attribution and path patching")
     p.add_argument(
@@ -48,6 +34,20 @@ def register(sub) -> None:
     add_dtype(p)
     add_device(p)
     p.add_argument("--task", default="induction", help=f"shipped task ({', '.join(TASKS)}) or a JSONL file")
+    _add_method_args(p)
+    _add_path_args(p)
+    _add_size_args(p)
+    p.add_argument(
+        "--out", type=out_argument, default=None, help="folder for patch.csv/.parquet, run.json and figures/"
+    )
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _add_method_args(p) -> None:
+    """``--method``, ``--direction``, ``--unit``, ``--per-position``, ``--ablation``."""
+    from headscope.analyses.patching.study import METHODS
+
     p.add_argument(
         "--method",
         nargs="+",
@@ -76,6 +76,12 @@ def register(sub) -> None:
         help="--method ablation: the kinds run on the clean input (default zero mean resample; mean: one vector per "
         "head over every token of the task's clean inputs, as prune's; mean_position: the mean at each position)",
     )
+
+
+def _add_path_args(p) -> None:
+    """Path patching: ``--receiver``, ``--sender``, ``--via``, ``--path-direction``, ``--receiver-reads``."""
+    from headscope.reports.cli.argtypes import head
+
     p.add_argument("--receiver", type=head, default=None, help="path patching: receiver head LAYER.HEAD")
     p.add_argument(
         "--sender", type=head, default=None, help="path patching: one sender LAYER.HEAD (default: all below)"
@@ -91,6 +97,21 @@ def register(sub) -> None:
         help="path patching via k/v on GQA/MQA: patch only the receiver's read of its shared K/V (head, the "
         "default) or the KV head itself, which its whole group reads (kv_group)",
     )
+
+
+def _add_size_args(p) -> None:
+    """Items, lengths, batches and statistics: ``--n-items`` ... ``--top-k``."""
+    from headscope.reports.cli.argtypes import (
+        MAX_BATCH,
+        MAX_SEQ_LEN,
+        batch_size,
+        int_at_least,
+        int_in,
+        listed,
+        seed,
+        unit_interval,
+    )
+
     p.add_argument(
         "--n-items",
         type=int_at_least(2),
@@ -114,11 +135,6 @@ def register(sub) -> None:
     )
     p.add_argument("--alpha", type=unit_interval, default=0.05, help="level of the BH-corrected verdict")
     p.add_argument("--top-k", type=listed, default=10, help="heads listed and compared (default 10)")
-    p.add_argument(
-        "--out", type=out_argument, default=None, help="folder for patch.csv/.parquet, run.json and figures/"
-    )
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
 
 
 def _task_items(args, rows) -> tuple[int | None, list[str]]:
@@ -198,10 +214,10 @@ def run(args) -> int:
     from headscope.analyses.patching.activation import PatchConfig
     from headscope.analyses.patching.study import StudyConfig, patching_study
     from headscope.analyses.patching.tasks import TASKS, load_task, read_task_jsonl
+    from headscope.analyses.run_json import model_record, write_run_json
     from headscope.probes.models.backend import placement
-    from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
+    from headscope.probes.outputs.atomic import atomic_write, write_frame
     from headscope.probes.outputs.folder import claim_output
-    from headscope.probes.outputs.kinds import manifest_header
     from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
@@ -259,15 +275,6 @@ def run(args) -> int:
                 for rel, png in figures(result.frame, model.spec).items():
                     with atomic_write(tmp / rel, "wb", encoding=None) as f:
                         f.write(png)
-                write_json(
-                    {
-                        **manifest_header("patch"),
-                        **summary,
-                        "backend_choice": model.backend_choice,
-                        "trust_remote_code": model.trust_remote_code,
-                        "memory": used,
-                    },
-                    tmp / "run.json",
-                )
+                write_run_json(tmp, "patch", model_record(model), **summary, memory=used)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str) if args.json else render_summary(summary))
     return 0

@@ -124,17 +124,6 @@ def _capped_items(args) -> tuple[int | None, list[str]]:
     return holds, [cap_note("--n-items", args.n_items, holds, what)]
 
 
-def _record_notes(out, notes: list[str]) -> None:
-    """Add the run's notes (capped counts) to the ``run.json`` the study wrote in ``out``."""
-    from pathlib import Path
-
-    from headscope.probes.outputs.atomic import write_json
-
-    run_json = Path(out) / "run.json"
-    if notes and run_json.is_file():
-        write_json({**json.loads(run_json.read_text(encoding="utf-8")), "notes": notes}, run_json)
-
-
 def render_summary(summary: dict) -> str:
     """Plain-text summary of :func:`~headscope.analyses.pruning.study.study_summary`'s dict."""
     lines = [
@@ -165,6 +154,7 @@ def render_summary(summary: dict) -> str:
 
 def run(args) -> int:
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
+    from headscope.analyses.run_json import add_to_run_json
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
@@ -196,10 +186,9 @@ def run(args) -> int:
             print(f"backend {model.backend_choice}", file=sys.stderr)
         timer = memory.parts_timer(None, "pruning", None, False, "parts of the study")
         result = pruning_study(model, cfg, args.out, roles=roles, progress=timer)  # frames and state into --out
-        memory.add_to_run_json(args.out, "memory", memory.finish(budget, memory.emitter(False)))
+        add_to_run_json(args.out, memory=memory.finish(budget, memory.emitter(False)))
         if notes:
             result.summary["notes"] = notes
-            if args.out:
-                _record_notes(args.out, notes)
+            add_to_run_json(args.out, notes=notes)  # the capped counts
     print(json.dumps(result.summary, indent=2, sort_keys=True) if args.json else render_summary(result.summary))
     return 0

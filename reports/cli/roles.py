@@ -30,6 +30,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
+    from headscope.analyses.roles import REGISTRY  # the help lists the registered groups
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
         add_backend,
@@ -41,9 +42,8 @@ def register(sub) -> None:
         unit_interval,
     )
 
-    p = sub.add_parser(
-        "roles", help="classify every head: positional, special, rare-word, induction, syntactic, coreference"
-    )
+    verdicts = ", ".join(name for name, role in REGISTRY.items() if role.score_kind != "none")
+    p = sub.add_parser("roles", help=f"classify every head: {verdicts}")
     p.add_argument(
         "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
     )
@@ -63,8 +63,7 @@ def register(sub) -> None:
     p.add_argument(
         "--roles",
         metavar="LIST",
-        help="comma-separated role groups to run (default: all): "
-        "positional,special,rare-word,summary,clustering,induction,syntactic,coreference",
+        help=f"comma-separated role groups to run (default: all): {','.join(REGISTRY)}",
     )
     p.add_argument("--out", type=out_argument, metavar="DIR", help="output folder (default: runs/roles-<model>)")
     p.add_argument(
@@ -223,12 +222,83 @@ def _print_text(result, records, out: Path) -> None:
     print("\n".join(lines))
 
 
-def run(args) -> int:
-    from headscope.analyses.roles.pipeline import check_roles, head_roles, roles_by_head
-    from headscope.probes.models.backend import placement
+def _groups(args) -> tuple[str, ...]:
+    """The role groups ``--roles`` names, checked (default: every registered group)."""
+    from headscope.analyses.roles.pipeline import check_roles
+
+    wanted = None
+    if args.roles is not None:
+        wanted = [g.strip() for g in args.roles.split(",") if g.strip()]
+        if not wanted:
+            raise ValueError(
+                f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
+                "or leave --roles out for all"
+            )
+    return check_roles(wanted)
+
+
+def _analyse(args, model, cfg, groups, inputs: dict):
+    """:func:`~headscope.analyses.roles.pipeline.head_roles` on the loaded model, with the
+    terminal's stage progress (long stages only when stderr is a log)."""
+    from headscope.analyses.roles.pipeline import head_roles
+    from headscope.reports import budget as memory
+
+    progress = None
+    if not (args.quiet or args.json):
+        from headscope.reports.cli.terminal import StageProgress
+
+        progress = StageProgress(long_only=not sys.stderr.isatty())  # a log: only long stages print
+    with progress if progress is not None else contextlib.nullcontext():
+        return head_roles(
+            model,
+            conllu=inputs.get("conllu"),
+            coref=inputs.get("coref"),
+            text=inputs.get("text"),
+            roles=groups,
+            cfg=cfg,
+            progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet),
+        )
+
+
+def _write(tmp: Path, args, model, result, groups, inputs: dict, budget) -> None:
+    """The roles folder's files into the staging folder ``tmp``, run.json last
+    (:func:`~headscope.analyses.run_json.write_run_json`)."""
+    from headscope.analyses.roles.pipeline import roles_by_head
+    from headscope.analyses.run_json import model_record, write_run_json
     from headscope.probes.outputs.atomic import write_frame, write_json
+    from headscope.reports import budget as memory
+
+    write_frame(result.frame, tmp / "roles")
+    write_frame(result.stats, tmp / "head_stats")
+    write_frame(result.clusters, tmp / "clusters")
+    write_frame(roles_by_head(result), tmp / "roles_by_head")
+    write_frame(result.coref_pairs, tmp / "coref_pairs")
+    write_json(result.skipped, tmp / "skipped.json")
+    write_json(result.examples, tmp / "examples.json")
+    write_run_json(
+        tmp,
+        "roles",
+        model_record(model),
+        model=result.model,
+        dtype=args.dtype,  # the dtype asked
+        model_arg=args.model,
+        device_map=args.device_map,
+        roles=list(groups),
+        config=result.config,
+        n_items=result.n_items,
+        skipped=result.skipped,
+        timings={k: round(v, 3) for k, v in result.timings.items()},
+        memory=memory.finish(budget, memory.emitter(args.quiet)),
+        inputs={
+            "conllu": [str(c.path) for c in inputs.get("conllu", [])],
+            "coref": str(inputs["coref"].path) if "coref" in inputs else None,
+            "text": str(args.text or "") or ("shipped" if "text" in inputs else None),
+        },
+    )
+
+
+def run(args) -> int:
     from headscope.probes.outputs.folder import claim_output
-    from headscope.probes.outputs.kinds import manifest_header
     from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
@@ -238,15 +308,7 @@ def run(args) -> int:
         )
     device = None if args.device_map else resolve_device(args.device)
     cfg = _config(args)
-    wanted = None
-    if args.roles is not None:
-        wanted = [g.strip() for g in args.roles.split(",") if g.strip()]
-        if not wanted:
-            raise ValueError(
-                f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
-                "or leave --roles out for all"
-            )
-    groups = check_roles(wanted)
+    groups = _groups(args)
     inputs = _read_inputs(args, cfg, groups)
     budget, cfg = memory.roles_start(args, cfg, groups, inputs, device)  # refused in one line if it cannot fit
     out = Path(args.out) if args.out else default_out(args.model)
@@ -255,76 +317,24 @@ def run(args) -> int:
         budget, cfg = memory.roles_refine(budget, model, cfg, groups, inputs)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
-
-        progress = None
-        if not (args.quiet or args.json):
-            from headscope.reports.cli.terminal import StageProgress
-
-            progress = StageProgress(long_only=not sys.stderr.isatty())  # a log: only long stages print
-        with progress if progress is not None else contextlib.nullcontext():
-            result = head_roles(
-                model,
-                conllu=inputs.get("conllu"),
-                coref=inputs.get("coref"),
-                text=inputs.get("text"),
-                roles=groups,
-                cfg=cfg,
-                progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet),
-            )
+        result = _analyse(args, model, cfg, groups, inputs)
         check_usable(result, inputs, args)  # before anything is written
         if not args.quiet and any(result.skipped.values()):
             print(f"skipped: {_skipped_text(result.skipped)} (skipped.json)", file=sys.stderr)
-
         with folder.staging() as tmp:  # one folder swap: never new tables beside an old run.json
-            write_frame(result.frame, tmp / "roles")
-            write_frame(result.stats, tmp / "head_stats")
-            write_frame(result.clusters, tmp / "clusters")
-            write_frame(roles_by_head(result), tmp / "roles_by_head")
-            write_frame(result.coref_pairs, tmp / "coref_pairs")
-            write_json(result.skipped, tmp / "skipped.json")
-            write_json(result.examples, tmp / "examples.json")
-            write_json(
-                {
-                    **manifest_header("roles"),
-                    "model": result.model,
-                    "model_arg": args.model,
-                    "backend": model.backend,
-                    "backend_choice": model.backend_choice,
-                    "dtype": args.dtype,
-                    "device": placement(model)["device"],
-                    "device_map": args.device_map,
-                    "roles": list(groups),
-                    "trust_remote_code": model.trust_remote_code,
-                    "config": result.config,
-                    "n_items": result.n_items,
-                    "skipped": result.skipped,
-                    "timings": {k: round(v, 3) for k, v in result.timings.items()},
-                    "memory": memory.finish(budget, memory.emitter(args.quiet)),
-                    "inputs": {
-                        "conllu": [str(c.path) for c in inputs.get("conllu", [])],
-                        "coref": str(inputs["coref"].path) if "coref" in inputs else None,
-                        "text": str(args.text or "") or ("shipped" if "text" in inputs else None),
-                    },
-                },
-                tmp / "run.json",
-            )
+            _write(tmp, args, model, result, groups, inputs, budget)
 
     records = _summary_records(result, args.top)
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "model": result.model,
-                    "out": str(out),
-                    "top": records,
-                    "skipped": result.skipped,
-                    "n_items": result.n_items,
-                    "timings": result.timings,
-                },
-                indent=2,
-                default=str,
-            )
-        )
+        summary = {
+            "model": result.model,
+            "out": str(out),
+            "top": records,
+            "skipped": result.skipped,
+            "n_items": result.n_items,
+            "timings": result.timings,
+        }
+        print(json.dumps(summary, indent=2, default=str))
     elif not args.quiet:
         _print_text(result, records, out)
     return 0

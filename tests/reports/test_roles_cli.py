@@ -146,3 +146,33 @@ def test_cli_unknown_role_group(capsys):
 def test_default_out_dir():
     assert default_out("minilm-l6") == Path("runs/roles-minilm-l6")
     assert default_out("/models/SmolLM2 135M.gguf") == Path("runs/roles-SmolLM2_135M")
+
+
+def test_help_lists_the_registered_role_groups(capsys, monkeypatch):
+    """The roles help (the command's line in ``headscope --help`` and ``--roles``) is built from
+    the role registry: a group registered at run time appears in both, and leaves with it."""
+    from headscope.analyses.roles import REGISTRY, Role, register, unregister
+
+    monkeypatch.setenv("COLUMNS", "2000")  # argparse wraps at the terminal's width, inside long words too
+
+    def finish(*a):
+        raise AssertionError("the help never runs a role")
+
+    def help_of(*argv) -> str:
+        assert main([*argv, "--help"]) == 0
+        return capsys.readouterr().out
+
+    assert "positional,special,rare-word" in help_of("roles")
+    try:
+        register(Role("toy-verdict", "text", "share", finish, finish))
+        register(Role("toy-stats", "text", "none", finish, finish))
+        assert f"(default: all): {','.join(REGISTRY)}" in help_of("roles")
+        assert ",toy-verdict,toy-stats" in help_of("roles")
+        top = help_of()
+        verdicts = [name for name, role in REGISTRY.items() if role.score_kind != "none"]
+        assert f"classify every head: {', '.join(verdicts)}" in top and verdicts[-1] == "toy-verdict"
+        assert "toy-stats" not in top  # a group without verdicts classifies nothing
+    finally:
+        unregister("toy-verdict")
+        unregister("toy-stats")
+    assert "toy-verdict" not in help_of("roles")
