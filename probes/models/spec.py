@@ -77,7 +77,7 @@ class ArchSpec:
     #: EmbeddingGemma); ``encoder`` still follows the model type
     bidirectional_attention: bool = False
     #: family options set away from their default (``"name=value"``), e.g. GPT-2's
-    #: ``scale_attn_by_inverse_layer_idx=True``: see ``arch._FIXED_OPTIONS``
+    #: ``scale_attn_by_inverse_layer_idx=True``: see ``Family.fixed_options`` (:mod:`~headscope.probes.models.families`)
     off_default: tuple[str, ...] = ()
     #: query heads, KV heads and MLP width of each layer where a GGUF file's layers differ
     #: (:data:`~headscope.probes.models.arch.PER_LAYER`; the card only: no backend builds such a model); None: the same in every
