@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import conllu
@@ -262,7 +262,32 @@ def _read_block(
     p: Path, block: list[tuple[int, str]], full_labels: bool, skips: list[tuple[int, str]]
 ) -> DependencySentence | tuple[int, str] | None:
     """Validate one sentence's lines and parse them; a sentence, a (line, reason) skip, or None."""
-    n_words, ranges, unannotated, spaced, token_seen = 0, [], None, None, False
+    scan = _scan_block(p, block, skips)
+    if scan is None:
+        return None  # comment-only block (e.g. '# newdoc' on its own)
+    _check_references(p, block, scan)
+    if scan.unannotated is not None:
+        return scan.unannotated, "unannotated"
+    if scan.spaced is not None:
+        return scan.spaced, "space_in_word"
+    return _parse_block(p, block, full_labels)
+
+
+@dataclass
+class _BlockScan:
+    """What one pass over a sentence's lines found: its word count, its multiword ranges
+    (line, last word), and the first line of a word without HEAD/DEPREL or with a space."""
+
+    n_words: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    unannotated: int | None = None
+    spaced: int | None = None
+
+
+def _scan_block(p: Path, block: list[tuple[int, str]], skips: list[tuple[int, str]]) -> _BlockScan | None:
+    """Check each line of a sentence in order (comments first, 10 columns, IDs in order);
+    None for a block of comments only. Empty nodes are recorded in ``skips``."""
+    scan, token_seen = _BlockScan(), False
     for line_no, text in block:
         if text.startswith("#"):
             if token_seen:
@@ -275,69 +300,79 @@ def _read_block(
                 )
             continue
         token_seen = True
-        fields = text.split("\t")
-        if len(fields) != 10:
-            col = len(text) + 1 if len(fields) < 10 else _column(fields, 10)
-            raise InputFileError(
-                p,
-                line_no,
-                col,
-                f"expected 10 tab-separated columns ({' '.join(COLUMNS)}), "
-                f"got {len(fields)}; separate columns with single tabs",
-            )
-        for k, value in enumerate(fields):
-            if value.strip() == "":
-                raise InputFileError(
-                    p,
-                    line_no,
-                    _column(fields, k),
-                    f"column {k + 1} ({COLUMNS[k]}) is empty or blank; write _ for an unset value",
-                )
-            if "  " in value:
-                raise InputFileError(
-                    p,
-                    line_no,
-                    _column(fields, k) + value.index("  "),
-                    f"column {k + 1} ({COLUMNS[k]}) holds two spaces in a row, which CoNLL-U "
-                    "parsers read as a column break; use a single space",
-                )
+        fields = _token_fields(p, line_no, text)
         ident, head, deprel = fields[0], fields[6], fields[7]
         if head != "_" and not _HEAD.match(head):
             raise InputFileError(
                 p, line_no, _column(fields, 6), f"HEAD must be a word ID (0 for the root) or _; got {head!r}"
             )
         if _WORD_ID.match(ident):
-            if int(ident) != n_words + 1:
+            if int(ident) != scan.n_words + 1:
                 raise InputFileError(
-                    p, line_no, 1, f"word IDs must run 1, 2, 3, ... in order; expected {n_words + 1}, got {ident}"
+                    p, line_no, 1, f"word IDs must run 1, 2, 3, ... in order; expected {scan.n_words + 1}, got {ident}"
                 )
-            n_words += 1
-            if (head == "_" or deprel == "_") and unannotated is None:
-                unannotated = line_no
-            if spaced is None and any(c.isspace() for c in fields[1]):
-                spaced = line_no
+            scan.n_words += 1
+            if (head == "_" or deprel == "_") and scan.unannotated is None:
+                scan.unannotated = line_no
+            if scan.spaced is None and any(c.isspace() for c in fields[1]):
+                scan.spaced = line_no
         elif m := _RANGE_ID.match(ident):
             start, end = int(m[1]), int(m[2])
-            if start != n_words + 1 or end <= start or (ranges and ranges[-1][1] >= start):
+            if start != scan.n_words + 1 or end <= start or (scan.ranges and scan.ranges[-1][1] >= start):
                 raise InputFileError(
                     p,
                     line_no,
                     1,
                     f"a multiword range must start at the next word ID "
-                    f"({n_words + 1}), end after it and not overlap another range; got {ident}",
+                    f"({scan.n_words + 1}), end after it and not overlap another range; got {ident}",
                 )
-            ranges.append((line_no, end))
+            scan.ranges.append((line_no, end))
         elif _EMPTY_ID.match(ident):
             skips.append((line_no, "empty_node"))
         else:
             raise InputFileError(
                 p, line_no, 1, f"ID must be a word ID (1, 2, ...), a range (3-4) or an empty node (8.1); got {ident!r}"
             )
-    if not token_seen:
-        return None  # comment-only block (e.g. '# newdoc' on its own)
+    return scan if token_seen else None
+
+
+def _token_fields(p: Path, line_no: int, text: str) -> list[str]:
+    """The 10 columns of a token line: none empty, none holding two spaces in a row."""
+    fields = text.split("\t")
+    if len(fields) != 10:
+        col = len(text) + 1 if len(fields) < 10 else _column(fields, 10)
+        raise InputFileError(
+            p,
+            line_no,
+            col,
+            f"expected 10 tab-separated columns ({' '.join(COLUMNS)}), "
+            f"got {len(fields)}; separate columns with single tabs",
+        )
+    for k, value in enumerate(fields):
+        if value.strip() == "":
+            raise InputFileError(
+                p,
+                line_no,
+                _column(fields, k),
+                f"column {k + 1} ({COLUMNS[k]}) is empty or blank; write _ for an unset value",
+            )
+        if "  " in value:
+            raise InputFileError(
+                p,
+                line_no,
+                _column(fields, k) + value.index("  "),
+                f"column {k + 1} ({COLUMNS[k]}) holds two spaces in a row, which CoNLL-U "
+                "parsers read as a column break; use a single space",
+            )
+    return fields
+
+
+def _check_references(p: Path, block: list[tuple[int, str]], scan: _BlockScan) -> None:
+    """Every word ID a line points at exists: at least one word, ranges and HEADs within them."""
+    n_words = scan.n_words
     if n_words == 0:
         raise InputFileError(p, block[0][0], 1, "sentence has no word lines (only ranges or empty nodes)")
-    for line_no, end in ranges:
+    for line_no, end in scan.ranges:
         if end > n_words:
             raise InputFileError(
                 p, line_no, 1, f"multiword range ends at word {end} but the sentence has {n_words} words"
@@ -352,11 +387,11 @@ def _read_block(
                 f"HEAD {fields[6]} is out of range: the "
                 f"sentence has {n_words} words (0 = root); point HEAD at one of them",
             )
-    if unannotated is not None:
-        return unannotated, "unannotated"
-    if spaced is not None:
-        return spaced, "space_in_word"
 
+
+def _parse_block(p: Path, block: list[tuple[int, str]], full_labels: bool) -> DependencySentence | tuple[int, str]:
+    """The sentence of lines that passed the checks (conllu parses them), or a (line, reason)
+    skip when its heads do not form a tree."""
     try:
         tokens = conllu.parse("\n".join(t for _, t in block) + "\n", field_parsers=_RAW)[0]
     except Exception as err:  # the lines passed our checks; report anything conllu still rejects in place
