@@ -88,11 +88,17 @@ def _ids(cls: str) -> list[int]:
     return [VOCAB.index(w) for w in WORD_CLASSES[cls]]
 
 
+def _layout() -> tuple[int, int, int]:
+    """``(V, POS, PREV)``: the vocabulary size and where the position and previous-token
+    blocks of the residual stream start (the token block starts at 0)."""
+    v = len(VOCAB)
+    return v, v, v + N_POS
+
+
 def planted_model(*, causal: bool = True, seed: int = 0, random_std: float = 0.5) -> InHouseModel:
     """Build the planted model (see module docstring). ``random_std``: std of the random
     heads' ``W_Q``/``W_K`` entries (0.5 gives logits of std ~0.5: mildly peaked, no role)."""
-    V = len(VOCAB)
-    POS, PREV = V, V + N_POS
+    V, _POS, PREV = _layout()
     if PREV + V > D_MODEL:
         raise ValueError(f"the residual layout needs {PREV + V} dims; d_model is {D_MODEL}")
     cfg = ModelConfig(
@@ -112,66 +118,80 @@ def planted_model(*, causal: bool = True, seed: int = 0, random_std: float = 0.5
     )
     module = Transformer(cfg)
     gen = torch.Generator().manual_seed(seed)
-    bos, dets, nouns, puncts = VOCAB.index("[BOS]"), _ids("det"), _ids("noun"), _ids("punct")
     with torch.no_grad():
-        for p in module.parameters():
-            if p.requires_grad:
-                p.zero_()
-        module.embed.weight[:, :V] = torch.eye(V)
-        module.pos_embed.weight[:, POS : POS + N_POS] = torch.eye(N_POS)
-        module.ln_final.weight.fill_(1.0)
-        for layer, block in enumerate(module.blocks):
-            # residual norm^2 is 2 in layer 0 (token + position), 3 in layer 1 (+ previous token):
-            # RMSNorm multiplies by sqrt(d / norm^2); the weight undoes it
-            block.ln1.weight.fill_(((2.0 + layer) / D_MODEL) ** 0.5)
-            block.ln2.weight.fill_(1.0)
+        _plant_residual(module)
+        _plant_heads(module, causal=causal, gen=gen, random_std=random_std)
+    return InHouseModel(module, planted_tokenizer(), name=cfg.name)
 
-        def head(layer, h):
-            a = module.blocks[layer].attn
-            s = slice(h * D_HEAD, (h + 1) * D_HEAD)
-            return a.q_proj.weight[s], a.k_proj.weight[s], a.v_proj.weight[s], a.o_proj.weight[:, s]
 
-        # (0, 0): previous token, and it writes that token into the PREV block
-        wq, wk, wv, wo = head(0, 0)
+def _plant_residual(module: Transformer) -> None:
+    """Zero every weight, then embed token and position one-hot and set the norms so that
+    they keep the residual's scale."""
+    V, POS, _PREV = _layout()
+    for p in module.parameters():
+        if p.requires_grad:
+            p.zero_()
+    module.embed.weight[:, :V] = torch.eye(V)
+    module.pos_embed.weight[:, POS : POS + N_POS] = torch.eye(N_POS)
+    module.ln_final.weight.fill_(1.0)
+    for layer, block in enumerate(module.blocks):
+        # residual norm^2 is 2 in layer 0 (token + position), 3 in layer 1 (+ previous token):
+        # RMSNorm multiplies by sqrt(d / norm^2); the weight undoes it
+        block.ln1.weight.fill_(((2.0 + layer) / D_MODEL) ** 0.5)
+        block.ln2.weight.fill_(1.0)
+
+
+def _plant_heads(module: Transformer, *, causal: bool, gen: torch.Generator, random_std: float) -> None:
+    """Write each planted head's ``W_Q``/``W_K`` (and the previous-token head's ``W_V``/``W_O``),
+    then the random heads' ``W_Q``/``W_K`` drawn from ``gen``."""
+    V, POS, PREV = _layout()
+    bos, dets, nouns, puncts = VOCAB.index("[BOS]"), _ids("det"), _ids("noun"), _ids("punct")
+
+    def head(layer, h):
+        a = module.blocks[layer].attn
+        s = slice(h * D_HEAD, (h + 1) * D_HEAD)
+        return a.q_proj.weight[s], a.k_proj.weight[s], a.v_proj.weight[s], a.o_proj.weight[:, s]
+
+    # (0, 0): previous token, and it writes that token into the PREV block
+    wq, wk, wv, wo = head(0, 0)
+    for i in range(N_POS):
+        wq[i, POS + i] = SHARP
+        if i + 1 < D_HEAD:
+            wk[i + 1, POS + i] = 1.0
+    wv[:V, :V] = torch.eye(V)
+    wo[PREV : PREV + V, :V] = torch.eye(V)
+    # (0, 1): first-token sink
+    wq, wk, _, _ = head(0, 1)
+    wq[0, POS : POS + N_POS] = SHARP
+    wk[0, bos] = 1.0
+    # (0, 2)
+    wq, wk, _, _ = head(0, 2)
+    if causal:  # noun -> nearest preceding determiner: class match (500) + recency (6 per position)
+        for n in nouns:
+            wq[0, n] = 8 * 500.0
+            wq[1, n] = 8 * 6.0
+        for d in dets:
+            wk[0, d] = 1.0
+        wk[1, POS : POS + N_POS] = torch.arange(N_POS, dtype=torch.float32)
+    else:  # next token
         for i in range(N_POS):
             wq[i, POS + i] = SHARP
-            if i + 1 < D_HEAD:
-                wk[i + 1, POS + i] = 1.0
-        wv[:V, :V] = torch.eye(V)
-        wo[PREV : PREV + V, :V] = torch.eye(V)
-        # (0, 1): first-token sink
-        wq, wk, _, _ = head(0, 1)
-        wq[0, POS : POS + N_POS] = SHARP
-        wk[0, bos] = 1.0
-        # (0, 2)
-        wq, wk, _, _ = head(0, 2)
-        if causal:  # noun -> nearest preceding determiner: class match (500) + recency (6 per position)
-            for n in nouns:
-                wq[0, n] = 8 * 500.0
-                wq[1, n] = 8 * 6.0
-            for d in dets:
-                wk[0, d] = 1.0
-            wk[1, POS : POS + N_POS] = torch.arange(N_POS, dtype=torch.float32)
-        else:  # next token
-            for i in range(N_POS):
-                wq[i, POS + i] = SHARP
-                if i >= 1:
-                    wk[i - 1, POS + i] = 1.0
-        # (1, 1): induction: query token == key's previous token
-        wq, wk, _, _ = head(1, 1)
-        wq[:V, :V] = SHARP * torch.eye(V)
-        wk[:V, PREV : PREV + V] = torch.eye(V)
-        # (1, 2): punctuation
-        wq, wk, _, _ = head(1, 2)
-        wq[0, POS : POS + N_POS] = 8 * 20.0
-        for p in puncts:
-            wk[0, p] = 1.0
-        # random heads: random W_Q, W_K; they write nothing
-        for layer, h in RANDOM_HEADS:
-            wq, wk, _, _ = head(layer, h)
-            wq.copy_(torch.randn(wq.shape, generator=gen) * random_std)
-            wk.copy_(torch.randn(wk.shape, generator=gen) * random_std)
-    return InHouseModel(module, planted_tokenizer(), name=cfg.name)
+            if i >= 1:
+                wk[i - 1, POS + i] = 1.0
+    # (1, 1): induction: query token == key's previous token
+    wq, wk, _, _ = head(1, 1)
+    wq[:V, :V] = SHARP * torch.eye(V)
+    wk[:V, PREV : PREV + V] = torch.eye(V)
+    # (1, 2): punctuation
+    wq, wk, _, _ = head(1, 2)
+    wq[0, POS : POS + N_POS] = 8 * 20.0
+    for p in puncts:
+        wk[0, p] = 1.0
+    # random heads: random W_Q, W_K; they write nothing
+    for layer, h in RANDOM_HEADS:
+        wq, wk, _, _ = head(layer, h)
+        wq.copy_(torch.randn(wq.shape, generator=gen) * random_std)
+        wk.copy_(torch.randn(wk.shape, generator=gen) * random_std)
 
 
 def writing_induction(model: InHouseModel, strength: float = 4.0) -> InHouseModel:
