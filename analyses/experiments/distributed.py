@@ -321,38 +321,20 @@ def stream_distributed(
     if words is None:
         words = not isinstance(items[0], str)
     options = actor_options(device, gpus_per_worker)  # a bad device or fraction fails before Ray starts
+    run_args = (
+        reducer_factory,
+        tuple(quantities),
+        None if layers is None else tuple(layers),
+        batch_size,
+        max_tokens,
+        words,
+    )
     started = False
     if not ray.is_initialized():
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
         started = ray_address is None
     try:
-        resources = ray.cluster_resources()
-        cpus = max(1, int(resources.get("CPU", 1)))
-        n = min(n_shards or cpus, len(items))
-        bounds = shard_bounds(len(items), n)
-        n_workers = n_actors(len(bounds), resources, options)
-        env = {k: os.environ[k] for k in _ENV_PASSED if k in os.environ}
-        actor = ray.remote(**options)(ShardWorker)
-        worker_device = "cuda" if "num_gpus" in options else device  # Ray shows an actor its own GPUs only
-        workers = [actor.remote(model_spec_name, backend, worker_device, env) for _ in range(n_workers)]
-        try:
-            futures = [
-                workers[s % n_workers].run.remote(
-                    items[a:b],
-                    a,
-                    reducer_factory,
-                    tuple(quantities),
-                    None if layers is None else tuple(layers),
-                    batch_size,
-                    max_tokens,
-                    words,
-                )
-                for s, (a, b) in enumerate(bounds)
-            ]
-            parts = ray.get(futures)
-        finally:
-            for w in workers:
-                ray.kill(w)
+        parts, n_workers = _run_shards(ray, model_spec_name, backend, device, options, items, n_shards, run_args)
     finally:
         if started:
             ray.shutdown()
@@ -363,3 +345,25 @@ def stream_distributed(
     report = merge_reports([rep for _, rep in parts])
     log.info("merged %d shards from %d workers: %d items used", len(parts), n_workers, report.n_used)
     return merged, report
+
+
+def _run_shards(ray, model_spec_name: str, backend: str, device: str, options: dict, items: list, n_shards, run_args):
+    """Cut ``items`` into shards, run them on actors of ``ShardWorker`` (``options``: their
+    Ray resources) and return ``([(reducer, StreamReport)] per shard, actors used)``. The
+    actors are killed afterwards, also on an error. ``run_args``: what
+    :meth:`ShardWorker.run` takes after a shard's items and first index."""
+    resources = ray.cluster_resources()
+    cpus = max(1, int(resources.get("CPU", 1)))
+    n = min(n_shards or cpus, len(items))
+    bounds = shard_bounds(len(items), n)
+    n_workers = n_actors(len(bounds), resources, options)
+    env = {k: os.environ[k] for k in _ENV_PASSED if k in os.environ}
+    actor = ray.remote(**options)(ShardWorker)
+    worker_device = "cuda" if "num_gpus" in options else device  # Ray shows an actor its own GPUs only
+    workers = [actor.remote(model_spec_name, backend, worker_device, env) for _ in range(n_workers)]
+    try:
+        futures = [workers[s % n_workers].run.remote(items[a:b], a, *run_args) for s, (a, b) in enumerate(bounds)]
+        return ray.get(futures), n_workers
+    finally:
+        for w in workers:
+            ray.kill(w)
