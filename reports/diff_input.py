@@ -69,7 +69,7 @@ def read_run(path) -> Run:
     :func:`~headscope.reports.runs.load_run`; a folder without a manifest (tables written
     by hand) is read from its table files at the top and under ``tables/``. The ``roles``
     table (not a prune folder's: that one is its role ablation) is checked by
-    :func:`check_roles_table`; every other table holding
+    :func:`~headscope.reports.table_checks.check_roles_table`; every other table holding
     IMPACT_COLUMNS is a pruning table, checked row by row."""
     from headscope.analyses.frames import IMPACT_COLUMNS
     from headscope.probes.outputs.kinds import output_kind_of

@@ -16,11 +16,11 @@ Every command that writes a folder (``report``, ``roles``, ``diff``: replaced wh
    atomic exchange (Linux ``renameat2(RENAME_EXCHANGE)``): readers see the old folder or
    the new one, never a missing or a half one. Where the file system has no exchange,
    two renames are used and a run killed between them is repaired by the next run
-   (:func:`recover`).
+   (:func:`~headscope.probes.outputs.swap.recover`).
 
 A folder headscope stages (``<out>.tmp-<pid>``) carries a marker file,
 ``.headscope-staging`` (JSON: ``headscope``, ``kind``, ``out``, ``pid``), and ``out`` gets one
-just before it is swapped out; :func:`recover` deletes or moves back only what carries
+just before it is swapped out; :func:`~headscope.probes.outputs.swap.recover` deletes or moves back only what carries
 that marker, or what is an earlier output of the same kind with nothing else in it. A
 folder of the user's that merely has such a name is left as it is (one warning line).
 
