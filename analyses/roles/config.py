@@ -9,7 +9,7 @@ Every threshold is here, with its source; all are configurable.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import pandas as pd
 
@@ -69,16 +69,9 @@ class RolesConfig:
             raise ValueError(
                 f"The 'n_perm_max' parameter of RolesConfig must be a positive int; got {self.n_perm_max!r}."
             )
-        for k in (
-            "margin",
-            "positional_threshold",
-            "alpha",
-            "ci_level",
-            "special_threshold",
-            "punctuation_threshold",
-            "induction_threshold",
-            "rare_threshold",
-        ):
+        # a role's threshold is a field named <role>_threshold: checked here without listing it
+        thresholds = tuple(f.name for f in fields(self) if f.name.endswith("_threshold"))
+        for k in ("margin", "alpha", "ci_level", *thresholds):
             v = getattr(self, k)
             if not 0 <= v <= 1:
                 raise ValueError(f"The {k!r} parameter of RolesConfig must be in [0, 1]; got {v!r}.")

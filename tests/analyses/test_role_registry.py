@@ -65,6 +65,16 @@ def test_each_role_carries_its_patching_task_and_example_picker():
         Role("x", "text", "share", print, print, row_tasks={"x": 1})
 
 
+def test_every_threshold_field_is_checked_without_a_list():
+    from dataclasses import fields
+
+    names = [f.name for f in fields(RolesConfig) if f.name.endswith("_threshold")]
+    assert "positional_threshold" in names and "rare_threshold" in names
+    for name in names:
+        with pytest.raises(ValueError, match=f"The '{name}' parameter of RolesConfig must be in \\[0, 1\\]; got 1.5"):
+            RolesConfig(**{name: 1.5})
+
+
 def test_the_three_first_position_roles_say_how_they_differ():
     pos, spec = REGISTRY["positional"].description, REGISTRY["special"].description
     assert "MAXIMUM" in pos and "MASS" in pos and "sink:first-token" in pos and "special" in pos
