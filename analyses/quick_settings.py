@@ -1,7 +1,7 @@
 """The quick pruning stage's settings, defined once.
 
 The report's default pruning stage (``headscope report`` without ``--full``,
-``reports.pipeline``) and the bench's ``quick_pruning`` paths (which time that stage) both
+``analyses.run.RunConfig.pruning``) and the bench's ``quick_pruning`` paths (which time that stage) both
 build their :class:`~headscope.analyses.pruning.study.PruneConfig` from
 :data:`QUICK_PRUNING`, so the bench times what the report runs. The quick stage leaves out
 mean ablation (an extra corpus pass and H more evaluations) and all-but-one (H more

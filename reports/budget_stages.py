@@ -330,5 +330,5 @@ def role_corpora(groups, role_inputs: dict | None) -> dict:
     return out
 
 
-#: the report's patching tasks (:data:`~headscope.reports.pipeline.ROLE_TASKS`) and the seq_len of the generated ones
+#: the report's patching tasks (each role's :attr:`~headscope.analyses.roles.base.Role.task`) and the seq_len of the generated ones
 REPORT_TASKS = ("induction", "coreference", "agreement", "duplicate_token")

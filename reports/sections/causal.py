@@ -141,7 +141,7 @@ def causal_sections(
     heads next to patching's, their overlap, the task, the metric gap, attribution vs
     activation agreement and a heatmap of the effect per head. ``frames["patching"]`` (task +
     PATCH_COLUMNS) and ``meta["patching_summary"]`` (``roles``: records of label, role,
-    relation, task (:func:`~headscope.reports.pipeline.causal_roles`); ``tasks``:
+    relation, task (:func:`~headscope.analyses.run_patching.causal_roles`); ``tasks``:
     per-task summaries, ``refused``); roles without a task are listed.
 
     >>> [p.text for p in causal_sections({}, {"absent": {"patching": "no hooks"}}, 2, 2)[0].blocks]
