@@ -34,9 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_STUDIES  # noqa: F401 - kept for callers
 from headscope.analyses.run import RunConfig, open_model, run_analyses, timed
-from headscope.analyses.run_frames import SKIPPED_COLUMNS, skipped_frame  # noqa: F401 - kept for callers
+from headscope.analyses.run_frames import skipped_frame  # noqa: F401 - tests/probes build frames through it
 from headscope.analyses.run_json import model_record, run_json, versions
 from headscope.analyses.run_patching import CAUSAL_METHOD
 from headscope.probes.budget import peak_rss_bytes

@@ -16,9 +16,10 @@ import pytest
 from tiny_models import FAMILIES, tiny_model_dir
 
 from headscope.analyses.pruning.study import PruneConfig
+from headscope.analyses.quick_settings import QUICK_STUDIES
 from headscope.analyses.roles.pipeline import default_text
 from headscope.probes.models.config import INHOUSE_MODEL_TYPES
-from headscope.reports.pipeline import QUICK_STUDIES, build_report
+from headscope.reports.pipeline import build_report
 
 FIXTURE_CONLLU = "tests/fixtures/ud_sample.conllu"
 
