@@ -43,7 +43,7 @@ from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.tasks import REFERENCE_METRICS, check_decoder, metric_fn
 from headscope.analyses.stats.resampling import adjust_p
-from headscope.probes.models.backend import rows_unembedded, unembed_at
+from headscope.probes.models.backends.protocol import rows_unembedded, unembed_at
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
     """The units patched together: ``[[(layer, head)], ...]`` per query head, or per layer and
     KV head the query heads reading it (``unit="kv_group"``), ordered by layer.
 
-    >>> from headscope.probes.models.backend import ModelSpec
+    >>> from headscope.probes.models.backends.protocol import ModelSpec
     >>> s = ModelSpec(name="m", family="llama", n_layers=1, n_heads=4, n_kv_heads=2, d_head=8, d_model=32,
     ...     causal=True, max_positions=64, backend="inhouse")
     >>> patch_units(s, "kv_group")
@@ -119,7 +119,7 @@ def readout(model, ids: torch.Tensor, **resume) -> torch.Tensor:
     """What the metric reads (all inputs of a batch have equal length, no padding): a
     decoder's logits at the last position ``[batch, vocab]``; an encoder's last hidden
     state mean-pooled over positions ``[batch, d_model]`` (float32). A decoder whose
-    unembedding reads chosen rows (in-house; HF where checked) unembeds the last position only (:func:`~headscope.probes.models.backend.unembed_at`:
+    unembedding reads chosen rows (in-house; HF where checked) unembeds the last position only (:func:`~headscope.probes.models.backends.protocol.unembed_at`:
     the same arithmetic per row; the other positions' logits, 22% of a SmolLM2 forward of
     17 tokens, are never computed)."""
     mask = torch.ones_like(ids)

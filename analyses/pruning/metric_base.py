@@ -26,7 +26,7 @@ import torch
 
 from headscope.analyses.metrics import weighted_mean
 from headscope.probes.capture import buckets
-from headscope.probes.models.backend import batch_to
+from headscope.probes.models.backends.protocol import batch_to
 from headscope.probes.tokens import TokenBatch, tokenize_items
 
 

@@ -215,7 +215,7 @@ def run(args) -> int:
     from headscope.analyses.patching.study import StudyConfig, patching_study
     from headscope.analyses.patching.tasks import TASKS, load_task, read_task_jsonl
     from headscope.analyses.run_json import model_record, write_run_json
-    from headscope.probes.models.backend import placement
+    from headscope.probes.models.backends.protocol import placement
     from headscope.probes.outputs.atomic import atomic_write, write_frame
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory

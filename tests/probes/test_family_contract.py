@@ -69,7 +69,7 @@ def test_name_map_covers_every_hf_tensor(model_type):
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_backend_and_hf_layout_are_as_declared(model_type):
-    from headscope.probes.models.backend import spec_from_arch
+    from headscope.probes.models.backends.protocol import spec_from_arch
     from headscope.probes.models.hf_layout import find_layout
 
     family = FAMILIES[model_type]

@@ -190,7 +190,7 @@ def test_config_is_validated_and_bounds_the_items():
 
 
 def test_quick_mode_patches_gqa_groups_and_full_mode_heads():
-    from headscope.probes.models.backend import ModelSpec
+    from headscope.probes.models.backends.protocol import ModelSpec
 
     kw = dict(name="m", family="llama", n_layers=2, d_head=8, d_model=32, causal=True, max_positions=64)
     gqa = ModelSpec(n_heads=9, n_kv_heads=3, backend="inhouse", **kw)
