@@ -1,12 +1,12 @@
 """Rebuild the shipped task files: ``python -m headscope.analyses.patching.generate``
-writes ``data/tasks/agreement.jsonl`` from :func:`~headscope.analyses.patching.tasks.agreement_rows`
+writes ``data/tasks/agreement.jsonl`` from :func:`~headscope.analyses.patching.sentence_tasks.agreement_rows`
 (deterministic: the same bytes every run)."""
 
 from __future__ import annotations
 
 import logging
 
-from headscope.analyses.patching.tasks import write_agreement
+from headscope.analyses.patching.sentence_tasks import write_agreement
 from headscope.data import path
 
 
