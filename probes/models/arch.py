@@ -179,12 +179,13 @@ def _sliding(hf: dict, mtype: str, n_layers: int, where: str = "config") -> tupl
         )
     types = hf.get("layer_types")
     pattern = hf.get("sliding_window_pattern")
+    family = family_of(mtype)
+    every = _int_or_none(pattern) or (family.sliding_pattern if family else None)  # every n-th layer global
     if isinstance(types, list) and len(types) == n_layers:
         slides = [t == "sliding_attention" for t in types]
     elif isinstance(pattern, list) and len(pattern) == n_layers:  # GGUF: one flag per layer
         slides = [bool(p) for p in pattern]
-    elif (family_pattern := getattr(family_of(mtype), "sliding_pattern", None)) or _int_or_none(pattern):
-        every = _int_or_none(pattern) or family_pattern
+    elif every:
         slides = [bool((i + 1) % every) for i in range(n_layers)]
     elif hf.get("use_sliding_window") and _int_or_none(hf.get("max_window_layers")) is not None:
         slides = [i >= hf["max_window_layers"] for i in range(n_layers)]
