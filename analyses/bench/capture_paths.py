@@ -86,26 +86,26 @@ def capture_patterns(bench: BenchState) -> Prepared:
 
 
 def inhouse_forward(bench: BenchState) -> Prepared:
-    module = bench.model("inhouse").module
+    network = bench.model("inhouse").network
 
     def step(ids, mask):
         with torch.inference_mode():
-            module(ids, mask)
+            network(ids, mask)
 
     return Prepared(*bench.over_batches(step), bench.fwd_gflop, "")
 
 
 def gate_grad(bench: BenchState) -> Prepared:
-    module = bench.model("inhouse").module
-    causal = bench.spec.causal
+    model = bench.model("inhouse")
+    network, causal = model.network, bench.spec.causal
 
     def step(ids, mask):
-        gates = module.gates
+        gates = model.gates
         for g in gates:
             g.requires_grad_(True)
         try:
             with torch.enable_grad():
-                out = module(ids, mask)
+                out = network(ids, mask)
             if causal:
                 logits = out[:, :-1].float()
                 target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
@@ -131,11 +131,11 @@ def bf16_forward(bench: BenchState) -> Prepared:
     ok, why = bench.bf16
     if not ok:
         raise PathSkipped(f"no native bf16 here ({why})")
-    module = bench.model("inhouse_bf16").module
+    network = bench.model("inhouse_bf16").network
 
     def step(ids, mask):
         with torch.inference_mode():
-            module(ids, mask)
+            network(ids, mask)
 
     return Prepared(*bench.over_batches(step), bench.fwd_gflop, why)
 

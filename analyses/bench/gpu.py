@@ -120,8 +120,8 @@ def build_model(cfg: GpuBenchConfig, tokenizer):
     """The in-house transformer of ``cfg.hf_config``, random weights (seeded), built directly
     on ``cfg.device`` in ``cfg.dtype`` (an 8B model in bf16 is 16 GB: never on the host)."""
     from headscope.probes.models.arch import arch_from_hf_config
+    from headscope.probes.models.backends.inhouse import InHouseModel
     from headscope.probes.models.config import config_from_arch
-    from headscope.probes.models.loading import InHouseModel
     from headscope.probes.models.transformer import Transformer
 
     mcfg = config_from_arch(arch_from_hf_config(cfg.hf_config, "gpu bench config"), name="llama-8b-shapes")
@@ -183,7 +183,7 @@ def _model_paths(model, cfg: GpuBenchConfig, ids: torch.Tensor, am: torch.Tensor
 
     device, spec = torch.device(cfg.device), model.spec
     g_ids, g_am = ids[: cfg.grad_batch], am[: cfg.grad_batch]
-    linear = linear_params(model.module)
+    linear = linear_params(model.network)
 
     def flop(rows: int) -> float:
         return model_gflop(linear=linear, n_layers=spec.n_layers, d_model=spec.d_model, lengths=[cfg.seq_len] * rows)

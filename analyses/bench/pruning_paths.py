@@ -81,7 +81,7 @@ def _ablation(bench: BenchState, batched: bool, kind: str = "inhouse", whole: bo
             return
         for masks in by_layer:  # a full forward per head
             for r in range(len(masks)):
-                with abl.gates_as(model.module, masks[r]):
+                with abl.gates_as(model, masks[r]):
                     abl.evaluate(model, metric)
 
     def warm():
@@ -121,14 +121,14 @@ def pruning_50(bench: BenchState) -> Prepared:
 
     model = bench.model("inhouse")
     heads = phys.half_of_heads(model, seed=bench.cfg.seed)
-    pruned = phys.prune_heads(model, heads).module.to(bench.device).eval()
-    ratio = phys.count_params(pruned) / phys.count_params(model.module)
+    pruned = phys.prune_heads(model, heads).to(bench.device).network.eval()
+    ratio = phys.count_params(pruned) / phys.count_params(model.network)
 
     def step(ids, mask):
         with torch.inference_mode():
             pruned(ids, mask)
 
-    width = sum(len(b.heads) * bench.spec.d_head for b in pruned.blocks)
+    width = sum(len(hs) * bench.spec.d_head for hs in phys.heads_held(pruned).values())
     gflop = model_gflop(linear=linear_params(pruned), n_layers=1, d_model=width, lengths=bench.lengths)
     return Prepared(
         *bench.over_batches(step), gflop, f"{sum(map(len, heads.values()))} heads pruned; params x{ratio:.3f}"
@@ -146,9 +146,7 @@ def _gates(bench: BenchState, hook: bool) -> Prepared:
 
     def one_pass():
         gates = (
-            abl.head_gates(model, mask, requires_grad=True)
-            if hook
-            else abl.gates_as(model.module, mask, requires_grad=True)
+            abl.head_gates(model, mask, requires_grad=True) if hook else abl.gates_as(model, mask, requires_grad=True)
         )
         with gates as g, torch.enable_grad():  # importance.gate_gradients, gates of either kind
             for u in metric.units:

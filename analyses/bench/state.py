@@ -85,7 +85,7 @@ class BenchState:
         ]
         self.n_skipped = skipped
         self.spec = inhouse.spec
-        self.linear = linear_params(inhouse.module)
+        self.linear = linear_params(inhouse.network)
         self.fwd_gflop = model_gflop(
             linear=self.linear, n_layers=self.spec.n_layers, d_model=self.spec.d_model, lengths=self.lengths
         )
@@ -96,14 +96,14 @@ class BenchState:
         """The model of ``kind`` (:data:`MODEL_KINDS`) on the bench's device, loaded once."""
         if kind in self._models:
             return self._models[kind]
-        from headscope.probes.models.loading import BridgeModel, HFReference, InHouseModel
+        from headscope.probes.models.backends.bridge import BridgeModel
+        from headscope.probes.models.backends.hf import HFReference
+        from headscope.probes.models.backends.inhouse import InHouseModel
 
         if kind == "inhouse":
-            m = InHouseModel.from_source(self.source, dtype=self.dtype)
-            m.module.to(self.device)
+            m = InHouseModel.from_source(self.source, dtype=self.dtype).to(self.device)
         elif kind == "inhouse_bf16":
-            m = InHouseModel.from_source(self.source, dtype=torch.bfloat16)
-            m.module.to(self.device)
+            m = InHouseModel.from_source(self.source, dtype=torch.bfloat16).to(self.device)
         elif kind in ("hf_sdpa", "hf_eager"):
             m = HFReference.from_source(self.source, attn_implementation="sdpa" if kind == "hf_sdpa" else "eager")
             m.hf.to(device=self.device, dtype=self.dtype)

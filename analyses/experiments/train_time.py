@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from headscope.probes.corpora.synthetic_task import AGREEMENT, INDUCTION, SyntheticTask, TaskBatch
+from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.loading import InHouseModel
 from headscope.probes.models.physical import prune_heads
 from headscope.probes.models.transformer import Transformer
 
@@ -182,7 +182,7 @@ def head_importance(model: Transformer, batch: TaskBatch, method: str = "ablatio
     Gates are restored afterwards."""
     if method not in IMPORTANCE:
         raise ValueError(f"importance method must be one of {IMPORTANCE}; got {method!r}.")
-    n_layers, n_heads = len(model.blocks), model.blocks[0].attn.n_heads
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     scores = torch.zeros(n_layers, n_heads)
     gates = model.gates
     if method == "gradient":
@@ -284,7 +284,7 @@ def _run(run: TrainTimeConfig) -> list[dict]:
             n_scratch = run.steps + run.finetune_steps
             small = train(make_model(run, task, k, seed), task, run, n_scratch, _seed_gen(seed, 4, k))
             rows += _rows("scratch", k, seed, evaluate(small, eval_batch), n_scratch)
-            pruned = prune_heads(InHouseModel(full), heads_to_drop(scores, k)).module
+            pruned = prune_heads(InHouseModel(full), heads_to_drop(scores, k)).network
             rows += _rows("pruned", k, seed, evaluate(pruned, eval_batch), run.steps)
             if run.finetune_steps:
                 train(pruned, task, run, run.finetune_steps, _seed_gen(seed, 5, k))

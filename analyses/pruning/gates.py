@@ -82,8 +82,8 @@ def head_gates(model, mask: torch.Tensor, *, requires_grad: bool = False, ablati
 def gates_as(module, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
     """The in-house transformer's built-in gates set to ``mask [layer, head]`` (and its
     ablation values to ``ablation [layer, head, d_head]``) for the ``with`` block, through
-    :meth:`~headscope.probes.models.transformer.Transformer.gates_set` (``module``: an
-    :class:`~headscope.probes.models.loading.InHouseModel`'s ``module``); everything comes
+    :meth:`~headscope.probes.models.backends.protocol.Backend.gates_set` (``module``: an
+    :class:`~headscope.probes.models.backends.inhouse.InHouseModel`, or its ``Transformer``); everything comes
     back on exit. Yields the gates ``[head]`` per layer. The studies use :func:`head_gates`
     (any backend); ``headscope bench`` compares the two."""
     with module.gates_set(mask, requires_grad=requires_grad, ablation=ablation) as gates, memo_suspended():

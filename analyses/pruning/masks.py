@@ -13,24 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.backend import Backend, ModelSpec
+# the head-hook check lives with the protocol; pruning's modules import it from here
+from headscope.probes.models.backends.protocol import ModelSpec, check_head_hooks  # noqa: F401
 
 #: ``(layer, head)`` pairs removed together
 PruneUnit = list[tuple[int, int]]
-
-
-def check_head_hooks(model) -> None:
-    """Pruning studies drive a model through its head hooks (:meth:`Backend.head_hooks`):
-    any loaded backend whose per-head outputs can be reached (the HF backend checks that
-    it finds each layer's attention output projection). Raises
-    :class:`~headscope.probes.errors.ModelIncompatibleError` otherwise."""
-    if not isinstance(model, Backend):
-        raise ModelIncompatibleError(
-            f"pruning studies need a loaded model (load_model(...)); got {type(model).__name__}"
-        )
-    if model.backend == "hf":
-        model.layout  # noqa: B018 - raises ModelIncompatibleError naming the bridge when the heads cannot be found
 
 
 def head_masks(
