@@ -29,10 +29,13 @@ test-fast: bootstrap
 bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
 
-# The README's patching figures, regenerated on SmolLM2 (~15 min on 2 cores) into data/figures/patching.json;
-# tests/test_readme_figures.py fails while the README quotes other values
+# The README's figures, regenerated: patching on SmolLM2 (~15 min on 2 cores) into data/figures/patching.json,
+# the default report's on MiniLM-L6 and SmolLM2 (a report of each; FIGURES_FLAGS="--from DIR" reads finished
+# DIR/<model>-report folders instead) into data/figures/report_*.json; tests/test_readme_figures.py fails while
+# the README quotes other values
 figures: bootstrap
 	$(PY) -m headscope.analyses.experiments.patching_figures
+	$(PY) -m headscope.analyses.experiments.report_figures $(FIGURES_FLAGS)
 
 # On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
 # GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.

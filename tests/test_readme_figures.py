@@ -16,7 +16,10 @@ from headscope.data import path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 #: JSON file -> the README section (its heading) whose text quotes it
-SECTIONS = {"figures/patching.json": "## Causal evidence by patching"}
+SECTIONS = {
+    "figures/patching.json": "## Causal evidence by patching",
+    "figures/report_minilm.json": "## What the default report finds",
+}
 
 
 def _section(heading: str) -> str:
