@@ -16,7 +16,7 @@ from headscope.analyses.experiments.distributed import actor_options, n_actors
 from headscope.probes import capture as capture_mod
 from headscope.probes.capture import WORK_ACTIVATIONS, WORK_CELLS, buckets, max_batch, stream
 from headscope.probes.errors import MemoryBudgetError
-from headscope.probes.models.backend import placement
+from headscope.probes.models.backends.protocol import placement
 from headscope.probes.models.loading import load_model
 from headscope.reports.cli.app import main
 from headscope.reports.cli.argtypes import resolve_device

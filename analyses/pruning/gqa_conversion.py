@@ -25,10 +25,10 @@ import torch
 
 from headscope.analyses.pruning.metric_functions import mean_pool, paraphrase_hits
 from headscope.analyses.pruning.metrics import read_paraphrases
-from headscope.probes.models.backend import batch_to, weight_dtype
+from headscope.probes.models.backends.inhouse import InHouseModel
+from headscope.probes.models.backends.protocol import batch_to, weight_dtype
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.kv_pooling import check_groups, convert_to_gqa
-from headscope.probes.models.loading import InHouseModel
 from headscope.probes.tokens import collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)

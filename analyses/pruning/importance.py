@@ -53,7 +53,7 @@ from headscope.analyses.pruning.impact import impact_frame, impact_rows
 from headscope.analyses.pruning.masks import check_head_hooks
 from headscope.analyses.pruning.metric_base import unit_to
 from headscope.analyses.pruning.scoring import positions_read
-from headscope.probes.models.backend import unembed_at
+from headscope.probes.models.backends.protocol import unembed_at
 
 
 class ImportanceTieWarning(UserWarning):

@@ -18,7 +18,7 @@ On a resumable backend a replica runs only the layers from the first one its mas
 touches, joining the unablated stream there (computed once per batch for all masks of the
 call, :func:`staggered_forward`), and a metric that reads a decoder's output at some
 positions only (the next-token loss) gets only the logits it reads
-(:func:`~headscope.probes.models.backend.unembed_at`);
+(:func:`~headscope.probes.models.backends.protocol.unembed_at`);
 the studies put all their masks in one call (:func:`evaluate_groups`), and inside
 :func:`~headscope.analyses.pruning.memo.remembered_scores` each distinct mask is scored
 once. Every figure is the same as a replica run alone, bit for bit.
@@ -33,7 +33,7 @@ import torch
 from headscope.analyses.pruning.gates import replica_masks
 from headscope.analyses.pruning.masks import check_head_hooks, first_changed
 from headscope.analyses.pruning.memo import Scored, scored_once
-from headscope.probes.models.backend import rows_unembedded, unembed_at
+from headscope.probes.models.backends.protocol import rows_unembedded, unembed_at
 
 
 def evaluate(
@@ -82,7 +82,7 @@ def replicated_scores(
     own first layer (:func:`staggered_forward`). A metric that reads the output at some
     positions only (``metric.read_positions``, e.g. the next-token loss: not at padding nor at
     the last position) gets the decoder's logits at those positions only
-    (:func:`~headscope.probes.models.backend.unembed_at`).
+    (:func:`~headscope.probes.models.backends.protocol.unembed_at`).
     Every row's arithmetic is the same as in a plain forward of the replica alone. Inside
     :func:`~headscope.analyses.pruning.memo.remembered_scores` each distinct mask is scored once."""
     if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
@@ -152,7 +152,7 @@ def staggered_forward(
     ``first[r]`` (``first [R]`` ascending) with the unablated stream there, so it runs the
     layers from ``first[r]`` only: ``[R × batch, pos, ...]``, or with ``keep [batch, pos]``
     the logits at the kept positions only, ``[R × n_kept, vocab]``
-    (:func:`~headscope.probes.models.backend.unembed_at`)."""
+    (:func:`~headscope.probes.models.backends.protocol.unembed_at`)."""
     ids, am = stream.ids, stream.am
     starts = sorted(set(first.tolist()))
     x, n = None, 0
@@ -175,7 +175,7 @@ def staggered_forward(
 def positions_read(model, metric, unit) -> torch.Tensor | None:
     """``[rows, pos]`` bool: the positions whose output ``metric`` reads in ``unit``
     (``metric.read_positions``), where the model is a decoder that can unembed only those
-    (:func:`~headscope.probes.models.backend.rows_unembedded`); None where every logit is computed."""
+    (:func:`~headscope.probes.models.backends.protocol.rows_unembedded`); None where every logit is computed."""
     read = getattr(metric, "read_positions", None)
     if read is None or not (model.spec.causal and rows_unembedded(model)):
         return None

@@ -96,7 +96,7 @@ def test_hf_backend_finds_every_family_s_heads():
     from tiny_models import FAMILIES, tiny_hf_model
 
     from headscope.probes.models.arch import arch_from_hf_config
-    from headscope.probes.models.backend import spec_from_arch
+    from headscope.probes.models.backends.protocol import spec_from_arch
     from headscope.probes.models.hf_layout import find_layout
 
     for family in FAMILIES:

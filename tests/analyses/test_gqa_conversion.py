@@ -11,9 +11,9 @@ from headscope.analyses.pruning.gqa_conversion import (
     kv_cache_bytes_per_token,
     sentence_embeddings,
 )
+from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.kv_pooling import convert_to_gqa
-from headscope.probes.models.loading import InHouseModel
 from headscope.probes.models.transformer import Transformer
 
 # six items in the shape of data/paraphrase/pairs.jsonl

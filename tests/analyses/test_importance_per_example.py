@@ -21,7 +21,7 @@ from headscope.analyses.pruning.gates import gates_as
 from headscope.analyses.pruning.importance import ImportanceTieWarning, head_importance
 from headscope.analyses.pruning.metric_functions import mean_pool
 from headscope.analyses.pruning.metrics import build_metric
-from headscope.probes.models.loading import InHouseModel
+from headscope.probes.models.backends.inhouse import InHouseModel
 
 
 def test_retrieval_among_a_one_sentence_unit_has_zero_gradient(minilm):

@@ -1,5 +1,5 @@
 """One reader from a checkpoint's configuration to one spec (:mod:`headscope.probes.models.arch`),
-and one protocol every backend satisfies (:class:`~headscope.probes.models.backend.Backend`)."""
+and one protocol every backend satisfies (:class:`~headscope.probes.models.backends.protocol.Backend`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError
 from headscope.probes.models.arch import ArchSpec, arch_from_hf_config
-from headscope.probes.models.backend import Backend, spec_from_arch
+from headscope.probes.models.backends.protocol import Backend, spec_from_arch
 from headscope.probes.models.card import card_from_hf_config
 from headscope.probes.models.checkpoints import read_hf_config, resolve
 from headscope.probes.models.config import config_from_hf

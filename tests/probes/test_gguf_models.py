@@ -70,7 +70,7 @@ class Tiny:
 
     def source(self, family: str):
         """The source model as an ``hf`` backend (eager patterns), with the GGUF's tokenizer."""
-        from headscope.probes.models.loading import HFReference
+        from headscope.probes.models.backends.hf import HFReference
 
         _, src = self.file(family)
         hf = self.model(family, "hf")

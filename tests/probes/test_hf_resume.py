@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.backend import rows_unembedded, unembed_at
+from headscope.probes.models.backends.protocol import rows_unembedded, unembed_at
 from headscope.probes.models.loading import load_model
 from tests.tiny_models import ENCODERS, FAMILIES, tiny_model_dir
 

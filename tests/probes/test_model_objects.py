@@ -8,7 +8,10 @@ import torch
 from headscope.probes.capture import capture
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models import checkpoints
-from headscope.probes.models.loading import BridgeModel, HFReference, InHouseModel, load_model
+from headscope.probes.models.backends.bridge import BridgeModel
+from headscope.probes.models.backends.hf import HFReference
+from headscope.probes.models.backends.inhouse import InHouseModel
+from headscope.probes.models.loading import load_model
 
 TEXTS = ["The cat sat on the mat.", "Heads attend to the previous token, often."]
 

@@ -196,7 +196,12 @@ class BackendCommon:
         """The head hooks reach every head (nothing to find on this backend)."""
 
     def unembed_at(self, keep: torch.Tensor) -> AbstractContextManager:
-        """:func:`unembed_at` on this model."""
+        """:func:`unembed_at` on this model; ``ModelIncompatibleError`` where it has no
+        unembedding whose rows may be chosen (an encoder; a model whose check on load refused it)."""
+        if not rows_unembedded(self):
+            raise ModelIncompatibleError(
+                f"{self.spec.name}: no unembedding whose input rows may be chosen on the {self.backend} backend"
+            )
         return unembed_at(self, keep)
 
     def gates_set(self, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):

@@ -73,7 +73,7 @@ class ResumableForward:
     @property
     def unembedding(self) -> torch.nn.Module | None:
         """A decoder's output embedding, whose input rows a caller may select
-        (:func:`~headscope.probes.models.backend.unembed_at`), where checked on this model
+        (:func:`~headscope.probes.models.backends.protocol.unembed_at`), where checked on this model
         to give the whole forward's logits at those rows; None otherwise."""
         if not self.spec.causal or not self._check_resume()[1]:
             return None
