@@ -38,7 +38,8 @@ Shipped tasks (:data:`TASKS`, built for the model's own tokenizer):
   the reason).
 
 Users' tasks are JSONL files (format and reader: :mod:`~headscope.analyses.patching.task_files`).
-The names of those modules that callers in other areas import from here are re-exported.
+The names of those modules that callers in other areas (reports, the bench, their tests) import
+from here are re-exported (:data:`__all__`); new code imports them from their modules.
 
 >>> sorted(TASKS)
 ['agreement', 'coreference', 'duplicate_token', 'induction']
@@ -55,27 +56,19 @@ from headscope.analyses.patching.generated import (
     induction_task,
     leading_specials,
 )
-from headscope.analyses.patching.items import UNUSABLE_KINDS, PairItem, Task, unusable_counts
-from headscope.analyses.patching.sentence_tasks import (
-    agreement_rows,
-    coreference_prompt,
-    coreference_rows,
-    write_agreement,
-)
+from headscope.analyses.patching.items import UNUSABLE_KINDS, PairItem, Task
+from headscope.analyses.patching.sentence_tasks import coreference_rows
 from headscope.analyses.patching.task_files import read_task_jsonl, tokenize_rows
 from headscope.probes.errors import ModelIncompatibleError
 
 __all__ = [
     "MAX_GENERATED_ITEMS",
-    "MEASURES",
     "REFERENCE_METRICS",
     "TASKS",
     "UNUSABLE_KINDS",
     "PairItem",
     "Task",
-    "agreement_rows",
     "check_decoder",
-    "coreference_prompt",
     "coreference_rows",
     "duplicate_token_task",
     "induction_task",
@@ -85,8 +78,6 @@ __all__ = [
     "read_task_jsonl",
     "task_size",
     "tokenize_rows",
-    "unusable_counts",
-    "write_agreement",
 ]
 
 
@@ -100,10 +91,6 @@ def metric_fn(name: str):
 #: patching metrics whose second argument is the clean run's readout (per item), not an answer
 #: token: those that read an embedding (kept for ``analyses/bench/patching_paths.py``)
 REFERENCE_METRICS = frozenset(n for n, m in metrics_for("patching").items() if m.reads == "embedding")
-
-#: what each patching metric measures, in words: its registered definition (kept for callers
-#: in other areas; patching reads ``get_metric(name).definition``)
-MEASURES = {n: m.definition for n, m in metrics_for("patching").items()}
 
 
 # ----------------------------------------------------------------------------- registry
