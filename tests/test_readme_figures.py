@@ -19,6 +19,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 SECTIONS = {
     "figures/patching.json": "## Causal evidence by patching",
     "figures/report_minilm.json": "## What the default report finds",
+    "figures/report_smollm2.json": "## What the default report finds",
 }
 
 
@@ -43,6 +44,15 @@ def test_every_figure_the_readme_quotes_is_the_regenerated_one(rel, heading):
     assert quoted, f"{rel} names no figure the README quotes"
     missing = {name: text for name, text in quoted.items() if text not in section}
     assert not missing, f"the README's {heading!r} lacks these regenerated figures (run make figures): {missing}"
+
+
+@pytest.mark.parametrize("rel", sorted(SECTIONS))
+def test_no_quoted_figure_is_left_out(rel):
+    """A figure the source of ``make figures`` could not give (e.g. an unfinished prune folder
+    under ``--from``) is listed under ``missing``: reported here as a skip, never dropped."""
+    missing = json.loads(path(rel).read_text(encoding="utf-8")).get("missing", [])
+    if missing:
+        pytest.skip(f"{rel}: not regenerated (run make figures): {', '.join(missing)}")
 
 
 def test_a_figure_that_changes_is_caught():

@@ -3,11 +3,15 @@
 ``python -m headscope.analyses.experiments.report_figures`` (``make figures``) runs
 ``headscope report`` on MiniLM-L6 and on SmolLM2-135M (seed 0, shipped data) into a temp
 folder, or reads finished report folders (``--from DIR``: ``DIR/minilm-l6-report`` and
-``DIR/smollm2-135m-report``), and writes ``data/figures/report_minilm.json`` and
+``DIR/smollm2-135m-report``; where one is absent, ``DIR/<model>-roles`` with
+``DIR/<model>-prune``, the output of ``headscope roles`` and ``headscope prune --quick``,
+whose tables equal the report's), and writes ``data/figures/report_minilm.json`` and
 ``data/figures/report_smollm2.json`` in the format of ``patching.json``: every figure under
 ``figures`` → group → name as ``{value, text}`` with the text the README prints for it, and
-``quoted`` naming those the README section quotes. ``tests/test_readme_figures.py`` fails
-while the README quotes other values.
+``quoted`` naming those the README section quotes; a quoted figure the source cannot give
+(an unfinished prune folder has no curves) is listed under ``missing``, and
+``tests/test_readme_figures.py`` reports it as a skip. That test fails while the README
+quotes other values.
 
 Every figure is read from the report's own output (``tables/*.parquet`` and ``run.json``)
 with the rounding the README prints, or, where the tables do not hold it, computed by the
@@ -354,97 +358,93 @@ def per_example_from(batch, per_ex, n_items: int) -> dict:
     return out
 
 
-def smollm2_figures(
-    roles: pd.DataFrame, summary: pd.DataFrame, skipped: pd.DataFrame, run: dict, fraction: float = 0.3
-) -> dict:
-    """The SmolLM2 figures: induction heads, roles held, pruning at ``fraction``, the skipped special role, coreference."""
-    ind = _rows(roles, "induction").sort_values(["score", "layer", "head"], ascending=[False, True, True]).head(3)
-    top3 = ", ".join(f"{_head(r)} {r['score']:.3f}" for _, r in ind.iterrows())
-    induction = {}
-    _fig(
-        induction,
-        "top3",
-        [[_head(r), float(r["score"])] for _, r in ind.iterrows()],
-        f"{top3} (baseline {ind['baseline'].iloc[0]:.3f})",
-    )
+def _lead_fig(out: dict, name: str, r: pd.Series, text: str, **extra) -> None:
+    value = {"head": _head(r), "score": float(r["score"]), "baseline": float(r["baseline"]), **extra}
+    _fig(out, name, value, text)
+
+
+def _count(n: int, noun: str) -> str:
+    """``one gender head``, ``3 gender heads``."""
+    return f"one {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def smollm2_roles(roles: pd.DataFrame, run: dict) -> dict:
+    """Heads holding a role, and the lead head of sink, previous-token, punctuation, syntactic, induction."""
     r: dict = {}
     held = held_heads(roles)
-    _fig(
-        r,
-        "held",
-        {"heads": len(held), "of": _n_heads(roles)},
-        f"{len(held)} of the {_n_heads(roles)} heads holding a role",
-    )
-    sink = lead(roles, "sink:first-token")
-    n_sink = len(held_heads(roles, "sink:first-token"))
-    _fig(
+    n_heads = _n_heads(roles)
+    _fig(r, "held", {"heads": len(held), "of": n_heads}, f"{len(held)} of the {n_heads} heads holding a role")
+    sink, n = lead(roles, "sink:first-token"), len(held_heads(roles, "sink:first-token"))
+    _lead_fig(
         r,
         "sink",
-        {"heads": n_sink, "head": _head(sink), "score": float(sink["score"]), "baseline": float(sink["baseline"])},
-        f"sink in {n_sink} ({_head(sink)} {sink['score']:.3f} of the attention mass vs {sink['baseline']:.3f} uniform)",
+        sink,
+        f"sink in {n} ({_head(sink)} {sink['score']:.3f} of the attention mass vs {sink['baseline']:.3f} uniform)",
+        heads=n,
     )
-    prev = lead(roles, "previous-token")
-    _fig(
-        r,
-        "previous_token",
-        {"head": _head(prev), "score": float(prev["score"]), "baseline": float(prev["baseline"])},
-        f"previous-token heads ({_head(prev)} {prev['score']:.3f} vs {prev['baseline']:.3f})",
-    )
-    punct = lead(roles, "punctuation")
-    _fig(
-        r,
-        "punctuation",
-        {"head": _head(punct), "score": float(punct["score"]), "baseline": float(punct["baseline"])},
-        f"punctuation heads ({_head(punct)} {punct['score']:.3f} vs {punct['baseline']:.3f})",
-    )
+    for name, role, label in (
+        ("previous_token", "previous-token", "previous-token"),
+        ("punctuation", "punctuation", "punctuation"),
+    ):
+        x = lead(roles, role)
+        _lead_fig(r, name, x, f"{label} heads ({_head(x)} {x['score']:.3f} vs {x['baseline']:.3f})")
     syn = roles[(roles["role"] == "syntactic") & roles["verdict"].astype(bool)]
     best = syn.sort_values(["margin", "layer", "head"], ascending=[False, True, True]).iloc[0]
-    n_syn = len(held_heads(roles, "syntactic"))
-    _fig(
+    n = len(held_heads(roles, "syntactic"))
+    _lead_fig(
         r,
         "syntactic",
-        {
-            "heads": n_syn,
-            "head": _head(best),
-            "relation": best["relation"],
-            "direction": best["direction"],
-            "score": float(best["score"]),
-            "baseline": float(best["baseline"]),
-        },
-        f"syntactic heads in {n_syn} ({_head(best)} {best['score']:.3f} vs best offset {best['baseline']:.3f})",
+        best,
+        f"syntactic heads in {n} ({_head(best)} {best['score']:.3f} vs best offset {best['baseline']:.3f})",
+        heads=n,
+        relation=best["relation"],
+        direction=best["direction"],
     )
-    n_ind = len(held_heads(roles, "induction"))
-    top = lead(roles, "induction")
+    top, n = lead(roles, "induction"), len(held_heads(roles, "induction"))
     threshold = run["config"]["roles"]["induction_threshold"]
-    count = {1: "one"}.get(n_ind, str(n_ind))
-    _fig(
+    _lead_fig(
         r,
         "induction",
-        {"heads": n_ind, "head": _head(top), "score": float(top["score"]), "threshold": threshold},
-        f"{count} induction head{'s' if n_ind != 1 else ''} over the {threshold} threshold ({_head(top)} {top['score']:.3f})",
+        top,
+        f"{_count(n, 'induction head')} over the {threshold} threshold ({_head(top)} {top['score']:.3f})",
+        heads=n,
+        threshold=threshold,
     )
-    pruning: dict = {}
+    return r
+
+
+def smollm2_pruning(summary: pd.DataFrame, run: dict, fraction: float = 0.3) -> dict:
+    """The metric (held-out LM loss) unpruned and after pruning ``fraction`` of the heads in each order."""
+    out: dict = {}
     metric = run["pruning_summary"]["metric"]
     base = float(run["pruning_summary"]["base_value"])
-    _fig(pruning, "fraction", fraction, f"Pruning {fraction:.0%} of its heads")
+    _fig(out, "fraction", fraction, f"Pruning {fraction:.0%} of its heads")
     v = {o: curve_at(summary, o, metric, fraction) for o in ("importance", "ablation", "random", "reverse_importance")}
-    _fig(pruning, "importance", {"base": base, "value": v["importance"]}, f"from {base:.2f} to {v['importance']:.2f}")
-    _fig(pruning, "ablation", v["ablation"], f"single-head-ablation order to {v['ablation']:.2f}")
-    _fig(pruning, "random", v["random"], f"random order {v['random']:.2f}")
-    _fig(pruning, "reverse_importance", v["reverse_importance"], f"reverse importance {v['reverse_importance']:.2f}")
+    _fig(out, "importance", {"base": base, "value": v["importance"]}, f"from {base:.2f} to {v['importance']:.2f}")
+    _fig(out, "ablation", v["ablation"], f"single-head-ablation order to {v['ablation']:.2f}")
+    _fig(out, "random", v["random"], f"random order {v['random']:.2f}")
+    _fig(out, "reverse_importance", v["reverse_importance"], f"reverse importance {v['reverse_importance']:.2f}")
+    return out
+
+
+def smollm2_figures(
+    roles: pd.DataFrame, summary: pd.DataFrame | None, skipped: pd.DataFrame, run: dict, fraction: float = 0.3
+) -> dict:
+    """The SmolLM2 figures: induction heads, roles held, pruning at ``fraction`` (left out when
+    ``summary`` is None), the skipped special role, coreference."""
+    ind = _rows(roles, "induction").sort_values(["score", "layer", "head"], ascending=[False, True, True]).head(3)
+    top3 = ", ".join(f"{_head(r)} {r['score']:.3f}" for _, r in ind.iterrows())
+    induction: dict = {}
+    value = [[_head(r), float(r["score"])] for _, r in ind.iterrows()]
+    _fig(induction, "top3", value, f"{top3} (baseline {ind['baseline'].iloc[0]:.3f})")
     special: dict = {}
     sk = skipped[(skipped["analysis"] == "special") & (skipped["reason"] == "no special token visible")]
     n_sk = int(sk["count"].astype(int).sum())
     _fig(special, "skipped", n_sk, f'{n_sk} texts "no special token visible"')
     coref: dict = {}
-    n_g = len(held_heads(roles, "coreference:gender"))
-    g = lead(roles, "coreference:gender")
-    _fig(
-        coref,
-        "gender",
-        {"heads": n_g, "head": _head(g), "score": float(g["score"]), "baseline": float(g["baseline"])},
-        f"{ {1: 'one'}.get(n_g, str(n_g)) } gender head{'s' if n_g != 1 else ''} ({_head(g)} {g['score']:.2f} vs {g['baseline']:.2f})",
-    )
+    g, n = lead(roles, "coreference:gender"), len(held_heads(roles, "coreference:gender"))
+    text = f"{_count(n, 'gender head')} ({_head(g)} {g['score']:.2f} vs {g['baseline']:.2f})"
+    _lead_fig(coref, "gender", g, text, heads=n)
     w = _rows(roles, "coreference:winograd")["score"]
     same = bool(w.nunique() == 1)
     _fig(
@@ -453,7 +453,10 @@ def smollm2_figures(
         {"all_equal": same, "min": float(w.min()), "max": float(w.max())},
         f"every head scores exactly {w.iloc[0]:.2f}" if same else f"heads score {w.min():.2f} to {w.max():.2f}",
     )
-    return {"induction": induction, "roles": r, "pruning": pruning, "special": special, "coreference": coref}
+    out = {"induction": induction, "roles": smollm2_roles(roles, run), "special": special, "coreference": coref}
+    if summary is not None:
+        out["pruning"] = smollm2_pruning(summary, run, fraction)
+    return out
 
 
 def read_report(folder: Path) -> tuple[dict[str, pd.DataFrame], dict]:
@@ -464,10 +467,45 @@ def read_report(folder: Path) -> tuple[dict[str, pd.DataFrame], dict]:
     return tables, run
 
 
+def read_split(roles_dir: Path, prune_dir: Path | None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The same tables and run.json keys from the output folders of ``headscope roles`` and
+    ``headscope prune --quick`` (the report runs both stages with the same settings: on
+    MiniLM all their tables equal the report's, pandas ``.equals``). A prune folder without
+    ``curve_summary.parquet`` (unfinished) gives no ``prune_curve_summary``."""
+    roles_dir = Path(roles_dir)
+    rrun = json.loads((roles_dir / "run.json").read_text(encoding="utf-8"))
+    tables = {name: pd.read_parquet(roles_dir / f"{name}.parquet") for name in ("roles", "coref_pairs")}
+    skipped = [(a, reason, int(n)) for a, d in rrun.get("skipped", {}).items() for reason, n in d.items()]
+    tables["skipped"] = pd.DataFrame(skipped, columns=["analysis", "reason", "count"])
+    run = {"config": {"roles": rrun["config"]}, "n_items": rrun.get("n_items", {})}
+    if prune_dir is not None and (Path(prune_dir) / "curve_summary.parquet").exists():
+        prun = json.loads((Path(prune_dir) / "run.json").read_text(encoding="utf-8"))
+        run["pruning_summary"] = prun["summary"]
+        tables["prune_curve_summary"] = pd.read_parquet(Path(prune_dir) / "curve_summary.parquet")
+        tables["prune_curves"] = pd.read_parquet(Path(prune_dir) / "curves.parquet")
+    return tables, run
+
+
+def read_any(src: Path, model: str) -> tuple[dict[str, pd.DataFrame], dict, str]:
+    """``src/<model>-report``, else ``src/<model>-roles`` with ``src/<model>-prune``: tables, run, source."""
+    report = Path(src) / f"{model}-report"
+    if (report / "run.json").exists():
+        return (*read_report(report), str(report))
+    roles, prune = Path(src) / f"{model}-roles", Path(src) / f"{model}-prune"
+    if not (roles / "run.json").exists():
+        raise FileNotFoundError(f"{src} holds neither {report.name}/ nor {roles.name}/ with a run.json")
+    tables, run = read_split(roles, prune)
+    return tables, run, f"{roles} + {prune}"
+
+
 def minilm_figures(folder: Path, model=None, coref: Path | None = None) -> dict:
     """All MiniLM figures from a report folder (``model``: the loaded MiniLM for the per-example
     importance; None leaves that group out)."""
     t, run = read_report(folder)
+    return minilm_from(t, run, model, coref)
+
+
+def minilm_from(t: dict, run: dict, model=None, coref: Path | None = None) -> dict:
     figures = {
         "table": minilm_table(t["roles"], t["coref_pairs"], run, coref),
         "coreference": minilm_coreference(t["roles"], t["coref_pairs"], run),
@@ -479,13 +517,13 @@ def minilm_figures(folder: Path, model=None, coref: Path | None = None) -> dict:
     return figures
 
 
-def smollm2_from(folder: Path) -> dict:
-    t, run = read_report(folder)
-    return smollm2_figures(t["roles"], t["prune_curve_summary"], t["skipped"], run)
+def smollm2_from(t: dict, run: dict) -> dict:
+    return smollm2_figures(t["roles"], t.get("prune_curve_summary"), t["skipped"], run)
 
 
 def write(key: str, figures: dict, out: Path, *, source: str, seconds: float | None = None) -> None:
-    """Write one model's figures (and which the README quotes, :data:`QUOTED`) to ``out``."""
+    """Write one model's figures (and which the README quotes, :data:`QUOTED`) to ``out``; a
+    quoted figure the source could not give is listed under ``missing``."""
     quoted = [q for q in QUOTED[key] if q.split(".")[1] in figures.get(q.split(".")[0], {})]
     doc = {
         "model": MODELS[key],
@@ -493,6 +531,7 @@ def write(key: str, figures: dict, out: Path, *, source: str, seconds: float | N
         "source": source,
         "seconds": None if seconds is None else round(seconds),
         "quoted": quoted,
+        "missing": [q for q in QUOTED[key] if q not in quoted],
         "figures": figures,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -507,7 +546,12 @@ def _report(model: str, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--from", dest="src", type=Path, help="a folder holding minilm-l6-report/ and smollm2-135m-report/")
+    p.add_argument(
+        "--from",
+        dest="src",
+        type=Path,
+        help="a folder holding <model>-report/ (or <model>-roles/ and <model>-prune/) for minilm-l6 and smollm2-135m",
+    )
     p.add_argument("--out", type=Path, default=FIGURES, help=f"the folder the JSONs go to (default {FIGURES})")
     p.add_argument("--only", choices=sorted(MODELS), help="one model only")
     args = p.parse_args(argv)
@@ -517,17 +561,23 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="headscope-figures-") as tmp:
         for key in keys:
             start = time.perf_counter()
-            folder = (args.src or Path(tmp)) / f"{MODELS[key]}-report"
             if args.src is None:
-                _report(MODELS[key], folder)
+                _report(MODELS[key], Path(tmp) / f"{MODELS[key]}-report")
+                source = f"headscope report {MODELS[key]} (seed 0, shipped data)"
+            tables, run, where = read_any(args.src or Path(tmp), MODELS[key])
+            if args.src is not None:
+                source = where
             if key == "minilm":
-                figures = minilm_figures(folder, model=load_model("minilm-l6", "inhouse"))
+                figures = minilm_from(tables, run, model=load_model("minilm-l6", "inhouse"))
             else:
-                figures = smollm2_from(folder)
-            source = str(folder) if args.src is not None else f"headscope report {MODELS[key]} (seed 0, shipped data)"
+                figures = smollm2_from(tables, run)
             out = args.out / f"report_{key}.json"
             write(key, figures, out, source=source, seconds=None if args.src else time.perf_counter() - start)
-            print(f"wrote {out}", file=sys.stderr)
+            missing = [q for q in QUOTED[key] if q.split(".")[1] not in figures.get(q.split(".")[0], {})]
+            print(
+                f"wrote {out}" + (f"; missing (not in {source}): {', '.join(missing)}" if missing else ""),
+                file=sys.stderr,
+            )
     return 0
 
 

@@ -192,3 +192,38 @@ def test_a_curve_without_the_point_is_an_error():
     curves = _curves({"importance": [(0.0, 1.0), (0.25, 0.9)]}, "m")
     with pytest.raises(ValueError, match="0 points at fraction 0.5"):
         R.curve_at(curves, "importance", "m", 0.5)
+
+
+def test_roles_and_prune_folders_stand_in_for_a_report(tmp_path):
+    """``--from`` reads ``<model>-roles`` + ``<model>-prune`` when there is no report folder;
+    an unfinished prune folder (no curve_summary) gives no pruning figures, listed as missing."""
+    roles = tmp_path / "m-roles"
+    roles.mkdir()
+    pd.DataFrame(_role("special", [0.1, 0.2, 0.3, 0.4], 0.1, [F, F, F, T], 10)).to_parquet(roles / "roles.parquet")
+    pd.DataFrame(_pairs("gender", [1, 0, 0, 0], 2)).to_parquet(roles / "coref_pairs.parquet")
+    run = {"config": {"induction_threshold": 0.4}, "n_items": {"special": 10}, "skipped": {"special": {"x": 3}}}
+    (roles / "run.json").write_text(json.dumps(run), encoding="utf-8")
+    (tmp_path / "m-prune").mkdir()
+    tables, run, source = R.read_any(tmp_path, "m")
+    assert source == f"{roles} + {tmp_path / 'm-prune'}"
+    assert run["config"]["roles"]["induction_threshold"] == 0.4 and "pruning_summary" not in run
+    assert tables["skipped"].values.tolist() == [["special", "x", 3]] and "prune_curve_summary" not in tables
+    curves = _curves({"importance": [(0.0, 4.0), (0.3, 5.0)]}, "lm_loss")
+    curves.to_parquet(tmp_path / "m-prune" / "curve_summary.parquet")
+    curves.to_parquet(tmp_path / "m-prune" / "curves.parquet")
+    summary = {"metric": "lm_loss", "base_value": 4.0}
+    (tmp_path / "m-prune" / "run.json").write_text(json.dumps({"summary": summary}), encoding="utf-8")
+    tables, run, _ = R.read_any(tmp_path, "m")
+    assert (
+        run["pruning_summary"] == summary
+        and R.curve_at(tables["prune_curve_summary"], "importance", "lm_loss", 0.3) == 5.0
+    )
+    out = tmp_path / "f.json"
+    R.write("smollm2", {"special": {"skipped": {"value": 3, "text": "3"}}}, out, source="here")
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["quoted"] == ["special.skipped"] and "pruning.importance" in doc["missing"]
+
+
+def test_no_source_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither m-report/ nor m-roles/"):
+        R.read_any(tmp_path, "m")
