@@ -170,16 +170,33 @@ def coref_rule_accuracy(kind: str, coref: Path | None = None) -> dict[str, float
     }
 
 
-def minilm_table(roles: pd.DataFrame, pairs: pd.DataFrame, run: dict, coref: Path | None = None) -> dict:
+def minilm_table(roles: pd.DataFrame, pairs: pd.DataFrame, coref: Path | None = None) -> dict:
     """The role table's rows (best head, score, baseline, items)."""
     out: dict = {}
-    n_heads = _n_heads(roles)
     prev = lead(roles, "positional:previous")
     _table_row(out, "positional_previous", prev, " (uniform)", f"{int(prev['n'])} sentences")
     det = lead(roles, "syntactic", "det", "dep->head")
     _table_row(out, "syntactic_det", det, " (best fixed offset)", f"{int(det['n']):,} arcs", end="")
     obj = lead(roles, "syntactic", "obj", "head->dep")
     _table_row(out, "syntactic_obj", obj, " (best fixed offset)", f"{int(obj['n']):,}")
+    _coref_rows(out, roles, pairs, coref)
+    special = lead(roles, "special")
+    _table_row(out, "special", special, "", f"{int(special['n'])} sentences")
+    dup = lead(roles, "duplicate-token")
+    _table_row(out, "duplicate_token", dup, "", f"{int(dup['n'])} sequences")
+    ind = lead(roles, "induction")
+    _fig(
+        out,
+        "induction",
+        {"held": bool(ind["verdict"]), "score": float(ind["score"]), "baseline": float(ind["baseline"])},
+        f"| {'held' if bool(ind['verdict']) else 'none'}: best {ind['score']:.3f} vs {ind['baseline']:.3f} |",
+    )
+    return out
+
+
+def _coref_rows(out: dict, roles: pd.DataFrame, pairs: pd.DataFrame, coref: Path | None) -> None:
+    """The role table's three coreference rows (gender, number, winograd)."""
+    n_heads = _n_heads(roles)
     g = lead(roles, "coreference:gender")
     gp = pairs[(pairs["kind"] == "gender") & (pairs["layer"] == g["layer"]) & (pairs["head"] == g["head"])].iloc[0]
     rules = coref_rule_accuracy("gender", coref)
@@ -239,22 +256,9 @@ def minilm_table(roles: pd.DataFrame, pairs: pd.DataFrame, run: dict, coref: Pat
             "best_both_right": int(best_pairs["both_right"]),
             "n_pairs": int(best_pairs["n_pairs"]),
         },
-        ("" if not bool(w["verdict"]) else "held: ")
-        + f"none: best {_head(w)} {w['score']:.3f}, CI {w['ci_low']:.2f}–{w['ci_high']:.2f}, p adj. {w['p_value']:.2f}; "
+        f"{'held' if bool(w['verdict']) else 'none'}: best {_head(w)} {w['score']:.3f}, CI {w['ci_low']:.2f}–{w['ci_high']:.2f}, p adj. {w['p_value']:.2f}; "
         f"best pair accuracy {int(best_pairs['both_right'])} of {int(best_pairs['n_pairs'])} | | {w['baseline']:.3f} | {int(w['n'])} |",
     )
-    special = lead(roles, "special")
-    _table_row(out, "special", special, "", f"{int(special['n'])} sentences")
-    dup = lead(roles, "duplicate-token")
-    _table_row(out, "duplicate_token", dup, "", f"{int(dup['n'])} sequences")
-    ind = lead(roles, "induction")
-    _fig(
-        out,
-        "induction",
-        {"held": bool(ind["verdict"]), "score": float(ind["score"]), "baseline": float(ind["baseline"])},
-        ("" if not bool(ind["verdict"]) else "held: ") + f"| none: best {ind['score']:.3f} vs {ind['baseline']:.3f} |",
-    )
-    return out
 
 
 def minilm_coreference(roles: pd.DataFrame, pairs: pd.DataFrame, run: dict) -> dict:
@@ -507,7 +511,7 @@ def minilm_figures(folder: Path, model=None, coref: Path | None = None) -> dict:
 
 def minilm_from(t: dict, run: dict, model=None, coref: Path | None = None) -> dict:
     figures = {
-        "table": minilm_table(t["roles"], t["coref_pairs"], run, coref),
+        "table": minilm_table(t["roles"], t["coref_pairs"], coref),
         "coreference": minilm_coreference(t["roles"], t["coref_pairs"], run),
         "first_token": first_token(t["roles"]),
         "pruning": minilm_pruning(t["prune_curve_summary"], t["prune_curves"]),
