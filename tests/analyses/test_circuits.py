@@ -1,0 +1,179 @@
+"""Weights-only circuits (#28): planted ground truth, GQA = brute force on an MHA-expanded copy,
+transformer-lens parity, and the ``weights`` command."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from headscope.analyses.circuits import ov_qk
+from headscope.analyses.circuits.composition import composition_scores
+from headscope.analyses.circuits.ov_qk import copying_score, head_circuits
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.head_weights import head_weights
+from headscope.probes.models.loading import load_model
+from headscope.probes.models.planted import planted_model, writing_induction
+from tests.tiny_models import tiny_hf_model
+
+
+@pytest.fixture(scope="module")
+def planted_circuits():
+    """The planted model with a copying head: (1, 1)'s OV is 4 × identity on the token block."""
+    w = head_weights(writing_induction(planted_model()))
+    return head_circuits(w, n_draws=50), composition_scores(w, n_null=200)
+
+
+def test_planted_copying_head_is_found(planted_circuits):
+    heads, _ = planted_circuits
+    cop = heads[heads.statistic == "ov_copying"].set_index(["layer", "head"])
+    assert cop.loc[(1, 1), "value"] >= 0.9
+    assert cop.loc[(1, 1), "verdict"] == "above baseline"
+    # every other head writes nothing the unembedding reads: its OV circuit is exactly zero
+    others = cop.drop(index=(1, 1))
+    assert others["value"].isna().all() and (others["verdict"] == "no circuit").all()
+    omitted = heads[heads.statistic == "qk_positional_share"]
+    assert len(omitted) == 8 and (omitted.verdict == "omitted").all() and omitted.note.str.contains("learned").all()
+
+
+def test_planted_previous_token_to_induction_ranks_first_by_k_composition(planted_circuits):
+    _, comp = planted_circuits
+    k = comp[(comp["mode"] == "K") & (comp.level == "head")].sort_values("value", ascending=False)
+    top = k.iloc[0]
+    assert [int(top[c]) for c in ("sender_layer", "sender_head", "receiver_layer", "receiver_head")] == [0, 0, 1, 1]
+    assert top.value > k.iloc[1].value + 0.03
+    assert top.verdict == "above baseline"
+
+
+def _expanded_state(hf, n_kv: int, n_heads: int) -> dict[str, torch.Tensor]:
+    """The HF state of ``hf`` with K/V projections repeated to one per query head (MHA)."""
+    group = n_heads // n_kv
+    state = {}
+    for name, t in hf.state_dict().items():
+        if name.endswith(("k_proj.weight", "v_proj.weight")):
+            t = t.view(n_kv, -1, t.shape[-1]).repeat_interleave(group, 0).reshape(-1, t.shape[-1])
+        state[name] = t.double()
+    return state
+
+
+def _brute_force(state: dict, n_layers: int, n_heads: int, d_head: int):
+    """Per layer ``{W_Q, W_K, W_V, W_O}`` lists of full ``[d_model, d_head]``/``[d_head, d_model]``
+    matrices from an MHA HF Llama state, input norms folded; and ``W_E``, ``W_U``."""
+    layers = []
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        ln = state[p + "input_layernorm.weight"]
+        sl = [slice(h * d_head, (h + 1) * d_head) for h in range(n_heads)]
+        layers.append(
+            {
+                "W_Q": [ln[:, None] * state[p + "self_attn.q_proj.weight"][s].T for s in sl],
+                "W_K": [ln[:, None] * state[p + "self_attn.k_proj.weight"][s].T for s in sl],
+                "W_V": [ln[:, None] * state[p + "self_attn.v_proj.weight"][s].T for s in sl],
+                "W_O": [state[p + "self_attn.o_proj.weight"][:, s].T for s in sl],
+            }
+        )
+    W_E = state["model.embed_tokens.weight"]
+    W_U = state["model.norm.weight"][:, None] * state.get("lm_head.weight", W_E).T
+    return layers, W_E, W_U
+
+
+def _score(A: torch.Tensor, B: torch.Tensor) -> float:
+    return float((A @ B).norm() / (A.norm() * B.norm()))
+
+
+@pytest.fixture(scope="module")
+def tiny_gqa():
+    hf, tok = tiny_hf_model("llama")  # 4 query heads, 2 KV heads, random norms
+    model = load_model(copy.deepcopy(hf), backend="inhouse", tokenizer=tok)
+    cfg = hf.config
+    d_head = cfg.hidden_size // cfg.num_attention_heads
+    state = _expanded_state(hf, cfg.num_key_value_heads, cfg.num_attention_heads)
+    return model, _brute_force(state, cfg.num_hidden_layers, cfg.num_attention_heads, d_head), cfg
+
+
+def test_gqa_composition_equals_brute_force_on_mha_expanded_copy(tiny_gqa):
+    model, (layers, _, _), cfg = tiny_gqa
+    df = composition_scores(head_weights(model), n_null=20)
+    n_heads, group = cfg.num_attention_heads, cfg.num_attention_heads // cfg.num_key_value_heads
+    rights = {
+        "Q": lambda L, h: L["W_Q"][h] @ L["W_K"][h].T,
+        "K": lambda L, h: L["W_K"][h] @ L["W_Q"][h].T,
+        "V": lambda L, h: L["W_V"][h] @ L["W_O"][h],
+    }
+    checked = 0
+    for row in df.itertuples():
+        A, B = layers[row.sender_layer], layers[row.receiver_layer]
+        ov = A["W_V"][row.sender_head] @ A["W_O"][row.sender_head]
+        if row.level == "head":
+            want = _score(ov, rights[row.mode](B, row.receiver_head))
+        else:  # the group's shared input: the same on every query head of the expanded copy
+            wants = {
+                round(_score(ov, B[f"W_{row.mode}"][h]), 9)
+                for h in range(n_heads)
+                if h // group == row.receiver_kv_head
+            }
+            assert len(wants) == 1
+            want = wants.pop()
+        assert row.value == pytest.approx(want, abs=1e-6)
+        checked += 1
+    assert checked == 5 * n_heads * n_heads - 2 * n_heads * (n_heads - cfg.num_key_value_heads)
+
+
+def test_gqa_head_statistics_equal_brute_force(tiny_gqa):
+    model, (layers, W_E, W_U), cfg = tiny_gqa
+    df = head_circuits(head_weights(model), n_draws=10).set_index(["statistic", "layer", "head"])
+    for layer, L in enumerate(layers):
+        for h in range(cfg.num_attention_heads):
+            full = W_E @ L["W_V"][h] @ L["W_O"][h] @ W_U
+            assert df.loc[("ov_copying", layer, h), "value"] == pytest.approx(
+                float(copying_score(torch.linalg.eigvals(full))), abs=1e-6
+            )
+            assert df.loc[("ov_norm", layer, h), "value"] == pytest.approx(
+                float((L["W_V"][h] @ L["W_O"][h]).norm()), rel=1e-6
+            )
+            assert df.loc[("qk_norm", layer, h), "value"] == pytest.approx(
+                float((L["W_Q"][h] @ L["W_K"][h].T).norm()), rel=1e-6
+            )
+
+
+def test_copying_factor_and_full_circuit_agree(tiny_gqa, monkeypatch):
+    model, _, _ = tiny_gqa
+    w = head_weights(model)
+    full = head_circuits(w, n_draws=5)
+    monkeypatch.setattr(ov_qk, "FULL_VOCAB_MAX", 0)
+    factor = head_circuits(w, n_draws=5)
+    a, b = (d[d.statistic == "ov_copying"] for d in (full, factor))
+    assert set(a.method) == {"full"} and set(b.method) == {"factor W_O W_U W_E W_V"}
+    assert torch.allclose(torch.tensor(a.value.to_numpy()), torch.tensor(b.value.to_numpy()), atol=1e-6)
+
+
+def test_composition_matches_transformer_lens_on_mha():
+    """headscope's bridge boots without fold_ln, so parity is on unfolded weights."""
+    hf, tok = tiny_hf_model("llama", num_key_value_heads=4)
+    ours = composition_scores(
+        head_weights(load_model(copy.deepcopy(hf), backend="inhouse", tokenizer=tok), fold_norms=False), n_null=10
+    )
+    with pytest.warns(UserWarning, match="in place"):
+        bridge = load_model(hf, backend="bridge", tokenizer=tok).bridge
+    for mode in "QKV":
+        scores = bridge.all_composition_scores(mode).scores.detach()
+        d = ours[(ours["mode"] == mode) & (ours.level == "head")]
+        assert len(d) == 16
+        for row in d.itertuples():
+            want = float(scores[row.sender_layer, row.sender_head, row.receiver_layer, row.receiver_head])
+            assert row.value == pytest.approx(want, abs=1e-6)
+
+
+def test_head_weights_refuses_other_backends():
+    hf, tok = tiny_hf_model("llama")
+    with pytest.raises(ModelIncompatibleError, match="backend='inhouse'"):
+        head_weights(load_model(hf, backend="hf", tokenizer=tok))
+
+
+def test_draw_counts_are_checked():
+    w = head_weights(planted_model())
+    with pytest.raises(ValueError, match="n_draws"):
+        head_circuits(w, n_draws=0)
+    with pytest.raises(ValueError, match="n_null"):
+        composition_scores(w, n_null=0)
