@@ -29,7 +29,7 @@ from headscope.probes.models.gguf import gguf_as_hf_dir
 # moved out (#24), still importable from here for the callers that name them here (loading, budget,
 # doctor, physical): the transformers hush, cache and hash, weight files and memory, the tokenizer
 from headscope.probes.models.quiet import quiet_transformers  # noqa: F401
-from headscope.probes.models.source import allow_download, cache_dir, file_sha256  # noqa: F401
+from headscope.probes.models.source import allow_download, cache_dir, file_sha256, sentence_transformers_layout  # noqa: F401
 from headscope.probes.models.tokenizer import check_tokenizer_vocab, load_tokenizer  # noqa: F401
 from headscope.probes.models.weights import (  # noqa: F401
     available_memory_bytes,
@@ -56,6 +56,10 @@ class ModelSource:
     name: str
     kind: str
     path: Path | None = None
+    #: a sentence-transformers folder's pooling (``"mean"``, ``"cls"``, …) and normalisation, read from
+    #: its ``modules.json`` (None / False otherwise); ``path`` is then the folder of its transformer
+    pooling: str | None = None
+    normalize: bool = False
 
     @property
     def file_for_hash(self) -> Path | None:
@@ -92,9 +96,18 @@ def resolve(model: str) -> ModelSource:
     model = str(model)
     if model in SHIPPED:
         path = _package_path(model)
-        return ModelSource(name=model, kind="gguf" if path.suffix == ".gguf" else "hf-dir", path=path)
+        if path.suffix == ".gguf":
+            return ModelSource(name=model, kind="gguf", path=path)
+        st = sentence_transformers_layout(path)
+        pooling, normalize = (st.pooling, st.normalize) if st is not None else (None, False)
+        return ModelSource(name=model, kind="hf-dir", path=path, pooling=pooling, normalize=normalize)
     p = Path(model).expanduser()
     if p.is_dir():
+        st = sentence_transformers_layout(p)
+        if st is not None:
+            return ModelSource(
+                name=p.name, kind="hf-dir", path=st.transformer_dir, pooling=st.pooling, normalize=st.normalize
+            )
         if not (p / "config.json").exists():
             ggufs = sorted(p.glob("*.gguf"))
             if len(ggufs) == 1:
@@ -219,14 +232,22 @@ def _split_fused(family: Family, cfg: ModelConfig, name: str, t: torch.Tensor) -
     return {f"{base}.{p}.{kind}": x.contiguous() for p, x in zip(fused.into, parts)}
 
 
+#: the start of a head checkpoint's own tensors (outside its base model's prefix)
+_HEAD = "lm_head."
+
+
 def hf_to_inhouse_names(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename HF tensors of ``cfg.family`` to the in-house names (its
     :class:`~headscope.probes.models.families.Family`: prefixes, then name pieces), splitting its
     fused tensors (Phi-3's ``qkv_proj``/``gate_up_proj``, GPT-2's ``c_attn``; GPT-2's ``Conv1D``
     weights transposed). The HF tensors it does not use (``Family.hf_drop``: pooler, MLM heads,
     position_ids, rotary tables, GPT-2's causal-mask buffers) are dropped; unknown ones are kept
-    so the strict check can name them."""
+    so the strict check can name them. A base-model checkpoint (``AutoModel``: no ``Family.hf_base``
+    prefix) reads as its head checkpoint."""
     family = FAMILIES[cfg.family]
+    if family.hf_base and state and not any(k.startswith(family.hf_base) for k in state):
+        # a base-model (AutoModel) checkpoint: its tensors as the head checkpoint names them
+        state = {(k if k.startswith(_HEAD) else family.hf_base + k): t for k, t in state.items()}
     out = {}
     for name, t in state.items():
         n = _strip_prefixes(name, family.hf_prefixes)
@@ -237,15 +258,43 @@ def hf_to_inhouse_names(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> dic
     return out
 
 
+def hf_name_of(family: Family, name: str) -> str:
+    """The HF tensor name an in-house ``name`` comes from, for messages (``Family.hf_names`` undone;
+    a fused tensor's part and a dropped prefix are not restored)."""
+    for hf_piece, piece in reversed(family.hf_names):
+        name = name.replace(piece, hf_piece)
+    return name
+
+
+def _untied_hint(cfg, missing: str) -> str:
+    """Why a decoder's embedding or head is needed on its own (an untied checkpoint stores both)."""
+    if cfg.encoder or missing not in ("embed.weight", "unembed.weight") or getattr(cfg, "tie_embeddings", True):
+        return ""
+    return "; the config sets tie_word_embeddings false, so the embedding and the head are separate tensors"
+
+
 def load_state_into(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
-    """Copy ``state`` into ``model``; refuse with the first missing, extra or mis-shaped tensor."""
+    """Copy ``state`` into ``model``; refuse with the first missing, extra or mis-shaped tensor.
+
+    A tied decoder's one tensor is its embedding, stored under either name: ``unembed.weight`` alone
+    (``lm_head.weight``, as ``safetensors.torch.save_model`` writes it), or the embedding's where both
+    are stored (as transformers ties them)."""
     own = {k: v for k, v in model.state_dict().items() if not k.endswith(".gate")}
-    if getattr(model.cfg, "tie_embeddings", False) and "unembed.weight" not in state:
+    if getattr(model.cfg, "tie_embeddings", False) and not model.cfg.encoder:
         own.pop("unembed.weight", None)
+        if "unembed.weight" in state:
+            state = dict(state)
+            head = state.pop("unembed.weight")
+            state.setdefault("embed.weight", head)
     missing = sorted(set(own) - set(state))
     extra = sorted(set(state) - set(own))
     if missing:
-        raise CheckpointError(f"{where}: tensor {missing[0]!r} missing from checkpoint ({len(missing)} missing)")
+        hf = hf_name_of(FAMILIES[model.cfg.family], missing[0]) if model.cfg.family in FAMILIES else missing[0]
+        hint = f" (HF name {hf!r})" if hf != missing[0] else ""
+        raise CheckpointError(
+            f"{where}: tensor {missing[0]!r} missing from checkpoint ({len(missing)} missing){hint}"
+            + _untied_hint(model.cfg, missing[0])
+        )
     if extra:
         raise CheckpointError(f"{where}: unexpected tensor {extra[0]!r} in checkpoint ({len(extra)} extra)")
     for k in sorted(own):

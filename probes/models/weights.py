@@ -186,49 +186,91 @@ def weight_files(directory: Path) -> list[Path]:
         return [directory / "model.safetensors"]
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
-            raise CheckpointError(f"{index}: not a safetensors shard index (expected a 'weight_map' object)") from None
-        missing = [s for s in shards if not (directory / s).is_file()]
-        if missing:
-            raise CheckpointError(f"{index}: shard {missing[0]!r} is missing ({len(missing)} of {len(shards)} missing)")
-        return [directory / s for s in shards]
-    return [f for f in (directory / "pytorch_model.bin",) if f.is_file()]
+        return [directory / s for s in sorted(set(_weight_map(index).values()))]
+    if (directory / "pytorch_model.bin").is_file():
+        return [directory / "pytorch_model.bin"]
+    bin_index = directory / "pytorch_model.bin.index.json"
+    return [directory / s for s in sorted(set(_weight_map(bin_index).values()))] if bin_index.is_file() else []
 
 
-def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
-    """Tensors of an HF directory, from safetensors (preferred) or a weights-only torch file."""
+def _weight_map(index: Path) -> dict[str, str]:
+    """A shard index's ``weight_map`` (tensor -> shard file), every shard there; else a one-line refusal."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError):
+        raise CheckpointError(
+            f"{index}: not a shard index (expected a 'weight_map' object of tensor -> file)"
+        ) from None
+    for tensor, shard in sorted(weight_map.items()):
+        if not (index.parent / shard).is_file():
+            missing = sorted({s for s in weight_map.values() if not (index.parent / s).is_file()})
+            raise CheckpointError(
+                f"{index}: shard {shard!r} (holding tensor {tensor!r}) is missing "
+                f"({len(missing)} of {len(set(weight_map.values()))} shards missing)"
+            )
+    return weight_map
+
+
+def _read_shards(index: Path, read) -> dict[str, torch.Tensor]:
+    """The tensors of every shard ``index`` names (``read(path)`` reads one), each tensor checked to
+    be in the shard the index names."""
+    weight_map = _weight_map(index)
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(weight_map.values())):
+        part = read(index.parent / shard)
+        absent = sorted(t for t, s in weight_map.items() if s == shard and t not in part)
+        if absent:
+            raise CheckpointError(
+                f"{index.parent / shard}: tensor {absent[0]!r}, which {index.name} places in this shard, is not "
+                f"in it ({len(absent)} absent)"
+            )
+        state.update(part)
+    return state
+
+
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    st = directory / "model.safetensors"
-    index = directory / "model.safetensors.index.json"
     try:
-        if st.exists():
-            state = load_file(str(st))
-            check_weight_dtypes({k: str(v.dtype) for k, v in state.items()}, st)
-            return state
-        if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state = {}
-            for shard in shards:
-                part = load_file(str(directory / shard))
-                check_weight_dtypes({k: str(v.dtype) for k, v in part.items()}, directory / shard)
-                state.update(part)
-            return state
+        state = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{st if st.exists() else index}: corrupt or truncated safetensors ({e})") from None
-    binf = directory / "pytorch_model.bin"
+        raise CheckpointError(f"{path}: corrupt or truncated safetensors ({str(e).splitlines()[0][:160]})") from None
+    check_weight_dtypes({k: str(v.dtype) for k, v in state.items()}, path)
+    return state
+
+
+def _read_torch_bin(path: Path) -> dict[str, torch.Tensor]:
+    """A ``pytorch_model.bin`` read by ``torch.load(weights_only=True)`` only: a pickle that needs
+    more (any class beyond tensors and containers) is refused."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"{path}: refused or unreadable ({type(e).__name__}: {str(e).strip().splitlines()[0][:160]}); "
+            "only weights-only checkpoints are loaded"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: expected a dict of tensors; got {type(state).__name__}")
+    check_weight_dtypes({k: str(v.dtype) for k, v in state.items() if isinstance(v, torch.Tensor)}, path)
+    return state
+
+
+def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
+    """Tensors of an HF directory, in transformers' order of preference: ``model.safetensors``, its
+    shards (``model.safetensors.index.json``), ``pytorch_model.bin`` or its shards — the torch files
+    read weights-only. Stored bf16/fp16 tensors keep their dtype (the loader casts them)."""
+    directory = Path(directory)
+    st, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    if st.exists():
+        return _read_safetensors(st)
+    if index.exists():
+        return _read_shards(index, _read_safetensors)
+    binf, bin_index = directory / "pytorch_model.bin", directory / "pytorch_model.bin.index.json"
     if binf.exists():
-        try:
-            state = torch.load(binf, map_location="cpu", weights_only=True)
-        except Exception as e:
-            raise CheckpointError(
-                f"{binf}: refused or unreadable ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
-                "only weights-only checkpoints are loaded"
-            ) from None
-        if isinstance(state, dict):
-            check_weight_dtypes({k: str(v.dtype) for k, v in state.items() if isinstance(v, torch.Tensor)}, binf)
-        return state
+        return _read_torch_bin(binf)
+    if bin_index.exists():
+        return _read_shards(bin_index, _read_torch_bin)
     raise CheckpointError(f"{directory}: no model.safetensors, shard index or pytorch_model.bin")

@@ -75,6 +75,7 @@ LLAMA_LIKE: dict[str, Any] = dict(
     mlp_bias=False,
     default_max_positions=2048,
     hf_drop=DECODER_DROP,
+    hf_base="model.",
     hf_names=LLAMA_NAMES,
 )
 

@@ -124,6 +124,9 @@ class Family:
     #: the family's own size rule, ``check_sizes(hf, where)`` (raises ``CheckpointError``)
     check_sizes: Callable[[dict, str], None] | None = field(default=None, compare=False)
     # -- the checkpoint's tensor names -------------------------------------------------------
+    #: the prefix a head checkpoint (``…ForCausalLM``) puts before the base model's tensors, as
+    #: ``hf_names`` expect them (``"model."``); a base-model checkpoint (``AutoModel``) has none, and gets it
+    hf_base: str = ""
     #: (old, new) prefixes, each replaced at the start of a tensor name, in order
     hf_prefixes: tuple[tuple[str, str], ...] = ()
     #: HF tensors not used (glob patterns on the prefixed-off name): pooler, MLM heads, buffers

@@ -22,6 +22,7 @@ FAMILY = family(
     reads=frozenset(),
     fixed_options={"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False},
     # GPT2LMHeadModel: "transformer.h.0.…"; GPT2Model and hub files: "h.0.…"
+    hf_base="",  # its prefixes below take either layout
     hf_prefixes=(("transformer.", ""), ("h.", "blocks.")),
     hf_drop=(*DECODER_DROP, "*.attn.bias", "*.attn.masked_bias"),  # the causal-mask buffers
     hf_fused=(
