@@ -5,7 +5,8 @@
 (:func:`~headscope.probes.models.checkpoints.hf_to_inhouse_names`) and the HF backend's
 layout (:mod:`~headscope.probes.models.hf_layout`) iterate.
 
-A new family is one module here (its ``FAMILY``) plus its line below; an in-house one also
+A new family is one module here (its ``FAMILY``; with GGUF support, its ``gguf`` record) plus its line
+below; an in-house one also
 needs its parity config in ``tests/tiny_models.py`` (the contract test,
 ``tests/probes/test_family_contract.py``, fails until it has one).
 
@@ -33,8 +34,20 @@ from headscope.probes.models.families import (
     starcoder2,
 )
 from headscope.probes.models.families.base import OPTIONS, Family, Fused
+from headscope.probes.models.families.gguf_only import GGUF_ONLY
+from headscope.probes.models.families.gguf_record import GGUF
 
-__all__ = ["ENCODER_FAMILIES", "FAMILIES", "INHOUSE_MODEL_TYPES", "OPTIONS", "Family", "Fused", "family_of"]
+__all__ = [
+    "ENCODER_FAMILIES",
+    "FAMILIES",
+    "GGUF",
+    "GGUF_RECORDS",
+    "INHOUSE_MODEL_TYPES",
+    "OPTIONS",
+    "Family",
+    "Fused",
+    "family_of",
+]
 
 #: every family, by ``model_type``, in-house ones first (the order of messages that list them)
 FAMILIES: dict[str, Family] = {
@@ -61,6 +74,9 @@ _ALIASES = {alias: f for f in FAMILIES.values() for alias in f.aliases}
 INHOUSE_MODEL_TYPES = tuple(t for t, f in FAMILIES.items() if f.inhouse)
 #: in-house families whose model returns final hidden states (HF ``AutoModel``); the others return logits
 ENCODER_FAMILIES = tuple(t for t, f in FAMILIES.items() if f.inhouse and f.encoder)
+#: how each GGUF architecture transformers reads is read (:mod:`~headscope.probes.models.gguf`
+#: iterates them): the families' own records (``Family.gguf``), then those of no family here
+GGUF_RECORDS: tuple[GGUF, ...] = tuple(f.gguf for f in FAMILIES.values() if f.gguf is not None) + GGUF_ONLY
 
 
 def family_of(model_type: str | None) -> Family | None:

@@ -15,9 +15,11 @@ names the HF backend hooks (:mod:`~headscope.probes.models.hf_layout`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
+
+from headscope.probes.models.families.gguf_record import GGUF
 
 __all__ = ["OPTIONS", "Family", "Fused"]
 
@@ -140,11 +142,18 @@ class Family:
     attn_out: str = "self_attn.o_proj"
     #: the separate query / key / value projections; None where the family fuses them
     qkv: tuple[str, str, str] | None = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
+    # -- GGUF ------------------------------------------------------------------------------
+    #: how its GGUF files read (None: transformers reads none of this family)
+    gguf: GGUF | None = field(default=None, hash=False)
 
     def __post_init__(self):
         if not self.model_type:
             raise ValueError("The 'model_type' parameter of Family must be a non-empty string; got ''.")
         object.__setattr__(self, "label", self.label or self.model_type)
+        if self.gguf is not None and self.gguf.model_type != self.model_type:
+            if self.gguf.model_type:
+                raise ValueError(f"{self.model_type}: its gguf record names model_type {self.gguf.model_type!r}")
+            object.__setattr__(self, "gguf", replace(self.gguf, model_type=self.model_type))
         for name in ("aliases", "config_names", "fixed_options"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         if not self.reads <= READABLE:

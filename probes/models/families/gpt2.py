@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from headscope.probes.models.families._common import DECODER_DROP, LLAMA_LIKE, family
 from headscope.probes.models.families.base import Fused
+from headscope.probes.models.families.gguf_record import GGUF
 
 FAMILY = family(
     LLAMA_LIKE,
@@ -44,4 +45,5 @@ FAMILY = family(
     ),
     attn_out="attn.c_proj",
     qkv=None,
+    gguf=GGUF(arch="gpt2", hf_class="GPT2LMHeadModel", common_layout=True, positions=True),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from headscope.probes.errors import CheckpointError
 from headscope.probes.models.families._common import LLAMA_LIKE, family
+from headscope.probes.models.families.gguf_record import GGUF
 
 
 def _check_sizes(hf: dict, where: str) -> None:
@@ -28,4 +29,15 @@ FAMILY = family(
     required_sizes=("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"),
     optional_sizes=("num_key_value_heads", "head_dim", "max_position_embeddings"),
     check_sizes=_check_sizes,
+    # llama.cpp's d_head is the rotated width; the defaults the in-house reader has always applied
+    gguf=GGUF(
+        arch="llama",
+        hf_class="LlamaForCausalLM",
+        required=("attention.head_count", "feed_forward_length"),
+        rope_dim_is_head_dim=True,
+        vocab_required=True,
+        defaults=(("max_position_embeddings", 2048), ("rope_theta", 10000.0), ("rms_norm_eps", 1e-6)),
+        rope_freqs=True,
+        common_layout=True,
+    ),
 )

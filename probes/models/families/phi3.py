@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from headscope.probes.models.families._common import LLAMA_LIKE, family
 from headscope.probes.models.families.base import Fused
+from headscope.probes.models.families.gguf_record import GGUF
 
 FAMILY = family(
     LLAMA_LIKE,
@@ -16,4 +17,5 @@ FAMILY = family(
         Fused(suffix="mlp.gate_up_proj", into=("gate_proj", "up_proj")),
     ),
     qkv=None,
+    gguf=GGUF(arch="phi3", hf_class="Phi3ForCausalLM", common_layout=True, ffn_up_blocks=2),  # ffn_up: gate and up
 )

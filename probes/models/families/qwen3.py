@@ -3,5 +3,12 @@
 from __future__ import annotations
 
 from headscope.probes.models.families._common import LLAMA_LIKE, family
+from headscope.probes.models.families.gguf_record import GGUF
+from headscope.probes.models.families.qwen2 import gguf_sliding
 
-FAMILY = family(LLAMA_LIKE, model_type="qwen3", qk_norm=True)
+FAMILY = family(
+    LLAMA_LIKE,
+    model_type="qwen3",
+    qk_norm=True,
+    gguf=GGUF(arch="qwen3", hf_class="Qwen3ForCausalLM", common_layout=True, config_names=gguf_sliding),
+)

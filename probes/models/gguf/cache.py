@@ -16,6 +16,7 @@ import torch
 
 from headscope.probes.errors import CheckpointError, UnknownGGUFArchitectureError
 from headscope.probes.models.arch import check_hf_config
+from headscope.probes.models.families import GGUF_RECORDS
 from headscope.probes.models.gguf.metadata import EQUAL_PER_LAYER, GGUF_ARCHITECTURES, gguf_hf_config
 from headscope.probes.models.quiet import quiet_transformers
 from headscope.probes.models.source import cache_dir, file_sha256
@@ -184,17 +185,13 @@ def _transformers_reads_gguf_arch(path: Path) -> bool:
 
 
 #: config keys that transformers' GGUF reader leaves at its config class's defaults although the
-#: file says otherwise (or llama.cpp, whose files these are, derives them): Gemma's soft-caps,
-#: query scale and sliding/global layers, and scaled RoPE (Gemma 3's linear, Llama 3's
-#: ``rope_freqs``, yarn). The metadata's value (:func:`gguf_meta_config`) goes into the cached
-#: ``config.json``, so every backend builds the model the file describes.
-METADATA_OVER_READER = (
-    "attn_logit_softcapping",
-    "final_logit_softcapping",
-    "query_pre_attn_scalar",
-    "layer_types",
-    "rope_parameters",
-)
+#: file says otherwise (or llama.cpp, whose files these are, derives them): those the families'
+#: records name (``GGUF.over_reader``: Gemma's soft-caps, query scale and sliding/global layers),
+#: in the order of :data:`~headscope.probes.models.families.GGUF_RECORDS`, then scaled RoPE, which
+#: any architecture's file may give (Gemma 3's linear, Llama 3's ``rope_freqs``, yarn). The
+#: metadata's value (:func:`gguf_meta_config`) goes into the cached ``config.json`` of every file
+#: where it differs, so every backend builds the model the file describes.
+METADATA_OVER_READER = tuple(dict.fromkeys([*(k for r in GGUF_RECORDS for k in r.over_reader), "rope_parameters"]))
 
 
 #: the sidecar of a cached folder whose config.json holds :data:`METADATA_OVER_READER` from

@@ -19,6 +19,7 @@ from headscope.probes.models.arch import (
     arch_from_hf_config,
     layer_runs,
 )
+from headscope.probes.models.families import GGUF, GGUF_RECORDS
 from headscope.probes.models.gguf.tensors import check_gguf, check_gguf_tensors
 from headscope.probes.models.spec import ArchSpec
 
@@ -29,35 +30,13 @@ def arch_from_gguf(path: Path) -> ArchSpec:
 
 
 #: GGUF ``general.architecture`` → (HF ``model_type``, HF model class for ``architectures``), for
-#: every architecture transformers reads from GGUF (``GGUF_CONFIG_MAPPING`` in
-#: ``transformers/integrations/ggml.py``; its loader renames the same way: ``qwen2moe`` →
-#: ``qwen2_moe``, ``gemma3`` → ``gemma3_text``, a ``llama`` file named Mistral → ``mistral``, …).
-GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "mistral": ("mistral", "MistralForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen2moe": ("qwen2_moe", "Qwen2MoeForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "qwen3moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
-    "gpt-oss": ("gpt_oss", "GptOssForCausalLM"),
-    "lfm2": ("lfm2", "Lfm2ForCausalLM"),
-    "falcon": ("falcon", "FalconForCausalLM"),
-    "phi3": ("phi3", "Phi3ForCausalLM"),
-    "bloom": ("bloom", "BloomForCausalLM"),
-    "t5": ("t5", "T5ForConditionalGeneration"),
-    "t5encoder": ("t5", "T5EncoderModel"),
-    "stablelm": ("stablelm", "StableLmForCausalLM"),
-    "gpt2": ("gpt2", "GPT2LMHeadModel"),
-    "starcoder2": ("starcoder2", "Starcoder2ForCausalLM"),
-    "mamba": ("mamba", "MambaForCausalLM"),
-    "nemotron": ("nemotron", "NemotronForCausalLM"),
-    "gemma2": ("gemma2", "Gemma2ForCausalLM"),
-    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
-    "gemma4": ("gemma4_text", "Gemma4ForCausalLM"),
-    "deci": ("deci", "DeciLMForCausalLM"),  # remote code on the hub (Nemotron-51B)
-    "minimax-m2": ("minimax_m2", "MiniMaxM2ForCausalLM"),
-}
-_GGUF_ALIASES = {"gpt_oss": "gpt-oss", "minimax_m2": "minimax-m2", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+#: every architecture transformers reads from GGUF: the families' records
+#: (:data:`~headscope.probes.models.families.GGUF_RECORDS`; a file another record claims by its
+#: ``general.name``, a ``llama`` file named Mistral, is read by that one)
+GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {r.arch: (r.model_type, r.hf_class) for r in GGUF_RECORDS if r.arch}
+_BY_ARCH: dict[str, GGUF] = {r.arch: r for r in GGUF_RECORDS if r.arch}
+_GGUF_ALIASES = {r.spelled: r.arch for r in GGUF_RECORDS if r.spelled}
+_NAMED = tuple(r for r in GGUF_RECORDS if r.named)
 #: GGUF ``<arch>.KEY`` → HF config key, the same for every architecture (names every HF config
 #: class takes, through its ``attribute_map`` where it spells them its own way)
 _GGUF_KEYS = {
@@ -113,24 +92,19 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
         )
     name = get("general.name") or path.stem
     gguf_arch = arch
-    if arch == "llama" and "mistral" in str(name).lower():  # llama.cpp files Mistral under llama
-        arch = "mistral"
-    model_type, cls = GGUF_ARCHITECTURES[arch]
-    if gguf_arch.startswith("t5") and "umt5" in str(name).lower():
-        model_type, cls = "umt5", cls.replace("T5", "UMT5")
-    required = ("block_count", "embedding_length") + (() if model_type == "mamba" else ("attention.head_count",))
-    required += ("feed_forward_length",) if model_type in ("llama", "mistral") else ()
-    for key in required:
+    rec = next((r for r in _NAMED if arch in r.files_under and r.named in str(name).lower()), _BY_ARCH[arch])
+    model_type, cls = rec.model_type, rec.hf_class
+    for key in ("block_count", "embedding_length") + rec.required:
         v = get(f"{gguf_arch}.{key}")
         if not (isinstance(v, int) or (isinstance(v, list) and v and all(isinstance(x, int) for x in v))):
             raise CheckpointError(f"{path}: GGUF metadata {gguf_arch}.{key} is missing or not an integer")
-    sizes = _gguf_sizes(f, gguf_arch, model_type, path)
+    sizes = _gguf_sizes(f, gguf_arch, rec, path)
 
     hf: dict[str, Any] = {"model_type": model_type, "architectures": [cls], "_name_or_path": name}
     if sizes.equal_arrays:
         hf[EQUAL_PER_LAYER] = list(sizes.equal_arrays)
     _read_keys(hf, sizes, gguf_arch, get)
-    if "head_dim" not in hf and model_type in ("llama", "mistral"):  # llama.cpp: the rotated width is d_head
+    if "head_dim" not in hf and rec.rope_dim_is_head_dim:  # llama.cpp: the rotated width is d_head
         rot = get(f"{gguf_arch}.rope.dimension_count")
         if isinstance(rot, int) and not isinstance(rot, bool) and 0 < rot < _MAX_SIZE:
             hf["head_dim"] = rot
@@ -139,10 +113,11 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
         heads, kv_heads = _gguf_heads(sizes, gguf_arch, path)
         hf.setdefault("num_key_value_heads", n_heads)
         hf.setdefault("head_dim", d_model // next(h for h in heads if h))  # llama.cpp: layer 0's heads
-        _per_layer_heads(hf, sizes, heads, kv_heads, gguf_arch, model_type, path, strict)
-    _family_names(hf, model_type, gguf_arch, get, n_heads)
+        _per_layer_heads(hf, sizes, heads, kv_heads, gguf_arch, rec, path, strict)
+    if rec.config_names is not None:  # what the family's HF config class names or defaults its own way
+        rec.config_names(hf, get, gguf_arch, n_heads)
     try:
-        rope = _gguf_rope_parameters(reader, get, gguf_arch, model_type, hf, path)
+        rope = _gguf_rope_parameters(reader, get, gguf_arch, rec, hf, path)
     except ModelIncompatibleError as e:
         if strict:
             raise
@@ -154,16 +129,12 @@ def gguf_hf_config(path: Path, *, strict: bool = True) -> dict:
     vocab = hf.get("vocab_size") or (len(tokens.data) if tokens is not None else 0)
     if vocab:
         hf["vocab_size"] = int(vocab)
-    elif model_type in ("llama", "mistral"):
+    elif rec.vocab_required:
         raise CheckpointError(f"{path}: GGUF metadata has neither {gguf_arch}.vocab_size nor tokenizer.ggml.tokens")
-    if model_type in ("llama", "mistral"):  # the defaults the in-house reader has always applied
-        hf.setdefault("max_position_embeddings", 2048)
-        hf.setdefault("rope_theta", 10000.0)
-        hf.setdefault("rms_norm_eps", 1e-6)
-    hf["tie_word_embeddings"] = gguf_arch in ("falcon", "bloom") or "output.weight" not in {
-        t.name for t in reader.tensors
-    }
-    check_gguf_tensors(reader, hf, sizes, gguf_arch, path)
+    for key, value in rec.defaults:
+        hf.setdefault(key, value)
+    hf["tie_word_embeddings"] = rec.tied or "output.weight" not in {t.name for t in reader.tensors}
+    check_gguf_tensors(reader, hf, sizes, gguf_arch, path, rec)
     return hf
 
 
@@ -189,33 +160,6 @@ def _read_keys(hf: dict, sizes: _GGUFSizes, gguf_arch: str, get) -> None:
     for key in ("rope_theta", "rms_norm_eps", "layer_norm_eps", "attn_logit_softcapping", "final_logit_softcapping"):
         if key in hf:
             hf[key] = float(hf[key])
-
-
-def _family_names(hf: dict, model_type: str, gguf_arch: str, get, n_heads: int | None) -> None:
-    """Put into ``hf`` what a family's HF config class names or defaults its own way (Falcon's
-    KV heads, Mistral's and Qwen's sliding window, Gemma's sliding layers and query scale)."""
-    if model_type == "falcon":  # FalconConfig's own names; its head_dim is derived, not set
-        n_kv = hf.pop("num_key_value_heads")
-        hf.pop("head_dim", None)
-        hf.update(num_kv_heads=n_kv, multi_query=n_kv == 1, new_decoder_architecture=n_kv not in (1, n_heads))
-        if "intermediate_size" in hf:
-            hf["ffn_hidden_size"] = hf.pop("intermediate_size")
-    if model_type == "mistral":
-        hf.setdefault("sliding_window", None)  # not MistralConfig's default of 4096: the file says none
-    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
-        hf["use_sliding_window"] = "sliding_window" in hf
-    if model_type in ("gemma2", "gemma3_text", "gemma4_text") and "sliding_window" in hf:
-        pattern = hf.pop("sliding_window_pattern", None)
-        every = 2 if model_type == "gemma2" else 6
-        n = hf["num_hidden_layers"]
-        slides = (
-            [bool(p) for p in pattern]
-            if isinstance(pattern, list) and len(pattern) == n
-            else [bool((i + 1) % (pattern if isinstance(pattern, int) and pattern > 0 else every)) for i in range(n)]
-        )
-        hf["layer_types"] = ["sliding_attention" if s else "full_attention" for s in slides]
-    if model_type in ("gemma2", "gemma3_text"):
-        hf["query_pre_attn_scalar"] = _gguf_query_pre_attn_scalar(get(f"{gguf_arch}.attention.scale"), gguf_arch, hf)
 
 
 #: GGUF ``<arch>.KEY`` sizes, checked under the file's own key names before any is used
@@ -266,7 +210,7 @@ class _GGUFSizes:
         return f"{v:,}"
 
 
-def _gguf_sizes(fields: dict, gguf_arch: str, model_type: str, path: Path) -> _GGUFSizes:
+def _gguf_sizes(fields: dict, gguf_arch: str, rec: GGUF, path: Path) -> _GGUFSizes:
     """Read and check the sizes of :data:`_GGUF_SIZES` under their GGUF names: each one integer
     (or, for :data:`_GGUF_PER_LAYER`, an array with one non-negative entry per layer), positive,
     below 2**63; at most :data:`GGUF_MAX_LAYERS` layers. Mamba's files write head counts and
@@ -314,7 +258,7 @@ def _gguf_sizes(fields: dict, gguf_arch: str, model_type: str, path: Path) -> _G
             equal.append(f"{gguf_arch}.{key}")
         else:
             per_layer[key] = tuple(items)
-    if model_type == "mamba":
+    if rec.zero_sizes_unused:
         for key in _GGUF_PER_LAYER:
             if values.get(key) == 0:
                 del values[key]
@@ -367,7 +311,7 @@ def _gguf_heads(sizes: _GGUFSizes, gguf_arch: str, path: Path) -> tuple[tuple[in
     return heads, kv_heads
 
 
-def _per_layer_heads(hf: dict, sizes: _GGUFSizes, heads, kv_heads, gguf_arch: str, model_type: str, path, strict):
+def _per_layer_heads(hf: dict, sizes: _GGUFSizes, heads, kv_heads, gguf_arch: str, rec: GGUF, path, strict):
     """A file whose layers differ in heads, KV heads or MLP width: refused for loading (no
     backend here builds layers of different widths), named in one line; for the card
     (``strict=False``), ``hf[PER_LAYER]`` holds the per-layer values and ``hf[NOT_LOADABLE]`` why
@@ -375,7 +319,7 @@ def _per_layer_heads(hf: dict, sizes: _GGUFSizes, heads, kv_heads, gguf_arch: st
     layers, are what transformers builds (``full_attn_idxs``): read as that number, as it does."""
     varying = dict(sizes.per_layer)
     kv = varying.get("attention.head_count_kv")
-    if model_type == "lfm2" and kv is not None and len(set(kv) - {0}) == 1:
+    if rec.kv_heads_zero_off_attention and kv is not None and len(set(kv) - {0}) == 1:
         del varying["attention.head_count_kv"]
     if not varying:
         return
@@ -391,29 +335,12 @@ def _per_layer_heads(hf: dict, sizes: _GGUFSizes, heads, kv_heads, gguf_arch: st
     }
 
 
-#: ``general.architecture`` → layer count of the file's 27B model, on which llama.cpp scales
-#: Gemma's queries by 1/√(d_model / heads) instead of 1/√d_head (``llama-model.cpp``)
-_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 #: the Llama 3 RoPE scaling that ``convert_hf_to_gguf.py`` bakes into a ``rope_freqs`` tensor
 #: (low/high frequency factors, original context); only the factor differs between releases
 _LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
-def _gguf_query_pre_attn_scalar(scale, gguf_arch: str, hf: dict) -> float:
-    """Gemma's ``query_pre_attn_scalar``, which llama.cpp's GGUF files do not store: an
-    ``attention.scale`` in the metadata where there is one (scalar = scale⁻²), else what
-    llama.cpp derives: d_model / heads on the 27B models, d_head on the others (Gemma 2 2B/9B,
-    Gemma 3 1B/4B/12B: 256, as their HF configs say)."""
-    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0:
-        value = round(float(scale) ** -2, 3)
-    elif hf["num_hidden_layers"] == _GEMMA_27B_LAYERS.get(gguf_arch):
-        value = hf["hidden_size"] / hf["num_attention_heads"]
-    else:
-        value = float(hf["head_dim"])
-    return int(value) if float(value).is_integer() else value
-
-
-def _gguf_rope_parameters(reader, get, gguf_arch: str, model_type: str, hf: dict, path: Path) -> dict | None:
+def _gguf_rope_parameters(reader, get, gguf_arch: str, rec: GGUF, hf: dict, path: Path) -> dict | None:
     """``rope_parameters`` (transformers 5) from a GGUF file, where its RoPE is not the plain
     one: ``rope.scaling.type`` linear or yarn with its factor; Gemma 3's per-layer-type pair
     (global layers scaled, sliding layers at ``rope.freq_base_swa``, 10,000 by default); and
@@ -437,7 +364,7 @@ def _gguf_rope_parameters(reader, get, gguf_arch: str, model_type: str, hf: dict
         if kind == "yarn" and original:
             scaled["original_max_position_embeddings"] = original
     if "rope_freqs.weight" in tensors:
-        if model_type not in ("llama", "mistral"):
+        if not rec.rope_freqs:
             raise ModelIncompatibleError(
                 f"{path}: a {gguf_arch} GGUF with a rope_freqs tensor (per-frequency RoPE factors) is not read right "
                 "by transformers; load the model's HF checkpoint instead"
@@ -445,7 +372,7 @@ def _gguf_rope_parameters(reader, get, gguf_arch: str, model_type: str, hf: dict
         dim = _int_or_none(get(f"{gguf_arch}.rope.dimension_count")) or hf["head_dim"]
         factors = [float(x) for x in tensors["rope_freqs.weight"].data.reshape(-1)]
         scaled = {"rope_type": "llama3", **_llama3_rope_from_factors(factors, theta, dim, path), "rope_theta": theta}
-    if model_type == "gemma3_text":
+    if rec.rope_per_layer_type:
         local = _number(get(f"{gguf_arch}.rope.freq_base_swa")) or 10000.0
         return {
             "sliding_attention": {"rope_type": "default", "rope_theta": local},

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from headscope.probes.errors import CheckpointError
 
 if TYPE_CHECKING:  # annotations only
+    from headscope.probes.models.families import GGUF
     from headscope.probes.models.gguf.metadata import _GGUFSizes
 
 
@@ -88,39 +89,17 @@ def check_gguf_layout(reader, path: Path, size: int) -> None:
             )
 
 
-#: GGUF architectures whose layers llama.cpp lays out the common way (``llama-model.cpp``): separate
-#: or fused ``attn_q/k/v`` of head_count × key_length rows, ``ffn_gate/up/down`` of feed_forward_length
-#: (Phi-3's ``ffn_up`` holds gate and up: twice that); their block tensors' shapes are checked
-#: against the metadata (every architecture's embedding, output and layer numbers are)
-_COMMON_LAYOUT = frozenset(
-    {
-        "llama",
-        "mistral",
-        "qwen2",
-        "qwen3",
-        "qwen2moe",
-        "qwen3moe",
-        "gemma2",
-        "gemma3",
-        "phi3",
-        "starcoder2",
-        "stablelm",
-        "falcon",
-        "bloom",
-        "gpt2",
-        "nemotron",
-    }
-)
 _NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm")
 
 
-def check_gguf_tensors(reader, hf: dict, sizes: _GGUFSizes, gguf_arch: str, path: Path) -> None:
+def check_gguf_tensors(reader, hf: dict, sizes: _GGUFSizes, gguf_arch: str, path: Path, rec: GGUF) -> None:
     """Refuse a GGUF file whose tensor table disagrees with its metadata, before transformers
     reads it (it would stop on the first mismatch with a ``RuntimeError`` naming neither file nor
     key): a tensor of a layer past ``block_count``, a layer without tensors, or a tensor whose
     shape is not the one the sizes imply: the embedding and the output ``[embedding_length,
-    vocab_size]``, GPT-2's positions ``[embedding_length, context_length]`` and, for
-    :data:`_COMMON_LAYOUT`, each layer's attention, MLP and norms. Shapes are given as llama.cpp
+    vocab_size]``, learned positions ``[embedding_length, context_length]`` (``rec.positions``:
+    GPT-2) and, where the family's record says llama.cpp lays its layers out the common way
+    (``rec.common_layout``), each layer's attention, MLP and norms. Shapes are given as llama.cpp
     prints them (``ne0`` first: a linear map's input width, then its output width)."""
     import re
 
@@ -149,10 +128,10 @@ def check_gguf_tensors(reader, hf: dict, sizes: _GGUFSizes, gguf_arch: str, path
     if d_model:
         expected["output_norm.weight"] = expected["output_norm.bias"] = ((d_model,), said_d)
     ctx = sizes.values.get("context_length")
-    if gguf_arch == "gpt2" and d_model and ctx:
+    if rec.positions and d_model and ctx:
         expected["position_embd.weight"] = ((d_model, ctx), f"{said_d}, {gguf_arch}.context_length {ctx}")
     heads = sizes.layers("attention.head_count")
-    if gguf_arch in _COMMON_LAYOUT and d_model and heads and n_layers:
+    if rec.common_layout and d_model and heads and n_layers:
         kv_heads = sizes.layers("attention.head_count_kv") or heads
         d_k = sizes.values.get("attention.key_length") or hf.get("head_dim") or d_model // max(heads)
         d_v = sizes.values.get("attention.value_length") or d_k
@@ -171,11 +150,11 @@ def check_gguf_tensors(reader, hf: dict, sizes: _GGUFSizes, gguf_arch: str, path
             }
             if d_mlp:
                 f_i = d_mlp[i]
-                up = 2 * f_i if gguf_arch == "phi3" else f_i
+                up = rec.ffn_up_blocks * f_i
                 ff = f"{gguf_arch}.feed_forward_length {f_i}"
                 rows |= {
                     "ffn_gate": ((d_model, f_i), f_i, f"{said_d}; {ff}"),
-                    "ffn_up": ((d_model, up), up, f"{said_d}; {'2 × ' if up != f_i else ''}{ff}"),
+                    "ffn_up": ((d_model, up), up, f"{said_d}; {f'{rec.ffn_up_blocks} × ' if up != f_i else ''}{ff}"),
                     "ffn_down": ((f_i, d_model), d_model, f"{ff}; {said_d}"),
                 }
             for stem, (shape, out, why) in rows.items():
