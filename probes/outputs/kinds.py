@@ -1,13 +1,13 @@
 """The kinds of output folder headscope writes, and how a folder says which kind it holds.
 
-Each command's folder (``report``, ``roles``, ``prune``, ``patch``, ``diff``) is an
+Each command's folder (``report``, ``roles``, ``prune``, ``patch``, ``diff``, ``weights``) is an
 :class:`OutputKind` in :data:`KINDS`: the manifests that identify it and the names it
 writes. A manifest starts with :func:`manifest_header`; :func:`output_kind_of` reads it back.
 
 >>> manifest_header("roles")
 {'output': {'kind': 'roles', 'format': 2}}
 >>> sorted(KINDS)
-['diff', 'patch', 'prune', 'report', 'roles']
+['diff', 'patch', 'prune', 'report', 'roles', 'weights']
 """
 
 from __future__ import annotations
@@ -99,6 +99,16 @@ KINDS: dict[str, OutputKind] = {
         (frozenset({"run_a", "run_b", "tables"}),),
         ("diff.json", "tables", "figures"),
         (("tables", _FRAME), ("figures", ("*.png",))),
+    ),
+    "weights": OutputKind(
+        "weights",
+        ("run.json",),
+        (),
+        (
+            "run.json",
+            "weights.md",
+            *(f"{stem}.{ext}" for stem in ("heads", "composition") for ext in ("csv", "parquet")),
+        ),
     ),
 }
 

@@ -44,6 +44,7 @@ COMMAND_MODULES = [
     "headscope.reports.cli.patch",
     "headscope.reports.cli.report",
     "headscope.reports.cli.diff",
+    "headscope.reports.cli.weights",
     "headscope.reports.cli.bench",
     "headscope.reports.cli.doctor",
 ]
