@@ -177,3 +177,38 @@ def test_draw_counts_are_checked():
         head_circuits(w, n_draws=0)
     with pytest.raises(ValueError, match="n_null"):
         composition_scores(w, n_null=0)
+
+
+def test_weights_command_writes_tables_and_summary(tmp_path, capsys):
+    import pandas as pd
+
+    from headscope.reports.cli.app import main
+    from tests.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path / "models", "llama")  # GQA: 4 query heads, 2 KV heads
+    out = tmp_path / "w"
+    assert main(["weights", str(model), "--out", str(out), "--draws", "5", "--null", "20", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "composition.csv",
+        "composition.parquet",
+        "heads.csv",
+        "heads.parquet",
+        "run.json",
+        "weights.md",
+    ]
+    comp = pd.read_parquet(out / "composition.parquet")
+    assert len(comp) == 64 and set(comp.level) == {"head", "kv_group"}
+    assert (comp[comp.level == "kv_group"].receiver_head.isna()).all()
+    heads = pd.read_csv(out / "heads.csv")
+    assert set(heads.statistic) == {"ov_copying", "ov_norm", "qk_norm", "qk_positional_share"}
+    assert "RoPE" in heads[heads.statistic == "qk_positional_share"].note.iloc[0]
+    assert "Top K-composition pairs (per KV group)" in (out / "weights.md").read_text()
+    # a second run into the same folder replaces it; a folder of someone else's files is refused
+    assert main(["weights", str(model), "--out", str(out), "--draws", "5", "--null", "20", "--quiet"]) == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["weights", str(model), "--out", str(other), "--quiet"]) == 2
+    assert "headscope: error:" in capsys.readouterr().err
+    assert (other / "notes.txt").read_text() == "mine"
