@@ -242,7 +242,8 @@ def settle_cached_config(config_file: Path, path: Path) -> None:
         meta = {}
     changed = _metadata_over_reader(cfg, meta, path)
     if not cfg.get("architectures"):
-        classes = {mt: cls for mt, cls in GGUF_ARCHITECTURES.values() if mt != "t5"}
+        pairs = set(GGUF_ARCHITECTURES.values())  # a model_type of two classes (T5's) is not guessed
+        classes = {mt: cls for mt, cls in pairs if sum(m == mt for m, _ in pairs) == 1}
         cls = classes.get(cfg.get("model_type")) or (meta.get("architectures") or [None])[0]
         if cls is not None:
             cfg["architectures"] = [cls]

@@ -1,7 +1,11 @@
 """A GGUF file's metadata as an HF config dict (:func:`gguf_hf_config`), and its :class:`ArchSpec`.
 
-The sizes are checked under the file's own key names before any is used; per-layer arrays,
-Gemma's query scale and sliding layers, and scaled RoPE are read as llama.cpp means them.
+The sizes are checked under the file's own key names before any is used; per-layer arrays and
+scaled RoPE are read as llama.cpp means them. What differs by architecture (the HF class, required
+keys, a family's own config names such as Gemma's query scale and sliding layers, its RoPE, its
+tensor layout) is its record, :class:`~headscope.probes.models.families.GGUF`: a family's
+``Family.gguf`` or one of :data:`~headscope.probes.models.families.gguf_only.GGUF_ONLY`, all in
+:data:`~headscope.probes.models.families.GGUF_RECORDS`; nothing here names an architecture.
 """
 
 from __future__ import annotations
