@@ -10,6 +10,7 @@ import pytest
 
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError
 from headscope.probes.models.card import card_from_hf_config, render_card
+from headscope.probes.models.families import GGUF_RECORDS
 from headscope.probes.models.gguf import GGUF_ARCHITECTURES, arch_from_gguf, gguf_hf_config
 
 gguf = pytest.importorskip("gguf")
@@ -217,6 +218,26 @@ def test_every_architecture_transformers_reads(tmp_path, arch):
     else:
         c = card_from_hf_config(hf, name=arch)
         assert (c["layers"], c["heads"], c["kv_heads"]) == (6, 4, 2)
+
+
+@pytest.mark.parametrize(
+    ("under", "named", "model_type", "cls"),
+    [
+        (under, rec.named, rec.model_type, rec.hf_class)
+        for rec in GGUF_RECORDS
+        if rec.named
+        for under in rec.files_under
+    ],
+)
+def test_a_file_claimed_by_its_name(tmp_path, under, named, model_type, cls):
+    """A record that claims files of another architecture by their ``general.name`` (llama.cpp's
+    Mistral under ``llama``, UMT5 under ``t5`` / ``t5encoder``) reads them as its own; files of
+    that architecture named otherwise stay its own."""
+    meta = dict(BASE, attention__head_count=4, attention__head_count_kv=2)
+    hf = gguf_hf_config(write_gguf(tmp_path / "a.gguf", under, name=f"Some {named.upper()} model", **meta))
+    assert (hf["model_type"], hf["architectures"]) == (model_type, [cls])
+    hf = gguf_hf_config(write_gguf(tmp_path / "b.gguf", under, name="tiny", **meta))
+    assert (hf["model_type"], hf["architectures"]) == (GGUF_ARCHITECTURES[under][0], [GGUF_ARCHITECTURES[under][1]])
 
 
 def test_the_table_covers_transformers_gguf_architectures():
