@@ -66,7 +66,12 @@ class ModelSource:
         if self.path is None:
             return None
         if self.kind == "hf-dir":
-            for f in ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"):
+            for f in (
+                "model.safetensors",
+                "pytorch_model.bin",
+                "model.safetensors.index.json",
+                "pytorch_model.bin.index.json",
+            ):
                 if (self.path / f).exists():
                     return self.path / f
             return None

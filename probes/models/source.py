@@ -51,7 +51,7 @@ _POOLING_FLAGS = {
 class SentenceTransformersLayout:
     """What a sentence-transformers folder's ``modules.json`` says: where its transformer is
     (the root or ``0_Transformer/``), how it pools (``"mean"``, ``"cls"``, …; None without a
-    Pooling module) and whether it normalises the pooled embedding."""
+    Pooling module or its ``config.json``) and whether it normalises the pooled embedding."""
 
     transformer_dir: Path
     pooling: str | None
@@ -102,7 +102,7 @@ def sentence_transformers_layout(folder: Path) -> SentenceTransformersLayout | N
             if not (where / "config.json").is_file():
                 raise CheckpointError(f"{modules_json}: module {i} (Transformer) has no config.json in {where}")
             transformer = where
-        elif kind == "Pooling":
+        elif kind == "Pooling" and (where / "config.json").is_file():  # a copy without it: pooling unknown
             pooling = _pooling_mode(where / "config.json")
         elif kind == "Normalize":
             normalize = True

@@ -300,3 +300,13 @@ def test_pickle_needing_more_than_weights_is_refused(tmp_path):
         load_model(str(folder), backend="inhouse")
     msg = _one_line(e)
     assert msg.startswith(f"{folder / 'pytorch_model.bin'}: refused or unreadable (") and "weights-only" in msg
+
+
+def test_pooling_config_read_or_refused(tmp_path):
+    root, _ = _sentence_transformers(tmp_path / "st", "", "mean_tokens")
+    (root / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": tru}')
+    with pytest.raises(CheckpointError) as e:
+        resolve(str(root))
+    assert _one_line(e).startswith(f"{root / '1_Pooling' / 'config.json'}:1:")
+    shutil.rmtree(root / "1_Pooling")  # a copy without it (as a user may copy the transformer's files): unknown
+    assert resolve(str(root)).pooling is None
