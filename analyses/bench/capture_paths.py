@@ -15,6 +15,7 @@ import torch
 from headscope.analyses.bench.state import BenchState, PathSkipped, Prepared
 
 __all__ = [
+    "bench_loss_gate_grads",
     "bf16_forward",
     "capture_patterns",
     "capture_stream",
@@ -95,17 +96,15 @@ def inhouse_forward(bench: BenchState) -> Prepared:
     return Prepared(*bench.over_batches(step), bench.fwd_gflop, "")
 
 
-def gate_grad(bench: BenchState) -> Prepared:
-    model = bench.model("inhouse")
-    network, causal = model.network, bench.spec.causal
-
-    def step(ids, mask):
-        gates = model.gates
-        for g in gates:
-            g.requires_grad_(True)
-        try:
-            with torch.enable_grad():
-                out = network(ids, mask)
+def bench_loss_gate_grads(network, gates, ids, mask, causal: bool) -> tuple[torch.Tensor, ...]:
+    """``gate_grad``'s timed step: the bench's loss (next-token CE on a decoder, mean squared
+    hidden state on an encoder) and its gradient with respect to each layer's ``gate [head]``,
+    only the paths to the gates (no weight gradients)."""
+    for g in gates:
+        g.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            out = network(ids, mask)
             if causal:
                 logits = out[:, :-1].float()
                 target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
@@ -114,10 +113,18 @@ def gate_grad(bench: BenchState) -> Prepared:
                 )
             else:
                 loss = (out.float() ** 2 * mask[..., None]).sum() / mask.sum()
-                torch.autograd.grad(loss, gates)  # only the paths to the gates, no weight gradients
-        finally:
-            for g in gates:
-                g.requires_grad_(False)
+            return torch.autograd.grad(loss, gates)
+    finally:
+        for g in gates:
+            g.requires_grad_(False)
+
+
+def gate_grad(bench: BenchState) -> Prepared:
+    model = bench.model("inhouse")
+    network, causal = model.network, bench.spec.causal
+
+    def step(ids, mask):
+        bench_loss_gate_grads(network, model.gates, ids, mask, causal)
 
     loss = "next-token CE" if causal else "mean squared hidden state"
     return Prepared(

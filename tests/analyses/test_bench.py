@@ -291,3 +291,43 @@ def test_report_and_bench_share_one_quick_pruning_definition():
     assert PruneConfig(**pruning_paths.QUICK_PRUNING, seed=5) == before  # what the bench's quick_pruning times
     assert pruning_paths.QUICK_PRUNING is quick_settings.QUICK_PRUNING is run.QUICK_PRUNING
     assert run.QUICK_PRUNING["studies"] is quick_settings.QUICK_STUDIES
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+def test_gate_grad_step_differentiates_the_loss_on_decoders_too(causal):
+    """The gate_grad path times a backward on every model: on a decoder its step once computed
+    the loss and returned without it. Its gradients match a central difference of the loss."""
+    import torch
+
+    from headscope.analyses.bench.capture_paths import bench_loss_gate_grads
+    from headscope.probes.models.config import ModelConfig
+    from headscope.probes.models.transformer import Transformer
+
+    # float64 throughout (gpt2's and bert's LayerNorm; llama's RMSNorm would compute in float32)
+    cfg = ModelConfig(family="gpt2" if causal else "bert", n_layers=2, d_model=16, n_heads=4, vocab_size=13)
+    net = Transformer(cfg).double()
+    net.init_weights(std=0.3, seed=1)
+    ids = torch.randint(0, 13, (2, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    grads = bench_loss_gate_grads(net, net.gates, ids, mask, causal)
+    assert len(grads) == 2 and all(not g.requires_grad for g in net.gates)
+
+    def loss_at(value: float) -> float:
+        with torch.no_grad():
+            net.gates[1][2] = value
+            out = net(ids, mask)
+            net.gates[1][2] = 1.0
+        if causal:
+            target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
+            logits = out[:, :-1]
+            return float(
+                torch.nn.functional.cross_entropy(logits.reshape(-1, 13), target.reshape(-1), ignore_index=-100)
+            )
+        return float((out**2 * mask[..., None]).sum() / mask.sum())
+
+    eps = 1e-4
+    fd = (loss_at(1 + eps) - loss_at(1 - eps)) / (2 * eps)
+    # the step's loss is float32 (out.float()): its gradient is right to float32's precision
+    assert float(grads[1][2]) == pytest.approx(fd, rel=1e-2, abs=1e-9)
+    assert abs(fd) > 1e-6  # a gradient worth checking
