@@ -33,12 +33,12 @@ from headscope.probes.budget import (
     peak_rss_bytes,
 )
 from headscope.reports.budget_stages import (
-    REPORT_TASKS,
     apply_patch,
     apply_prune,
     model_shape,
     patch_stages,
     prune_stages,
+    report_tasks,
     role_corpora,
     roles_items,
     roles_stages,
@@ -375,20 +375,6 @@ def patch_refine(budget: Budget, task, cfg, asked):
     return budget, replace(asked, patch=apply_patch(asked.patch, budget.estimate))
 
 
-def add_to_run_json(out, key: str, value) -> None:
-    """``value`` under ``key`` in the ``run.json`` a study wrote in ``out`` (nothing when there is none)."""
-    import json
-    from pathlib import Path
-
-    from headscope.probes.outputs.atomic import write_json
-
-    if out is None:
-        return
-    run_json = Path(out) / "run.json"
-    if run_json.is_file():
-        write_json({**json.loads(run_json.read_text(encoding="utf-8")), key: value}, run_json)
-
-
 def parts_timer(progress, stage: str, total: int | None, quiet: bool, unit: str):
     """``progress`` (may be None) wrapped to print the estimated time once the first unit of
     ``stage`` is done (``total``: None to read it from the first call)."""
@@ -413,7 +399,7 @@ def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs,
 
     def stages_of(shape, tok):
         out = roles_stages(shape, rcfg, groups, inputs, tok) + prune_stages(shape, pcfg, tok)
-        longest = max(task_longest(t, 10, tok) for t in REPORT_TASKS)
+        longest = max(task_longest(t, 10, tok) for t in report_tasks())
         return out + (patch_stages(shape, patch, longest=longest) if patching else [])
 
     if isinstance(model, str) or hasattr(model, "__fspath__"):

@@ -330,5 +330,10 @@ def role_corpora(groups, role_inputs: dict | None) -> dict:
     return out
 
 
-#: the report's patching tasks (each role's :attr:`~headscope.analyses.roles.base.Role.task`) and the seq_len of the generated ones
-REPORT_TASKS = ("induction", "coreference", "agreement", "duplicate_token")
+def report_tasks() -> tuple[str, ...]:
+    """The report's patching tasks: each shipped role's own
+    (:func:`~headscope.analyses.roles.base.role_tasks`), once each."""
+    from headscope.analyses.roles import shipped  # noqa: F401  (registers the shipped roles)
+    from headscope.analyses.roles.base import role_tasks
+
+    return tuple(dict.fromkeys(role_tasks().values()))
