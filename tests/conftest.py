@@ -11,9 +11,12 @@ import os
 import sys
 from pathlib import Path
 
-# tests mirror the package layout (tests/probes, tests/analyses, tests/reports); a few test
-# modules share planted models and frames with a sibling folder's module (``from test_pruning
-# import ...``), which must not depend on the order pytest collects the folders in
+# tests mirror the package layout (tests/probes, tests/analyses/{roles,pruning,patching,stats,
+# bench,experiments}, tests/reports); what several test modules share lives in helper modules
+# (tests/tiny_models.py, tests/pruning_cases.py, tests/analyses/patching/patching_cases.py,
+# tests/probes/gguf_writer.py ...). A few modules of probes/ and reports/ still import a sibling
+# test module (test_report, test_gguf_card, test_checkpoint_inputs); these folders are on the
+# path so that does not depend on the order pytest collects them in
 sys.path.extend(str(Path(__file__).parent / sub) for sub in ("probes", "analyses", "reports"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

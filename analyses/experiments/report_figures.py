@@ -20,7 +20,7 @@ library function the analysis itself uses: the coreference rule baselines by
 :func:`~headscope.analyses.roles.coreference.first_candidate` over the shipped corpus, the
 first-token overlap by :func:`~headscope.analyses.roles.pipeline.verdict_overlap`, and the
 per-example importance by :func:`~headscope.analyses.pruning.importance.head_importance`
-on MiniLM (16 sentences, as ``tests/analyses/test_importance_per_example.py``).
+on MiniLM (16 sentences, as ``tests/analyses/pruning/test_importance_per_example.py``).
 
 Not figures here: wall-clock times (``make report`` 26 s, 9 min 39 s, the per-stage
 times, peak RSS) and file sizes (report.html 1.6 MB) are measurements of one machine; the

@@ -37,7 +37,7 @@ An importance order sorts heads by importance and breaks ties by head index, so
 >>> df[["layer", "head", "metric", "value"]].values.tolist()
 [[0, 0, 'grad_importance_lm_loss', 0.5], [0, 1, 'grad_importance_lm_loss', 0.10000000149011612]]
 
-See ``tests/analyses/test_pruning.py`` for the finite-difference check of :func:`gate_gradients`.
+See ``tests/analyses/pruning/test_pruning.py`` for the finite-difference check of :func:`gate_gradients`.
 """
 
 from __future__ import annotations

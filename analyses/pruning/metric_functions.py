@@ -1,7 +1,7 @@
 """Where the pure metric functions used to live: they are in :mod:`headscope.analyses.metrics`,
 beside the one registry. This module only re-exports them for callers in other areas
 (``analyses/bench/gpu.py``, ``analyses/pruning/gqa_conversion.py``,
-``tests/analyses/test_importance_per_example.py``); new code imports :mod:`headscope.analyses.metrics`.
+``tests/analyses/pruning/test_importance_per_example.py``); new code imports :mod:`headscope.analyses.metrics`.
 """
 
 from headscope.analyses.metrics import mean_pool, paraphrase_hits, token_nll, token_nll_at, weighted_mean

@@ -34,7 +34,7 @@ row per head × relation × direction. It says
 
 Roles of one corpus share one pass over it. Adding a role = one module that defines its
 :class:`Role` as ``ROLE_DEF`` + its line in :mod:`.shipped` (which registers the shipped groups
-in pipeline order) + its tests: the role contract test (tests/analyses/test_role_contract.py)
+in pipeline order) + its tests: the role contract test (tests/analyses/roles/test_role_contract.py)
 runs on every registered group. :func:`register` adds a group at run time (last);
 :func:`~headscope.analyses.roles.pipeline.run_role` runs one group through the same code as
 ``head_roles``.

@@ -287,7 +287,7 @@ def test_files_and_folders_follow_the_umask(tmp_path, mask):
 
 
 def test_resume_refuses_a_curves_table_cut_short(tmp_path):
-    from test_pruning import alternating, planted_copy_model
+    from pruning_cases import alternating, planted_copy_model
 
     from headscope.analyses.pruning.metrics import LMLoss
     from headscope.analyses.pruning.study import PruneConfig, pruning_study

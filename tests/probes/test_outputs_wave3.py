@@ -133,7 +133,7 @@ def test_dot_in_an_empty_working_folder_is_claimed(tmp_path, capsys, no_model, m
 
 
 def test_diff_report_and_prune_write_into_an_empty_folder(tmp_path, capsys, roles_run):
-    from test_pruning import alternating, planted_copy_model
+    from pruning_cases import alternating, planted_copy_model
 
     from headscope.analyses.pruning.metrics import LMLoss
     from headscope.analyses.pruning.study import PruneConfig, pruning_study

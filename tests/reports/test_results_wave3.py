@@ -286,7 +286,7 @@ def real_runs(minilm, tmp_path_factory):
     positional, 12 lines), prune (the planted copy model), patch (activation and attribution
     patching of the planted induction model), report (synthetic frames) and diff (the
     report against itself)."""
-    from test_pruning import alternating, planted_copy_model
+    from pruning_cases import alternating, planted_copy_model
     from test_report import synthetic_frames
 
     import headscope.probes.models.loading as loading

@@ -6,7 +6,7 @@ import json
 
 import pandas as pd
 import pytest
-from test_pruning import alternating, planted_copy_model
+from pruning_cases import alternating, planted_copy_model
 from test_report import _meta, minilm_card, synthetic_frames  # noqa: F401 - minilm_card is a fixture
 
 from headscope.analyses.frames import ROLE_COLUMNS, STAT_COLUMNS

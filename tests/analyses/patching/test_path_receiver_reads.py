@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from patching_cases import gap_items
 from safetensors.torch import load_file, save_file
-from test_patching_methods import _gap_items
 from tiny_models import tiny_model_dir
 
 from headscope.analyses.patching import PatchConfig, path_patching
@@ -55,7 +55,7 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task(models):
-    return Task(name="random", items=_gap_items(models[0], 8, 9, seed=0), metric="logit_diff")
+    return Task(name="random", items=gap_items(models[0], 8, 9, seed=0), metric="logit_diff")
 
 
 def test_the_expanded_copy_computes_the_same_function(models, task):

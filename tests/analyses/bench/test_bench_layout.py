@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "analyses" / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "analyses" / "bench"
 MODULES = sorted(BENCH.glob("*.py"))
 
 

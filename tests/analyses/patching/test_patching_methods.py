@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_patching import CFG, effects, significant
+from patching_cases import CFG, effects, gap_items, significant
 
 from headscope.analyses.metrics import METRICS
 from headscope.analyses.patching import ablation_patching, activation_patching, attribution_patching
@@ -252,24 +252,6 @@ def test_cli_per_position_and_new_tasks(planted, tmp_path, monkeypatch, capsys):
 
 
 # ----------------------------------------------------------------------------- backends
-def _gap_items(model, n: int, length: int, seed: int) -> list[PairItem]:
-    """Random clean/corrupted ids; answer = the clean run's top token, wrong = the
-    corrupted run's (so the logit-difference gap is positive on this random model)."""
-    gen = torch.Generator().manual_seed(seed)
-    vocab = model.vocab_size
-    clean = torch.randint(5, vocab, (n, length), generator=gen)
-    corrupted = clean.clone()
-    corrupted[:, : length // 2] = torch.randint(5, vocab, (n, length // 2), generator=gen)
-    with torch.inference_mode():
-        a = model.forward(clean, torch.ones_like(clean))[:, -1].argmax(-1)
-        w = model.forward(corrupted, torch.ones_like(corrupted))[:, -1].argmax(-1)
-    return [
-        PairItem(tuple(c), tuple(x), int(ai), int(wi))
-        for c, x, ai, wi in zip(clean.tolist(), corrupted.tolist(), a, w)
-        if ai != wi
-    ]
-
-
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     from tiny_models import tiny_model_dir
@@ -286,7 +268,7 @@ def test_backends_give_the_same_frame(tiny_llama, unit):
     models = {b: load_model(str(tiny_llama), b) for b in ("inhouse", "hf", "bridge")}
     assert {m.backend for m in models.values()} == {"inhouse", "hf", "bridge"}
     assert models["hf"].spec.n_kv_heads == 2 and models["hf"].spec.n_heads == 4
-    task = Task(name="random", items=_gap_items(models["inhouse"], 8, 9, seed=0), metric="logit_diff")
+    task = Task(name="random", items=gap_items(models["inhouse"], 8, 9, seed=0), metric="logit_diff")
     assert len(task.items) >= 6
     cfg = PatchConfig(unit=unit, n_perm=200, n_boot=50)
     frames = {}
@@ -312,7 +294,7 @@ def test_per_position_kv_groups_and_every_row_of_a_group_alike(tiny_llama):
     from headscope.probes.models.loading import load_model
 
     model = load_model(str(tiny_llama), "inhouse")
-    task = Task(name="random", items=_gap_items(model, 8, 9, seed=0), metric="logit_diff")
+    task = Task(name="random", items=gap_items(model, 8, 9, seed=0), metric="logit_diff")
     cfg = PatchConfig(unit="kv_group", per_position=True, directions=("denoising",), n_perm=200, n_boot=50)
     frame, _ = activation_patching(model, task, cfg)
     assert len(frame) == 2 * 4 * 9 and sorted(set(frame["position"])) == list(range(-9, 0))

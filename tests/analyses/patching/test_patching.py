@@ -15,6 +15,7 @@ import json
 import pandas as pd
 import pytest
 import torch
+from patching_cases import CFG, effects, significant
 
 from headscope.analyses.metrics import logprob_metric
 from headscope.analyses.patching import PatchConfig, activation_patching, agreement, attribution_patching, path_patching
@@ -29,22 +30,10 @@ from headscope.analyses.patching.tasks import load_task
 from headscope.probes.errors import InputFileError, ModelIncompatibleError
 from headscope.probes.models.planted import VOCAB, planted_model
 
-CFG = PatchConfig(n_perm=2000, n_boot=200)
-
 
 @pytest.fixture(scope="module")
 def activation(planted, induction):
     return activation_patching(planted, induction, CFG)
-
-
-def effects(frame: pd.DataFrame, method: str) -> dict[tuple[int, int], float]:
-    f = frame[frame["method"] == method]
-    return {(int(r.layer), int(r.head)): float(r.effect) for r in f.itertuples()}
-
-
-def significant(frame: pd.DataFrame, method: str) -> set[tuple[int, int]]:
-    f = frame[(frame["method"] == method) & frame["significant"]]
-    return {(int(r.layer), int(r.head)) for r in f.itertuples()}
 
 
 # ----------------------------------------------------------------------------- planted truth
