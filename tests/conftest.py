@@ -95,7 +95,7 @@ def sentences():
 # coreference, the causal report) defines its own ``planted``, which takes precedence there
 @pytest.fixture(scope="module")
 def planted():
-    from headscope.probes.models.planted import planted_model, writing_induction
+    from headscope.probes.models.inhouse.planted import planted_model, writing_induction
 
     return writing_induction(planted_model())
 

@@ -7,7 +7,7 @@ import torch
 
 from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.transformer import Transformer
 
 WORDS = [f"w{i}" for i in range(8)]
 

@@ -29,9 +29,9 @@ from headscope.probes.errors import (
 from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.checkpoints import resolve
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.hooks import hooks
+from headscope.probes.models.inhouse.hooks import hooks
+from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.models.loading import load_model
-from headscope.probes.models.transformer import Transformer
 from headscope.probes.outputs.atomic import write_frame
 
 # ----------------------------------------------------------------------------- checkpoints

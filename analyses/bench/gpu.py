@@ -122,7 +122,7 @@ def build_model(cfg: GpuBenchConfig, tokenizer):
     from headscope.probes.models.arch import arch_from_hf_config
     from headscope.probes.models.backends.inhouse import InHouseModel
     from headscope.probes.models.config import config_from_arch
-    from headscope.probes.models.transformer import Transformer
+    from headscope.probes.models.inhouse.transformer import Transformer
 
     mcfg = config_from_arch(arch_from_hf_config(cfg.hf_config, "gpu bench config"), name="llama-8b-shapes")
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32

@@ -117,7 +117,7 @@ def ablation_hf_whole(bench: BenchState) -> Prepared:
 
 
 def pruning_50(bench: BenchState) -> Prepared:
-    from headscope.probes.models import physical as phys
+    from headscope.probes.models.inhouse import physical as phys
 
     model = bench.model("inhouse")
     heads = phys.half_of_heads(model, seed=bench.cfg.seed)

@@ -105,12 +105,12 @@ def _family_rows(senders, receivers, mode, level) -> dict[str, list]:
 
 def composition_scores(weights, *, n_null: int = 1000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
     """Every composition score of ``weights`` (a
-    :class:`~headscope.probes.models.head_weights.ModelWeights`, read one layer at a time),
+    :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`, read one layer at a time),
     frame :data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`, sorted by
     ``(mode, level)`` then pair. ``ValueError`` for ``n_null < 1``.
 
-    >>> from headscope.probes.models.planted import planted_model
-    >>> from headscope.probes.models.head_weights import head_weights
+    >>> from headscope.probes.models.inhouse.planted import planted_model
+    >>> from headscope.probes.models.inhouse.head_weights import head_weights
     >>> df = composition_scores(head_weights(planted_model()), n_null=200)
     >>> top = df[(df["mode"] == "K") & (df.level == "head")].nlargest(1, "value").iloc[0]
     >>> [int(top[c]) for c in ("sender_layer", "sender_head", "receiver_layer", "receiver_head")], top.verdict

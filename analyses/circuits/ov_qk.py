@@ -14,8 +14,8 @@ Baselines: ``n_draws`` Gaussian replacements of ``W_V, W_O`` (resp. ``W_Q, W_K``
 matrix's own norm; the embedding and unembedding stay the real ones. ``p_value`` is one-sided
 (upper), BH-adjusted over the heads of each statistic.
 
->>> from headscope.probes.models.planted import planted_model, writing_induction
->>> from headscope.probes.models.head_weights import head_weights
+>>> from headscope.probes.models.inhouse.planted import planted_model, writing_induction
+>>> from headscope.probes.models.inhouse.head_weights import head_weights
 >>> df = head_circuits(head_weights(writing_induction(planted_model())), n_draws=20)
 >>> row = df[(df.statistic == "ov_copying") & (df.layer == 1) & (df["head"] == 1)].iloc[0]
 >>> round(float(row.value), 6), row.method, row.verdict
@@ -123,7 +123,7 @@ def _layer_rows(lw, stats: dict, n_draws: int) -> list[dict]:
 
 def head_circuits(weights, *, n_draws: int = 200, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
     """Per-head OV copying score, OV and QK norms of ``weights`` (a
-    :class:`~headscope.probes.models.head_weights.ModelWeights`), read one layer at a time,
+    :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`), read one layer at a time,
     each against ``n_draws`` Gaussian heads (seed ``seed + layer``). Frame: :data:`HEAD_COLUMNS`;
     ``verdict``: ``above baseline`` where the BH-adjusted p is ≤ ``alpha``, ``no circuit`` for a
     zero OV circuit, ``omitted`` for ``qk_positional_share`` (reason in ``note``).

@@ -9,7 +9,7 @@ first token), a tiny in-house decoder (``n_layers`` layers, ``n_heads`` heads of
 ``scratch``    ``k`` heads per layer (same ``d_head``), trained ``steps + finetune_steps``
                steps (as many optimiser steps as ``pruned_ft`` got in all)
 ``pruned``     the ``full`` model physically pruned to its ``k`` most important heads per
-               layer (:func:`~headscope.probes.models.physical.prune_heads`), no further training
+               layer (:func:`~headscope.probes.models.inhouse.physical.prune_heads`), no further training
 ``pruned_ft``  ``pruned``, then fine-tuned ``finetune_steps`` steps
 =============  ==========================================================================
 
@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from headscope.probes.corpora.synthetic_task import AGREEMENT, INDUCTION, SyntheticTask, TaskBatch
 from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.physical import prune_heads
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.physical import prune_heads
+from headscope.probes.models.inhouse.transformer import Transformer
 
 log = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ def duplicate_token_task(
     ``first_at``; default ``seq_len // 2``); the same in every item, so positions line up.
     Seeded, no global state.
 
-    >>> from headscope.probes.models.planted import planted_tokenizer
+    >>> from headscope.probes.models.inhouse.planted import planted_tokenizer
     >>> it = duplicate_token_task(planted_tokenizer(), n_items=1, seq_len=6).items[0]
     >>> len(it.clean), it.clean[3] == it.clean[-1], it.clean[4] == it.answer, it.corrupted[3] != it.clean[3]
     (8, True, True, True)

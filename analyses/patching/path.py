@@ -42,7 +42,7 @@ from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.tasks import metric_fn
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.hooks import hooks
+from headscope.probes.models.inhouse.hooks import hooks
 
 VIAS = ("q", "k", "v")
 #: whose read of a shared K/V a k/v path patches (module docstring)

@@ -2,7 +2,7 @@
 
 Ainslie et al. turn a multi-head checkpoint into a grouped-query one by averaging the key
 and value projections of the heads in each group, then uptrain for ~5% of pre-training.
-:func:`~headscope.probes.models.kv_pooling.convert_to_gqa` does the first step on an
+:func:`~headscope.probes.models.inhouse.kv_pooling.convert_to_gqa` does the first step on an
 in-house model (consecutive heads ``[j·r, (j+1)·r)``, ``r = n_heads / n_groups``, share KV
 head ``j``, whose ``W_K``, ``W_V`` and biases are the mean of theirs).
 
@@ -28,7 +28,7 @@ from headscope.analyses.pruning.metrics import read_paraphrases
 from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.backends.protocol import batch_to, weight_dtype
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.kv_pooling import check_groups, convert_to_gqa
+from headscope.probes.models.inhouse.kv_pooling import check_groups, convert_to_gqa
 from headscope.probes.tokens import collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from headscope.probes.models.arch import ArchSpec, check_hf_config
-from headscope.probes.models.attention import ROPE_SCALINGS
 from headscope.probes.models.families import ENCODER_FAMILIES, FAMILIES, INHOUSE_MODEL_TYPES, Family, family_of
+from headscope.probes.models.inhouse.attention import ROPE_SCALINGS
 
 __all__ = [
     "ENCODER_FAMILIES",

@@ -2,7 +2,7 @@
 :func:`load_model`.
 
 * :class:`~headscope.probes.models.backends.inhouse.InHouseModel` — headscope's own
-  :class:`~headscope.probes.models.transformer.Transformer` (BERT and Llama families): every
+  :class:`~headscope.probes.models.inhouse.transformer.Transformer` (BERT and Llama families): every
   hook point, per-head gates, physical pruning.
 * :class:`~headscope.probes.models.backends.bridge.BridgeModel` — any HF checkpoint through
   transformer-lens 4.x ``TransformerBridge``, for architectures the in-house stack does not cover.
@@ -12,7 +12,7 @@
 
 All three satisfy :class:`~headscope.probes.models.backends.protocol.Backend`:
 ``model.run(batch, quantities, layers)`` returns ``{(quantity, layer): tensor}`` in the
-shapes of :mod:`headscope.probes.models.attention` plus ``("output", None)``; ``encode`` is
+shapes of :mod:`headscope.probes.models.inhouse.attention` plus ``("output", None)``; ``encode`` is
 shared (:class:`~headscope.probes.models.backends.protocol.BackendCommon`). The spec of a
 checkpoint comes from :func:`~headscope.probes.models.arch.arch_from_hf_config`, its one reader.
 """

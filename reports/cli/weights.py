@@ -81,7 +81,7 @@ _HEAD_COLS = ["layer", "head", "kv_head", "value", "baseline_mean", "p_adjusted"
 def run(args) -> int:
     from headscope.analyses.circuits.composition import composition_scores
     from headscope.analyses.circuits.ov_qk import head_circuits
-    from headscope.probes.models.head_weights import head_weights
+    from headscope.probes.models.inhouse.head_weights import head_weights
     from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output

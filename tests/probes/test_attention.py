@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from headscope.probes.models.attention import additive_mask, apply_rope, attention_pattern, rope_cos_sin
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.hooks import hooks
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.attention import additive_mask, apply_rope, attention_pattern, rope_cos_sin
+from headscope.probes.models.inhouse.hooks import hooks
+from headscope.probes.models.inhouse.transformer import Transformer
 
 
 def tiny(family="llama", **kw):
@@ -155,7 +155,7 @@ def test_attention_pattern_expands_kv_by_groups():
 def test_pruned_layer_pattern_is_attention_pattern_with_its_kv_index():
     """A physically pruned GQA layer (query heads 0, 2, 3 of 4; KV heads 0, 1): the pattern the
     model hooks is the pure function's, given the layer's own query-to-KV map."""
-    from headscope.probes.models.physical import prune_heads
+    from headscope.probes.models.inhouse.physical import prune_heads
 
     model = prune_heads(tiny(n_kv_heads=2), {0: [1]}).module
     attn = model.blocks[0].attn

@@ -29,8 +29,8 @@ from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.checkpoints import resolve
 from headscope.probes.models.config import ModelConfig, param_counts
 from headscope.probes.models.gguf import check_gguf
+from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.models.loading import load_model
-from headscope.probes.models.transformer import Transformer
 from headscope.reports.cli import app as cli
 
 WORDS = [

@@ -123,7 +123,7 @@ def test_gates_and_param_counts(family):
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma2", "gpt2", "roberta"])
 def test_physical_pruning_equals_gating(family, tmp_path):
-    from headscope.probes.models.physical import gates_off, load_pruned, prune_heads, save_pruned
+    from headscope.probes.models.inhouse.physical import gates_off, load_pruned, prune_heads, save_pruned
 
     hf, _ = _hf_model(family)
     ours = _inhouse(hf, family)
@@ -143,7 +143,7 @@ def test_physical_pruning_equals_gating(family, tmp_path):
 
 
 def test_scores_hook_sees_scaled_soft_capped_scores_before_the_mask():
-    from headscope.probes.models.hooks import hooks
+    from headscope.probes.models.inhouse.hooks import hooks
 
     hf, _ = _hf_model("gemma2")
     module = _inhouse(hf, "gemma2").module
@@ -170,7 +170,7 @@ def test_scores_hook_sees_scaled_soft_capped_scores_before_the_mask():
 
 def test_sliding_window_convention():
     """Query i sees key j when 0 <= i - j < window (transformers' sliding_window_overlay)."""
-    from headscope.probes.models.attention import additive_mask
+    from headscope.probes.models.inhouse.attention import additive_mask
 
     mask = additive_mask(torch.ones(1, 6, dtype=torch.long), causal=True, window=3)[0, 0] == 0
     expected = torch.tensor([[0 <= i - j < 3 for j in range(6)] for i in range(6)])

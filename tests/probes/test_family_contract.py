@@ -44,7 +44,7 @@ def test_every_in_house_family_has_a_parity_config():
 
 @pytest.mark.parametrize("model_type", INHOUSE_MODEL_TYPES)
 def test_name_map_covers_every_hf_tensor(model_type):
-    from headscope.probes.models.transformer import Transformer
+    from headscope.probes.models.inhouse.transformer import Transformer
 
     family = FAMILIES[model_type]
     hf, _ = parity_hf_model(model_type)

@@ -107,9 +107,9 @@ def test_find_cycle_finds_a_planted_cycle():
 def test_import_graph_sees_models():
     graph = import_graph(PROBES)
     assert "headscope.probes.models.config" in graph["headscope.probes.models.checkpoints"]
-    assert "headscope.probes.models.attention" in graph["headscope.probes.models.transformer"]
+    assert "headscope.probes.models.inhouse.attention" in graph["headscope.probes.models.inhouse.transformer"]
     # a function-level import counts; one under `if TYPE_CHECKING:` does not
-    assert "headscope.probes.models.attention" in graph["headscope.probes.models.gguf.metadata"]
+    assert "headscope.probes.models.inhouse.attention" in graph["headscope.probes.models.gguf.metadata"]
     assert "headscope.probes.models.gguf.metadata" not in graph["headscope.probes.models.gguf.tensors"]
 
 

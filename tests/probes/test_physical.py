@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from headscope.probes.errors import CheckpointError
-from headscope.probes.models.physical import (
+from headscope.probes.models.inhouse.physical import (
     count_params,
     gates_off,
     half_of_heads,

@@ -10,9 +10,9 @@ import torch
 from beartype import beartype
 from jaxtyping import TypeCheckError, jaxtyped
 
-from headscope.probes.models import attention
-from headscope.probes.models import transformer as stack
 from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.inhouse import attention
+from headscope.probes.models.inhouse import transformer as stack
 
 CHECKED = ("repeat_kv", "rope_cos_sin", "apply_rope", "attention_scores", "attention_pattern", "additive_mask")
 

@@ -23,7 +23,7 @@ from headscope.probes.capture import stream
 from headscope.probes.corpora import read_text
 from headscope.probes.corpora.text import BLANK, is_blank
 from headscope.probes.models.checkpoints import hf_dir, load_tokenizer, resolve
-from headscope.probes.models.planted import WORD_CLASSES, planted_model
+from headscope.probes.models.inhouse.planted import WORD_CLASSES, planted_model
 from headscope.probes.tokens import encode_plain, tokenize_one
 from headscope.reports.cli import terminal
 from headscope.reports.cli.app import main

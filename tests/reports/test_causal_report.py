@@ -1,6 +1,6 @@
 """The report's patching stage and its "Causal evidence" section.
 
-The planted model (probes/models/planted.py, with the induction head given an output by
+The planted model (probes/models/inhouse/planted.py, with the induction head given an output by
 ``writing_induction``) holds a previous-token head (0, 0) and an induction head (1, 1):
 the roles label them by attention, and activation patching on the induction and the
 duplicate-token tasks must single out the same heads, which the section must say.
@@ -25,7 +25,7 @@ CARD = {"name": "planted", "layers": 2, "heads": 4, "kv_heads": 4}
 
 @pytest.fixture(scope="module")
 def planted():
-    from headscope.probes.models.planted import planted_model, writing_induction
+    from headscope.probes.models.inhouse.planted import planted_model, writing_induction
 
     return writing_induction(planted_model())
 

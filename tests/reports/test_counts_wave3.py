@@ -172,7 +172,7 @@ def test_counts_within_the_data_load_the_model_without_a_note(capsys, loads, tmp
 
 def test_prune_records_the_capped_count_in_run_json(capsys, monkeypatch, tmp_path):
     from headscope.probes.models import loading
-    from headscope.probes.models.planted import planted_model
+    from headscope.probes.models.inhouse.planted import planted_model
 
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: planted_model())
     argv = ["prune", "planted", "--n-items", str(10**9), "--studies", "importance", "--batch-size", "256"]
@@ -222,7 +222,7 @@ def test_a_sequence_past_the_models_context_is_refused_naming_seq_len(capsys, sh
 
 def test_generated_tasks_refuse_an_absurd_count_in_the_library_too():
     from headscope.analyses.patching.tasks import duplicate_token_task, induction_task
-    from headscope.probes.models.planted import planted_tokenizer
+    from headscope.probes.models.inhouse.planted import planted_tokenizer
 
     for make in (induction_task, duplicate_token_task):
         with pytest.raises(ValueError, match=rf"n_items must be in \[1, {MAX_GENERATED_ITEMS}\]"):
@@ -347,7 +347,7 @@ def test_patch_with_no_usable_item_exits_2_with_the_count_of_each_kind(capsys, s
 
 def test_unusable_kinds_are_counted_on_a_planted_decoder(tmp_path):
     from headscope.analyses.patching.tasks import UNUSABLE_KINDS, tokenize_rows
-    from headscope.probes.models.planted import planted_model
+    from headscope.probes.models.inhouse.planted import planted_model
 
     p = tmp_path / "t.jsonl"
     p.write_text(

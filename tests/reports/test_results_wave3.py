@@ -295,7 +295,7 @@ def real_runs(minilm, tmp_path_factory):
     from headscope.analyses.pruning.metrics import LMLoss
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.probes.models.card import model_card, render_card
-    from headscope.probes.models.planted import planted_model, writing_induction
+    from headscope.probes.models.inhouse.planted import planted_model, writing_induction
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output
     from headscope.probes.outputs.kinds import manifest_header

@@ -1,4 +1,4 @@
-"""The in-house backend: headscope's own :class:`~headscope.probes.models.transformer.Transformer`
+"""The in-house backend: headscope's own :class:`~headscope.probes.models.inhouse.transformer.Transformer`
 (the families of :mod:`headscope.probes.models.config`) with a tokenizer — every hook point,
 per-head gates, a forward that stops and resumes at a layer, physical pruning."""
 
@@ -32,8 +32,8 @@ from headscope.probes.models.checkpoints import (
     read_state_dict,
 )
 from headscope.probes.models.config import ModelConfig, config_from_arch
-from headscope.probes.models.hooks import HookPoint, hooks
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.hooks import HookPoint, hooks
+from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.tokens import TokenBatch
 
 __all__ = ["InHouseModel", "inhouse_config"]

@@ -27,13 +27,13 @@ import torch
 
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.arch import ArchSpec
-from headscope.probes.models.hooks import HookFn, HookPoint, hooks
+from headscope.probes.models.inhouse.hooks import HookFn, HookPoint, hooks
 from headscope.probes.tokens import TokenBatch, encode
 
 #: a per-layer head hook: ``z [batch, head, pos, d_head] -> z`` (same shape)
 HeadFn = Callable[[torch.Tensor], torch.Tensor]
 
-#: what ``run`` captures: names of :mod:`headscope.probes.models.attention`'s hook points
+#: what ``run`` captures: names of :mod:`headscope.probes.models.inhouse.attention`'s hook points
 QUANTITIES = ("pattern", "scores", "q", "k", "v", "q_rot", "k_rot", "z", "out", "resid_post")
 
 
@@ -104,7 +104,7 @@ class Backend(Protocol):
     * ``hook_points``: ``{name: HookPoint}``, every named activation (in-house:
       ``blocks.{l}.attn.hook_z`` …; empty for hf and bridge, which expose theirs through
       ``run`` and ``head_hooks``); ``point_hooks({name: fn})``: a context with
-      ``fn(tensor, name)`` on those points (:func:`~headscope.probes.models.hooks.hooks`);
+      ``fn(tensor, name)`` on those points (:func:`~headscope.probes.models.inhouse.hooks.hooks`);
     * ``unembed_at(keep)``: a context in which a decoder's ``forward`` returns the logits at
       ``keep [batch, pos]`` only (:func:`unembed_at`; where :func:`rows_unembedded`: the
       model's ``unembedding`` is known, None otherwise — an attribute the protocol leaves out

@@ -390,10 +390,10 @@ def _llama3_rope_from_factors(factors: list[float], theta: float, dim: int, path
     divides each frequency): the factor is its largest entry, the band is Llama 3's
     (:data:`_LLAMA3_ROPE`, the same in 3.1, 3.2 and 3.3); refused unless these reproduce every
     factor to 1e-5 (relative) through the in-house RoPE
-    (:func:`~headscope.probes.models.attention.scaled_inv_freq`)."""
+    (:func:`~headscope.probes.models.inhouse.attention.scaled_inv_freq`)."""
     import torch
 
-    from headscope.probes.models.attention import scaled_inv_freq
+    from headscope.probes.models.inhouse.attention import scaled_inv_freq
 
     factor = max(factors, default=1.0)
     worst = float("inf")

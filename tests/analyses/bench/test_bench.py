@@ -301,7 +301,7 @@ def test_gate_grad_step_differentiates_the_loss_on_decoders_too(causal):
 
     from headscope.analyses.bench.capture_paths import bench_loss_gate_grads
     from headscope.probes.models.config import ModelConfig
-    from headscope.probes.models.transformer import Transformer
+    from headscope.probes.models.inhouse.transformer import Transformer
 
     # float64 throughout (gpt2's and bert's LayerNorm; llama's RMSNorm would compute in float32)
     cfg = ModelConfig(family="gpt2" if causal else "bert", n_layers=2, d_model=16, n_heads=4, vocab_size=13)

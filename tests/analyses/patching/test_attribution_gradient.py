@@ -14,7 +14,7 @@ import torch
 from headscope.analyses.patching import PatchConfig, attribution_patching
 from headscope.analyses.patching.activation import readout
 from headscope.analyses.patching.attribution import z_gradients
-from headscope.probes.models.planted import planted_model, writing_induction
+from headscope.probes.models.inhouse.planted import planted_model, writing_induction
 
 CFG = PatchConfig(n_perm=200, n_boot=50)
 

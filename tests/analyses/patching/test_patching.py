@@ -1,6 +1,6 @@
 """Patching (analyses/patching): planted ground truth, tasks and their errors, statistics, CLI.
 
-The planted model (probes/models/planted.py) has an induction pair: (0, 0) writes each
+The planted model (probes/models/inhouse/planted.py) has an induction pair: (0, 0) writes each
 token's previous token into the residual, (1, 1) matches a query token against that
 (through K). As shipped, only (0, 0) writes to the residual, so no head can move the
 logits; :func:`writing_induction` gives (1, 1) an output: it copies the attended token
@@ -28,7 +28,7 @@ from headscope.analyses.patching.study import StudyConfig, patching_study
 from headscope.analyses.patching.task_files import read_task_jsonl, tokenize_rows
 from headscope.analyses.patching.tasks import load_task
 from headscope.probes.errors import InputFileError, ModelIncompatibleError
-from headscope.probes.models.planted import VOCAB, planted_model
+from headscope.probes.models.inhouse.planted import VOCAB, planted_model
 
 
 @pytest.fixture(scope="module")
@@ -320,8 +320,8 @@ def test_smollm_induction_heads_by_patching(smollm):
 # ----------------------------------------------------------------------------- GQA, CLI output
 def test_kv_group_unit_patches_a_group_together():
     from headscope.probes.models.config import ModelConfig
+    from headscope.probes.models.inhouse.transformer import Transformer
     from headscope.probes.models.loading import InHouseModel
-    from headscope.probes.models.transformer import Transformer
 
     torch.manual_seed(0)
     module = Transformer(ModelConfig(family="llama", n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, vocab_size=50))

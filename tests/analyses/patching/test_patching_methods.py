@@ -27,7 +27,7 @@ from headscope.analyses.patching.items import PairItem, Task
 from headscope.analyses.patching.sentence_tasks import coreference_rows
 from headscope.analyses.patching.study import StudyConfig, patching_study
 from headscope.analyses.patching.tasks import TASKS, load_task
-from headscope.probes.models.planted import planted_model
+from headscope.probes.models.inhouse.planted import planted_model
 
 OTHERS = [(l, h) for l in range(2) for h in range(4) if (l, h) not in {(0, 0), (1, 1)}]
 

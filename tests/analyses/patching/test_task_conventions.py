@@ -9,7 +9,7 @@ import pytest
 
 from headscope.analyses.patching.generated import duplicate_token_task, induction_task, leading_specials
 from headscope.probes.models.checkpoints import hf_dir, load_tokenizer, resolve
-from headscope.probes.models.planted import planted_tokenizer
+from headscope.probes.models.inhouse.planted import planted_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from headscope.analyses.pruning.gqa_conversion import (
 )
 from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.kv_pooling import convert_to_gqa
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.kv_pooling import convert_to_gqa
+from headscope.probes.models.inhouse.transformer import Transformer
 
 # six items in the shape of data/paraphrase/pairs.jsonl
 PAIRS = [

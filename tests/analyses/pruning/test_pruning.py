@@ -35,8 +35,8 @@ from headscope.analyses.pruning.scoring import evaluate
 from headscope.analyses.pruning.study import PruneConfig, pruning_study
 from headscope.probes.errors import CheckpointError, ModelIncompatibleError
 from headscope.probes.models.config import ModelConfig
+from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.models.loading import InHouseModel
-from headscope.probes.models.transformer import Transformer
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import torch
 from headscope.analyses.roles.config import RolesConfig
 from headscope.analyses.roles.pipeline import head_roles, run_role
 from headscope.probes.capture import capture
-from headscope.probes.models.planted import (
+from headscope.probes.models.inhouse.planted import (
     RANDOM_HEADS,
     VOCAB,
     WORD_CLASSES,

@@ -7,7 +7,7 @@ later, in a test or a plug-in, is picked up the same way):
 * empty input gives a well-formed, empty result (ROLE_COLUMNS, no verdicts, ``n_items == 0``);
 * streaming: the reducer filled with the captures of the first batches, merged with one
   filled with the rest, finishes to the frame of a single pass;
-* planted truth: on the hand-built planted models (:mod:`headscope.probes.models.planted`)
+* planted truth: on the hand-built planted models (:mod:`headscope.probes.models.inhouse.planted`)
   the group labels the heads planted for it, and never a random-weight head;
 * the frame has :data:`~headscope.analyses.frames.ROLE_COLUMNS`, and a ``"none"`` group
   (statistics only) emits no verdict rows.
@@ -32,7 +32,7 @@ from headscope.analyses.roles.config import RolesConfig
 from headscope.analyses.roles.pipeline import run_role
 from headscope.probes.capture import stream
 from headscope.probes.corpora import CorefItem, DependencySentence
-from headscope.probes.models.planted import RANDOM_HEADS, VOCAB, WORD_CLASSES, planted_model, planted_sentences
+from headscope.probes.models.inhouse.planted import RANDOM_HEADS, VOCAB, WORD_CLASSES, planted_model, planted_sentences
 
 CFG = RolesConfig(n_boot=200, n_perm=500, induction_n_sequences=24)
 GROUPS = tuple(REGISTRY)  # every registered group, shipped or not, at collection time

@@ -27,7 +27,7 @@ from headscope.analyses.roles.pipeline import (
 from headscope.analyses.roles.special import set_mass
 from headscope.analyses.stats.verdicts import layered_rows
 from headscope.probes.capture import capture
-from headscope.probes.models.planted import planted_model, planted_sentences
+from headscope.probes.models.inhouse.planted import planted_model, planted_sentences
 
 #: the shipped groups, in the order analyses/roles/shipped.py registers them
 SHIPPED = tuple(m.ROLE_DEF.name for m in shipped.MODULES)

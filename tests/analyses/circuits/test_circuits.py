@@ -12,9 +12,9 @@ from headscope.analyses.circuits import ov_qk
 from headscope.analyses.circuits.composition import composition_scores
 from headscope.analyses.circuits.ov_qk import copying_score, head_circuits
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.head_weights import head_weights
+from headscope.probes.models.inhouse.head_weights import head_weights
+from headscope.probes.models.inhouse.planted import planted_model, writing_induction
 from headscope.probes.models.loading import load_model
-from headscope.probes.models.planted import planted_model, writing_induction
 from tests.tiny_models import tiny_hf_model
 
 

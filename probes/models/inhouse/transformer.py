@@ -2,7 +2,7 @@
 GPT-2-style decoders) in one file, its differences set by :class:`ModelConfig`'s options.
 
 Read top to bottom: embeddings → blocks (attention + MLP) → final norm → unembedding.
-Every activation passes a named :class:`~headscope.probes.models.hooks.HookPoint`
+Every activation passes a named :class:`~headscope.probes.models.inhouse.hooks.HookPoint`
 (``blocks.{layer}.attn.hook_pattern``, ``blocks.{layer}.hook_resid_post``, …).
 
 >>> import torch
@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headscope.probes.models.attention import Attention, RMSNorm, additive_mask, rope_cos_sin
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.hooks import HookPoint, name_hook_points
+from headscope.probes.models.inhouse.attention import Attention, RMSNorm, additive_mask, rope_cos_sin
+from headscope.probes.models.inhouse.hooks import HookPoint, name_hook_points
 
 __all__ = ["MLP", "Block", "RMSNorm", "Transformer", "activation_fn", "make_norm"]
 
@@ -185,7 +185,7 @@ class Transformer(nn.Module):
 
     @property
     def gates(self) -> list[torch.nn.Parameter]:
-        """Per-layer head gates ``[head]`` (see :class:`~headscope.probes.models.attention.Attention`)."""
+        """Per-layer head gates ``[head]`` (see :class:`~headscope.probes.models.inhouse.attention.Attention`)."""
         return [b.attn.gate for b in self.blocks]
 
     @contextmanager

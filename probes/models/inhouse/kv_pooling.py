@@ -6,7 +6,7 @@
 ablation values are copied as they are. What the conversion costs a model is measured by
 :func:`~headscope.analyses.pruning.gqa_conversion.gqa_study`.
 
->>> from headscope.probes.models.transformer import Transformer
+>>> from headscope.probes.models.inhouse.transformer import Transformer
 >>> m = InHouseModel(Transformer(ModelConfig(family="bert", n_layers=1, n_heads=4)))
 >>> g = convert_to_gqa(m, 2)
 >>> g.spec.n_kv_heads, g.spec.n_heads, g.spec.name
@@ -56,7 +56,7 @@ def convert_to_gqa(model: InHouseModel, n_groups: int) -> InHouseModel:
     g = check_groups(cfg, n_groups)
     r, d_head = cfg.n_kv_heads // g, cfg.d_head
     new_cfg = cfg.replace(n_kv_heads=g)
-    from headscope.probes.models.transformer import Transformer
+    from headscope.probes.models.inhouse.transformer import Transformer
 
     param = next(model.module.parameters())
     new = Transformer(new_cfg).to(dtype=param.dtype, device=param.device)

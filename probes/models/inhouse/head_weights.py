@@ -19,7 +19,7 @@ Gemma's embedding scale multiplies ``W_E``. LayerNorm's centring and every bias 
 nor Gemma's post-attention (sandwich) norms; a post-norm model (BERT) is not folded at all.
 :attr:`ModelWeights.folding` says which applied.
 
->>> from headscope.probes.models.planted import planted_model
+>>> from headscope.probes.models.inhouse.planted import planted_model
 >>> w = head_weights(planted_model())
 >>> tuple(w.layer(1).W_Q.shape), tuple(w.W_U.shape), w.unembedding
 ((4, 128, 64), (128, 35), 'unembed (tied to the embedding)')
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.attention import RMSNorm
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.attention import RMSNorm
+from headscope.probes.models.inhouse.transformer import Transformer
 
 
 @dataclass(frozen=True)

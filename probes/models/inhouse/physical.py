@@ -43,7 +43,7 @@ from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.backends.protocol import Backend
 from headscope.probes.models.checkpoints import load_state_into
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.outputs.modes import folder_mode
 from headscope.probes.outputs.swap import swap_in
 

@@ -1,7 +1,7 @@
 """Tiny in-house models whose heads are built by hand: ground truth for the role classifiers.
 
 :func:`planted_model` returns an :class:`~headscope.probes.models.backends.inhouse.InHouseModel` (a
-2-layer, 4-head Llama-family :class:`~headscope.probes.models.transformer.Transformer` with
+2-layer, 4-head Llama-family :class:`~headscope.probes.models.inhouse.transformer.Transformer` with
 learned absolute positions, d_model 128, d_head 64) and a word-level tokenizer over a
 35-word vocabulary with word classes. The residual stream is laid out in blocks:
 token one-hot ``[0, V)``, position one-hot ``[V, V + 48)``, "previous token" one-hot
@@ -39,7 +39,7 @@ import torch
 
 from headscope.probes.models.backends.inhouse import InHouseModel
 from headscope.probes.models.config import ModelConfig
-from headscope.probes.models.transformer import Transformer
+from headscope.probes.models.inhouse.transformer import Transformer
 
 SPECIALS = ["[PAD]", "[BOS]", "[UNK]"]
 WORD_CLASSES = {

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headscope.probes.models.hooks import HookPoint
+from headscope.probes.models.inhouse.hooks import HookPoint
 from headscope.probes.shapes import (
     AdditiveMask,
     HeadKeys,
