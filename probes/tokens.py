@@ -63,7 +63,7 @@ def encode_plain(tokenizer, text, **kwargs):
     library's ``encode_special_tokens``). The specials the tokenizer adds itself
     (``add_special_tokens=True``: [CLS]/[SEP], a BOS) are added as before.
 
-    >>> from headscope.probes.models.planted import planted_tokenizer
+    >>> from headscope.probes.models.inhouse.planted import planted_tokenizer
     >>> tok = planted_tokenizer()
     >>> tok.convert_ids_to_tokens(tok("the [BOS] cat")["input_ids"])  # the literal read as the special
     ['[BOS]', 'the', '[BOS]', 'cat']
