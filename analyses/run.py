@@ -244,6 +244,7 @@ def open_model(model, config: RunConfig, *, progress=None) -> OpenedModel:
     it takes (a transformer-lens ``TransformerBridge``; its card from the model's HF config;
     ``backend="auto"`` keeps the model's own backend)."""
     from headscope.probes.models.card import model_card, render_card
+    from headscope.probes.models.checkpoints import resolve
     from headscope.probes.models.loading import load_model
 
     load = dict(
@@ -255,10 +256,11 @@ def open_model(model, config: RunConfig, *, progress=None) -> OpenedModel:
     timings: dict[str, float] = {}
     if isinstance(model, (str, os.PathLike)):
         with timed(timings, "card", progress):
-            card = model_card(model)
-            card_text, model_file = render_card(card), _model_hash(model)
+            source = resolve(model)  # once: the card, the hash and the load share it
+            card = model_card(source)
+            card_text, model_file = render_card(card), _model_hash(source)
         with timed(timings, "load", progress):
-            loaded = load_model(model, config.backend, **load)
+            loaded = load_model(source, config.backend, **load)
         return OpenedModel(loaded, card, card_text, model_file, model, timings)
     loaded = load_model(model, None if config.backend == "auto" else config.backend, **load)
     card, card_text = _card_of_model(loaded)
@@ -276,10 +278,10 @@ def _card_of_model(model):
     return card, render_card(card)
 
 
-def _model_hash(model_name) -> dict:
+def _model_hash(source) -> dict:
     from headscope.probes.models.checkpoints import file_sha256, resolve
 
-    f = resolve(model_name).file_for_hash
+    f = resolve(source).file_for_hash
     return {"path": str(f) if f else None, "name": f.name if f else None, "sha256": file_sha256(f) if f else None}
 
 

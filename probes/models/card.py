@@ -199,7 +199,7 @@ def card_from_arch(arch: ArchSpec, *, name: str, context: int | None = None, dty
     }
 
 
-def model_card(model: str, *, context: int | None = None, dtype: str = "fp32") -> dict:
+def model_card(model: str | ModelSource, *, context: int | None = None, dtype: str = "fp32") -> dict:
     source = resolve(model)
     return card_from_hf_config(source_hf_config(source), name=source.name, context=context, dtype=dtype)
 

@@ -95,7 +95,11 @@ def resolve(model: str) -> ModelSource:
     Accepts a shipped name, a local HF-format directory, a ``.gguf`` file, a
     ``config.json`` file, or a hub id (``org/name``; needs network and
     :func:`allow_download`). A path that is not there is refused, never looked up online.
+    A :class:`ModelSource` is returned as it is, so a run resolves its MODEL once and hands
+    the source to the card, the hash and the load.
     """
+    if isinstance(model, ModelSource):
+        return model  # resolved once by the caller (a run's card, hash and load share it)
     if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
         raise ValueError(f"MODEL must be a non-empty name or path; got {model!r}")
     model = str(model)

@@ -85,7 +85,8 @@ def load_model(
     (``model.trust_remote_code``) for run.json.
 
     ``model`` is a shipped name, a directory, a ``.gguf`` or ``config.json`` file, or a hub
-    id — or an object a notebook already holds:
+    id (or the :class:`~headscope.probes.models.checkpoints.ModelSource` they resolve to) — or
+    an object a notebook already holds:
 
     * an HF ``transformers.PreTrainedModel`` (pass ``tokenizer=``): ``"hf"`` wraps it as
       :class:`HFReference` and ``"bridge"`` boots a ``TransformerBridge`` on it — both need
@@ -120,7 +121,7 @@ def load_model(
     TypeError: load_model takes a model name or path, ...; got float
     """
     backend, torch_dtype = _check_options(backend, dtype, device, device_map)
-    if not isinstance(model, (str, os.PathLike)):
+    if not isinstance(model, (str, os.PathLike, ModelSource)):
         return _place(_from_object(model, backend, torch_dtype, tokenizer), device)
     if tokenizer is not None:
         raise ValueError(f"tokenizer= goes with a model object; {str(model)!r} is loaded with its own tokenizer files")
