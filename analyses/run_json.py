@@ -2,7 +2,7 @@
 
 Every run.json starts with the same keys, :data:`COMMON_KEYS`: the output's kind
 (``output``, :func:`~headscope.probes.outputs.kinds.manifest_header`), then which model ran
-and where (``model``, ``backend``, ``backend_choice``, ``device``, ``dtype``,
+and where (``model``, ``backend``, ``backend_choice``, ``backend_rejected``, ``device``, ``dtype``,
 ``trust_remote_code``: :func:`model_record` of the loaded model). Each command adds its own
 keys (config, items, timings, summaries, memory, ...) through :func:`run_json`.
 
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 #: the model's keys of every run.json (:func:`model_record`)
-MODEL_KEYS = ("model", "backend", "backend_choice", "device", "dtype", "trust_remote_code")
+MODEL_KEYS = ("model", "backend", "backend_choice", "backend_rejected", "device", "dtype", "trust_remote_code")
 #: the keys every run.json holds, whatever the command
 COMMON_KEYS = ("output", *MODEL_KEYS)
 
@@ -71,6 +71,7 @@ def model_record(model) -> dict:
         "model": model.spec.name,
         "backend": model.backend,
         "backend_choice": getattr(model, "backend_choice", model.backend),
+        "backend_rejected": list(getattr(model, "backend_rejected", [])),  # --backend auto: [{backend, reason}]
         **placement(model),
         "trust_remote_code": bool(getattr(model, "trust_remote_code", False)),
     }
@@ -83,6 +84,7 @@ def run_json(kind: str, record: Mapping, **fields) -> dict:
     says what the command records there instead (``roles`` records the dtype asked)."""
     model = {k: record.get(k) for k in MODEL_KEYS}
     model["trust_remote_code"] = bool(model["trust_remote_code"])
+    model["backend_rejected"] = list(model["backend_rejected"] or [])
     return {**manifest_header(kind), **model, **fields}
 
 
