@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 import torch
@@ -35,6 +36,7 @@ from headscope.probes.models.checkpoints import ModelSource, check_tokenizer_voc
 from headscope.probes.models.config import config_from_arch
 
 __all__ = [
+    "AUTO_ORDER",
     "BACKENDS",
     "DTYPES",
     "Backend",
@@ -76,9 +78,11 @@ def load_model(
     trust_remote_code: bool = False,
 ) -> Backend:
     """Load ``model`` with ``backend``: ``"inhouse"``, ``"hf"``, ``"bridge"``, or ``"auto"``
-    (default; ``None`` is the same): in-house where it covers the family, else HF, else the
-    bridge — :func:`choose_backend`; a loaded model or bridge passed in keeps its own. Why
-    a backend was chosen is kept on the model (``model.backend_choice``) for run.json.
+    (default; ``None`` is the same): the first of in-house, hf and the bridge that loads and
+    passes its load-time probe (:func:`_attempt`); a loaded model or bridge passed in keeps its
+    own. Why a backend was chosen, and each one rejected with its reason, are kept on the model
+    (``model.backend_choice``, ``model.backend_rejected``) for run.json; only an explicit backend
+    fails on its own load error.
 
     ``trust_remote_code`` lets code shipped with a checkpoint (its tokenizer or model
     classes) run; off by default (the CLI's ``--trust-remote-code``), kept on the model
@@ -172,9 +176,9 @@ def _place(model: Backend, device) -> Backend:
 
 
 def choose_backend(source: ModelSource) -> tuple[str, str]:
-    """``(backend, why)`` for ``--backend auto``, from the config alone: ``"inhouse"`` when
-    the in-house stack covers the family and its options, else ``"hf"`` (which falls back to
-    the bridge at load time when it cannot find the heads' modules)."""
+    """``(backend, why)`` from the config alone, the first guess of ``--backend auto``:
+    ``"inhouse"`` when the in-house stack covers the family and its options, else ``"hf"``.
+    :func:`load_model` then probes each backend in turn (:data:`AUTO_ORDER`)."""
     hf_cfg = read_hf_config(source)
     try:
         config_from_arch(arch_from_hf_config(hf_cfg, str(source.path)))
@@ -183,23 +187,134 @@ def choose_backend(source: ModelSource) -> tuple[str, str]:
     return "inhouse", f"model_type {hf_cfg.get('model_type')!r} is covered in-house"
 
 
+#: the backends ``--backend auto`` tries, in this order; the first that loads and passes its probe is kept
+AUTO_ORDER = ("inhouse", "hf", "bridge")
+#: the probe input of the in-house backend's load-time check (patterns against HF eager's)
+PROBE_TEXT = "The cat sat on the mat. It was warm, so it slept."
+#: largest |in-house - HF eager| pattern difference the probe accepts, by dtype (half types: their rounding)
+PROBE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+
+
+class _Rejected(Exception):
+    """A backend ``--backend auto`` moves past: ``reason`` (one line); ``error``: the load error, if
+    any; ``hooks_only``: it loaded and only its head hooks are missing (hf)."""
+
+    def __init__(self, reason: str, error: Exception | None = None, *, hooks_only: bool = False):
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+        self.hooks_only = hooks_only
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool) -> Backend:
-    backend, why = choose_backend(source)
-    if backend == "inhouse":
-        model = InHouseModel.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
-    else:
-        model = HFReference.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    """Try :data:`AUTO_ORDER` and keep the first backend that loads and passes its probe
+    (:func:`_attempt`); print each one rejected, with its reason, to stderr and keep them on the
+    model (``model.backend_rejected``, for run.json). An hf model whose head hooks cannot be
+    reached is freed and taken back only where the bridge fails too (a command that needs the
+    hooks then says so). Where none loads, the first load error is raised."""
+    rejected: list[dict] = []
+    errors: list[Exception] = []
+    hooks_missing = None  # the reason hf's head hooks were not found, when it loaded otherwise
+    model = None
+    for name in AUTO_ORDER:
         try:
-            model.layout  # noqa: B018 - finds the heads' modules, or says why not
-        except ModelIncompatibleError as e:
-            if dtype != torch.float32:
-                raise ValueError(f"{why}; the bridge backend runs in float32 (drop --dtype)") from None
-            why = f"{why}; not hf: {str(e).split(';')[0]}"
-            del model
-            model = BridgeModel.from_source(source, trust_remote_code=trust_remote_code)
+            model = _attempt(name, source, dtype, trust_remote_code)
+            break
+        except _Rejected as r:
+            rejected.append({"backend": name, "reason": r.reason})
+            if r.error is not None:
+                errors.append(r.error)
+            if r.hooks_only:
+                hooks_missing = r.reason
+    if model is None and hooks_missing is not None:  # patterns and hidden states still work on hf
+        model = HFReference.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    rejected = [r for r in rejected if model is None or r["backend"] != model.backend]
+    for r in rejected:
+        print(f"backend auto: rejected {r['backend']} ({r['reason']})", file=sys.stderr)
+    if model is None:
+        if errors:
+            raise errors[0]
+        raise ValueError(f"{'; '.join(r['reason'] for r in rejected)}; no backend left (drop --dtype)")
+    if model.backend == "inhouse":
+        why = choose_backend(source)[1]
+    else:
+        why = "; ".join(
+            f"not in-house: {r['reason']}" if r["backend"] == "inhouse" else f"not {r['backend']}: {r['reason']}"
+            for r in rejected
+        )
+        if model.backend == "hf" and hooks_missing is not None:
+            why = f"{why}; kept without head hooks: {hooks_missing}"
     model.backend_choice = f"auto: {model.backend} ({why})"
+    model.backend_rejected = rejected
     log.info("backend %s", model.backend_choice)
     return model
+
+
+def _attempt(name: str, source: ModelSource, dtype: torch.dtype, trust_remote_code: bool) -> Backend:
+    """Backend ``name`` loaded from ``source`` and probed, or :class:`_Rejected` saying why not:
+    in-house where it covers the family and its patterns on :data:`PROBE_TEXT` equal HF eager's
+    (:func:`_probe_patterns`); hf where its head hooks are reached (``check_head_hooks``; its
+    resume check runs too); the bridge in float32."""
+    if name == "inhouse":
+        backend, why = choose_backend(source)
+        if backend != "inhouse":
+            raise _Rejected(why.removeprefix("not in-house: "))
+    if name == "bridge" and dtype != torch.float32:
+        raise _Rejected("the bridge backend runs in float32 (drop --dtype)")
+    try:
+        if name == "inhouse":
+            model = InHouseModel.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
+        elif name == "hf":
+            model = HFReference.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
+        else:
+            model = BridgeModel.from_source(source, trust_remote_code=trust_remote_code)
+    except HeadscopeError as e:
+        raise _Rejected(_first_line(e), e.with_traceback(None)) from None
+    if name == "inhouse":
+        problem = _probe_patterns(model, source, dtype, trust_remote_code)
+        if problem is not None:
+            del model
+            raise _Rejected(problem)
+    if name == "hf":
+        try:
+            model.check_head_hooks()
+        except ModelIncompatibleError as e:
+            del model
+            raise _Rejected(f"head hooks unreachable: {_first_line(e)}", hooks_only=True) from None
+        model.resumable  # noqa: B018 - the resume check, once, at load time
+    return model
+
+
+def _probe_patterns(model: InHouseModel, source: ModelSource, dtype: torch.dtype, trust_remote_code: bool):
+    """None when ``model``'s patterns on :data:`PROBE_TEXT` equal HF eager's on the same
+    checkpoint within :data:`PROBE_TOLERANCE`, else why not (one line). The HF model is loaded
+    for the probe only and freed after; where transformers cannot load the checkpoint there is
+    nothing to compare with and the in-house model is kept (logged)."""
+    try:
+        ref = HFReference.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
+    except HeadscopeError as e:
+        log.info("%s: no HF eager model to probe the in-house patterns against (%s)", source.name, _first_line(e))
+        return None
+    try:
+        batch = model.encode([PROBE_TEXT])
+        ours = model.run(batch, ("pattern",))
+        theirs = ref.run(batch, ("pattern",))
+    except Exception as e:  # noqa: BLE001 - a probe that cannot run rejects the backend, saying why
+        return f"pattern probe failed ({type(e).__name__}: {_first_line(e)[:160]})"
+    finally:
+        del ref
+    tol = PROBE_TOLERANCE.get(dtype, 1e-5)
+    for layer in range(model.spec.n_layers):
+        a, b = ours["pattern", layer].float(), theirs["pattern", layer].float()
+        diff = float((a - b).abs().max()) if a.shape == b.shape else float("inf")
+        if not diff <= tol:
+            return f"patterns differ from HF eager's in layer {layer} by {diff:.2e} (> {tol:g}) on a probe input"
+    return None
 
 
 _ACCEPTED = (
