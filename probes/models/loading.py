@@ -191,8 +191,10 @@ def choose_backend(source: ModelSource) -> tuple[str, str]:
 AUTO_ORDER = ("inhouse", "hf", "bridge")
 #: the probe input of the in-house backend's load-time check (patterns against HF eager's)
 PROBE_TEXT = "The cat sat on the mat. It was warm, so it slept."
-#: largest |in-house - HF eager| pattern difference the probe accepts, by dtype (half types: their rounding)
-PROBE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+#: largest |in-house - HF eager| pattern difference the probe accepts, by dtype. Half types round
+#: differently in each stack and the rounding grows with depth (MiniLM, 6 layers: 1.6e-2 in bf16,
+#: 2.9e-3 in fp16), so they get room for a deep model; a wrong model differs by far more
+PROBE_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 0.1, torch.float16: 0.05}
 
 
 class _Rejected(Exception):

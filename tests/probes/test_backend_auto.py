@@ -141,3 +141,18 @@ def test_roles_cli_runs_an_mpnet_encoder_on_auto(mpnet_dir, tmp_path, capsys):
     assert rc == 0, err
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert run["backend"] == "hf" and "inhouse" in [r["backend"] for r in run["backend_rejected"]]
+
+
+def test_the_in_house_probe_refuses_patterns_that_are_not_the_checkpoints(tmp_path):
+    """The probe compares the in-house model with HF eager on the same folder: equal on a fresh
+    load; a model whose weights no longer are the checkpoint's (a query projection scaled) is refused."""
+    from headscope.probes.models.backends.inhouse import InHouseModel
+    from headscope.probes.models.loading import _probe_patterns, resolve
+
+    source = resolve(str(tiny_model_dir(tmp_path, "bert")))
+    model = InHouseModel.from_source(source)
+    assert _probe_patterns(model, source, torch.float32, False) is None
+    with torch.no_grad():
+        dict(model.module.named_parameters())["blocks.1.attn.q_proj.weight"].mul_(4.0)
+    problem = _probe_patterns(model, source, torch.float32, False)
+    assert problem is not None and problem.startswith("patterns differ from HF eager's in layer 1 by ")
