@@ -218,7 +218,8 @@ def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool)
     (:func:`_attempt`); print each one rejected, with its reason, to stderr and keep them on the
     model (``model.backend_rejected``, for run.json). An hf model whose head hooks cannot be
     reached is freed and taken back only where the bridge fails too (a command that needs the
-    hooks then says so). Where none loads, the first load error is raised."""
+    hooks then says so). Where none loads, the first load error is raised (one line, as an explicit
+    backend's; the rejections are its notes)."""
     rejected: list[dict] = []
     errors: list[Exception] = []
     hooks_missing = None  # the reason hf's head hooks were not found, when it loaded otherwise
@@ -235,13 +236,17 @@ def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool)
                 hooks_missing = r.reason
     if model is None and hooks_missing is not None:  # patterns and hidden states still work on hf
         model = HFReference.from_source(source, dtype=dtype, trust_remote_code=trust_remote_code)
-    rejected = [r for r in rejected if model is None or r["backend"] != model.backend]
+    if model is None:  # one line, the first load error's; the other rejections go with it as notes
+        for r in rejected:
+            log.info("backend auto: rejected %s (%s)", r["backend"], r["reason"])
+        if not errors:
+            raise ValueError(f"{'; '.join(r['reason'] for r in rejected)}; no backend left (drop --dtype)")
+        for r in rejected:
+            errors[0].add_note(f"backend auto: rejected {r['backend']} ({r['reason']})")
+        raise errors[0]
+    rejected = [r for r in rejected if r["backend"] != model.backend]
     for r in rejected:
         print(f"backend auto: rejected {r['backend']} ({r['reason']})", file=sys.stderr)
-    if model is None:
-        if errors:
-            raise errors[0]
-        raise ValueError(f"{'; '.join(r['reason'] for r in rejected)}; no backend left (drop --dtype)")
     if model.backend == "inhouse":
         why = choose_backend(source)[1]
     else:
