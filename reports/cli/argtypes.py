@@ -88,13 +88,15 @@ DTYPES = ("fp32", "bf16", "fp16")
 
 
 def add_backend(parser) -> None:
-    """The one ``--backend`` flag (default ``auto``: in-house where it covers the family, else
-    HF, else the transformer-lens bridge; the choice is printed and recorded in run.json)."""
+    """The one ``--backend`` flag (default ``auto``: the first of in-house, HF and the
+    transformer-lens bridge that loads the checkpoint and passes its load-time probe; the
+    choice and every rejected backend are printed and recorded in run.json)."""
     parser.add_argument(
         "--backend",
         choices=BACKENDS,
         default="auto",
-        help="auto (default): in-house where it covers the family, else hf, else bridge",
+        help="auto (default): the first of inhouse, hf, bridge that loads the model and passes "
+        "its load-time probe (in-house: patterns equal HF eager's)",
     )
 
 
