@@ -17,20 +17,35 @@ from pathlib import Path
 
 import pandas as pd
 
+#: the most Gaussian heads drawn per head, and draws per composition null: a bound the run can meet
+#: in minutes on SmolLM2's shapes, refused in one line past it
+MAX_DRAWS = 100_000
+MAX_NULL = 1_000_000
+
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import int_at_least, seed
+    from headscope.reports.cli.argtypes import int_in, listed, seed
 
     p = sub.add_parser("weights", help="circuits from the weights alone: OV copying, QK/OV composition (GQA-aware)")
     p.add_argument(
         "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
     )
     p.add_argument("--out", type=out_argument, help="output folder (default runs/weights-<model>)")
-    p.add_argument("--draws", type=int_at_least(1), default=200, help="Gaussian heads per head baseline (200)")
-    p.add_argument("--null", type=int_at_least(1), default=1000, help="Gaussian draws per composition null (1000)")
+    p.add_argument(
+        "--draws",
+        type=int_in(1, MAX_DRAWS, "Gaussian heads per head baseline"),
+        default=200,
+        help="Gaussian heads per head baseline (200)",
+    )
+    p.add_argument(
+        "--null",
+        type=int_in(1, MAX_NULL, "Gaussian draws per composition null"),
+        default=1000,
+        help="Gaussian draws per composition null (1000)",
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed of the Gaussian baselines (0)")
-    p.add_argument("--top", type=int_at_least(1), default=10, help="rows per table in the summary (10)")
+    p.add_argument("--top", type=listed, default=10, help="rows per table in the summary (10)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.set_defaults(func=run)
 

@@ -400,7 +400,7 @@ HOSTILE = st.one_of(
     st.integers(-(10**18), 10**18),
     st.sampled_from([10**18, 2**63, 10**30, 2**32, 2**32 - 1, 65536, 65537, 1000, 1001, 168, 169, 100_000, 100_001]),
 )
-OUT_FLAG = {"roles", "prune", "patch", "report"}
+OUT_FLAG = {"roles", "prune", "patch", "report", "weights"}
 
 
 class _Hang(Exception):
