@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from headscope.analyses.sweep.tokenizer import train_tokenizer as _train_tokenizer
+
 #: model_type -> config options beyond the common sizes (the family's own features on)
 DECODERS: dict[str, dict] = {
     "llama": {},
@@ -162,19 +164,6 @@ def parity_hf_model(case: str):
     return hf.eval().float(), encoder
 
 
-def _texts() -> list[str]:
-    from headscope.data import path
-
-    lines = []
-    for rel in ("text/sentences.txt", "heldout/lm_text.txt"):
-        lines += [t for t in Path(path(rel)).read_text(encoding="utf-8").splitlines() if t and not t.startswith("#")]
-    for rel in ("syntax/generated.conllu", "syntax/handwritten.conllu"):
-        for t in Path(path(rel)).read_text(encoding="utf-8").splitlines():
-            if t.startswith("# text = "):
-                lines.append(t.removeprefix("# text = "))
-    return lines
-
-
 @cache
 def tokenizer(encoder: bool, vocab_size: int = 600):
     """A small fast tokenizer trained on the shipped corpora (deterministic), saved and read
@@ -187,41 +176,6 @@ def tokenizer(encoder: bool, vocab_size: int = 600):
     where = tempfile.mkdtemp(prefix="headscope-tiny-tokenizer-")
     _train_tokenizer(encoder, vocab_size).save_pretrained(where)
     return AutoTokenizer.from_pretrained(where)
-
-
-def _train_tokenizer(encoder: bool, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    if encoder:
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece()
-        special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        tok.train_from_iterator(_texts(), trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special))
-        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-        tok.post_processor = processors.BertProcessing(("[SEP]", sep), ("[CLS]", cls))
-        return PreTrainedTokenizerFast(
-            tokenizer_object=tok,
-            unk_token="[UNK]",
-            pad_token="[PAD]",
-            cls_token="[CLS]",
-            sep_token="[SEP]",
-            mask_token="[MASK]",
-        )
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>"],
-    )
-    tok.train_from_iterator(_texts(), trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
 
 
 def tiny_hf_model(model_type: str, *, seed: int = 0, **overrides):
