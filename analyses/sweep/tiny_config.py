@@ -1,0 +1,323 @@
+"""A tiny random checkpoint of any text family in transformers' registry, derived from its config
+class alone.
+
+:func:`text_families` sorts every model type of the installed transformers' ``CONFIG_MAPPING``
+into the text families ``AutoModelForCausalLM`` (a decoder), ``AutoModelForMaskedLM`` (an
+encoder) or ``AutoModel`` (a text task only: an encoder–decoder, an embedder) builds, and the
+others with the reason they are left out (vision, audio, multimodal, time series, …).
+:func:`tiny_config` shrinks a family's default config through its own attribute names
+(``attribute_map`` and the common aliases: ``n_embd``, ``d_model``, ``n_head``, ``n_layer``,
+``ffn_dim``, ``d_ff``, …): d_model 64, 2 layers, 4 heads of 16 (KV heads 2, or 1 where the
+family is MQA), FFN 128, the vocabulary of the tokenizer saved beside it; :func:`save_tiny`
+builds the model, draws its weights (seeded) and writes it with that tokenizer. A family that
+cannot be shrunk or built raises :class:`TinyBuildError` with the reason in one line.
+
+>>> kind, why = text_families()["llama"]; kind
+'decoder'
+>>> cfg = tiny_config("llama", vocab_size=600, specials={"pad_token_id": 0})
+>>> cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+(64, 2, 4, 2, 16)
+>>> text_families()["vit"][0], text_families()["vit"][1][:20]
+(None, 'not a text model: in')
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+__all__ = ["KINDS", "MAX_PARAMS", "TinyBuildError", "save_tiny", "text_families", "tiny_config"]
+
+#: kind -> the Auto class that builds it (a decoder with its LM head, an encoder as the base model
+#: as ``tests/tiny_models.py`` saves one, a text model that has neither head as the base model)
+KINDS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModel", "base": "AutoModel"}
+#: the most parameters a tiny model may keep (a family whose sizes do not all shrink is left out)
+MAX_PARAMS = 5_000_000
+#: the tiny sizes
+D_MODEL, N_LAYERS, N_HEADS, D_HEAD, D_FF = 64, 2, 4, 16, 128
+
+#: mappings whose model types are text tasks (AutoModel builds the base model of each)
+_TEXT_TASKS = (
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+    "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
+    "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",
+)
+#: mapping -> what a model type in it takes besides text (checked first: a multimodal decoder is
+#: in MODEL_FOR_CAUSAL_LM too)
+_NOT_TEXT = {
+    "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES": "image-text-to-text",
+    "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES": "multimodal",
+    "MODEL_FOR_VISUAL_QUESTION_ANSWERING_MAPPING_NAMES": "visual question answering",
+    "MODEL_FOR_DOCUMENT_QUESTION_ANSWERING_MAPPING_NAMES": "document question answering",
+    "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES": "speech-to-text",
+    "MODEL_FOR_CTC_MAPPING_NAMES": "speech (CTC)",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES": "audio",
+    "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES": "text-to-speech",
+    "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES": "text-to-speech",
+    "MODEL_FOR_IMAGE_MAPPING_NAMES": "vision",
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "vision",
+    "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES": "vision-language",
+    "MODEL_FOR_TIME_SERIES_PREDICTION_MAPPING_NAMES": "time series",
+}
+#: config keys whose name says a non-text input
+_MODALITY_KEYS = ("vision_config", "audio_config", "speech_config", "image_size", "num_mel_bins", "patch_size")
+
+#: fact -> the keys configs spell it with (resolved through each class's ``attribute_map`` first)
+ALIASES = {
+    "hidden": ("hidden_size", "n_embd", "n_embed", "d_model", "dim", "embed_dim", "model_dim"),
+    "layers": (
+        "num_hidden_layers",
+        "n_layer",
+        "n_layers",
+        "num_layers",
+        "encoder_layers",
+        "decoder_layers",
+        "num_decoder_layers",
+    ),
+    "heads": (
+        "num_attention_heads",
+        "n_head",
+        "n_heads",
+        "num_heads",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+    ),
+    "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv"),
+    "head_dim": ("head_dim", "kv_channels", "d_kv", "attention_head_size", "head_size"),
+    "ffn": (
+        "intermediate_size",
+        "ffn_dim",
+        "d_ff",
+        "n_inner",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "ffn_hidden_size",
+        "inner_hidden_size",
+    ),
+    "vocab": ("vocab_size", "n_vocab", "padded_vocab_size"),
+}
+#: mixture-of-experts and low-rank attention sizes: key -> (rule, value)
+_SMALL = {
+    "num_experts": ("max", 4),
+    "num_local_experts": ("max", 4),
+    "n_routed_experts": ("max", 4),
+    "moe_num_experts": ("max", 4),
+    "num_experts_per_tok": ("max", 2),
+    "moe_topk": ("max", 2),
+    "moe_k": ("max", 2),
+    "n_shared_experts": ("max", 1),
+    "n_group": ("max", 1),
+    "topk_group": ("max", 1),
+    "first_k_dense_replace": ("max", 1),
+    "moe_intermediate_size": ("set", 32),
+    "shared_expert_intermediate_size": ("set", 64),
+    "expert_intermediate_size": ("set", 32),
+    "kv_lora_rank": ("set", 16),
+    "q_lora_rank": ("set", 16),
+    "qk_rope_head_dim": ("set", 8),
+    "qk_nope_head_dim": ("set", 8),
+    "v_head_dim": ("set", D_HEAD),
+    "embedding_size": ("set", 32),
+    "max_position_embeddings": ("max", 512),
+    "n_positions": ("max", 512),
+}
+
+
+class TinyBuildError(Exception):
+    """A family that cannot be shrunk or built; the message is the reason in one line."""
+
+
+def _mapping(name: str) -> dict:
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, name, {})
+
+
+@cache
+def text_families() -> dict[str, tuple[str | None, str]]:
+    """Every model type of ``CONFIG_MAPPING``: ``model_type -> (kind, why)``, ``kind`` one of
+    :data:`KINDS` for a text family, None for one left out, ``why`` the reason either way."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    causal = _mapping("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES")
+    masked = _mapping("MODEL_FOR_MASKED_LM_MAPPING_NAMES")
+    base = _mapping("MODEL_MAPPING_NAMES")
+    text_tasks = {t for name in _TEXT_TASKS for t in _mapping(name)}
+    out: dict[str, tuple[str | None, str]] = {}
+    for mtype in sorted(CONFIG_MAPPING_NAMES):
+        other = next((what for name, what in _NOT_TEXT.items() if mtype in _mapping(name)), None)
+        if other is not None:
+            out[mtype] = (None, f"not a text model: in {other} mappings")
+        elif mtype in masked:
+            out[mtype] = ("encoder", f"AutoModelForMaskedLM: {masked[mtype]}")
+        elif mtype in causal:
+            out[mtype] = ("decoder", f"AutoModelForCausalLM: {causal[mtype]}")
+        elif mtype in base and mtype in text_tasks:
+            out[mtype] = ("base", f"AutoModel: {base[mtype]}")
+        elif mtype in base:
+            out[mtype] = (None, "no text task: AutoModel only, in no text mapping")
+        else:
+            out[mtype] = (None, "no model class: AutoModel, AutoModelForCausalLM and AutoModelForMaskedLM lack it")
+    return out
+
+
+def _keys(cls, defaults: dict) -> dict[str, str]:
+    """fact -> every key of this config class that spells it (``attribute_map`` resolved)."""
+    amap = getattr(cls, "attribute_map", {}) or {}
+    found: dict[str, list[str]] = {}
+    for fact, names in ALIASES.items():
+        for name in names:
+            key = amap.get(name, name)
+            if key in defaults and key not in {k for ks in found.values() for k in ks}:
+                found.setdefault(fact, []).append(key)
+    if "hidden_dim" in defaults and "dim" in found.get("hidden", ()):  # DistilBERT: hidden_dim is its FFN
+        found.setdefault("ffn", []).append("hidden_dim")
+    return found
+
+
+def _shrink_layer_list(values: list, n: int) -> list:
+    """A per-layer list cut to ``n`` layers, keeping a second kind where there is one
+    (``["sliding", …, "full"]`` -> ``["sliding", "full"]``)."""
+    first = values[0]
+    other = next((v for v in values if v != first), first)
+    return [first, other][:n] if n == 2 else values[:n]
+
+
+def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int]):
+    """The family's config class with its default options and tiny sizes (see the module);
+    ``specials``: the tokenizer's special ids (``pad_token_id``, ``bos_token_id``, …). Raises
+    :class:`TinyBuildError` for a config with a non-text part or one that refuses the sizes."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    try:
+        defaults = cls().to_dict()
+    except Exception as e:  # noqa: BLE001 - a config class that needs arguments: the reason, in one line
+        raise TinyBuildError(f"default config fails: {_line(e)}") from None
+    modal = [k for k in _MODALITY_KEYS if defaults.get(k) is not None]
+    if modal or getattr(cls, "sub_configs", None):
+        raise TinyBuildError(f"composite config ({', '.join(modal or sorted(cls.sub_configs))}): not a text-only model")
+    keys = _keys(cls, defaults)
+    if not keys.get("hidden") or not keys.get("layers") or not keys.get("heads"):
+        missing = [f for f in ("hidden", "layers", "heads") if not keys.get(f)]
+        raise TinyBuildError(f"cannot shrink: no config key for {', '.join(missing)} ({cls.__name__})")
+    kw = _sizes(keys, defaults)
+    kw.update(_small_extras(defaults, kw))
+    for key in keys.get("vocab", ()):
+        kw[key] = vocab_size
+    kw.update(_token_ids(defaults, vocab_size, specials))
+    n_layers = defaults[keys["layers"][0]]
+    for key, value in defaults.items():  # per-layer lists (layer_types, …) cut to the tiny depth
+        if isinstance(value, list) and value and isinstance(n_layers, int) and len(value) == n_layers:
+            kw[key] = _shrink_layer_list(value, N_LAYERS)
+    try:
+        config = cls(**kw)
+    except Exception as e:  # noqa: BLE001 - a config that refuses the sizes: the reason, in one line
+        raise TinyBuildError(f"config refuses tiny sizes: {_line(e)}") from None
+    config._attn_implementation = "eager"
+    return config
+
+
+def _sizes(keys: dict[str, list[str]], defaults: dict) -> dict:
+    kw = {}
+    for key in keys["hidden"]:
+        kw[key] = D_MODEL
+    for key in keys["layers"]:
+        kw[key] = N_LAYERS
+    for key in keys["heads"]:
+        kw[key] = N_HEADS
+    heads = defaults[keys["heads"][0]]
+    for key in keys.get("kv_heads", ()):
+        kv = defaults[key]
+        if isinstance(kv, int):  # MHA stays MHA, MQA stays MQA, GQA gets 2 groups
+            kw[key] = N_HEADS if kv == heads else 1 if kv == 1 else 2
+    for key in keys.get("head_dim", ()):
+        if defaults[key] is not None:
+            kw[key] = D_HEAD
+    for key in keys.get("ffn", ()):
+        kw[key] = D_FF
+    return kw
+
+
+def _small_extras(defaults: dict, kw: dict) -> dict:
+    out = {}
+    for key, (rule, value) in _SMALL.items():
+        old = defaults.get(key)
+        if key in kw or not isinstance(old, int) or isinstance(old, bool):
+            continue
+        out[key] = min(old, value) if rule == "max" else value
+    return out
+
+
+def _token_ids(defaults: dict, vocab_size: int, specials: dict[str, int]) -> dict:
+    """The tokenizer's special ids where the config has the key; any other token id past the tiny
+    vocabulary moved onto the pad id."""
+    pad = specials.get("pad_token_id", 0)
+    out = {}
+    for key, value in defaults.items():
+        if not key.endswith("_token_id"):
+            continue
+        if key in specials:
+            out[key] = specials[key]
+        elif key == "decoder_start_token_id" and value is not None:
+            out[key] = specials.get("bos_token_id", pad)
+        elif isinstance(value, int) and not 0 <= value < vocab_size:
+            out[key] = pad
+    return out
+
+
+def _line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:200]}" if text else type(e).__name__
+
+
+def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
+    """``(kind, folder)``: the tiny random model of ``model_type`` built by its :data:`KINDS`
+    Auto class with eager attention, its weights drawn from ``seed`` (matrices N(0, 0.2) so the
+    patterns are peaked, vectors near their init), saved with safetensors and a tokenizer under
+    ``out``. Raises :class:`TinyBuildError` (the reason in one line) for a family left out of the
+    sweep, one that cannot be shrunk or built, or one whose model stays over :data:`MAX_PARAMS`."""
+    import torch
+    import transformers
+
+    from headscope.analyses.sweep.tokenizer import train_tokenizer
+
+    kind, why = text_families().get(model_type, (None, "not in this transformers' CONFIG_MAPPING"))
+    if kind is None:
+        raise TinyBuildError(why)
+    tok = _tokenizer(kind == "encoder", train_tokenizer)
+    specials = {
+        f"{name}_token_id": getattr(tok, f"{name}_token_id")
+        for name in ("pad", "bos", "eos", "sep", "cls", "mask", "unk")
+        if getattr(tok, f"{name}_token_id", None) is not None
+    }
+    config = tiny_config(model_type, vocab_size=len(tok), specials=specials)
+    torch.manual_seed(seed)
+    try:
+        model = getattr(transformers, KINDS[kind]).from_config(config, attn_implementation="eager")
+    except Exception as e:  # noqa: BLE001 - a model class that cannot be built from its config: why
+        raise TinyBuildError(f"{KINDS[kind]} cannot build it: {_line(e)}") from None
+    n = sum(p.numel() for p in model.parameters())
+    if n > MAX_PARAMS:
+        raise TinyBuildError(f"cannot shrink: {n / 1e6:.1f}M parameters at the tiny sizes (> {MAX_PARAMS / 1e6:g}M)")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+            else:
+                p.add_(0.1 * torch.randn_like(p))
+    folder = Path(out)
+    try:
+        model.eval().save_pretrained(folder)
+    except Exception as e:  # noqa: BLE001 - a model transformers cannot save: why
+        raise TinyBuildError(f"save_pretrained fails: {_line(e)}") from None
+    tok.save_pretrained(folder)
+    return kind, folder
+
+
+@cache
+def _tokenizer(encoder: bool, train):
+    return train(encoder, 600)

@@ -1,0 +1,102 @@
+"""``headscope sweep``: every stage on a tiny random model of each text family of transformers' registry.
+
+For each family (default: every model type of the installed transformers; ``--families a,b`` or
+``--sample``, the fixed sample CI runs) a tiny random checkpoint is built from the family's config
+class and card, capture (patterns against HF eager's), roles, quick prune and report run on it on
+the default backend (:mod:`headscope.analyses.sweep.run`). ``--out DIR`` (default ``runs/sweep``)
+gets ``sweep.csv`` (family, backend chosen, each stage ``ok`` or why not, transformers' version)
+and ``sweep.md``, the table the README's family table is rendered from; one line per family on
+stderr as it finishes (``--quiet``: none).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from headscope.probes.outputs.folder import out_argument
+
+    p = sub.add_parser("sweep", help="every stage on a tiny model of each text family of transformers' registry")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--families", metavar="LIST", default=None, help="comma-separated model types (default: the whole registry)"
+    )
+    which.add_argument(
+        "--sample", action="store_true", help="the fixed sample CI runs (every in-house family and more)"
+    )
+    p.add_argument(
+        "--out", type=out_argument, default="runs/sweep", metavar="DIR", help="folder for sweep.csv and sweep.md"
+    )
+    p.add_argument("--quiet", action="store_true", help="no line per family")
+    p.set_defaults(func=run)
+
+
+def families_of(args) -> list[str]:
+    """The model types ``args`` names, checked against the registry before anything runs."""
+    from headscope.analyses.sweep.run import sample
+    from headscope.analyses.sweep.tiny_config import text_families
+
+    known = text_families()
+    if args.sample:
+        return list(sample())
+    if args.families is None:
+        return list(known)
+    names = list(dict.fromkeys(x.strip() for x in args.families.split(",") if x.strip()))
+    if not names:
+        raise ValueError(f"--families: give comma-separated model types (e.g. llama,bert); got {args.families!r}")
+    unknown = [x for x in names if x not in known]
+    if unknown:
+        raise ValueError(
+            f"--families: {unknown[0]!r} is not a model type of this transformers' registry "
+            f"({len(known)} types; e.g. {', '.join(list(known)[:3])})"
+        )
+    return names
+
+
+def _target(out: Path, name: str) -> Path:
+    """``out/name``, refused (one line) where it is there and not a sweep's file."""
+    from headscope.analyses.sweep.run import COLUMNS
+    from headscope.analyses.sweep.table import summary
+
+    path = out / name
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ValueError(f"--out {out}: {name} is there and is not a plain file; give another folder")
+    if path.exists():
+        head = path.read_text(encoding="utf-8", errors="replace")
+        ours = head.startswith(",".join(COLUMNS)) if name.endswith(".csv") else head.startswith(summary([])[:12])
+        if not ours:
+            raise ValueError(f"--out {out}: {name} is there and is not a headscope sweep's; give another folder")
+    return path
+
+
+def run(args) -> int:
+    from headscope.analyses.sweep.run import sweep, write_sweep
+    from headscope.analyses.sweep.table import counts, render
+
+    families = families_of(args)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file; give a folder")
+    csv_path, md_path = _target(out, "sweep.csv"), _target(out, "sweep.md")
+    if not args.quiet:
+        print(f"sweep: {len(families)} model types", file=sys.stderr)
+
+    def progress(row, seconds):
+        if args.quiet:
+            return
+        stages = " ".join(
+            f"{s}={'ok' if row[s] == 'ok' else 'x'}" for s in ("card", "capture", "roles", "prune", "report")
+        )
+        what = stages if row["built"] == "ok" else row["built"][:100]
+        print(f"{row['family']:<28} {row['backend'] or '-':<8} {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
+
+    rows = sweep(families, progress=progress)
+    write_sweep(rows, csv_path)
+    tmp = md_path.with_name(md_path.name + ".tmp")
+    tmp.write_text(render(rows), encoding="utf-8")
+    tmp.replace(md_path)
+    n, m, k = counts(rows)
+    print(f"{k} of {m} text families built run every stage ({n} model types); wrote {csv_path} and {md_path}")
+    return 0
