@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from headscope.probes.chunked import ChunkSource, PatternPiece, chunk_support, query_chunks
 from headscope.probes.errors import MemoryBudgetError, NumericalError
 from headscope.probes.models.backends.protocol import Backend, ModelSpec, batch_to, placement
 from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
@@ -43,7 +45,17 @@ class Capture:
     layers: tuple[int, ...]
     spec: ModelSpec
     item_ids: list[int] = field(default_factory=list)
+    chunks: ChunkSource | None = None  # patterns recomputed per query chunk from Q and K (none stored)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def pattern_pieces(self, layer: int) -> Iterator[PatternPiece]:
+        """Layer ``layer``'s pattern as :class:`~headscope.probes.chunked.PatternPiece` s: the
+        stored pattern as one piece of every row, or, for a capture of Q and K
+        (``chunks``), one piece per query chunk, recomputed as the forward computed it."""
+        if ("pattern", layer) in self.data or self.chunks is None:
+            yield PatternPiece(layer, 0, self.tokens.input_ids.shape[1], self["pattern", layer], self.key_mask)
+        else:
+            yield from self.chunks.pieces(self.data, self.tokens.attention_mask, layer)
 
     def cached(self, fn: Callable[..., torch.Tensor], *args: Hashable) -> torch.Tensor:
         """``fn(self, *args)``, computed once per capture for each ``(fn, args)``.
@@ -212,13 +224,71 @@ def on_model_device(batch: TokenBatch, model) -> TokenBatch:
 
 class Reducer(Protocol):
     """A streaming statistic: ``update`` with each batch, ``merge`` partial results
-    (e.g. from Ray workers), ``result`` at the end."""
+    (e.g. from Ray workers), ``result`` at the end. A reducer that also has ``begin(cap)``,
+    ``piece(cap, piece)`` and ``end(cap)`` reduces a batch one pattern piece at a time
+    (:func:`feed`), so its batches need no stored pattern."""
 
     def update(self, cap: Capture) -> None: ...
 
     def merge(self, other: Reducer) -> Reducer: ...
 
     def result(self): ...
+
+
+def takes_pieces(reducer) -> bool:
+    """Whether ``reducer`` reduces pattern pieces (``begin``/``piece``/``end``)."""
+    return all(callable(getattr(reducer, m, None)) for m in ("begin", "piece", "end"))
+
+
+def feed(cap: Capture, reducers: Sequence) -> None:
+    """Hand one batch to ``reducers``: those taking pieces (:func:`takes_pieces`) share each
+    layer's pieces (:meth:`Capture.pattern_pieces`, computed once for all of them, one at a
+    time), the others get ``update(cap)``."""
+    by_piece = [r for r in reducers if takes_pieces(r)]
+    for r in reducers:
+        if not takes_pieces(r):
+            r.update(cap)
+    if not by_piece:
+        return
+    for r in by_piece:
+        r.begin(cap)
+    for layer in cap.layers:
+        for piece in cap.pattern_pieces(layer):
+            for r in by_piece:
+                r.piece(cap, piece)
+    for r in by_piece:
+        r.end(cap)
+
+
+def chunk_plan(model, reducers: Sequence, quantities: tuple[str, ...], query_chunk: int | None):
+    """``(quantities, ChunkSource or None)`` of a stream: Q and K in place of the pattern when
+    ``query_chunk`` is set, the backend can hand them over (:func:`chunk_support`) and every
+    reducer takes pieces; the quantities as given otherwise."""
+    if query_chunk is None or "pattern" not in quantities or chunk_support(model) is not None:
+        return quantities, None
+    if not all(takes_pieces(r) for r in reducers):
+        return quantities, None
+    src = ChunkSource.of(model, query_chunk)
+    rest = tuple(q for q in quantities if q != "pattern" and q not in src.names)
+    return (*src.names, *rest), src
+
+
+def pattern_line(model, reducers: Sequence, query_chunk: int | None, chunks: ChunkSource | None) -> str:
+    """How a stream reduces its patterns, one line for run.json's ``pattern_statistics``."""
+    if chunks is not None:
+        return f"chunked (query chunk {chunks.chunk})"
+    why = chunk_support(model) if query_chunk is not None else "query chunks off"
+    if why is None:
+        names = sorted({type(r).__name__ for r in reducers if not takes_pieces(r)})
+        why = f"{', '.join(names)} needs stored patterns"
+    return f"materialised ({why})"
+
+
+def run_batch(model, batch: TokenBatch, quantities, layers, chunks: ChunkSource | None) -> dict:
+    """``model.run`` of one batch; with ``chunks``, the attention computes ``pattern @ v`` in
+    the same query chunks the pieces are recomputed in (:func:`~headscope.probes.chunked.query_chunks`)."""
+    with query_chunks(model, chunks.chunk) if chunks is not None else nullcontext():
+        return model.run(batch, quantities, layers)
 
 
 @dataclass
@@ -233,6 +303,7 @@ class StreamReport:
     n_batches: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
+    patterns: str = "materialised"  # how pattern statistics were reduced (run.json's pattern_statistics)
 
     @property
     def padding_ratio(self) -> float:
@@ -283,6 +354,7 @@ def stream(
     words: bool | None = None,
     progress=None,
     window: int | None = None,
+    query_chunk: int | None = None,
 ) -> StreamReport:
     """Feed a corpus through ``model`` batch by batch into ``reducers``.
 
@@ -298,6 +370,11 @@ def stream(
     context, or fail to tokenise are skipped and counted in the returned
     :class:`StreamReport` (never dropped silently). ``progress(done, total)`` counts
     items (``total`` is None for an iterable without a length).
+
+    ``query_chunk``: where the backend hands over Q and K and every reducer takes pattern
+    pieces (:func:`chunk_plan`), no pattern is stored: each layer's is recomputed
+    ``query_chunk`` query rows at a time and reduced at once (:func:`feed`);
+    ``report.patterns`` says which path ran and, for stored patterns, why.
 
     On a CUDA device the free memory bounds each batch instead (:func:`memory_limits`,
     :func:`max_batch`), and an item that cannot fit alone raises :class:`MemoryBudgetError`;
@@ -317,10 +394,13 @@ def stream(
         return report
     if words is None:
         words = not isinstance(first, str)
+    qs, chunks = chunk_plan(model, red, tuple(quantities), query_chunk)
+    report.patterns = pattern_line(model, red, query_chunk, chunks)
     run = _StreamRun(
         model=model,
         reducers=red,
-        quantities=tuple(quantities),
+        quantities=qs,
+        chunks=chunks,
         layers=tuple(range(model.spec.n_layers)) if layers is None else tuple(layers),
         pad=pad_id(model.tokenizer),
         batch_size=batch_size,
@@ -350,6 +430,7 @@ class _StreamRun:
     model: Backend
     reducers: list
     quantities: tuple[str, ...]
+    chunks: ChunkSource | None  # patterns recomputed per query chunk (None: stored)
     layers: tuple[int, ...]
     pad: int  # id of padding positions
     batch_size: int
@@ -430,11 +511,17 @@ def _stream_window(run: _StreamRun, chunk: list, report: StreamReport) -> None:
     limits = memory_limits(run, max(lengths, default=1)) or (run.batch_size, run.max_tokens, run.max_cells)
     for group in buckets(lengths, *limits):
         batch = on_model_device(collate([toks[j] for j in group], run.pad), model)
-        data = model.run(batch, run.quantities, run.layers)
-        cap = Capture(tokens=batch, data=data, layers=run.layers, spec=model.spec, item_ids=[keep[j] for j in group])
+        data = run_batch(model, batch, run.quantities, run.layers, run.chunks)
+        cap = Capture(
+            tokens=batch,
+            data=data,
+            layers=run.layers,
+            spec=model.spec,
+            item_ids=[keep[j] for j in group],
+            chunks=run.chunks,
+        )
         check_finite(cap)
-        for r in run.reducers:
-            r.update(cap)
+        feed(cap, run.reducers)
         report.n_batches += 1
         report.n_used += len(group)
         real = sum(batch.lengths)

@@ -33,6 +33,7 @@ from headscope.analyses.frames import empty_roles
 from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import check_layers, entropy, query_rows, special_mask_of
+from headscope.probes.capture import feed
 
 DISTANCES = ("js", "sqrt_js")
 
@@ -142,13 +143,31 @@ class JSReducer:
         self.n_heads = None
 
     def update(self, cap) -> None:
+        feed(cap, [self])
+
+    def begin(self, cap) -> None:
         self.layers = check_layers(cap.layers, self.layers)
         rows = query_rows(cap.key_mask, special_mask_of(cap), include_special=self.include_special)
-        rows = sample_rows(
+        self._rows = sample_rows(
             rows, self.rows_per_item, input_ids=cap.tokens.input_ids, key_mask=cap.key_mask, seed=self.seed
         )
-        item, pos = rows.nonzero(as_tuple=True)
-        per_layer = [cap["pattern", layer][item, :, pos] for layer in cap.layers]  # each [N, head, key]
+        self._item, self._pos = self._rows.nonzero(as_tuple=True)
+        self._per_layer = {}  # layer -> the sampled rows [N, head, key]
+
+    def piece(self, cap, piece) -> None:
+        """Keep the sampled query rows that fall in the piece (only those: a few per item)."""
+        item, pos = self._item, self._pos
+        got = self._per_layer.get(piece.layer)
+        if got is None:
+            b, h, _, k = piece.pattern.shape
+            got = self._per_layer[piece.layer] = piece.pattern.new_zeros(len(item), h, k)
+        sel = ((pos >= piece.start) & (pos < piece.stop)).nonzero(as_tuple=True)[0]
+        got[sel] = piece.pattern[item[sel], :, pos[sel] - piece.start]
+
+    def end(self, cap) -> None:
+        item, rows = self._item, self._rows
+        per_layer = [self._per_layer[layer] for layer in cap.layers]  # each [N, head, key]
+        self._per_layer = {}
         self.n_heads = per_layer[0].shape[1]
         js = rows_js(torch.cat(per_layer, 1), item, rows.sum(-1))  # heads ordered (layer, head)
         ok = rows.any(-1)

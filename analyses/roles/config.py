@@ -57,6 +57,9 @@ class RolesConfig:
     induction_n_sequences: int = 64
     # running
     batch_size: int = 32
+    #: query rows per pattern piece where the backend hands over Q and K (the pattern is never
+    #: stored, :mod:`headscope.probes.chunked`); None: stored patterns. The figures do not change.
+    query_chunk: int | None = 128
 
     def __post_init__(self):
         if self.correction not in ("bh", "by", "none"):
@@ -85,6 +88,12 @@ class RolesConfig:
         if not is_seed(self.seed):
             raise ValueError(
                 f"The 'seed' parameter of RolesConfig must be an int in [0, 2**32 - 1]; got {self.seed!r}."
+            )
+        if self.query_chunk is not None and (
+            not isinstance(self.query_chunk, int) or isinstance(self.query_chunk, bool) or self.query_chunk < 1
+        ):
+            raise ValueError(
+                f"The 'query_chunk' parameter of RolesConfig must be a positive int or None; got {self.query_chunk!r}."
             )
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")

@@ -98,6 +98,7 @@ from headscope.analyses.roles.base import Role
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
 from headscope.analyses.roles.wordlevel import pooling_matrices
 from headscope.analyses.stats.verdicts import verdict_rows
+from headscope.probes.capture import feed
 
 ROLE = "coreference"
 BASELINES = ("nearest", "first")
@@ -188,17 +189,30 @@ class CorefReducer:
     _parts: list = field(default_factory=list)
 
     def update(self, cap) -> None:
+        feed(cap, [self])
+
+    def begin(self, cap) -> None:
         if tuple(cap.layers) != tuple(range(self.n_layers)):
             raise ValueError(
                 f"coreference analysis needs the pattern of every layer 0..{self.n_layers - 1}; got layers {list(cap.layers)}"
             )
-        pool = pooling_matrices(cap.tokens)
+        self._pool = pool = pooling_matrices(cap.tokens)
         # only the pronoun's row of the word pattern is needed (Clark et al. pooling: mean
         # over the pronoun's pieces, sum over each key word's pieces)
         device = pool.query_mean.device
         pron = torch.tensor([self.items[i].pronoun for i in cap.item_ids], device=device)
-        q = pool.query_mean[torch.arange(len(pron), device=device), pron]  # [batch, query_pos]
-        rows = torch.einsum("bq,lbhqk->lbhk", q, cap.stack("pattern").float())
+        self._q = pool.query_mean[torch.arange(len(pron), device=device), pron]  # [batch, query_pos]
+        self._rows = {}
+
+    def piece(self, cap, piece) -> None:
+        part = torch.einsum("bq,bhqk->bhk", self._q[:, piece.rows], piece.pattern.float())
+        old = self._rows.get(piece.layer)
+        self._rows[piece.layer] = part if old is None else old + part
+
+    def end(self, cap) -> None:
+        pool = self._pool
+        rows = torch.stack([self._rows[l] for l in cap.layers])  # [layer, batch, head, key]
+        self._rows = {}
         wp = torch.einsum("lbhk,bwk->lbhw", rows, pool.key_sum).cpu()  # [layer, batch, head, word], small: to the host
         aligned = pool.aligned.cpu()
         for r, i in enumerate(cap.item_ids):

@@ -47,7 +47,18 @@ from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, allowed_keys, check_layers
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import Capture, StreamReport, check_finite, on_model_device
+from headscope.probes.capture import (
+    Capture,
+    StreamReport,
+    check_finite,
+    chunk_plan,
+    on_model_device,
+    pattern_line,
+    run_batch,
+)
+from headscope.probes.capture import (
+    feed as feed_capture,
+)
 from headscope.probes.tokens import collate, pad_id
 
 ROLES = ("induction", "duplicate-token", "previous-token", "next-token")
@@ -99,10 +110,20 @@ def repeated_random_tokens(
 
 
 def capture_ids(
-    model, ids: torch.Tensor, special: torch.Tensor | None = None, *, layers=None, item_ids=None, lengths=None
+    model,
+    ids: torch.Tensor,
+    special: torch.Tensor | None = None,
+    *,
+    layers=None,
+    item_ids=None,
+    lengths=None,
+    query_chunk: int | None = None,
+    reducers=(),
 ) -> Capture:
     """Run ``model`` on token ids ``[batch, pos]`` (right-padded to ``lengths``) and
-    capture patterns: the route for probes that are not text."""
+    capture patterns: the route for probes that are not text. ``query_chunk`` with
+    ``reducers`` that all take pieces: Q and K in place of the patterns
+    (:func:`~headscope.probes.capture.chunk_plan`)."""
     n, t = ids.shape
     lengths = [t] * n if lengths is None else list(lengths)
     special = torch.zeros_like(ids, dtype=torch.bool) if special is None else special
@@ -124,13 +145,15 @@ def capture_ids(
     pad = pad_id(tok)
     batch = on_model_device(collate(items, pad), model)
     ls = tuple(range(model.spec.n_layers)) if layers is None else tuple(layers)
-    data = model.run(batch, ("pattern",), ls)
+    qs, chunks = chunk_plan(model, reducers, ("pattern",), query_chunk)
+    data = run_batch(model, batch, qs, ls, chunks)
     cap = Capture(
         tokens=batch,
         data=data,
         layers=ls,
         spec=model.spec,
         item_ids=list(range(n)) if item_ids is None else list(item_ids),
+        chunks=chunks,
     )
     check_finite(cap)
     return cap
@@ -172,13 +195,33 @@ def mul_score(
     ``[batch, head]``: ``sum(A·det) / sum(A)`` with ``A`` the pattern on valid cells,
     key column 0 and/or the diagonal zeroed (on a copy).
     """
+    num, den = mul_sums(pattern, detection, valid, exclude_bos=exclude_bos, exclude_current_token=exclude_current_token)
+    return num / den
+
+
+def mul_sums(
+    pattern: torch.Tensor,
+    detection: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    start: int = 0,
+    exclude_bos: bool = False,
+    exclude_current_token: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`mul_score`'s numerator ``sum(A·det)`` and denominator ``sum(A)``, ``[batch, head]``
+    each, over the rows of a pattern piece whose first row is query ``start`` (``detection``
+    and ``valid`` those rows' too): the sums of a layer's pieces add up to its score's."""
     keep = valid.clone()
     if exclude_bos:
         keep[:, :, 0] = False
     if exclude_current_token:
-        keep &= ~torch.eye(keep.shape[-1], dtype=torch.bool, device=keep.device)
+        n_q, n_k = keep.shape[-2:]
+        keep &= (
+            torch.arange(n_k, device=keep.device)[None, :]
+            != torch.arange(start, start + n_q, device=keep.device)[:, None]
+        )
     a = pattern.float() * keep[:, None].float()
-    return (a * detection[:, None].float()).sum((-1, -2)) / a.sum((-1, -2))
+    return (a * detection[:, None].float()).sum((-1, -2)), a.sum((-1, -2))
 
 
 class InductionReducer(ItemValuesReducer):
@@ -192,19 +235,34 @@ class InductionReducer(ItemValuesReducer):
         self.exclude_current_token = exclude_current_token
         self.roles = CAUSAL_ROLES if causal else ROLES
 
-    def update(self, cap) -> None:
+    def begin(self, cap) -> None:
         self.layers = check_layers(cap.layers, self.layers)
-        km = cap.key_mask
-        valid = allowed_keys(km, self.causal) & km[:, :, None]  # real query rows, visible keys
-        dets = detection_patterns(cap.tokens.input_ids, causal=self.causal)
-        n_vis = valid.float().sum(-1, keepdim=True).clamp_min(1)
-        uniform = (valid.float() / n_vis)[:, None]  # [batch, 1, q, k]
-        kw = dict(exclude_bos=self.exclude_bos, exclude_current_token=self.exclude_current_token)
+        self._dets = detection_patterns(cap.tokens.input_ids, causal=self.causal)
+        self._sums: dict = {}  # (role, layer or "baseline") -> (numerator, denominator) [batch, head]
+
+    def _add(self, key, sums) -> None:
+        old = self._sums.get(key)
+        self._sums[key] = sums if old is None else (old[0] + sums[0], old[1] + sums[1])
+
+    def piece(self, cap, piece) -> None:
+        km, rows = cap.key_mask, piece.rows
+        valid = allowed_keys(km, self.causal, rows) & km[:, rows, None]  # real query rows, visible keys
+        kw = dict(start=piece.start, exclude_bos=self.exclude_bos, exclude_current_token=self.exclude_current_token)
+        uniform = None
+        if piece.layer == cap.layers[0]:  # the baseline: uniform attention over the same keys
+            uniform = (valid.float() / valid.float().sum(-1, keepdim=True).clamp_min(1))[:, None]  # [batch, 1, q, k]
         for role in self.roles:
-            det = dets[role]
-            vals = [mul_score(cap["pattern", layer], det, valid, **kw) for layer in cap.layers]
+            det = self._dets[role][:, rows]
+            self._add((role, piece.layer), mul_sums(piece.pattern, det, valid, **kw))
+            if uniform is not None:
+                self._add((role, "baseline"), mul_sums(uniform, det, valid, **kw))
+
+    def end(self, cap) -> None:
+        for role in self.roles:
+            vals = [torch.div(*self._sums[role, layer]) for layer in cap.layers]
             self.values.add(role, cap.item_ids, torch.stack(vals, 1))
-            self.values.add("baseline:" + role, cap.item_ids, mul_score(uniform, det, valid, **kw)[:, 0])
+            self.values.add("baseline:" + role, cap.item_ids, torch.div(*self._sums[role, "baseline"])[:, 0])
+        self._sums = {}
 
     def result(self):
         return self._by_role(self.roles)
@@ -263,6 +321,8 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     n = ids.shape[0]
     starts = list(range(0, n, ctx.cfg.batch_size))
     report = StreamReport(n_items=n, n_used=n, n_batches=len(starts), real_tokens=sum(lengths))
+    chunk = ctx.cfg.query_chunk
+    report.patterns = pattern_line(ctx.model, reducers, chunk, chunk_plan(ctx.model, reducers, ("pattern",), chunk)[1])
     for bi, s in enumerate(starts):
         e = min(s + ctx.cfg.batch_size, n)
         width = max(lengths[s:e])
@@ -272,9 +332,10 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
             special=special[s:e, :width],
             item_ids=range(s, e),
             lengths=lengths[s:e],
+            query_chunk=chunk,
+            reducers=reducers,
         )
-        for red in reducers:
-            red.update(cap)
+        feed_capture(cap, reducers)
         report.padded_tokens += width * (e - s) - sum(lengths[s:e])
         if progress is not None:
             progress(bi + 1, len(starts))

@@ -45,16 +45,19 @@ METRICS = ("entropy", "kl_from_uniform", "mean_distance", "confidence")
 
 
 # -- masks ------------------------------------------------------------------------------
-def allowed_keys(key_mask: torch.Tensor, causal: bool) -> torch.Tensor:
+def allowed_keys(key_mask: torch.Tensor, causal: bool, rows: slice | None = None) -> torch.Tensor:
     """``key_mask [batch, pos]`` (True = real token) -> ``[batch, query_pos, key_pos]`` bool:
-    True where a query may attend the key (real key; ``key <= query`` if ``causal``)."""
+    True where a query may attend the key (real key; ``key <= query`` if ``causal``).
+    ``rows``: only the query rows ``rows.start:rows.stop`` (a pattern piece's)."""
     if key_mask.dim() != 2:
         raise ValueError(f"key_mask must be [batch, pos]; got shape {tuple(key_mask.shape)}")
     km = key_mask.bool()
     n = km.shape[1]
-    allowed = km[:, None, :].expand(km.shape[0], n, n)
+    start, stop = (0, n) if rows is None else (rows.start, rows.stop)
+    allowed = km[:, None, :].expand(km.shape[0], stop - start, n)
     if causal:
-        allowed = allowed & torch.ones(n, n, dtype=torch.bool, device=km.device).tril()
+        q = torch.arange(start, stop, device=km.device)[:, None]
+        allowed = allowed & (torch.arange(n, device=km.device)[None, :] <= q)
     return allowed
 
 
@@ -131,16 +134,19 @@ def pattern_metrics(pattern: torch.Tensor, allowed: torch.Tensor, *, smoothing: 
     return masked_metrics(masked_pattern(pattern, allowed), allowed, smoothing=smoothing)
 
 
-def masked_metrics(masked: torch.Tensor, allowed: torch.Tensor, *, smoothing: float = 0.0) -> dict[str, torch.Tensor]:
+def masked_metrics(
+    masked: torch.Tensor, allowed: torch.Tensor, *, smoothing: float = 0.0, start: int = 0
+) -> dict[str, torch.Tensor]:
     """:func:`pattern_metrics` of a pattern already zeroed outside ``allowed``
-    (:func:`masked_pattern`), as the reducers share it per batch."""
+    (:func:`masked_pattern`), as the reducers share it per piece; ``start``: the query
+    position of its first row (a pattern piece's)."""
     if not 0 <= smoothing <= 1:
         raise ValueError(f"smoothing must be in [0, 1]; got {smoothing}")
     a = allowed[:, None].float()
     n_keys = a.sum(-1).clamp_min(1)
     p = (1 - smoothing) * masked + smoothing * a / n_keys[..., None] if smoothing else masked
     ent = entropy(p)
-    q = torch.arange(masked.shape[-2], device=masked.device)
+    q = torch.arange(start, start + masked.shape[-2], device=masked.device)
     k = torch.arange(masked.shape[-1], device=masked.device)
     dist = (q[:, None] - k[None, :]).abs().float()
     return {
@@ -225,51 +231,95 @@ def check_layers(layers, seen):
     return tuple(layers)
 
 
-def _allowed_of(cap, causal: bool) -> torch.Tensor:
-    """:func:`allowed_keys` of ``cap``'s key mask (for ``Capture.cached``: once per batch)."""
-    return allowed_keys(cap.key_mask, causal)
+def allowed_of(piece, causal: bool) -> torch.Tensor:
+    """:func:`allowed_keys` of a pattern piece's rows (for ``PatternPiece.cached``: once per piece)."""
+    return allowed_keys(piece.key_mask, causal, piece.rows)
 
 
-def _masked_pattern_of(cap, layer: int, causal: bool) -> torch.Tensor:
-    """:func:`masked_pattern` of ``cap``'s layer over :func:`allowed_keys` (for ``Capture.cached``)."""
-    return masked_pattern(cap["pattern", layer], cap.cached(_allowed_of, causal))
+def _masked_pattern_of(piece, causal: bool) -> torch.Tensor:
+    """:func:`masked_pattern` of a piece over :func:`allowed_keys` (for ``PatternPiece.cached``)."""
+    return masked_pattern(piece.pattern, piece.cached(allowed_of, causal))
 
 
-def _argmax_share_of(cap, layer: int, causal: bool) -> torch.Tensor:
-    """:func:`share_of_max` of :func:`_masked_pattern_of` (for ``Capture.cached``)."""
-    return share_of_max(cap.cached(_masked_pattern_of, layer, causal), cap.cached(_allowed_of, causal))
+def _argmax_share_of(piece, causal: bool) -> torch.Tensor:
+    """:func:`share_of_max` of :func:`_masked_pattern_of` (for ``PatternPiece.cached``)."""
+    return share_of_max(piece.cached(_masked_pattern_of, causal), piece.cached(allowed_of, causal))
+
+
+def cat_rows(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """Pieces' per-row values joined along their query axis ``dim`` (one piece: as it is)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+class PieceRows:
+    """Per-row values of one batch's pattern pieces, by ``(name, layer)``, joined along
+    their query axis when the batch ends: the reducers' whole-pattern numbers are the same
+    functions of the joined rows, whatever the chunk size."""
+
+    def __init__(self):
+        self.parts: dict = defaultdict(list)
+
+    def add(self, name: str, layer, values: torch.Tensor) -> None:
+        self.parts[name, layer].append(values)
+
+    def get(self, name: str, layer, dim: int = -1) -> torch.Tensor:
+        return cat_rows(self.parts[name, layer], dim)
 
 
 class ItemValuesReducer:
     """Base of the role reducers that keep per-item values (positional, special,
     rare-word, induction): the layers seen, an :class:`ItemValues` store, an exact
-    ``merge``, the masks every ``update`` starts from, and the per-batch masked pattern
-    and max-attention shares they share (:class:`SummaryReducer` uses the masks only)."""
+    ``merge``, the masks every batch starts from, and the per-piece masked pattern and
+    max-attention shares they share.
+
+    A subclass that defines ``piece(cap, piece)`` reduces a batch one pattern piece at a
+    time (:func:`~headscope.probes.capture.feed`): ``begin(cap)`` (a fresh :class:`PieceRows`
+    in ``self.piece_rows``), ``piece`` per piece of each layer (per-row values into
+    ``self.piece_rows``), ``end(cap)`` (the batch's per-item values from the joined rows);
+    ``update(cap)`` does all three, for a capture handed over alone. A subclass without
+    ``piece`` defines ``update`` on whole patterns (:meth:`_masks`) and keeps stored patterns."""
 
     def __init__(self, *, causal: bool, include_special: bool = False):
         self.causal = causal
         self.include_special = include_special
         self.values = ItemValues()
         self.layers = None
+        self.piece_rows = PieceRows()
 
-    def _masks(self, cap) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Check the batch's layers; return ``(allowed [batch, q, k], rows [batch, q],
-        special [batch, pos])``: visible keys, analysed query rows, special tokens."""
+    def update(self, cap) -> None:
+        from headscope.probes.capture import feed
+
+        feed(cap, [self])
+
+    def begin(self, cap) -> None:
+        self.piece_rows = PieceRows()
+
+    def _rows(self, cap) -> tuple[torch.Tensor, torch.Tensor]:
+        """Check the batch's layers; return ``(rows [batch, q], special [batch, pos])``:
+        analysed query rows, special tokens."""
         self.layers = check_layers(cap.layers, self.layers)
         special = special_mask_of(cap)
-        rows = query_rows(cap.key_mask, special, include_special=self.include_special)
-        return cap.cached(_allowed_of, self.causal), rows, special
+        return query_rows(cap.key_mask, special, include_special=self.include_special), special
 
-    def _masked(self, cap, layer: int) -> torch.Tensor:
-        """:func:`masked_pattern` of a layer over the keys ``self.causal`` allows (the
-        ``allowed`` of :meth:`_masks`), once per batch, shared by reducers through ``cap.cached``."""
-        return cap.cached(_masked_pattern_of, layer, self.causal)
+    def _masks(self, cap) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_rows` with ``allowed [batch, q, k]`` (visible keys) first, for an ``update``
+        on whole patterns."""
+        rows, special = self._rows(cap)
+        return allowed_keys(cap.key_mask, self.causal), rows, special
 
-    def _argmax_share(self, cap, layer: int) -> torch.Tensor:
-        """:func:`argmax_share` of a layer's pattern over the ``allowed`` of :meth:`_masks`,
-        computed once per batch and kept on the capture (``cap.cached``) for the other
-        reducers that need it."""
-        return cap.cached(_argmax_share_of, layer, self.causal)
+    def _allowed(self, piece) -> torch.Tensor:
+        """:func:`allowed_keys` of the piece's rows, ``[batch, rows, key_pos]``."""
+        return piece.cached(allowed_of, self.causal)
+
+    def _masked(self, piece) -> torch.Tensor:
+        """:func:`masked_pattern` of a piece over the keys ``self.causal`` allows, once per
+        piece, shared by reducers through ``piece.cached``."""
+        return piece.cached(_masked_pattern_of, self.causal)
+
+    def _argmax_share(self, piece) -> torch.Tensor:
+        """:func:`argmax_share` of a piece over the keys ``self.causal`` allows, computed once
+        per piece and kept on it (``piece.cached``) for the other reducers that need it."""
+        return piece.cached(_argmax_share_of, self.causal)
 
     def merge(self, other: ItemValuesReducer) -> ItemValuesReducer:
         self.layers = self.layers or other.layers
@@ -288,7 +338,7 @@ class ItemValuesReducer:
 class SummaryReducer(ItemValuesReducer):
     """Streaming per-head summary statistics (see module docstring).
 
-    ``update(cap)`` needs ``cap["pattern", layer]``; ``result()`` -> STAT_COLUMNS frame.
+    ``update(cap)`` (or ``begin``/``piece``/``end``) reduces a batch's patterns; ``result()`` -> STAT_COLUMNS frame.
     Only sums and item counts per head are kept (no interval is drawn for these
     statistics), so memory does not grow with the corpus; ``merge`` adds them.
     """
@@ -299,13 +349,17 @@ class SummaryReducer(ItemValuesReducer):
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
 
-    def update(self, cap) -> None:
-        allowed, rows, _ = self._masks(cap)
+    def piece(self, cap, piece) -> None:
+        m = masked_metrics(self._masked(piece), self._allowed(piece), smoothing=self.smoothing, start=piece.start)
+        for k, v in m.items():
+            self.piece_rows.add(k, piece.layer, v)
+
+    def end(self, cap) -> None:
+        rows, _ = self._rows(cap)
         per = defaultdict(list)
         for layer in cap.layers:
-            m = masked_metrics(self._masked(cap, layer), allowed, smoothing=self.smoothing)
-            for k, v in m.items():
-                per[k].append(row_mean(v, rows))
+            for k in METRICS:
+                per[k].append(row_mean(self.piece_rows.get(k, layer), rows))
         for k, v in per.items():
             s, n = _nan_sums(torch.stack(v, 1).detach().cpu())  # [batch, layer, head]; NaN: item without rows
             self.sums[k] = self.sums[k] + s if k in self.sums else s

@@ -112,6 +112,9 @@ class RolesResult:
     examples: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    #: how each stage reduced its patterns (``{stage: "chunked (query chunk 128)" or
+    #: "materialised (<why>)"}``, run.json's ``pattern_statistics``)
+    pattern_statistics: dict = field(default_factory=dict)
     model: str = ""
 
     @property
@@ -199,14 +202,18 @@ def _stages(wanted) -> list[tuple[str, str, list[str]]]:
     return [("text" if c == "text" else "+".join(gs), c, gs) for c, gs in order]
 
 
-def _run_stage(model, corpus: str, roles: list[Role], items, cfg: RolesConfig, options: dict, progress):
-    """Run ``roles`` (all of ``corpus``) and finish them -> ``{group: RoleOutput}``."""
+def _run_stage(model, corpus: str, roles: list[Role], items, cfg: RolesConfig, options: dict, progress, modes=None):
+    """Run ``roles`` (all of ``corpus``) and finish them -> ``{group: RoleOutput}``; ``modes``
+    (a dict) gets the stage's ``StreamReport.patterns`` under the stage's first group."""
+    modes = {} if modes is None else modes
     if corpus == "generated":
         (role,) = roles
         ctx = RoleContext(model, cfg, options=options.get(role.name, {}))
         ctx.items = role.items(ctx)
         red = role.reducer(ctx)
-        return {role.name: role.finish(red, role.feed(ctx, [red], progress), ctx)}
+        report = role.feed(ctx, [red], progress)
+        modes[role.name] = getattr(report, "patterns", "materialised")
+        return {role.name: role.finish(red, report, ctx)}
     ctxs = [RoleContext(model, cfg, items, options.get(r.name, {})) for r in roles]
     reducers = [r.reducer(c) for r, c in zip(roles, ctxs)]
     words = corpus != "text"  # dependency sentences and coreference items stream as word lists
@@ -218,7 +225,9 @@ def _run_stage(model, corpus: str, roles: list[Role], items, cfg: RolesConfig, o
         batch_size=cfg.batch_size,
         words=True if words else None,
         progress=progress,
+        query_chunk=cfg.query_chunk,
     )
+    modes[roles[0].name] = report.patterns
     return {r.name: r.finish(red, report, c) for r, red, c in zip(roles, reducers, ctxs)}
 
 
@@ -267,15 +276,21 @@ def head_roles(
     timings["read"] = time.perf_counter() - t0
 
     outputs: dict[str, RoleOutput] = {}
+    modes: dict[str, str] = {}
     for stage, corpus, groups in _stages(wanted):
         t0 = time.perf_counter()
         roles_ = [REGISTRY[g] for g in groups]
+        stage_modes: dict[str, str] = {}
         outputs.update(
-            _run_stage(model, corpus, roles_, inputs.get(corpus), cfg, opts, _stage_progress(progress, stage))
+            _run_stage(
+                model, corpus, roles_, inputs.get(corpus), cfg, opts, _stage_progress(progress, stage), stage_modes
+            )
         )
+        modes[stage] = next(iter(stage_modes.values()), "materialised")
         timings[stage] = time.perf_counter() - t0
 
     result = _assemble(model, cfg, {g: outputs[g] for g in wanted}, file_skips, timings)
+    result.pattern_statistics = modes
     if examples:
         t0 = time.perf_counter()
         result.examples = build_examples(model, result, inputs)

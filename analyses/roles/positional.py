@@ -71,39 +71,58 @@ def bucket_values(
     ``argmax_share(pattern, allowed)`` when the caller has it already.
     """
     w = argmax_share(pattern, allowed) if share is None else share  # [batch, head, q, k]
-    n_q, n_k = pattern.shape[-2:]
-    n_keys = allowed.float().sum(-1).clamp_min(1)  # [batch, q]
-    values, base = {}, {}
-    for name, off in OFFSETS.items():
-        sel = torch.diagonal(w, offset=off, dim1=-2, dim2=-1)  # [batch, head, n_q - |off|]: w[q, q+off]
-        avail = torch.diagonal(allowed, offset=off, dim1=-2, dim2=-1).float()
-        hit = torch.zeros(w.shape[:3], device=w.device)
-        ok = torch.zeros(allowed.shape[:2], device=allowed.device)
-        qs = slice(-off, None) if off < 0 else slice(0, n_q - off)
-        hit[..., qs] = sel
-        ok[:, qs] = avail
-        values[name] = row_mean(hit, rows)
-        base[name] = row_mean(ok / n_keys, rows)
-    values["first"] = row_mean(w[..., 0], rows)
-    base["first"] = row_mean(allowed[..., 0].float() / n_keys, rows)
+    hits, oks, n_keys = bucket_rows(w, allowed)
+    values = {b: row_mean(hits[b], rows) for b in BUCKETS}
+    base = {b: row_mean(oks[b] / n_keys, rows) for b in BUCKETS}
     return values, base
+
+
+def bucket_rows(share: torch.Tensor, allowed: torch.Tensor, start: int = 0) -> tuple[dict, dict, torch.Tensor]:
+    """Per query row of a pattern piece whose first row is query ``start``: ``share [batch,
+    head, rows, key_pos]`` (:func:`argmax_share`), ``allowed [batch, rows, key_pos]`` ->
+    ``({bucket: hit [batch, head, rows]}, {bucket: visible [batch, rows]}, n_keys [batch, rows])``:
+    the max-attention share on each bucket's key, whether that key is visible, visible keys."""
+    n_q, n_k = share.shape[-2:]
+    n_keys = allowed.float().sum(-1).clamp_min(1)  # [batch, q]
+    hits, oks = {}, {}
+    for name, off in OFFSETS.items():
+        # rows i whose key start + i + off exists: w[i, start + i + off]
+        first, last = max(0, -(start + off)), min(n_q, n_k - start - off)
+        hit = torch.zeros(share.shape[:3], device=share.device)
+        ok = torch.zeros(allowed.shape[:2], device=allowed.device)
+        if last > first:
+            hit[..., first:last] = torch.diagonal(share, offset=start + off, dim1=-2, dim2=-1)[..., : last - first]
+            ok[:, first:last] = torch.diagonal(allowed, offset=start + off, dim1=-2, dim2=-1)[
+                ..., : last - first
+            ].float()
+        hits[name], oks[name] = hit, ok
+    hits["first"] = share[..., 0]
+    oks["first"] = allowed[..., 0].float()
+    return hits, oks, n_keys
 
 
 class PositionalReducer(ItemValuesReducer):
     """Streaming positional-head statistics; ``result()`` -> (values, baselines, layers),
     ``{bucket: [n_items, layer, head]}``, ``{bucket: [n_items]}``."""
 
-    def update(self, cap) -> None:
-        allowed, rows, _ = self._masks(cap)
-        per = {b: [] for b in BUCKETS}
-        base = None
-        for layer in cap.layers:
-            v, base = bucket_values(cap["pattern", layer], allowed, rows, self._argmax_share(cap, layer))
-            for b in BUCKETS:
-                per[b].append(v[b])
+    def piece(self, cap, piece) -> None:
+        hits, oks, n_keys = bucket_rows(self._argmax_share(piece), self._allowed(piece), piece.start)
         for b in BUCKETS:
-            self.values.add(b, cap.item_ids, torch.stack(per[b], 1))
-            self.values.add("baseline:" + b, cap.item_ids, base[b])
+            self.piece_rows.add(b, piece.layer, hits[b])
+        if piece.layer == cap.layers[0]:  # the baselines need the keys only
+            for b in BUCKETS:
+                self.piece_rows.add("ok:" + b, None, oks[b])
+            self.piece_rows.add("n_keys", None, n_keys)
+
+    def end(self, cap) -> None:
+        rows, _ = self._rows(cap)
+        n_keys = self.piece_rows.get("n_keys", None)
+        for b in BUCKETS:
+            per = [row_mean(self.piece_rows.get(b, layer), rows) for layer in cap.layers]
+            self.values.add(b, cap.item_ids, torch.stack(per, 1))
+            self.values.add(
+                "baseline:" + b, cap.item_ids, row_mean(self.piece_rows.get("ok:" + b, None) / n_keys, rows)
+            )
 
     def result(self):
         return self._by_role(BUCKETS)

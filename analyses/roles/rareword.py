@@ -85,20 +85,28 @@ class RareWordReducer(ItemValuesReducer):
         self.freq = frequency_table(frequencies, vocab_size)
         self.n_token_types = len(frequencies)
 
-    def update(self, cap) -> None:
-        allowed, rows, special = self._masks(cap)
+    def begin(self, cap) -> None:
+        super().begin(cap)
+        _, special = self._rows(cap)
         km = cap.key_mask
         if self.freq.device != km.device:  # the table follows the data (once: the next batches find it there)
             self.freq = self.freq.to(km.device)
-        rare = rarest_positions(cap.tokens.input_ids, km & ~special, self.freq)
-        n_keys = allowed.float().sum(-1).clamp_min(1)
-        base = row_mean((allowed & rare[:, None]).float().sum(-1) / n_keys, rows)
-        vals = []
-        for layer in cap.layers:
-            w = self._argmax_share(cap, layer)
-            vals.append(row_mean((w * rare[:, None, None].float()).sum(-1), rows))
+        self._rare = rarest_positions(cap.tokens.input_ids, km & ~special, self.freq)
+
+    def piece(self, cap, piece) -> None:
+        rare = self._rare
+        w = self._argmax_share(piece)
+        self.piece_rows.add("mass", piece.layer, (w * rare[:, None, None].float()).sum(-1))
+        if piece.layer == cap.layers[0]:  # the baseline needs the keys only
+            allowed = self._allowed(piece)
+            n_keys = allowed.float().sum(-1).clamp_min(1)
+            self.piece_rows.add("base", None, (allowed & rare[:, None]).float().sum(-1) / n_keys)
+
+    def end(self, cap) -> None:
+        rows, _ = self._rows(cap)
+        vals = [row_mean(self.piece_rows.get("mass", layer), rows) for layer in cap.layers]
         self.values.add(ROLE, cap.item_ids, torch.stack(vals, 1))
-        self.values.add("baseline", cap.item_ids, base)
+        self.values.add("baseline", cap.item_ids, row_mean(self.piece_rows.get("base", None), rows))
 
     def result(self):
         return self.values.get(ROLE)[1], self.values.get("baseline")[1], self.layers or ()

@@ -98,15 +98,27 @@ def set_masses(pattern: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor,
 def masked_set_masses(masked: torch.Tensor, allowed: torch.Tensor, rows: torch.Tensor, key_sets: torch.Tensor):
     """:func:`set_masses` of a pattern already zeroed outside ``allowed``
     (:func:`~headscope.analyses.roles.pattern_stats.masked_pattern`), as the reducers share it."""
+    mass, n_set, n_keys = set_mass_rows(masked, allowed, key_sets)
+    return masses_from_rows(mass, n_set, n_keys, rows)
+
+
+def set_mass_rows(masked: torch.Tensor, allowed: torch.Tensor, key_sets: torch.Tensor):
+    """Per query row of a (piece of a) masked pattern ``[batch, head, rows, key_pos]``:
+    ``(mass [batch, head, rows, set], visible keys of each set [batch, rows, set], visible
+    keys [batch, rows, 1])``; the masses are one matrix product over keys."""
     b, h, q, k = masked.shape
     sets = key_sets.float()
     mass = (masked.reshape(b, h * q, k) @ sets).view(b, h, q, -1)  # [batch, head, q, set]
     allowed_f = allowed.float()
-    n_set = allowed_f @ sets  # [batch, q, set]: visible keys of each set
+    return mass, allowed_f @ sets, allowed_f.sum(-1, keepdim=True)
+
+
+def masses_from_rows(mass: torch.Tensor, n_set: torch.Tensor, n_keys: torch.Tensor, rows: torch.Tensor):
+    """:func:`masked_set_masses` from every row's :func:`set_mass_rows`."""
     r = (rows[..., None] & (n_set > 0)).float()  # rows that can see the set
     denom = r.sum(1)  # [batch, set]
     value = (mass * r[:, None]).sum(2) / denom[:, None]
-    base = (n_set / allowed_f.sum(-1, keepdim=True).clamp_min(1) * r).sum(1) / denom
+    base = (n_set / n_keys.clamp_min(1) * r).sum(1) / denom
     return value, base
 
 
@@ -114,8 +126,9 @@ class SpecialReducer(ItemValuesReducer):
     """Streaming masses on special tokens, the first token and punctuation;
     ``result()`` -> ``({role: [n_items, layer, head]}, {role: [n_items]}, layers)``."""
 
-    def update(self, cap) -> None:
-        allowed, rows, special = self._masks(cap)
+    def begin(self, cap) -> None:
+        super().begin(cap)
+        _, special = self._rows(cap)
         km = cap.key_mask
         first = torch.zeros_like(km)
         first[:, 0] = km[:, 0]
@@ -124,13 +137,24 @@ class SpecialReducer(ItemValuesReducer):
             "sink:first-token": first,
             "punctuation": punctuation_mask(cap.tokens).to(km.device) & km,
         }
-        key_sets = torch.stack(list(sets.values()), -1)  # [batch, pos, set]
+        self._key_sets = torch.stack([sets[r] for r in ROLES], -1)  # [batch, pos, set]
+
+    def piece(self, cap, piece) -> None:
+        mass, n_set, n_keys = set_mass_rows(self._masked(piece), self._allowed(piece), self._key_sets)
+        self.piece_rows.add("mass", piece.layer, mass)
+        if piece.layer == cap.layers[0]:  # the baselines need the keys only
+            self.piece_rows.add("n_set", None, n_set)
+            self.piece_rows.add("n_keys", None, n_keys)
+
+    def end(self, cap) -> None:
+        rows, _ = self._rows(cap)
+        n_set, n_keys = self.piece_rows.get("n_set", None, 1), self.piece_rows.get("n_keys", None, 1)
         vals, base = [], None
         for layer in cap.layers:
-            v, base = masked_set_masses(self._masked(cap, layer), allowed, rows, key_sets)
+            v, base = masses_from_rows(self.piece_rows.get("mass", layer, 2), n_set, n_keys, rows)
             vals.append(v)
         vals = torch.stack(vals, 1)  # [batch, layer, head, set]
-        for i, role in enumerate(sets):
+        for i, role in enumerate(ROLES):
             self.values.add(role, cap.item_ids, vals[..., i].contiguous())
             self.values.add("baseline:" + role, cap.item_ids, base[:, i])
 

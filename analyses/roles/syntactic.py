@@ -46,8 +46,9 @@ import torch
 from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput, RolesConfig
-from headscope.analyses.roles.wordlevel import most_attended, pooling_matrices, word_patterns
+from headscope.analyses.roles.wordlevel import WordRows, most_attended, pooling_matrices
 from headscope.analyses.stats.verdicts import verdict_rows
+from headscope.probes.capture import feed
 
 log = logging.getLogger(__name__)
 
@@ -131,12 +132,23 @@ class SyntacticReducer:
     _parts: list = field(default_factory=list)
 
     def update(self, cap) -> None:
+        feed(cap, [self])
+
+    def begin(self, cap) -> None:
         if tuple(cap.layers) != tuple(range(self.n_layers)):
             raise ValueError(
                 f"syntactic analysis needs the pattern of every layer 0..{self.n_layers - 1}; got layers {list(cap.layers)}"
             )
-        pool = pooling_matrices(cap.tokens)
-        pred = most_attended(word_patterns(cap.stack("pattern"), pool), pool)  # [layer, batch, head, word]
+        self._pool = pooling_matrices(cap.tokens)
+        self._rows = WordRows(self._pool)
+
+    def piece(self, cap, piece) -> None:
+        self._rows.add(piece)
+
+    def end(self, cap) -> None:
+        pool = self._pool
+        pred = most_attended(self._rows.word_patterns(cap.layers), pool)  # [layer, batch, head, word]
+        self._rows = None
         rows, sent, query, partner, rel, dirs = [], [], [], [], [], []
         for r, item in enumerate(cap.item_ids):
             s = self.sentences[item]

@@ -147,6 +147,26 @@ def word_patterns(pattern: torch.Tensor, pool: WordPooling, *, renormalise: bool
     return out
 
 
+class WordRows:
+    """:func:`word_patterns` of every layer from pattern pieces: each piece's query rows pooled
+    into words at once (``query_mean[..., rows] @ piece``, ``[batch, head, word, key_pos]``,
+    summed over a layer's pieces), the key pieces pooled when the batch ends."""
+
+    def __init__(self, pool: WordPooling):
+        self.pool = pool
+        self.by_layer: dict = {}
+
+    def add(self, piece) -> None:
+        part = self.pool.query_mean[:, None, :, piece.rows] @ piece.pattern.float()
+        old = self.by_layer.get(piece.layer)
+        self.by_layer[piece.layer] = part if old is None else old + part
+
+    def word_patterns(self, layers) -> torch.Tensor:
+        """``[layer, batch, head, word, word]``, as :func:`word_patterns` of the stacked patterns."""
+        k = self.pool.key_sum.transpose(1, 2)[:, None]  # [batch, 1, k, word]
+        return torch.stack([self.by_layer[l] for l in layers]) @ k[None]
+
+
 def most_attended(word_pattern: torch.Tensor, pool: WordPooling, *, exclude_self: bool = True) -> torch.Tensor:
     """Index of the most-attended word for every query word: ``[..., batch, head, word]`` (long).
 

@@ -288,6 +288,7 @@ def _write(tmp: Path, args, model, result, groups, inputs: dict, budget) -> None
         n_items=result.n_items,
         skipped=result.skipped,
         timings={k: round(v, 3) for k, v in result.timings.items()},
+        pattern_statistics=result.pattern_statistics,  # per stage: chunked (query chunk N) / materialised (why)
         memory=memory.finish(budget, memory.emitter(args.quiet)),
         inputs={
             "conllu": [str(c.path) for c in inputs.get("conllu", [])],

@@ -19,6 +19,12 @@ given (Gemma: ``query_pre_attn_scalar ** -0.5``); a soft cap ``c`` maps the scal
 to ``c·tanh(scores / c)`` (Gemma 2). A sliding window ``w`` lets query ``i`` see key ``j``
 only when ``i - j < w`` (transformers' ``sliding_window_overlay``).
 
+:func:`pattern_rows` is a layer's pattern for a range of query rows from its Q and K
+(:class:`PatternRule` holds the masking and scaling), the function that statistics over
+patterns too large to store call per query chunk (:mod:`headscope.probes.chunked`);
+:class:`Attention` computes its own pattern with the same :func:`attention_pattern`, one
+query chunk at a time when ``query_chunk`` is set, so the two cannot drift.
+
 >>> import torch
 >>> q = torch.zeros(1, 2, 3, 4); k = torch.randn(1, 1, 3, 4)
 >>> p = attention_pattern(q, k, mask=None)
@@ -29,6 +35,7 @@ True
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -201,6 +208,54 @@ def additive_mask(
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)
 
 
+def allowed_rows(
+    attention_mask: KeyMask, causal: bool, start: int, stop: int, window: int | None = None
+) -> torch.Tensor:
+    """Rows ``start:stop`` of the keys each query may see, ``[batch, stop - start, key_pos]``
+    bool: exactly ``additive_mask(...)[:, 0, start:stop] == 0`` (query ``i`` sees a real key
+    ``j``; causal: ``j <= i``; ``window``: also ``i - j < window``), built for those rows only."""
+    if window is not None and not causal:
+        raise ValueError("a sliding window is implemented for causal attention only")
+    n_key = attention_mask.shape[1]
+    allowed = attention_mask[:, None, :].bool().expand(attention_mask.shape[0], stop - start, n_key)
+    if causal:
+        q = torch.arange(start, stop, device=attention_mask.device)[:, None]
+        k = torch.arange(n_key, device=attention_mask.device)[None, :]
+        band = k <= q
+        if window is not None:
+            band = band & (q - k < window)
+        allowed = allowed & band
+    return allowed
+
+
+@dataclass(frozen=True)
+class PatternRule:
+    """How one layer turns its Q and K into its pattern: ``causal``, the sliding ``window``
+    (None: global), ``scale`` and ``softcap`` of :func:`attention_scores`, ``kv_index [head]``
+    (the KV head each query head reads). No in-house family has learned sink logits."""
+
+    causal: bool
+    window: int | None
+    scale: float | None
+    softcap: float | None
+    kv_index: torch.Tensor
+
+
+def pattern_rows(q: Queries, k: Keys, attention_mask: KeyMask, rule: PatternRule, start: int, stop: int) -> Pattern:
+    """Query rows ``start:stop`` of a layer's pattern, ``[batch, head, stop - start, key_pos]``,
+    from the ``q [batch, head, pos, d_head]`` and ``k [batch, kv_head, pos, d_head]`` the
+    attention uses (after QK-norm and RoPE), the ``attention_mask [batch, pos]`` and the
+    layer's :class:`PatternRule`: :func:`attention_pattern` of those rows, the same function
+    :class:`Attention` computes its pattern with, so a pattern recomputed in chunks equals
+    the one the forward used."""
+    allowed = allowed_rows(attention_mask, rule.causal, start, stop, rule.window)[:, None]
+    mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill_(~allowed, torch.finfo(q.dtype).min)
+    kv_index = rule.kv_index.to(k.device)
+    return attention_pattern(
+        q[:, :, start:stop], repeat_kv(k, kv_index), mask, kv_index, scale=rule.scale, softcap=rule.softcap
+    )
+
+
 class Attention(nn.Module):
     """Self-attention with ``n_heads`` query heads sharing ``n_kv_heads`` K/V heads.
 
@@ -252,8 +307,26 @@ class Attention(nn.Module):
         self.register_buffer("kv_index", torch.tensor(kv_index, dtype=torch.long), persistent=False)
         self.gate = nn.Parameter(torch.ones(n_heads), requires_grad=False)
         self.register_buffer("ablation_value", torch.zeros(n_heads, d_head), persistent=False)
+        #: rows per query chunk of the explicit path (None: all at once, or the fused kernel where
+        #: nobody looks at the pattern); set by :func:`headscope.probes.chunked.query_chunks`
+        self.query_chunk: int | None = None
         for name in ("q", "k", "v", "q_rot", "k_rot", "k_head", "v_head", "scores", "pattern", "z", "out"):
             setattr(self, f"hook_{name}", HookPoint())
+
+    def rule(self, *, causal: bool, window: int | None) -> PatternRule:
+        """This attention's :class:`PatternRule` (``causal`` and ``window`` are the block's)."""
+        return PatternRule(causal=causal, window=window, scale=self.scale, softcap=self.softcap, kv_index=self.kv_index)
+
+    def _chunked_z(self, q, k_full, v_full, mask) -> torch.Tensor:
+        """``pattern @ v`` a query chunk of :attr:`query_chunk` rows at a time, each chunk's
+        pattern :func:`attention_pattern`'s (the path a stored pattern takes, one chunk = all rows)."""
+        n, step = q.shape[2], self.query_chunk
+        parts = []
+        for s in range(0, n, step):
+            m = None if mask is None else mask[:, :, s : s + step]
+            p = attention_pattern(q[:, :, s : s + step], k_full, m, scale=self.scale, softcap=self.softcap)
+            parts.append(torch.matmul(p, v_full))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
     def _split(self, x: torch.Tensor, n: int) -> torch.Tensor:
         batch, pos, _ = x.shape
@@ -281,7 +354,9 @@ class Attention(nn.Module):
         # [batch, head, pos, d_head]: each query head's own read of its group's K and V
         k_full, v_full = self.hook_k_head(repeat_kv(k, self.kv_index)), self.hook_v_head(repeat_kv(v, self.kv_index))
 
-        if need_pattern or self.softcap is not None or self.hook_scores.active or self.hook_pattern.active:
+        if self.query_chunk is not None and not (self.hook_scores.active or self.hook_pattern.active):
+            z = self._chunked_z(q, k_full, v_full, mask)  # never more than [batch, head, chunk, key_pos]
+        elif need_pattern or self.softcap is not None or self.hook_scores.active or self.hook_pattern.active:
             pattern = attention_pattern(
                 q, k_full, mask, on_scores=self.hook_scores, scale=self.scale, softcap=self.softcap
             )  # [batch, head, query_pos, key_pos]
