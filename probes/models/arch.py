@@ -82,6 +82,19 @@ _QK_NORM_TYPES = frozenset(t for f in FAMILIES.values() if f.qk_norm for t in (f
 )
 
 
+#: fact -> the config keys that spell it, the first truthy one wins (``num_layers`` / ``num_heads`` /
+#: ``d_kv`` / ``d_ff``: T5 and its kin; ``n_layers`` / ``n_heads``: MPT, XLM;
+#: ``multi_query_group_num``: ChatGLM; ``kv_channels``: the head size Megatron-style configs name)
+_KEYS = {
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "d_model": ("hidden_size", "n_embd", "d_model"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "kv_heads": ("num_key_value_heads", "multi_query_group_num"),
+    "d_head": ("head_dim", "d_kv", "kv_channels"),
+    "d_mlp": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+}
+
+
 def _first(hf: dict, *keys):
     """The first of ``keys`` with a truthy value (HF leaves a derived size null or absent)."""
     for k in keys:
@@ -209,15 +222,15 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
     family = FAMILIES.get(mtype)
     own_names = family.config_names if family else {}
     hf = {**{ours: hf[theirs] for theirs, ours in own_names.items() if theirs in hf}, **hf}
-    n_layers = _first(hf, "num_hidden_layers", "n_layer")
-    d_model = _first(hf, "hidden_size", "n_embd", "d_model")
-    n_heads = _first(hf, "num_attention_heads", "n_head")
+    n_layers = _first(hf, *_KEYS["layers"])
+    d_model = _first(hf, *_KEYS["d_model"])
+    n_heads = _first(hf, *_KEYS["heads"])
     if not (n_layers and d_model and n_heads):
         raise ModelIncompatibleError(
             f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
         )
     encoder = mtype in ENCODER_TYPES and not hf.get("is_decoder")
-    n_kv = (None if encoder else hf.get("num_key_value_heads")) or n_heads  # encoders: MHA
+    n_kv = (None if encoder else _first(hf, *_KEYS["kv_heads"])) or n_heads  # encoders: MHA
     if mtype == "falcon" and not hf.get("num_key_value_heads"):  # Falcon's own names
         n_kv = hf.get("num_kv_heads") if hf.get("new_decoder_architecture") else 1 if hf.get("multi_query") else n_heads
         n_kv = n_kv or n_heads
@@ -239,8 +252,8 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=n_kv,
-        d_head=hf.get("head_dim") or d_model // n_heads,
-        d_mlp=_int_or_none(_first(hf, "intermediate_size", "n_inner", "ffn_dim")),
+        d_head=_first(hf, *_KEYS["d_head"]) or d_model // n_heads,
+        d_mlp=_int_or_none(_first(hf, *_KEYS["d_mlp"])),
         vocab_size=_int_or_none(hf.get("vocab_size")),
         max_positions=_int_or_none(_first(hf, "max_position_embeddings", "n_positions")),
         encoder=encoder,

@@ -1,0 +1,52 @@
+"""What the registry sweep found in :func:`~headscope.probes.models.arch.arch_from_hf_config`: configs that
+spell their sizes with their own keys (T5's ``num_layers`` / ``num_heads`` / ``d_kv`` / ``d_ff``, MPT's and
+XLM's ``n_layers`` / ``n_heads``, ChatGLM's ``multi_query_group_num``) were refused as having "no
+layer/head/hidden-size fields", so ``card`` and every stage after it failed on them."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoConfig
+
+from headscope.probes.models.arch import arch_from_hf_config
+
+
+def test_t5_sizes_are_read_from_its_own_keys():
+    cfg = AutoConfig.for_model("t5", d_model=64, num_layers=3, num_heads=4, d_kv=8, d_ff=96, vocab_size=600)
+    a = arch_from_hf_config(cfg.to_dict(), "t5")
+    assert (a.n_layers, a.d_model, a.n_heads, a.n_kv_heads, a.d_head, a.d_mlp) == (3, 64, 4, 4, 8, 96)
+
+
+@pytest.mark.parametrize(
+    "keys, expected",
+    [
+        ({"n_layers": 2, "d_model": 64, "n_heads": 4}, (2, 64, 4, 4, 16)),  # MPT / XLM style
+        (  # ChatGLM style: KV groups and a head size of their own
+            {
+                "num_layers": 2,
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "multi_query_group_num": 2,
+                "kv_channels": 16,
+            },
+            (2, 64, 4, 2, 16),
+        ),
+    ],
+)
+def test_other_spellings_of_the_sizes(keys, expected):
+    a = arch_from_hf_config({"model_type": "some_decoder", **keys}, "config")
+    assert (a.n_layers, a.d_model, a.n_heads, a.n_kv_heads, a.d_head) == expected
+
+
+def test_the_usual_keys_win_over_the_aliases():
+    a = arch_from_hf_config(
+        {
+            "model_type": "some_decoder",
+            "num_hidden_layers": 2,
+            "num_layers": 9,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+        },
+        "config",
+    )
+    assert a.n_layers == 2
