@@ -2,8 +2,8 @@
 
 Every run.json starts with the same keys, :data:`COMMON_KEYS`: the output's kind
 (``output``, :func:`~headscope.probes.outputs.kinds.manifest_header`), then which model ran
-and where (``model``, ``backend``, ``backend_choice``, ``backend_rejected``, ``device``, ``dtype``,
-``trust_remote_code``: :func:`model_record` of the loaded model). Each command adds its own
+and where (``model``, ``backend``, ``backend_choice``, ``backend_rejected``, ``head_modules``, ``device``,
+``dtype``, ``trust_remote_code``: :func:`model_record` of the loaded model). Each command adds its own
 keys (config, items, timings, summaries, memory, ...) through :func:`run_json`.
 
 >>> rec = {"model": "m", "backend": "inhouse", "backend_choice": "inhouse", "device": "cpu", "dtype": "fp32"}
@@ -34,7 +34,16 @@ __all__ = [
 ]
 
 #: the model's keys of every run.json (:func:`model_record`)
-MODEL_KEYS = ("model", "backend", "backend_choice", "backend_rejected", "device", "dtype", "trust_remote_code")
+MODEL_KEYS = (
+    "model",
+    "backend",
+    "backend_choice",
+    "backend_rejected",
+    "head_modules",
+    "device",
+    "dtype",
+    "trust_remote_code",
+)
 #: the keys every run.json holds, whatever the command
 COMMON_KEYS = ("output", *MODEL_KEYS)
 
@@ -72,6 +81,7 @@ def model_record(model) -> dict:
         "backend": model.backend,
         "backend_choice": getattr(model, "backend_choice", model.backend),
         "backend_rejected": list(getattr(model, "backend_rejected", [])),  # --backend auto: [{backend, reason}]
+        "head_modules": getattr(model, "head_modules", None),  # hf: the module the head hooks use, how found
         **placement(model),
         "trust_remote_code": bool(getattr(model, "trust_remote_code", False)),
     }

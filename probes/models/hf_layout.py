@@ -7,10 +7,16 @@ says its own: ``self_attn.o_proj`` in Llama, Mistral, Qwen, Gemma, Phi-3, OLMo;
 in DistilBERT; …) but every one of them concatenates the heads
 ``[batch, pos, head × d_head]`` before that projection, so a forward pre-hook there sees
 (and may replace) each head's output — what :class:`~headscope.probes.models.loading.HFReference`
-builds ablation, gradient importance and patching on. :func:`find_layout` finds the modules
-by name and checks their sizes against the model's :class:`~headscope.probes.models.backend.ModelSpec`;
-a model it cannot map raises :class:`~headscope.probes.errors.ModelIncompatibleError`
-naming the bridge backend.
+builds ablation, gradient importance and patching on.
+
+:func:`find_layout` finds that projection by structure: in each layer's block (the model's
+``ModuleList`` of layers), the linear maps (``nn.Linear`` or GPT-2's ``Conv1D``) inside an
+attention sub-module that take ``n_heads × d_head`` inputs to ``d_model`` outputs; a module of a
+known name (:data:`ATTN_OUT`) is tried first. Each candidate is then checked on a probe input
+(:mod:`~headscope.probes.models.head_check`): the attention pattern HF returns (eager) times V,
+head by head, must reproduce what the candidate receives. The one found, and how, is the
+layout's :meth:`HFLayout.record` (run.json's ``head_modules``). A model it cannot map raises
+:class:`~headscope.probes.errors.ModelIncompatibleError` naming what was tried.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from torch import nn
 
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.families import FAMILIES
+from headscope.probes.models.head_check import check_candidates
 
 #: attention output projections of architectures that are no family of :data:`FAMILIES` (Phi,
-#: Falcon, GPT-NeoX, OPT, GPT-Neo, ModernBERT, …), by the end of the module name
+#: Falcon, GPT-NeoX, OPT, GPT-Neo, ModernBERT, MPNet, T5, …), by the end of the module name
 _OTHER_ATTN_OUT = (
     "self_attn.dense",
     "self_attention.dense",
@@ -37,6 +44,8 @@ _OTHER_ATTN_OUT = (
 )
 #: their separate query / key / value projections
 _OTHER_QKV = (("attn.q_proj", "attn.k_proj", "attn.v_proj"), ("attention.q", "attention.k", "attention.v"))
+#: a module name piece holding one of these (any case) names an attention sub-module
+ATTENTION_WORDS = ("attn", "attention")
 
 
 def _by_use(names) -> tuple[str, ...]:
@@ -59,13 +68,34 @@ _LAYER_INDEX = re.compile(r"\.(\d+)\.")
 @dataclass(frozen=True)
 class HFLayout:
     """Per layer (index = layer): the block, the attention output projection, and the Q/K/V
-    projections where the family keeps them separate (``None`` where it fuses them)."""
+    projections where the family keeps them separate (``None`` where it fuses them).
+    ``attn_out_name``: the projection's module path with ``{layer}`` for the layer index;
+    ``found_by``: ``"name"`` or ``"shape"``; ``check``: what confirmed it (``"pattern×V max err …"``
+    or ``"shape only: <why>"``)."""
 
     blocks: tuple[nn.Module, ...]
     attn_out: tuple[nn.Module, ...]
     q: tuple[nn.Module, ...] | None
     k: tuple[nn.Module, ...] | None
     v: tuple[nn.Module, ...] | None
+    attn_out_name: str = ""
+    found_by: str = "name"
+    check: str = ""
+
+    def record(self) -> dict:
+        """run.json's ``head_modules``: which module was found and how."""
+        return {"attn_out": self.attn_out_name, "found_by": self.found_by, "check": self.check}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A possible attention output projection: its path in each block (``rel``), the modules
+    (one per layer), the full path pattern, and whether a known name matched it."""
+
+    rel: str
+    modules: tuple[nn.Module, ...]
+    pattern: str
+    by_name: bool
 
 
 def _per_layer(model: nn.Module, suffixes, n_layers: int) -> tuple[nn.Module, ...] | None:
@@ -87,33 +117,90 @@ def _per_layer(model: nn.Module, suffixes, n_layers: int) -> tuple[nn.Module, ..
     return tuple(found[l] for l in range(n_layers))
 
 
+def _block_list(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList] | None:
+    """``(name, ModuleList)`` of the model's layers: the one list of ``n_layers`` modules not
+    nested in another such list (T5's per-block ``layer`` lists are); None when there is no one."""
+    lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers]
+    outer = [(n, m) for n, m in lists if not any(n != o and n.startswith(o + ".") for o, _ in lists)]
+    return outer[0] if len(outer) == 1 else None
+
+
 def _blocks(model: nn.Module, n_layers: int) -> tuple[nn.Module, ...] | None:
-    lists = [m for _, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers]
-    return tuple(lists[0]) if len(lists) == 1 else None
+    found = _block_list(model, n_layers)
+    return tuple(found[1]) if found is not None else None
 
 
-def _in_features(mod: nn.Module) -> int | None:
+def linear_shape(mod: nn.Module) -> tuple[int, int] | None:
+    """``(in, out)`` features of a linear map (``nn.Linear``, or GPT-2's ``Conv1D`` holding its
+    weight ``[in, out]``); None for any other module."""
     if isinstance(mod, nn.Linear):
-        return mod.in_features
-    w = getattr(mod, "weight", None)  # GPT-2's Conv1D holds weight [in, out]
-    if w is not None and type(mod).__name__ == "Conv1D":
-        return int(w.shape[0])
+        return mod.in_features, mod.out_features
+    w = getattr(mod, "weight", None)
+    if w is not None and type(mod).__name__ == "Conv1D" and w.dim() == 2:
+        return int(w.shape[0]), int(w.shape[1])
     return None
 
 
-def find_layout(model: nn.Module, spec) -> HFLayout:
-    """The :class:`HFLayout` of an HF ``model`` with ``spec`` (its layer and head counts);
-    ``ModelIncompatibleError`` when no module of a known name takes ``head × d_head``
-    inputs in every layer."""
+def _in_features(mod: nn.Module) -> int | None:
+    shape = linear_shape(mod)
+    return shape[0] if shape else None
+
+
+def in_attention(rel: str, *, itself: bool = False) -> bool:
+    """Whether the module path ``rel`` (inside a block) lies in an attention sub-module (or, with
+    ``itself``, is one)."""
+    pieces = rel.split(".") if itself else rel.split(".")[:-1]
+    return any(w in piece.lower() for piece in pieces for w in ATTENTION_WORDS)
+
+
+def candidates(model: nn.Module, spec) -> tuple[list[Candidate], str]:
+    """The possible attention output projections of ``model`` (known names first), and the
+    blocks' path pattern; ``ModelIncompatibleError`` where the layers' list cannot be found."""
     n = spec.n_layers
-    attn_out = _per_layer(model, ATTN_OUT, n)
-    blocks = _blocks(model, n)
+    found = _block_list(model, n)
+    if found is None:
+        raise ModelIncompatibleError(
+            f"{spec.name!r} ({spec.family}): cannot find its list of {n} layers (no single ModuleList of {n} "
+            "blocks); use --backend bridge"
+        )
+    list_name, blocks = found
+    want = (spec.n_heads * spec.d_head, spec.d_model)
+    per_layer = [
+        {rel: m for rel, m in block.named_modules() if rel and in_attention(rel) and linear_shape(m) == want}
+        for block in blocks
+    ]
+    common = [rel for rel in per_layer[0] if all(rel in p for p in per_layer)]
+    base = f"{list_name}.{{layer}}" if list_name else "{layer}"
+    out = [
+        Candidate(rel, tuple(p[rel] for p in per_layer), f"{base}.{rel}", f"{list_name}.0.{rel}".endswith(ATTN_OUT))
+        for rel in common
+    ]
+    return sorted(out, key=lambda c: not c.by_name), base
+
+
+def find_layout(model: nn.Module, spec, *, probe=None) -> HFLayout:
+    """The :class:`HFLayout` of an HF ``model`` with ``spec`` (its layer and head counts): each
+    candidate of :func:`candidates` checked by :func:`~headscope.probes.models.head_check.check_candidates`
+    on ``probe`` (``probe(model) -> attentions``; default: a few token ids through the model,
+    ``output_attentions``); ``ModelIncompatibleError`` (one line, naming what was tried) when none
+    passes."""
+    n = spec.n_layers
+    cands, base = candidates(model, spec)
     width = spec.n_heads * spec.d_head
-    if attn_out is None or blocks is None or any(_in_features(m) not in (width, None) for m in attn_out):
+    if not cands:
         raise ModelIncompatibleError(
             f"{spec.name!r} ({spec.family}): cannot find the attention output projection of each of its {n} layers "
-            f"(a module named *{'/*'.join(ATTN_OUT[:3])}/… taking {spec.n_heads} heads × {spec.d_head}); "
-            "use --backend bridge"
+            f"(no linear map inside {base}'s attention taking {spec.n_heads} heads × {spec.d_head} = {width} to "
+            f"d_model {spec.d_model}; names tried: *{'/*'.join(ATTN_OUT[:3])}/…); use --backend bridge"
         )
+    blocks = _blocks(model, n)
+    chosen, check = check_candidates(model, spec, cands, blocks, lambda rel: in_attention(rel, itself=True), probe)
     qkv = {q: _per_layer(model, names, n) for q, names in QKV.items()}
-    return HFLayout(blocks=blocks, attn_out=attn_out, **qkv)
+    return HFLayout(
+        blocks=blocks,
+        attn_out=chosen.modules,
+        **qkv,
+        attn_out_name=chosen.pattern,
+        found_by="name" if chosen.by_name else "shape",
+        check=check,
+    )

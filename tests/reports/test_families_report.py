@@ -84,6 +84,7 @@ def test_report_says_why_pruning_is_absent(family_dirs, tmp_path, monkeypatch):
     import headscope.probes.models.hf_layout as layout
 
     monkeypatch.setattr(layout, "ATTN_OUT", ("no.such.module",))
+    monkeypatch.setattr(layout, "ATTENTION_WORDS", ("no-such-attention",))  # nor found by shape
     out = tmp_path / "report"
     build_report(
         str(family_dirs("olmo2")),

@@ -70,6 +70,16 @@ class HFReference(ResumableForward, BackendCommon):
             self._layout = find_layout(self.hf, self.spec)
         return self._layout
 
+    @property
+    def head_modules(self) -> dict:
+        """run.json's ``head_modules``: the attention output projection the head hooks use (its
+        path with ``{layer}``), how it was found (``"name"`` or ``"shape"``) and checked; where it
+        cannot be found, ``attn_out`` None and why not."""
+        try:
+            return self.layout.record()
+        except ModelIncompatibleError as e:
+            return {"attn_out": None, "found_by": None, "check": str(e).strip().splitlines()[0]}
+
     @classmethod
     def from_source(
         cls,

@@ -1,0 +1,184 @@
+"""The numerical check of :func:`~headscope.probes.models.hf_layout.find_layout`: on a probe
+input, the attention pattern HF returns (``output_attentions``, eager) times V, head by head,
+must reproduce what a candidate attention output projection receives.
+
+V is whatever a module inside the layer's attention computes in one of the shapes V takes: a
+value projection's output ``[batch, pos, kv_heads × d_head]``, the V part of a fused QKV
+(``[q | k | v]`` as GPT-2 and Phi-3 stack it, ``[head, (q, k, v)]`` as BLOOM and GPT-NeoX
+interleave it, ``[kv group, (q…, k, v)]`` as Falcon's new architecture groups it), a fused KV,
+or per-head ``[batch, pos, kv_heads, d_head]`` / ``[batch, kv_heads, pos, d_head]`` (a norm
+applied to V); KV groups (GQA, MQA) are expanded to their query heads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from headscope.probes.errors import ModelIncompatibleError
+
+__all__ = ["TOLERANCE", "check_candidates", "default_probe", "v_readings"]
+
+#: largest |input - pattern × V| a candidate may show, relative to max(1, its largest |input|), by dtype
+TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+#: token ids of the default probe input (spread over the vocabulary, no repeats before 64 tokens)
+PROBE_LENGTH = 12
+
+
+def default_probe(model, spec):
+    """``model``'s attention patterns (``output_attentions``) on a few token ids spread over its
+    vocabulary, through its base model."""
+    emb = model.get_input_embeddings()
+    vocab = getattr(emb, "num_embeddings", None) or getattr(model.config, "vocab_size", 0) or 1
+    device = emb.weight.device if emb is not None and hasattr(emb, "weight") else torch.device("cpu")
+    ids = ((torch.arange(PROBE_LENGTH) * 37 + 5) % vocab)[None].to(device)
+    kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "output_attentions": True}
+    if spec.causal:
+        kw["use_cache"] = False
+    return model.base_model(**kw).attentions
+
+
+def v_readings(t: torch.Tensor, heads: tuple[int, int, int], batch: int, pos: int) -> list[tuple[str, torch.Tensor]]:
+    """Every way ``t`` (a module's output) holds V, with ``heads = (query heads, KV heads, d_head)``:
+    ``[(layout, V [batch, pos, kv_heads, d_head])]``."""
+    h, k, d = heads
+    out: list[tuple[str, torch.Tensor]] = []
+    if t.dim() == 3 and tuple(t.shape[:2]) == (batch, pos):
+        f = t.shape[-1]
+        if f == k * d:
+            out.append(("v", t.reshape(batch, pos, k, d)))
+        if f == (h + 2 * k) * d:
+            out.append(("qkv [q|k|v]", t[..., (h + k) * d :].reshape(batch, pos, k, d)))
+            if h == k:
+                out.append(("qkv [head, (q, k, v)]", t.reshape(batch, pos, h, 3, d)[..., 2, :]))
+            out.append(("qkv [group, (q…, k, v)]", t.reshape(batch, pos, k, h // k + 2, d)[..., -1, :]))
+        if f == 2 * k * d:
+            out.append(("kv [k|v]", t[..., k * d :].reshape(batch, pos, k, d)))
+            out.append(("kv [head, (k, v)]", t.reshape(batch, pos, k, 2, d)[..., 1, :]))
+    elif t.dim() == 4 and t.shape[0] == batch and t.shape[-1] == d:
+        if tuple(t.shape[1:3]) == (pos, k):
+            out.append(("v per head", t))
+        if tuple(t.shape[1:3]) == (k, pos):
+            out.append(("v per head", t.transpose(1, 2)))
+    return out
+
+
+def _error(x: torch.Tensor, pattern: torch.Tensor, v: torch.Tensor) -> float:
+    """max |x - pattern × V| with ``x`` the candidate's input ``[batch, pos, heads × d_head]``,
+    ``pattern`` ``[batch, heads, pos, pos]``, ``v`` ``[batch, pos, kv_heads, d_head]``."""
+    b, pos, k, d = v.shape
+    h = pattern.shape[1]
+    v = v.float().repeat_interleave(h // k, dim=2)  # [b, pos, heads, d]
+    z = torch.einsum("bhqk,bkhd->bqhd", pattern.float(), v)
+    return float((x.float().reshape(b, pos, h, d) - z).abs().max())
+
+
+def _kv_counts(spec) -> list[int]:
+    """The KV head counts V is read with: the spec's, then plain multi-head and multi-query (a
+    config may name KV heads its model does not use)."""
+    return list(dict.fromkeys((spec.n_kv_heads, spec.n_heads, 1)))
+
+
+def _worst(inputs, outputs, attentions, i, heads, batch, pos) -> tuple[float, bool]:
+    """``(largest relative error over the layers, whether any module held V)`` of candidate ``i``."""
+    worst, seen = 0.0, False
+    for l, pattern in enumerate(attentions):
+        x = inputs.get((i, l))
+        readings = [v for _, t in outputs[l] for _, v in v_readings(t, heads, batch, pos)]
+        seen = seen or bool(readings)
+        if x is None or tuple(x.shape[:2]) != (batch, pos) or not readings:
+            return float("inf"), seen
+        best = min(_error(x, pattern, v) for v in readings)
+        worst = max(worst, best / max(1.0, float(x.float().abs().max())))
+    return worst, seen
+
+
+def _capture(model, cands, blocks, probe, spec, inside):
+    """One probe run: ``(attentions, inputs {(candidate index, layer): tensor}, outputs
+    {layer: [(module path, tensor)]})`` of every module of each block whose path ``inside`` accepts."""
+    inputs: dict = {}
+    outputs: dict = {l: [] for l in range(len(blocks))}
+    handles = []
+
+    def keep_in(key):
+        return lambda m, a: inputs.__setitem__(key, a[0].detach()) if a and torch.is_tensor(a[0]) else None
+
+    def keep_out(l, rel):
+        def hook(m, a, o):
+            o = o[0] if isinstance(o, tuple) and o and torch.is_tensor(o[0]) else o
+            if torch.is_tensor(o):
+                outputs[l].append((rel, o.detach()))
+
+        return hook
+
+    try:
+        for i, c in enumerate(cands):
+            for l, m in enumerate(c.modules):
+                handles.append(m.register_forward_pre_hook(keep_in((i, l))))
+        for l, block in enumerate(blocks):
+            for rel, m in block.named_modules():
+                if rel and inside(rel):
+                    handles.append(m.register_forward_hook(keep_out(l, rel)))
+        with torch.inference_mode():
+            attentions = probe(model) if probe is not None else default_probe(model, spec)
+    finally:
+        for h in handles:
+            h.remove()
+    return attentions, inputs, outputs
+
+
+def _why_unchecked(attentions, spec) -> str | None:
+    if attentions is None:
+        return "the model returns no attention pattern (output_attentions)"
+    if len(attentions) != spec.n_layers or any(a is None or a.dim() != 4 for a in attentions):
+        return f"output_attentions gives {len(attentions)} patterns, not one per layer ({spec.n_layers})"
+    if attentions[0].shape[1] != spec.n_heads:
+        return f"output_attentions has {attentions[0].shape[1]} heads, not {spec.n_heads}"
+    return None
+
+
+def check_candidates(model, spec, cands, blocks, inside, probe=None):
+    """``(candidate, check)``: the first of ``cands`` whose input is pattern × V in every layer on
+    the probe input, with its largest error; where the check cannot be made (no pattern returned,
+    nothing holding V), the first candidate by name, or the only one, with ``"shape only: <why>"``.
+    ``ModelIncompatibleError`` (one line) when none passes, or several match the shape alone.
+    ``blocks``: the layers; ``inside(path)``: whether a module of a block lies in its attention
+    (its output may hold V)."""
+    try:
+        attentions, inputs, outputs = _capture(model, cands, blocks, probe, spec, inside)
+    except Exception as e:  # noqa: BLE001 - a probe that cannot run leaves the shape alone, saying why
+        attentions, inputs, outputs = None, {}, {}
+        why = f"the probe forward failed ({type(e).__name__}: {str(e).strip()[:120]})"
+    else:
+        why = _why_unchecked(attentions, spec)
+    errors: dict[int, float] = {}
+    v_seen = False
+    if why is None:
+        batch, _, pos, _ = attentions[0].shape
+        tol = TOLERANCE.get(next(model.parameters()).dtype, 1e-5)
+        for i, c in enumerate(cands):
+            for k in _kv_counts(spec):
+                worst, seen = _worst(inputs, outputs, attentions, i, (spec.n_heads, k, spec.d_head), batch, pos)
+                v_seen = v_seen or seen
+                errors[i] = min(errors.get(i, float("inf")), worst)
+                if worst <= tol:
+                    note = (
+                        ""
+                        if k == spec.n_kv_heads
+                        else f" (V read with {k} KV heads; the config says {spec.n_kv_heads})"
+                    )
+                    return c, f"pattern×V max err {worst:.1e}{note}"
+        if not v_seen:
+            why = "V not capturable (no module inside the attention outputs a tensor shaped as V)"
+    if why is not None:
+        named = [c for c in cands if c.by_name]
+        if named or len(cands) == 1:
+            return (named or cands)[0], f"shape only: {why}"
+        raise ModelIncompatibleError(
+            f"{spec.name!r} ({spec.family}): {len(cands)} modules take heads × d_head to d_model "
+            f"({', '.join(c.pattern for c in cands)}) and none can be checked ({why}); use --backend bridge"
+        )
+    tried = ", ".join(f"{c.pattern} (err {errors.get(i, float('inf')):.1e})" for i, c in enumerate(cands))
+    raise ModelIncompatibleError(
+        f"{spec.name!r} ({spec.family}): no attention output projection's input is pattern × V on a probe input "
+        f"(tried {tried}); use --backend bridge"
+    )
