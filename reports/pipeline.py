@@ -88,6 +88,8 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     )
     config = config.resolved(roles=rcfg, pruning=pcfg, causal=ccfg)
     opened = open_model(model, config, progress=progress)
+    for r in getattr(opened.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
+        notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
     timer = memory.report_timer(progress, budget, config.role_groups, rcfg, config.role_inputs, notice)
     run = run_analyses(opened.model, config, progress=progress, roles_progress=timer)
     meta = {

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import warnings
 
 import torch
@@ -215,8 +214,8 @@ def _first_line(e: Exception) -> str:
 
 def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool) -> Backend:
     """Try :data:`AUTO_ORDER` and keep the first backend that loads and passes its probe
-    (:func:`_attempt`); print each one rejected, with its reason, to stderr and keep them on the
-    model (``model.backend_rejected``, for run.json). An hf model whose head hooks cannot be
+    (:func:`_attempt`); keep each one rejected, with its reason, on the model
+    (``model.backend_rejected``: run.json records them, the CLI prints them). An hf model whose head hooks cannot be
     reached is freed and taken back only where the bridge fails too (a command that needs the
     hooks then says so). Where none loads, the first load error is raised (one line, as an explicit
     backend's; the rejections are its notes)."""
@@ -245,8 +244,6 @@ def _load_auto(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool)
             errors[0].add_note(f"backend auto: rejected {r['backend']} ({r['reason']})")
         raise errors[0]
     rejected = [r for r in rejected if r["backend"] != model.backend]
-    for r in rejected:
-        print(f"backend auto: rejected {r['backend']} ({r['reason']})", file=sys.stderr)
     if model.backend == "inhouse":
         why = choose_backend(source)[1]
     else:

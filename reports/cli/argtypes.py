@@ -58,6 +58,7 @@ __all__ = [
     "layer_list",
     "listed",
     "load_from_args",
+    "print_rejected",
     "positive_int",
     "resolve_device",
     "seed",
@@ -137,7 +138,7 @@ def load_from_args(args, device):
     on ``device`` (or spread by ``args.device_map`` where the command has it)."""
     from headscope.probes.models.loading import load_model
 
-    return load_model(
+    model = load_model(
         args.model,
         args.backend,
         dtype=args.dtype,
@@ -145,6 +146,18 @@ def load_from_args(args, device):
         device_map=getattr(args, "device_map", None),
         trust_remote_code=args.trust_remote_code,
     )
+    if not (getattr(args, "quiet", False) or getattr(args, "json", False)):
+        print_rejected(model)
+    return model
+
+
+def print_rejected(model) -> None:
+    """Each backend ``--backend auto`` rejected, with its reason (``model.backend_rejected``), one
+    line each on stderr (the library prints nothing; run.json records them)."""
+    import sys
+
+    for r in getattr(model, "backend_rejected", ()):
+        print(f"backend auto: rejected {r['backend']} ({r['reason']})", file=sys.stderr)
 
 
 def resolve_device(text) -> torch.device:
