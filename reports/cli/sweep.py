@@ -5,8 +5,9 @@ For each family (default: every model type of the installed transformers; ``--fa
 class and card, capture (patterns against HF eager's), roles, quick prune and report run on it on
 the default backend (:mod:`headscope.analyses.sweep.run`). ``--out DIR`` (default ``runs/sweep``)
 gets ``sweep.csv`` (family, backend chosen, each stage ``ok`` or why not, transformers' version)
-and ``sweep.md``, the table the README's family table is rendered from; one line per family on
-stderr as it finishes (``--quiet``: none).
+and ``sweep.md``, the table the README's family table is rendered from (``--readme README.md`` writes
+it there too); ``--update`` replaces only the swept families' rows of an earlier ``sweep.csv`` (a sweep
+run in parts). One line per family on stderr as it finishes (``--quiet``: none).
 """
 
 from __future__ import annotations
@@ -28,6 +29,17 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--out", type=out_argument, default="runs/sweep", metavar="DIR", help="folder for sweep.csv and sweep.md"
+    )
+    p.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the other families' rows of DIR/sweep.csv and replace only the swept ones (a sweep run in parts)",
+    )
+    p.add_argument(
+        "--readme",
+        metavar="FILE",
+        default=None,
+        help="also write the table between the sweep-table markers of FILE (make sweep: README.md)",
     )
     p.add_argument("--quiet", action="store_true", help="no line per family")
     p.set_defaults(func=run)
@@ -72,8 +84,8 @@ def _target(out: Path, name: str) -> Path:
 
 
 def run(args) -> int:
-    from headscope.analyses.sweep.run import sweep, write_sweep
-    from headscope.analyses.sweep.table import counts, render
+    from headscope.analyses.sweep.run import read_sweep, sweep, write_sweep
+    from headscope.analyses.sweep.table import counts, readme_block, render, update_readme
 
     families = families_of(args)
     out = Path(args.out)
@@ -83,7 +95,17 @@ def run(args) -> int:
     if not args.quiet:
         print(f"sweep: {len(families)} model types", file=sys.stderr)
 
-    def progress(row, seconds):
+    kept = (
+        [r for r in read_sweep(csv_path) if r["family"] not in set(families)]
+        if args.update and csv_path.exists()
+        else []
+    )
+
+    done: list[dict] = []
+
+    def progress(row, seconds):  # the CSV so far after each family: a sweep stopped midway keeps what it did
+        done.append(row)
+        write_sweep(sorted(kept + done, key=lambda r: r["family"]), csv_path)
         if args.quiet:
             return
         stages = " ".join(
@@ -92,8 +114,12 @@ def run(args) -> int:
         what = stages if row["built"] == "ok" else row["built"][:100]
         print(f"{row['family']:<28} {row['backend'] or '-':<8} {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 
-    rows = sweep(families, progress=progress)
+    if args.readme is not None:
+        readme_block(Path(args.readme).read_text(encoding="utf-8"))  # its markers, checked before the sweep runs
+    rows = sorted(kept + sweep(families, progress=progress), key=lambda r: r["family"])
     write_sweep(rows, csv_path)
+    if args.readme is not None:
+        update_readme(Path(args.readme), rows)
     tmp = md_path.with_name(md_path.name + ".tmp")
     tmp.write_text(render(rows), encoding="utf-8")
     tmp.replace(md_path)
