@@ -52,6 +52,8 @@ UNITS = ("head", "kv_group")
 ABLATIONS = ("zero", "mean", "mean_position", "resample")
 #: how attribution patching takes ∂m/∂z (:mod:`~headscope.analyses.patching.attribution`)
 GRADIENTS = ("total", "bypass_heads")
+#: AtP*'s corrections to attribution patching (:mod:`~headscope.analyses.patching.atp_star`)
+ATP_FIXES = ("none", "qk", "graddrop", "both")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +68,9 @@ class PatchConfig:
     patching per (unit, position) (module docstring); ``ablations``: the kinds of
     :func:`~headscope.analyses.patching.ablation.ablation_patching` (:data:`ABLATIONS`);
     ``gradient``: attribution patching's ``"total"`` derivative (every later path) or
-    ``"bypass_heads"`` (later heads cut; :mod:`~headscope.analyses.patching.attribution`)."""
+    ``"bypass_heads"`` (later heads cut; :mod:`~headscope.analyses.patching.attribution`);
+    ``atp_fix``: AtP*'s corrections to the total-gradient estimate, ``"qk"``, ``"graddrop"``
+    or ``"both"`` (:data:`ATP_FIXES`, :mod:`~headscope.analyses.patching.atp_star`)."""
 
     directions: tuple[str, ...] = ("denoising", "noising")
     unit: str = "head"
@@ -79,6 +83,7 @@ class PatchConfig:
     per_position: bool = False
     ablations: tuple[str, ...] = ("zero", "mean", "resample")
     gradient: str = "total"
+    atp_fix: str = "none"
 
     def __post_init__(self):
         bad = [d for d in self.directions if d not in DIRECTIONS]
@@ -95,6 +100,13 @@ class PatchConfig:
             raise ValueError(f"ablations must be a non-empty subset of {ABLATIONS}; got {self.ablations}")
         if self.gradient not in GRADIENTS:
             raise ValueError(f"gradient must be one of {GRADIENTS}; got {self.gradient!r}")
+        if self.atp_fix not in ATP_FIXES:
+            raise ValueError(f"atp_fix must be one of {ATP_FIXES}; got {self.atp_fix!r}")
+        if self.atp_fix != "none" and (self.gradient != "total" or self.per_position):
+            raise ValueError(
+                f"atp_fix {self.atp_fix!r} corrects the total-gradient estimate of whole-sequence units; "
+                f"got gradient {self.gradient!r}, per_position {self.per_position}"
+            )
 
 
 def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:

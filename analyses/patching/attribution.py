@@ -67,6 +67,9 @@ def z_gradients(
 
 def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tuple[pd.DataFrame, RunMetrics]:
     """Attribution patching in ``cfg.directions`` -> (:data:`PATCH_COLUMNS` frame, metrics of the runs)."""
+    from headscope.analyses.patching.atp_star import ATP_LABELS, atp_star_estimates, check_atp_model
+
+    check_atp_model(model, cfg.atp_fix)
     units = patch_units(model.spec, cfg.unit)
     metric = metric_fn(task.metric)
     n = len(task.items)
@@ -78,16 +81,24 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
             at, z_at, z_other = (
                 (b.corrupted, b.z_corrupted, b.z_clean) if d == "denoising" else (b.clean, b.z_clean, b.z_corrupted)
             )
-            _, grads = z_gradients(model, at, metric, b.answer, b.wrong, cfg.gradient)
-            dims = 3 if per_pos else (2, 3)  # -> [batch, head, pos] or [batch, head]
-            per_head = {l: ((z_other[l] - z_at[l]) * grads[l]).float().sum(dims).cpu() for l in grads}
-            est = torch.stack([sum(per_head[l][:, h] for l, h in heads) for heads in units], 1)  # [batch, unit(, pos)]
-            est = est if d == "denoising" else -est
+            if cfg.atp_fix != "none":
+                dz = {l: z_other[l] - z_at[l] for l in z_at}
+                est = atp_star_estimates(model, at, dz, metric, b.answer, b.wrong, units, cfg.atp_fix, cfg.max_rows)
+            else:
+                _, grads = z_gradients(model, at, metric, b.answer, b.wrong, cfg.gradient)
+                dims = 3 if per_pos else (2, 3)  # -> [batch, head, pos] or [batch, head]
+                per_head = {l: ((z_other[l] - z_at[l]) * grads[l]).float().sum(dims).cpu() for l in grads}
+                est = torch.stack(
+                    [sum(per_head[l][:, h] for l, h in heads) for heads in units], 1
+                )  # [batch, unit(, pos)]
+            magnitude = cfg.atp_fix in ("graddrop", "both")  # GradDrop's figures are |estimates|: no sign to flip
+            est = est if d == "denoising" or magnitude else -est
             if per_pos:
                 store_positions(delta[d], est, b.rows, n)
             else:
                 delta[d][b.rows] = est
     label = "attribution" if cfg.gradient == "total" else f"attribution_{cfg.gradient}"
+    label = ATP_LABELS.get(cfg.atp_fix, label)
     if per_pos:
         return position_frames(delta, float(run.gap.mean()), units, cfg, label), run
     return direction_frames(delta, run, units, cfg, label), run

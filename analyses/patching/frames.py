@@ -84,10 +84,15 @@ def definition(method: str, receiver_reads: str | None = None) -> str:
         return f"the {target} run with the unit's z replaced by the {source} run's"
     if kind.startswith("attribution"):
         through = "with later heads cut" if kind == "attribution_bypass_heads" else "through every later path"
-        return (
+        text = (
             f"first-order estimate of activation_{direction}: (z_{source} − z_{target}) · ∂m/∂z at the {target} "
             f"run, ∂m/∂z {through}"
         )
+        if "qk_fix" in kind:
+            text += "; AtP* QK-fix: later layers' attention patterns changed exactly by the unit's write W_O Δz"
+        if "graddrop" in kind:
+            text += "; AtP* GradDrop: mean over the other layers of |estimate| with that layer's gradient dropped"
+        return text
     if kind.startswith("path_"):
         via = kind.removeprefix("path_")
         whose = "its KV group's read" if receiver_reads == "kv_group" else "the receiver's own read"

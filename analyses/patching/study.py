@@ -138,6 +138,9 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
     if "activation" in cfg.methods and "attribution" in cfg.methods:
         for d in cfg.patch.directions:
             a = frame[frame["method"] == f"activation_{d}"]
-            b = frame[frame["method"] == f"attribution_{d}"]
+            m = frame["method"].astype(str)
+            b = frame[m.str.startswith("attribution") & m.str.endswith(f"_{d}")]
+            if cfg.patch.atp_fix in ("graddrop", "both"):  # GradDrop estimates magnitudes: compared with |effect|
+                a = a.assign(effect=a["effect"].abs())
             summary["agreement"][d] = agreement(a, b, k=cfg.top_k)
     return PatchResult(frame=frame, summary=summary)

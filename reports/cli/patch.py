@@ -64,6 +64,15 @@ def _add_method_args(p) -> None:
     )
     p.add_argument("--unit", choices=["head", "kv_group"], default="head", help="kv_group: patch a GQA group together")
     p.add_argument(
+        "--atp-fix",
+        choices=["none", "qk", "graddrop", "both"],
+        default="none",
+        help="attribution: AtP*'s corrections (Kramár et al. 2024; in-house backend): qk recomputes later layers' "
+        "attention patterns exactly (pre-norm models), graddrop averages |estimate| over the gradient with each "
+        "other layer dropped (magnitudes, compared with |effect|), both; the method column says which was used "
+        "(attribution_qk_fix_*, attribution_graddrop_*, attribution_qk_fix_graddrop_*)",
+    )
+    p.add_argument(
         "--per-position",
         action="store_true",
         help="activation and attribution patching per head and position (counted from the end: -1 = last token)",
@@ -233,6 +242,7 @@ def run(args) -> int:
             seed=args.seed,
             per_position=args.per_position,
             ablations=tuple(dict.fromkeys(args.ablation)),
+            atp_fix=args.atp_fix,
         ),
         receiver=args.receiver,
         senders=(args.sender,) if args.sender else None,
