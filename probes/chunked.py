@@ -6,8 +6,9 @@ reduces it row by row. :class:`ChunkSource` keeps each layer's Q and K instead (
 length) and recomputes the pattern :data:`QUERY_CHUNK` query rows at a time with the model's
 own masking and scaling (:func:`~headscope.probes.models.inhouse.attention.pattern_rows`:
 causal, padding, sliding windows, soft-capping, the family's query scale), so no more than one
-layer's ``[batch, head, chunk, key_pos]`` is alive. The forward itself runs the same chunks
-(:func:`query_chunks`), so the recomputed pieces are exactly the ones it used.
+layer's ``[batch, head, chunk, key_pos]`` is alive. The forward itself runs in the same
+chunks (:func:`query_chunks`; at least ``MIN_FORWARD_CHUNK`` = 16 rows each), so the
+recomputed pieces are exactly the ones it used.
 
 Only the in-house backend hands over Q and K with the rules to turn them into patterns;
 :func:`chunk_support` says why another backend keeps stored patterns.
@@ -121,11 +122,12 @@ class ChunkSource:
         return cls(rules=rules, names=qk_quantities(model), chunk=chunk)
 
     def pieces(self, data: dict, attention_mask: torch.Tensor, layer: int) -> Iterator[PatternPiece]:
-        """Layer ``layer``'s pattern as :class:`PatternPiece` s, ``chunk`` query rows each."""
-        from headscope.probes.models.inhouse.attention import pattern_rows
+        """Layer ``layer``'s pattern as :class:`PatternPiece` s of at most ``chunk`` query rows
+        (:func:`~headscope.probes.models.inhouse.attention.query_spans`: the forward's own
+        chunks when ``chunk`` is at least its ``MIN_FORWARD_CHUNK``)."""
+        from headscope.probes.models.inhouse.attention import pattern_rows, query_spans
 
         q, k = data[self.names[0], layer], data[self.names[1], layer]
-        n, km = q.shape[2], attention_mask.bool()
-        for s in range(0, n, self.chunk):
-            e = min(s + self.chunk, n)
+        km = attention_mask.bool()
+        for s, e in query_spans(q.shape[2], self.chunk):
             yield PatternPiece(layer, s, e, pattern_rows(q, k, attention_mask, self.rules[layer], s, e), km)

@@ -228,6 +228,29 @@ def allowed_rows(
     return allowed
 
 
+def query_spans(n: int, chunk: int) -> list[tuple[int, int]]:
+    """``n`` query rows cut into ``ceil(n / chunk)`` runs of at most ``chunk`` rows, as equal as
+    they can be (no short tail: a matrix product of a few rows may round differently from one
+    of many, and the forward and the pieces recomputed after it should multiply alike).
+
+    >>> query_spans(10, 4), query_spans(3, 8)
+    ([(0, 4), (4, 7), (7, 10)], [(0, 3)])
+    """
+    k = -(-n // chunk)
+    base, extra = divmod(n, k)
+    out, s = [], 0
+    for i in range(k):
+        e = s + base + (i < extra)
+        out.append((s, e))
+        s = e
+    return out
+
+
+#: the fewest query rows per chunk of the forward (:attr:`Attention.query_chunk`): products of
+#: fewer rows can round differently from the whole, and the difference would carry into later layers
+MIN_FORWARD_CHUNK = 16
+
+
 @dataclass(frozen=True)
 class PatternRule:
     """How one layer turns its Q and K into its pattern: ``causal``, the sliding ``window``
@@ -318,13 +341,13 @@ class Attention(nn.Module):
         return PatternRule(causal=causal, window=window, scale=self.scale, softcap=self.softcap, kv_index=self.kv_index)
 
     def _chunked_z(self, q, k_full, v_full, mask) -> torch.Tensor:
-        """``pattern @ v`` a query chunk of :attr:`query_chunk` rows at a time, each chunk's
-        pattern :func:`attention_pattern`'s (the path a stored pattern takes, one chunk = all rows)."""
-        n, step = q.shape[2], self.query_chunk
+        """``pattern @ v`` at most ``max(query_chunk, MIN_FORWARD_CHUNK)`` query rows at a time
+        (:func:`query_spans`), each chunk's pattern :func:`attention_pattern`'s (the path a
+        stored pattern takes; one chunk = all rows)."""
         parts = []
-        for s in range(0, n, step):
-            m = None if mask is None else mask[:, :, s : s + step]
-            p = attention_pattern(q[:, :, s : s + step], k_full, m, scale=self.scale, softcap=self.softcap)
+        for s, e in query_spans(q.shape[2], max(self.query_chunk, MIN_FORWARD_CHUNK)):
+            m = None if mask is None else mask[:, :, s:e]
+            p = attention_pattern(q[:, :, s:e], k_full, m, scale=self.scale, softcap=self.softcap)
             parts.append(torch.matmul(p, v_full))
         return parts[0] if len(parts) == 1 else torch.cat(parts, 2)
 
