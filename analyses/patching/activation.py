@@ -141,7 +141,74 @@ def readout(model, ids: torch.Tensor, **resume) -> torch.Tensor:
         with unembed_at(model, keep):
             return model.forward(ids, mask, **resume)  # [batch, vocab]
     out = model.forward(ids, mask, **resume)
-    return out[:, -1] if model.spec.causal else out.float().mean(1)
+    return out[:, -1] if model.spec.causal else pool(out, pooling_of(model)[0])
+
+
+#: an encoder's pooling modes (sentence-transformers' ``1_Pooling/config.json`` names) -> the
+#: words the summary's ``measures`` uses; inputs have no padding, so every position is a real token
+POOLINGS = {
+    "mean": "mean-pooled",
+    "cls": "[CLS]-token",
+    "max": "max-pooled",
+    "lasttoken": "last-token",
+    "mean_sqrt_len": "sum-over-sqrt(length)-pooled",
+    "weightedmean": "position-weighted-mean-pooled",
+}
+
+
+def pooling_of(model) -> tuple[str, bool]:
+    """``(pooling mode, whether the model's sentence-transformers config recorded it)``: the
+    ``ModelSource.pooling`` the model was loaded from, else ``"mean"``.
+    ``ModelIncompatibleError`` for a mode headscope does not pool by."""
+    from headscope.probes.errors import ModelIncompatibleError
+
+    mode = getattr(getattr(model, "source", None), "pooling", None)
+    if mode is None:
+        return "mean", False
+    if mode not in POOLINGS:
+        raise ModelIncompatibleError(
+            f"the model's sentence-transformers pooling is {mode!r}; the embedding metrics pool by {', '.join(POOLINGS)}"
+        )
+    return mode, True
+
+
+def pool(hidden: torch.Tensor, mode: str = "mean") -> torch.Tensor:
+    """``hidden [batch, pos, d_model]`` pooled over positions -> ``[batch, d_model]`` float32 (as
+    sentence-transformers pools, no padding; its ``normalize`` is left out: the cosine ignores scale).
+
+    >>> h = torch.tensor([[[1.0, 0.0], [3.0, 2.0]]])
+    >>> [pool(h, m).tolist() for m in ("mean", "cls", "max", "lasttoken")]
+    [[[2.0, 1.0]], [[1.0, 0.0]], [[3.0, 2.0]], [[3.0, 2.0]]]
+    """
+    h = hidden.float()
+    if mode == "mean":
+        return h.mean(1)
+    if mode == "cls":
+        return h[:, 0]
+    if mode == "max":
+        return h.max(1).values
+    if mode == "lasttoken":
+        return h[:, -1]
+    if mode == "mean_sqrt_len":
+        return h.sum(1) / h.shape[1] ** 0.5
+    if mode == "weightedmean":
+        w = torch.arange(1, h.shape[1] + 1, dtype=h.dtype, device=h.device)[None, :, None]
+        return (h * w).sum(1) / w.sum(1)
+    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {mode!r}")
+
+
+def measures(model, metric: str) -> str:
+    """What ``metric`` measures on ``model``, in words (the summary's ``measures``): its
+    registry definition; for an embedding metric, with the pooling used and where it comes from."""
+    from headscope.analyses.metrics import get_metric
+
+    text = get_metric(metric).definition
+    if metric not in REFERENCE_METRICS:
+        return text
+    mode, recorded = pooling_of(model)
+    text = text.replace("mean-pooled", POOLINGS[mode])
+    origin = "the model's sentence-transformers pooling" if recorded else "no sentence-transformers pooling recorded"
+    return f"{text}; pooling: {mode} ({origin}; special tokens such as [CLS] and [SEP] count as positions)"
 
 
 last_logits = readout  # the name the first version used

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from headscope.analyses.metrics import get_metric
 from headscope.analyses.patching.ablation import ablation_patching
-from headscope.analyses.patching.activation import PatchConfig, activation_patching
+from headscope.analyses.patching.activation import PatchConfig, activation_patching, measures
 from headscope.analyses.patching.attribution import attribution_patching
 from headscope.analyses.patching.frames import agreement, top_heads
 from headscope.analyses.patching.items import Task
@@ -120,7 +119,7 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
     frame["method"] = frame["method"].astype("category")
     summary = {
         "task": task.summary(),
-        "measures": get_metric(task.metric).definition,
+        "measures": measures(model, task.metric),
         "metric_clean": float(run.clean.mean()),
         "metric_corrupted": float(run.corrupted.mean()),
         "gap": float(run.gap.mean()),

@@ -131,7 +131,26 @@ def _task_paragraph(task: str, s: dict) -> str:
     )
     if not gap > 1e-6:
         text += " The task does not separate clean from corrupted on this model, so its effects say nothing."
+    if t.get("metric") == "embedding_cosine":
+        text += (
+            f" On this encoder the task is measured by embedding_cosine: how far the pooled embedding moves when the "
+            f"input changes, not whether the model gets the {task} right (an encoder has no LM head)."
+        )
+    if str(t.get("source", "")).startswith("generated"):  # how a generated task's items start (its BOS convention)
+        text += f" Items: {t['source']}."
+    if task == "induction":
+        text += " " + ATTENTION_VS_EFFECT
     return text
+
+
+#: why an induction head by attention score need not be one by patching effect (the report's induction paragraph)
+ATTENTION_VS_EFFECT = (
+    "Attention score and causal effect answer different questions: the score (the roles' induction score, as "
+    "transformer-lens' detect_head) is the share of a head's attention on the token after an earlier copy of the "
+    "query token; the effect is the share of the answer's log-probability its output restores. A head can attend "
+    "like an induction head while later layers barely read what it writes (or others write the same), and a head "
+    "that carries the effect may attend elsewhere, reading what an induction head wrote, so the two top lists differ."
+)
 
 
 def causal_sections(

@@ -47,3 +47,25 @@ def test_smollm2s_bos_token_is_not_what_its_tokenizer_adds(tokenizers):
     """Why the convention is read off an encoded text and not off ``bos_token_id``."""
     tok = tokenizers["smollm2-135m"]
     assert tok.bos_token == "<|im_start|>" and tok.bos_token_id not in tok("the cat sat")["input_ids"]
+
+
+def test_the_report_says_the_convention_and_what_an_encoder_task_measures(tokenizers):
+    """The report's task paragraph: a generated task's source (its BOS convention), the attention
+    score vs causal effect explanation beside induction, and on an encoder that ``agreement`` is
+    measured by embedding_cosine, not by whether the verb agrees."""
+    from headscope.reports.sections.causal import ATTENTION_VS_EFFECT, _task_paragraph
+
+    task = induction_task(tokenizers["smollm2-135m"], n_items=3, seq_len=8, seed=0)
+    s = {
+        "task": task.summary(),
+        "measures": "log p(answer)",
+        "gap": 1.0,
+        "metric_clean": -1.0,
+        "metric_corrupted": -2.0,
+    }
+    text = _task_paragraph("induction", s)
+    assert "no BOS: the tokenizer adds none to a text" in text and ATTENTION_VS_EFFECT in text
+    enc = {"task": {"metric": "embedding_cosine", "n_items": 4, "source": "/x/agreement.jsonl"}, "gap": 0.1}
+    text = _task_paragraph("agreement", {**enc, "measures": "cosine ...", "metric_clean": 1.0, "metric_corrupted": 0.9})
+    assert "measured by embedding_cosine: how far the pooled embedding moves" in text and "/x/" not in text
+    assert ATTENTION_VS_EFFECT not in text
