@@ -1,6 +1,6 @@
 """Attention variants on the hf backend (#25 part 4), each on a tiny random model built from
 transformers' own config class and loaded with the default backend: relative position bias
-(MPNet), disentangled attention (DeBERTa-v2), ALiBi (BLOOM, Falcon with ``alibi``), partial
+(MPNet; T5, an encoder–decoder checkpoint whose encoder is analysed), disentangled attention (DeBERTa-v2), ALiBi (BLOOM, Falcon with ``alibi``), partial
 rotary (GPT-NeoX ``rotary_pct``, Phi ``partial_rotary_factor``), parallel attention + MLP (GPT-J,
 Falcon ``parallel_attn``).
 
@@ -10,6 +10,8 @@ value projection (or its slice of the fused QKV); and zeroing a head through the
 zeroing that head's columns of the output projection's weight in the independent model."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -39,6 +41,13 @@ VARIANTS = {
         {},
         ("encoder.layer.{layer}.attention.attn.v", lambda t: _split_heads(t, H)),
         "encoder.layer.{layer}.attention.attn.o",
+    ),
+    "t5": (  # an encoder–decoder checkpoint: its encoder's self-attention (relative bias) is analysed
+        "t5",
+        True,
+        dict(d_model=64, num_layers=2, num_decoder_layers=2, num_heads=4, d_kv=16, d_ff=128),
+        ("encoder.block.{layer}.layer.0.SelfAttention.v", lambda t: _split_heads(t, H)),
+        "encoder.block.{layer}.layer.0.SelfAttention.o",
     ),
     "deberta-v2": (
         "deberta-v2",
@@ -100,19 +109,21 @@ VARIANTS = {
 
 def variant_dir(root, case):
     """A tiny random model of ``case`` saved with a small tokenizer under ``root``; returns the folder."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     model_type, encoder, options, _, _ = VARIANTS[case]
     out = root / case.replace(":", "_")
     if (out / "config.json").exists():
         return out
     tok = tokenizer(encoder)
-    kw = dict(SIZES, vocab_size=len(tok), max_position_embeddings=128, pad_token_id=tok.pad_token_id, **options)
+    sizes = {} if model_type == "t5" else dict(SIZES, max_position_embeddings=128)
+    kw = dict(sizes, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **options)
     if not encoder:
         kw.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     cfg = AutoConfig.for_model(model_type, **kw)
     torch.manual_seed(0)
-    model = (AutoModel if encoder else AutoModelForCausalLM).from_config(cfg, attn_implementation="eager")
+    klass = AutoModelForSeq2SeqLM if model_type == "t5" else AutoModel if encoder else AutoModelForCausalLM
+    model = klass.from_config(cfg, attn_implementation="eager")
     with torch.no_grad():  # weights large enough for peaked patterns
         for p in model.parameters():
             if p.dim() > 1:
@@ -128,10 +139,11 @@ def variants_root(tmp_path_factory):
 
 
 def _eager(folder, encoder):
-    """The independent reference: HF eager straight from the folder."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    """The independent reference: HF eager straight from the folder (T5: ``T5EncoderModel``)."""
+    from transformers import AutoModel, AutoModelForCausalLM, T5EncoderModel
 
-    klass = AutoModel if encoder else AutoModelForCausalLM
+    t5 = json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"] == "t5"
+    klass = T5EncoderModel if t5 else AutoModel if encoder else AutoModelForCausalLM
     return klass.from_pretrained(str(folder), attn_implementation="eager").eval()
 
 
@@ -185,7 +197,7 @@ def test_patterns_and_head_hooks_equal_hf_eager(case, variants_root):
 
 
 #: the done-when's tiny models: ALiBi, relative bias, disentangled, partial rotary
-REPORTED = ("bloom", "mpnet", "deberta-v2", "gpt_neox:partial_rotary")
+REPORTED = ("bloom", "mpnet", "t5", "deberta-v2", "gpt_neox:partial_rotary")
 
 
 @pytest.mark.parametrize("case", REPORTED)
@@ -194,8 +206,6 @@ def test_report_runs_on_the_default_backend(case, variants_root, tmp_path):
     the report takes, as tests/reports/test_families_report.py runs it): roles for every head,
     pruning curves, run.json naming hf and the head modules found; the patterns of the model it
     loads equal HF eager's ≤ 1e-5."""
-    import json
-
     import pandas as pd
 
     from headscope.analyses.pruning.study import PruneConfig
@@ -236,8 +246,6 @@ def test_report_runs_on_the_default_backend(case, variants_root, tmp_path):
 @pytest.mark.parametrize("case", ["deberta-v2"])  # one (about 20 s); the four run in-process above
 def test_report_cli_with_default_flags(case, variants_root, tmp_path):
     """``headscope report DIR`` exactly as a user types it (default flags: auto, quick, patching on)."""
-    import json
-
     from headscope.reports.cli.app import main
 
     out = tmp_path / "report"
@@ -245,3 +253,26 @@ def test_report_cli_with_default_flags(case, variants_root, tmp_path):
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
     assert run["backend"] == "hf" and run["absent"] == {} and run["config"]["pruning"]["quick"] is True
     assert run["head_modules"]["check"].startswith("pattern×V max err ")
+
+
+def test_an_encoder_saved_alone_loads_as_one_and_other_encoder_decoders_are_refused_in_one_line(
+    variants_root, tmp_path
+):
+    """A T5 encoder saved alone (``T5EncoderModel``: its config says ``is_encoder_decoder`` false) loads
+    the same encoder; an encoder–decoder with no encoder-only class is refused saying what hf analyses."""
+    from transformers import T5EncoderModel
+
+    from headscope.probes.errors import ModelIncompatibleError
+    from headscope.probes.models.backends.hf import _encoder_only
+
+    folder = variant_dir(variants_root, "t5")
+    alone = tmp_path / "t5_encoder"
+    T5EncoderModel.from_pretrained(str(folder)).save_pretrained(alone)
+    tokenizer(True).save_pretrained(alone)
+    full, enc = load_model(str(folder)), load_model(str(alone))
+    assert enc.backend == "hf" and enc.spec.causal is False and enc.head_modules == full.head_modules
+    batch = full.encode(TEXTS)
+    a, b = full.run(batch, ("pattern", "z")), enc.run(batch, ("pattern", "z"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ModelIncompatibleError, match=r"'bart' is an encoder–decoder model with no encoder-only class"):
+        _encoder_only({"model_type": "bart", "is_encoder_decoder": True}, "bart/config.json")

@@ -4,6 +4,7 @@ checked against and the baseline of ``headscope bench``, with the checks its loa
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 
 import torch
@@ -111,7 +112,10 @@ class HFReference(ResumableForward, BackendCommon):
             if f.suffix == ".safetensors":
                 check_safetensors(f)
         where = files[0] if len(files) == 1 else directory
-        if arch.encoder:
+        encoder_only = _encoder_only(hf_cfg, directory / "config.json")
+        if encoder_only:
+            from transformers import AutoModelForTextEncoding as klass
+        elif arch.encoder:
             klass = AutoModelForMaskedLM if for_bridge else AutoModel
         else:
             klass = AutoModelForCausalLM
@@ -140,6 +144,8 @@ class HFReference(ResumableForward, BackendCommon):
         _check_positions_built(model, directory / "config.json")
         _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
         spec = spec_from_arch(arch, source.name, "hf")
+        if encoder_only:  # the encoder's self-attention heads, bidirectional; the decoder is not loaded
+            spec = dataclasses.replace(spec, causal=False)
         return cls(model, tokenizer, spec, vocab_size=model.config.vocab_size, trust_remote_code=trust_remote_code)
 
     @property
@@ -275,6 +281,28 @@ class HFReference(ResumableForward, BackendCommon):
         """Whether a device map spreads the model over several devices."""
         device_map = getattr(self.hf, "hf_device_map", None) or {}
         return len({str(d) for d in device_map.values()}) > 1
+
+
+def _encoder_only(hf_cfg: dict, config_path) -> bool:
+    """Whether an encoder–decoder checkpoint (``is_encoder_decoder``: T5 and its kin), or its encoder
+    saved alone (``architectures``: ``T5EncoderModel``), is loaded as its encoder alone (transformers'
+    text-encoding class, ``T5EncoderModel``): its self-attention heads are the ones analysed; the
+    decoder (its self- and cross-attention) is not loaded. ``ModelIncompatibleError`` for an
+    encoder–decoder transformers has no such class for."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES as ENCODERS
+
+    mtype = hf_cfg.get("model_type")
+    saved = hf_cfg.get("architectures") or ()
+    if mtype in ENCODERS and ENCODERS[mtype].endswith("EncoderModel") and ENCODERS[mtype] in saved:
+        return True  # saved as the encoder alone (T5EncoderModel: its config says is_encoder_decoder false)
+    if not hf_cfg.get("is_encoder_decoder"):
+        return False
+    if mtype not in ENCODERS:
+        raise ModelIncompatibleError(
+            f"{config_path}: {mtype!r} is an encoder–decoder model with no encoder-only class in transformers; the hf "
+            "backend analyses an encoder–decoder's encoder self-attention only (T5, mT5, UMT5); use --backend bridge"
+        )
+    return True
 
 
 _IGNORED_SUFFIXES = ("position_ids", "rotary_emb.inv_freq", "attn.masked_bias", "attn.bias")
