@@ -30,11 +30,13 @@ bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
 
 # The README's figures, regenerated: patching on SmolLM2 (~15 min on 2 cores) into data/figures/patching.json,
+# attribution and AtP* vs activation patching on every task of MiniLM-L6 and SmolLM2 (~1 h) into atp.json,
 # the default report's on MiniLM-L6 and SmolLM2 (a report of each; FIGURES_FLAGS="--from DIR" reads finished
 # DIR/<model>-report folders instead) into data/figures/report_*.json; tests/test_readme_figures.py fails while
 # the README quotes other values
 figures: bootstrap
 	$(PY) -m headscope.analyses.experiments.patching_figures
+	$(PY) -m headscope.analyses.experiments.atp_figures
 	$(PY) -m headscope.analyses.experiments.report_figures $(FIGURES_FLAGS)
 
 # Every stage on a tiny random model of each text family of the installed transformers (one core, ~15 s
