@@ -70,6 +70,14 @@ def register(sub) -> None:
         help="what --memory runs: roles (every text role with verdicts, default), noop (capture only), "
         "or mass (per-head first-token mass and entropy)",
     )
+    p.add_argument(
+        "--long-context",
+        action="store_true",
+        help="instead of the paths: peak memory and time of the text roles' pattern statistics on one long "
+        "text, in query chunks vs stored patterns, at --long-lengths tokens, each run in its own process "
+        "(issue #27's targets are for smollm2-135m)",
+    )
+    p.add_argument("--long-lengths", default="512,1024,2048,4096", help="token counts for --long-context")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -184,6 +192,15 @@ def run(args) -> int:
 
     args.device = str(resolve_device(args.device))  # auto -> cuda or cpu, checked before any model loads
     check_device(args.device, "--device")
+    if args.long_context:
+        from headscope.analyses.bench import long_context as lc
+
+        lengths = lc.parse_lengths(args.long_lengths)
+        frame = lc.long_context_scaling(args.model, lengths, seed=args.seed, device=args.device)
+        summary = lc.long_context_summary(frame)
+        out = {"runs": json.loads(frame.to_json(orient="records")), "targets": summary}
+        print(json.dumps(out, indent=2) if args.json else lc.render_long(frame, summary))
+        return 0
     if args.memory:
         frame, ratio = memory_scaling(
             args.model,
