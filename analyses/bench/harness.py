@@ -202,4 +202,4 @@ def run_bench(cfg: BenchConfig = BenchConfig(), progress: Progress | None = None
         "bf16_note": bf16_why,
     }
     info = {**_info(cfg, bench, machine, times), "wall_seconds": time.perf_counter() - t_start}
-    return BenchResult(frame=frame, targets=targets_frame(frame, rounds=times), info=info)
+    return BenchResult(frame=frame, targets=targets_frame(frame, rounds=times, model=cfg.model), info=info)

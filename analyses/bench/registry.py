@@ -48,6 +48,10 @@ path                            what runs
 ``patch_one_forward_per_head``  the naive way: the clean and corrupted runs, then one full
                                 forward of the batch per head with that head patched (measured,
                                 not estimated: ``n_heads`` forwards)
+``weights_heads``               per-head circuits from the weights alone (OV copying, OV/QK norms,
+                                QK positional share, Gaussian baselines), read lazily
+``weights_composition``         Q/K/V composition of every pair of heads with the Gaussian nulls
+``weights_all``                 both: everything ``headscope weights`` computes
 ==============================  ==============================================================
 
 >>> list(PATHS)[:2], PATHS["hf_sdpa"].description
@@ -62,6 +66,7 @@ from typing import NamedTuple
 from headscope.analyses.bench import capture_paths as cap
 from headscope.analyses.bench import patching_paths as patch
 from headscope.analyses.bench import pruning_paths as prune
+from headscope.analyses.bench import weights_paths as wts
 from headscope.analyses.bench.state import BenchState, Prepared
 
 __all__ = ["PATHS", "BenchPath", "unknown_path"]
@@ -118,6 +123,9 @@ PATHS: dict[str, BenchPath] = {
     "patch_one_forward_per_head": BenchPath(
         "activation patching, one full forward per head (naive)", patch.patch_one_forward_per_head
     ),
+    "weights_heads": BenchPath("per-head circuits from the weights (copying, norms, baselines)", wts.weights_heads),
+    "weights_composition": BenchPath("composition of every pair of heads from the weights", wts.weights_composition),
+    "weights_all": BenchPath("every weights-only analysis (headscope weights)", wts.weights_all),
 }
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from headscope.analyses.bench.targets import RATIO_TARGETS
+from headscope.analyses.bench.targets import RATIO_TARGETS, SECONDS_TARGETS
 
 __all__ = ["BENCH_COLUMNS", "REFERENCE", "TARGET_COLUMNS", "BenchResult", "path_frame", "targets_frame"]
 
@@ -73,13 +73,17 @@ def path_frame(rows: list[dict], *, peak32: float, peak16: float | None, dtype: 
     return frame[BENCH_COLUMNS]
 
 
-def targets_frame(frame: pd.DataFrame, rounds: dict[str, list[float]] | None = None) -> pd.DataFrame:
+def targets_frame(
+    frame: pd.DataFrame, rounds: dict[str, list[float]] | None = None, model: str | None = None
+) -> pd.DataFrame:
     """Each target of :data:`~headscope.analyses.bench.targets.RATIO_TARGETS` against the
     frame (:data:`TARGET_COLUMNS`). With ``rounds`` (seconds per interleaved round), a ratio
     is the median over rounds of the two paths' times in the same round: both ran minutes
     apart at most, so a machine that speeds up or slows down between rounds moves both
     alike, where the ratio of two fastest rounds may pair one path's lucky round with the
-    other's ordinary one. The note gives the ratio of fastest rounds too."""
+    other's ordinary one. The note gives the ratio of fastest rounds too. Each target of
+    :data:`~headscope.analyses.bench.targets.SECONDS_TARGETS` whose path the bench ran follows:
+    its path's fastest round, where the bench ran on the target's ``model``."""
     s = {r.path: r.seconds for r in frame.itertuples() if r.status == "ok"}
     rows = []
     for t in RATIO_TARGETS:
@@ -102,4 +106,15 @@ def targets_frame(frame: pd.DataFrame, rounds: dict[str, list[float]] | None = N
                     "note": f"not measured ({', '.join(missing)})",
                 }
             )
+    for t in SECONDS_TARGETS:
+        if t.path not in set(frame["path"]):
+            continue  # a bench whose --paths leave the path out
+        row = {"target": t.name, "value": float("nan"), "threshold": t.threshold, "met": None, "note": t.note}
+        if model != t.model:
+            row["note"] = f"not measured (the target is on {t.model}; this bench ran {model})"
+        elif t.path not in s:
+            row["note"] = f"not measured ({t.path} did not run)"
+        else:
+            row.update(value=s[t.path], met=t.met(s[t.path]))
+        rows.append(row)
     return pd.DataFrame(rows, columns=TARGET_COLUMNS)

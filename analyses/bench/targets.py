@@ -3,12 +3,16 @@
 A :class:`RatioTarget` is met when the time of path ``numerator`` over the time of path
 ``denominator`` is ``<= threshold`` (``higher_is_good=False``: a cost) or ``>= threshold``
 (``higher_is_good=True``: a speed-up). :data:`MEMORY` is the target of ``--memory``: the
-peak RSS of the largest corpus over the smallest's. Targets are reported, never enforced.
+peak RSS of the largest corpus over the smallest's. A :class:`SecondsTarget` is met when a
+path's time on its model is at most ``threshold`` seconds (reported as not measured on another
+model). Targets are reported, never enforced.
 
 >>> [t.name for t in RATIO_TARGETS][:2]
 ['capture / plain forward <= 1.1', 'run_with_cache / capture >= 2']
 >>> MEMORY.met(1.05), MEMORY.met(1.2)
 (True, False)
+>>> SECONDS_TARGETS[0].path, SECONDS_TARGETS[0].met(59.0)
+('weights_all', True)
 """
 
 from __future__ import annotations
@@ -29,6 +33,20 @@ class RatioTarget:
 
     def met(self, value: float) -> bool:
         return bool(value >= self.threshold if self.higher_is_good else value <= self.threshold)
+
+
+@dataclass(frozen=True)
+class SecondsTarget:
+    """The fastest round of path ``path`` on model ``model`` at most ``threshold`` seconds."""
+
+    name: str
+    path: str
+    model: str
+    threshold: float
+    note: str
+
+    def met(self, value: float) -> bool:
+        return bool(value <= self.threshold)
 
 
 @dataclass(frozen=True)
@@ -97,5 +115,18 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         "time ratio; every head, the same batch, both with the clean/corrupted runs and statistics",
     ),
 )
+
+SECONDS_TARGETS: tuple[SecondsTarget, ...] = (
+    SecondsTarget(
+        "weights-only analyses on SmolLM2 < 60 s",
+        "weights_all",
+        "smollm2-135m",
+        60.0,
+        "seconds on 2 cores; headscope weights' defaults (200 draws per head, 1000 per null)",
+    ),
+)
+#: peak RSS of the per-head stage on a random checkpoint of Llama-3.1-8B's shapes (bf16 shards, 16 GB on
+#: disk), MB: ``analyses.bench.weights_paths.large_checkpoint_case``, run only when asked
+LARGE_CHECKPOINT_RSS_MB = 4000.0
 
 MEMORY = MemoryTarget("peak RSS 10x corpus <= 1.10", 1.10, "streaming memory")

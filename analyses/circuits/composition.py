@@ -16,14 +16,22 @@ through the shared input alone: ``R_g = W_K[g]`` (K) or ``W_V[g]`` (V), the same
 query head of the group (``receiver_head`` is empty there). Q has head rows only.
 
 Products are never formed at ``d_model × d_model``: with ``W_V = Q R`` (reduced QR),
-``‖W_V W_O X Y^T‖ = ‖(R W_O) (X R_Y^T)‖`` where ``Y = Q_Y R_Y``.
+``‖W_V W_O X Y^T‖ = ‖(R W_O) X R_Y^T‖`` where ``Y = Q_Y R_Y``; the sender factor ``P_A = R W_O
+[d_head, d_model]`` meets each KV group's shared ``W_K[g]``/``W_V[g]`` once (``P_A W_K[g]`` serves
+the group's K rows and every K head row of the group), so a pair costs about ``d_head² d_model``.
+
+Memory: the sender factors of the layers read so far are held (each the size of the layer's
+``W_O``), the receivers are read one layer at a time. With ``max_held_bytes`` the senders are
+held a block of layers at a time, and every later layer is read again per block: memory stays
+bounded on any model, at the price of re-reading.
 
 Baseline: the score is invariant to each matrix's scale, so one null distribution per
 ``(mode, level)`` serves every pair: ``n_null`` draws of Gaussian ``W_V, W_O, X, Y`` of the
-model's shapes. ``p_value`` is one-sided (upper), BH-adjusted over all pairs of a
-``(mode, level)``; ``verdict`` ``above baseline`` where the adjusted p is ≤ ``alpha``. The
-Gaussian null ignores the real weights' anisotropy (a trained model's matrices share
-directions, so many pairs beat it); rank pairs by ``value`` or ``margin`` too.
+model's shapes (drawn a block of draws at a time; the numbers are those of one call). ``p_value``
+is one-sided (upper), BH-adjusted over all pairs of a ``(mode, level)``; ``verdict`` ``above
+baseline`` where the adjusted p is ≤ ``alpha``. The Gaussian null ignores the real weights'
+anisotropy (a trained model's matrices share directions, so many pairs beat it); rank pairs by
+``value`` or ``margin`` too.
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ from headscope.analyses.circuits.frames import ABOVE, COMPOSITION_COLUMNS, NOT_A
 
 #: (mode, level) of every score family, in frame order
 FAMILIES = (("Q", "head"), ("K", "head"), ("K", "kv_group"), ("V", "head"), ("V", "kv_group"))
+#: float64 bytes of the held senders scored in one product
+SENDER_GROUP_BYTES = 64 << 20
+#: float64 bytes of one block of one matrix's null draws (three such blocks are held at most)
+NULL_BLOCK_BYTES = 384 << 20
 
 
 def _r_factor(Y: torch.Tensor) -> torch.Tensor:
@@ -49,50 +61,133 @@ def sender_factors(lw) -> torch.Tensor:
     return _r_factor(lw.W_V[lw.kv_index]) @ lw.W_O.double()
 
 
-def receiver_factors(lw, mode: str, level: str) -> tuple[torch.Tensor, list[int | None], list[int]]:
-    """``(X R_Y^T [unit, d_model, k], query heads (None per group), kv heads)`` of one layer's
-    receivers for ``(mode, level)`` (see module doc)."""
-    kv = lw.kv_index
-    if level == "kv_group":
-        X = {"K": lw.W_K, "V": lw.W_V}[mode].double()
-        return X, [None] * X.shape[0], list(range(X.shape[0]))
-    X, Y = {
-        "Q": (lw.W_Q, lw.W_K[kv]),
-        "K": (lw.W_K[kv], lw.W_Q),
-        "V": (lw.W_V[kv], lw.W_O.transpose(-1, -2)),
-    }[mode]
-    return X.double() @ _r_factor(Y).transpose(-1, -2), list(lw.heads), [int(g) for g in kv]
-
-
-def pair_scores(P: torch.Tensor, XR: torch.Tensor) -> torch.Tensor:
-    """``‖P_a XR_b‖ / (‖P_a‖ ‖XR_b‖)`` for ``P [a, k, d_model]``, ``XR [b, d_model, k']`` ->
-    ``[a, b]`` (NaN where a norm is 0)."""
-    num = (P[:, None] @ XR[None]).flatten(2).norm(dim=-1)
-    den = P.flatten(1).norm(dim=-1)[:, None] * XR.flatten(1).norm(dim=-1)[None]
+def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), float("nan"))
 
 
+def _receiver_side(lw) -> dict:
+    """What one receiver layer brings to every sender: ``X`` of K and V per KV group, the heads'
+    ``R_Y^T`` factors, ``XR`` of Q, and their norms (float64; module doc)."""
+    kv = lw.kv_index
+    side = {"kv": kv}
+    for mode, X, Y in (("K", lw.W_K, lw.W_Q), ("V", lw.W_V, lw.W_O.transpose(-1, -2))):
+        X = X.double()  # [kv_head, d_model, d_head]
+        R = _r_factor(Y).transpose(-1, -2)  # [head, d_head, k]: XR_b = X[kv(b)] R_b
+        side[mode] = (X, X.flatten(1).norm(dim=-1), R, (X[kv] @ R).flatten(1).norm(dim=-1))
+    XR = lw.W_Q.double() @ _r_factor(lw.W_K[kv]).transpose(-1, -2)  # [head, d_model, k]
+    side["Q"] = (XR, XR.flatten(1).norm(dim=-1))
+    return side
+
+
+def _layer_scores(P: torch.Tensor, side: dict) -> dict[tuple[str, str], torch.Tensor]:
+    """``{(mode, level): [a, unit]}`` scores of senders ``P [a, k, d_model]`` (float64) into one
+    receiver layer (:func:`_receiver_side`): each KV group's ``W_K``/``W_V`` meets a sender once."""
+    p_norm = P.flatten(1).norm(dim=-1)[:, None]  # [a, 1]
+    out = {}
+    for mode in ("K", "V"):
+        X, x_norm, R, xr_norm = side[mode]
+        PX = torch.einsum("akd,gde->agke", P, X)  # [a, kv_head, k, d_head]
+        out[(mode, "kv_group")] = _ratio(PX.flatten(2).norm(dim=-1), p_norm * x_norm[None])
+        num = (PX[:, side["kv"]] @ R[None]).flatten(2).norm(dim=-1)  # [a, head]
+        out[(mode, "head")] = _ratio(num, p_norm * xr_norm[None])
+    XR, xr_norm = side["Q"]
+    num = torch.einsum("akd,bde->abke", P, XR).flatten(2).norm(dim=-1)
+    out[("Q", "head")] = _ratio(num, p_norm * xr_norm[None])
+    return out
+
+
 def null_scores(d_model: int, d_head: int, mode: str, level: str, n: int, gen: torch.Generator) -> torch.Tensor:
-    """``[n]`` scores of Gaussian sender/receiver matrices of the model's shapes."""
+    """``[n]`` scores of Gaussian sender/receiver matrices of the model's shapes. Each matrix's
+    ``n`` draws are those of one ``randn`` call, in the order the formula reads them; beyond
+    :data:`NULL_BLOCK_BYTES` per matrix they are drawn a block at a time (the generator stepped
+    over the other blocks), so memory stays bounded."""
+    shapes = [(d_model, d_head), (d_head, d_model), (d_model, d_head)] + ([(d_model, d_head)] * (level == "head"))
+    numel = d_model * d_head
+    step = max(16, NULL_BLOCK_BYTES // (8 * numel) // 16 * 16)  # whole blocks of 16 numbers: randn's unit
+    blocks = [(a, min(step, n - a)) for a in range(0, n, step)]
+    starts = [[None] * len(blocks) for _ in shapes]  # generator state where each block of each matrix starts
+    if len(blocks) > 1:
+        skip = torch.empty(step * numel, dtype=torch.float64)
+        for i in range(len(shapes)):
+            for j, (_a, m) in enumerate(blocks):
+                starts[i][j] = gen.get_state()
+                if (m * numel) % 16:  # randn redraws a ragged tail: draw it as randn does
+                    torch.randn(m * numel, generator=gen, dtype=torch.float64)
+                else:  # uniform_ steps the stream exactly as randn does (one 64-bit draw per number)
+                    skip[: m * numel].uniform_(generator=gen)
+        end = gen.get_state()
+    out = []
+    for j, (_a, m) in enumerate(blocks):
 
-    def g(*shape):
-        return torch.randn((n, *shape), generator=gen, dtype=torch.float64)
+        def g(i, j=j, m=m):  # block j of matrix i, each dropped once used: three blocks are held at most
+            if starts[i][j] is not None:
+                gen.set_state(starts[i][j])
+            return torch.randn((m, *shapes[i]), generator=gen, dtype=torch.float64)
 
-    P = _r_factor(g(d_model, d_head)) @ g(d_head, d_model)
-    XR = g(d_model, d_head)
-    if level == "head":
-        XR = XR @ _r_factor(g(d_model, d_head)).transpose(-1, -2)
-    num = (P @ XR).flatten(1).norm(dim=-1)
-    return num / (P.flatten(1).norm(dim=-1) * XR.flatten(1).norm(dim=-1))
+        P = _r_factor(g(0)) @ g(1)
+        XR = g(2) if level == "kv_group" else g(2) @ _r_factor(g(3)).transpose(-1, -2)
+        num = (P @ XR).flatten(1).norm(dim=-1)
+        out.append(num / (P.flatten(1).norm(dim=-1) * XR.flatten(1).norm(dim=-1)))
+        del P, XR
+    if len(blocks) > 1:
+        gen.set_state(end)
+    return torch.cat(out)
 
 
-def _family_rows(senders, receivers, mode, level) -> dict[str, list]:
+def _score_layer(held: list[tuple[int, torch.Tensor]], lw, scores: dict) -> None:
+    """Scores of every held sender layer into receiver ``lw``, into ``scores[(family, la, lb)]``;
+    the senders go in groups of about :data:`SENDER_GROUP_BYTES` as float64."""
+    side = _receiver_side(lw)
+    group: list[tuple[int, torch.Tensor]] = []
+    for i, item in enumerate(held):
+        group.append(item)
+        if i + 1 < len(held) and sum(p.numel() for _, p in group + [held[i + 1]]) * 8 <= SENDER_GROUP_BYTES:
+            continue
+        fams = _layer_scores(torch.cat([p for _, p in group]).double(), side)
+        for fam, s in fams.items():
+            for (la, _), part in zip(group, s.float().split([p.shape[0] for _, p in group])):
+                scores[(fam, la, lw.layer)] = part
+        group = []
+
+
+def _all_scores(weights, max_held_bytes: int | None) -> tuple[dict, dict, dict]:
+    """``(scores {(family, la, lb): [a, unit]}, units {lb: (heads, kv heads, groups)}, senders {la: heads})``
+    of every pair of layers ``la < lb``: receivers read one layer at a time, the senders' factors
+    (float32, as held) a block of layers at a time when ``max_held_bytes`` bounds them."""
+    scores: dict = {}
+    units: dict = {}
+    senders: dict = {}
+    start = 0
+    while start < weights.n_layers - 1:
+        held: list[tuple[int, torch.Tensor]] = []
+        nbytes, nxt = 0, weights.n_layers
+        for lb in range(start, weights.n_layers):
+            lw = weights.layer(lb)
+            if held:
+                _score_layer(held, lw, scores)
+            units.setdefault(lb, (list(lw.heads), [int(g) for g in lw.kv_index], lw.W_K.shape[0]))
+            if nxt < weights.n_layers:
+                continue  # this block is full: later layers are receivers only
+            f = sender_factors(lw).float()  # [head, k, d_model]
+            if held and max_held_bytes is not None and nbytes + f.numel() * 4 > max_held_bytes:
+                nxt = lb
+                continue
+            held.append((lb, f))
+            senders[lb] = list(lw.heads)
+            nbytes += f.numel() * 4
+        start = nxt
+    return scores, units, senders
+
+
+def _family_rows(scores, units, senders, n_layers, mode, level) -> dict[str, list]:
     """Columns of every (sender, receiver) pair in different layers for one ``(mode, level)``."""
     cols: dict[str, list] = {k: [] for k in ("sl", "sh", "rl", "rh", "rk", "value")}
-    for la, (heads_a, P) in enumerate(senders):
-        for lb in range(la + 1, len(receivers)):
-            XR, r_heads, r_kv = receivers[lb][(mode, level)]
-            s = pair_scores(P.double(), XR.double()).float().numpy()  # [a, b]
+    for la in range(n_layers - 1):
+        heads_a = senders[la]
+        for lb in range(la + 1, n_layers):
+            heads, kv, n_groups = units[lb]
+            r_heads, r_kv = (heads, kv) if level == "head" else ([None] * n_groups, list(range(n_groups)))
+            s = scores[((mode, level), la, lb)].numpy()  # [a, b]
             na, nb = s.shape
             cols["sl"] += [la] * (na * nb)
             cols["sh"] += [h for h in heads_a for _ in range(nb)]
@@ -103,11 +198,14 @@ def _family_rows(senders, receivers, mode, level) -> dict[str, list]:
     return cols
 
 
-def composition_scores(weights, *, n_null: int = 1000, seed: int = 0, alpha: float = 0.05) -> pd.DataFrame:
+def composition_scores(
+    weights, *, n_null: int = 1000, seed: int = 0, alpha: float = 0.05, max_held_bytes: int | None = None
+) -> pd.DataFrame:
     """Every composition score of ``weights`` (a
-    :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`, read one layer at a time),
+    :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`, read one layer at a time;
+    with ``max_held_bytes``, the senders' factors are held that many bytes at a time, module doc),
     frame :data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`, sorted by
-    ``(mode, level)`` then pair. ``ValueError`` for ``n_null < 1``.
+    ``(mode, level)`` then pair. ``ValueError`` for ``n_null < 1`` or ``max_held_bytes < 1``.
 
     >>> from headscope.probes.models.inhouse.planted import planted_model
     >>> from headscope.probes.models.inhouse.head_weights import head_weights
@@ -118,14 +216,13 @@ def composition_scores(weights, *, n_null: int = 1000, seed: int = 0, alpha: flo
     """
     if n_null < 1:
         raise ValueError(f"n_null must be >= 1; got {n_null}")
-    senders, receivers = [], []
-    for lw in weights.layers():  # factors are d_head-sized: the layer's full matrices are dropped
-        senders.append((list(lw.heads), sender_factors(lw).float()))
-        receivers.append({fam: _as_float(receiver_factors(lw, *fam)) for fam in FAMILIES})
+    if max_held_bytes is not None and max_held_bytes < 1:
+        raise ValueError(f"max_held_bytes must be None or >= 1; got {max_held_bytes}")
+    scores, units, senders = _all_scores(weights, max_held_bytes)
     gen = torch.Generator().manual_seed(seed)
     frames = []
     for mode, level in FAMILIES:
-        cols = _family_rows(senders, receivers, mode, level)
+        cols = _family_rows(scores, units, senders, weights.n_layers, mode, level)
         value = np.concatenate(cols["value"]) if cols["value"] else np.zeros(0, dtype=np.float32)
         null = null_scores(weights.d_model, weights.d_head, mode, level, n_null, gen).float()
         p = empirical_p(torch.from_numpy(value), null)
@@ -153,8 +250,3 @@ def composition_scores(weights, *, n_null: int = 1000, seed: int = 0, alpha: flo
     for col in ("mode", "level", "verdict"):
         out[col] = out[col].astype("category")
     return out
-
-
-def _as_float(fam):
-    XR, heads, kv = fam
-    return XR.float(), heads, kv

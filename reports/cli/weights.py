@@ -5,7 +5,11 @@ OV copying score, OV/QK norms, the omitted QK positional share;
 :data:`~headscope.analyses.circuits.frames.HEAD_COLUMNS`), ``composition.csv``/``.parquet``
 (every pair of heads in different layers through Q, K, V;
 :data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`), ``weights.md`` (a short
-summary) and ``run.json``. The model loads on the in-house backend.
+summary) and ``run.json``. The weights are read lazily, one tensor at a time, from safetensors
+(sharded or not) or GGUF (:func:`~headscope.probes.models.lazy_weights.lazy_weights`): the model
+is never built, so a checkpoint larger than memory runs; a ``pytorch_model.bin`` checkpoint (or a
+GGUF architecture the lazy reader does not follow) loads on the in-house backend instead.
+``run.json`` says which (``reader``) and how many bytes were read.
 """
 
 from __future__ import annotations
@@ -73,9 +77,11 @@ def summary(heads: pd.DataFrame, comp: pd.DataFrame, meta: dict, top: int) -> st
     k_group = comp[(comp["mode"] == "K") & (comp.level == "kv_group")].nlargest(top, "value")
     pair = ["sender_layer", "sender_head", "receiver_layer", "receiver_head", "receiver_kv_head", "value", "margin"]
     omitted = heads[heads.verdict == "omitted"]
+    positional = heads[(heads.statistic == "qk_positional_share") & (heads.verdict != "omitted")]
     parts = [
         f"# From the weights: {meta['model']}",
         "",
+        f"- weights: {meta['reader']}",
         f"- norms: {meta['folding']}; unembedding: {meta['unembedding']}",
         f"- copying score method: {', '.join(sorted(set(cop.method)))}",
         f"- heads with an exactly zero OV circuit: {int((cop.verdict == 'no circuit').sum())} of {len(cop)}",
@@ -85,6 +91,8 @@ def summary(heads: pd.DataFrame, comp: pd.DataFrame, meta: dict, top: int) -> st
     if len(omitted):
         parts.append(f"- qk_positional_share omitted: {omitted.note.iloc[0]}")
     parts += ["", "## Top copying heads", "", _table(cop.nlargest(top, "value"), _HEAD_COLS)]
+    if len(positional):
+        parts += ["", "## Top QK positional share", "", _table(positional.nlargest(top, "value"), _HEAD_COLS)]
     parts += ["", "## Top K-composition pairs (per query head)", "", _table(k_head, pair)]
     parts += ["", "## Top K-composition pairs (per KV group)", "", _table(k_group, pair), ""]
     return "\n".join(parts)
@@ -93,28 +101,58 @@ def summary(heads: pd.DataFrame, comp: pd.DataFrame, meta: dict, top: int) -> st
 _HEAD_COLS = ["layer", "head", "kv_head", "value", "baseline_mean", "p_adjusted", "verdict"]
 
 
+def open_weights(model: str):
+    """The model's :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`: read
+    lazily where the checkpoint allows it, else from the model loaded on the in-house backend."""
+    from headscope.probes.errors import ModelIncompatibleError
+    from headscope.probes.models.checkpoints import resolve
+    from headscope.probes.models.inhouse.head_weights import head_weights
+    from headscope.probes.models.lazy_weights import lazy_weights, reads_lazily
+    from headscope.probes.models.loading import load_model
+
+    source = resolve(model)
+    if reads_lazily(source):
+        try:
+            return lazy_weights(source)
+        except ModelIncompatibleError:
+            if source.kind != "gguf":
+                raise
+    return head_weights(load_model(source, backend="inhouse"))
+
+
+def held_budget(weights) -> int | None:
+    """Bytes of composition sender factors held at once: None (all) when every layer's fit in a
+    quarter of the available memory, else that quarter (the later layers are then read again)."""
+    from headscope.probes.models.weights import available_memory_bytes
+
+    total = weights.n_layers * weights.cfg.n_heads * weights.d_head * weights.d_model * 4
+    free = available_memory_bytes()
+    return None if free is None or total <= free // 4 else max(1, free // 4)
+
+
 def run(args) -> int:
     from headscope.analyses.circuits.composition import composition_scores
     from headscope.analyses.circuits.ov_qk import head_circuits
-    from headscope.probes.models.inhouse.head_weights import head_weights
-    from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output
     from headscope.probes.outputs.kinds import manifest_header
 
     out = Path(args.out) if args.out else default_out(args.model)
-    with claim_output(out, "weights") as folder:  # refused before the model loads
-        weights = head_weights(load_model(args.model, backend="inhouse"))
+    with claim_output(out, "weights") as folder:  # refused before the model is read
+        weights = open_weights(args.model)
         t0 = time.perf_counter()
         heads = head_circuits(weights, n_draws=args.draws, seed=args.seed)
         t1 = time.perf_counter()
-        comp = composition_scores(weights, n_null=args.null, seed=args.seed)
+        held = held_budget(weights)
+        comp = composition_scores(weights, n_null=args.null, seed=args.seed, max_held_bytes=held)
         t2 = time.perf_counter()
         meta = {
             "model": weights.name,
+            "reader": weights.reader,
+            "bytes_read": getattr(weights.source, "bytes_read", None),
             "folding": weights.folding,
             "unembedding": weights.unembedding,
-            "config": {"draws": args.draws, "null": args.null, "seed": args.seed},
+            "config": {"draws": args.draws, "null": args.null, "seed": args.seed, "max_held_bytes": held},
             "timings": {"heads_s": round(t1 - t0, 3), "composition_s": round(t2 - t1, 3)},
         }
         text = summary(heads, comp, meta, args.top)

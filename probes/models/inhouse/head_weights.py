@@ -1,5 +1,11 @@
-"""Per-head weight matrices of an in-house model, read one layer at a time, for the weights-only
-circuit analyses (:mod:`headscope.analyses.circuits`), so analyses never reach into the model.
+"""Per-head weight matrices, read one layer at a time, for the weights-only circuit analyses
+(:mod:`headscope.analyses.circuits`), so analyses never reach into a model or a file.
+
+A :class:`ModelWeights` reads its tensors through a small :class:`TensorSource` by in-house
+name (``blocks.3.attn.q_proj.weight``): from a loaded in-house model (:func:`head_weights`) or
+lazily from a checkpoint on disk, one tensor at a time
+(:func:`headscope.probes.models.lazy_weights.lazy_weights`); the same code folds and splits
+both, so the two give the same matrices.
 
 Convention (transformer-lens's ``x @ W``): a residual row vector ``x [d_model]`` gives head
 ``h``'s query ``x @ W_Q[h]``, key ``x @ W_K[kv]``, value ``x @ W_V[kv]``, and the head writes
@@ -23,23 +29,26 @@ nor Gemma's post-attention (sandwich) norms; a post-norm model (BERT) is not fol
 >>> w = head_weights(planted_model())
 >>> tuple(w.layer(1).W_Q.shape), tuple(w.W_U.shape), w.unembedding
 ((4, 128, 64), (128, 35), 'unembed (tied to the embedding)')
+>>> [tuple(e.shape) for e, u in w.vocab_chunks(20)], w.reader
+([(20, 128), (15, 128)], 'in-house model (in memory)')
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.inhouse.attention import RMSNorm
+from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.inhouse.transformer import Transformer
 
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's attention weights (float32, CPU, detached copies; see module doc)."""
+    """One layer's attention weights (float32, CPU, copies the caller owns; see module doc)."""
 
     layer: int
     heads: tuple[int, ...]  # original query-head indices this layer holds (a pruned model holds fewer)
@@ -49,26 +58,78 @@ class LayerWeights:
     W_V: torch.Tensor  # [kv_head, d_model, d_head]
     W_O: torch.Tensor  # [head, d_head, d_model]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the five matrices (float32)."""
+        return sum(t.numel() * t.element_size() for t in (self.W_Q, self.W_K, self.W_V, self.W_O))
 
-def _norm_scale(norm) -> torch.Tensor:
-    """The multiplicative scale ``[d_model]`` of a norm module (Gemma's ``1 + w``)."""
-    w = norm.weight.detach().float().cpu()
-    return 1.0 + w if isinstance(norm, RMSNorm) and norm.offset else w
+
+class TensorSource(Protocol):
+    """Where a :class:`ModelWeights` reads tensors, by in-house name, as float32 CPU tensors."""
+
+    #: one line saying where the tensors come from (``run.json``'s ``reader``)
+    description: str
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor ``name`` (float32; the caller may keep it)."""
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of the 2-D tensor ``name`` (float32)."""
+
+    def has(self, name: str) -> bool:
+        """Whether the source holds ``name``."""
+
+    def layout(self, layer: int) -> tuple[tuple[int, ...], list[int]]:
+        """``(query heads held, kv_index)`` of ``layer`` (:func:`layer_heads` of a checkpoint's config)."""
+
+
+class _ModuleSource:
+    """The tensors of a loaded :class:`Transformer` (``.detach().float().cpu()`` of its parameters)."""
+
+    description = "in-house model (in memory)"
+
+    def __init__(self, module: Transformer):
+        self._p = dict(module.named_parameters())
+        self._blocks = module.blocks
+
+    def has(self, name: str) -> bool:
+        return name in self._p
+
+    def layout(self, layer: int) -> tuple[tuple[int, ...], list[int]]:
+        block = self._blocks[layer]
+        return tuple(block.heads), block.attn.kv_index.detach().cpu().tolist()
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._p[name].detach().float().cpu()
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self._p[name].detach()[start:stop].float().cpu()
+
+
+def layer_heads(cfg: ModelConfig, layer: int) -> tuple[tuple[int, ...], list[int]]:
+    """``(query heads kept, kv_index)`` of ``layer``, as the in-house ``Block`` builds them
+    (``heads_kept`` of a physically pruned model; KV heads renumbered among those kept)."""
+    kept = cfg.heads_kept[layer] if cfg.heads_kept is not None else tuple(range(cfg.n_heads))
+    kv_kept = sorted({cfg.kv_head_of(h) for h in kept})
+    return tuple(kept), [kv_kept.index(cfg.kv_head_of(h)) for h in kept]
 
 
 class ModelWeights:
-    """Lazy view of a :class:`Transformer`'s head weights; :meth:`layer` builds one layer's
-    matrices when asked (nothing is copied up front except ``W_E``/``W_U`` on first use)."""
+    """Lazy view of a model's head weights; :meth:`layer` builds one layer's matrices when asked,
+    :meth:`vocab_chunks` the embedding and unembedding a block of tokens at a time (nothing is
+    read up front)."""
 
-    def __init__(self, module: Transformer, *, fold_norms: bool = True):
-        self._m = module
-        cfg = module.cfg
+    def __init__(self, cfg: ModelConfig, source: TensorSource, *, fold_norms: bool = True, name: str | None = None):
+        self.cfg = cfg
+        self.source = source
+        self._src = source
+        self.reader: str = source.description
         self.n_layers: int = cfg.n_layers
         self.d_model: int = cfg.d_model
         self.d_head: int = cfg.d_head
         self.vocab_size: int = cfg.vocab_size
         self.positional: str = cfg.positional
-        self.name: str = cfg.name or cfg.family
+        self.name: str = name or cfg.name or cfg.family
         self._fold = fold_norms and not cfg.post_norm
         if not fold_norms:
             self.folding = "not folded"
@@ -87,44 +148,83 @@ class ModelWeights:
         else:
             self.unembedding = "unembed"
 
+    def _norm_scale(self, name: str) -> torch.Tensor:
+        """The multiplicative scale ``[d_model]`` of the norm ``name`` (Gemma's ``1 + w``)."""
+        w = self._src.tensor(f"{name}.weight")
+        return 1.0 + w if (self.cfg.norm != "layernorm" and self.cfg.rms_offset) else w
+
+    def _unembed_name(self) -> str:
+        tied = self.cfg.encoder or self.cfg.tie_embeddings or not self._src.has("unembed.weight")
+        return "embed.weight" if tied else "unembed.weight"
+
+    def _fold_embed(self, w: torch.Tensor) -> torch.Tensor:
+        scale = self.cfg.embed_scale
+        return w * scale if (scale is not None and self._fold) else w.clone()
+
+    def _fold_unembed(self, u: torch.Tensor, final: torch.Tensor | None) -> torch.Tensor:
+        """``u [rows, d_model]`` (the stored unembedding rows) -> ``[d_model, rows]``, final norm folded."""
+        w = u.T.clone()
+        return final[:, None] * w if final is not None else w
+
     @property
     def W_E(self) -> torch.Tensor:
         """``[vocab, d_model]`` (Gemma's embedding scale folded where norms are)."""
-        w = self._m.embed.weight.detach().float().cpu()
-        scale = self._m.cfg.embed_scale
-        return w * scale if (scale is not None and self._fold) else w.clone()
+        return self._fold_embed(self._src.tensor("embed.weight"))
 
     @property
     def W_U(self) -> torch.Tensor:
         """``[d_model, vocab]``; the final norm's scale folded into its rows where norms are."""
-        cfg = self._m.cfg
-        w = (self._m.embed.weight if cfg.encoder else self._m.unembed.weight).detach().float().cpu().T.clone()
-        if self._fold:
-            w = _norm_scale(self._m.ln_final)[:, None] * w
-        return w
+        final = self._norm_scale("ln_final") if self._fold else None
+        return self._fold_unembed(self._src.tensor(self._unembed_name()), final)
+
+    @property
+    def W_pos(self) -> torch.Tensor:
+        """``[n_pos, d_model]``: the learned position embeddings a model uses (RoBERTa's from
+        ``pad_token_id + 1`` on); ``ValueError`` for a model without them."""
+        if self.positional != "learned":
+            raise ValueError(f"{self.name} has no learned position embeddings (positional: {self.positional!r})")
+        start = self.cfg.pad_token_id + 1 if self.cfg.pad_aware_positions else 0
+        return self._src.tensor("pos_embed.weight")[start:].clone()
+
+    def vocab_chunks(self, size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``(W_E[a:b] [c, d_model], W_U[:, a:b] [d_model, c])`` for consecutive blocks of ``size``
+        tokens, folded as :attr:`W_E`/:attr:`W_U` (values equal; no copy beyond the fold, so treat
+        them as read-only): the whole vocabulary is never held at once."""
+        if size < 1:
+            raise ValueError(f"size must be >= 1; got {size}")
+        final = self._norm_scale("ln_final") if self._fold else None
+        scale = self.cfg.embed_scale if self._fold else None
+        unembed = self._unembed_name()
+        for a in range(0, self.vocab_size, size):
+            b = min(a + size, self.vocab_size)
+            raw = self._src.rows("embed.weight", a, b)
+            u = raw if unembed == "embed.weight" else self._src.rows(unembed, a, b)
+            yield (raw * scale if scale is not None else raw), (u * final if final is not None else u).T
+            del raw, u
 
     def layer(self, layer: int) -> LayerWeights:
         """Layer ``layer``'s :class:`LayerWeights`; ``ValueError`` outside ``[0, n_layers)``."""
         if not 0 <= layer < self.n_layers:
             raise ValueError(f"layer must be in [0, {self.n_layers}); got {layer}")
-        block = self._m.blocks[layer]
-        attn, d = block.attn, self.d_head
+        p, d = f"blocks.{layer}.", self.d_head
+        heads, kv_index = self._src.layout(layer)
+        ln = self._norm_scale(p + "ln1") if self._fold else None
 
-        def split_in(linear, n):  # nn.Linear weight [n * d_head, d_model] -> [n, d_model, d_head]
-            w = linear.weight.detach().float().cpu().view(n, d, -1).transpose(1, 2)
-            if self._fold:
-                w = _norm_scale(block.ln1)[None, :, None] * w
+        def split_in(name: str, n: int):  # nn.Linear weight [n * d_head, d_model] -> [n, d_model, d_head]
+            w = self._src.tensor(p + f"attn.{name}.weight").view(n, d, -1).transpose(1, 2)
+            if ln is not None:
+                w = ln[None, :, None] * w
             return w.contiguous()
 
-        n, n_kv = attn.n_heads, attn.n_kv_heads
-        W_O = attn.o_proj.weight.detach().float().cpu().view(-1, n, d).permute(1, 2, 0).contiguous()
+        n, n_kv = len(heads), len(set(kv_index))
+        W_O = self._src.tensor(p + "attn.o_proj.weight").view(-1, n, d).permute(1, 2, 0).contiguous()
         return LayerWeights(
             layer=layer,
-            heads=tuple(block.heads),
-            kv_index=attn.kv_index.detach().cpu().clone(),
-            W_Q=split_in(attn.q_proj, n),
-            W_K=split_in(attn.k_proj, n_kv),
-            W_V=split_in(attn.v_proj, n_kv),
+            heads=heads,
+            kv_index=torch.tensor(kv_index, dtype=torch.long),
+            W_Q=split_in("q_proj", n),
+            W_K=split_in("k_proj", n_kv),
+            W_V=split_in("v_proj", n_kv),
             W_O=W_O,
         )
 
@@ -137,11 +237,12 @@ class ModelWeights:
 def head_weights(model, *, fold_norms: bool = True) -> ModelWeights:
     """A :class:`ModelWeights` view of an in-house model (an ``InHouseModel`` or its
     :class:`Transformer`). Other backends raise :class:`ModelIncompatibleError` (load with
-    ``backend="inhouse"``)."""
+    ``backend="inhouse"``, or read the checkpoint lazily:
+    :func:`~headscope.probes.models.lazy_weights.lazy_weights`)."""
     module = model if isinstance(model, Transformer) else getattr(model, "network", None)
     if not isinstance(module, Transformer):
         raise ModelIncompatibleError(
             f"weights-only analyses read the in-house transformer; got a {type(model).__name__}. "
             "Load the model with backend='inhouse' (--backend inhouse)."
         )
-    return ModelWeights(module, fold_norms=fold_norms)
+    return ModelWeights(module.cfg, _ModuleSource(module), fold_norms=fold_norms)

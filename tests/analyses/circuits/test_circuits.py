@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 
+import pandas as pd
 import pytest
 import torch
 
@@ -22,7 +23,7 @@ from tests.tiny_models import tiny_hf_model
 def planted_circuits():
     """The planted model with a copying head: (1, 1)'s OV is 4 × identity on the token block."""
     w = head_weights(writing_induction(planted_model()))
-    return head_circuits(w, n_draws=50), composition_scores(w, n_null=200)
+    return head_circuits(w, n_draws=200), composition_scores(w, n_null=200)
 
 
 def test_planted_copying_head_is_found(planted_circuits):
@@ -33,8 +34,38 @@ def test_planted_copying_head_is_found(planted_circuits):
     # every other head writes nothing the unembedding reads: its OV circuit is exactly zero
     others = cop.drop(index=(1, 1))
     assert others["value"].isna().all() and (others["verdict"] == "no circuit").all()
-    omitted = heads[heads.statistic == "qk_positional_share"]
-    assert len(omitted) == 8 and (omitted.verdict == "omitted").all() and omitted.note.str.contains("learned").all()
+
+
+def test_planted_qk_positional_share(planted_circuits):
+    """Learned positions: the previous-token head reads positions only (share 1), the noun -> det
+    head's pure terms are content only (0); the sink (query position -> key token) and the heads
+    whose keys read what layer 0 wrote have no pure term (NaN, "no circuit")."""
+    heads, _ = planted_circuits
+    pos = heads[heads.statistic == "qk_positional_share"].set_index(["layer", "head"])
+    assert len(pos) == 8 and set(pos.method) == {"rms pure terms"}
+    assert pos.loc[(0, 0), "value"] == 1.0 and pos.loc[(0, 0), "verdict"] == "above baseline"
+    assert pos.loc[(0, 2), "value"] == 0.0 and pos.loc[(0, 2), "verdict"] == "not above baseline"
+    for h in ((0, 1), (1, 1), (1, 2)):
+        assert pd.isna(pos.loc[h, "value"]) and pos.loc[h, "verdict"] == "no circuit", h
+        assert "no pure positional or content term" in pos.loc[h, "note"]
+    for h in ((0, 3), (1, 0), (1, 3)):  # random heads: about the Gaussian heads' share
+        assert abs(pos.loc[h, "value"] - pos.loc[h, "baseline_mean"]) < 4 * pos.loc[h, "baseline_sd"] + 0.05
+
+
+def test_qk_positional_share_equals_the_full_circuits_on_gpt2():
+    """The Gram-matrix route equals the RMS of the explicit [n_pos, n_pos] and [vocab, vocab] circuits."""
+    hf, tok = tiny_hf_model("gpt2")
+    w = head_weights(load_model(hf, backend="inhouse", tokenizer=tok))
+    df = head_circuits(w, n_draws=5).set_index(["statistic", "layer", "head"])
+    P, E = w.W_pos.double(), w.W_E.double()
+    for lw in w.layers():
+        for i, h in enumerate(lw.heads):
+            qk = lw.W_Q[i].double() @ lw.W_K[lw.kv_index[i]].double().T
+            r_pos = (P @ qk @ P.T).norm() / P.shape[0]
+            r_content = (E @ qk @ E.T).norm() / E.shape[0]
+            want = float(r_pos / (r_pos + r_content))
+            assert df.loc[("qk_positional_share", lw.layer, h), "value"] == pytest.approx(want, abs=1e-6)
+    assert df.loc["qk_positional_share", "verdict"].isin(["above baseline", "not above baseline"]).all()
 
 
 def test_planted_previous_token_to_induction_ranks_first_by_k_composition(planted_circuits):
