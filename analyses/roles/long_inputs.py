@@ -97,3 +97,34 @@ def cut_to_tokens(tokenizer, text: str, max_tokens: int, offsets=None) -> str:
     while _count(tokenizer, cut)[0] > max_tokens and " " in cut:  # merges across the cut: shorten by a word
         cut = cut.rsplit(" ", 1)[0]
     return cut
+
+
+def passages(tokenizer, lines, max_tokens: int) -> tuple[list[str], list[int], int]:
+    """Consecutive ``lines`` joined by spaces into passages of at most ``max_tokens`` tokens
+    (special tokens counted): a passage closes before the line that would take it past
+    ``max_tokens``; a line longer than that alone is cut at a token boundary
+    (:func:`cut_to_tokens`). Returns ``(passages, first line index of each, lines cut)``:
+    every line is in one passage, whole or cut (the count says how many were cut)."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < MIN_LONG_TOKENS:
+        raise LongInputError(f"--max-tokens must be an integer >= {MIN_LONG_TOKENS}; got {max_tokens!r}")
+    out, starts, cut = [], [], 0
+    cur, cur_start = "", 0
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        joined = f"{cur} {line}" if cur else line
+        if _count(tokenizer, joined)[0] <= max_tokens:
+            cur, cur_start = joined, (cur_start if cur else i)
+            continue
+        if cur:
+            out.append(cur)
+            starts.append(cur_start)
+        if _count(tokenizer, line)[0] > max_tokens:
+            line = cut_to_tokens(tokenizer, line, max_tokens)
+            cut += 1
+        cur, cur_start = line, i
+    if cur:
+        out.append(cur)
+        starts.append(cur_start)
+    return out, starts, cut

@@ -37,6 +37,7 @@ def register(sub) -> None:
         add_device,
         add_dtype,
         batch_size,
+        int_in,
         listed,
         seed,
         unit_interval,
@@ -59,6 +60,15 @@ def register(sub) -> None:
     p.add_argument("--coref", metavar="FILE", help="coreference JSONL (default: data/coref/coref.jsonl)")
     p.add_argument(
         "--text", metavar="FILE", help="plain text, one sentence per line (default: data/text/sentences.txt)"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int_in(8, 1 << 20, "tokens"),
+        default=None,
+        metavar="N",
+        help="long inputs: join consecutive lines of the text corpus (--text FILE or the shipped one) into "
+        "passages of at most N tokens (8 to the model's context), a longer line cut; the text roles then "
+        "run on the passages (patterns reduced in query chunks, never stored, on the in-house backend)",
     )
     p.add_argument(
         "--roles",
@@ -289,6 +299,7 @@ def _write(tmp: Path, args, model, result, groups, inputs: dict, budget) -> None
         skipped=result.skipped,
         timings={k: round(v, 3) for k, v in result.timings.items()},
         pattern_statistics=result.pattern_statistics,  # per stage: chunked (query chunk N) / materialised (why)
+        **({"long_text": inputs["long_text"]} if "long_text" in inputs else {}),
         memory=memory.finish(budget, memory.emitter(args.quiet)),
         inputs={
             "conllu": [str(c.path) for c in inputs.get("conllu", [])],
@@ -296,6 +307,26 @@ def _write(tmp: Path, args, model, result, groups, inputs: dict, budget) -> None
             "text": str(args.text or "") or ("shipped" if "text" in inputs else None),
         },
     )
+
+
+def _long_passages(args, model, inputs: dict) -> dict:
+    """``inputs`` with the text corpus as passages of at most ``--max-tokens`` tokens
+    (:func:`~headscope.analyses.roles.long_inputs.passages`), and ``long_text`` (what was done,
+    for run.json); a length past the model's context is refused in one line."""
+    import dataclasses
+
+    from headscope.analyses.roles.long_inputs import passages, token_limit
+
+    limit = token_limit(model)
+    if args.max_tokens > limit:
+        raise ValueError(f"--max-tokens {args.max_tokens} is past the model's context of {limit} positions")
+    text = inputs["text"]
+    items, starts, cut = passages(model.tokenizer, text.lines, args.max_tokens)
+    numbers = tuple(text.line_numbers[i] for i in starts) if text.line_numbers else ()
+    record = {"max_tokens": args.max_tokens, "passages": len(items), "lines": len(text.lines), "lines_cut": cut}
+    if cut and not args.quiet:
+        print(f"note: {cut} line(s) longer than --max-tokens {args.max_tokens} cut to it", file=sys.stderr)
+    return {**inputs, "text": dataclasses.replace(text, lines=tuple(items), line_numbers=numbers), "long_text": record}
 
 
 def run(args) -> int:
@@ -315,6 +346,8 @@ def run(args) -> int:
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
         model = load_from_args(args, device)
+        if args.max_tokens is not None and "text" in inputs:
+            inputs = _long_passages(args, model, inputs)
         budget, cfg = memory.roles_refine(budget, model, cfg, groups, inputs)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
