@@ -20,6 +20,9 @@ __all__ = ["TOLERANCE", "check_candidates", "default_probe", "v_readings"]
 
 #: largest |input - pattern × V| a candidate may show, relative to max(1, its largest |input|), by dtype
 TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-9, torch.bfloat16: 3e-2, torch.float16: 5e-3}
+#: share of pattern × V's signs (where clear of 0) a candidate's input must keep to be read as
+#: pattern × V times a positive per-head gate (Beam, AFMoE) or sink scale (Granite SWA)
+SIGNS_KEPT = 0.99
 #: token ids of the default probe input (spread over the vocabulary, no repeats before 64 tokens)
 PROBE_LENGTH = 12
 
@@ -51,6 +54,10 @@ def v_readings(t: torch.Tensor, heads: tuple[int, int, int], batch: int, pos: in
             if h == k:
                 out.append(("qkv [head, (q, k, v)]", t.reshape(batch, pos, h, 3, d)[..., 2, :]))
             out.append(("qkv [group, (q…, k, v)]", t.reshape(batch, pos, k, h // k + 2, d)[..., -1, :]))
+        if h == k and f == 3 * h * d and h % 4 == 0:  # CodeGen: 4 chunks of (q, v, k), each a quarter of the heads
+            out.append(
+                ("qkv [4, (q, v, k)]", t.reshape(batch, pos, 4, 3, h // 4, d)[:, :, :, 1].reshape(batch, pos, h, d))
+            )
         if f == 2 * k * d:
             out.append(("kv [k|v]", t[..., k * d :].reshape(batch, pos, k, d)))
             out.append(("kv [head, (k, v)]", t.reshape(batch, pos, k, 2, d)[..., 1, :]))
@@ -62,14 +69,20 @@ def v_readings(t: torch.Tensor, heads: tuple[int, int, int], batch: int, pos: in
     return out
 
 
-def _error(x: torch.Tensor, pattern: torch.Tensor, v: torch.Tensor) -> float:
-    """max |x - pattern × V| with ``x`` the candidate's input ``[batch, pos, heads × d_head]``,
-    ``pattern`` ``[batch, heads, pos, pos]``, ``v`` ``[batch, pos, kv_heads, d_head]``."""
-    b, pos, k, d = v.shape
-    h = pattern.shape[1]
-    v = v.float().repeat_interleave(h // k, dim=2)  # [b, pos, heads, d]
-    z = torch.einsum("bhqk,bkhd->bqhd", pattern.float(), v)
-    return float((x.float().reshape(b, pos, h, d) - z).abs().max())
+def _z(pattern: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """pattern × V, ``[batch, pos, heads, d_head]``, from ``pattern [batch, heads, pos, pos]`` and
+    ``v [batch, pos, kv_heads, d_head]`` (each KV head serving its group of query heads)."""
+    v = v.float().repeat_interleave(pattern.shape[1] // v.shape[2], dim=2)
+    return torch.einsum("bhqk,bkhd->bqhd", pattern.float(), v)
+
+
+def _compare(x: torch.Tensor, z: torch.Tensor) -> tuple[float, float]:
+    """``(max |x - z|, share of the elements of z clear of 0 whose sign x keeps)`` with ``x`` the
+    candidate's input ``[batch, pos, heads × d_head]``."""
+    x = x.float().reshape(z.shape)
+    clear = z.abs() > 1e-3 * float(z.abs().max())
+    same = (torch.sign(x) == torch.sign(z))[clear]
+    return float((x - z).abs().max()), float(same.float().mean()) if same.numel() else 0.0
 
 
 def _kv_counts(spec) -> list[int]:
@@ -78,18 +91,20 @@ def _kv_counts(spec) -> list[int]:
     return list(dict.fromkeys((spec.n_kv_heads, spec.n_heads, 1)))
 
 
-def _worst(inputs, outputs, attentions, i, heads, batch, pos) -> tuple[float, bool]:
-    """``(largest relative error over the layers, whether any module held V)`` of candidate ``i``."""
-    worst, seen = 0.0, False
+def _worst(inputs, outputs, attentions, i, heads, batch, pos) -> tuple[float, float, bool]:
+    """``(largest relative error over the layers, smallest share of signs kept, whether any module
+    held V)`` of candidate ``i``, each layer read with its best V."""
+    worst, kept, seen = 0.0, 1.0, False
     for l, pattern in enumerate(attentions):
         x = inputs.get((i, l))
-        readings = [v for _, t in outputs[l] for _, v in v_readings(t, heads, batch, pos)]
-        seen = seen or bool(readings)
-        if x is None or tuple(x.shape[:2]) != (batch, pos) or not readings:
-            return float("inf"), seen
-        best = min(_error(x, pattern, v) for v in readings)
-        worst = max(worst, best / max(1.0, float(x.float().abs().max())))
-    return worst, seen
+        zs = [_z(pattern, v) for _, t in outputs[l] for _, v in v_readings(t, heads, batch, pos)]
+        seen = seen or bool(zs)
+        if x is None or tuple(x.shape[:2]) != (batch, pos) or not zs:
+            return float("inf"), 0.0, seen
+        scores = [_compare(x, z) for z in zs]
+        worst = max(worst, min(e for e, _ in scores) / max(1.0, float(x.float().abs().max())))
+        kept = min(kept, max(k for _, k in scores))
+    return worst, kept, seen
 
 
 def _capture(model, cands, blocks, probe, spec, inside):
@@ -151,13 +166,14 @@ def check_candidates(model, spec, cands, blocks, inside, probe=None):
     else:
         why = _why_unchecked(attentions, spec)
     errors: dict[int, float] = {}
+    gated: list[tuple[int, float]] = []  # candidates whose input keeps pattern × V's signs: a gate after it
     v_seen = False
     if why is None:
         batch, _, pos, _ = attentions[0].shape
         tol = TOLERANCE.get(next(model.parameters()).dtype, 1e-5)
         for i, c in enumerate(cands):
             for k in _kv_counts(spec):
-                worst, seen = _worst(inputs, outputs, attentions, i, (spec.n_heads, k, spec.d_head), batch, pos)
+                worst, kept, seen = _worst(inputs, outputs, attentions, i, (spec.n_heads, k, spec.d_head), batch, pos)
                 v_seen = v_seen or seen
                 errors[i] = min(errors.get(i, float("inf")), worst)
                 if worst <= tol:
@@ -167,6 +183,14 @@ def check_candidates(model, spec, cands, blocks, inside, probe=None):
                         else f" (V read with {k} KV heads; the config says {spec.n_kv_heads})"
                     )
                     return c, f"pattern×V max err {worst:.1e}{note}"
+                if kept >= SIGNS_KEPT:
+                    gated.append((i, worst))
+        if gated:  # each head's slice is that head's pattern × V, scaled by a positive gate: still one head's
+            i, worst = gated[0]
+            return cands[i], (
+                "shape only: a per-head transform after pattern × V (a gate or sink scaling: the input keeps "
+                f"pattern × V's signs, max err {worst:.1e})"
+            )
         if not v_seen:
             why = "V not capturable (no module inside the attention outputs a tensor shaped as V)"
     if why is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from headscope.probes.errors import ModelIncompatibleError
@@ -135,6 +136,9 @@ def linear_shape(mod: nn.Module) -> tuple[int, int] | None:
     weight ``[in, out]``); None for any other module."""
     if isinstance(mod, nn.Linear):
         return mod.in_features, mod.out_features
+    sizes = getattr(mod, "in_features", None), getattr(mod, "out_features", None)
+    if all(isinstance(v, int) for v in sizes) and isinstance(getattr(mod, "weight", None), torch.Tensor):
+        return sizes  # a linear map of another class (I-BERT's QuantLinear, quantised layers)
     w = getattr(mod, "weight", None)
     if w is not None and type(mod).__name__ == "Conv1D" and w.dim() == 2:
         return int(w.shape[0]), int(w.shape[1])

@@ -92,15 +92,28 @@ def test_a_decoy_of_a_known_name_fails_the_check():
 
 
 def test_none_passing_is_one_line_naming_what_was_tried():
-    """A transform between the heads and the projection (each head's output doubled): no
-    candidate's input is pattern × V, so the hooks would not see the heads."""
+    """A transform between the heads and the projection that moves each head's output into the
+    next head's slice: no candidate's input is pattern × V, so the hooks would not see the heads."""
     hf = tiny_hf_model("llama")[0]  # GQA: only o_proj has the heads' shape
     for layer in hf.model.layers:
-        layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a: (a[0] * 2.0,))
+        layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a: (a[0].roll(16, dims=-1),))
     with pytest.raises(ModelIncompatibleError) as e:
         find_layout(hf, _spec(hf, "llama"))
     msg = str(e.value)
     assert "\n" not in msg and "pattern × V" in msg and "model.layers.{layer}.self_attn.o_proj (err " in msg
+
+
+def test_a_positive_gate_after_the_heads_is_kept_shape_only_and_says_so():
+    """Each head's pattern × V scaled by a positive gate before the projection (as Beam's and
+    AFMoE's sigmoid gates, Granite SWA's sink scale): every head's slice is still that head's, so
+    the projection is kept, recorded as shape only with why."""
+    hf = tiny_hf_model("llama")[0]
+    gate = torch.sigmoid(torch.randn(4 * 16, generator=torch.Generator().manual_seed(0)))
+    for layer in hf.model.layers:
+        layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a: (a[0] * gate,))
+    layout = find_layout(hf, _spec(hf, "llama"))
+    assert layout.record()["attn_out"] == "model.layers.{layer}.self_attn.o_proj"
+    assert layout.check.startswith("shape only: a per-head transform after pattern × V"), layout.check
 
 
 def test_where_no_pattern_is_returned_the_shape_decides_and_says_so():
