@@ -33,6 +33,15 @@ def token_limit(model) -> int:
     return int(model.spec.max_positions)
 
 
+def sliding_windows(model) -> list[int]:
+    """The sliding windows of ``model``'s layers, smallest first (in-house models; [] for a
+    model without, or one whose backend does not say)."""
+    from headscope.probes.chunked import inhouse_network
+
+    net = inhouse_network(model)
+    return sorted({b.window for b in net.blocks if b.window is not None}) if net is not None else []
+
+
 def _count(tokenizer, text: str) -> tuple[int, list]:
     from headscope.probes.tokens import encode_plain
 

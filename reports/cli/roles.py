@@ -315,7 +315,7 @@ def _long_passages(args, model, inputs: dict) -> dict:
     for run.json); a length past the model's context is refused in one line."""
     import dataclasses
 
-    from headscope.analyses.roles.long_inputs import passages, token_limit
+    from headscope.analyses.roles.long_inputs import passages, sliding_windows, token_limit
 
     limit = token_limit(model)
     if args.max_tokens > limit:
@@ -324,8 +324,13 @@ def _long_passages(args, model, inputs: dict) -> dict:
     items, starts, cut = passages(model.tokenizer, text.lines, args.max_tokens)
     numbers = tuple(text.line_numbers[i] for i in starts) if text.line_numbers else ()
     record = {"max_tokens": args.max_tokens, "passages": len(items), "lines": len(text.lines), "lines_cut": cut}
-    if cut and not args.quiet:
-        print(f"note: {cut} line(s) longer than --max-tokens {args.max_tokens} cut to it", file=sys.stderr)
+    windows = sliding_windows(model)
+    record["sliding_windows"] = windows
+    notes = [f"{cut} line(s) longer than --max-tokens {args.max_tokens} cut to it"] if cut else []
+    if windows and args.max_tokens > windows[0]:
+        notes.append(f"layers with a sliding window of {windows[0]} tokens see only that many keys of a passage")
+    for note in notes if not args.quiet else ():
+        print(f"note: {note}", file=sys.stderr)
     return {**inputs, "text": dataclasses.replace(text, lines=tuple(items), line_numbers=numbers), "long_text": record}
 
 

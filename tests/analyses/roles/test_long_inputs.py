@@ -45,6 +45,7 @@ def test_roles_on_passages_records_them_in_run_json(tmp_path, capsys):
     assert rec["max_tokens"] == 200 and rec["lines"] == 40 and rec["lines_cut"] == 0 and 1 < rec["passages"] < 40
     assert doc["n_items"]["summary"] == rec["passages"]
     assert doc["pattern_statistics"] == {"text": "chunked (query chunk 128)"}  # passages longer than a chunk
+    assert rec["sliding_windows"] == []  # MiniLM has none
 
 
 def test_max_tokens_past_the_context_is_refused_in_one_line(tmp_path, capsys):
@@ -54,3 +55,11 @@ def test_max_tokens_past_the_context_is_refused_in_one_line(tmp_path, capsys):
     assert main([*argv, "--out", str(tmp_path / "r"), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["headscope: error: --max-tokens 4096 is past the model's context of 512 positions"]
+
+
+def test_sliding_windows_are_read_from_the_layers(minilm):
+    from headscope.analyses.roles.long_inputs import sliding_windows
+    from tests.chunk_cases import family_model
+
+    assert sliding_windows(family_model("mistral")[0]) == [8] and sliding_windows(minilm) == []
+    assert sliding_windows(family_model("gemma3_text")[0]) == [8]
