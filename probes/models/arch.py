@@ -86,13 +86,27 @@ _QK_NORM_TYPES = frozenset(t for f in FAMILIES.values() if f.qk_norm for t in (f
 #: ``d_kv`` / ``d_ff``: T5 and its kin; ``n_layers`` / ``n_heads``: MPT, XLM;
 #: ``multi_query_group_num``: ChatGLM; ``kv_channels``: the head size Megatron-style configs name)
 _KEYS = {
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers"),
+    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
     "d_model": ("hidden_size", "n_embd", "d_model"),
-    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads"),
+    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads"),
     "kv_heads": ("num_key_value_heads", "multi_query_group_num"),
     "d_head": ("head_dim", "d_kv", "kv_channels"),
-    "d_mlp": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+    "d_mlp": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim"),
 }
+
+
+def is_encoder_type(mtype: str) -> bool:
+    """True for a bidirectional model type: one of :data:`ENCODER_TYPES`, or a type of transformers'
+    registry that has no causal-LM class (``AutoModelForCausalLM`` cannot build it: an encoder or an
+    embedder, loaded with ``AutoModel``); a type the registry does not know is a decoder."""
+    if mtype in ENCODER_TYPES:
+        return True
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        return False
+    return mtype in CONFIG_MAPPING_NAMES and mtype not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 
 def _first(hf: dict, *keys):
@@ -229,7 +243,10 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         raise ModelIncompatibleError(
             f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
         )
-    encoder = mtype in ENCODER_TYPES and not hf.get("is_decoder")
+    encoder = is_encoder_type(mtype) and not hf.get("is_decoder")
+    d_head = _first(hf, *_KEYS["d_head"]) or d_model // n_heads
+    if mtype == "convbert" and isinstance(hf.get("head_ratio"), int) and hf["head_ratio"] > 1:
+        n_heads = max(1, n_heads // hf["head_ratio"])  # ConvBERT: 1/head_ratio of the heads attend, each as wide
     n_kv = (None if encoder else _first(hf, *_KEYS["kv_heads"])) or n_heads  # encoders: MHA
     if mtype == "falcon" and not hf.get("num_key_value_heads"):  # Falcon's own names
         n_kv = hf.get("num_kv_heads") if hf.get("new_decoder_architecture") else 1 if hf.get("multi_query") else n_heads
@@ -252,7 +269,7 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=n_kv,
-        d_head=_first(hf, *_KEYS["d_head"]) or d_model // n_heads,
+        d_head=d_head,
         d_mlp=_int_or_none(_first(hf, *_KEYS["d_mlp"])),
         vocab_size=_int_or_none(hf.get("vocab_size")),
         max_positions=_int_or_none(_first(hf, "max_position_embeddings", "n_positions")),

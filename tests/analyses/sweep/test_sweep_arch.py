@@ -50,3 +50,26 @@ def test_the_usual_keys_win_over_the_aliases():
         "config",
     )
     assert a.n_layers == 2
+
+
+@pytest.mark.parametrize("mtype", ["clip_text_model", "yoso", "bros"])
+def test_a_type_with_no_causal_lm_class_is_an_encoder(mtype):
+    """transformers has no AutoModelForCausalLM class for these: read as decoders, the hf backend loaded
+    them with it and failed ("Unrecognized configuration class ... AutoModelForCausalLM")."""
+    cfg = AutoConfig.for_model(mtype, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+    assert arch_from_hf_config(cfg.to_dict(), mtype).encoder
+
+
+@pytest.mark.parametrize("mtype", ["olmo2", "some_decoder_transformers_does_not_know"])
+def test_a_decoder_stays_a_decoder(mtype):
+    a = arch_from_hf_config({"model_type": mtype, "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4})
+    assert not a.encoder
+
+
+def test_convbert_attends_with_its_heads_over_head_ratio():
+    """ConvBERT's attention has num_attention_heads // head_ratio heads, each d_model / num_attention_heads
+    wide (the rest of the width is its span-based convolution): read as 4 heads, roles refused the
+    patterns' shape ("values must be [n_items, n_layers*n_heads] = [n, 8]; got shape (1, 4)")."""
+    cfg = AutoConfig.for_model("convbert", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_ratio=2)
+    a = arch_from_hf_config(cfg.to_dict(), "convbert")
+    assert (a.n_heads, a.n_kv_heads, a.d_head, a.encoder) == (2, 2, 16, True)
