@@ -5,7 +5,7 @@ For one family (:func:`sweep_family`) the tiny model is saved to a folder
 it, with the smallest settings that still go through every code path:
 
 * ``card``: ``headscope card DIR --json``;
-* ``capture``: ``headscope capture DIR --json``, then the patterns of the backend ``--backend auto``
+* ``capture``: ``headscope capture DIR --quantities pattern,z --json`` (what the analyses read), then the patterns of the backend ``--backend auto``
   chooses, on a padded batch, against ``output_attentions`` of the HF model loaded with eager
   attention (every query row that is not padding, all keys): equal within :data:`PATTERN_TOL`;
 * ``roles``: ``headscope roles DIR`` on :data:`ROLE_GROUPS` with a few sentences of the shipped
@@ -76,6 +76,8 @@ SAMPLE_EXTRA = (
 )
 #: a stage running longer is stopped (its outcome says so) and the sweep goes on
 STAGE_TIMEOUT_S = 300
+#: what the capture stage captures: the patterns and the heads' outputs (``z``), what the analyses read
+CAPTURED = "pattern,z"
 #: the padded batch of the capture stage's pattern check (two lengths, so one item is padded)
 PADDED_TEXTS = ("The cat sat on the mat because it was warm.", "Heads attend.")
 
@@ -172,12 +174,23 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     from headscope.probes.models.loading import load_model
 
     with contextlib.redirect_stderr(io.StringIO()):  # auto's "rejected ..." lines: kept in the row instead
-        model = load_model(str(folder))
+        try:
+            model = load_model(str(folder))
+        except Exception as e:  # noqa: BLE001 - no backend loads it: the row says so, the stage gives the reason
+            row["backend"] = ""
+            row["rejected"] = "; ".join(
+                [_line(e), *(n.removeprefix("backend auto: ") for n in getattr(e, "__notes__", ()))]
+            )
+            raise
     row["backend"] = model.backend
     row["rejected"] = "; ".join(f"{r['backend']}: {r['reason']}" for r in getattr(model, "backend_rejected", []))
     batch = model.encode(list(PADDED_TEXTS))
     ours = model.run(batch, ("pattern",))
-    hf = getattr(transformers, KINDS[kind]).from_pretrained(str(folder), attn_implementation="eager").eval()
+    klass = KINDS[kind]
+    saved = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if saved.get("is_encoder_decoder"):  # an encoder-decoder: its encoder's self-attention, as the hf backend loads it
+        klass = "AutoModelForTextEncoding"
+    hf = getattr(transformers, klass).from_pretrained(str(folder), attn_implementation="eager").eval()
     with torch.no_grad():
         out = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
     theirs = out.attentions
@@ -197,8 +210,9 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
 
 
 def _capture(folder: Path, kind: str, row: dict) -> str:
-    cli = _cli(["capture", str(folder), "--json"])
-    return cli if cli != "ok" else _pattern_check(folder, kind, row)
+    cli = _cli(["capture", str(folder), "--quantities", CAPTURED, "--json"])
+    check = _pattern_check(folder, kind, row)  # also when the command failed: it names the backend auto chose
+    return cli if cli != "ok" else check
 
 
 def _report(folder: Path, out: Path, inputs: dict[str, str]) -> str:
@@ -261,11 +275,11 @@ def sweep_family(model_type: str, work: Path, inputs: dict[str, str], timings: d
     }
     for stage, fn in runs.items():
         start = time.perf_counter()
-        row[stage] = _stage(fn).replace(
-            f"{work}/", ""
-        )  # a path in a reason names the family's folder, not the temp root
+        row[stage] = _stage(fn)
         if timings is not None:
             timings[(model_type, stage)] = time.perf_counter() - start
+    for key in ("rejected", *STAGES):  # a path in a reason names the family's folder, not the temporary root
+        row[key] = row[key].replace(f"{work}/", "")
     return row
 
 

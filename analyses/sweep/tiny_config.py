@@ -7,8 +7,8 @@ encoder) or ``AutoModel`` (a text task only: an encoder–decoder, an embedder) 
 others with the reason they are left out (vision, audio, multimodal, time series, …).
 :func:`tiny_config` shrinks a family's default config through its own attribute names
 (``attribute_map`` and the common aliases: ``n_embd``, ``d_model``, ``n_head``, ``n_layer``,
-``ffn_dim``, ``d_ff``, …): d_model 64, 2 layers, 4 heads of 16 (KV heads 2, or 1 where the
-family is MQA), FFN 128, the vocabulary of the tokenizer saved beside it; :func:`save_tiny`
+``ffn_dim``, ``d_ff``, …): d_model 64, 2 layers, 4 heads of 16 (a decoder's KV heads 2, or 1 where
+the family is MQA), FFN 128, the vocabulary of the tokenizer saved beside it; :func:`save_tiny`
 builds the model, draws its weights (seeded) and writes it with that tokenizer. A family that
 cannot be shrunk or built raises :class:`TinyBuildError` with the reason in one line.
 
@@ -121,6 +121,7 @@ _SMALL = {
     "qk_nope_head_dim": ("set", 8),
     "v_head_dim": ("set", D_HEAD),
     "embedding_size": ("set", 32),
+    "rotary_dim": ("max", D_HEAD // 2),  # GPT-J, CodeGen: a rotary part within the tiny head (partial rotary)
     "max_position_embeddings": ("max", 512),
     "n_positions": ("max", 512),
 }
@@ -186,9 +187,10 @@ def _shrink_layer_list(values: list, n: int) -> list:
     return [first, other][:n] if n == 2 else values[:n]
 
 
-def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int]):
+def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int], encoder: bool = False):
     """The family's config class with its default options and tiny sizes (see the module);
-    ``specials``: the tokenizer's special ids (``pad_token_id``, ``bos_token_id``, …). Raises
+    ``specials``: the tokenizer's special ids (``pad_token_id``, ``bos_token_id``, …); ``encoder``: keep
+    an MHA default MHA (a decoder gets 2 KV heads, GQA, where its config has the key). Raises
     :class:`TinyBuildError` for a config with a non-text part or one that refuses the sizes."""
     from transformers import CONFIG_MAPPING
 
@@ -204,7 +206,7 @@ def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int]):
     if not keys.get("hidden") or not keys.get("layers") or not keys.get("heads"):
         missing = [f for f in ("hidden", "layers", "heads") if not keys.get(f)]
         raise TinyBuildError(f"cannot shrink: no config key for {', '.join(missing)} ({cls.__name__})")
-    kw = _sizes(keys, defaults)
+    kw = _sizes(keys, defaults, encoder)
     kw.update(_small_extras(defaults, kw))
     for key in keys.get("vocab", ()):
         kw[key] = vocab_size
@@ -221,7 +223,7 @@ def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int]):
     return config
 
 
-def _sizes(keys: dict[str, list[str]], defaults: dict) -> dict:
+def _sizes(keys: dict[str, list[str]], defaults: dict, encoder: bool) -> dict:
     kw = {}
     for key in keys["hidden"]:
         kw[key] = D_MODEL
@@ -232,8 +234,8 @@ def _sizes(keys: dict[str, list[str]], defaults: dict) -> dict:
     heads = defaults[keys["heads"][0]]
     for key in keys.get("kv_heads", ()):
         kv = defaults[key]
-        if isinstance(kv, int):  # MHA stays MHA, MQA stays MQA, GQA gets 2 groups
-            kw[key] = N_HEADS if kv == heads else 1 if kv == 1 else 2
+        if isinstance(kv, int):  # MQA stays MQA, a decoder gets 2 groups (GQA), an encoder's MHA stays MHA
+            kw[key] = 1 if kv == 1 else N_HEADS if encoder and kv == heads else 2
     for key in keys.get("head_dim", ()):
         if defaults[key] is not None:
             kw[key] = D_HEAD
@@ -294,7 +296,7 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
         for name in ("pad", "bos", "eos", "sep", "cls", "mask", "unk")
         if getattr(tok, f"{name}_token_id", None) is not None
     }
-    config = tiny_config(model_type, vocab_size=len(tok), specials=specials)
+    config = tiny_config(model_type, vocab_size=len(tok), specials=specials, encoder=kind == "encoder")
     torch.manual_seed(seed)
     try:
         model = getattr(transformers, KINDS[kind]).from_config(config, attn_implementation="eager")
