@@ -35,6 +35,7 @@ from headscope.probes.budget import (
 from headscope.reports.budget_stages import (
     apply_patch,
     apply_prune,
+    auto_probes,
     model_shape,
     patch_stages,
     prune_stages,
@@ -53,6 +54,7 @@ _COMMON = {
     "weights": "the weights alone need this much: use a machine with more free memory or a smaller model",
     "loading": "loading reads a float32 copy of the weights beside them: use a machine with more free memory",
     "loader residue": "use a machine with more free memory or a smaller model",
+    "probe copy": "use --backend inhouse (auto loads an HF copy beside it to check its patterns)",
 }
 REMEDIES = {
     "roles": {
@@ -95,6 +97,7 @@ class Budget:
     load: bool = True
     convert: bool = False
     asked: dict[str, int] = field(default_factory=dict)
+    probe: bool = False
     emit: object = field(default=None, repr=False)  # where start() printed the plan (refine says a change)
 
     def batch(self, stage: str, default: int) -> int:
@@ -167,14 +170,13 @@ def _changes(sizes: dict[str, tuple[int, int]]) -> str:
     return "; ".join(f"batch {x} -> {y} to fit ({', '.join(names)})" for (x, y), names in by.items())
 
 
-def _fit(command, shape, stages, avail, *, load, convert, uniform) -> Estimate:
+def _fit(command, shape, stages, avail, *, load, convert, uniform, probe=False) -> Estimate:
     """:func:`~headscope.probes.budget.fit`, then (``uniform``) every stage at the smallest batch fitted."""
-    est = fit(shape, stages, avail, command=command, load=load, convert=convert, remedies=REMEDIES.get(command))
+    kw = dict(load=load, convert=convert, probe=probe)
+    est = fit(shape, stages, avail, command=command, remedies=REMEDIES.get(command), **kw)
     if uniform and len(set(est.batch_sizes.values())) > 1:
         b = min(est.batch_sizes.values())
-        est = estimate(
-            shape, [replace(s, batch_size=b) for s in stages], process=avail.resident, load=load, convert=convert
-        )
+        est = estimate(shape, [replace(s, batch_size=b) for s in stages], process=avail.resident, **kw)
     return est
 
 
@@ -186,16 +188,18 @@ def plan(
     load: bool = True,
     convert: bool = False,
     uniform: bool = False,
+    probe: bool = False,
 ) -> Budget:
     """Fit ``stages`` of ``command`` to the memory available now (see the module doc; ``uniform``:
-    one batch size for every stage, the smallest fitted); raises
+    one batch size for every stage, the smallest fitted; ``probe``: ``--backend auto`` will probe
+    the in-house model against an HF copy while loading); raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit."""
     avail = available_memory()
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:
-        return Budget(command, None, stages, avail, None, load, convert, asked)
-    est = _fit(command, shape, stages, avail, load=load, convert=convert, uniform=uniform)
-    return Budget(command, shape, stages, avail, est, load, convert, asked)
+        return Budget(command, None, stages, avail, None, load, convert, asked, probe=probe)
+    est = _fit(command, shape, stages, avail, load=load, convert=convert, uniform=uniform, probe=probe)
+    return Budget(command, shape, stages, avail, est, load, convert, asked, probe=probe)
 
 
 # ----------------------------------------------------------------------------- CLI hooks
@@ -226,10 +230,12 @@ def _on_gpu(device) -> bool:
 
 
 def start(
-    command: str, model, *, dtype: str, device, stages_of, emit=None, uniform: bool = False
+    command: str, model, *, dtype: str, device, stages_of, emit=None, uniform: bool = False, backend: str = "auto"
 ) -> tuple[Budget, object]:
     """The plan of a run of ``command`` on MODEL ``model`` before it loads: ``stages_of(shape,
-    tokenizer)`` gives its stages. Prints :meth:`Budget.line` through ``emit``; raises
+    tokenizer)`` gives its stages; ``backend``: the one asked for (``auto`` probes an in-house
+    model against an HF copy while loading: :func:`~headscope.reports.budget_stages.auto_probes`).
+    Prints :meth:`Budget.line` through ``emit``; raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when the run cannot fit. Returns the
     budget and the tokenizer read for it (or None). On a CUDA device only the load is
     estimated here (a batch's tensors live on the device, bounded by its own free memory)."""
@@ -239,7 +245,8 @@ def start(
         return plan(command, None, []), None
     shape, convert, tokenizer = got
     stages = [] if _on_gpu(device) else stages_of(shape, tokenizer)
-    budget = plan(command, shape, stages, convert=convert, uniform=uniform)
+    probe = backend == "auto" and auto_probes(model)
+    budget = plan(command, shape, stages, convert=convert, uniform=uniform, probe=probe)
     budget.emit = emit
     say(budget)
     return budget, tokenizer
@@ -289,6 +296,7 @@ def roles_start(args, cfg, groups, inputs: dict, device):
     budget, _tok = start(
         "roles",
         args.model,
+        backend=getattr(args, "backend", "auto"),
         dtype=args.dtype,
         device=device,
         stages_of=lambda shape, tok: roles_stages(shape, cfg, groups, inputs, tok),
@@ -332,6 +340,7 @@ def prune_start(args, cfg, device):
     budget, _tok = start(
         "prune",
         args.model,
+        backend=getattr(args, "backend", "auto"),
         dtype=args.dtype,
         device=device,
         stages_of=lambda shape, tok: prune_stages(shape, cfg, tok),
@@ -354,6 +363,7 @@ def patch_start(args, cfg, device):
     budget, _tok = start(
         "patch",
         args.model,
+        backend=getattr(args, "backend", "auto"),
         dtype=args.dtype,
         device=device,
         stages_of=lambda shape, tok: patch_stages(
@@ -386,10 +396,26 @@ def parts_timer(progress, stage: str, total: int | None, quiet: bool, unit: str)
     return TimeEstimate(total or 0, emit, inner=progress, unit=unit, stages={stage})
 
 
-def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs, patching: bool, notice=None):
+def report_start(
+    model,
+    *,
+    dtype,
+    device,
+    rcfg,
+    pcfg,
+    ccfg,
+    groups,
+    role_inputs,
+    patching: bool,
+    notice=None,
+    quick: bool = False,
+    backend: str = "auto",
+):
     """``build_report``: the plan before the model loads -> ``(budget, rcfg, pcfg, ccfg)`` with
     the batch sizes that fit (refused in one line when none does). ``model``: a MODEL argument;
-    a model already loaded is planned without its load (its weights are in the process)."""
+    a model already loaded is planned without its load (its weights are in the process).
+    ``quick``: ``pcfg`` is the default quick stage, sized here by the model's cost
+    (:func:`sized_quick`)."""
     from headscope.analyses.patching.activation import PatchConfig
     from headscope.analyses.roles.pipeline import check_roles
 
@@ -403,7 +429,9 @@ def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs,
         return out + (patch_stages(shape, patch, longest=longest) if patching else [])
 
     if isinstance(model, str) or hasattr(model, "__fspath__"):
-        budget, _tok = start("report", str(model), dtype=dtype, device=device, stages_of=stages_of, emit=notice)
+        budget, _tok = start(
+            "report", str(model), dtype=dtype, device=device, stages_of=stages_of, emit=notice, backend=backend
+        )
     else:
         preload("report")
         shape = shape_of_model(model, dtype)
@@ -411,6 +439,8 @@ def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs,
         budget = plan("report", shape, stages, load=False)
         budget.emit = notice
         say(budget)
+    if quick and budget.shape is not None:
+        pcfg = sized_quick(pcfg, budget.shape)
     est = budget.estimate
     if est is None:
         return budget, rcfg, pcfg, ccfg
@@ -422,6 +452,18 @@ def report_start(model, *, dtype, device, rcfg, pcfg, ccfg, groups, role_inputs,
     if (fitted.batch_size, fitted.max_rows) != (ccfg.batch_size, ccfg.max_rows):
         ccfg = replace(ccfg, batch_size=fitted.batch_size, max_rows=fitted.max_rows)
     return budget, rcfg, pcfg, ccfg
+
+
+def sized_quick(pcfg, shape: Shape):
+    """The quick pruning stage ``pcfg`` sized by the model's cost
+    (:func:`~headscope.analyses.quick_settings.quick_pruning_for`): unchanged under
+    :data:`~headscope.analyses.quick_settings.LARGE_COST`, else with the studies and orders of
+    :data:`~headscope.analyses.quick_settings.QUICK_PRUNING_LARGE` (its seed and batch kept). The
+    stages planned are the same (both run importance)."""
+    from headscope.analyses.quick_settings import QUICK_PRUNING, quick_pruning_for
+
+    tier = quick_pruning_for(n_params=shape.n_params, n_heads=shape.n_layers * shape.n_heads)
+    return pcfg if tier is QUICK_PRUNING else replace(pcfg, **tier)
 
 
 def report_timer(progress, budget: Budget, groups, rcfg, role_inputs, notice):

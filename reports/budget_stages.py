@@ -90,6 +90,20 @@ def _model_shape(model, dtype: str):
     return Shape.from_hf_config(hf, dtype=dtype, where=str(source.path)), convert, tokenizer
 
 
+def auto_probes(model) -> bool:
+    """Whether ``--backend auto`` will load MODEL ``model`` in-house and probe it against an HF
+    eager copy (:func:`~headscope.probes.models.loading.choose_backend`: the in-house stack
+    covers its family); False where that cannot be told from its config."""
+    from headscope.probes.errors import HeadscopeError
+    from headscope.probes.models.checkpoints import resolve
+    from headscope.probes.models.loading import choose_backend
+
+    try:
+        return choose_backend(resolve(model))[0] == "inhouse"
+    except (HeadscopeError, ValueError, TypeError, KeyError, OSError):
+        return False
+
+
 def shape_of_model(model, dtype: str) -> Shape | None:
     """The :class:`Shape` of a loaded model (its HF config), for a run on a model a notebook
     holds; None when its config is unknown or unreadable."""

@@ -73,6 +73,7 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     report's sections read (the model's record, the settings run, timings, summaries)."""
     from headscope.reports import budget as memory
 
+    quick = not config.full and config.prune_config is None  # the default quick stage: sized by the model's cost
     config = config.resolved()
     budget, rcfg, pcfg, ccfg = memory.report_start(
         model,
@@ -85,6 +86,8 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         role_inputs=config.role_inputs,
         patching=config.patching,
         notice=notice,
+        quick=quick,
+        backend=config.backend,
     )
     config = config.resolved(roles=rcfg, pruning=pcfg, causal=ccfg)
     opened = open_model(model, config, progress=progress)
@@ -110,8 +113,24 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         "patching_summary": run.patching_summary,
         "absent": run.absent,
         "memory": memory.finish(budget, notice),
+        "quick": None if config.full else {"leaves_out": quick_leaves_out(pcfg, ccfg if config.patching else None)},
     }
     return run.frames, opened.card, opened.card_text, meta
+
+
+def quick_leaves_out(pcfg, ccfg=None) -> str:
+    """What a quick report leaves out of ``--full``, in one line: the pruning study's part
+    (:func:`~headscope.analyses.quick_settings.leaves_out` of ``pcfg``) and, with the patching
+    stage's ``ccfg``, its own (a KV group patched as one unit on a GQA model, fewer items)."""
+    from headscope.analyses.quick_settings import leaves_out
+
+    parts = [f"pruning: {leaves_out(pcfg)}"] if leaves_out(pcfg) else []
+    if ccfg is not None and ccfg.unit is None and ccfg.n_items is None:
+        parts.append(
+            f"patching: heads one by one on GQA models (quick patches a KV group as one unit); items per task "
+            f"past {ccfg.row_budget} // (units x tasks) (at least {ccfg.min_items}; --full: {ccfg.max_items})"
+        )
+    return "; ".join(parts)
 
 
 # ----------------------------------------------------------------- summary and writing
@@ -267,6 +286,7 @@ def _report_json(frames, card, meta) -> dict:
         card=card,
         tables=sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
         memory={**meta["memory"], "peak_rss_bytes": peak_rss_bytes()} if meta.get("memory") else None,
+        quick=meta.get("quick"),
     )
 
 

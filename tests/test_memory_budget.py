@@ -157,7 +157,8 @@ def test_roles_over_the_memory_limit_exits_2_with_one_line_and_writes_nothing(tm
 
 def test_qwen_05b_config_gets_an_estimate_up_front_and_a_refusal_under_a_small_limit(tmp_path, qwen_config):
     """The issue's model from its config alone (no weights exist): the estimate is printed before
-    anything loads; under 2 GiB it is refused in one line naming the load (weights x 2)."""
+    anything loads; under 2 GiB it is refused in one line naming the load (the weights, and the HF
+    copy --backend auto loads beside them to probe the in-house patterns: 5.19 GiB measured)."""
     out = tmp_path / "roles"
     proc = _headscope(
         ["roles", qwen_config, "--roles", "positional", "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT="8G")
@@ -176,8 +177,9 @@ def test_qwen_05b_config_gets_an_estimate_up_front_and_a_refusal_under_a_small_l
     small = _headscope(["roles", qwen_config, "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT="2G"))
     assert small.returncode == 2
     (line,) = _error_lines(small)
-    assert line.startswith("headscope: error: roles needs ~4.") and "for loading the model" in line
-    assert "weights 1.84 GiB" in line and "(HEADSCOPE_MEMORY_LIMIT=2G)" in line
+    # the load's peak is --backend auto's probe: the in-house weights, what their load left, an HF copy
+    assert line.startswith("headscope: error: roles needs ~5.") and "for loading the model" in line
+    assert "probe copy 2.16 GiB, weights 1.84 GiB" in line and "(HEADSCOPE_MEMORY_LIMIT=2G)" in line
     assert len(small.stderr.strip().splitlines()) == 1 and not out.exists()
 
 
@@ -297,3 +299,95 @@ def test_batch_shrinks_under_a_budget_between_batch_1_and_default_and_the_figure
     for col in ("score", "baseline", "margin", "ci_low", "ci_high"):
         assert (a[col] - b[col]).abs().max() < 1e-5, col
     assert (a.p_value - b.p_value).abs().max() < 1e-3  # a permutation count may move by one at a tie
+
+
+# ----------------------------------------------------------------------------- quick settings sized by the model
+
+
+def _report_plan(model, quick=True):
+    """The report's plan before the model loads: ``(budget, pcfg)`` for MODEL ``model``, default settings."""
+    from headscope.analyses.run import RunConfig
+    from headscope.reports.budget import report_start
+
+    config = RunConfig()
+    budget, _rcfg, pcfg, _ccfg = report_start(
+        str(model),
+        dtype="fp32",
+        device=None,
+        rcfg=config.roles(),
+        pcfg=config.pruning(),
+        ccfg=config.causal(),
+        groups=config.role_groups,
+        role_inputs=config.role_inputs,
+        patching=True,
+        quick=quick,
+    )
+    return budget, pcfg
+
+
+def test_qwen_05b_config_gets_the_large_quick_stage_and_the_shipped_models_keep_theirs(qwen_config):
+    """From the config alone (no weights): Qwen2-0.5B's 494M parameters x 336 heads are over
+    LARGE_COST, so the default report's quick pruning drops the single-head ablation (336 more
+    forwards of the items, each with a 151,936-entry unembedding) and the ablation-ordered and
+    reverse-importance curves; MiniLM-L6 and SmolLM2-135M keep QUICK_PRUNING exactly (their
+    report tables stay as they are); an explicit configuration (quick=False) is never resized."""
+    from headscope.analyses.pruning.study import PruneConfig
+    from headscope.analyses.quick_settings import LARGE_COST, QUICK_PRUNING, QUICK_PRUNING_LARGE
+
+    def settings(p):  # what the tier sets (the batch sizes are the memory plan's, machine-dependent)
+        return p.quick, p.studies, p.orders, p.ablation_modes, p.items, p.fraction_limit, p.seed
+
+    budget, pcfg = _report_plan(qwen_config.parent)
+    shape = budget.shape
+    assert shape.n_params * shape.n_layers * shape.n_heads > LARGE_COST
+    assert settings(pcfg) == settings(PruneConfig(**QUICK_PRUNING_LARGE, seed=0))
+    assert pcfg.studies == ("importance", "curves") and pcfg.orders == ("importance", "random")
+    assert settings(_report_plan(qwen_config.parent, quick=False)[1]) == settings(PruneConfig(**QUICK_PRUNING))
+    for shipped in ("minilm-l6", "smollm2-135m"):
+        b, p = _report_plan(shipped)
+        assert b.shape is not None and b.shape.n_params * b.shape.n_layers * b.shape.n_heads < LARGE_COST / 1.3
+        assert settings(p) == settings(PruneConfig(**QUICK_PRUNING, seed=0)), shipped
+
+
+def test_the_report_states_what_quick_mode_leaves_out():
+    """The Run section (and run.json's ``quick``) says in one line what the quick stage left out
+    of --full: for the large-model stage the single-head ablation and the two curve orders, for
+    the shipped models' stage mean ablation and all-but-one; a --full run says nothing."""
+    from headscope.analyses.pruning.study import PruneConfig
+    from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_PRUNING_LARGE
+    from headscope.analyses.run import CausalConfig
+    from headscope.reports.pipeline import quick_leaves_out
+    from headscope.reports.sections.run import run_section
+
+    def rows(meta):
+        return dict(run_section(meta).blocks[0].frame.values.tolist())
+
+    large = quick_leaves_out(PruneConfig(**QUICK_PRUNING_LARGE), CausalConfig())
+    assert large.startswith("pruning: single-head ablation; all-but-one; the ablation-ordered and reverse-importance")
+    assert "patching: heads one by one on GQA models" in large
+    small = quick_leaves_out(PruneConfig(**QUICK_PRUNING), None)
+    assert small == "pruning: mean ablation; all-but-one; curves past 50% pruned; the metric's items past the first 24"
+    got = rows({"model": "m", "full": False, "quick": {"leaves_out": large}})
+    assert got["mode"] == "quick" and got["quick mode leaves out"] == large
+    assert "quick mode leaves out" not in rows({"model": "m", "full": True, "quick": None})
+    assert quick_leaves_out(PruneConfig(), None) == ""  # --full's study leaves nothing out
+
+
+def test_the_auto_probe_is_a_phase_of_the_load_and_matches_the_measured_qwen_peak():
+    """--backend auto loads an in-house model and then an HF eager copy beside it to check its
+    patterns: the load's estimate is the larger of reading the weights and that probe. On the
+    Qwen2-0.5B-shaped bf16 checkpoint (random weights, fp32 run) the probe was the run's peak,
+    5.19 GiB measured (VmHWM) with 0.46 GiB resident before the load: the estimate is within 15%
+    (without the probe it was 4.22 GiB, 19% under)."""
+    from headscope.probes.budget import LOADER_EXTRA, PROBE_COPIES
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    process = int(0.46 * 2**30)
+    plain = estimate(shape, [], process=process)
+    probed = estimate(shape, [], process=process, probe=True)
+    w = shape.n_params * 4
+    assert probed.parts["load"]["probe copy"] == int(PROBE_COPIES * w) + LOADER_EXTRA
+    assert probed.phases["load"] > plain.phases["load"] and "probe copy" not in plain.parts["load"]
+    measured = 5.19 * 2**30
+    assert abs(probed.total - measured) <= 0.15 * measured
+    assert abs(plain.total - measured) > 0.15 * measured

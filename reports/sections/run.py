@@ -12,12 +12,14 @@ from headscope.reports.document import Paragraph, Section, Table
 
 
 def run_section(meta: dict) -> Section:
-    """``meta``: model, backend(_choice), full, seed, sha256, trust_remote_code, versions, timings."""
+    """``meta``: model, backend(_choice), full, seed, sha256, trust_remote_code, versions, timings;
+    ``quick["leaves_out"]``: what quick mode left out of ``--full`` (a row after ``mode``)."""
     s = Section(id="run", title="Run")
     rows = [
         ("model", meta.get("model")),
         ("backend", meta.get("backend_choice") or meta.get("backend")),
         ("mode", "full" if meta.get("full") else "quick"),
+        *[("quick mode leaves out", lo) for lo in [(meta.get("quick") or {}).get("leaves_out")] if lo],
         ("seed", meta.get("seed")),
         ("model file SHA-256", meta.get("sha256") or "—"),
         ("trust_remote_code", "true" if meta.get("trust_remote_code") else "false"),
