@@ -86,25 +86,33 @@ def _compare(x: torch.Tensor, z: torch.Tensor) -> tuple[float, float]:
 
 
 def _kv_counts(spec) -> list[int]:
-    """The KV head counts V is read with: the spec's, then plain multi-head and multi-query (a
-    config may name KV heads its model does not use)."""
-    return list(dict.fromkeys((spec.n_kv_heads, spec.n_heads, 1)))
+    """The KV head counts V is read with: the spec's, then every other divisor of the query heads,
+    most first (a config may name KV heads its model does not use, or name them its own way)."""
+    return list(dict.fromkeys((spec.n_kv_heads, *(k for k in range(spec.n_heads, 0, -1) if spec.n_heads % k == 0))))
 
 
-def _worst(inputs, outputs, attentions, i, heads, batch, pos) -> tuple[float, float, bool]:
-    """``(largest relative error over the layers, smallest share of signs kept, whether any module
-    held V)`` of candidate ``i``, each layer read with its best V."""
-    worst, kept, seen = 0.0, 1.0, False
+def _worst(inputs, outputs, attentions, i, spec, batch, pos) -> tuple[float, float, set[int], bool]:
+    """``(largest relative error over the layers, smallest share of signs kept, the KV head counts
+    read, whether any module held V)`` of candidate ``i``, each layer read with its best V (a
+    layer may have its own KV heads: MiMo's sliding layers double them)."""
+    worst, kept, counts, seen = 0.0, 1.0, set(), False
     for l, pattern in enumerate(attentions):
         x = inputs.get((i, l))
-        zs = [_z(pattern, v) for _, t in outputs[l] for _, v in v_readings(t, heads, batch, pos)]
+        zs = [
+            (k, _z(pattern, v))
+            for k in _kv_counts(spec)
+            for _, t in outputs[l]
+            for _, v in v_readings(t, (spec.n_heads, k, spec.d_head), batch, pos)
+        ]
         seen = seen or bool(zs)
         if x is None or tuple(x.shape[:2]) != (batch, pos) or not zs:
-            return float("inf"), 0.0, seen
-        scores = [_compare(x, z) for z in zs]
-        worst = max(worst, min(e for e, _ in scores) / max(1.0, float(x.float().abs().max())))
-        kept = min(kept, max(k for _, k in scores))
-    return worst, kept, seen
+            return float("inf"), 0.0, counts, seen
+        scores = [(*_compare(x, z), k) for k, z in zs]
+        err, _, k = min(scores)
+        counts.add(k)
+        worst = max(worst, err / max(1.0, float(x.float().abs().max())))
+        kept = min(kept, max(sign for _, sign, _ in scores))
+    return worst, kept, counts, seen
 
 
 def _capture(model, cands, blocks, probe, spec, inside):
@@ -172,19 +180,17 @@ def check_candidates(model, spec, cands, blocks, inside, probe=None):
         batch, _, pos, _ = attentions[0].shape
         tol = TOLERANCE.get(next(model.parameters()).dtype, 1e-5)
         for i, c in enumerate(cands):
-            for k in _kv_counts(spec):
-                worst, kept, seen = _worst(inputs, outputs, attentions, i, (spec.n_heads, k, spec.d_head), batch, pos)
-                v_seen = v_seen or seen
-                errors[i] = min(errors.get(i, float("inf")), worst)
-                if worst <= tol:
-                    note = (
-                        ""
-                        if k == spec.n_kv_heads
-                        else f" (V read with {k} KV heads; the config says {spec.n_kv_heads})"
-                    )
-                    return c, f"pattern×V max err {worst:.1e}{note}"
-                if kept >= SIGNS_KEPT:
-                    gated.append((i, worst))
+            worst, kept, counts, seen = _worst(inputs, outputs, attentions, i, spec, batch, pos)
+            v_seen = v_seen or seen
+            errors[i] = worst
+            if worst <= tol:
+                other = sorted(counts - {spec.n_kv_heads})
+                note = (
+                    f" (V read with {'/'.join(map(str, sorted(counts)))} KV heads; the config says {spec.n_kv_heads})"
+                )
+                return c, f"pattern×V max err {worst:.1e}{note if other else ''}"
+            if kept >= SIGNS_KEPT:
+                gated.append((i, worst))
         if gated:  # each head's slice is that head's pattern × V, scaled by a positive gate: still one head's
             i, worst = gated[0]
             return cands[i], (
