@@ -26,6 +26,8 @@ projections, the norms before them, the final norm and the (un)embedding are eve
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -102,18 +104,33 @@ class _Safetensors:
             return f.get_slice(name)[start:stop]
 
 
+@contextlib.contextmanager
+def _one_name_map():
+    """While transformers maps GGUF names to HF names, build gguf's name table once: its map
+    walks every submodule and builds the same ``get_tensor_name_map(arch, n_layers)`` for each
+    (397 times for SmolLM2, most of a minute)."""
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
+
+
 class _GGUF:
     """The tensors of a GGUF file, by HF name, dequantised one at a time."""
 
     def __init__(self, path: Path, hf: dict):
         import transformers.modeling_gguf_pytorch_utils as tg
+        from gguf import GGUFReader
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from headscope.probes.models.gguf import check_gguf
         from headscope.probes.models.quiet import quiet_transformers
 
         self.where = path
-        self._reader = check_gguf(path)
+        self._reader = GGUFReader(str(path))  # checked (check_gguf) by gguf_meta_config before
         arch = str(bytes(self._reader.fields["general.architecture"].parts[-1]), "utf-8")
         cls = tg.TENSOR_PROCESSORS.get(arch, tg.TensorProcessor)
         if cls.__name__ not in LAZY_GGUF_PROCESSORS:
@@ -124,7 +141,7 @@ class _GGUF:
         cfg = {k: v for k, v in hf.items() if not k.startswith("_") and k not in ("model_type", "architectures")}
         cfg = {k: v for k, v in cfg.items() if k.isidentifier()}
         self._processor = cls(config=hf)
-        with quiet_transformers(), torch.device("meta"):
+        with quiet_transformers(), torch.device("meta"), _one_name_map():
             hf_cfg = AutoConfig.for_model(hf["model_type"], **cfg)
             meta = AutoModelForCausalLM.from_config(hf_cfg)
             to_hf = tg.get_gguf_hf_weights_map(meta, self._processor)
