@@ -71,6 +71,12 @@ def register(sub) -> None:
         "or mass (per-head first-token mass and entropy)",
     )
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="instead of the paths: run `headscope report MODEL` once with its default settings (--dtype and "
+        "--device apply) and say where its time goes, stage by stage (wall and CPU seconds, peak RSS)",
+    )
+    p.add_argument(
         "--long-context",
         action="store_true",
         help="instead of the paths: peak memory and time of the text roles' pattern statistics on one long "
@@ -192,6 +198,10 @@ def run(args) -> int:
 
     args.device = str(resolve_device(args.device))  # auto -> cuda or cpu, checked before any model loads
     check_device(args.device, "--device")
+    if args.report:
+        from headscope.reports.report_bench import print_report_stages
+
+        return print_report_stages(args.model, dtype=args.dtype, device=args.device, as_json=args.json)
     if args.long_context:
         from headscope.analyses.bench import long_context as lc
 
