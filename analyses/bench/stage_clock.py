@@ -77,7 +77,7 @@ class StageClock:
         elif total is not None and total <= PART_LIMIT and done > st.done:
             st.parts.append((now - st.last, cpu - st.last_cpu))
             st.last, st.last_cpu = now, cpu
-            if self.emit is not None:
+            if self.emit is not None and total > 1:
                 names = self.part_names.get(stage) or []
                 name = names[done - 1] if len(names) == total else ""
                 self.emit(
