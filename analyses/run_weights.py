@@ -1,0 +1,83 @@
+"""The report's weights stage: circuits read from the weights alone
+(:mod:`headscope.analyses.circuits`), then joined with what the same run measured on text
+(:mod:`headscope.analyses.circuits.joins`): K-composition into the induction heads against the
+previous-token heads of the roles, OV copying against the patching effect on the induction and
+duplicate-token tasks, and path patching through K (when the run's patching frame has it)
+against K-composition.
+
+The stage reads the per-head matrices of the loaded in-house model
+(:func:`~headscope.probes.models.inhouse.head_weights.head_weights`); on another backend it does
+not run, and :func:`weights_blocker` says why (``headscope weights DIR`` reads a checkpoint
+lazily without building the model). Its random draws use their own seeded generators: the
+other stages' figures do not depend on whether it ran.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class WeightsConfig:
+    """``draws``: Gaussian heads per head baseline; ``null``: Gaussian draws per composition
+    null; ``k``: the top-k of the joins' rankings; ``seed``: the baselines' draws."""
+
+    draws: int = 200
+    null: int = 1000
+    k: int = 5
+    seed: int = 0
+
+
+def weights_blocker(model) -> str | None:
+    """Why the weights stage cannot run on ``model`` (not an in-house model), or None."""
+    from headscope.probes.errors import ModelIncompatibleError
+    from headscope.probes.models.inhouse.head_weights import head_weights
+
+    try:
+        head_weights(model)
+    except ModelIncompatibleError:
+        return (
+            f"the weights stage reads the in-house model's per-head matrices; backend {model.backend} "
+            "(headscope weights DIR reads a checkpoint's safetensors or GGUF lazily)"
+        )
+    return None
+
+
+def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = WeightsConfig()):
+    """``(frames, summary)``: ``weights_heads`` (:data:`~headscope.analyses.circuits.frames.HEAD_COLUMNS`),
+    ``weights_composition`` (:data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`) and the
+    joins ``join_k_composition``, ``join_copying`` and, where ``frames["patching"]`` holds path
+    patching through K, ``join_path``; ``summary``: the weights' reading (folding, unembedding,
+    method), the seconds of each part and the settings."""
+    from headscope.analyses.circuits.composition import composition_scores
+    from headscope.analyses.circuits.joins import copying_patching_join, k_composition_join, path_composition_join
+    from headscope.analyses.circuits.ov_qk import head_circuits
+    from headscope.probes.models.inhouse.head_weights import head_weights
+
+    weights = head_weights(model)
+    t0 = time.perf_counter()
+    heads = head_circuits(weights, n_draws=cfg.draws, seed=cfg.seed)
+    t1 = time.perf_counter()
+    comp = composition_scores(weights, n_null=cfg.null, seed=cfg.seed)
+    t2 = time.perf_counter()
+    roles, patching = frames.get("roles"), frames.get("patching")
+    out = {
+        "weights_heads": heads,
+        "weights_composition": comp,
+        "join_k_composition": k_composition_join(comp, roles, k=cfg.k),
+        "join_copying": copying_patching_join(heads, patching, k=2 * cfg.k),
+    }
+    path = path_composition_join(comp, patching, k=2 * cfg.k)
+    if len(path):
+        out["join_path"] = path
+    summary = {
+        "folding": weights.folding,
+        "unembedding": weights.unembedding,
+        "copying_method": ", ".join(sorted(set(heads.loc[heads.statistic == "ov_copying", "method"].astype(str)))),
+        "settings": {"draws": cfg.draws, "null": cfg.null, "k": cfg.k, "seed": cfg.seed},
+        "timings": {"heads_s": round(t1 - t0, 3), "composition_s": round(t2 - t1, 3)},
+    }
+    return out, summary
