@@ -13,7 +13,8 @@ unembedding over the items), the report's memory plan (:func:`quick_pruning_for`
 :func:`headscope.reports.budget.report_start` from the model's config) takes
 :data:`QUICK_PRUNING_LARGE` instead: no single-head ablation, and the curves by importance
 and at random only (not by ablation order, which needs the single-head ablation, nor by
-reverse importance, a backward per step). Qwen2-0.5B (494 M parameters × 336 heads,
+reverse importance, a backward per step), on half the items and with 3 random draws against
+each role's heads instead of 5. Qwen2-0.5B (494 M parameters × 336 heads,
 1.7e11) is over it; the shipped models are far under it (SmolLM2-135M 3.6e10, MiniLM-L6
 1.6e9) and keep :data:`QUICK_PRUNING`. :func:`leaves_out` says, in one line, what a pruning
 configuration leaves out of ``--full``; the report's Run section and run.json (``quick``) state it.
@@ -46,13 +47,16 @@ QUICK_PRUNING: Mapping[str, object] = MappingProxyType(
 LARGE_COST = 5e10
 
 #: the quick stage of a model over :data:`LARGE_COST`: importance and the curves by importance
-#: and at random (no single-head ablation, no ablation-ordered or reverse-importance curve)
+#: and at random (no single-head ablation, no ablation-ordered or reverse-importance curve), on
+#: 12 of the metric's items, the role ablation against 3 random draws (the quick stage: 24 and 5)
 QUICK_PRUNING_LARGE: Mapping[str, object] = MappingProxyType(
     {
         "quick": True,
         "ablation_modes": ("zero",),
         "studies": ("importance", "curves"),
         "orders": ("importance", "random"),
+        "n_items": 12,
+        "role_draws": 3,
     }
 )
 
@@ -72,7 +76,8 @@ def leaves_out(pcfg) -> str:
     "mean ablation; all-but-one; curves past 50% pruned; the metric's items past the first 24"
     >>> leaves_out(PruneConfig(**QUICK_PRUNING_LARGE))  # doctest: +NORMALIZE_WHITESPACE
     "single-head ablation; all-but-one; the ablation-ordered and reverse-importance curves;
-     curves past 50% pruned; the metric's items past the first 24"
+     curves past 50% pruned; the metric's items past the first 12; the role ablation's random
+     draws past 3 (of 5)"
     """
     from headscope.analyses.pruning.study import ORDERS, STUDIES, PruneConfig
 
@@ -93,4 +98,6 @@ def leaves_out(pcfg) -> str:
             out.append(f"curves past {frac:.0%} pruned")
     if pcfg.items is not None:
         out.append(f"the metric's items past the first {pcfg.items}")
+    if pcfg.role_draws < full.role_draws:
+        out.append(f"the role ablation's random draws past {pcfg.role_draws} (of {full.role_draws})")
     return "; ".join(out)
