@@ -7,8 +7,9 @@
 on the bench's model, with the ``headscope weights`` defaults (200 draws per head, 1000 per
 composition null). :func:`large_checkpoint_case` is not a path: it times the per-head stage on a
 random-weight checkpoint with Llama-3.1-8B's shapes (:data:`LLAMA_3_1_8B`, 16 GB of bf16 shards),
-which :func:`write_random_checkpoint` writes only when asked (``headscope bench --weights-large DIR
---write-weights-large``), in a subprocess whose peak RSS is the measurement.
+which :func:`write_random_checkpoint` writes only when asked (``python -m
+headscope.analyses.bench.weights_paths DIR --write``; never in tests, never by default), in a
+subprocess whose peak RSS is the measurement.
 
 >>> round(checkpoint_bytes(**LLAMA_3_1_8B) / 1e9, 1)
 16.1
@@ -219,9 +220,7 @@ def large_checkpoint_case(directory, *, write: bool = False, draws: int = DRAWS,
     write_s = None
     if not (out / "config.json").exists():
         if not write:
-            raise FileNotFoundError(
-                f"{out}: no checkpoint; pass --write-weights-large to write one ({need / 1e9:.1f} GB)"
-            )
+            raise FileNotFoundError(f"{out}: no checkpoint; pass --write to write one ({need / 1e9:.1f} GB)")
         root = out if out.exists() else out.parent
         free = shutil.disk_usage(root).free
         if free < need + (1 << 30):
@@ -247,3 +246,26 @@ def large_checkpoint_case(directory, *, write: bool = False, draws: int = DRAWS,
         "target_mb": target_mb,
         "met": row["peak_rss_mb"] <= target_mb,
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m headscope.analyses.bench.weights_paths DIR [--write] [--draws N]``: the
+    large-checkpoint case (:func:`large_checkpoint_case`) as one JSON line; never run by default."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m headscope.analyses.bench.weights_paths", description=main.__doc__)
+    p.add_argument("directory", help="folder of the checkpoint (written there with --write)")
+    p.add_argument("--write", action="store_true", help="write the 16 GB checkpoint first if it is not there")
+    p.add_argument("--draws", type=int, default=DRAWS, help=f"Gaussian draws per head baseline ({DRAWS})")
+    args = p.parse_args(argv)
+    try:
+        row = large_checkpoint_case(args.directory, write=args.write, draws=args.draws)
+    except (OSError, RuntimeError) as e:
+        print(f"headscope: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -79,12 +79,6 @@ def copying_score(eigenvalues: torch.Tensor) -> torch.Tensor:
     return torch.where(mass > 0, pos / torch.where(mass > 0, mass, torch.ones_like(mass)), float("nan"))
 
 
-def ov_factor(W_V: torch.Tensor, W_O: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """``W_O G W_V``: ``W_V [..., d_model, d_head]``, ``W_O [..., d_head, d_model]``, ``G = W_U W_E
-    [d_model, d_model]`` -> ``[..., d_head, d_head]`` (nonzero spectrum of ``W_E W_V W_O W_U``)."""
-    return W_O.double() @ G.double() @ W_V.double()
-
-
 def _frob_product(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
     """``‖A B^T‖_F`` for ``A, B [..., d_model, d_head]`` through ``d_head × d_head`` Gram matrices."""
     A, B = A.double(), B.double()
@@ -170,7 +164,9 @@ def _layer_stats(lw, emb: _Embeddings, nulls: dict[str, torch.Tensor]) -> dict:
         full = W_E.double() @ W_V.double() @ lw.W_O.double() @ W_U.double()  # [head, vocab, vocab]
         copying, method = copying_score(torch.linalg.eigvals(full)), "full"
     else:
-        copying, method = copying_score(torch.linalg.eigvals(ov_factor(W_V, lw.W_O, emb.G))), "factor W_O W_U W_E W_V"
+        GV = emb.G.double() @ lw.W_V.double()  # [kv_head, d_model, d_head]: once per KV group
+        factor = lw.W_O.double() @ GV[lw.kv_index]  # W_O (W_U W_E) W_V [head, d_head, d_head]
+        copying, method = copying_score(torch.linalg.eigvals(factor)), "factor W_O W_U W_E W_V"
     O_t = lw.W_O.transpose(-1, -2)  # [head, d_model, d_head]: ‖W_V W_O‖ = ‖W_V (O^T)^T‖
 
     def scale(A, B):  # a norm's Gaussian draws, scaled by the head's own two matrix norms
