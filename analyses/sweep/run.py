@@ -192,7 +192,8 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
         klass = "AutoModelForTextEncoding"
     hf = getattr(transformers, klass).from_pretrained(str(folder), attn_implementation="eager").eval()
     with torch.no_grad():
-        out = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
+        extra = {"use_cache": False} if kind == "decoder" else {}  # no cache: a plain forward, as the hf backend runs
+        out = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True, **extra)
     theirs = out.attentions
     if theirs is None or len(theirs) != model.spec.n_layers:
         return f"HF eager gives {0 if theirs is None else len(theirs)} attention maps for {model.spec.n_layers} layers"
