@@ -78,9 +78,10 @@ def render(rows: list[dict]) -> str:
             name = BACKEND_NAMES[backend]
             lines.append(f"| {name} | all: {', '.join(STAGES)} | {_names(by_backend[backend])} |")
     for passed in sorted(partial, key=lambda p: (-len(p), p)):
-        stages = ", ".join(passed) if passed else "none"
+        stages = f"only {', '.join(passed)}" if passed else "none"
+        backends = ", ".join(sorted({f.split(" ", 1)[1][1:-1] for f in partial[passed]}))
         names = ", ".join(f"`{f.split(' ')[0]}` {f.split(' ', 1)[1]}" for f in sorted(partial[passed]))
-        lines.append(f"| (as listed) | {stages} | {names} |")
+        lines.append(f"| {backends} | {stages} | {names} |")
     failing = [r for r in built if not _ok(r)]
     if failing:
         lines += ["", f"<details><summary>{len(failing)} families that fail a stage, and why</summary>", ""]
