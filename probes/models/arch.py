@@ -61,6 +61,9 @@ ENCODER_TYPES = frozenset(t for t, f in FAMILIES.items() if f.encoder) | frozens
         "roberta-prelayernorm",
         "roformer",
         "squeezebert",
+        "t5",  # T5 and kin: the hf backend loads an encoder–decoder as its encoder (T5EncoderModel)
+        "mt5",
+        "umt5",
         "xlm",
         "xlm-roberta",
         "xlm-roberta-xl",
