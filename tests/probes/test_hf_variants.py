@@ -269,7 +269,11 @@ def test_an_encoder_saved_alone_loads_as_one_and_other_encoder_decoders_are_refu
     alone = tmp_path / "t5_encoder"
     T5EncoderModel.from_pretrained(str(folder)).save_pretrained(alone)
     tokenizer(True).save_pretrained(alone)
+    from headscope.probes.models.arch import arch_from_hf_config
+
     full, enc = load_model(str(folder)), load_model(str(alone))
+    for d in (folder, alone):  # the card reads it as what is analysed: an encoder
+        assert arch_from_hf_config(json.loads((d / "config.json").read_text(encoding="utf-8"))).encoder
     assert enc.backend == "hf" and enc.spec.causal is False and enc.head_modules == full.head_modules
     batch = full.encode(TEXTS)
     a, b = full.run(batch, ("pattern", "z")), enc.run(batch, ("pattern", "z"))
