@@ -18,6 +18,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 #: JSON file -> the README section (its heading) whose text quotes it
 SECTIONS = {
     "figures/patching.json": "## Causal evidence by patching",
+    "figures/atp.json": "## Causal evidence by patching",
     "figures/report_minilm.json": "## What the default report finds",
     "figures/report_smollm2.json": "## What the default report finds",
 }
