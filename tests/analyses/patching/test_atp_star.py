@@ -212,15 +212,17 @@ def test_cli_atp_fix_names_the_estimate_in_the_table(tmp_path, monkeypatch, caps
     monkeypatch.setattr(loading, "load_model", lambda *a, **k: model)
     model.backend_choice = "inhouse (test)"
     out = tmp_path / "patch"
-    args = ["patch", "planted", "--task", "induction", "--n-items", "6", "--seq-len", "6", "--out", str(out)]
-    assert main([*args, "--method", "activation", "attribution", "--atp-fix", "both", "--json"]) == 0
+    args = ["patch", "planted", "--task", "induction", "--n-items", "4", "--seq-len", "6", "--out", str(out)]
+    assert (
+        main(
+            [*args, "--method", "activation", "attribution", "--atp-fix", "both", "--direction", "denoising", "--json"]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     frame = read_frame(out / "patch.parquet")
     attribution = frame[frame["method"].str.startswith("attribution")]
-    assert set(attribution["method"]) == {
-        "attribution_qk_fix_graddrop_denoising",
-        "attribution_qk_fix_graddrop_noising",
-    }
+    assert set(attribution["method"]) == {"attribution_qk_fix_graddrop_denoising"}
     assert (
         attribution["definition"].str.contains("QK-fix").all()
         and attribution["definition"].str.contains("GradDrop").all()
