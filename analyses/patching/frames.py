@@ -4,7 +4,9 @@ One row per (layer, head, method) — :data:`PATCH_COLUMNS` (+ ``position`` for
 per-position runs, + ``receiver`` for path patching):
 
 * ``method``: ``"activation_denoising"``, ``"activation_noising"``,
-  ``"attribution_denoising"``, ``"attribution_noising"``, ``"path_{q,k,v}_{direction}"``,
+  ``"attribution_denoising"``, ``"attribution_noising"`` (``attribution_bypass_heads_*``,
+  ``attribution_qk_fix_*``, ``attribution_graddrop_*``, ``attribution_qk_fix_graddrop_*`` for the
+  other gradients and AtP*'s corrections), ``"path_{q,k,v}_{direction}"``,
   ``"ablation_zero"``, ``"ablation_mean"``, ``"ablation_resample"``;
 * ``effect``: the normalised effect, the share of the clean − corrupted gap of the
   metric the patch moves: denoising (clean into the corrupted run)
