@@ -66,32 +66,45 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def _receiver_side(lw) -> dict:
-    """What one receiver layer brings to every sender: ``X`` of K and V per KV group, the heads'
-    ``R_Y^T`` factors, ``XR`` of Q, and their norms (float64; module doc)."""
+    """What one receiver layer brings to every sender (float64; module doc): ``X`` of K and V for
+    all KV groups as one ``[d_model, kv_head · d_head]`` matrix, each group's heads' ``R_Y^T``
+    side by side ``[d_head, heads · k]``, Q's ``XR`` as one ``[d_model, head · k]``, and the norms."""
     kv = lw.kv_index
-    side = {"kv": kv}
+    side = {"kv": kv, "groups": [torch.nonzero(kv == g).flatten() for g in range(lw.W_K.shape[0])]}
     for mode, X, Y in (("K", lw.W_K, lw.W_Q), ("V", lw.W_V, lw.W_O.transpose(-1, -2))):
         X = X.double()  # [kv_head, d_model, d_head]
         R = _r_factor(Y).transpose(-1, -2)  # [head, d_head, k]: XR_b = X[kv(b)] R_b
-        side[mode] = (X, X.flatten(1).norm(dim=-1), R, (X[kv] @ R).flatten(1).norm(dim=-1))
+        side[mode] = (
+            X.permute(1, 0, 2).reshape(X.shape[1], -1),
+            X.flatten(1).norm(dim=-1),
+            [R[h].permute(1, 0, 2).reshape(R.shape[1], -1) for h in side["groups"]],
+            (X[kv] @ R).flatten(1).norm(dim=-1),
+        )
     XR = lw.W_Q.double() @ _r_factor(lw.W_K[kv]).transpose(-1, -2)  # [head, d_model, k]
-    side["Q"] = (XR, XR.flatten(1).norm(dim=-1))
+    side["Q"] = (XR.permute(1, 0, 2).reshape(XR.shape[1], -1), XR.flatten(1).norm(dim=-1))
     return side
 
 
 def _layer_scores(P: torch.Tensor, side: dict) -> dict[tuple[str, str], torch.Tensor]:
     """``{(mode, level): [a, unit]}`` scores of senders ``P [a, k, d_model]`` (float64) into one
-    receiver layer (:func:`_receiver_side`): each KV group's ``W_K``/``W_V`` meets a sender once."""
+    receiver layer (:func:`_receiver_side`), each a few large products: every KV group's
+    ``W_K``/``W_V`` meets all senders at once, then its heads' ``R`` factors."""
+    a, k, d = P.shape
+    P2 = P.reshape(a * k, d)
     p_norm = P.flatten(1).norm(dim=-1)[:, None]  # [a, 1]
     out = {}
     for mode in ("K", "V"):
-        X, x_norm, R, xr_norm = side[mode]
-        PX = torch.einsum("akd,gde->agke", P, X)  # [a, kv_head, k, d_head]
-        out[(mode, "kv_group")] = _ratio(PX.flatten(2).norm(dim=-1), p_norm * x_norm[None])
-        num = (PX[:, side["kv"]] @ R[None]).flatten(2).norm(dim=-1)  # [a, head]
+        X, x_norm, Rs, xr_norm = side[mode]
+        e = X.shape[1] // len(Rs)
+        PX = (P2 @ X).view(a, k, len(Rs), e)  # [a, k, kv_head, d_head]
+        out[(mode, "kv_group")] = _ratio(torch.linalg.vector_norm(PX, dim=(1, 3)), p_norm * x_norm[None])
+        num = torch.zeros(a, len(side["kv"]), dtype=P.dtype)
+        for g, (heads, R) in enumerate(zip(side["groups"], Rs)):
+            M = PX[:, :, g].reshape(a * k, e) @ R  # [a·k, heads·k]
+            num[:, heads] = torch.linalg.vector_norm(M.view(a, k, len(heads), -1), dim=(1, 3))
         out[(mode, "head")] = _ratio(num, p_norm * xr_norm[None])
     XR, xr_norm = side["Q"]
-    num = torch.einsum("akd,bde->abke", P, XR).flatten(2).norm(dim=-1)
+    num = torch.linalg.vector_norm((P2 @ XR).view(a, k, len(xr_norm), -1), dim=(1, 3))
     out[("Q", "head")] = _ratio(num, p_norm * xr_norm[None])
     return out
 
