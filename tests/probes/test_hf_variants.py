@@ -1,6 +1,7 @@
 """Attention variants on the hf backend (#25 part 4), each on a tiny random model built from
 transformers' own config class and loaded with the default backend: relative position bias
-(MPNet; T5, an encoder–decoder checkpoint whose encoder is analysed), disentangled attention (DeBERTa-v2), ALiBi (BLOOM, Falcon with ``alibi``), partial
+(MPNet; T5, an encoder–decoder checkpoint whose encoder is analysed; BART's encoder, learned
+positions, for an encoder–decoder with no encoder-only class), disentangled attention (DeBERTa-v2), ALiBi (BLOOM, Falcon with ``alibi``), partial
 rotary (GPT-NeoX ``rotary_pct``, Phi ``partial_rotary_factor``), parallel attention + MLP (GPT-J,
 Falcon ``parallel_attn``).
 
@@ -48,6 +49,22 @@ VARIANTS = {
         dict(d_model=64, num_layers=2, num_decoder_layers=2, num_heads=4, d_kv=16, d_ff=128),
         ("encoder.block.{layer}.layer.0.SelfAttention.v", lambda t: _split_heads(t, H)),
         "encoder.block.{layer}.layer.0.SelfAttention.o",
+    ),
+    "bart": (  # an encoder–decoder with no encoder-only class: loaded whole, its encoder kept and analysed
+        "bart",
+        True,
+        dict(
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=128,
+        ),
+        ("layers.{layer}.self_attn.v_proj", lambda t: _split_heads(t, H)),
+        "layers.{layer}.self_attn.out_proj",
     ),
     "deberta-v2": (
         "deberta-v2",
@@ -116,13 +133,14 @@ def variant_dir(root, case):
     if (out / "config.json").exists():
         return out
     tok = tokenizer(encoder)
-    sizes = {} if model_type == "t5" else dict(SIZES, max_position_embeddings=128)
+    seq2seq = model_type in ("t5", "bart")
+    sizes = {} if seq2seq else dict(SIZES, max_position_embeddings=128)
     kw = dict(sizes, vocab_size=len(tok), pad_token_id=tok.pad_token_id, **options)
     if not encoder:
         kw.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     cfg = AutoConfig.for_model(model_type, **kw)
     torch.manual_seed(0)
-    klass = AutoModelForSeq2SeqLM if model_type == "t5" else AutoModel if encoder else AutoModelForCausalLM
+    klass = AutoModelForSeq2SeqLM if seq2seq else AutoModel if encoder else AutoModelForCausalLM
     model = klass.from_config(cfg, attn_implementation="eager")
     with torch.no_grad():  # weights large enough for peaked patterns
         for p in model.parameters():
@@ -139,11 +157,14 @@ def variants_root(tmp_path_factory):
 
 
 def _eager(folder, encoder):
-    """The independent reference: HF eager straight from the folder (T5: ``T5EncoderModel``)."""
+    """The independent reference: HF eager straight from the folder (T5: ``T5EncoderModel``; BART: the
+    encoder of ``BartModel``)."""
     from transformers import AutoModel, AutoModelForCausalLM, T5EncoderModel
 
-    t5 = json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"] == "t5"
-    klass = T5EncoderModel if t5 else AutoModel if encoder else AutoModelForCausalLM
+    model_type = json.loads((folder / "config.json").read_text(encoding="utf-8"))["model_type"]
+    if model_type == "bart":
+        return AutoModel.from_pretrained(str(folder), attn_implementation="eager").get_encoder().eval()
+    klass = T5EncoderModel if model_type == "t5" else AutoModel if encoder else AutoModelForCausalLM
     return klass.from_pretrained(str(folder), attn_implementation="eager").eval()
 
 
@@ -226,13 +247,15 @@ def test_report_runs_on_the_default_backend(case, variants_root, tmp_path):
         prune_config=PruneConfig(quick=True, n_items=8, ablation_modes=("zero",), studies=QUICK_STUDIES),
     )
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    assert run["backend"] == "hf" and run["absent"] == {}, run["backend_choice"]
+    assert run["backend"] == "hf", run["backend_choice"]
+    assert not set(run["absent"]) & {"roles", "pruning", "patching"}, run["absent"]  # the head stages all ran
     assert run["head_modules"]["attn_out"] == VARIANTS[case][4]
     assert run["head_modules"]["check"].startswith("pattern×V max err ")
     roles = pd.read_csv(out / "tables" / "roles.csv")
     assert len(roles[["layer", "head"]].drop_duplicates()) == 2 * H
     assert {"curve:importance", "curve:ablation"} <= set(pd.read_csv(out / "tables" / "prune_curves.csv")["study"])
-    assert "did not run" not in (out / "report.html").read_text(encoding="utf-8")
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "pruning_curves" in html and "The pruning studies did not run" not in html
 
     model, encoder = load_model(str(folder)), VARIANTS[case][1]
     batch = model.encode(TEXTS)
@@ -251,18 +274,16 @@ def test_report_cli_with_default_flags(case, variants_root, tmp_path):
     out = tmp_path / "report"
     assert main(["report", str(variant_dir(variants_root, case)), "--out", str(out), "--quiet"]) == 0
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    assert run["backend"] == "hf" and run["absent"] == {} and run["config"]["pruning"]["quick"] is True
+    assert run["backend"] == "hf" and run["config"]["pruning"]["quick"] is True
+    assert not set(run["absent"]) & {"roles", "pruning", "patching"}, run["absent"]
     assert run["head_modules"]["check"].startswith("pattern×V max err ")
 
 
-def test_an_encoder_saved_alone_loads_as_one_and_other_encoder_decoders_are_refused_in_one_line(
-    variants_root, tmp_path
-):
+def test_an_encoder_saved_alone_loads_as_one(variants_root, tmp_path):
     """A T5 encoder saved alone (``T5EncoderModel``: its config says ``is_encoder_decoder`` false) loads
-    the same encoder; an encoder–decoder with no encoder-only class is refused saying what hf analyses."""
+    the same encoder; an encoder–decoder with no encoder-only class is left to the config reader."""
     from transformers import T5EncoderModel
 
-    from headscope.probes.errors import ModelIncompatibleError
     from headscope.probes.models.backends.hf import _encoder_only
 
     folder = variant_dir(variants_root, "t5")
@@ -278,5 +299,4 @@ def test_an_encoder_saved_alone_loads_as_one_and_other_encoder_decoders_are_refu
     batch = full.encode(TEXTS)
     a, b = full.run(batch, ("pattern", "z")), enc.run(batch, ("pattern", "z"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(ModelIncompatibleError, match=r"'bart' is an encoder–decoder model with no encoder-only class"):
-        _encoder_only({"model_type": "bart", "is_encoder_decoder": True}, "bart/config.json")
+    assert not _encoder_only({"model_type": "bart", "is_encoder_decoder": True})  # BART: its decoder (BartForCausalLM)

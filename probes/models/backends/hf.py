@@ -112,10 +112,11 @@ class HFReference(ResumableForward, BackendCommon):
             if f.suffix == ".safetensors":
                 check_safetensors(f)
         where = files[0] if len(files) == 1 else directory
-        encoder_only = _encoder_only(hf_cfg, directory / "config.json")
+        encoder_only = _encoder_only(hf_cfg)
+        its_encoder = not (encoder_only or for_bridge) and _seq2seq(hf_cfg)  # load it whole, keep its encoder
         if encoder_only:
             from transformers import AutoModelForTextEncoding as klass
-        elif arch.encoder:
+        elif arch.encoder or its_encoder:
             klass = AutoModelForMaskedLM if for_bridge else AutoModel
         else:
             klass = AutoModelForCausalLM
@@ -144,7 +145,9 @@ class HFReference(ResumableForward, BackendCommon):
         _check_positions_built(model, directory / "config.json")
         _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
         spec = spec_from_arch(arch, source.name, "hf")
-        if encoder_only:  # the encoder's self-attention heads, bidirectional; the decoder is not loaded
+        if its_encoder:  # BART and its kin: the encoder alone runs; the decoder is freed
+            model = model.get_encoder()
+        if encoder_only or its_encoder:  # the encoder's self-attention heads, bidirectional
             spec = dataclasses.replace(spec, causal=False)
         return cls(model, tokenizer, spec, vocab_size=model.config.vocab_size, trust_remote_code=trust_remote_code)
 
@@ -283,26 +286,28 @@ class HFReference(ResumableForward, BackendCommon):
         return len({str(d) for d in device_map.values()}) > 1
 
 
-def _encoder_only(hf_cfg: dict, config_path) -> bool:
-    """Whether an encoder–decoder checkpoint (``is_encoder_decoder``: T5 and its kin), or its encoder
-    saved alone (``architectures``: ``T5EncoderModel``), is loaded as its encoder alone (transformers'
-    text-encoding class, ``T5EncoderModel``): its self-attention heads are the ones analysed; the
-    decoder (its self- and cross-attention) is not loaded. ``ModelIncompatibleError`` for an
-    encoder–decoder transformers has no such class for."""
+def _encoder_only(hf_cfg: dict) -> bool:
+    """Whether an encoder–decoder checkpoint (``is_encoder_decoder``) of a type transformers has an
+    encoder-only class for (T5, mT5, UMT5: ``T5EncoderModel``), or its encoder saved alone, is loaded
+    as its encoder alone: its self-attention heads are the ones analysed, the decoder (its self- and
+    cross-attention) is not loaded. Other encoder–decoders load as the config reader says (BART:
+    its decoder, ``BartForCausalLM``, whose cross-attention has no encoder to read and is skipped)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES as ENCODERS
 
     mtype = hf_cfg.get("model_type")
-    saved = hf_cfg.get("architectures") or ()
-    if mtype in ENCODERS and ENCODERS[mtype].endswith("EncoderModel") and ENCODERS[mtype] in saved:
-        return True  # saved as the encoder alone (T5EncoderModel: its config says is_encoder_decoder false)
-    if not hf_cfg.get("is_encoder_decoder"):
+    if mtype not in ENCODERS or not ENCODERS[mtype].endswith("EncoderModel"):
         return False
-    if mtype not in ENCODERS:
-        raise ModelIncompatibleError(
-            f"{config_path}: {mtype!r} is an encoder–decoder model with no encoder-only class in transformers; the hf "
-            "backend analyses an encoder–decoder's encoder self-attention only (T5, mT5, UMT5); use --backend bridge"
-        )
-    return True
+    return bool(hf_cfg.get("is_encoder_decoder")) or ENCODERS[mtype] in (hf_cfg.get("architectures") or ())
+
+
+def _seq2seq(hf_cfg: dict) -> bool:
+    """Whether the checkpoint is an encoder–decoder text model (``is_encoder_decoder``, a type of
+    transformers' sequence-to-sequence mapping: BART, mBART, Marian, Pegasus, …) with no encoder-only
+    class: the hf backend loads it whole and keeps its encoder (``get_encoder()``), whose
+    self-attention heads are analysed; the decoder and its cross-attention are not."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES as SEQ2SEQ
+
+    return bool(hf_cfg.get("is_encoder_decoder")) and hf_cfg.get("model_type") in SEQ2SEQ
 
 
 _IGNORED_SUFFIXES = ("position_ids", "rotary_emb.inv_freq", "attn.masked_bias", "attn.bias")
