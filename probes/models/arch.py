@@ -246,7 +246,8 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
         raise ModelIncompatibleError(
             f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
         )
-    encoder = is_encoder_type(mtype) and not hf.get("is_decoder")
+    # an encoder–decoder is read as its encoder, the part the hf backend analyses (BART, T5, …)
+    encoder = (is_encoder_type(mtype) or bool(hf.get("is_encoder_decoder"))) and not hf.get("is_decoder")
     d_head = _first(hf, *_KEYS["d_head"]) or d_model // n_heads
     if mtype == "convbert" and isinstance(hf.get("head_ratio"), int) and hf["head_ratio"] > 1:
         n_heads = max(1, n_heads // hf["head_ratio"])  # ConvBERT: 1/head_ratio of the heads attend, each as wide
