@@ -33,6 +33,7 @@ import pandas as pd
 from headscope.analyses.quick_settings import QUICK_PRUNING
 from headscope.analyses.run_frames import examples_frame, prune_frames, skipped_frame
 from headscope.analyses.run_patching import CAUSAL_METHOD, patching_blocker, run_patching
+from headscope.analyses.run_weights import WeightsConfig, run_weights, weights_blocker
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,8 @@ class RunConfig:
     :meth:`pruning`, :meth:`causal`). ``role_groups``: a subset of the registered role
     groups (default all); ``role_inputs``: ``text`` / ``conllu`` / ``coref`` for
     :func:`~headscope.analyses.roles.pipeline.head_roles` (default: the shipped corpora).
-    ``patching``: run the patching stage.
+    ``patching``: run the patching stage. ``weights``: run the weights stage (circuits from
+    the weights, joined with the roles and patching: :mod:`~headscope.analyses.run_weights`).
 
     >>> RunConfig(seed=3).pruning().seed, RunConfig(full=True).pruning().quick
     (3, False)
@@ -158,6 +160,7 @@ class RunConfig:
     device: Any = None
     device_map: str | None = None
     patching: bool = True
+    weights: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:
@@ -309,6 +312,11 @@ def blockers(model, config: RunConfig) -> dict[str, str]:
     if (why := pruning_blocker(model, config.pruning())) is not None:
         absent["pruning"] = why
         log.warning("pruning will not run: %s", why)
+    if not config.weights:
+        absent["weights"] = "turned off (--no-weights)"
+    elif (why := weights_blocker(model)) is not None:
+        absent["weights"] = why
+        log.warning("the weights stage will not run: %s", why)
     if not config.patching:
         absent["patching"] = "turned off (--no-patching)"
     elif (why := patching_blocker(model)) is not None:
@@ -324,7 +332,8 @@ class RunResult:
     ``roles_vs_importance``, ``patching``, ``skipped``); ``absent``: stage -> why it did not
     run; ``n_items``: items each role group used; ``timings``: seconds per stage (``roles.<stage>``
     for the role analyses' own); ``prune_summary`` (its ``metric``) and ``patching_summary``:
-    the stages' summaries (``{}`` when they did not run); ``config``: the settings run."""
+    the stages' summaries (``{}`` when they did not run); ``config``: the settings run;
+    ``weights_summary``: the weights stage's (``{}`` when it did not run)."""
 
     frames: dict[str, pd.DataFrame]
     absent: dict[str, str]
@@ -333,6 +342,7 @@ class RunResult:
     prune_summary: dict
     patching_summary: dict
     config: RunConfig
+    weights_summary: dict = field(default_factory=dict)
 
     @property
     def prune_metric(self) -> str | None:
@@ -375,6 +385,11 @@ def run_analyses(model, config: RunConfig, *, progress=None, roles_progress=None
     if "patching" not in absent:
         with timed(timings, "patching", progress):
             frames["patching"], patch_summary = run_patching(model, frames["roles"], config.causal(), full=config.full)
+    weights_summary = {}
+    if "weights" not in absent:  # last: its draws use their own generators, after every other stage
+        with timed(timings, "weights", progress):
+            weight_frames, weights_summary = run_weights(model, frames, WeightsConfig(seed=config.seed))
+        frames.update(weight_frames)
     frames["skipped"] = skipped_frame(rr.skipped)
     timings.update({f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()})
-    return RunResult(frames, absent, dict(rr.n_items), timings, prune_summary, patch_summary, config)
+    return RunResult(frames, absent, dict(rr.n_items), timings, prune_summary, patch_summary, config, weights_summary)

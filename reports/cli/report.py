@@ -28,6 +28,13 @@ def register(sub) -> None:
         "a bounded number of items, --full: 64 per task)",
     )
     p.add_argument(
+        "--weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the 'From the weights' section: OV copying and K-composition read from the in-house model's weights, "
+        "joined with the roles and patching (default: on)",
+    )
+    p.add_argument(
         "--out", type=out_argument, default=None, metavar="DIR", help="output folder (default: runs/report-<model>)"
     )
     p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (0 to 2**32 - 1; default 0)")
@@ -58,6 +65,7 @@ def run(args) -> int:
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,
         patching=args.patching,
+        weights=args.weights,
         dtype=args.dtype,
         device=None if args.device_map else resolve_device(args.device),
         device_map=args.device_map,

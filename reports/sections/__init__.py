@@ -3,7 +3,8 @@
 Each module turns frames into one section (or a few: a subsection per role, per task) of
 :mod:`headscope.reports.document` blocks: :mod:`.card` (the model), :mod:`.roles` (head roles
 and the head view), :mod:`.role_detail` (one subsection per role, with :mod:`.examples`),
-:mod:`.stats` (attention statistics), :mod:`.causal` (patching), :mod:`.pruning`,
+:mod:`.stats` (attention statistics), :mod:`.causal` (patching), :mod:`.weights` (circuits
+from the weights and their joins), :mod:`.pruning`,
 :mod:`.skipped` and :mod:`.run`. Nothing here renders; :mod:`headscope.reports.html` and
 :mod:`headscope.reports.markdown` do.
 
@@ -26,6 +27,7 @@ from headscope.reports.sections.roles import roles_section
 from headscope.reports.sections.run import run_section
 from headscope.reports.sections.skipped import skipped_section
 from headscope.reports.sections.stats import stats_section
+from headscope.reports.sections.weights import weights_section
 
 __all__ = ["build_document"]
 
@@ -57,6 +59,9 @@ def build_document(
         sections.append(stats)
     if meta.get("patching_summary") or (meta.get("absent") or {}).get("patching"):
         sections += causal_sections(frames, meta, n_layers, n_heads)
+    weights = weights_section(frames, meta, n_layers, n_heads)
+    if weights is not None:
+        sections.append(weights)
     why_absent = (meta.get("absent") or {}).get("pruning")
     if why_absent:
         sections.append(pruning_absent_section(why_absent))

@@ -130,7 +130,7 @@ def _p(v: float) -> str:
 def _k_blocks(frames: dict, held: set) -> list[Block]:
     join, comp = frames.get("join_k_composition"), frames["weights_composition"]
     title = Paragraph(
-        "**K-composition and the previous-token heads.** An induction head finds the token after an earlier "
+        "K-composition and the previous-token heads: an induction head finds the token after an earlier "
         "copy of the current one through its keys, which a previous-token head has shifted by one position: the "
         "weights should show the previous-token heads among the heads that K-compose most into it."
     )
@@ -160,7 +160,7 @@ def _k_blocks(frames: dict, held: set) -> list[Block]:
 def _copy_blocks(frames: dict) -> list[Block]:
     join = frames.get("join_copying")
     title = Paragraph(
-        "**Copying heads and the tasks that need copying.** A head whose OV circuit copies should carry the "
+        "Copying heads and the tasks that need copying: a head whose OV circuit copies should carry the "
         "induction and duplicate-token tasks if the model uses copying there."
     )
     if join is None or join.empty:
@@ -182,7 +182,7 @@ def _copy_blocks(frames: dict) -> list[Block]:
 
 def _path_blocks(frames: dict) -> list[Block]:
     join = frames.get("join_path")
-    title = Paragraph("**Path patching through K against K-composition.**")
+    title = Paragraph("Path patching through K against K-composition:")
     if join is None or join.empty:
         return [
             title,
