@@ -152,7 +152,9 @@ def _capture(model, cands, blocks, probe, spec, inside):
 def _why_unchecked(attentions, spec) -> str | None:
     if attentions is None:
         return "the model returns no attention pattern (output_attentions)"
-    if len(attentions) != spec.n_layers or any(a is None or a.dim() != 4 for a in attentions):
+    if not isinstance(attentions, (tuple, list)) or any(not torch.is_tensor(a) or a.dim() != 4 for a in attentions):
+        return "output_attentions gives no [batch, head, query, key] pattern per layer (Pegasus-X: local/global dicts)"
+    if len(attentions) != spec.n_layers:
         return f"output_attentions gives {len(attentions)} patterns, not one per layer ({spec.n_layers})"
     if attentions[0].shape[1] != spec.n_heads:
         return f"output_attentions has {attentions[0].shape[1]} heads, not {spec.n_heads}"

@@ -120,6 +120,8 @@ def test_where_no_pattern_is_returned_the_shape_decides_and_says_so():
     hf = tiny_hf_model("llama")[0]
     layout = find_layout(hf, _spec(hf, "llama"), probe=lambda m: None)
     assert layout.found_by == "name" and layout.check.startswith("shape only: the model returns no attention pattern")
+    odd = find_layout(hf, _spec(hf, "llama"), probe=lambda m: ({"local": None}, {"global": None}))
+    assert odd.check.startswith("shape only: output_attentions gives no [batch, head, query, key] pattern per layer")
     mha = _mha_llama()
     for layer in mha.model.layers:
         _rename(layer.self_attn, "o_proj", "mixer_out")  # four candidates of one shape, none by name
