@@ -42,7 +42,7 @@ def report_stages(model, *, dtype: str = "fp32", device=None, notice=None, progr
     from headscope.reports.pipeline import build_report
 
     config = RunConfig(dtype=dtype, device=device)
-    clock = StageClock(progress, emit=notice)
+    clock = StageClock(progress, parts={"pruning": []}, emit=notice)  # its parts named once the run says its config
     load_before, t0, c0 = _load(), time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="headscope-bench-report-") as tmp:
         result = build_report(model, config, out_dir=Path(tmp) / "report", progress=clock, notice=notice)

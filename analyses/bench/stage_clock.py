@@ -3,10 +3,10 @@
 :class:`StageClock` is a ``progress(stage, done, total)`` callable (the one every stage of
 ``headscope report`` already calls): it keeps, per stage, the wall-clock and CPU seconds
 (this process, all its threads) from the stage's first call to the call that ends it
-(``done >= total``), and the peak resident memory when it ended. A stage that reports a
-few parts (``total`` at most :data:`PART_LIMIT`: the pruning study's baseline, ablation,
-importance, role ablation and curves) keeps each part's seconds too, named by
-``parts[stage]`` where the caller knows them (:func:`pruning_part_names`). :meth:`frame`
+(``done >= total``), and the peak resident memory when it ended. A stage named in ``parts``
+that reports a few parts (``total`` at most :data:`PART_LIMIT`: the pruning study's baseline,
+ablation, importance, role ablation and curves) keeps each part's seconds too, named by
+``parts[stage]`` once the caller knows them (:func:`pruning_part_names`). :meth:`frame`
 is the table the bench prints, one row per stage (and per part) in the order they started.
 
 CPU seconds say what a stage costs on a machine shared with other work: its wall-clock time
@@ -50,7 +50,8 @@ class _Open:
 
 class StageClock:
     """``progress(stage, done, total)`` that clocks every stage (see the module doc). ``inner``:
-    the progress callable it wraps (called after); ``parts``: ``{stage: [part names]}``;
+    the progress callable it wraps (called after); ``parts``: ``{stage: [part names]}``, the
+    stages whose parts are timed (an empty list: unnamed, ``part i/n``);
     ``emit(line)``: told of each part as it ends (a run too long to wait for says where its time
     went so far)."""
 
@@ -74,7 +75,7 @@ class StageClock:
         st = self.open.get(stage)
         if st is None:
             st = self.open[stage] = _Open(started=now, cpu=cpu, last=now, last_cpu=cpu)
-        elif total is not None and total <= PART_LIMIT and done > st.done:
+        elif stage in self.part_names and total is not None and total <= PART_LIMIT and done > st.done:
             st.parts.append((now - st.last, cpu - st.last_cpu))
             st.last, st.last_cpu = now, cpu
             if self.emit is not None and total > 1:

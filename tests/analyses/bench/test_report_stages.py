@@ -35,12 +35,15 @@ def test_stage_clock_keeps_parts_and_says_each_as_it_ends():
     ticks = iter(range(100))
     lines = []
     clock = StageClock(clock=lambda: float(next(ticks)), cpu=lambda: 0.0, rss=lambda: 1.0, emit=lines.append)
-    clock.part_names["pruning"] = ["baseline", "importance"]
+    clock.part_names["pruning"] = ["baseline", "importance"]  # only the stages named here keep parts
     clock("pruning", 0, 2)
     clock("pruning", 1, 2)
     clock("pruning", 2, 2)
     clock("text", 0, 300)
     clock("text", 300, 300)
+    clock("induction", 0, 2)
+    clock("induction", 1, 2)
+    clock("induction", 2, 2)
     clock("patching", 0, None)
     frame = clock.frame()
     assert frame[["stage", "part", "seconds"]].values.tolist() == [
@@ -48,6 +51,7 @@ def test_stage_clock_keeps_parts_and_says_each_as_it_ends():
         ["pruning", "baseline", 1.0],
         ["pruning", "importance", 1.0],
         ["text", "", 1.0],
+        ["induction", "", 2.0],
     ]
     assert frame.loc[frame.stage == "text", "items"].iloc[0] == 300
     assert lines == ["pruning part 1/2 (baseline): 1.0 s, 0.0 CPU s", "pruning part 2/2 (importance): 1.0 s, 0.0 CPU s"]
