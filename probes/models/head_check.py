@@ -182,7 +182,10 @@ def check_candidates(model, spec, cands, blocks, inside, probe=None):
         batch, _, pos, _ = attentions[0].shape
         tol = TOLERANCE.get(next(model.parameters()).dtype, 1e-5)
         for i, c in enumerate(cands):
-            worst, kept, counts, seen = _worst(inputs, outputs, attentions, i, spec, batch, pos)
+            try:
+                worst, kept, counts, seen = _worst(inputs, outputs, attentions, i, spec, batch, pos)
+            except RuntimeError:  # an input or output of a shape no reading fits: this candidate fails
+                worst, kept, counts, seen = float("inf"), 0.0, set(), False
             v_seen = v_seen or seen
             errors[i] = worst
             if worst <= tol:
