@@ -260,6 +260,10 @@ class PieceRows:
         self.parts: dict = defaultdict(list)
 
     def add(self, name: str, layer, values: torch.Tensor) -> None:
+        """Keep ``values``; a view into a larger tensor (a piece's pattern, say) is copied first,
+        so no piece outlives its reduction."""
+        if values.untyped_storage().nbytes() > values.numel() * values.element_size():
+            values = values.clone()
         self.parts[name, layer].append(values)
 
     def get(self, name: str, layer, dim: int = -1) -> torch.Tensor:

@@ -98,6 +98,24 @@ def test_every_statistic_chunked_equals_stored(family, chunk):
             assert d <= TOL, f"{case} {name}, chunk {chunk}: differs by {d:.2e}"
 
 
+def test_no_reducer_keeps_a_piece_alive(family):
+    """What a reducer keeps of a piece is its own small tensor, never a view into the piece's
+    pattern (which would keep every piece of every layer: the stored patterns again)."""
+    case, model, batch, _ = family
+    red = reducers(model, batch)
+    feed(chunked_capture(model, batch, 7, list(red.values())), list(red.values()))
+    kept = [
+        (name, key, t)
+        for name, r in red.items()
+        if hasattr(r, "piece_rows")
+        for key, ts in r.piece_rows.parts.items()
+        for t in ts
+    ]
+    assert kept
+    for name, key, t in kept:
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size(), f"{case} {name} {key}: a view"
+
+
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_word_patterns_from_pieces_equal_the_stored_ones(family, chunk):
     """The per-edge lookups of syntactic and coreference read word patterns: pooled from pieces
