@@ -117,8 +117,8 @@ _SMALL = {
     "expert_intermediate_size": ("set", 32),
     "kv_lora_rank": ("set", 16),
     "q_lora_rank": ("set", 16),
-    "qk_rope_head_dim": ("set", 8),
-    "qk_nope_head_dim": ("set", 8),
+    "qk_rope_head_dim": ("set", D_HEAD),  # = head_dim, which MLA configs rotate with
+    "qk_nope_head_dim": ("set", D_HEAD),
     "v_head_dim": ("set", D_HEAD),
     "embedding_size": ("set", 32),
     "rotary_dim": ("max", D_HEAD // 2),  # GPT-J, CodeGen: a rotary part within the tiny head (partial rotary)
@@ -234,8 +234,9 @@ def _sizes(keys: dict[str, list[str]], defaults: dict, encoder: bool) -> dict:
     heads = defaults[keys["heads"][0]]
     for key in keys.get("kv_heads", ()):
         kv = defaults[key]
-        if isinstance(kv, int):  # MQA stays MQA, a decoder gets 2 groups (GQA), an encoder's MHA stays MHA
-            kw[key] = 1 if kv == 1 else N_HEADS if encoder and kv == heads else 2
+        if isinstance(kv, int):  # MQA stays MQA, a decoder gets 2 groups (GQA), an encoder's and MLA's MHA stay MHA
+            mha = kv == heads and (encoder or defaults.get("kv_lora_rank") is not None)
+            kw[key] = 1 if kv == 1 else N_HEADS if mha else 2
     for key in keys.get("head_dim", ()):
         if defaults[key] is not None:
             kw[key] = D_HEAD
