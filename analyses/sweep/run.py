@@ -41,6 +41,7 @@ __all__ = [
     "PATTERN_TOL",
     "ROLE_GROUPS",
     "STAGES",
+    "by_design",
     "read_sweep",
     "sample",
     "sweep",
