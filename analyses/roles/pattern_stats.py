@@ -252,21 +252,40 @@ def cat_rows(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
 
 
 class PieceRows:
-    """Per-row values of one batch's pattern pieces, by ``(name, layer)``, joined along
-    their query axis when the batch ends: the reducers' whole-pattern numbers are the same
-    functions of the joined rows, whatever the chunk size."""
+    """Per-row values of one batch's pattern pieces, by ``(name, layer)``, joined along their
+    query axis: the reducers' whole-pattern numbers are the same functions of the joined rows,
+    whatever the chunk size.
 
-    def __init__(self):
+    Given the batch's ``layers`` and ``n_rows``, a value added with its piece's ``rows`` is
+    copied into a buffer of all rows, allocated for every layer at the name's first piece
+    (so the small kept tensors do not sit between the pieces' large temporaries, which would
+    keep the heap from reusing them); otherwise the pieces are kept and joined by :meth:`get`.
+    A view into a larger tensor (a piece's pattern, say) is never kept as it is."""
+
+    def __init__(self, layers=(), n_rows: int | None = None):
         self.parts: dict = defaultdict(list)
+        self.buffers: dict = {}
+        self.layers, self.n_rows = tuple(layers), n_rows
 
-    def add(self, name: str, layer, values: torch.Tensor) -> None:
-        """Keep ``values``; a view into a larger tensor (a piece's pattern, say) is copied first,
-        so no piece outlives its reduction."""
-        if values.untyped_storage().nbytes() > values.numel() * values.element_size():
-            values = values.clone()
-        self.parts[name, layer].append(values)
+    def add(self, name: str, layer, values: torch.Tensor, rows: slice | None = None, dim: int = -1) -> None:
+        if rows is None or self.n_rows is None:
+            if values.untyped_storage().nbytes() > values.numel() * values.element_size():
+                values = values.clone()
+            self.parts[name, layer].append(values)
+            return
+        dim = dim % values.dim()
+        shape = (*values.shape[:dim], self.n_rows, *values.shape[dim + 1 :])
+        buf = self.buffers.get((name, layer))
+        if buf is None or buf.shape != shape:
+            for l in (self.layers or (layer,)) if layer is not None else (None,):
+                if (name, l) not in self.buffers or l == layer:
+                    self.buffers[name, l] = values.new_empty(shape)
+            buf = self.buffers[name, layer]
+        buf.narrow(dim, rows.start, rows.stop - rows.start).copy_(values)
 
     def get(self, name: str, layer, dim: int = -1) -> torch.Tensor:
+        if (name, layer) in self.buffers:
+            return self.buffers[name, layer]
         return cat_rows(self.parts[name, layer], dim)
 
 
@@ -296,7 +315,7 @@ class ItemValuesReducer:
         feed(cap, [self])
 
     def begin(self, cap) -> None:
-        self.piece_rows = PieceRows()
+        self.piece_rows = PieceRows(cap.layers, cap.tokens.input_ids.shape[1])
 
     def _rows(self, cap) -> tuple[torch.Tensor, torch.Tensor]:
         """Check the batch's layers; return ``(rows [batch, q], special [batch, pos])``:
@@ -356,7 +375,7 @@ class SummaryReducer(ItemValuesReducer):
     def piece(self, cap, piece) -> None:
         m = masked_metrics(self._masked(piece), self._allowed(piece), smoothing=self.smoothing, start=piece.start)
         for k, v in m.items():
-            self.piece_rows.add(k, piece.layer, v)
+            self.piece_rows.add(k, piece.layer, v, piece.rows)
 
     def end(self, cap) -> None:
         rows, _ = self._rows(cap)

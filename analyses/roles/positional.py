@@ -108,11 +108,11 @@ class PositionalReducer(ItemValuesReducer):
     def piece(self, cap, piece) -> None:
         hits, oks, n_keys = bucket_rows(self._argmax_share(piece), self._allowed(piece), piece.start)
         for b in BUCKETS:
-            self.piece_rows.add(b, piece.layer, hits[b])
+            self.piece_rows.add(b, piece.layer, hits[b], piece.rows)
         if piece.layer == cap.layers[0]:  # the baselines need the keys only
             for b in BUCKETS:
-                self.piece_rows.add("ok:" + b, None, oks[b])
-            self.piece_rows.add("n_keys", None, n_keys)
+                self.piece_rows.add("ok:" + b, None, oks[b], piece.rows)
+            self.piece_rows.add("n_keys", None, n_keys, piece.rows)
 
     def end(self, cap) -> None:
         rows, _ = self._rows(cap)

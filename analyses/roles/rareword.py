@@ -96,11 +96,11 @@ class RareWordReducer(ItemValuesReducer):
     def piece(self, cap, piece) -> None:
         rare = self._rare
         w = self._argmax_share(piece)
-        self.piece_rows.add("mass", piece.layer, (w * rare[:, None, None].float()).sum(-1))
+        self.piece_rows.add("mass", piece.layer, (w * rare[:, None, None].float()).sum(-1), piece.rows)
         if piece.layer == cap.layers[0]:  # the baseline needs the keys only
             allowed = self._allowed(piece)
             n_keys = allowed.float().sum(-1).clamp_min(1)
-            self.piece_rows.add("base", None, (allowed & rare[:, None]).float().sum(-1) / n_keys)
+            self.piece_rows.add("base", None, (allowed & rare[:, None]).float().sum(-1) / n_keys, piece.rows)
 
     def end(self, cap) -> None:
         rows, _ = self._rows(cap)

@@ -141,10 +141,10 @@ class SpecialReducer(ItemValuesReducer):
 
     def piece(self, cap, piece) -> None:
         mass, n_set, n_keys = set_mass_rows(self._masked(piece), self._allowed(piece), self._key_sets)
-        self.piece_rows.add("mass", piece.layer, mass)
+        self.piece_rows.add("mass", piece.layer, mass, piece.rows, 2)
         if piece.layer == cap.layers[0]:  # the baselines need the keys only
-            self.piece_rows.add("n_set", None, n_set)
-            self.piece_rows.add("n_keys", None, n_keys)
+            self.piece_rows.add("n_set", None, n_set, piece.rows, 1)
+            self.piece_rows.add("n_keys", None, n_keys, piece.rows, 1)
 
     def end(self, cap) -> None:
         rows, _ = self._rows(cap)

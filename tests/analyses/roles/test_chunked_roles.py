@@ -108,7 +108,7 @@ def test_no_reducer_keeps_a_piece_alive(family):
         (name, key, t)
         for name, r in red.items()
         if hasattr(r, "piece_rows")
-        for key, ts in r.piece_rows.parts.items()
+        for key, ts in [*r.piece_rows.parts.items(), *((k, [b]) for k, b in r.piece_rows.buffers.items())]
         for t in ts
     ]
     assert kept
