@@ -87,11 +87,29 @@ _QK_NORM_TYPES = frozenset(t for f in FAMILIES.values() if f.qk_norm for t in (f
 
 #: fact -> the config keys that spell it, the first truthy one wins (``num_layers`` / ``num_heads`` /
 #: ``d_kv`` / ``d_ff``: T5 and its kin; ``n_layers`` / ``n_heads``: MPT, XLM;
-#: ``multi_query_group_num``: ChatGLM; ``kv_channels``: the head size Megatron-style configs name)
+#: ``multi_query_group_num``: ChatGLM; ``kv_channels``: the head size Megatron-style configs name; an
+#: encoder-decoder's encoder sizes, else its decoder's (TrOCR); ``emb_dim``: XLM; ``attention_heads``: XGLM)
 _KEYS = {
-    "layers": ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers"),
-    "d_model": ("hidden_size", "n_embd", "d_model"),
-    "heads": ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads"),
+    "layers": (
+        "num_hidden_layers",
+        "n_layer",
+        "n_layers",
+        "num_layers",
+        "encoder_layers",
+        "num_encoder_layers",
+        "decoder_layers",
+    ),
+    "d_model": ("hidden_size", "n_embd", "d_model", "emb_dim"),
+    "heads": (
+        "num_attention_heads",
+        "n_head",
+        "n_heads",
+        "num_heads",
+        "encoder_attention_heads",
+        "num_encoder_attention_heads",
+        "attention_heads",
+        "decoder_attention_heads",
+    ),
     "kv_heads": ("num_key_value_heads", "multi_query_group_num"),
     "d_head": ("head_dim", "d_kv", "kv_channels"),
     "d_mlp": ("intermediate_size", "n_inner", "ffn_dim", "d_ff", "encoder_ffn_dim"),

@@ -73,3 +73,11 @@ def test_convbert_attends_with_its_heads_over_head_ratio():
     cfg = AutoConfig.for_model("convbert", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, head_ratio=2)
     a = arch_from_hf_config(cfg.to_dict(), "convbert")
     assert (a.n_heads, a.n_kv_heads, a.d_head, a.encoder) == (2, 2, 16, True)
+
+
+@pytest.mark.parametrize("mtype", ["xlm", "xglm", "trocr", "prophetnet", "flaubert"])
+def test_more_spellings_found_by_the_sweep(mtype):
+    """XLM/FlauBERT's emb_dim, XGLM's attention_heads, TrOCR's decoder_layers, ProphetNet's
+    num_encoder_layers: each refused as having no layer/head/hidden-size fields before."""
+    a = arch_from_hf_config(AutoConfig.for_model(mtype).to_dict(), mtype)
+    assert a.n_layers > 0 and a.d_model > 0 and a.n_heads > 0 and a.d_model % a.n_heads == 0
