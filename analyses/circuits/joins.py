@@ -209,6 +209,8 @@ def path_composition_join(composition: pd.DataFrame, path: pd.DataFrame, *, k: i
     if path is None or path.empty or composition is None or composition.empty:
         return pd.DataFrame(rows, columns=PATH_JOIN_COLUMNS)
     path = path[path["method"].astype(str).str.startswith("path_k_")]
+    if path.empty:  # a patching frame of other methods (the report's) has no receiver column
+        return pd.DataFrame(rows, columns=PATH_JOIN_COLUMNS)
     comp = composition[composition["mode"].astype(str) == "K"]
     for (receiver, method), d in path.groupby([path["receiver"].astype(str), path["method"].astype(str)], sort=True):
         reads = str(d["receiver_reads"].iloc[0]) if "receiver_reads" in d else "head"

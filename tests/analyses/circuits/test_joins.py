@@ -161,6 +161,10 @@ def test_empty_inputs_give_empty_frames_with_their_columns():
     assert list(k_composition_join(_comp([0, 1]), empty).columns) == K_JOIN_COLUMNS
     assert list(copying_patching_join(pd.DataFrame(), pd.DataFrame()).columns) == COPY_JOIN_COLUMNS
     assert path_composition_join(_comp([0, 1]), pd.DataFrame()).empty
+    report_like = pd.DataFrame(
+        {"task": ["induction"], "layer": [0], "head": [0], "method": ["activation_denoising"], "effect": [0.5]}
+    )  # the report's patching frame: no path rows, no receiver column
+    assert list(path_composition_join(_comp([0, 1]), report_like).columns) == PATH_JOIN_COLUMNS
 
 
 def test_the_stage_says_why_it_does_not_run_off_the_in_house_backend(minilm_hf):
