@@ -1,0 +1,80 @@
+"""The registry sweep on its fixed sample (``headscope sweep --sample``): every in-house family and more,
+each stage's outcome equal to the committed ``data/sweep/sweep.csv`` (so a regression, and a stage that
+starts to pass without the table saying so, both fail here; ``make sweep`` regenerates the table).
+
+It also holds what ``tests/reports/test_families_report.py`` asserted on the report of every family
+of ``tests/tiny_models.py`` (all of them in the sample): roles for every head, importance reaching
+(nearly) every head, the three curves to 50%, the HTML with nothing missing, the backend auto chose.
+Measured: the sample's sweep took 34 min of wall time on the 2-core machine shared with four other
+sweeps and five engineers' jobs (each family 40-90 s there, ~6-10 s of CPU); marked slow."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tiny_models import FAMILIES as TINY_FAMILIES
+
+from headscope.analyses.sweep.run import STAGES, by_design, read_sweep, sample, sweep
+from headscope.analyses.sweep.tiny_config import N_HEADS, N_LAYERS
+from headscope.probes.models.config import INHOUSE_MODEL_TYPES
+
+COMMITTED = Path(__file__).resolve().parents[3] / "data" / "sweep" / "sweep.csv"
+COMPARED = ("kind", "built", "backend", *STAGES)
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    work = tmp_path_factory.mktemp("sweep")
+    return work, {row["family"]: row for row in sweep(sample(), work=work)}
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return {row["family"]: row for row in read_sweep(COMMITTED)}
+
+
+def test_the_sample_holds_every_inhouse_family_and_at_least_25():
+    assert set(INHOUSE_MODEL_TYPES) <= set(sample()) and len(set(sample())) >= 25
+    assert set(TINY_FAMILIES) <= set(sample())  # the families test_families_report.py ran report on
+
+
+@pytest.mark.slow
+def test_every_stage_of_the_sample_is_what_the_committed_sweep_says(swept, committed):
+    _, rows = swept
+    diffs = {}
+    for family, row in rows.items():
+        want = committed.get(family)
+        assert want is not None, f"{family} is not in {COMMITTED.name}: run make sweep"
+        got = {c: row[c] for c in COMPARED if row[c] != want[c]}
+        if got:
+            diffs[family] = {c: (want[c], got[c]) for c in got}
+    assert not diffs, f"outcomes differ from {COMMITTED.name} (committed, now); rerun make sweep if intended: {diffs}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_report_on_every_tiny_models_family(family, swept, committed):
+    """test_families_report.py's report checks, on the sweep's report of the family (default backend)."""
+    work, rows = swept
+    assert rows[family]["report"] == "ok", rows[family]
+    out = work / f"{family}-report"
+    run = json.loads((out / "run.json").read_text())
+    expected = "inhouse" if family in INHOUSE_MODEL_TYPES else "hf"
+    assert run["backend"] == expected, run["backend_choice"]
+    assert run["backend_choice"].startswith(f"auto: {expected} (")
+    assert {k: v for k, v in run["absent"].items() if not by_design(k, v, run["backend"])} == {}
+    n_layers, n_heads = N_LAYERS, N_HEADS  # the tiny config's
+    roles = pd.read_csv(out / "tables" / "roles.csv")
+    assert len(roles[["layer", "head"]].drop_duplicates()) == n_layers * n_heads
+    imp = pd.read_csv(out / "tables" / "prune_importance.csv")
+    assert len(imp) == n_layers * n_heads and imp["value"].map(math.isfinite).all()
+    assert (imp["value"] > 0).sum() >= n_layers * n_heads - 1  # a gradient reached (nearly) every head
+    curves = pd.read_csv(out / "tables" / "prune_curves.csv")
+    assert {"curve:importance", "curve:ablation", "curve:reverse_importance"} <= set(curves["study"])
+    assert curves["fraction_pruned"].max() >= 0.5
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "pruning_curves" in html and "did not run" not in html
