@@ -74,8 +74,7 @@ def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = Wei
     if len(path):
         out["join_path"] = path
     summary = {
-        "folding": weights.folding,
-        "unembedding": weights.unembedding,
+        **weights.reading(),
         "copying_method": ", ".join(sorted(set(heads.loc[heads.statistic == "ov_copying", "method"].astype(str)))),
         "settings": {"draws": cfg.draws, "null": cfg.null, "k": cfg.k, "seed": cfg.seed},
         "timings": {"heads_s": round(t1 - t0, 3), "composition_s": round(t2 - t1, 3)},

@@ -148,6 +148,10 @@ class ModelWeights:
         else:
             self.unembedding = "unembed"
 
+    def reading(self) -> dict[str, str]:
+        """How the matrices were read, in words: ``reader``, ``folding``, ``unembedding`` (run.json's)."""
+        return {"reader": self.reader, "folding": self.folding, "unembedding": self.unembedding}
+
     def _norm_scale(self, name: str) -> torch.Tensor:
         """The multiplicative scale ``[d_model]`` of the norm ``name`` (Gemma's ``1 + w``)."""
         w = self._src.tensor(f"{name}.weight")
