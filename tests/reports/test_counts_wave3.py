@@ -47,11 +47,12 @@ class LoadSpy:
 
 def _install_spy(monkeypatch, read_err) -> LoadSpy:
     from headscope.analyses.bench import harness
-    from headscope.probes.models import loading
+    from headscope.probes.models import lazy_weights, loading
     from headscope.reports import pipeline
 
     spy = LoadSpy(read_err)
     monkeypatch.setattr(loading, "load_model", spy)
+    monkeypatch.setattr(lazy_weights, "lazy_weights", spy)  # `weights` reads a checkpoint without loading a model
     monkeypatch.setattr(harness, "run_bench", spy)
     monkeypatch.setattr(harness, "memory_scaling", spy)
     monkeypatch.setattr(pipeline, "build_report", spy)
