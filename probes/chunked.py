@@ -64,6 +64,13 @@ def inhouse_network(model):
     return net if isinstance(net, Transformer) else None
 
 
+def sliding_windows(model) -> list[int]:
+    """The sliding windows of ``model``'s layers, smallest first (in-house models; [] for a
+    model without, or one whose backend does not say)."""
+    net = inhouse_network(model)
+    return sorted({b.window for b in net.blocks if b.window is not None}) if net is not None else []
+
+
 def chunk_support(model) -> str | None:
     """None when ``model`` can hand over Q and K with its masking rules (the in-house
     backend); else why not, one line for run.json."""

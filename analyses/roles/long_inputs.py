@@ -36,10 +36,9 @@ def token_limit(model) -> int:
 def sliding_windows(model) -> list[int]:
     """The sliding windows of ``model``'s layers, smallest first (in-house models; [] for a
     model without, or one whose backend does not say)."""
-    from headscope.probes.chunked import inhouse_network
+    from headscope.probes.chunked import sliding_windows as windows
 
-    net = inhouse_network(model)
-    return sorted({b.window for b in net.blocks if b.window is not None}) if net is not None else []
+    return windows(model)
 
 
 def _count(tokenizer, text: str) -> tuple[int, list]:
