@@ -188,11 +188,10 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     row["rejected"] = "; ".join(f"{r['backend']}: {r['reason']}" for r in getattr(model, "backend_rejected", []))
     batch = model.encode(list(PADDED_TEXTS))
     ours = model.run(batch, ("pattern",))
-    klass = KINDS[kind]
     saved = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if saved.get("is_encoder_decoder"):  # an encoder-decoder: its encoder's self-attention, as the hf backend loads it
-        klass = "AutoModelForTextEncoding"
-    hf = getattr(transformers, klass).from_pretrained(str(folder), attn_implementation="eager").eval()
+    hf = getattr(transformers, KINDS[kind]).from_pretrained(str(folder), attn_implementation="eager").eval()
+    if saved.get("is_encoder_decoder"):  # an encoder-decoder: its encoder's self-attention, as the hf backend reads it
+        hf = hf.get_encoder()
     with torch.no_grad():
         extra = {"use_cache": False} if kind == "decoder" else {}  # no cache: a plain forward, as the hf backend runs
         out = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True, **extra)
