@@ -71,7 +71,7 @@ def task_frames(model, task_name: str, cache: Path | None = None) -> tuple[dict,
     {"items", "gap"})``; with ``cache``, frames already there are read instead of measured."""
     task = load_task(model, task_name, n_items=N_ITEMS, seq_len=SEQ_LEN)
     cfg = PatchConfig(n_perm=2000, n_boot=200, max_rows=64)
-    post_norm = bool(model.module.cfg.post_norm or model.module.cfg.sandwich_norm)
+    post_norm = bool(model.network.cfg.post_norm or model.network.cfg.sandwich_norm)
     frames: dict = {}
     meta: dict = {"items": len(task.items)}
     for est, (change, _) in {"activation": ({}, False), **ESTIMATES}.items():
@@ -155,7 +155,7 @@ def detect_figures(model, induction_act: pd.DataFrame) -> dict:
 
     ids, _ = repeated_random_tokens(model.tokenizer, n_sequences=64, seq_len=20, seed=0)
     pats: dict = {}
-    points = model.module.hook_points
+    points = model.hook_points
     from headscope.probes.models.inhouse.hooks import hooks
 
     pairs = [

@@ -30,14 +30,14 @@ Whole-sequence units only (``per_position`` is refused), the total gradient only
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import torch
 
 from headscope.analyses.patching.activation import ATP_FIXES, readout
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.inhouse.attention import additive_mask, rope_cos_sin
 from headscope.probes.models.inhouse.hooks import hooks
+from headscope.probes.models.inhouse.layer_ops import dropped_layer, head_write, layer_pattern
 
 #: the method label of each correction's frames (``{label}_{direction}``)
 ATP_LABELS = {"qk": "attribution_qk_fix", "graddrop": "attribution_graddrop", "both": "attribution_qk_fix_graddrop"}
@@ -47,12 +47,12 @@ def check_atp_model(model, fix: str) -> None:
     """``ModelIncompatibleError`` where ``fix`` cannot run on ``model`` (module docstring)."""
     if fix == "none":
         return
-    if getattr(model, "backend", None) != "inhouse" or not hasattr(model, "module"):
+    if getattr(model, "backend", None) != "inhouse" or not hasattr(model, "network"):
         raise ModelIncompatibleError(
             f"--atp-fix {fix} needs the in-house backend's hook points; got backend "
             f"{getattr(model, 'backend', '?')!r}: load with --backend inhouse"
         )
-    cfg = model.module.cfg
+    cfg = model.network.cfg
     if fix in ("graddrop", "both") and model.spec.n_layers < 2:
         raise ModelIncompatibleError(f"--atp-fix {fix} drops other layers' gradients; the model has one layer")
     if fix in ("qk", "both"):
@@ -66,26 +66,11 @@ def check_atp_model(model, fix: str) -> None:
             raise ModelIncompatibleError(f"--atp-fix {fix} needs every head of every layer; the model is pruned")
 
 
-@contextmanager
-def _dropped(module, layer: int | None):
-    """Layer ``layer``'s attention and MLP outputs detached (values kept, no gradient through them)."""
-    if layer is None:
-        yield
-        return
-    block = module.blocks[layer]
-    handle = block.mlp.register_forward_hook(lambda mod, inp, out: out.detach())
-    try:
-        with hooks([(block.attn.hook_out, lambda t, name: t.detach())]):
-            yield
-    finally:
-        handle.remove()
-
-
 def gradients(model, ids, metric, answer, wrong, *, drop: int | None = None, patterns: bool = False):
     """One forward and backward at ``ids``: ``({layer: ∂m/∂z}, {layer: ∂m/∂A} (``patterns``),
     {layer: residual entering the layer} (``patterns``))``, layer ``drop``'s residual
-    contribution dropped from the gradient (:func:`_dropped`)."""
-    module, n_layers = model.module, model.spec.n_layers
+    contribution dropped from the gradient (:func:`~headscope.probes.models.inhouse.layer_ops.dropped_layer`)."""
+    module, n_layers = model.network, model.spec.n_layers
     zs: dict[int, torch.Tensor] = {}
     pats: dict[int, torch.Tensor] = {}
     pre: dict[int, torch.Tensor] = {}
@@ -107,13 +92,13 @@ def gradients(model, ids, metric, answer, wrong, *, drop: int | None = None, pat
     pairs = []
     if patterns:
         for l in range(n_layers):
-            pairs.append((module.hook_points[f"blocks.{l}.attn.hook_pattern"], aprobe(l)))
-            pairs.append((module.hook_points[f"blocks.{l}.hook_resid_pre"], lambda t, name, l=l: pre.__setitem__(l, t)))
+            pairs.append((model.hook_points[f"blocks.{l}.attn.hook_pattern"], aprobe(l)))
+            pairs.append((model.hook_points[f"blocks.{l}.hook_resid_pre"], lambda t, name, l=l: pre.__setitem__(l, t)))
     with ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
         stack.enter_context(model.head_hooks({l: zprobe(l) for l in range(n_layers)}))
         stack.enter_context(hooks(pairs))
-        stack.enter_context(_dropped(module, drop))
+        stack.enter_context(dropped_layer(module, drop))
         m = metric(readout(model, ids), answer, wrong)
         leaves = [zs[l] for l in range(n_layers)] + ([pats[l] for l in range(n_layers)] if patterns else [])
         grads = torch.autograd.grad(m.sum(), leaves, allow_unused=True)
@@ -123,20 +108,6 @@ def gradients(model, ids, metric, answer, wrong, *, drop: int | None = None, pat
     return gz, ga, {l: t.detach() for l, t in pre.items()}
 
 
-def layer_pattern(module, layer: int, resid: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """Layer ``layer``'s attention pattern ``[batch, head, query, key]`` on the residual
-    ``resid [batch, pos, d_model]`` entering it (pre-norm: through ``ln1``), as the forward computes it."""
-    block, cfg = module.blocks[layer], module.cfg
-    mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=resid.dtype, window=block.window)
-    rope = None
-    if cfg.positional == "rope":
-        rope = rope_cos_sin(module.positions(ids), cfg.d_head, block.rope_theta, block.rope_scaling)
-    got: dict = {}
-    with hooks([(block.attn.hook_pattern, lambda t, name: got.__setitem__("a", t))]):
-        block.attn(block.ln1(resid), mask, rope=rope, need_pattern=True)
-    return got["a"]
-
-
 def _writes(module, units, dz: dict[int, torch.Tensor]) -> list[torch.Tensor]:
     """Per unit, its heads' write into the residual stream ``W_O Δz`` ``[batch, pos, d_model]``."""
     out = []
@@ -144,11 +115,7 @@ def _writes(module, units, dz: dict[int, torch.Tensor]) -> list[torch.Tensor]:
         l = heads[0][0]
         keep = torch.zeros(dz[l].shape[1], dtype=dz[l].dtype)
         keep[[h for _, h in heads]] = 1
-        d = dz[l] * keep[None, :, None, None]  # [batch, head, pos, d_head], the unit's heads only
-        b, n, t, dh = d.shape
-        out.append(
-            torch.nn.functional.linear(d.transpose(1, 2).reshape(b, t, n * dh), module.blocks[l].attn.o_proj.weight)
-        )
+        out.append(head_write(module, l, dz[l] * keep[None, :, None, None]))  # the unit's heads only
     return out
 
 
@@ -156,7 +123,7 @@ def qk_terms(model, ids, units, dz, grads_a: list[dict], pre: dict, max_rows: in
     """``[variant, batch, unit]``: per gradient variant (``grads_a[v]`` its ``{layer: ∂m/∂A}``)
     the QK-fix's correction ``Σ_l' ⟨∂m/∂A_l', A'_l' − A_l'⟩ − Σ_l' ⟨∂m/∂A_l', J_l' Δr⟩`` of
     each unit (module docstring), ``Δr`` its write (:func:`_writes`), ``l'`` above its layer."""
-    module, n_layers = model.module, model.spec.n_layers
+    module, n_layers = model.network, model.spec.n_layers
     with torch.no_grad():
         writes = _writes(module, units, dz)
     b = ids.shape[0]
