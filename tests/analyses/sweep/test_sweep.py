@@ -26,10 +26,11 @@ COMMITTED = Path(__file__).resolve().parents[3] / "data" / "sweep" / "sweep.csv"
 COMPARED = ("kind", "built", "backend", *STAGES)
 
 
-@pytest.fixture(scope="module")
-def swept(tmp_path_factory):
-    work = tmp_path_factory.mktemp("sweep")
-    return work, {row["family"]: row for row in sweep(sample(), work=work)}
+def _swept(family: str, tmp_path_factory) -> tuple[Path, dict]:
+    """The sweep's row of one ``family`` and the folder of its files (a family per test, so the
+    sample spreads over the suite's workers instead of running in one)."""
+    work = tmp_path_factory.mktemp(f"sweep-{family}")
+    return work, sweep([family], work=work)[0]
 
 
 @pytest.fixture(scope="module")
@@ -43,24 +44,25 @@ def test_the_sample_holds_every_inhouse_family_and_at_least_25():
 
 
 @pytest.mark.slow
-def test_every_stage_of_the_sample_is_what_the_committed_sweep_says(swept, committed):
-    _, rows = swept
-    diffs = {}
-    for family, row in rows.items():
-        want = committed.get(family)
-        assert want is not None, f"{family} is not in {COMMITTED.name}: run make sweep"
-        got = {c: row[c] for c in COMPARED if row[c] != want[c]}
-        if got:
-            diffs[family] = {c: (want[c], got[c]) for c in got}
-    assert not diffs, f"outcomes differ from {COMMITTED.name} (committed, now); rerun make sweep if intended: {diffs}"
+@pytest.mark.parametrize("family", sample())
+def test_every_stage_of_the_sample_is_what_the_committed_sweep_says(family, tmp_path_factory, committed):
+    """Each stage's outcome equals the committed row; on a family of ``tests/tiny_models.py``, also
+    the report checks test_families_report.py made (roles for every head, importance reaching
+    (nearly) every head, the three curves to 50%, the HTML with nothing missing, the backend auto chose)."""
+    work, row = _swept(family, tmp_path_factory)
+    want = committed.get(family)
+    assert want is not None, f"{family} is not in {COMMITTED.name}: run make sweep"
+    diffs = {c: (want[c], row[c]) for c in COMPARED if row[c] != want[c]}
+    assert not diffs, (
+        f"{family}: outcomes differ from {COMMITTED.name} (committed, now): {diffs}; rerun make sweep if intended"
+    )
+    if family in TINY_FAMILIES:
+        _report_checks(family, work, row)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", TINY_FAMILIES)
-def test_report_on_every_tiny_models_family(family, swept, committed):
+def _report_checks(family: str, work: Path, row: dict) -> None:
     """test_families_report.py's report checks, on the sweep's report of the family (default backend)."""
-    work, rows = swept
-    assert rows[family]["report"] == "ok", rows[family]
+    assert row["report"] == "ok", row
     out = work / f"{family}-report"
     run = json.loads((out / "run.json").read_text())
     expected = "inhouse" if family in INHOUSE_MODEL_TYPES else "hf"
