@@ -221,3 +221,32 @@ def tiny_model_dir(root: Path, model_type: str, **overrides) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def check_tiny_report(out: Path, family: str, n_layers: int = 2, n_heads: int = 4) -> dict:
+    """The checks of a default-backend report of a tiny model of ``family`` in ``out``: the backend
+    auto chose (in-house where it covers the family, else hf), roles for every head, gradient
+    importance reaching (nearly) every head, the three curves to 50%, the HTML with nothing
+    missing. Returns its run.json (tests/reports/test_families_report.py, the sweep's sample)."""
+    import json
+    import math
+
+    import pandas as pd
+
+    from headscope.probes.models.config import INHOUSE_MODEL_TYPES
+
+    run = json.loads((out / "run.json").read_text())
+    expected = "inhouse" if family in INHOUSE_MODEL_TYPES else "hf"
+    assert run["backend"] == expected, run["backend_choice"]
+    assert run["backend_choice"].startswith(f"auto: {expected} (")
+    roles = pd.read_csv(out / "tables" / "roles.csv")
+    assert len(roles[["layer", "head"]].drop_duplicates()) == n_layers * n_heads
+    imp = pd.read_csv(out / "tables" / "prune_importance.csv")
+    assert len(imp) == n_layers * n_heads and imp["value"].map(math.isfinite).all()
+    assert (imp["value"] > 0).sum() >= n_layers * n_heads - 1  # a gradient reached (nearly) every head
+    curves = pd.read_csv(out / "tables" / "prune_curves.csv")
+    assert {"curve:importance", "curve:ablation", "curve:reverse_importance"} <= set(curves["study"])
+    assert curves["fraction_pruned"].max() >= 0.5
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "pruning_curves" in html and "did not run" not in html
+    return run

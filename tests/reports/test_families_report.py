@@ -11,15 +11,12 @@ user types it (marked slow), and a report that cannot reach the heads says what 
 from __future__ import annotations
 
 import json
-import math
 
-import pandas as pd
 import pytest
-from tiny_models import tiny_model_dir
+from tiny_models import check_tiny_report, tiny_model_dir
 
 from headscope.analyses.roles.pipeline import default_text
 from headscope.analyses.sweep.run import by_design
-from headscope.probes.models.config import INHOUSE_MODEL_TYPES
 from headscope.reports.pipeline import build_report
 
 FIXTURE_CONLLU = "tests/fixtures/ud_sample.conllu"
@@ -32,21 +29,7 @@ def family_dirs(tmp_path_factory):
 
 
 def _check_report(out, family, n_layers=2, n_heads=4):
-    run = json.loads((out / "run.json").read_text())
-    expected = "inhouse" if family in INHOUSE_MODEL_TYPES else "hf"
-    assert run["backend"] == expected, run["backend_choice"]
-    assert run["backend_choice"].startswith(f"auto: {expected} (")
-    roles = pd.read_csv(out / "tables" / "roles.csv")
-    assert len(roles[["layer", "head"]].drop_duplicates()) == n_layers * n_heads
-    imp = pd.read_csv(out / "tables" / "prune_importance.csv")
-    assert len(imp) == n_layers * n_heads and imp["value"].map(math.isfinite).all()
-    assert (imp["value"] > 0).sum() >= n_layers * n_heads - 1  # a gradient reached (nearly) every head
-    curves = pd.read_csv(out / "tables" / "prune_curves.csv")
-    assert {"curve:importance", "curve:ablation", "curve:reverse_importance"} <= set(curves["study"])
-    assert curves["fraction_pruned"].max() >= 0.5
-    html = (out / "report.html").read_text(encoding="utf-8")
-    assert "pruning_curves" in html and "did not run" not in html
-    return run
+    return check_tiny_report(out, family, n_layers, n_heads)
 
 
 @pytest.mark.slow

@@ -10,13 +10,11 @@ sweeps and five engineers' jobs (each family 40-90 s there, ~6-10 s of CPU); mar
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from tiny_models import FAMILIES as TINY_FAMILIES
+from tiny_models import check_tiny_report
 
 from headscope.analyses.sweep.run import STAGES, by_design, read_sweep, sample, sweep
 from headscope.analyses.sweep.tiny_config import N_HEADS, N_LAYERS
@@ -63,20 +61,5 @@ def test_every_stage_of_the_sample_is_what_the_committed_sweep_says(family, tmp_
 def _report_checks(family: str, work: Path, row: dict) -> None:
     """test_families_report.py's report checks, on the sweep's report of the family (default backend)."""
     assert row["report"] == "ok", row
-    out = work / f"{family}-report"
-    run = json.loads((out / "run.json").read_text())
-    expected = "inhouse" if family in INHOUSE_MODEL_TYPES else "hf"
-    assert run["backend"] == expected, run["backend_choice"]
-    assert run["backend_choice"].startswith(f"auto: {expected} (")
+    run = check_tiny_report(work / f"{family}-report", family, N_LAYERS, N_HEADS)  # the tiny config's sizes
     assert {k: v for k, v in run["absent"].items() if not by_design(k, v, run["backend"])} == {}
-    n_layers, n_heads = N_LAYERS, N_HEADS  # the tiny config's
-    roles = pd.read_csv(out / "tables" / "roles.csv")
-    assert len(roles[["layer", "head"]].drop_duplicates()) == n_layers * n_heads
-    imp = pd.read_csv(out / "tables" / "prune_importance.csv")
-    assert len(imp) == n_layers * n_heads and imp["value"].map(math.isfinite).all()
-    assert (imp["value"] > 0).sum() >= n_layers * n_heads - 1  # a gradient reached (nearly) every head
-    curves = pd.read_csv(out / "tables" / "prune_curves.csv")
-    assert {"curve:importance", "curve:ablation", "curve:reverse_importance"} <= set(curves["study"])
-    assert curves["fraction_pruned"].max() >= 0.5
-    html = (out / "report.html").read_text(encoding="utf-8")
-    assert "pruning_curves" in html and "did not run" not in html
