@@ -109,14 +109,23 @@ def _layer_scores(P: torch.Tensor, side: dict) -> dict[tuple[str, str], torch.Te
     return out
 
 
-def null_scores(d_model: int, d_head: int, mode: str, level: str, n: int, gen: torch.Generator) -> torch.Tensor:
+def null_scores(
+    d_model: int,
+    d_head: int,
+    mode: str,
+    level: str,
+    n: int,
+    gen: torch.Generator,
+    block_bytes: int = NULL_BLOCK_BYTES,
+) -> torch.Tensor:
     """``[n]`` scores of Gaussian sender/receiver matrices of the model's shapes. Each matrix's
     ``n`` draws are those of one ``randn`` call, in the order the formula reads them; beyond
-    :data:`NULL_BLOCK_BYTES` per matrix they are drawn a block at a time (the generator stepped
-    over the other blocks), so memory stays bounded."""
+    ``block_bytes`` (:data:`NULL_BLOCK_BYTES`) per matrix they are drawn a block at a time (the
+    generator stepped over the other blocks), so memory stays bounded and the numbers do not
+    depend on the block size."""
     shapes = [(d_model, d_head), (d_head, d_model), (d_model, d_head)] + ([(d_model, d_head)] * (level == "head"))
     numel = d_model * d_head
-    step = max(16, NULL_BLOCK_BYTES // (8 * numel) // 16 * 16)  # whole blocks of 16 numbers: randn's unit
+    step = max(16, block_bytes // (8 * numel) // 16 * 16)  # whole blocks of 16 numbers: randn's unit
     blocks = [(a, min(step, n - a)) for a in range(0, n, step)]
     starts = [[None] * len(blocks) for _ in shapes]  # generator state where each block of each matrix starts
     if len(blocks) > 1:
@@ -212,11 +221,18 @@ def _family_rows(scores, units, senders, n_layers, mode, level) -> dict[str, lis
 
 
 def composition_scores(
-    weights, *, n_null: int = 1000, seed: int = 0, alpha: float = 0.05, max_held_bytes: int | None = None
+    weights,
+    *,
+    n_null: int = 1000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    max_held_bytes: int | None = None,
+    null_block_bytes: int = NULL_BLOCK_BYTES,
 ) -> pd.DataFrame:
     """Every composition score of ``weights`` (a
     :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`, read one layer at a time;
-    with ``max_held_bytes``, the senders' factors are held that many bytes at a time, module doc),
+    with ``max_held_bytes``, the senders' factors are held that many bytes at a time, module doc;
+    ``null_block_bytes``: the null's draws per block, :func:`null_scores`),
     frame :data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`, sorted by
     ``(mode, level)`` then pair. ``ValueError`` for ``n_null < 1`` or ``max_held_bytes < 1``.
 
@@ -237,7 +253,7 @@ def composition_scores(
     for mode, level in FAMILIES:
         cols = _family_rows(scores, units, senders, weights.n_layers, mode, level)
         value = np.concatenate(cols["value"]) if cols["value"] else np.zeros(0, dtype=np.float32)
-        null = null_scores(weights.d_model, weights.d_head, mode, level, n_null, gen).float()
+        null = null_scores(weights.d_model, weights.d_head, mode, level, n_null, gen, null_block_bytes).float()
         p = empirical_p(torch.from_numpy(value), null)
         df = pd.DataFrame(
             {

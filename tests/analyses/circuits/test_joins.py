@@ -170,3 +170,17 @@ def test_empty_inputs_give_empty_frames_with_their_columns():
 def test_the_stage_says_why_it_does_not_run_off_the_in_house_backend(minilm_hf):
     why = weights_blocker(minilm_hf)
     assert why is not None and "backend hf" in why
+
+
+@pytest.mark.parametrize("mode, level", [("K", "head"), ("V", "kv_group")])
+def test_the_null_is_the_same_for_any_block_size(mode, level):
+    """The report draws the composition null in small blocks (its peak memory); the scores must be
+    those of one draw. 16 numbers are randn's unit: blocks of 16 and of 48 draws, and one block."""
+    from headscope.analyses.circuits.composition import null_scores
+
+    d_model, d_head, n = 24, 4, 100
+    one = null_scores(d_model, d_head, mode, level, n, torch.Generator().manual_seed(3), block_bytes=1 << 30)
+    for draws in (16, 48):
+        block = draws * d_model * d_head * 8
+        got = null_scores(d_model, d_head, mode, level, n, torch.Generator().manual_seed(3), block_bytes=block)
+        assert torch.equal(got, one)
