@@ -21,6 +21,8 @@ SECTIONS = {
     "figures/atp.json": "## Causal evidence by patching",
     "figures/report_minilm.json": "## What the default report finds",
     "figures/report_smollm2.json": "## What the default report finds",
+    "figures/weights_minilm.json": "## From the weights",
+    "figures/weights_smollm2.json": "## From the weights",
 }
 
 
