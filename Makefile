@@ -21,7 +21,7 @@ LINTED  := probes analyses reports data tests .ci
 test: bootstrap
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
-	$(PY) -m pytest -q -n 2 --doctest-modules probes analyses reports data tests
+	$(PY) -m pytest -q -n 2 --durations=25 --doctest-modules probes analyses reports data tests
 
 test-fast: bootstrap
 	$(PY) -m pytest -q -m "not slow and not browser" tests

@@ -204,7 +204,7 @@ def weights_section(frames: dict, meta: dict, n_layers: int, n_heads: int) -> Se
     if heads is None or heads.empty:
         if not why:
             return None
-        return Section("weights", "From the weights", [Note(f"The weights stage did not run: {why}.")])
+        return Section("weights", "From the weights", [Note(f"Not computed for this model: {why}.")])
     w = meta.get("weights_summary") or {}
     roles = frames.get("roles")
     held = set()
