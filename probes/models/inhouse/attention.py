@@ -25,6 +25,10 @@ patterns too large to store call per query chunk (:mod:`headscope.probes.chunked
 :class:`Attention` computes its own pattern with the same :func:`attention_pattern`, one
 query chunk at a time when ``query_chunk`` is set, so the two cannot drift.
 
+:attr:`Attention.kv_window` restricts chosen KV heads' caches to sink + window tokens
+(:func:`kv_window_mask`, on top of the causal, padding and sliding masks), the KV-cache study's
+one change to the forward; unset, the forward is exactly what it was.
+
 >>> import torch
 >>> q = torch.zeros(1, 2, 3, 4); k = torch.randn(1, 1, 3, 4)
 >>> p = attention_pattern(q, k, mask=None)
@@ -279,6 +283,35 @@ def pattern_rows(q: Queries, k: Keys, attention_mask: KeyMask, rule: PatternRule
     )
 
 
+def sink_window_keep(n_query: int, n_key: int, sink: int, window: int, device=None) -> torch.Tensor:
+    """``[query_pos, key_pos]`` bool: the keys a query keeps when its KV cache holds only the
+    first ``sink`` positions and the last ``window`` ones (StreamingLLM's sinks + window): key
+    ``j`` for query ``i`` when ``j < sink`` or ``i - j < window`` (the last ``n_query``
+    positions are the queries; the causal mask still removes ``j > i``).
+
+    >>> sink_window_keep(5, 5, 1, 2).int()[4].tolist()
+    [1, 0, 0, 1, 1]
+    """
+    i = torch.arange(n_key - n_query, n_key, device=device)[:, None]
+    j = torch.arange(n_key, device=device)[None, :]
+    return (j < sink) | (i - j < window)
+
+
+def kv_window_mask(
+    mask: AdditiveMask | None, kv_window: dict[int, tuple[int, int]], kv_index: KVIndex, n_query: int, n_key: int, dtype
+) -> torch.Tensor:
+    """The additive ``mask [batch, 1, query_pos, key_pos]`` (None: no mask) with the keys each
+    restricted KV head drops set to ``finfo(dtype).min``: ``kv_window`` maps a KV head to
+    ``(sink, window)`` (:func:`sink_window_keep`), and every query head reading it
+    (``kv_index[h]``) drops them alike. ``[batch, head, query_pos, key_pos]``."""
+    device = kv_index.device
+    keep = torch.ones(kv_index.numel(), n_query, n_key, dtype=torch.bool, device=device)
+    for group, (sink, window) in kv_window.items():
+        keep[kv_index == group] = sink_window_keep(n_query, n_key, sink, window, device)
+    base = torch.zeros(1, 1, n_query, n_key, dtype=dtype, device=device) if mask is None else mask
+    return torch.where(keep[None], base, torch.tensor(torch.finfo(dtype).min, dtype=base.dtype, device=device))
+
+
 class Attention(nn.Module):
     """Self-attention with ``n_heads`` query heads sharing ``n_kv_heads`` K/V heads.
 
@@ -333,6 +366,9 @@ class Attention(nn.Module):
         #: rows per query chunk of the explicit path (None: all at once, or the fused kernel where
         #: nobody looks at the pattern); set by :func:`headscope.probes.chunked.query_chunks`
         self.query_chunk: int | None = None
+        #: KV head -> ``(sink, window)``: that KV head's cache holds only the first ``sink`` and the
+        #: last ``window`` positions for every query (:func:`kv_window_mask`); None: the whole cache
+        self.kv_window: dict[int, tuple[int, int]] | None = None
         for name in ("q", "k", "v", "q_rot", "k_rot", "k_head", "v_head", "scores", "pattern", "z", "out"):
             setattr(self, f"hook_{name}", HookPoint())
 
@@ -376,6 +412,8 @@ class Attention(nn.Module):
             k = self.hook_k_rot(apply_rope(k, *rope))
         # [batch, head, pos, d_head]: each query head's own read of its group's K and V
         k_full, v_full = self.hook_k_head(repeat_kv(k, self.kv_index)), self.hook_v_head(repeat_kv(v, self.kv_index))
+        if self.kv_window:  # [batch, head, query_pos, key_pos]: each restricted group's heads drop the same keys
+            mask = kv_window_mask(mask, self.kv_window, self.kv_index, q.shape[2], k.shape[2], q.dtype)
 
         if self.query_chunk is not None and not (self.hook_scores.active or self.hook_pattern.active):
             z = self._chunked_z(q, k_full, v_full, mask)  # never more than [batch, head, chunk, key_pos]

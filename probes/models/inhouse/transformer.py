@@ -214,6 +214,31 @@ class Transformer(nn.Module):
                 b.attn.gate.requires_grad_(rg)
                 b.attn.gate.grad = None
 
+    @contextmanager
+    def kv_windows_set(self, windows: dict[tuple[int, int], tuple[int, int]]):
+        """For the ``with`` block, the KV cache of each ``(layer, kv_head)`` of ``windows`` holds only
+        ``(sink, window)``: its first ``sink`` and last ``window`` positions for every query (all the
+        query heads reading that KV head alike; ``kv_head`` as in :meth:`ModelConfig.kv_head_of`).
+        Every layer's restriction is cleared on exit, whatever happens. ``ValueError`` for a layer or
+        KV head the model does not hold, ``sink < 0`` or ``window < 1``."""
+        per_layer: dict[int, dict[int, tuple[int, int]]] = {}
+        for (layer, group), (sink, window) in windows.items():
+            if not 0 <= layer < len(self.blocks):
+                raise ValueError(f"kv window: layer must be in [0, {len(self.blocks)}); got {layer}")
+            kept = sorted({self.cfg.kv_head_of(h) for h in self.blocks[layer].heads})
+            if group not in kept:
+                raise ValueError(f"kv window: layer {layer} holds KV heads {kept}; got {group}")
+            if sink < 0 or window < 1:
+                raise ValueError(f"kv window: sink must be >= 0 and window >= 1; got sink={sink}, window={window}")
+            per_layer.setdefault(layer, {})[kept.index(group)] = (int(sink), int(window))
+        try:
+            for layer, w in per_layer.items():
+                self.blocks[layer].attn.kv_window = w
+            yield self
+        finally:
+            for b in self.blocks:
+                b.attn.kv_window = None
+
     def positions(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Position ids ``[batch, pos]``: ``0, 1, …``; RoBERTa (``pad_aware_positions``):
         ``pad_token_id + 1, …`` counting only non-pad tokens, pad tokens at ``pad_token_id``
