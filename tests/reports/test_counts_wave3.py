@@ -401,7 +401,7 @@ HOSTILE = st.one_of(
     st.integers(-(10**18), 10**18),
     st.sampled_from([10**18, 2**63, 10**30, 2**32, 2**32 - 1, 65536, 65537, 1000, 1001, 168, 169, 100_000, 100_001]),
 )
-OUT_FLAG = {"roles", "prune", "patch", "report", "weights"}
+OUT_FLAG = {"roles", "prune", "patch", "report", "weights", "kv"}
 
 
 class _Hang(Exception):

@@ -1,0 +1,115 @@
+"""What a KV-cache restriction costs: long-context LM loss and needle copy accuracy.
+
+:func:`study_inputs` builds the inputs once: ``n_items`` needle items of ``n_tokens`` tokens
+(:func:`~headscope.analyses.longctx.needle.needle_items`; their haystacks are the long-input
+corpus of :mod:`~headscope.analyses.roles.long_inputs`) and ``n_texts`` long texts
+(:func:`~headscope.analyses.roles.long_inputs.long_text`). The LM loss is the mean next-token
+cross-entropy over every target at position ``>= sink + window`` (the only ones a restriction can
+change) that is haystack or long text (not a needle, cue or answer token); the copy accuracy is
+:func:`~headscope.analyses.longctx.needle.copy_accuracy` over the items' answers.
+
+:class:`Evaluator` runs one configuration (``{(layer, kv_group): (sink, window)}``) through
+the in-house model's :meth:`~headscope.probes.models.inhouse.transformer.Transformer.kv_windows_set`.
+The unrestricted run keeps the residual entering every layer, so a configuration whose first
+restricted layer is ``l`` runs layers ``l..`` only (the layers before it compute exactly
+what they did).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class StudyInput:
+    """One forward of the study: ``input_ids [1, pos]``, the target positions of its LM loss,
+    and the needle item (None for a long text)."""
+
+    input_ids: torch.Tensor
+    loss_targets: torch.Tensor
+    item: object | None = None
+    resid: list = field(default_factory=list)  # residual entering each layer, unrestricted
+
+
+def _targets(n: int, start: int, skip=()) -> torch.Tensor:
+    skip = set(skip)
+    return torch.tensor([t for t in range(max(1, start), n) if t not in skip], dtype=torch.long)
+
+
+def study_inputs(tokenizer, n_tokens: int, *, n_items: int, n_texts: int, sink: int, window: int, seed: int = 0):
+    """The study's inputs (:class:`StudyInput`): ``n_items`` needle items then ``n_texts`` long
+    texts, each ``n_tokens`` tokens (a text at most). Raises ``LongInputError`` where the length
+    leaves no haystack."""
+    from headscope.analyses.longctx.needle import needle_items
+    from headscope.analyses.roles.long_inputs import long_text
+    from headscope.probes.tokens import encode_plain
+
+    start = sink + window
+    out = []
+    if n_items:
+        for it in needle_items(tokenizer, n_tokens, n_items, seed=seed):
+            ids = torch.tensor([it.input_ids], dtype=torch.long)
+            skip = [*it.needle, *it.answer, *(it.cue or ())]
+            out.append(StudyInput(ids, _targets(ids.shape[1], start, skip), it))
+    for i in range(n_texts):
+        text = long_text(tokenizer, n_tokens, seed=seed + 1 + i)
+        ids = torch.tensor([encode_plain(tokenizer, text, add_special_tokens=True)["input_ids"][:n_tokens]])
+        out.append(StudyInput(ids, _targets(ids.shape[1], start)))
+    return out
+
+
+class Evaluator:
+    """``evaluator(windows) -> {"lm_loss": float, "copy_accuracy": float | None}`` on ``inputs``;
+    ``evaluator.runs`` counts forwards and ``evaluator.layers_run`` the layers they ran."""
+
+    def __init__(self, model, inputs: list[StudyInput]):
+        self.model, self.inputs = model, inputs
+        self.n_layers = model.spec.n_layers
+        self.runs, self.layers_run = 0, 0
+        self._full = None
+
+    def _forward(self, x: StudyInput, start: int, keep_resid: bool) -> torch.Tensor:
+        from headscope.probes.models.inhouse.hooks import hooks
+
+        mask = torch.ones_like(x.input_ids)
+        self.runs += 1
+        self.layers_run += self.n_layers - start
+        if start:
+            return self.model.forward(x.input_ids, mask, start_at_layer=start, resid=x.resid[start])
+        if not keep_resid:
+            return self.model.forward(x.input_ids, mask)
+        x.resid = [None] * self.n_layers
+        points = self.model.hook_points
+        pairs = [
+            (points[f"blocks.{l}.hook_resid_pre"], lambda t, name, l=l: x.resid.__setitem__(l, t.clone()))
+            for l in range(self.n_layers)
+        ]
+        with hooks(pairs):
+            return self.model.forward(x.input_ids, mask)
+
+    def __call__(self, windows: dict) -> dict:
+        from headscope.analyses.longctx.needle import copy_hits
+
+        if not windows and self._full is not None:
+            return dict(self._full)
+        start = min(l for l, _ in windows) if windows and self._full is not None else 0
+        total, count, hits = 0.0, 0, []
+        with torch.inference_mode(), self.model.network.kv_windows_set(windows):
+            for x in self.inputs:
+                logits = self._forward(x, start, keep_resid=not windows)[0].float()  # [pos, vocab]
+                t = x.loss_targets
+                if len(t):
+                    ce = F.cross_entropy(logits[t - 1], x.input_ids[0, t].to(logits.device), reduction="sum")
+                    total, count = total + float(ce), count + len(t)
+                if x.item is not None:
+                    hits.append(copy_hits(logits, x.item).cpu())
+        out = {
+            "lm_loss": total / count if count else None,
+            "copy_accuracy": float(torch.cat(hits).float().mean()) if hits else None,
+        }
+        if not windows:
+            self._full = dict(out)
+        return out

@@ -1,0 +1,117 @@
+"""``headscope kv MODEL``: the KV-cache compression study alone
+(:mod:`headscope.analyses.kvcache`): which KV groups need their whole cache, which can keep
+only ``--sink`` first tokens plus a ``--window`` of recent ones.
+
+Writes into ``--out`` (default ``runs/kv-<model>``): ``kv_study.csv``/``.parquet`` (one row per
+measured configuration and metric: :data:`~headscope.analyses.kvcache.study.COLUMNS`),
+``kv_curve.csv``/``.parquet`` (the greedy and random orders' points with their quality change),
+``kv.md`` (a short summary) and ``run.json``. An encoder is refused in one line: the KV cache is
+a decoder's.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+#: the longest input the study takes (the model's context bounds it further)
+MAX_TOKENS = 65536
+
+
+def register(sub) -> None:
+    from headscope.probes.outputs.folder import out_argument
+    from headscope.reports.cli.argtypes import int_in, seed
+
+    p = sub.add_parser("kv", help="KV-cache compression study: which KV groups keep a full cache, sink + window")
+    p.add_argument("model", nargs="?", default="smollm2-135m", help="shipped name (smollm2-135m), directory or .gguf")
+    p.add_argument(
+        "--tokens",
+        type=int_in(16, MAX_TOKENS, "tokens per input"),
+        default=None,
+        help="tokens per input (default 2048, or the model's context where shorter; at most the context)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one needle item, the greedy order by single-group damage, "
+        "4 points per order, 2 random orders (SmolLM2 at 2,048 tokens: minutes on 2 cores)",
+    )
+    p.add_argument("--sink", type=int_in(0, MAX_TOKENS, "sink tokens"), default=4, help="first tokens kept (4)")
+    p.add_argument(
+        "--window", type=int_in(1, MAX_TOKENS, "window tokens"), default=256, help="recent tokens kept (256)"
+    )
+    p.add_argument("--seed", type=seed, default=0, help="seed of the inputs and the random orders (0)")
+    p.add_argument("--out", type=out_argument, help="output folder (default runs/kv-<model>)")
+    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.set_defaults(func=run)
+
+
+def default_out(model: str) -> Path:
+    """``runs/kv-<model>``, with the model's file stem for a path and unsafe characters replaced."""
+    name = Path(model).stem if ("/" in model or model.endswith(".gguf")) else model
+    return Path("runs") / f"kv-{re.sub(r'[^A-Za-z0-9._-]+', '_', name) or 'model'}"
+
+
+def config_of(args):
+    """The study's :class:`~headscope.analyses.kvcache.study.KVConfig` of the arguments."""
+    import dataclasses
+
+    from headscope.analyses.kvcache.study import QUICK_KV, KVConfig
+
+    base = QUICK_KV if args.quick else KVConfig()
+    return dataclasses.replace(base, tokens=args.tokens or 2048, sink=args.sink, window=args.window, seed=args.seed)
+
+
+def summary_text(name: str, summary: dict) -> str:
+    """The Markdown summary: the unrestricted quality, the savings at the 1 % point, the first
+    groups the greedy order gives back."""
+    from headscope.reports.sections.long_context import savings_lines
+
+    order = ", ".join(f"L{l}G{g}" for l, g in summary["greedy_order"][:10])
+    lines = [f"# KV cache: {name}", "", *savings_lines(summary), f"- greedy order (first 10): {order}", ""]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    import dataclasses
+    import time
+
+    from headscope.analyses.kvcache.stage import KVStudyError, kv_blocker, run_kv
+    from headscope.analyses.kvcache.study import curve_frame
+    from headscope.analyses.run_json import model_record, versions, write_run_json
+    from headscope.probes.models.loading import load_model
+    from headscope.probes.outputs.atomic import write_frame
+    from headscope.probes.outputs.folder import claim_output
+
+    cfg = config_of(args)
+    out = Path(args.out) if args.out else default_out(args.model)
+    with claim_output(out, "kv") as folder:  # refused before the model loads
+        t0 = time.perf_counter()
+        model = load_model(args.model, backend="inhouse")
+        load_s = round(time.perf_counter() - t0, 3)
+        if (why := kv_blocker(model)) is not None:
+            raise KVStudyError(why)
+        if args.tokens is None:  # the default: 2048, or the model's context where shorter
+            cfg = dataclasses.replace(cfg, tokens=min(cfg.tokens, model.spec.max_positions))
+        frames, summ = run_kv(model, cfg)
+        summ["timings"]["load_s"] = load_s
+        text = summary_text(model.spec.name, summ)
+        with folder.staging() as tmp:
+            write_frame(frames["kv_study"], tmp / "kv_study")
+            write_frame(curve_frame(frames["kv_study"]), tmp / "kv_curve")
+            (tmp / "kv.md").write_text(text)
+            write_run_json(
+                tmp,
+                "kv",
+                model_record(model),
+                model_arg=args.model,
+                quick=bool(args.quick),
+                versions=versions(),
+                kv_summary=summ,
+                tables=["kv_curve", "kv_study"],
+            )
+    if not args.quiet:
+        print(text)
+        print(f"wrote {out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,116 @@
+"""The KV-cache compression study: its arithmetic, its greedy choice on a known evaluator, the
+planted model's truth (the study keeps exactly the copy head's cache), and ``headscope kv``."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from headscope.analyses.kvcache.bytes import group_bytes, groups_bytes
+from headscope.analyses.kvcache.study import COLUMNS, KVConfig, curve_frame, kept_groups, kv_study, savings_at
+from headscope.probes.models.card import kv_cache_bytes
+from headscope.probes.models.spec import ArchSpec
+
+GROUPS = [(l, g) for l in range(3) for g in range(2)]
+NEEDED = (1, 0)  # the one group whose restriction breaks the known evaluator
+
+
+def _known_evaluate(windows: dict) -> dict:
+    """LM loss 2.0 unrestricted; +0.5 when NEEDED is restricted, +0.001 per other restricted group
+    (0.05 % each: all five together stay within 1 %); copy accuracy 1 unless NEEDED is restricted."""
+    others = sum(1 for g in windows if g != NEEDED)
+    broken = NEEDED in windows
+    return {"lm_loss": 2.0 + 0.5 * broken + 0.001 * others, "copy_accuracy": 0.0 if broken else 1.0}
+
+
+def _bytes(context):
+    return groups_bytes(GROUPS, {0: None, 1: None, 2: 8}, 4, context, kept=6)
+
+
+def test_group_bytes_add_up_to_the_cards_kv_cache():
+    arch = ArchSpec(
+        model_type="llama", name="t", n_layers=3, d_model=16, n_heads=4, n_kv_heads=2, d_head=4, d_mlp=None,
+        vocab_size=None, max_positions=64, encoder=False, positional="rope", rope_theta=None, rope_type=None,
+        norm=None, norm_eps=None, activation=None, attention_bias=None, sliding_window=(None, None, 8),
+        qk_norm=False, attn_softcap=None, final_softcap=None, tie_embeddings=False, type_vocab_size=None,
+        pad_token_id=None, bos_token_id=None,
+    )  # fmt: skip
+    full = _bytes(64)
+    assert sum(f for f, _ in full.values()) == kv_cache_bytes(arch, 64, 2)
+    assert full[(0, 0)] == (2 * 64 * 4 * 2, 2 * 6 * 4 * 2) and full[(2, 1)] == (2 * 8 * 4 * 2, 2 * 6 * 4 * 2)
+    assert group_bytes(4, None, 4, kept=6) == 2 * 4 * 4 * 2  # a cache shorter than sink + window saves nothing
+
+
+@pytest.mark.parametrize("pool", [None, 1, 2])
+def test_greedy_gives_back_the_needed_group_first(pool):
+    cfg = KVConfig(tokens=64, sink=2, window=4, pool=pool, orders=3, points=None)
+    frame, summary = kv_study(_known_evaluate, GROUPS, _bytes(64), _bytes(256), cfg)
+    assert list(frame.columns) == COLUMNS
+    assert summary["greedy_order"][0] == list(NEEDED)
+    assert kept_groups(frame, summary) == [NEEDED]
+    at = savings_at(frame)
+    assert at["full_groups"] == 1 and at["quality_change"] == pytest.approx(0.0025)
+    assert at["bytes_saved"] == sum(f - r for g, (f, r) in _bytes(64).items() if g != NEEDED)
+    single = frame[(frame["study"] == "single") & (frame["metric"] == "copy_accuracy")]
+    assert single.set_index(["layer", "kv_group"])["change"].idxmax() == NEEDED
+    curve = curve_frame(frame)
+    assert curve[curve["study"] == "random"]["draw"].nunique() == 3
+    assert set(curve.groupby("study", observed=True)["step"].max()) == {len(GROUPS)}
+
+
+def test_points_bound_what_is_measured():
+    seen = []
+
+    def evaluate(windows):
+        seen.append(frozenset(windows))
+        return _known_evaluate(windows)
+
+    cfg = KVConfig(tokens=64, sink=2, window=4, pool=1, orders=2, points=(0.5,))
+    frame, summary = kv_study(evaluate, GROUPS, _bytes(64), _bytes(64), cfg)
+    points = frame[(frame["study"] != "single") & (frame["metric"] == "lm_loss")]
+    steps = points.groupby(["study", "draw"], observed=True)["step"].agg(sorted)
+    assert all(s == [0, 3, 6] for s in steps)
+    assert len(seen) == len(set(seen))  # a configuration is measured once
+    assert summary["evaluations"] == len(seen)
+
+
+def test_planted_study_keeps_exactly_the_copy_heads_cache():
+    from headscope.analyses.kvcache.stage import run_kv
+    from headscope.probes.models.inhouse.planted_long import COPY_HEAD, planted_long_model
+
+    model = planted_long_model()
+    cfg = KVConfig(tokens=160, sink=2, window=16, items=1, texts=1, pool=None, orders=1)
+    frames, summary = run_kv(model, cfg)
+    assert summary["full"]["copy_accuracy"] == 1.0
+    assert summary["greedy_order"][0] == list(COPY_HEAD)  # MHA: the copy head's KV group is its own
+    assert kept_groups(frames["kv_study"], summary) == [COPY_HEAD]
+    single = frames["kv_study"][frames["kv_study"]["study"] == "single"]
+    broken = single[(single["metric"] == "copy_accuracy") & (single["value"] < 1.0)]
+    assert list(zip(broken["layer"], broken["kv_group"])) == [COPY_HEAD]
+
+
+def test_cli_refuses_an_encoder(capsys, tmp_path):
+    from headscope.reports.cli.app import main
+
+    assert main(["kv", "minilm-l6", "--out", str(tmp_path / "kv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "encoder" in err[0] and "decoder" in err[0]
+    assert not (tmp_path / "kv").exists() or not any((tmp_path / "kv").iterdir())
+
+
+def test_cli_writes_tables_and_run_json(capsys, tmp_path):
+    from headscope.reports.cli.app import main
+    from tests.tiny_models import tiny_model_dir
+
+    model = tiny_model_dir(tmp_path, "llama")
+    out = tmp_path / "kv"
+    assert main(["kv", str(model), "--quick", "--tokens", "96", "--window", "16", "--out", str(out), "--quiet"]) == 0
+    study = pd.read_parquet(out / "kv_study.parquet")
+    assert list(study.columns) == COLUMNS and len(study)
+    assert pd.read_csv(out / "kv_curve.csv")["study"].isin(["greedy", "random"]).all()
+    run = json.loads((out / "run.json").read_text())
+    assert run["output"]["kind"] == "kv" and run["kv_summary"]["settings"]["tokens"] == 96
+    assert run["kv_summary"]["settings"]["pool"] == 1 and run["quick"] is True
+    assert main(["kv", str(model), "--tokens", "100000", "--out", str(tmp_path / "kv2")]) == 2
