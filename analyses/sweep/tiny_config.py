@@ -35,6 +35,9 @@ KINDS = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModel", "base": "Aut
 MAX_PARAMS = 5_000_000
 #: the tiny sizes
 D_MODEL, N_LAYERS, N_HEADS, D_HEAD, D_FF = 64, 2, 4, 16, 128
+#: the depths tried, fewest first, until the model holds an attention layer (a hybrid's first may
+#: come late: Jamba's 5th, RecurrentGemma's 3rd)
+LAYER_COUNTS = (2, 3, 4, 5, 6, 8)
 
 #: mappings whose model types are text tasks (AutoModel builds the base model of each)
 _TEXT_TASKS = (
@@ -86,7 +89,7 @@ ALIASES = {
         "decoder_attention_heads",
     ),
     "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv"),
-    "head_dim": ("head_dim", "kv_channels", "d_kv", "attention_head_size", "head_size"),
+    "head_dim": ("head_dim", "kv_channels", "d_kv", "attention_head_size", "head_size", "dim_head"),
     "ffn": (
         "intermediate_size",
         "ffn_dim",
@@ -96,6 +99,7 @@ ALIASES = {
         "decoder_ffn_dim",
         "ffn_hidden_size",
         "inner_hidden_size",
+        "dim_ff",
     ),
     "vocab": ("vocab_size", "n_vocab", "padded_vocab_size"),
 }
@@ -121,6 +125,7 @@ _SMALL = {
     "qk_nope_head_dim": ("set", D_HEAD),
     "v_head_dim": ("set", D_HEAD),
     "embedding_size": ("set", 32),
+    "intra_bottleneck_size": ("set", D_MODEL),  # MobileBERT's attention works in its bottleneck: the tiny width
     "rotary_dim": ("max", D_HEAD // 2),  # GPT-J, CodeGen: a rotary part within the tiny head (partial rotary)
     "max_position_embeddings": ("max", 512),
     "n_positions": ("max", 512),
@@ -165,13 +170,20 @@ def text_families() -> dict[str, tuple[str | None, str]]:
     return out
 
 
+#: an attention kind whose layers have sizes of their own (``swa_num_attention_heads``, ``global_head_dim``)
+_KIND_PREFIXES = ("swa", "sliding", "global", "local", "full")
+
+
 def _keys(cls, defaults: dict) -> dict[str, str]:
-    """fact -> every key of this config class that spells it (``attribute_map`` resolved)."""
+    """fact -> every key of this config class that spells it (``attribute_map`` resolved; an
+    attention kind's own size, :data:`_KIND_PREFIXES`, as the size it prefixes)."""
     amap = getattr(cls, "attribute_map", {}) or {}
     found: dict[str, list[str]] = {}
     for fact, names in ALIASES.items():
-        for name in names:
-            key = amap.get(name, name)
+        spelt = [amap.get(name, name) for name in names]
+        if fact in ("heads", "kv_heads", "head_dim"):
+            spelt += [f"{kind}_{key}" for key in spelt for kind in _KIND_PREFIXES]
+        for key in spelt:
             if key in defaults and key not in {k for ks in found.values() for k in ks}:
                 found.setdefault(fact, []).append(key)
     if "hidden_dim" in defaults and "dim" in found.get("hidden", ()):  # DistilBERT: hidden_dim is its FFN
@@ -181,13 +193,19 @@ def _keys(cls, defaults: dict) -> dict[str, str]:
 
 def _shrink_layer_list(values: list, n: int) -> list:
     """A per-layer list cut to ``n`` layers, keeping a second kind where there is one
-    (``["sliding", …, "full"]`` -> ``["sliding", "full"]``)."""
+    (``["sliding", …, "full"]`` -> ``["sliding", "full"]``: the last layer kept takes it when
+    the first ``n`` have none)."""
     first = values[0]
     other = next((v for v in values if v != first), first)
-    return [first, other][:n] if n == 2 else values[:n]
+    out = list(values[:n])
+    if other not in out:
+        out[-1] = other
+    return out
 
 
-def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int], encoder: bool = False):
+def tiny_config(
+    model_type: str, *, vocab_size: int, specials: dict[str, int], encoder: bool = False, n_layers: int = N_LAYERS
+):
     """The family's config class with its default options and tiny sizes (see the module);
     ``specials``: the tokenizer's special ids (``pad_token_id``, ``bos_token_id``, …); ``encoder``: keep
     an MHA default MHA (a decoder gets 2 KV heads, GQA, where its config has the key). Raises
@@ -206,15 +224,12 @@ def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int], e
     if not keys.get("hidden") or not keys.get("layers") or not keys.get("heads"):
         missing = [f for f in ("hidden", "layers", "heads") if not keys.get(f)]
         raise TinyBuildError(f"cannot shrink: no config key for {', '.join(missing)} ({cls.__name__})")
-    kw = _sizes(keys, defaults, encoder)
+    kw = _sizes(keys, defaults, encoder, n_layers)
     kw.update(_small_extras(defaults, kw))
     for key in keys.get("vocab", ()):
         kw[key] = vocab_size
     kw.update(_token_ids(defaults, vocab_size, specials))
-    n_layers = defaults[keys["layers"][0]]
-    for key, value in defaults.items():  # per-layer lists (layer_types, …) cut to the tiny depth
-        if isinstance(value, list) and value and isinstance(n_layers, int) and len(value) == n_layers:
-            kw[key] = _shrink_layer_list(value, N_LAYERS)
+    kw.update(_layer_lists(defaults, defaults[keys["layers"][0]], kw, n_layers))
     try:
         config = cls(**kw)
     except Exception as e:  # noqa: BLE001 - a config that refuses the sizes: the reason, in one line
@@ -223,12 +238,27 @@ def tiny_config(model_type: str, *, vocab_size: int, specials: dict[str, int], e
     return config
 
 
-def _sizes(keys: dict[str, list[str]], defaults: dict, encoder: bool) -> dict:
+def _layer_lists(defaults: dict, depth, kw: dict, n_layers: int) -> dict:
+    """Per-layer lists (``layer_types``, …) cut to the tiny depth; a list of one size per layer that
+    a shrunk key's name begins (``num_attention_heads_per_layer``: ``num_attention_heads``) and whose
+    every entry is that key's default takes the key's tiny size."""
+    out = {}
+    for key, value in defaults.items():
+        if not (isinstance(value, list) and value and isinstance(depth, int) and len(value) == depth):
+            continue
+        out[key] = _shrink_layer_list(value, n_layers)
+        sized = [k for k in kw if key.startswith(k) and isinstance(kw[k], int) and set(value) == {defaults.get(k)}]
+        if sized:
+            out[key] = [kw[sized[0]]] * n_layers
+    return out
+
+
+def _sizes(keys: dict[str, list[str]], defaults: dict, encoder: bool, n_layers: int = N_LAYERS) -> dict:
     kw = {}
     for key in keys["hidden"]:
         kw[key] = D_MODEL
     for key in keys["layers"]:
-        kw[key] = N_LAYERS
+        kw[key] = n_layers
     for key in keys["heads"]:
         kw[key] = N_HEADS
     heads = defaults[keys["heads"][0]]
@@ -297,12 +327,22 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
         for name in ("pad", "bos", "eos", "sep", "cls", "mask", "unk")
         if getattr(tok, f"{name}_token_id", None) is not None
     }
-    config = tiny_config(model_type, vocab_size=len(tok), specials=specials, encoder=kind == "encoder")
-    torch.manual_seed(seed)
-    try:
-        model = getattr(transformers, KINDS[kind]).from_config(config, attn_implementation="eager")
-    except Exception as e:  # noqa: BLE001 - a model class that cannot be built from its config: why
-        raise TinyBuildError(f"{KINDS[kind]} cannot build it: {_line(e)}") from None
+    for depth in LAYER_COUNTS:  # the fewest layers holding an attention layer (a hybrid's may come late)
+        config = tiny_config(
+            model_type, vocab_size=len(tok), specials=specials, encoder=kind == "encoder", n_layers=depth
+        )
+        torch.manual_seed(seed)
+        try:
+            model = getattr(transformers, KINDS[kind]).from_config(config, attn_implementation="eager")
+        except Exception as e:  # noqa: BLE001 - a model class that cannot be built from its config: why
+            raise TinyBuildError(f"{KINDS[kind]} cannot build it: {_line(e)}") from None
+        if _attention_maps(model, kind) != 0:
+            break
+    else:
+        raise TinyBuildError(
+            f"no attention layer: at up to {LAYER_COUNTS[-1]} layers its default config has none "
+            "(output_attentions gives no pattern; recurrent or state-space layers only)"
+        )
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
         raise TinyBuildError(f"cannot shrink: {n / 1e6:.1f}M parameters at the tiny sizes (> {MAX_PARAMS / 1e6:g}M)")
@@ -319,6 +359,24 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
         raise TinyBuildError(f"save_pretrained fails: {_line(e)}") from None
     tok.save_pretrained(folder)
     return kind, folder
+
+
+def _attention_maps(model, kind: str) -> int | None:
+    """How many attention patterns the model returns (``output_attentions``) on a few tokens;
+    None where its forward fails or returns none at all (the sweep's stages say why)."""
+    import torch
+
+    ids = torch.arange(1, 9)[None]
+    kw = {"use_cache": False} if kind == "decoder" else {}
+    try:
+        with torch.no_grad():
+            out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True, **kw)
+    except Exception:  # noqa: BLE001 - a forward that fails: not for this check to say
+        return None
+    maps = getattr(out, "attentions", None)
+    if maps is None and getattr(out, "encoder_attentions", None) is not None:
+        maps = out.encoder_attentions
+    return None if maps is None else len(maps)
 
 
 @cache

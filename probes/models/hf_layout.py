@@ -82,10 +82,19 @@ class HFLayout:
     attn_out_name: str = ""
     found_by: str = "name"
     check: str = ""
+    #: a hybrid model (attention layers among recurrent or linear-attention ones): the block index of
+    #: each layer analysed, and every block in order (what a resumed forward walks); None: every block
+    layers: tuple[int, ...] | None = None
+    all_blocks: tuple[nn.Module, ...] | None = None
 
     def record(self) -> dict:
-        """run.json's ``head_modules``: which module was found and how."""
-        return {"attn_out": self.attn_out_name, "found_by": self.found_by, "check": self.check}
+        """run.json's ``head_modules``: which module was found and how (a hybrid model: which of its
+        blocks hold the attention layers analysed, and which hold none)."""
+        out = {"attn_out": self.attn_out_name, "found_by": self.found_by, "check": self.check}
+        if self.layers is not None:
+            out["attention_blocks"] = list(self.layers)
+            out["blocks_without_attention"] = [i for i in range(len(self.all_blocks)) if i not in self.layers]
+        return out
 
 
 @dataclass(frozen=True)
@@ -99,9 +108,10 @@ class Candidate:
     by_name: bool
 
 
-def _per_layer(model: nn.Module, suffixes, n_layers: int) -> tuple[nn.Module, ...] | None:
+def _per_layer(model: nn.Module, suffixes, n_layers: int, layers=None) -> tuple[nn.Module, ...] | None:
     """The modules whose names end with one of ``suffixes``, one per layer in layer order,
-    or None when the model does not have exactly one per layer."""
+    or None when the model does not have exactly one per layer (``layers``: the blocks that have
+    one, where not every block has: a hybrid model)."""
     found: dict[int, nn.Module] = {}
     for name, mod in model.named_modules():
         if not name.endswith(suffixes):
@@ -113,9 +123,10 @@ def _per_layer(model: nn.Module, suffixes, n_layers: int) -> tuple[nn.Module, ..
         if layer in found:
             return None  # two candidates in one layer: ambiguous
         found[layer] = mod
-    if sorted(found) != list(range(n_layers)):
+    want = list(range(n_layers)) if layers is None else list(layers)
+    if sorted(found) != want:
         return None
-    return tuple(found[l] for l in range(n_layers))
+    return tuple(found[l] for l in want)
 
 
 def _block_list(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList] | None:
@@ -157,10 +168,54 @@ def in_attention(rel: str, *, itself: bool = False) -> bool:
     return any(w in piece.lower() for piece in pieces for w in ATTENTION_WORDS)
 
 
-def candidates(model: nn.Module, spec) -> tuple[list[Candidate], str]:
+def attention_classes(blocks) -> set[str]:
+    """The paths (inside a block) of the sub-modules whose class says attention (RecurrentGemma's
+    ``temporal_block``, a ``RecurrentGemmaSdpaAttention``), whatever their name."""
+    return {
+        rel for block in blocks for rel, m in block.named_modules() if rel and "attention" in type(m).__name__.lower()
+    }
+
+
+def inside_attention(rel: str, classes: set[str], *, itself: bool = False) -> bool:
+    """:func:`in_attention`, or ``rel`` lies in (or, with ``itself``, is) one of ``classes``
+    (:func:`attention_classes`)."""
+    if in_attention(rel, itself=itself):
+        return True
+    parts = rel.split(".")
+    return any(".".join(parts[:i]) in classes for i in range(1, len(parts) + (1 if itself else 0)))
+
+
+def _attention_linears(block: nn.Module, want: tuple[int, int]) -> dict[str, nn.Module]:
+    """The linear maps of ``block`` inside an attention sub-module of shape ``want`` (in, out)."""
+    classes = attention_classes([block])
+    return {
+        rel: m for rel, m in block.named_modules() if rel and linear_shape(m) == want and inside_attention(rel, classes)
+    }
+
+
+def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] | None:
+    """A hybrid model's attention layers: the indices of the blocks (of its one list of ``n_blocks``)
+    holding a linear map from ``spec``'s heads × d_head to d_model inside an attention sub-module
+    (one of a known name, :data:`ATTN_OUT`, where only some blocks hold one), where some blocks hold none (Mamba, gated-delta or other recurrent layers between the attention
+    layers: Zamba2, Qwen3-Next, OLMo-Hybrid, Jamba, …); None where every block holds one, none does,
+    or the list cannot be found (the layout then says why)."""
+    found = _block_list(model, n_blocks)
+    if found is None:
+        return None
+    want = (spec.n_heads * spec.d_head, spec.d_model)
+    maps = [_attention_linears(block, want) for block in found[1]]
+    named = tuple(i for i, m in enumerate(maps) if any(f"{found[0]}.{i}.{rel}".endswith(ATTN_OUT) for rel in m))
+    if 0 < len(named) < n_blocks:  # a known name first: a recurrent layer's square input map is no output projection
+        return named
+    have = tuple(i for i, m in enumerate(maps) if m)
+    return have if 0 < len(have) < n_blocks else None
+
+
+def candidates(model: nn.Module, spec, layers=None, n_blocks=None) -> tuple[list[Candidate], str]:
     """The possible attention output projections of ``model`` (known names first), and the
-    blocks' path pattern; ``ModelIncompatibleError`` where the layers' list cannot be found."""
-    n = spec.n_layers
+    blocks' path pattern; ``ModelIncompatibleError`` where the layers' list cannot be found.
+    ``layers``: the blocks analysed, of ``n_blocks`` (a hybrid model's attention layers; default every block)."""
+    n = n_blocks or spec.n_layers
     found = _block_list(model, n)
     if found is None:
         raise ModelIncompatibleError(
@@ -168,11 +223,10 @@ def candidates(model: nn.Module, spec) -> tuple[list[Candidate], str]:
             "blocks); use --backend bridge"
         )
     list_name, blocks = found
+    if layers is not None:
+        blocks = [blocks[i] for i in layers]
     want = (spec.n_heads * spec.d_head, spec.d_model)
-    per_layer = [
-        {rel: m for rel, m in block.named_modules() if rel and in_attention(rel) and linear_shape(m) == want}
-        for block in blocks
-    ]
+    per_layer = [_attention_linears(block, want) for block in blocks]
     common = [rel for rel in per_layer[0] if all(rel in p for p in per_layer)]
     base = f"{list_name}.{{layer}}" if list_name else "{layer}"
     out = [
@@ -182,14 +236,15 @@ def candidates(model: nn.Module, spec) -> tuple[list[Candidate], str]:
     return sorted(out, key=lambda c: not c.by_name), base
 
 
-def find_layout(model: nn.Module, spec, *, probe=None) -> HFLayout:
+def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=None) -> HFLayout:
     """The :class:`HFLayout` of an HF ``model`` with ``spec`` (its layer and head counts): each
     candidate of :func:`candidates` checked by :func:`~headscope.probes.models.head_check.check_candidates`
     on ``probe`` (``probe(model) -> attentions``; default: a few token ids through the model,
     ``output_attentions``); ``ModelIncompatibleError`` (one line, naming what was tried) when none
-    passes."""
+    passes. ``layers``: a hybrid model's attention layers among its ``n_blocks`` blocks
+    (:func:`attention_blocks`), the only ones analysed (``spec.n_layers`` of them)."""
     n = spec.n_layers
-    cands, base = candidates(model, spec)
+    cands, base = candidates(model, spec, layers, n_blocks)
     width = spec.n_heads * spec.d_head
     if not cands:
         raise ModelIncompatibleError(
@@ -197,10 +252,15 @@ def find_layout(model: nn.Module, spec, *, probe=None) -> HFLayout:
             f"(no linear map inside {base}'s attention taking {spec.n_heads} heads × {spec.d_head} = {width} to "
             f"d_model {spec.d_model}; names tried: *{'/*'.join(ATTN_OUT[:3])}/…); use --backend bridge"
         )
-    blocks = _blocks(model, n)
-    chosen, check = check_candidates(model, spec, cands, blocks, lambda rel: in_attention(rel, itself=True), probe)
-    qkv = {q: _per_layer(model, names, n) for q, names in QKV.items()}
+    every = _blocks(model, n_blocks or n)
+    blocks = every if layers is None else tuple(every[i] for i in layers)
+    classes = attention_classes(blocks)
+    inside = lambda rel: inside_attention(rel, classes, itself=True)  # noqa: E731
+    chosen, check = check_candidates(model, spec, cands, blocks, inside, probe)
+    qkv = {q: _per_layer(model, names, n, layers) for q, names in QKV.items()}
     return HFLayout(
+        layers=None if layers is None else tuple(layers),
+        all_blocks=None if layers is None else every,
         blocks=blocks,
         attn_out=chosen.modules,
         **qkv,

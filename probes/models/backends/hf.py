@@ -53,10 +53,27 @@ class HFReference(ResumableForward, BackendCommon):
     backend_choice = "hf"
 
     def __init__(
-        self, hf_model, tokenizer, spec: ModelSpec, *, vocab_size: int | None = None, trust_remote_code: bool = False
+        self,
+        hf_model,
+        tokenizer,
+        spec: ModelSpec,
+        *,
+        vocab_size: int | None = None,
+        trust_remote_code: bool = False,
+        hybrid: bool = True,
     ):
+        """``hybrid``: where some blocks hold no attention (recurrent or linear-attention layers
+        between the attention layers: :func:`~headscope.probes.models.hf_layout.attention_blocks`),
+        analyse the attention layers alone (``spec.n_layers`` is their count; ``head_modules`` says
+        which blocks they are and which blocks hold none); off for the bridge, which reads every block."""
+        from headscope.probes.models.hf_layout import attention_blocks
+
         self.hf = hf_model.eval()
         self.tokenizer = tokenizer
+        self._n_blocks = spec.n_layers
+        self._attention_blocks = attention_blocks(self.hf, spec, spec.n_layers) if hybrid else None
+        if self._attention_blocks is not None:
+            spec = dataclasses.replace(spec, n_layers=len(self._attention_blocks))
         self.spec = spec
         self.vocab_size = vocab_size
         self.trust_remote_code = trust_remote_code
@@ -68,7 +85,7 @@ class HFReference(ResumableForward, BackendCommon):
         if self._layout is None:
             from headscope.probes.models.hf_layout import find_layout
 
-            self._layout = find_layout(self.hf, self.spec)
+            self._layout = find_layout(self.hf, self.spec, layers=self._attention_blocks, n_blocks=self._n_blocks)
         return self._layout
 
     @property
@@ -149,7 +166,14 @@ class HFReference(ResumableForward, BackendCommon):
             model = model.get_encoder()
         if encoder_only or its_encoder:  # the encoder's self-attention heads, bidirectional
             spec = dataclasses.replace(spec, causal=False)
-        return cls(model, tokenizer, spec, vocab_size=model.config.vocab_size, trust_remote_code=trust_remote_code)
+        return cls(
+            model,
+            tokenizer,
+            spec,
+            vocab_size=model.config.vocab_size,
+            trust_remote_code=trust_remote_code,
+            hybrid=not for_bridge,
+        )
 
     @property
     def device(self) -> torch.device:
@@ -194,7 +218,19 @@ class HFReference(ResumableForward, BackendCommon):
         return self._call(ids, am)[1]
 
     def _resume_blocks(self):
-        return self.layout.blocks
+        return self.layout.all_blocks or self.layout.blocks
+
+    def forward(self, input_ids, attention_mask, *, stop_at_layer=None, start_at_layer=None, resid=None):
+        """As :meth:`ResumableForward.forward`; a hybrid model's layer ``l`` (its ``l``-th attention
+        layer) stops and resumes at that layer's block, the blocks between run as they are."""
+        layers = self._attention_blocks
+        if layers is not None:
+            n = self.spec.n_layers
+            to_block = lambda l: None if l is None else (layers[l] if l < n else self._n_blocks)  # noqa: E731
+            stop_at_layer, start_at_layer = to_block(stop_at_layer), to_block(start_at_layer)
+        return super().forward(
+            input_ids, attention_mask, stop_at_layer=stop_at_layer, start_at_layer=start_at_layer, resid=resid
+        )
 
     def _output_embedding(self):
         return self.hf.get_output_embeddings()

@@ -1,0 +1,79 @@
+"""What the registry sweep found on hybrid models (attention layers among recurrent or
+linear-attention ones: OLMo-Hybrid, Qwen3-Next, Zamba2, Jamba, RecurrentGemma) and on configs whose
+sizes the tiny config missed:
+
+* the hf backend looked for an attention output projection in *every* block, found none in the
+  recurrent ones and refused ("cannot find the attention output projection of each of its 2
+  layers"); auto then took the bridge, whose attention hooks do not exist there, and every stage
+  failed. Now the hf backend analyses the attention layers alone and says which blocks hold none;
+* an attention module named without "attn" (RecurrentGemma's ``temporal_block``) was not searched;
+* a tiny Jamba (attention every 8th layer from the 5th) or RecurrentGemma (every 3rd) had no
+  attention layer at 2 layers; a Laguna kept 48 heads per layer (``num_attention_heads_per_layer``);
+  Inkling's sliding layers kept their own 64 heads of 128 (``swa_num_attention_heads``,
+  ``swa_head_dim``); CPM-Ant its ``dim_head`` of 128; MobileBERT its 128-wide bottleneck."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from headscope.analyses.sweep.tiny_config import TinyBuildError, save_tiny, tiny_config
+from headscope.probes.models.loading import load_model
+
+
+@pytest.fixture(scope="module")
+def olmo_hybrid(tmp_path_factory):
+    return save_tiny("olmo_hybrid", tmp_path_factory.mktemp("olmo_hybrid") / "m")[1]
+
+
+def test_a_hybrid_runs_on_hf_with_its_attention_layers_alone(olmo_hybrid):
+    model = load_model(str(olmo_hybrid))
+    assert model.backend == "hf"
+    assert model.spec.n_layers == 1  # block 0 is gated-delta linear attention, block 1 softmax attention
+    rec = model.head_modules
+    assert rec["attention_blocks"] == [1] and rec["blocks_without_attention"] == [0]
+    assert rec["attn_out"] == "model.layers.{layer}.self_attn.o_proj" and rec["check"].startswith("pattern×V")
+    batch = model.encode(["The cat sat on the mat.", "Heads."])
+    ours = model.run(batch, ("pattern", "z"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(olmo_hybrid), attn_implementation="eager").eval()
+    with torch.no_grad():
+        theirs = hf(**{k: getattr(batch, k) for k in ("input_ids", "attention_mask")}, output_attentions=True)
+    rows = batch.attention_mask.bool()
+    assert float((ours["pattern", 0] - theirs.attentions[0]).abs().permute(0, 2, 1, 3)[rows].max()) <= 1e-5
+    # layer 0 resumes at its block (1): the recurrent block 0 runs before the stop, not again after
+    whole = model.forward(batch.input_ids, batch.attention_mask)
+    resid = model.forward(batch.input_ids, batch.attention_mask, stop_at_layer=0)
+    again = model.forward(batch.input_ids, batch.attention_mask, start_at_layer=0, resid=resid)
+    assert torch.allclose(again, whole, atol=1e-5, rtol=0)
+
+
+def test_an_attention_module_is_found_by_its_class_whatever_its_name(tmp_path):
+    model = load_model(str(save_tiny("recurrent_gemma", tmp_path / "m")[1]))
+    assert model.backend == "hf"
+    rec = model.head_modules
+    assert rec["attn_out"] == "model.layers.{layer}.temporal_block.o_proj" and rec["check"].startswith("pattern×V")
+    assert rec["attention_blocks"] == [2] and rec["blocks_without_attention"] == [0, 1]
+
+
+@pytest.mark.slow  # ~26 s on 2 loaded cores: Bamba's six depths tried on the reference Mamba kernels
+def test_the_tiny_depth_grows_until_an_attention_layer_is_there(tmp_path):
+    kind, folder = save_tiny("jamba", tmp_path / "m")
+    cfg = transformers.AutoConfig.from_pretrained(str(folder))
+    assert cfg.num_hidden_layers == 5  # attn_layer_offset 4: the 5th layer is the first with attention
+    with pytest.raises(TinyBuildError, match="no attention layer: at up to 8 layers"):
+        save_tiny("bamba", tmp_path / "b")  # its default config is Mamba layers only
+
+
+@pytest.mark.parametrize(
+    "mtype, sizes",
+    [
+        ("laguna", {"num_attention_heads_per_layer": [4, 4]}),
+        ("inkling_text", {"swa_num_attention_heads": 4, "swa_head_dim": 16, "swa_num_key_value_heads": 2}),
+        ("cpmant", {"dim_head": 16, "dim_ff": 128}),
+        ("mobilebert", {"intra_bottleneck_size": 64}),
+    ],
+)
+def test_sizes_of_their_own_are_shrunk(mtype, sizes):
+    cfg = tiny_config(mtype, vocab_size=600, specials={"pad_token_id": 0})
+    assert {k: getattr(cfg, k) for k in sizes} == sizes
