@@ -30,6 +30,9 @@ from typing import Any
 
 import pandas as pd
 
+from headscope.analyses.kvcache.stage import report_blocker as kv_report_blocker
+from headscope.analyses.kvcache.stage import report_config as kv_report_config
+from headscope.analyses.kvcache.stage import run_kv
 from headscope.analyses.quick_settings import QUICK_PRUNING
 from headscope.analyses.run_frames import examples_frame, prune_frames, skipped_frame
 from headscope.analyses.run_patching import CAUSAL_METHOD, patching_blocker, run_patching
@@ -138,6 +141,7 @@ class RunConfig:
     :func:`~headscope.analyses.roles.pipeline.head_roles` (default: the shipped corpora).
     ``patching``: run the patching stage. ``weights``: run the weights stage (circuits from
     the weights, joined with the roles and patching: :mod:`~headscope.analyses.run_weights`).
+    ``kv``: run the KV-cache stage on a causal decoder (:mod:`~headscope.analyses.kvcache.stage`).
 
     >>> RunConfig(seed=3).pruning().seed, RunConfig(full=True).pruning().quick
     (3, False)
@@ -161,6 +165,7 @@ class RunConfig:
     device_map: str | None = None
     patching: bool = True
     weights: bool = True
+    kv: bool = True
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:
@@ -317,6 +322,10 @@ def blockers(model, config: RunConfig) -> dict[str, str]:
     elif (why := weights_blocker(model)) is not None:
         absent["weights"] = why
         log.warning("the weights stage will not run: %s", why)
+    if not config.kv:
+        absent["kv"] = "turned off (--no-kv)"
+    elif (why := kv_report_blocker(model)) is not None:
+        absent["kv"] = why  # by design on an encoder: no warning
     if not config.patching:
         absent["patching"] = "turned off (--no-patching)"
     elif (why := patching_blocker(model)) is not None:
@@ -333,7 +342,7 @@ class RunResult:
     run; ``n_items``: items each role group used; ``timings``: seconds per stage (``roles.<stage>``
     for the role analyses' own); ``prune_summary`` (its ``metric``) and ``patching_summary``:
     the stages' summaries (``{}`` when they did not run); ``config``: the settings run;
-    ``weights_summary``: the weights stage's (``{}`` when it did not run)."""
+    ``weights_summary``, ``kv_summary``: the weights and KV stages' (``{}`` when they did not run)."""
 
     frames: dict[str, pd.DataFrame]
     absent: dict[str, str]
@@ -343,6 +352,7 @@ class RunResult:
     patching_summary: dict
     config: RunConfig
     weights_summary: dict = field(default_factory=dict)
+    kv_summary: dict = field(default_factory=dict)
 
     @property
     def prune_metric(self) -> str | None:
@@ -390,6 +400,13 @@ def run_analyses(model, config: RunConfig, *, progress=None, roles_progress=None
         with timed(timings, "weights", progress):
             weight_frames, weights_summary = run_weights(model, frames, WeightsConfig(seed=config.seed))
         frames.update(weight_frames)
+    kv_summary = {}
+    if "kv" not in absent:  # after the others: it restores every cache and draws from its own seeded generators
+        with timed(timings, "kv", progress):
+            kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), frames["roles"])
+        frames.update(kv_frames)
     frames["skipped"] = skipped_frame(rr.skipped)
     timings.update({f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()})
-    return RunResult(frames, absent, dict(rr.n_items), timings, prune_summary, patch_summary, config, weights_summary)
+    return RunResult(
+        frames, absent, dict(rr.n_items), timings, prune_summary, patch_summary, config, weights_summary, kv_summary
+    )

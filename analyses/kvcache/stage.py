@@ -31,6 +31,39 @@ def kv_blocker(model) -> str | None:
     return None
 
 
+#: the shortest context the report's stage runs at (a needle item and its window need room)
+MIN_REPORT_TOKENS = 64
+
+
+def report_config(model, seed: int = 0) -> KVConfig:
+    """The report's stage: :data:`~headscope.analyses.kvcache.study.REPORT_KV` (1,024 tokens, a
+    window of 128), at the model's context where shorter, the window and sink scaled with it."""
+    import dataclasses
+
+    from headscope.analyses.kvcache.study import REPORT_KV
+
+    tokens = min(REPORT_KV.tokens, int(model.spec.max_positions))
+    scale = tokens / REPORT_KV.tokens
+    return dataclasses.replace(
+        REPORT_KV,
+        tokens=tokens,
+        window=max(1, int(REPORT_KV.window * scale)),
+        sink=max(1, int(REPORT_KV.sink * scale)) if REPORT_KV.sink else 0,
+        seed=seed,
+    )
+
+
+def report_blocker(model) -> str | None:
+    """Why the report's stage does not run on ``model`` (:func:`kv_blocker`, or a context too short), or None."""
+    if (why := kv_blocker(model)) is not None:
+        return why
+    if model.spec.max_positions < MIN_REPORT_TOKENS:
+        return (
+            f"a context of {model.spec.max_positions} tokens is too short for the study (at least {MIN_REPORT_TOKENS})"
+        )
+    return None
+
+
 def check_tokens(model, tokens: int) -> None:
     """``KVStudyError`` when ``tokens`` is past the model's context."""
     if tokens > model.spec.max_positions:

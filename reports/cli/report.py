@@ -35,6 +35,13 @@ def register(sub) -> None:
         "joined with the roles and patching (default: on)",
     )
     p.add_argument(
+        "--kv",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the 'Long context and the KV cache' section on a causal decoder: the KV-cache compression study at "
+        "1,024 tokens, quick settings (default: on; headscope kv runs it alone)",
+    )
+    p.add_argument(
         "--out", type=out_argument, default=None, metavar="DIR", help="output folder (default: runs/report-<model>)"
     )
     p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (0 to 2**32 - 1; default 0)")
@@ -66,6 +73,7 @@ def run(args) -> int:
         trust_remote_code=args.trust_remote_code,
         patching=args.patching,
         weights=args.weights,
+        kv=args.kv,
         dtype=args.dtype,
         device=None if args.device_map else resolve_device(args.device),
         device_map=args.device_map,

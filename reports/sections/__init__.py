@@ -4,7 +4,7 @@ Each module turns frames into one section (or a few: a subsection per role, per 
 :mod:`headscope.reports.document` blocks: :mod:`.card` (the model), :mod:`.roles` (head roles
 and the head view), :mod:`.role_detail` (one subsection per role, with :mod:`.examples`),
 :mod:`.stats` (attention statistics), :mod:`.causal` (patching), :mod:`.weights` (circuits
-from the weights and their joins), :mod:`.pruning`,
+from the weights and their joins), :mod:`.long_context` (the KV-cache study), :mod:`.pruning`,
 :mod:`.skipped` and :mod:`.run`. Nothing here renders; :mod:`headscope.reports.html` and
 :mod:`headscope.reports.markdown` do.
 
@@ -21,6 +21,7 @@ from headscope.reports.document import Document
 from headscope.reports.head_view import head_view_block
 from headscope.reports.sections.card import card_section
 from headscope.reports.sections.causal import causal_sections
+from headscope.reports.sections.long_context import long_context_section
 from headscope.reports.sections.pruning import pruning_absent_section, pruning_section
 from headscope.reports.sections.role_detail import role_sections
 from headscope.reports.sections.roles import roles_section
@@ -62,6 +63,9 @@ def build_document(
     weights = weights_section(frames, meta, n_layers, n_heads)
     if weights is not None:
         sections.append(weights)
+    long_context = long_context_section(frames, meta)
+    if long_context is not None:
+        sections.append(long_context)
     why_absent = (meta.get("absent") or {}).get("pruning")
     if why_absent:
         sections.append(pruning_absent_section(why_absent))

@@ -114,3 +114,36 @@ def test_cli_writes_tables_and_run_json(capsys, tmp_path):
     assert run["output"]["kind"] == "kv" and run["kv_summary"]["settings"]["tokens"] == 96
     assert run["kv_summary"]["settings"]["pool"] == 1 and run["quick"] is True
     assert main(["kv", str(model), "--tokens", "100000", "--out", str(tmp_path / "kv2")]) == 2
+
+
+def test_report_stage_skips_an_encoder_with_its_reason_and_the_section_says_it(minilm):
+    from headscope.analyses.run import RunConfig, blockers
+    from headscope.reports.sections.long_context import long_context_section
+
+    absent = blockers(minilm, RunConfig())
+    assert "encoder" in absent["kv"] and "decoder" in absent["kv"]
+    assert blockers(minilm, RunConfig(kv=False))["kv"] == "turned off (--no-kv)"
+    section = long_context_section({}, {"absent": absent})
+    assert section.title == "Long context and the KV cache" and absent["kv"] in section.blocks[0].text
+    assert long_context_section({}, {}) is None  # an older run: no section
+
+
+def test_report_section_draws_the_curve_and_the_savings():
+    from headscope.analyses.kvcache.stage import report_config, run_kv
+    from headscope.probes.models.inhouse.planted_long import COPY_HEAD, planted_long_model
+    from headscope.reports.document import Figure
+    from headscope.reports.sections.long_context import long_context_section
+
+    model = planted_long_model()
+    cfg = report_config(model)
+    assert (cfg.tokens, cfg.window, cfg.pool) == (384, 48, 1)  # the planted context: 384 positions
+    roles = pd.DataFrame(
+        {"layer": [0, 1, 1], "head": [0, 1, 2], "role": ["retrieval"] * 3, "score": [0.1, 0.9, 0.2], "verdict": True}
+    )
+    frames, summary = run_kv(model, cfg, roles)
+    assert frames["kv_roles"].set_index(["layer", "kv_group"]).loc[COPY_HEAD, "greedy_rank"] == 0
+    assert summary["roles_join"]["overlap"] == 1
+    section = long_context_section(frames, {"kv_summary": summary})
+    assert any(isinstance(b, Figure) and b.name == "kv_curve" for b in section.blocks)
+    text = " ".join(getattr(b, "text", "") for b in section.blocks)
+    assert "largest compression within a 1% quality change: 1 of 8 groups keep a full cache" in text
