@@ -25,7 +25,8 @@ One tidy frame, :data:`LONG_COLUMNS` (the roles' ROLE_COLUMNS plus ``window``, `
 
 Per-item values go through the roles' verdict machinery
 (:func:`~headscope.analyses.stats.verdicts.layered_rows`: bootstrap interval, sign-flip p, BH
-across the heads of one role and setting). Patterns come one query chunk at a time from Q and
+across the heads of one role and setting, or across every row with ``stats.family="global"``,
+:func:`~headscope.analyses.stats.verdicts.apply_family`). Patterns come one query chunk at a time from Q and
 K where the backend hands them over (:mod:`.passes`); ``frame.attrs`` says which path ran
 (``pattern_statistics``), the copy accuracy, the items and the notes. These roles need a
 causal decoder: on an encoder the frame is empty and ``attrs["skipped"]`` says why. They are
@@ -45,7 +46,7 @@ from headscope.analyses.longctx.needle import copy_hits, needle_items
 from headscope.analyses.longctx.passes import item_pass, pass_mode
 from headscope.analyses.longctx.reducers import RetrievalReducer, SinkReducer, StreamingReducer
 from headscope.analyses.roles.long_inputs import token_limit
-from headscope.analyses.stats.verdicts import layered_rows
+from headscope.analyses.stats.verdicts import apply_family, layered_rows
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ def long_context_roles(model, config: LongContextConfig | None = None) -> pd.Dat
             o = measure(model, other, cfg, sink_only=True)
             rows += _sink_rows(o["sink"], other, cfg, tok, not has_bos)
             attrs["copy_accuracy_other_bos"] = float(torch.cat(o["hits"]).float().mean())
-    frame = _typed(pd.DataFrame(rows)) if rows else empty_long()
+    frame = apply_family(_typed(pd.DataFrame(rows)), cfg.stats) if rows else empty_long()
     frame = frame.sort_values(["role", "window", "bos", "layer", "head"], kind="stable", na_position="first")
     frame = frame.reset_index(drop=True)
     frame.attrs.update(

@@ -8,11 +8,14 @@ import pandas as pd
 import pytest
 
 from headscope.analyses.longctx.config import LongContextConfig
+from headscope.analyses.longctx.needle import needle_items
+from headscope.analyses.longctx.passes import item_pass
 from headscope.analyses.longctx.roles import LONG_COLUMNS, long_context_roles
+from headscope.analyses.roles.config import RolesConfig
 from headscope.probes.models.inhouse.planted_long import COPY_HEAD, LOCAL_HEAD, planted_long_model
 
 #: enough items for a p below alpha after BH over 8 heads (the sign-flip floor is 2**-16)
-PLANTED = LongContextConfig(n_tokens=240, n_items=16, windows=(8, 32, 64))
+PLANTED = LongContextConfig(n_tokens=160, n_items=16, windows=(8, 32, 64))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +38,7 @@ def _heads(frame, role, **where):
 def test_planted_roles_label_exactly_the_copy_and_local_heads(planted_frame):
     f = planted_frame
     assert list(f.columns) == LONG_COLUMNS and f.attrs["pattern_statistics"] == "chunked (query chunk 128)"
-    assert f.attrs["copy_accuracy"] == 1.0 and f.attrs["bos"] is True and f.attrs["n_tokens"] == 240
+    assert f.attrs["copy_accuracy"] == 1.0 and f.attrs["bos"] is True and f.attrs["n_tokens"] == 160
     assert _heads(f, "retrieval") == [COPY_HEAD]
     for w in PLANTED.windows:
         assert _heads(f, "streaming", window=w) == [LOCAL_HEAD]
@@ -76,3 +79,19 @@ def test_an_encoder_is_skipped_with_the_reason(tmp_path):
     f = long_context_roles(load_model(str(tiny_model_dir(tmp_path, "bert")), "inhouse"))
     assert f.empty and list(f.columns) == LONG_COLUMNS
     assert "need a causal decoder" in f.attrs["skipped"] and "encoder" in f.attrs["skipped"]
+
+
+def test_a_global_family_corrects_across_every_row(planted_long):
+    cfg = LongContextConfig(
+        n_tokens=160, n_items=16, windows=(8,), sink_bos_pass=False, stats=RolesConfig(family="global")
+    )
+    f = long_context_roles(planted_long, cfg)
+    assert set(f["family"]) == {"global"} and _heads(f, "retrieval") == [COPY_HEAD]
+    assert _heads(f, "streaming") == [LOCAL_HEAD]
+
+
+def test_the_pieces_never_hold_more_than_a_chunk_of_query_rows(planted_long):
+    item = needle_items(planted_long.tokenizer, 300, 1)[0]
+    p = item_pass(planted_long, item, chunk=32)
+    shapes = [tuple(pc.pattern.shape) for pc in p.pieces()]
+    assert max(s[2] for s in shapes) <= 32 and {s[3] for s in shapes} == {300} and len(shapes) == 2 * 10
