@@ -114,6 +114,12 @@ def test_cli_writes_tables_and_run_json(capsys, tmp_path):
     assert run["output"]["kind"] == "kv" and run["kv_summary"]["settings"]["tokens"] == 96
     assert run["kv_summary"]["settings"]["pool"] == 1 and run["quick"] is True
     assert main(["kv", str(model), "--tokens", "100000", "--out", str(tmp_path / "kv2")]) == 2
+    # the README's figures come from such a folder (make figures): every quoted one is there
+    from headscope.analyses.kvcache import figures
+
+    figures.write(figures.figures_from(*figures.read(out)), tmp_path / "fig" / "kv.json", source=str(out))
+    doc = json.loads((tmp_path / "fig" / "kv.json").read_text())
+    assert doc["missing"] == [] and doc["figures"]["quality"]["full"]["text"].startswith("LM loss ")
 
 
 def test_report_stage_skips_an_encoder_with_its_reason_and_the_section_says_it(minilm):
