@@ -403,7 +403,7 @@ def run_analyses(model, config: RunConfig, *, progress=None, roles_progress=None
     kv_summary = {}
     if "kv" not in absent:  # after the others: it restores every cache and draws from its own seeded generators
         with timed(timings, "kv", progress):
-            kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), frames["roles"])
+            kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), role_items=1)
         frames.update(kv_frames)
     frames["skipped"] = skipped_frame(rr.skipped)
     timings.update({f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()})

@@ -39,7 +39,13 @@ def _mib(n) -> str:
 def figures_from(summary: dict, curve: pd.DataFrame) -> dict:
     """The figures of one ``headscope kv`` folder (module docstring)."""
     out: dict = {}
-    full, n, ctx, top = summary["full"], summary["groups"], summary["context"], summary["max_context"]
+    full, n, ctx, top = (
+        summary["full"],
+        summary.get("units", summary["groups"]),
+        summary["context"],
+        summary["max_context"],
+    )
+    unit = "layers" if summary.get("unit") == "layer" else "KV groups"
     _fig(
         out,
         "quality.full",
@@ -52,7 +58,7 @@ def figures_from(summary: dict, curve: pd.DataFrame) -> dict:
             out,
             "savings.tolerance",
             [at["full_groups"], at["fraction_saved"], at["bytes_saved_max"]],
-            f"{at['full_groups']} of {n} KV groups keep a full cache; the others' sink + window save "
+            f"{at['full_groups']} of {n} {unit} keep a full cache; the others' sink + window save "
             f"{_mib(at['bytes_saved'])} ({at['fraction_saved']:.1%}) of the 16-bit cache at {ctx:,} tokens and "
             f"{_mib(at['bytes_saved_max'])} ({at['fraction_saved_max']:.1%}) at {top:,}",
         )
@@ -74,7 +80,7 @@ def figures_from(summary: dict, curve: pd.DataFrame) -> dict:
                 out,
                 "curve.half",
                 [int(half), float(gh["quality_change"]), float(rh.min()), float(rh.max())],
-                f"with {half} of {n} groups given back, the greedy order's quality change is "
+                f"with {half} of {n} {unit} given back, the greedy order's quality change is "
                 f"{gh['quality_change']:.3f}, the random orders' {rh.min():.3f} to {rh.max():.3f}",
             )
     return out

@@ -43,7 +43,8 @@ def retrieval_join(summary: dict, roles: pd.DataFrame | None, spec) -> tuple[pd.
     group = spec.n_heads // spec.n_kv_heads
     rows = []
     for rank, (l, g) in enumerate(order):
-        heads = d[(d["layer"] == l) & (d["head"] // group == g)]
+        same = (d["layer"] == l) & ((d["head"] // group == g) if g is not None else True)
+        heads = d[same]
         rows.append(
             {
                 "layer": l,
@@ -51,17 +52,19 @@ def retrieval_join(summary: dict, roles: pd.DataFrame | None, spec) -> tuple[pd.
                 "greedy_rank": rank,
                 "kept_full": (l, g) in kept,
                 "retrieval_score": float(heads["score"].max()) if len(heads) else float("nan"),
-                "retrieval_heads": int(((top["layer"] == l) & (top["head"] // group == g)).sum()),
+                "retrieval_heads": int(
+                    ((top["layer"] == l) & ((top["head"] // group == g) if g is not None else True)).sum()
+                ),
             }
         )
     frame = pd.DataFrame(rows)
     ok = frame.dropna(subset=["retrieval_score"])
     rho = float(spearmanr(-ok["greedy_rank"], ok["retrieval_score"]).statistic) if len(ok) > 2 else float("nan")
-    holding = {(int(r.layer), int(r.kv_group)) for r in frame.itertuples() if r.retrieval_heads > 0}
+    holding = {(r.layer, r.kv_group) for r in frame.itertuples() if r.retrieval_heads > 0}
     return frame, {
         "spearman_need_vs_retrieval": None if math.isnan(rho) else round(rho, 4),
         "top_retrieval_heads": int(n_top),
-        "groups_holding_top_retrieval": sorted([list(g) for g in holding]),
+        "groups_holding_top_retrieval": sorted([list(g) for g in holding], key=str),
         "groups_kept_full": len(kept),
         "overlap": len(kept & holding),
     }

@@ -72,9 +72,69 @@ def check_tokens(model, tokens: int) -> None:
         )
 
 
-def run_kv(model, cfg: KVConfig, roles: pd.DataFrame | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+def _units(cfg: KVConfig, groups, nbytes, nbytes_max, evaluate):
+    """The study's units (``(layer, kv_group)``, or ``(layer, None)`` for a whole layer), their
+    bytes, and the evaluator of a configuration of units."""
+    if cfg.unit == "group":
+        return groups, nbytes, nbytes_max, evaluate
+    layers = sorted({l for l, _ in groups})
+    members = {(l, None): [x for x in groups if x[0] == l] for l in layers}
+
+    def summed(b):
+        return {u: tuple(sum(b[x][i] for x in gs) for i in (0, 1)) for u, gs in members.items()}
+
+    def measure(windows):
+        return evaluate({x: w for u, w in windows.items() for x in members[u]})
+
+    return list(members), summed(nbytes), summed(nbytes_max), measure
+
+
+def long_roles_config(cfg: KVConfig, items: int):
+    """The long-context roles' and causal check's settings beside a study of ``cfg``: its tokens,
+    sink and seed, ``items`` needle items, the streaming windows 16, 64 and the study's own (those
+    shorter than the items), no second (BOS) sink pass."""
+    from headscope.analyses.longctx.config import LongContextConfig
+
+    sink = max(1, cfg.sink)
+    windows = tuple(sorted({w for w in (16, 64, cfg.window) if sink + w < cfg.tokens})) or (1,)
+    return LongContextConfig(
+        n_tokens=cfg.tokens, n_items=items, sink_tokens=sink, windows=windows, seed=cfg.seed, sink_bos_pass=False
+    )
+
+
+def run_long_roles(model, lcfg) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Helper B's long-context roles (:func:`~headscope.analyses.longctx.roles.long_context_roles`)
+    and their causal check (:func:`~headscope.analyses.longctx.causal.causal_check`) on ``model``:
+    frames ``long_context_roles`` and ``long_context_causal``, and their summary."""
+    from headscope.analyses.longctx.causal import causal_check
+    from headscope.analyses.longctx.roles import long_context_roles
+
+    t0 = time.perf_counter()
+    roles = long_context_roles(model, lcfg)
+    t1 = time.perf_counter()
+    causal, causal_summary = causal_check(model, lcfg, roles=roles)
+    t2 = time.perf_counter()
+    attrs = {k: v for k, v in roles.attrs.items() if k in ("copy_accuracy", "n_tokens", "n_items", "notes")}
+    summary = {
+        **attrs,
+        "pattern_statistics": str(roles.attrs.get("pattern_statistics")),
+        "settings": {k: v for k, v in lcfg.to_dict().items() if k != "stats"},
+        "causal": causal_summary,
+        "timings": {"roles_s": round(t1 - t0, 3), "causal_s": round(t2 - t1, 3)},
+    }
+    roles = roles.copy()
+    roles.attrs = {}
+    return {"long_context_roles": roles, "long_context_causal": causal}, summary
+
+
+def run_kv(
+    model, cfg: KVConfig, roles: pd.DataFrame | None = None, *, role_items: int = 0
+) -> tuple[dict[str, pd.DataFrame], dict]:
     """``(frames, summary)`` of the study on ``model`` (see :mod:`~headscope.analyses.kvcache.study`);
-    ``KVStudyError`` where :func:`kv_blocker` refuses or ``cfg.tokens`` is past the context."""
+    with ``role_items``, first the long-context roles and their causal check on that many needle
+    items (:func:`run_long_roles`), whose retrieval scores the study is joined with (else those of
+    ``roles``, where it has any). ``KVStudyError`` where :func:`kv_blocker` refuses or
+    ``cfg.tokens`` is past the context."""
     from headscope.analyses.kvcache.bytes import groups_bytes
     from headscope.analyses.kvcache.quality import Evaluator, study_inputs
     from headscope.analyses.kvcache.roles_join import retrieval_join
@@ -82,6 +142,11 @@ def run_kv(model, cfg: KVConfig, roles: pd.DataFrame | None = None) -> tuple[dic
     if (why := kv_blocker(model)) is not None:
         raise KVStudyError(why)
     check_tokens(model, cfg.tokens)
+    frames: dict[str, pd.DataFrame] = {}
+    long_summary = None
+    if role_items:
+        frames, long_summary = run_long_roles(model, long_roles_config(cfg, role_items))
+        roles = frames["long_context_roles"]
     t0 = time.perf_counter()
     inputs = study_inputs(
         model.tokenizer,
@@ -103,9 +168,10 @@ def run_kv(model, cfg: KVConfig, roles: pd.DataFrame | None = None) -> tuple[dic
     nbytes = groups_bytes(groups, windows, spec.d_head, context, kept)
     nbytes_max = groups_bytes(groups, windows, spec.d_head, spec.max_positions, kept)
     evaluate = Evaluator(model, inputs)
+    units, nbytes, nbytes_max, measure = _units(cfg, groups, nbytes, nbytes_max, evaluate)
     t1 = time.perf_counter()
-    frame, summary = kv_study(evaluate, groups, nbytes, nbytes_max, cfg)
-    frames = {"kv_study": frame}
+    frame, summary = kv_study(measure, units, nbytes, nbytes_max, cfg)
+    frames["kv_study"] = frame
     join, join_summary = retrieval_join(summary, roles, spec)
     if join is not None:
         frames["kv_roles"] = join
@@ -115,10 +181,12 @@ def run_kv(model, cfg: KVConfig, roles: pd.DataFrame | None = None) -> tuple[dic
             "context": context,
             "max_context": int(spec.max_positions),
             "groups": len(groups),
+            "units": len(units),
             "inputs": {"needle_items": cfg.items, "long_texts": cfg.texts},
             "forwards": evaluate.runs,
             "layers_run": evaluate.layers_run,
             "roles_join": join_summary,
+            "long_context": long_summary,
             "savings_at_tolerance": savings_at(frame),
         }
     )

@@ -10,7 +10,7 @@ A random order gives the groups back in a seeded random order. Each order is mea
 
 :func:`kv_study` returns one tidy frame, :data:`COLUMNS`: one row per measured configuration and
 metric (``lm_loss``, ``copy_accuracy``). ``study``: ``single`` (only ``layer``/``kv_group``
-restricted), ``greedy`` or ``random`` (``draw`` its order; ``layer``/``kv_group`` the group given
+restricted; ``kv_group`` NA where the unit is a whole layer), ``greedy`` or ``random`` (``draw`` its order; ``layer``/``kv_group`` the group given
 back at that ``step``, NA at step 0, every group restricted). ``change``: the quality lost
 against the unrestricted model (LM loss: relative increase; copy accuracy: the drop).
 ``bytes_saved``: KV bytes the restricted groups save at the run's context, ``bytes_saved_max``
@@ -45,6 +45,7 @@ COLUMNS = [
     "change",
 ]
 METRICS = ("lm_loss", "copy_accuracy")
+UNITS = ("group", "layer")
 #: the quality change the savings are read at (1 %)
 TOLERANCE = 0.01
 
@@ -54,7 +55,9 @@ class KVConfig:
     """``tokens``: each input's length; ``sink``, ``window``: what a restricted cache keeps;
     ``items``: needle items; ``texts``: extra long texts for the LM loss; ``pool``: greedy
     candidates per step (None: all); ``points``: numbers of full groups measured, as fractions
-    of the groups (None: every step); ``orders``: random orders; ``seed``."""
+    of the groups (None: every step); ``orders``: random orders; ``seed``; ``unit``: what one
+    step restricts or gives back, ``"group"`` (one KV group) or ``"layer"`` (all of a layer's KV
+    groups together: the quick settings', a 1/``n_kv_heads`` share of the single-unit runs)."""
 
     tokens: int = 2048
     sink: int = 4
@@ -65,6 +68,7 @@ class KVConfig:
     points: tuple[float, ...] | None = None
     orders: int = 5
     seed: int = 0
+    unit: str = "group"
 
     def __post_init__(self):
         for name in ("tokens", "window", "items", "orders"):
@@ -72,6 +76,8 @@ class KVConfig:
                 raise ValueError(f"KVConfig.{name} must be positive; got {getattr(self, name)}")
         if self.sink < 0 or self.texts < 0 or (self.pool is not None and self.pool < 1):
             raise ValueError(f"KVConfig: sink, texts >= 0 and pool >= 1; got {self.sink}, {self.texts}, {self.pool}")
+        if self.unit not in UNITS:
+            raise ValueError(f"KVConfig.unit must be one of {', '.join(UNITS)}; got {self.unit!r}")
         if self.items + self.texts < 1:
             raise ValueError("KVConfig: the study needs at least one needle item or long text")
 
@@ -80,8 +86,8 @@ class KVConfig:
 
 
 #: ``headscope kv --quick`` and the report's stage (sized on SmolLM2 on 2 cores: see the README)
-QUICK_KV = KVConfig(items=1, texts=0, pool=1, points=(1 / 16, 1 / 8, 1 / 4, 1 / 2), orders=2)
-REPORT_KV = KVConfig(tokens=1024, window=128, items=1, texts=0, pool=1, points=(1 / 8, 1 / 4, 1 / 2), orders=2)
+QUICK_KV = KVConfig(items=1, texts=0, pool=1, points=(1 / 8, 1 / 4, 1 / 2), orders=2, unit="layer")
+REPORT_KV = KVConfig(tokens=1024, window=128, items=1, texts=0, pool=1, points=(1 / 4, 1 / 2), orders=2, unit="layer")
 
 
 def quality_change(result: dict, full: dict) -> float:
@@ -211,7 +217,8 @@ def kv_study(evaluate, groups, nbytes: dict, nbytes_max: dict, cfg: KVConfig) ->
     frame = study_frame(s.rows)
     summary = {
         "full": s.full,
-        "greedy_order": [[int(l), int(g)] for l, g in sequence],
+        "unit": cfg.unit,
+        "greedy_order": [[int(l), None if g is None else int(g)] for l, g in sequence],
         "kv_bytes_full": s.total,
         "kv_bytes_full_max": s.total_max,
         "savings_at_tolerance": savings_at(frame),

@@ -114,7 +114,15 @@ KINDS: dict[str, OutputKind] = {
         "kv",
         ("run.json",),
         (),
-        ("run.json", "kv.md", *(f"{stem}.{ext}" for stem in ("kv_study", "kv_curve") for ext in ("csv", "parquet"))),
+        (
+            "run.json",
+            "kv.md",
+            *(
+                f"{stem}.{ext}"
+                for stem in ("kv_study", "kv_curve", "kv_roles", "long_context_roles", "long_context_causal")
+                for ext in ("csv", "parquet")
+            ),
+        ),
     ),
 }
 

@@ -11,6 +11,7 @@ a decoder's.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -41,6 +42,13 @@ def register(sub) -> None:
     p.add_argument(
         "--window", type=int_in(1, MAX_TOKENS, "window tokens"), default=256, help="recent tokens kept (256)"
     )
+    p.add_argument(
+        "--roles",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first the long-context roles (retrieval, streaming, sink) and their causal check on the needle items, "
+        "joined with the study (default: on; 4 items, --quick: 1)",
+    )
     p.add_argument("--seed", type=seed, default=0, help="seed of the inputs and the random orders (0)")
     p.add_argument("--out", type=out_argument, help="output folder (default runs/kv-<model>)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -68,7 +76,7 @@ def summary_text(name: str, summary: dict) -> str:
     groups the greedy order gives back."""
     from headscope.reports.sections.long_context import savings_lines
 
-    order = ", ".join(f"L{l}G{g}" for l, g in summary["greedy_order"][:10])
+    order = ", ".join(f"L{l}" if g is None else f"L{l}G{g}" for l, g in summary["greedy_order"][:10])
     lines = [f"# KV cache: {name}", "", *savings_lines(summary), f"- greedy order (first 10): {order}", ""]
     return "\n".join(lines)
 
@@ -94,12 +102,15 @@ def run(args) -> int:
             raise KVStudyError(why)
         if args.tokens is None:  # the default: 2048, or the model's context where shorter
             cfg = dataclasses.replace(cfg, tokens=min(cfg.tokens, model.spec.max_positions))
-        frames, summ = run_kv(model, cfg)
+        frames, summ = run_kv(model, cfg, role_items=(1 if args.quick else 4) if args.roles else 0)
         summ["timings"]["load_s"] = load_s
         text = summary_text(model.spec.name, summ)
         with folder.staging() as tmp:
             write_frame(frames["kv_study"], tmp / "kv_study")
             write_frame(curve_frame(frames["kv_study"]), tmp / "kv_curve")
+            for name in ("kv_roles", "long_context_roles", "long_context_causal"):
+                if name in frames:
+                    write_frame(frames[name], tmp / name)
             (tmp / "kv.md").write_text(text)
             write_run_json(
                 tmp,

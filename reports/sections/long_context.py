@@ -21,13 +21,19 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
+def unit_words(summary: dict) -> str:
+    """What one step of the study restricts: ``KV groups``, or ``layers`` (each with all its KV groups)."""
+    return "layers" if summary.get("unit") == "layer" else "KV groups"
+
+
 def savings_lines(summary: dict) -> list[str]:
     """Markdown bullet lines: the settings, the unrestricted quality and the savings at the 1 % point."""
     s, full = summary.get("settings", {}), summary.get("full", {})
     at = summary.get("savings_at_tolerance")
     loss, acc = full.get("lm_loss"), full.get("copy_accuracy")
     lines = [
-        f"- restricted cache: first {s.get('sink')} + last {s.get('window')} tokens; {summary.get('groups')} KV groups; "
+        f"- restricted cache: first {s.get('sink')} + last {s.get('window')} tokens; {summary.get('groups')} KV groups, "
+        f"restricted and given back by {'layer' if summary.get('unit') == 'layer' else 'KV group'}; "
         f"inputs of {summary.get('context'):,} tokens (maximum context {summary.get('max_context'):,})",
         "- unrestricted: LM loss "
         + ("–" if loss is None else f"{loss:.4f}")
@@ -41,7 +47,7 @@ def savings_lines(summary: dict) -> list[str]:
     else:
         lines.append(
             f"- largest compression within a {at['tolerance']:.0%} quality change: {at['full_groups']} of "
-            f"{summary.get('groups')} groups keep a full cache; saves {_mb(at['bytes_saved'])} "
+            f"{summary.get('units', summary.get('groups'))} {unit_words(summary)} keep a full cache; saves {_mb(at['bytes_saved'])} "
             f"({at['fraction_saved']:.1%}) at {summary.get('context'):,} tokens and {_mb(at['bytes_saved_max'])} "
             f"({at['fraction_saved_max']:.1%}) at {summary.get('max_context'):,} (quality change {at['quality_change']:.4f})"
         )
@@ -88,8 +94,28 @@ def kv_figure(curve: pd.DataFrame) -> Figure:
 
 
 def _roles_blocks(frames: dict, meta: dict) -> list[Block]:
-    roles = frames.get("roles")
+    roles = frames.get("long_context_roles")
     blocks: list[Block] = []
+    long = (meta.get("kv_summary") or {}).get("long_context") or {}
+    if long:
+        blocks.append(
+            Paragraph(
+                f"Long-context roles on {long.get('n_items')} needle item(s) of {long.get('n_tokens')} tokens "
+                f"(copy accuracy {long.get('copy_accuracy', float('nan')):.3f}; pattern statistics: "
+                f"{long.get('pattern_statistics')})."
+            )
+        )
+    c = long.get("causal") or {}
+    if c:
+        blocks.append(
+            Paragraph(
+                f"Causal check: masking the top {c['k']} retrieval heads ({c['share']:.0%} of {c['n_heads']}) takes copy "
+                f"accuracy from {c['accuracy_unmasked']:.3f} to {c['accuracy_top']:.3f}; as many random heads "
+                f"({c['n_draws']} draws) to {sum(c['accuracy_random_per_draw']) / max(1, len(c['accuracy_random_per_draw'])):.3f}. "
+                f"Ratio of damages {c['ratio']:.2f} (per draw {', '.join(f'{r:.2f}' for r in c['ratio_per_draw'])}; "
+                f"{c['ci_level']:.0%} interval {c['ratio_ci'][0]:.2f} to {c['ratio_ci'][1]:.2f} over items)."
+            )
+        )
     if roles is not None and not roles.empty:
         names = roles["role"].astype(str)
         for role in LONG_ROLES:
@@ -100,10 +126,10 @@ def _roles_blocks(frames: dict, meta: dict) -> list[Block]:
     join = frames.get("kv_roles")
     kv = meta.get("kv_summary") or {}
     if join is not None and kv.get("roles_join"):
-        j = kv["roles_join"]
+        j, summary = kv["roles_join"], kv
         blocks.append(
             Paragraph(
-                f"Groups kept full at the 1 % point against the groups holding the top {j['top_retrieval_heads']} "
+                f"{unit_words(summary).capitalize()} kept full at the 1 % point against those holding the top {j['top_retrieval_heads']} "
                 f"retrieval heads: {j['overlap']} of {j['groups_kept_full']} in common; Spearman's rho between "
                 f"need (greedy rank) and retrieval score: {j['spearman_need_vs_retrieval']}."
             )

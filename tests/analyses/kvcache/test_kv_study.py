@@ -142,14 +142,15 @@ def test_report_section_draws_the_curve_and_the_savings():
 
     model = planted_long_model()
     cfg = report_config(model)
-    assert (cfg.tokens, cfg.window, cfg.pool) == (384, 48, 1)  # the planted context: 384 positions
+    assert (cfg.tokens, cfg.window, cfg.pool, cfg.unit) == (384, 48, 1, "layer")  # the planted context: 384 positions
     roles = pd.DataFrame(
         {"layer": [0, 1, 1], "head": [0, 1, 2], "role": ["retrieval"] * 3, "score": [0.1, 0.9, 0.2], "verdict": True}
     )
     frames, summary = run_kv(model, cfg, roles)
-    assert frames["kv_roles"].set_index(["layer", "kv_group"]).loc[COPY_HEAD, "greedy_rank"] == 0
+    join = frames["kv_roles"]
+    assert join.loc[join["greedy_rank"] == 0, "layer"].tolist() == [COPY_HEAD[0]]  # the copy head's layer first
     assert summary["roles_join"]["overlap"] == 1
     section = long_context_section(frames, {"kv_summary": summary})
     assert any(isinstance(b, Figure) and b.name == "kv_curve" for b in section.blocks)
     text = " ".join(getattr(b, "text", "") for b in section.blocks)
-    assert "largest compression within a 1% quality change: 1 of 8 groups keep a full cache" in text
+    assert "largest compression within a 1% quality change: 1 of 2 layers keep a full cache" in text
