@@ -52,13 +52,16 @@ NULL_BLOCK_BYTES = 384 << 20
 
 
 def _r_factor(Y: torch.Tensor) -> torch.Tensor:
-    """``R`` of the reduced QR ``Y = Q R`` (``[..., d_model, d_head]`` -> ``[..., k, d_head]``)."""
-    return torch.linalg.qr(Y.double(), mode="reduced").R
+    """``R`` of the reduced QR ``Y = Q R`` (``[..., d_model, d_head]`` -> ``[..., k, d_head]``):
+    ``mode="r"`` (LAPACK's ``geqrf`` alone, the same ``R`` bit for bit; ``Q`` is never formed,
+    which halves the cost)."""
+    return torch.linalg.qr(Y.double(), mode="r").R
 
 
 def sender_factors(lw) -> torch.Tensor:
-    """``R_V W_O [head, k, d_model]`` of one layer's senders: ``‖OV_A M‖ = ‖(R_V W_O) M‖``."""
-    return _r_factor(lw.W_V[lw.kv_index]) @ lw.W_O.double()
+    """``R_V W_O [head, k, d_model]`` of one layer's senders: ``‖OV_A M‖ = ‖(R_V W_O) M‖`` (``R_V``
+    factored once per KV head, then indexed by query head: the same numbers, a group's QR once)."""
+    return _r_factor(lw.W_V)[lw.kv_index] @ lw.W_O.double()
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -80,7 +83,7 @@ def _receiver_side(lw) -> dict:
             [R[h].permute(1, 0, 2).reshape(R.shape[1], -1) for h in side["groups"]],
             (X[kv] @ R).flatten(1).norm(dim=-1),
         )
-    XR = lw.W_Q.double() @ _r_factor(lw.W_K[kv]).transpose(-1, -2)  # [head, d_model, k]
+    XR = lw.W_Q.double() @ _r_factor(lw.W_K)[kv].transpose(-1, -2)  # [head, d_model, k]
     side["Q"] = (XR.permute(1, 0, 2).reshape(XR.shape[1], -1), XR.flatten(1).norm(dim=-1))
     return side
 

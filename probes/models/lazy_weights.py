@@ -124,13 +124,13 @@ class _GGUF:
 
     def __init__(self, path: Path, hf: dict):
         import transformers.modeling_gguf_pytorch_utils as tg
-        from gguf import GGUFReader
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from headscope.probes.models.gguf.tensors import check_gguf
         from headscope.probes.models.quiet import quiet_transformers
 
         self.where = path
-        self._reader = GGUFReader(str(path))  # checked (check_gguf) by gguf_meta_config before
+        self._reader = check_gguf(path)  # parsed once: lazy_weights keeps the reader gguf_meta_config checked
         arch = str(bytes(self._reader.fields["general.architecture"].parts[-1]), "utf-8")
         cls = tg.TENSOR_PROCESSORS.get(arch, tg.TensorProcessor)
         if cls.__name__ not in LAZY_GGUF_PROCESSORS:
@@ -252,6 +252,20 @@ def reads_lazily(source: ModelSource) -> bool:
     return (source.path / "model.safetensors").is_file() or (source.path / "model.safetensors.index.json").is_file()
 
 
+def _config(source: ModelSource) -> tuple[ModelConfig, dict]:
+    """``(in-house config, HF config dict)`` of ``source``, checked as the loader checks them."""
+    if source.kind == "gguf":
+        from headscope.probes.models.gguf import gguf_meta_config
+
+        hf, where = gguf_meta_config(source.path), source.path
+    else:
+        hf, where = read_hf_config(source), hf_dir(source) / "config.json"
+    try:
+        return config_from_arch(arch_from_hf_config(hf, str(where)), name=source.name), hf
+    except ValueError as e:
+        raise CheckpointError(f"{where}: {e}") from None
+
+
 def lazy_weights(model, *, fold_norms: bool = True) -> ModelWeights:
     """A :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights` reading ``model``
     (a name, path or :class:`ModelSource`: a safetensors folder, sharded or not, or a GGUF file)
@@ -265,16 +279,12 @@ def lazy_weights(model, *, fold_norms: bool = True) -> ModelWeights:
             f"{source.path}: no safetensors or GGUF weights to read lazily (a pytorch_model.bin is loaded whole)"
         )
     if source.kind == "gguf":
-        from headscope.probes.models.gguf import gguf_meta_config
+        from headscope.probes.models.gguf.tensors import kept_gguf_readers
 
-        hf = gguf_meta_config(source.path)
-        where = source.path
+        with kept_gguf_readers():  # the metadata parsed once for the config and the tensors
+            cfg, hf = _config(source)
+            files = _GGUF(source.path, hf)
     else:
-        hf = read_hf_config(source)
-        where = hf_dir(source) / "config.json"
-    try:
-        cfg = config_from_arch(arch_from_hf_config(hf, str(where)), name=source.name)
-    except ValueError as e:
-        raise CheckpointError(f"{where}: {e}") from None
-    files = _GGUF(source.path, hf) if source.kind == "gguf" else _Safetensors(hf_dir(source))
+        cfg, _ = _config(source)
+        files = _Safetensors(hf_dir(source))
     return ModelWeights(cfg, FileSource(cfg, files), fold_norms=fold_norms, name=source.name)

@@ -6,6 +6,7 @@ sizes (:func:`check_gguf_tensors`).
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,13 +18,41 @@ if TYPE_CHECKING:  # annotations only
     from headscope.probes.models.gguf.metadata import _GGUFSizes
 
 
+#: readers kept by :func:`kept_gguf_readers` while it is open, by (file, size, mtime); else None
+_KEPT: dict | None = None
+
+
+@contextlib.contextmanager
+def kept_gguf_readers():
+    """While open, :func:`check_gguf` parses each unchanged file once and hands back the same
+    ``GGUFReader`` (SmolLM2's metadata, a 49,152-token vocabulary, takes ~10 s to parse): for a
+    caller that reads the config and then the tensors of one file. Nothing is kept after it."""
+    global _KEPT
+    outer, _KEPT = _KEPT, {} if _KEPT is None else _KEPT
+    try:
+        yield
+    finally:
+        _KEPT = outer
+
+
 def check_gguf(path: Path):
     """Open a GGUF file's header and tensor table; refuse one that is not GGUF or is cut
-    short, naming the file and what it was expected to hold. Returns the ``GGUFReader``."""
+    short, naming the file and what it was expected to hold. Returns the ``GGUFReader`` (the
+    same one again for an unchanged file inside :func:`kept_gguf_readers`)."""
+    path = Path(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if _KEPT is not None and key in _KEPT:
+        return _KEPT[key]
+    reader = _check_gguf(path, st.st_size)
+    if _KEPT is not None:
+        _KEPT[key] = reader
+    return reader
+
+
+def _check_gguf(path: Path, size: int):
     from gguf import GGUFReader
 
-    path = Path(path)
-    size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(24)
     if head[:4] != b"GGUF":

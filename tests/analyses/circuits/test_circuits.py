@@ -243,3 +243,17 @@ def test_weights_command_writes_tables_and_summary(tmp_path, capsys):
     assert main(["weights", str(model), "--out", str(other), "--quiet"]) == 2
     assert "headscope: error:" in capsys.readouterr().err
     assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_r_factors_equal_the_reduced_qr_bit_for_bit(tiny_gqa):
+    """The composition's R factors come from ``mode="r"`` QR, once per KV head (speed): the same
+    bits as the reduced QR of every query head's expanded copy, so the scores do not move."""
+    from headscope.analyses.circuits.composition import _r_factor, sender_factors
+
+    model = tiny_gqa[0]
+    lw = head_weights(model).layer(1)
+    assert len(set(lw.kv_index.tolist())) < len(lw.kv_index)  # GQA: query heads share KV heads
+    for Y in (lw.W_V[lw.kv_index], lw.W_Q, torch.randn(50, 96, 16, generator=torch.Generator().manual_seed(0))):
+        assert torch.equal(_r_factor(Y), torch.linalg.qr(Y.double(), mode="reduced").R)
+    old = torch.linalg.qr(lw.W_V[lw.kv_index].double(), mode="reduced").R @ lw.W_O.double()
+    assert torch.equal(sender_factors(lw), old)

@@ -188,3 +188,24 @@ def test_peak_memory_of_a_sharded_checkpoint_stays_at_a_few_layers(tmp_path):
     assert got["heads"]["bytes_read"] == shape["n_layers"] * (layer + 4 * d) + 4 * d + emb
     assert got["composition"]["bytes_read"] > shape["n_layers"] * layer
     assert C.NULL_BLOCK_BYTES > 0
+
+
+def test_lazy_gguf_parses_the_file_once(tmp_path, monkeypatch):
+    """The config and the tensors share one parse of the GGUF metadata (SmolLM2's took ~10 s
+    twice), and nothing is kept afterwards: a later open parses again."""
+    import gguf
+
+    path, _ = write_tiny_gguf(tmp_path / "llama.gguf", "llama")
+    parsed = []
+
+    class Counting(gguf.GGUFReader):
+        def __init__(self, file, *args, **kwargs):
+            parsed.append(str(file))
+            super().__init__(file, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    w = lazy_weights(str(path))
+    assert parsed == [str(path)]
+    assert tuple(w.layer(0).W_Q.shape)[0] == w.cfg.n_heads  # the kept reader reads the tensors
+    lazy_weights(str(path))
+    assert len(parsed) == 2
