@@ -257,22 +257,69 @@ def large_checkpoint_case(directory, *, write: bool = False, draws: int = DRAWS,
     }
 
 
+def _loadavg() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
+def figures_doc(row: dict, *, load_before, load_after, shape: dict | None = None) -> dict:
+    """The README's figures of one :func:`large_checkpoint_case` row, in the format of
+    ``data/figures/*.json`` (``figures`` → group → name as ``{value, text}``, ``quoted``,
+    ``missing``; ``tests/test_readme_figures.py`` checks the README quotes each ``text``).
+
+    >>> doc = figures_doc({"seconds": 61.2, "peak_rss_mb": 1234.5, "target_mb": 4000.0, "met": True,
+    ...                    "rows": 4096, "bytes_on_disk": 16e9, "write_seconds": None}, load_before=None, load_after=None)
+    >>> [f["text"] for f in doc["figures"]["large_checkpoint"].values()]
+    ['61 s', '1,234 MB (target 4,000 MB: met)', '4,096 rows']
+    """
+    met = "met" if row["met"] else "not met"
+    fig = {
+        "seconds": {"value": row["seconds"], "text": f"{row['seconds']:,.0f} s"},
+        "peak_rss": {
+            "value": row["peak_rss_mb"],
+            "text": f"{row['peak_rss_mb']:,.0f} MB (target {row['target_mb']:,.0f} MB: {met})",
+        },
+        "rows": {"value": row["rows"], "text": f"{row['rows']:,} rows"},
+    }
+    return {
+        "model": "random-weight checkpoint of Llama-3.1-8B's shapes, bf16 safetensors shards",
+        "generated_by": "python -m headscope.analyses.bench.weights_paths DIR --write --record FILE",
+        "shape": dict(shape or LLAMA_3_1_8B),
+        "bytes_on_disk": row["bytes_on_disk"],
+        "write_seconds": row["write_seconds"],
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "2"),
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "quoted": [f"large_checkpoint.{k}" for k in fig],
+        "missing": [],
+        "figures": {"large_checkpoint": fig},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m headscope.analyses.bench.weights_paths DIR [--write] [--draws N]``: the
-    large-checkpoint case (:func:`large_checkpoint_case`) as one JSON line; never run by default."""
+    """``python -m headscope.analyses.bench.weights_paths DIR [--write] [--draws N] [--record FILE]``:
+    the large-checkpoint case (:func:`large_checkpoint_case`) as one JSON line, and with
+    ``--record`` its figures (:func:`figures_doc`) into FILE; never run by default."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m headscope.analyses.bench.weights_paths", description=main.__doc__)
     p.add_argument("directory", help="folder of the checkpoint (written there with --write)")
     p.add_argument("--write", action="store_true", help="write the 16 GB checkpoint first if it is not there")
     p.add_argument("--draws", type=int, default=DRAWS, help=f"Gaussian draws per head baseline ({DRAWS})")
+    p.add_argument("--record", type=Path, help="write the README's figures here (data/figures/bench_weights.json)")
     args = p.parse_args(argv)
+    before = _loadavg()
     try:
         row = large_checkpoint_case(args.directory, write=args.write, draws=args.draws)
     except (OSError, RuntimeError) as e:
         print(f"headscope: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(row))
+    if args.record is not None:
+        doc = figures_doc(row, load_before=before, load_after=_loadavg())
+        args.record.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 
 

@@ -209,3 +209,18 @@ def test_lazy_gguf_parses_the_file_once(tmp_path, monkeypatch):
     assert tuple(w.layer(0).W_Q.shape)[0] == w.cfg.n_heads  # the kept reader reads the tensors
     lazy_weights(str(path))
     assert len(parsed) == 2
+
+
+@pytest.mark.slow  # a subprocess that imports headscope: ~10 s idle, 36 s at load 9
+def test_large_checkpoint_case_on_a_small_shape_records_its_figures(tmp_path):
+    """The bench's 8B-shaped case, on a small shape: written, timed in a subprocess, its peak RSS
+    measured, and its figures recorded for the README (data/figures/bench_weights.json's format)."""
+    from headscope.analyses.bench.weights_paths import figures_doc, large_checkpoint_case
+
+    shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_mlp=128, vocab_size=300)
+    row = large_checkpoint_case(tmp_path / "ckpt", write=True, draws=5, shape=shape)
+    assert row["rows"] == 2 * 4 * 4  # layers × heads × statistics (the omitted positional share included)
+    assert row["met"] and 0 < row["peak_rss_mb"] <= row["target_mb"]
+    doc = figures_doc(row, load_before=[1.0, 1.0, 1.0], load_after=None, shape=shape)
+    assert set(doc["quoted"]) == {f"large_checkpoint.{k}" for k in doc["figures"]["large_checkpoint"]}
+    assert doc["figures"]["large_checkpoint"]["rows"]["text"] == "32 rows"
