@@ -159,9 +159,8 @@ def run_kv(
     )
     net_cfg = model.network.cfg
     spec = model.spec
-    groups = [
-        (l, g) for l in range(spec.n_layers) for g in sorted({net_cfg.kv_head_of(h) for h in range(spec.n_heads)})
-    ]
+    held = net_cfg.heads_kept or [range(spec.n_heads)] * spec.n_layers  # a physically pruned layer holds fewer
+    groups = [(l, g) for l in range(spec.n_layers) for g in sorted({net_cfg.kv_head_of(h) for h in held[l]})]
     windows = {l: net_cfg.window(l) for l in range(spec.n_layers)}
     kept = cfg.sink + cfg.window
     context = max(int(x.input_ids.shape[1]) for x in inputs)
