@@ -19,7 +19,9 @@ from headscope.analyses.roles.config import RolesConfig, is_seed
 class LongContextConfig:
     # items: the needle task (analyses.longctx.needle)
     n_tokens: int = 2048  # tokens per item (capped at the model's context by long_context_roles)
-    n_items: int = 8  # needle items, needles at depths (i + 0.5) / n_items
+    # needle items, needles at depths (i + 0.5) / n_items; items are the resampling unit, and the sign-flip p of
+    # n items is at least 2**-n: 16 lets BH over a few hundred heads pass at alpha 0.01 (8 items cannot on SmolLM2)
+    n_items: int = 16
     needle_len: int = 8
     corpus: str = "generated"  # the haystack: "generated", "shipped" or a text file
     seed: int = 0
