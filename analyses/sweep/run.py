@@ -222,8 +222,13 @@ def _capture(folder: Path, kind: str, row: dict) -> str:
 
 def by_design(part: str, why: str, backend: str | None) -> bool:
     """Whether a report part left out is left out by design on ``backend``, not a failure: the weights
-    stage reads the in-house model's per-head matrices, so hf and the bridge have none."""
-    return part == "weights" and backend != "inhouse" and "in-house model" in why
+    stage reads the in-house model's per-head matrices, so hf and the bridge have none; the KV-cache
+    stage restricts caches inside the in-house attention, and an encoder has no KV cache."""
+    if part == "weights":
+        return backend != "inhouse" and "in-house model" in why
+    if part == "kv":
+        return (backend != "inhouse" and "in-house attention" in why) or "is an encoder" in why
+    return False
 
 
 def _report(folder: Path, out: Path, inputs: dict[str, str]) -> str:

@@ -79,6 +79,7 @@ ALIASES = {
         "encoder_layers",
         "decoder_layers",
         "num_decoder_layers",
+        "num_encoder_layers",
     ),
     "heads": (
         "num_attention_heads",
@@ -87,6 +88,8 @@ ALIASES = {
         "num_heads",
         "encoder_attention_heads",
         "decoder_attention_heads",
+        "num_encoder_attention_heads",
+        "num_decoder_attention_heads",
     ),
     "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv"),
     "head_dim": ("head_dim", "kv_channels", "d_kv", "attention_head_size", "head_size", "dim_head"),
@@ -103,13 +106,14 @@ ALIASES = {
     ),
     "vocab": ("vocab_size", "n_vocab", "padded_vocab_size"),
 }
-#: mixture-of-experts and low-rank attention sizes: key -> (rule, value)
+#: mixture-of-experts and low-rank attention sizes: key -> (rule, value); ``max``: at most value,
+#: ``set``: value, ``fill``: at most value, and value where the default is None
 _SMALL = {
     "num_experts": ("max", 4),
     "num_local_experts": ("max", 4),
     "n_routed_experts": ("max", 4),
     "moe_num_experts": ("max", 4),
-    "num_experts_per_tok": ("max", 2),
+    "num_experts_per_tok": ("fill", 2),
     "moe_topk": ("max", 2),
     "moe_k": ("max", 2),
     "n_shared_experts": ("max", 1),
@@ -225,7 +229,7 @@ def tiny_config(
         missing = [f for f in ("hidden", "layers", "heads") if not keys.get(f)]
         raise TinyBuildError(f"cannot shrink: no config key for {', '.join(missing)} ({cls.__name__})")
     kw = _sizes(keys, defaults, encoder, n_layers)
-    kw.update(_small_extras(defaults, kw))
+    kw.update(_small_extras(defaults, kw, getattr(cls, "attribute_map", None)))
     for key in keys.get("vocab", ()):
         kw[key] = vocab_size
     kw.update(_token_ids(defaults, vocab_size, specials))
@@ -275,13 +279,20 @@ def _sizes(keys: dict[str, list[str]], defaults: dict, encoder: bool, n_layers: 
     return kw
 
 
-def _small_extras(defaults: dict, kw: dict) -> dict:
+def _small_extras(defaults: dict, kw: dict, amap: dict | None = None) -> dict:
+    """:data:`_SMALL`'s sizes under this config's own keys (``attribute_map``: Bailing's
+    ``num_expert_group`` for ``n_group``); a ``fill`` size also where the default is None (DeepSeek-V2
+    routes to ``num_experts_per_tok=None`` experts by default, which its forward cannot run)."""
     out = {}
-    for key, (rule, value) in _SMALL.items():
+    for name, (rule, value) in _SMALL.items():
+        key = (amap or {}).get(name, name)
         old = defaults.get(key)
+        if rule == "fill" and old is None and key in defaults:
+            out[key] = value
+            continue
         if key in kw or not isinstance(old, int) or isinstance(old, bool):
             continue
-        out[key] = min(old, value) if rule == "max" else value
+        out[key] = min(old, value) if rule in ("max", "fill") else value
     return out
 
 
@@ -336,12 +347,12 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
             model = getattr(transformers, KINDS[kind]).from_config(config, attn_implementation="eager")
         except Exception as e:  # noqa: BLE001 - a model class that cannot be built from its config: why
             raise TinyBuildError(f"{KINDS[kind]} cannot build it: {_line(e)}") from None
-        if _attention_maps(model, kind) != 0:
+        if _has_attention(model, kind):
             break
     else:
         raise TinyBuildError(
             f"no attention layer: at up to {LAYER_COUNTS[-1]} layers its default config has none "
-            "(output_attentions gives no pattern; recurrent or state-space layers only)"
+            "(no attention module, output_attentions gives no pattern: recurrent or state-space layers only)"
         )
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
@@ -361,22 +372,22 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
     return kind, folder
 
 
-def _attention_maps(model, kind: str) -> int | None:
-    """How many attention patterns the model returns (``output_attentions``) on a few tokens;
-    None where its forward fails or returns none at all (the sweep's stages say why)."""
+def _has_attention(model, kind: str) -> bool:
+    """False only where the model holds no module of an attention class and returns no attention
+    pattern (``output_attentions``, on a few tokens): recurrent or state-space layers alone. A
+    forward that fails says nothing here (the sweep's stages say why)."""
     import torch
 
+    if any("attention" in type(m).__name__.lower() for m in model.modules()):
+        return True
     ids = torch.arange(1, 9)[None]
     kw = {"use_cache": False} if kind == "decoder" else {}
     try:
         with torch.no_grad():
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True, **kw)
     except Exception:  # noqa: BLE001 - a forward that fails: not for this check to say
-        return None
-    maps = getattr(out, "attentions", None)
-    if maps is None and getattr(out, "encoder_attentions", None) is not None:
-        maps = out.encoder_attentions
-    return None if maps is None else len(maps)
+        return True
+    return bool(getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None))
 
 
 @cache

@@ -7,7 +7,8 @@ value projection's output ``[batch, pos, kv_heads × d_head]``, the V part of a 
 (``[q | k | v]`` as GPT-2 and Phi-3 stack it, ``[head, (q, k, v)]`` as BLOOM and GPT-NeoX
 interleave it, ``[kv group, (q…, k, v)]`` as Falcon's new architecture groups it), a fused KV,
 or per-head ``[batch, pos, kv_heads, d_head]`` / ``[batch, kv_heads, pos, d_head]`` (a norm
-applied to V); KV groups (GQA, MQA) are expanded to their query heads.
+applied to V), any of these with a head axis of 1 (``[batch, 1, pos, features]``: MLA's ``kv_b_proj``,
+``[head, (k_nope, v)]``); KV groups (GQA, MQA) are expanded to their query heads.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def v_readings(t: torch.Tensor, heads: tuple[int, int, int], batch: int, pos: in
     ``[(layout, V [batch, pos, kv_heads, d_head])]``."""
     h, k, d = heads
     out: list[tuple[str, torch.Tensor]] = []
+    if t.dim() == 4 and t.shape[0] == batch and t.shape[1] == 1 and t.shape[2] == pos and t.shape[-1] != d:
+        t = t[:, 0]  # [batch, 1, pos, features]: MLA's kv_b_proj on its latent, viewed with a head axis of 1
     if t.dim() == 3 and tuple(t.shape[:2]) == (batch, pos):
         f = t.shape[-1]
         if f == k * d:

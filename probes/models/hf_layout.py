@@ -193,15 +193,38 @@ def _attention_linears(block: nn.Module, want: tuple[int, int]) -> dict[str, nn.
     }
 
 
+def _recorded_attention(model: nn.Module):
+    """``is_recorded(module)``: whether transformers records the module's output as the model's
+    ``attentions`` (the model classes' ``_can_record_outputs``: Bailing's ``BailingHybridAttention``,
+    not its linear-attention layers'); None where no class says."""
+    targets = []
+    for m in model.modules():
+        spec = (getattr(type(m), "_can_record_outputs", None) or {}).get("attentions")
+        for t in spec if isinstance(spec, (list, tuple)) else [spec] if spec is not None else []:
+            targets.append(t)
+    classes = tuple(t if isinstance(t, type) else getattr(t, "target_class", None) for t in targets)
+    classes = tuple(c for c in classes if isinstance(c, type))
+    if not classes or len(classes) != len(targets):  # a recorder by layer or class name: not read here
+        return None
+    return lambda module: isinstance(module, classes)
+
+
 def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] | None:
     """A hybrid model's attention layers: the indices of the blocks (of its one list of ``n_blocks``)
     holding a linear map from ``spec``'s heads × d_head to d_model inside an attention sub-module
-    (one of a known name, :data:`ATTN_OUT`, where only some blocks hold one), where some blocks hold none (Mamba, gated-delta or other recurrent layers between the attention
+    (one of a known name, :data:`ATTN_OUT`, where only some blocks hold one), where some blocks hold none;
+    first, the blocks holding a module whose output transformers records as the attentions, where only
+    some do (Mamba, gated-delta or other recurrent layers between the attention
     layers: Zamba2, Qwen3-Next, OLMo-Hybrid, Jamba, …); None where every block holds one, none does,
     or the list cannot be found (the layout then says why)."""
     found = _block_list(model, n_blocks)
     if found is None:
         return None
+    recorded = _recorded_attention(model)
+    if recorded:  # the blocks holding a module whose output transformers records as the attentions
+        have = tuple(i for i, block in enumerate(found[1]) if any(recorded(m) for m in block.modules()))
+        if 0 < len(have) < n_blocks:
+            return have
     want = (spec.n_heads * spec.d_head, spec.d_model)
     maps = [_attention_linears(block, want) for block in found[1]]
     named = tuple(i for i, m in enumerate(maps) if any(f"{found[0]}.{i}.{rel}".endswith(ATTN_OUT) for rel in m))

@@ -77,3 +77,35 @@ def test_the_tiny_depth_grows_until_an_attention_layer_is_there(tmp_path):
 def test_sizes_of_their_own_are_shrunk(mtype, sizes):
     cfg = tiny_config(mtype, vocab_size=600, specials={"pad_token_id": 0})
     assert {k: getattr(cfg, k) for k in sizes} == sizes
+
+
+def test_latent_attention_is_checked_through_its_kv_b_proj(tmp_path):
+    """MLA (MiniCPM3, DeepSeek-V3 and kin): ``kv_b_proj`` runs on the latent viewed as ``[batch, 1, pos,
+    features]``; V was not read from that shape, so the pattern × V check failed (err ~1.4) and hf refused."""
+    model = load_model(str(save_tiny("minicpm3", tmp_path / "m")[1]))
+    assert model.backend == "hf" and model.head_modules["check"].startswith("pattern×V max err")
+
+
+def test_the_blocks_transformers_records_attentions_from_are_the_attention_layers(tmp_path):
+    """Bailing's linear-attention layers have an ``o_proj`` of the same shape as its softmax layers'; the
+    attention layers are the blocks holding the class its ``_can_record_outputs['attentions']`` names."""
+    model = load_model(str(save_tiny("bailing_hybrid", tmp_path / "m")[1]))
+    assert model.backend == "hf" and model.spec.n_layers == 1
+    assert model.head_modules["attention_blocks"] == [1]
+    assert "keeps pattern × V's signs" in model.head_modules["check"]  # its per-head output gate (g_proj)
+
+
+def test_moe_sizes_under_the_configs_own_keys():
+    bailing = tiny_config("bailing_hybrid", vocab_size=600, specials={"pad_token_id": 0})
+    assert (bailing.num_expert_group, bailing.num_experts, bailing.num_experts_per_token) == (1, 4, 2)
+    deepseek = tiny_config("deepseek_v2", vocab_size=600, specials={"pad_token_id": 0})
+    assert deepseek.num_experts_per_tok == 2  # None by default: its router's topk cannot run
+
+
+def test_the_kv_stage_off_the_inhouse_backend_or_on_an_encoder_is_left_out_by_design():
+    from headscope.analyses.sweep.run import by_design
+
+    why = "the KV-cache study restricts caches inside the in-house attention; backend hf"
+    assert by_design("kv", why, "hf") and not by_design("kv", why, "inhouse")
+    assert by_design("kv", "m is an encoder: the KV cache is a decoder's (it caches past keys)", "inhouse")
+    assert not by_design("kv", "out of memory", "hf") and not by_design("roles", why, "hf")
