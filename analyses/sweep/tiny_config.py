@@ -131,6 +131,9 @@ _SMALL = {
     "embedding_size": ("set", 32),
     "intra_bottleneck_size": ("set", D_MODEL),  # MobileBERT's attention works in its bottleneck: the tiny width
     "rotary_dim": ("max", D_HEAD // 2),  # GPT-J, CodeGen: a rotary part within the tiny head (partial rotary)
+    "mamba_n_heads": ("max", 4),  # Falcon-H1's Mamba mixers: 4 heads of its mamba_d_head, d_ssm to match
+    "mamba_d_ssm": ("max", 32),
+    "mamba_d_state": ("max", 16),
     "max_position_embeddings": ("max", 512),
     "n_positions": ("max", 512),
 }
@@ -234,6 +237,7 @@ def tiny_config(
         kw[key] = vocab_size
     kw.update(_token_ids(defaults, vocab_size, specials))
     kw.update(_layer_lists(defaults, defaults[keys["layers"][0]], kw, n_layers))
+    kw.update(_defaults_chosen(defaults))
     try:
         config = cls(**kw)
     except Exception as e:  # noqa: BLE001 - a config that refuses the sizes: the reason, in one line
@@ -254,6 +258,17 @@ def _layer_lists(defaults: dict, depth, kw: dict, n_layers: int) -> dict:
         sized = [k for k in kw if key.startswith(k) and isinstance(kw[k], int) and set(value) == {defaults.get(k)}]
         if sized:
             out[key] = [kw[sized[0]]] * n_layers
+    return out
+
+
+def _defaults_chosen(defaults: dict) -> dict:
+    """A ``default_<x>`` left None where the config lists the ``<x>s`` to choose from: the first
+    (X-MOD's ``default_language``: its forward refuses to run without a language)."""
+    out = {}
+    for key, value in defaults.items():
+        options = defaults.get(key.removeprefix("default_") + "s")
+        if key.startswith("default_") and value is None and isinstance(options, (list, tuple)) and options:
+            out[key] = options[0]
     return out
 
 
@@ -354,6 +369,9 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
             f"no attention layer: at up to {LAYER_COUNTS[-1]} layers its default config has none "
             "(no attention module, output_attentions gives no pattern: recurrent or state-space layers only)"
         )
+    other = _other_input(model, kind)
+    if other is not None:
+        raise TinyBuildError(f"not a text-only model: its forward needs {other}")
     n = sum(p.numel() for p in model.parameters())
     if n > MAX_PARAMS:
         raise TinyBuildError(f"cannot shrink: {n / 1e6:.1f}M parameters at the tiny sizes (> {MAX_PARAMS / 1e6:g}M)")
@@ -370,6 +388,40 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
         raise TinyBuildError(f"save_pretrained fails: {_line(e)}") from None
     tok.save_pretrained(folder)
     return kind, folder
+
+
+#: the inputs of a text model's forward (and an encoder-decoder's decoder_*): any other one a
+#: forward on token ids alone asks for is a non-text input (BROS's bbox, LXMERT's visual_feats)
+_TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds", "labels")
+
+
+def _other_input(model, kind: str) -> str | None:
+    """The non-text input a forward on token ids alone raises for, named by its forward's own
+    parameter (``'bbox' (ValueError: You have to specify bbox)``); None where it runs or fails otherwise."""
+    import inspect
+    import re
+
+    import torch
+
+    ids = torch.arange(1, 9)[None]
+    try:
+        with torch.no_grad():
+            model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                **({"use_cache": False} if kind == "decoder" else {}),
+            )
+    except Exception as e:  # noqa: BLE001 - why it fails: a non-text input it names, or not this check's
+        params = set(inspect.signature(model.base_model.forward).parameters) | set(
+            inspect.signature(model.forward).parameters
+        )
+        text = str(e)
+        for name in sorted(params - set(_TEXT_INPUTS)):
+            if not name.startswith(("decoder_", "past_", "use_", "output_", "return_", "cache_")) and re.search(
+                rf"\b{re.escape(name)}\b", text
+            ):
+                return f"{name!r} ({_line(e)})"
+    return None
 
 
 def _has_attention(model, kind: str) -> bool:

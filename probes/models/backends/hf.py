@@ -162,6 +162,7 @@ class HFReference(ResumableForward, BackendCommon):
         _check_positions_built(model, directory / "config.json")
         _check_loading_info(model, info, where, strict_head=klass is AutoModelForCausalLM)
         spec = spec_from_arch(arch, source.name, "hf")
+        vocab = getattr(model.config, "vocab_size", None) or arch.vocab_size  # CANINE's config has none
         if its_encoder:  # BART and its kin: the encoder alone runs; the decoder is freed
             model = model.get_encoder()
         if encoder_only or its_encoder:  # the encoder's self-attention heads, bidirectional
@@ -170,7 +171,7 @@ class HFReference(ResumableForward, BackendCommon):
             model,
             tokenizer,
             spec,
-            vocab_size=model.config.vocab_size,
+            vocab_size=vocab,
             trust_remote_code=trust_remote_code,
             hybrid=not for_bridge,
         )

@@ -109,3 +109,16 @@ def test_the_kv_stage_off_the_inhouse_backend_or_on_an_encoder_is_left_out_by_de
     assert by_design("kv", why, "hf") and not by_design("kv", why, "inhouse")
     assert by_design("kv", "m is an encoder: the KV cache is a decoder's (it caches past keys)", "inhouse")
     assert not by_design("kv", "out of memory", "hf") and not by_design("roles", why, "hf")
+
+
+def test_a_family_whose_forward_needs_a_non_text_input_is_not_a_text_family(tmp_path):
+    """BROS (layout boxes) and LXMERT (visual features) were counted as text families whose every
+    stage failed; they are left out, the input they need named."""
+    with pytest.raises(TinyBuildError, match=r"not a text-only model: its forward needs 'bbox'"):
+        save_tiny("bros", tmp_path / "b")
+
+
+def test_a_default_left_unset_takes_the_first_option_listed():
+    """X-MOD's forward refuses to run without ``default_language``; its config lists ``languages``."""
+    cfg = tiny_config("xmod", vocab_size=600, specials={"pad_token_id": 0})
+    assert cfg.default_language == cfg.languages[0]
