@@ -21,7 +21,9 @@ damage was 0.
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -31,6 +33,8 @@ from headscope.analyses.longctx.config import LongContextConfig
 from headscope.analyses.longctx.needle import copy_hits, item_logits
 from headscope.analyses.longctx.roles import long_context_roles, long_items
 from headscope.analyses.pruning.gates import head_gates
+
+log = logging.getLogger(__name__)
 
 CAUSAL_COLUMNS = ["condition", "draw", "item", "depth", "heads", "n_masked", "copy_accuracy", "damage"]
 
@@ -73,9 +77,7 @@ def causal_check(
     if not spec.causal:
         raise ValueError(f"the causal check needs a causal decoder; {spec.name} is an encoder")
     if roles is None:
-        roles = long_context_roles(
-            model, LongContextConfig(**{**cfg.to_dict(), "sink_bos_pass": False, "stats": cfg.stats})
-        )
+        roles = long_context_roles(model, replace(cfg, sink_bos_pass=False))
     total = spec.n_layers * spec.n_heads
     k = n_masked(total, cfg.causal_share)
     top = top_retrieval_heads(roles, k)
@@ -92,6 +94,7 @@ def causal_check(
         ("random", i, s) for i, s in enumerate(draws)
     ]:
         acc = base if cond == "unmasked" else _accuracies(model, items, heads)
+        log.info("causal check: %s%s: copy accuracy %.3f", cond, "" if d is None else f" {d}", sum(acc) / len(acc))
         for j, (it, a) in enumerate(zip(items, acc)):
             rows.append(
                 dict(
