@@ -18,7 +18,18 @@ from headscope.probes.corpora.bench_sentences import generate_sentences
 from headscope.probes.tokens import tokenize_one
 
 SKIP_NOTE = "roles cannot run here"
-MINILM_LINEAR = 10_616_832  # 6 layers x (4 x 384^2 + 2 x 384 x 1536) weights of nn.Linear
+# the plumbing runs on a tiny BERT folder (tests/tiny_models: 2 layers x 4 heads, d_model 64,
+# d_mlp 128), read by name like a user's checkpoint; the bench's figures on the shipped models
+# come from `headscope bench`, never from a test
+TINY_LINEAR = 65_536  # 2 layers x (4 x 64^2 + 2 x 64 x 128) weights of nn.Linear
+TINY_LAYERS, TINY_HEADS, TINY_D = 2, 4, 64
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> str:
+    from tests.tiny_models import tiny_model_dir
+
+    return str(tiny_model_dir(tmp_path_factory.mktemp("bench-tiny"), "bert"))
 
 
 def test_generated_sentences_are_seeded_and_within_length():
@@ -56,8 +67,8 @@ def _quick(paths, n_sentences=4, **kw):
 
 
 @pytest.fixture(scope="module")
-def small_bench():
-    cfg = _quick(("hf_sdpa", "capture_patterns", "gate_grad", "roles"), n_sentences=8)
+def small_bench(tiny_bert):
+    cfg = _quick(("hf_sdpa", "capture_patterns", "gate_grad", "roles"), n_sentences=8, model=tiny_bert)
 
     def cannot_run(bench):
         raise PathSkipped(SKIP_NOTE)
@@ -67,7 +78,7 @@ def small_bench():
         return B.run_bench(cfg)
 
 
-def test_bench_frame_ratios_and_flops(small_bench):
+def test_bench_frame_ratios_and_flops(small_bench, tiny_bert):
     f = small_bench.frame.set_index("path")
     info = small_bench.info
     assert list(small_bench.frame.columns) == results.BENCH_COLUMNS
@@ -78,10 +89,10 @@ def test_bench_frame_ratios_and_flops(small_bench):
         assert f.loc[p, "status"] == "ok" and f.loc[p, "seconds"] > 0
         assert f.loc[p, "ratio"] == pytest.approx(f.loc[p, "seconds"] / f.loc["hf_sdpa", "seconds"])
     # FLOPs from the real token lengths of the 8 generated sentences
-    lengths = [len(tokenize_one(_tok(), text=s)["ids"]) for s in generate_sentences(8, seed=0)]
+    lengths = [len(tokenize_one(_tok(tiny_bert), text=s)["ids"]) for s in generate_sentences(8, seed=0)]
     assert info["real_tokens"] == sum(lengths)
-    assert info["linear_params"] == MINILM_LINEAR
-    fwd = model_gflop(linear=MINILM_LINEAR, n_layers=6, d_model=384, lengths=lengths)
+    assert info["linear_params"] == TINY_LINEAR
+    fwd = model_gflop(linear=TINY_LINEAR, n_layers=TINY_LAYERS, d_model=TINY_D, lengths=lengths)
     assert f.loc["capture_patterns", "gflop"] == pytest.approx(fwd)
     assert f.loc["gate_grad", "gflop"] == pytest.approx(2 * fwd)
     # a path that cannot run is a skipped row with a note, not a crash
@@ -89,12 +100,12 @@ def test_bench_frame_ratios_and_flops(small_bench):
     assert math.isnan(f.loc["roles", "seconds"])
 
 
-def test_bench_padding_and_pattern_memory(small_bench):
+def test_bench_padding_and_pattern_memory(small_bench, tiny_bert):
     info = small_bench.info
     assert info["batches"] == 2
     assert 0 <= info["padding_ratio_bucketed"] < info["padding_ratio_unsorted"]
-    lengths = sorted(len(tokenize_one(_tok(), text=s)["ids"]) for s in generate_sentences(8, seed=0))
-    per_batch = [pattern_bytes(4, max(lengths[i : i + 4]), 12, 6) for i in (0, 4)]
+    lengths = sorted(len(tokenize_one(_tok(tiny_bert), text=s)["ids"]) for s in generate_sentences(8, seed=0))
+    per_batch = [pattern_bytes(4, max(lengths[i : i + 4]), TINY_HEADS, TINY_LAYERS) for i in (0, 4)]
     assert info["pattern_bytes_store_all"] == sum(per_batch)
     assert info["pattern_bytes_streaming"] == max(per_batch)
 
@@ -117,7 +128,7 @@ def test_cli_json_and_table(small_bench, monkeypatch, capsys):
     assert cli.main(["bench", "--sentences", "8", "--batch", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [p["path"] for p in out["paths"]] == ["hf_sdpa", "capture_patterns", "gate_grad", "roles"]
-    assert out["info"]["linear_params"] == MINILM_LINEAR
+    assert out["info"]["linear_params"] == TINY_LINEAR
     text = cmd_bench.render(small_bench)
     assert "capture_patterns" in text and "skipped" in text and "targets (reported, not enforced)" in text
 
@@ -129,9 +140,8 @@ def test_cli_rejects_bad_memory_sizes(capsys):
     assert "at least two positive sizes" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_memory_mode_runs_each_size_in_a_subprocess():
-    frame, ratio = B.memory_scaling("minilm-l6", (4, 12), batch_size=4, reducer="mass", timeout=300)
+def test_memory_mode_runs_each_size_in_a_subprocess(tiny_bert):
+    frame, ratio = B.memory_scaling(tiny_bert, (4, 12), batch_size=4, reducer="mass", timeout=300)
     assert frame["n_sentences"].tolist() == [4, 12]
     assert frame["n_batches"].tolist() == [1, 3]
     assert ratio == pytest.approx(frame["peak_rss_mb"].iloc[1] / frame["peak_rss_mb"].iloc[0])
@@ -139,20 +149,20 @@ def test_memory_mode_runs_each_size_in_a_subprocess():
     assert frame["padding_ratio"].between(0, 1).all()
 
 
-@pytest.mark.slow
-def test_memory_mode_runs_the_text_roles():
-    frame, _ = B.memory_scaling("minilm-l6", (8, 16), batch_size=8, reducer="roles", timeout=300)
-    assert frame["reducer"].tolist() == ["roles", "roles"]
+def test_memory_mode_runs_the_text_roles(tiny_bert):
+    # the body of one --memory subprocess, here in-process (the subprocess plumbing is the test above)
+    from headscope.analyses.bench.memory import MEMORY_COLUMNS, memory_child
+
+    row = memory_child(tiny_bert, 8, "roles", 8, 0)
+    assert list(row) == MEMORY_COLUMNS and row["reducer"] == "roles" and row["n_sentences"] == 8
     # every head gets a row for each of positional (per offset bucket), special, rare-word...
-    assert (frame["role_rows"] >= 6 * 12 * 3).all()
+    assert row["role_rows"] >= TINY_LAYERS * TINY_HEADS * 3
 
 
-def _tok():
+def _tok(model_dir):
     from transformers import AutoTokenizer
 
-    from headscope.probes.models.checkpoints import resolve
-
-    return AutoTokenizer.from_pretrained(str(resolve("minilm-l6").path))
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 def test_cli_help_lists_every_path():
@@ -194,13 +204,13 @@ def test_targets_come_from_the_targets_table(monkeypatch):
     assert row["target"] == mine.name and row["value"] == 0.5 and not row["met"]
 
 
-def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
+def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch, tiny_bert):
     # the plumbing only: a smaller study than the report's (one random curve, one stand-in role)
     small = {"quick": True, "ablation_modes": ("zero",), "studies": ("curves",), "orders": ("random",)}
     monkeypatch.setattr(pruning_paths, "QUICK_PRUNING", {**small, "n_random_seeds": 1, "max_fraction": 0.2})
     stand_in = pruning_paths.stand_in_roles
     monkeypatch.setattr(pruning_paths, "stand_in_roles", lambda spec, seed=0: stand_in(spec, n_roles=1, seed=seed))
-    cfg = _quick(("hook_gates", "inhouse_gates", "quick_pruning"), prune_items=2)
+    cfg = _quick(("hook_gates", "inhouse_gates", "quick_pruning"), prune_items=2, model=tiny_bert)
     result = B.run_bench(cfg)
     f = result.frame.set_index("path")
     assert list(f.index) == list(cfg.paths)
@@ -215,9 +225,9 @@ def test_gate_and_quick_pruning_paths_give_finite_rows(monkeypatch):
         BenchConfig(prune_items=1)
 
 
-def test_hf_ablation_paths_give_finite_rows():
+def test_hf_ablation_paths_give_finite_rows(tiny_bert):
     """The hf backend's ablation paths (resumed and whole) run and pair with the in-house one."""
-    cfg = _quick(("ablation_batched", "ablation_hf_whole", "ablation_hf"))
+    cfg = _quick(("ablation_batched", "ablation_hf_whole", "ablation_hf"), model=tiny_bert)
     result = B.run_bench(cfg)
     f = result.frame.set_index("path")
     for p in cfg.paths:
@@ -250,7 +260,7 @@ def test_help_lists_every_path_with_its_description(capsys):
     assert listed == [[name, p.description] for name, p in registry.PATHS.items()]
 
 
-def test_run_bench_runs_the_paths_of_the_registry():
+def test_run_bench_runs_the_paths_of_the_registry(tiny_bert):
     """A path registered under a new name is run through the registry: warmed once, then
     timed once per round, its description, GFLOP and note in its row."""
     calls = {"warm": 0, "pass": 0}
@@ -266,7 +276,7 @@ def test_run_bench_runs_the_paths_of_the_registry():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(registry.PATHS, "planted", registry.BenchPath("a planted path", planted))
-        result = B.run_bench(dataclasses.replace(_quick(("planted",)), repeats=3))
+        result = B.run_bench(dataclasses.replace(_quick(("planted",), model=tiny_bert), repeats=3))
     row = result.frame.set_index("path").loc["planted"]
     assert calls == {"warm": 1, "pass": 3}
     assert (row["description"], row["status"], row["repeats"], row["note"]) == (
