@@ -43,13 +43,16 @@ def test_long_text_refuses_a_length_it_cannot_build(minilm, bad):
         long_text(minilm.tokenizer, bad)
 
 
-def test_one_measured_run_per_path_says_which_path_ran():
-    rows = {p: long_context_child("minilm-l6", 200, p) for p in ("chunked", "stored")}
+def test_one_measured_run_per_path_says_which_path_ran(tmp_path):
+    from tests.tiny_models import tiny_model_dir
+
+    tiny = str(tiny_model_dir(tmp_path, "bert"))  # 2 layers x 4 heads, 128 positions: the plumbing
+    rows = {p: long_context_child(tiny, 120, p) for p in ("chunked", "stored")}
     assert rows["chunked"]["pattern_statistics"] == "chunked (query chunk 128)"
     assert rows["stored"]["pattern_statistics"] == "materialised (query chunks off)"
     for r in rows.values():
         assert list(r) == LONG_COLUMNS and r["status"] == "ok" and r["seconds"] > 0 and r["growth_mb"] >= 0
-        assert r["stored_patterns_mb"] == pytest.approx(6 * 12 * 200 * 200 * 4 / 2**20)
+        assert r["stored_patterns_mb"] == pytest.approx(2 * 4 * 120 * 120 * 4 / 2**20)
 
 
 def test_summary_relates_the_paths_at_the_target_length():
