@@ -33,6 +33,7 @@ bench: bootstrap
 # attribution and AtP* vs activation patching on every task of MiniLM-L6 and SmolLM2 (~1 h) into atp.json,
 # the default report's on MiniLM-L6 and SmolLM2 (a report of each; FIGURES_FLAGS="--from DIR" reads finished
 # DIR/<model>-report folders instead) into data/figures/report_*.json, and its weights section into weights_*.json;
+# headscope kv smollm2-135m --quick (~10 min of one core) into kv_smollm2.json;
 # tests/test_readme_figures.py fails while
 # the README quotes other values
 figures: bootstrap
@@ -40,6 +41,7 @@ figures: bootstrap
 	$(PY) -m headscope.analyses.experiments.atp_figures
 	$(PY) -m headscope.analyses.experiments.report_figures $(FIGURES_FLAGS)
 	$(PY) -m headscope.analyses.experiments.weights_figures $(FIGURES_FLAGS)
+	$(PY) -m headscope.analyses.kvcache.figures
 
 # Every stage on a tiny random model of each text family of the installed transformers (one core, ~6-10 s
 # of CPU a family, 40-90 s of wall time on a loaded 2-core machine: run it in parts there) into data/sweep/sweep.csv and sweep.md, and the README's family

@@ -23,6 +23,7 @@ SECTIONS = {
     "figures/report_smollm2.json": "## What the default report finds",
     "figures/weights_minilm.json": "## From the weights",
     "figures/weights_smollm2.json": "## From the weights",
+    "figures/kv_smollm2.json": "## Long context and the KV cache",
 }
 
 
