@@ -154,3 +154,18 @@ def test_report_section_draws_the_curve_and_the_savings():
     assert any(isinstance(b, Figure) and b.name == "kv_curve" for b in section.blocks)
     text = " ".join(getattr(b, "text", "") for b in section.blocks)
     assert "largest compression within a 1% quality change: 1 of 2 layers keep a full cache" in text
+
+
+def test_a_configuration_resumed_from_its_first_restricted_layer_equals_a_whole_forward():
+    from headscope.analyses.kvcache.quality import Evaluator, study_inputs
+    from headscope.probes.models.inhouse.planted_long import planted_long_model
+
+    model = planted_long_model()
+    inputs = study_inputs(model.tokenizer, 160, n_items=1, n_texts=1, sink=2, window=16)
+    windows = {(1, 1): (2, 16), (1, 2): (2, 16)}
+    resumed = Evaluator(model, inputs)
+    full = resumed({})
+    got = resumed(windows)
+    whole = Evaluator(model, inputs)(windows)  # no unrestricted run kept: every layer runs
+    assert got == whole and got != full
+    assert resumed.layers_run == 2 * 2 + 2 * 1  # two inputs: the unrestricted run, then layer 1 only
