@@ -23,8 +23,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest
-import torch
+# under pytest-xdist (`make test` runs -n 2) each worker gets its share of the cores as torch
+# threads, and so does every subprocess a test starts (OMP_NUM_THREADS is inherited): torch's
+# default, every core per process, oversubscribes the machine, and its spinning threads then
+# slow small ops several times (SmolLM2's held-out perplexity on 24 items: 59 s with 2 threads,
+# 11 s with 1, on a 2-core machine busy with other jobs)
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _THREADS)
+
+import pytest  # noqa: E402 (after the thread settings above)
+import torch  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 torch.manual_seed(0)
 
