@@ -37,6 +37,7 @@ from headscope.analyses.quick_settings import QUICK_PRUNING
 from headscope.analyses.run_frames import examples_frame, prune_frames, skipped_frame
 from headscope.analyses.run_patching import CAUSAL_METHOD, patching_blocker, run_patching
 from headscope.analyses.run_weights import WeightsConfig, run_weights, weights_blocker
+from headscope.probes.errors import HeadscopeError
 
 log = logging.getLogger(__name__)
 
@@ -402,9 +403,13 @@ def run_analyses(model, config: RunConfig, *, progress=None, roles_progress=None
         frames.update(weight_frames)
     kv_summary = {}
     if "kv" not in absent:  # after the others: it restores every cache and draws from its own seeded generators
-        with timed(timings, "kv", progress):
-            kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), role_items=1)
-        frames.update(kv_frames)
+        try:
+            with timed(timings, "kv", progress):
+                kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), role_items=1)
+            frames.update(kv_frames)
+        except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: said, not fatal
+            absent["kv"] = f"the KV-cache stage could not run: {str(e).splitlines()[0]}"
+            log.warning("%s", absent["kv"])
     frames["skipped"] = skipped_frame(rr.skipped)
     timings.update({f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()})
     return RunResult(
