@@ -21,6 +21,11 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
+def _sentence(text: str) -> str:
+    """``text`` with its first letter upper-case and a full stop."""
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
 def unit_words(summary: dict) -> str:
     """What one step of the study restricts: ``KV groups``, or ``layers`` (each with all its KV groups)."""
     return "layers" if summary.get("unit") == "layer" else "KV groups"
@@ -113,23 +118,33 @@ def _roles_blocks(frames: dict, meta: dict) -> list[Block]:
                 f"accuracy from {c['accuracy_unmasked']:.3f} to {c['accuracy_top']:.3f}; as many random heads "
                 f"({c['n_draws']} draws) to {sum(c['accuracy_random_per_draw']) / max(1, len(c['accuracy_random_per_draw'])):.3f}. "
                 f"Ratio of damages {c['ratio']:.2f} (per draw {', '.join(f'{r:.2f}' for r in c['ratio_per_draw'])}; "
-                f"{c['ci_level']:.0%} interval {c['ratio_ci'][0]:.2f} to {c['ratio_ci'][1]:.2f} over items)."
+                f"{c['ci_level']:.0%} interval {c['ratio_ci'][0]:.2f} to {c['ratio_ci'][1]:.2f} over {c['n_items']} item(s))."
             )
         )
     if roles is not None and not roles.empty:
         names = roles["role"].astype(str)
         for role in LONG_ROLES:
-            d = roles[names.str.startswith(role) & roles["verdict"].astype(bool)]
+            d = roles[names.str.startswith(role)]
+            if "window" in d and d["window"].notna().any():  # streaming: the largest window measured
+                d = d[d["window"] == d["window"].max()]
             if len(d):
-                top = d.sort_values("score", ascending=False).head(10)[["layer", "head", "role", "score", "baseline"]]
-                blocks.append(Table(f"long_context_{role}", top.reset_index(drop=True), f"Top {role} heads."))
+                cols = [c for c in ("layer", "head", "role", "window", "score", "baseline", "verdict") if c in d]
+                top = d.sort_values(["score", "layer", "head"], ascending=[False, True, True]).head(10)[cols]
+                n = int(d["verdict"].fillna(False).astype(bool).sum())
+                blocks.append(
+                    Table(
+                        f"long_context_{role}",
+                        top.reset_index(drop=True),
+                        f"The 10 heads with the highest {role} score ({n} pass the verdict).",
+                    )
+                )
     join = frames.get("kv_roles")
     kv = meta.get("kv_summary") or {}
     if join is not None and kv.get("roles_join"):
         j, summary = kv["roles_join"], kv
         blocks.append(
             Paragraph(
-                f"{unit_words(summary).capitalize()} kept full at the 1 % point against those holding the top {j['top_retrieval_heads']} "
+                f"{_sentence(unit_words(summary))[:-1]} kept full at the 1 % point against those holding the top {j['top_retrieval_heads']} "
                 f"retrieval heads: {j['overlap']} of {j['groups_kept_full']} in common; Spearman's rho between "
                 f"need (greedy rank) and retrieval score: {j['spearman_need_vs_retrieval']}."
             )
@@ -156,7 +171,7 @@ def long_context_section(frames: dict, meta: dict) -> Section | None:
             "only its first sink tokens and a recent window (StreamingLLM), and the groups are given their full cache "
             "back greedily, the one that helps most first, against random orders. Bytes from the card's arithmetic."
         ),
-        Paragraph("\n".join(line.removeprefix("- ") for line in savings_lines(summary))),
+        *(Paragraph(_sentence(line.removeprefix("- "))) for line in savings_lines(summary)),
         kv_figure(curve),
         Table(
             "kv_curve_points", curve[curve["study"] == "greedy"].reset_index(drop=True), "The greedy order's points."

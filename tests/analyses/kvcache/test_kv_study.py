@@ -153,7 +153,7 @@ def test_report_section_draws_the_curve_and_the_savings():
     section = long_context_section(frames, {"kv_summary": summary})
     assert any(isinstance(b, Figure) and b.name == "kv_curve" for b in section.blocks)
     text = " ".join(getattr(b, "text", "") for b in section.blocks)
-    assert "largest compression within a 1% quality change: 1 of 2 layers keep a full cache" in text
+    assert "Largest compression within a 1% quality change: 1 of 2 layers keep a full cache" in text
 
 
 def test_a_configuration_resumed_from_its_first_restricted_layer_equals_a_whole_forward():
