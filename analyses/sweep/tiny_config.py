@@ -255,7 +255,8 @@ def _layer_lists(defaults: dict, depth, kw: dict, n_layers: int) -> dict:
         if not (isinstance(value, list) and value and isinstance(depth, int) and len(value) == depth):
             continue
         out[key] = _shrink_layer_list(value, n_layers)
-        sized = [k for k in kw if key.startswith(k) and isinstance(kw[k], int) and set(value) == {defaults.get(k)}]
+        same = all(isinstance(v, int) for v in value) and len(set(value)) == 1  # one size, every layer
+        sized = [k for k in kw if same and key.startswith(k) and isinstance(kw[k], int) and value[0] == defaults.get(k)]
         if sized:
             out[key] = [kw[sized[0]]] * n_layers
     return out

@@ -210,13 +210,14 @@ def _recorded_attention(model: nn.Module):
 
 
 def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] | None:
-    """A hybrid model's attention layers: the indices of the blocks (of its one list of ``n_blocks``)
-    holding a linear map from ``spec``'s heads × d_head to d_model inside an attention sub-module
-    (one of a known name, :data:`ATTN_OUT`, where only some blocks hold one), where some blocks hold none;
-    first, the blocks holding a module whose output transformers records as the attentions, where only
-    some do (Mamba, gated-delta or other recurrent layers between the attention
-    layers: Zamba2, Qwen3-Next, OLMo-Hybrid, Jamba, …); None where every block holds one, none does,
-    or the list cannot be found (the layout then says why)."""
+    """A hybrid model's attention layers (Mamba, gated-delta or other recurrent layers between them:
+    Zamba2, Qwen3-Next, OLMo-Hybrid, Jamba, …): the indices of the blocks (of its one list of
+    ``n_blocks``) holding a module whose output transformers records as the attentions, where only
+    some do; else those holding a linear map from ``spec``'s heads × d_head to d_model inside an
+    attention sub-module (one of a known name, :data:`ATTN_OUT`, first), where only some do and the
+    others hold no module of an attention class (attention of another size is no recurrent layer:
+    Gemma 4's 512-wide global heads). None where every block holds one, none does, or the list
+    cannot be found (the layout then says why)."""
     found = _block_list(model, n_blocks)
     if found is None:
         return None
@@ -228,10 +229,15 @@ def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] |
     want = (spec.n_heads * spec.d_head, spec.d_model)
     maps = [_attention_linears(block, want) for block in found[1]]
     named = tuple(i for i, m in enumerate(maps) if any(f"{found[0]}.{i}.{rel}".endswith(ATTN_OUT) for rel in m))
-    if 0 < len(named) < n_blocks:  # a known name first: a recurrent layer's square input map is no output projection
-        return named
     have = tuple(i for i, m in enumerate(maps) if m)
-    return have if 0 < len(have) < n_blocks else None
+    if 0 < len(named) < n_blocks:  # a known name first: a recurrent layer's square input map is no output projection
+        have = named
+    if not 0 < len(have) < n_blocks:
+        return None
+    others = [block for i, block in enumerate(found[1]) if i not in have]
+    if any(attention_classes([block]) for block in others):  # attention of another size there (Gemma 4's global
+        return None  # layers' 512-wide heads): not a hybrid, and its heads are not all of the spec's size
+    return have
 
 
 def candidates(model: nn.Module, spec, layers=None, n_blocks=None) -> tuple[list[Candidate], str]:

@@ -122,3 +122,16 @@ def test_a_default_left_unset_takes_the_first_option_listed():
     """X-MOD's forward refuses to run without ``default_language``; its config lists ``languages``."""
     cfg = tiny_config("xmod", vocab_size=600, specials={"pad_token_id": 0})
     assert cfg.default_language == cfg.languages[0]
+
+
+def test_attention_of_another_size_in_the_other_blocks_is_no_hybrid(tmp_path):
+    """Gemma 4's global layers have heads of 512 (``global_head_dim``, not shrunk): only its sliding
+    blocks hold an output projection of the spec's size, yet HF returns a pattern for every block.
+    Read as a hybrid, roles, prune and report ran on half its layers; now hf refuses it, as before."""
+    from headscope.probes.models.hf_layout import attention_blocks
+
+    folder = save_tiny("gemma4_unified_text", tmp_path / "m")[1]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager")
+    spec = type("Spec", (), {"n_heads": 4, "d_head": 16, "d_model": 64})
+    assert attention_blocks(hf, spec, 2) is None
+    assert attention_blocks(hf.model, spec, 2) is None
