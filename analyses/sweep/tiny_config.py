@@ -131,6 +131,8 @@ _SMALL = {
     "embedding_size": ("set", 32),
     "intra_bottleneck_size": ("set", D_MODEL),  # MobileBERT's attention works in its bottleneck: the tiny width
     "rotary_dim": ("max", D_HEAD // 2),  # GPT-J, CodeGen: a rotary part within the tiny head (partial rotary)
+    "linear_num_heads": ("max", N_HEADS),  # Kimi-Linear's, Bailing's linear-attention layers (KDA, 32 × 128)
+    "linear_head_dim": ("max", D_HEAD),
     "mamba_n_heads": ("max", 4),  # Falcon-H1's Mamba mixers: 4 heads of its mamba_d_head, d_ssm to match
     "mamba_d_ssm": ("max", 32),
     "mamba_d_state": ("max", 16),

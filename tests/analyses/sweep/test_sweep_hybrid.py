@@ -72,6 +72,7 @@ def test_the_tiny_depth_grows_until_an_attention_layer_is_there(tmp_path):
         ("inkling_text", {"swa_num_attention_heads": 4, "swa_head_dim": 16, "swa_num_key_value_heads": 2}),
         ("cpmant", {"dim_head": 16, "dim_ff": 128}),
         ("mobilebert", {"intra_bottleneck_size": 64}),
+        ("kimi_linear", {"linear_num_heads": 4, "linear_head_dim": 16}),  # its report timed out at 32 × 128
     ],
 )
 def test_sizes_of_their_own_are_shrunk(mtype, sizes):
