@@ -11,7 +11,8 @@ item a value and a baseline for every head, ``[n_items, layer, head]`` and ``[n_
   (``1 / (answer[i])`` visible keys), over the copied tokens;
 * :class:`StreamingReducer`: per window ``w``, the mean over queries ``i >= sink + w`` (whose
   keys sink + window do not all cover) of the mass on keys ``j < sink`` or ``j > i - w``;
-  baseline: that set's share of the visible keys, ``(sink + w) / (i + 1)``;
+  baseline: that set's share of the visible keys, ``(sink + w) / (i + 1)``; where no query has
+  such keys (``sink + w >= n``: the window holds the whole item), score and baseline are 1;
 * :class:`SinkReducer`: the mean mass on keys ``j < sink`` of the queries at long range
   (``i >= long_range · n``); baseline ``sink / (i + 1)``; and the mean mass profile over keys
   of those queries (where the sink is: its top key).
@@ -100,11 +101,11 @@ class StreamingReducer(_Reducer):
 
     def end(self) -> None:
         for w in self.windows:
-            i = torch.arange(self.sink + w, self.n, dtype=torch.float64)
-            if len(i) == 0:
-                self.values[w].append(torch.full((self.n_layers, self.n_heads), float("nan"), dtype=torch.float64))
-                self.baselines[w].append(float("nan"))
+            if self.sink + w >= self.n:  # sink + window cover every key of every query: all the mass, as uniform's
+                self.values[w].append(torch.ones(self.n_layers, self.n_heads, dtype=torch.float64))
+                self.baselines[w].append(1.0)
                 continue
+            i = torch.arange(self.sink + w, self.n, dtype=torch.float64)
             self.values[w].append(self.sums[w] / len(i))
             self.baselines[w].append(float(((self.sink + w) / (i + 1)).mean()))
 

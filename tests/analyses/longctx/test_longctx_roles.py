@@ -95,3 +95,25 @@ def test_the_pieces_never_hold_more_than_a_chunk_of_query_rows(planted_long):
     p = item_pass(planted_long, item, chunk=32)
     shapes = [tuple(pc.pattern.shape) for pc in p.pieces()]
     assert max(s[2] for s in shapes) <= 32 and {s[3] for s in shapes} == {300} and len(shapes) == 2 * 10
+
+
+def test_a_window_as_long_as_the_items_holds_all_the_mass(planted_long):
+    # sink + window >= the item length: every key is in the window (score 1, as the uniform baseline's), no
+    # head is streaming there; a window shorter than the items keeps its own rows unchanged
+    cfg = LongContextConfig(n_tokens=100, n_items=2, windows=(8, 100, 500), needle_len=4, sink_bos_pass=False)
+    f = long_context_roles(planted_long, cfg)
+    s = f[f["role"] == "streaming"]
+    n = f.attrs["n_tokens"]
+    for w in (100, 500):
+        assert cfg.sink_tokens + w >= n
+        rows = s[s["window"] == w]
+        assert len(rows) == len(s[s["window"] == 8]) and (rows["score"] == 1.0).all()
+        assert (rows["baseline"] == 1.0).all() and not rows["verdict"].any()
+    short = long_context_roles(
+        planted_long, LongContextConfig(**{**cfg.to_dict(), "windows": (8,), "stats": cfg.stats})
+    )
+    got = s[s["window"] == 8].reset_index(drop=True)
+    want = short[short["role"] == "streaming"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(
+        got[["layer", "head", "score", "baseline"]], want[["layer", "head", "score", "baseline"]]
+    )
