@@ -405,7 +405,7 @@ def run_analyses(model, config: RunConfig, *, progress=None, roles_progress=None
     if "kv" not in absent:  # after the others: it restores every cache and draws from its own seeded generators
         try:
             with timed(timings, "kv", progress):
-                kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), role_items=1)
+                kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), role_items=16)
             frames.update(kv_frames)
         except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: said, not fatal
             absent["kv"] = f"the KV-cache stage could not run: {str(e).splitlines()[0]}"

@@ -89,16 +89,30 @@ def _units(cfg: KVConfig, groups, nbytes, nbytes_max, evaluate):
     return list(members), summed(nbytes), summed(nbytes_max), measure
 
 
-def long_roles_config(cfg: KVConfig, items: int):
-    """The long-context roles' and causal check's settings beside a study of ``cfg``: its tokens,
-    sink and seed, ``items`` needle items, the streaming windows 16, 64 and the study's own (those
-    shorter than the items), no second (BOS) sink pass."""
+#: the long-context roles and causal check beside a study: 16 needle items (the sign-flip p of n items is at least
+#: 2**-n; 16 let SmolLM2's best retrieval heads pass BH over its 270 heads) at 512 tokens (the study's context where
+#: shorter), the causal check on 4 items of its own (needles at depths (i + 0.5) / 4; 7 forwards an item: unmasked,
+#: top, 5 random draws)
+LONG_ITEMS, LONG_TOKENS, CAUSAL_ITEMS = 16, 512, 4
+
+
+def long_roles_config(cfg: KVConfig, items: int = LONG_ITEMS, *, tokens: int | None = LONG_TOKENS, causal_items=None):
+    """The long-context roles' and causal check's settings beside a study of ``cfg``: ``items``
+    needle items of ``tokens`` tokens (at most the study's; None: the study's), the causal check on
+    ``causal_items`` of them (None: all), the study's sink and seed, the streaming windows 16, 64
+    and the study's own (a window holding the whole item scores 1, as its baseline), no second
+    (BOS) sink pass."""
     from headscope.analyses.longctx.config import LongContextConfig
 
-    sink = max(1, cfg.sink)
-    windows = tuple(sorted({w for w in (16, 64, cfg.window) if sink + w < cfg.tokens})) or (1,)
+    n = cfg.tokens if tokens is None else min(tokens, cfg.tokens)
     return LongContextConfig(
-        n_tokens=cfg.tokens, n_items=items, sink_tokens=sink, windows=windows, seed=cfg.seed, sink_bos_pass=False
+        n_tokens=n,
+        n_items=items,
+        causal_items=None if causal_items is None else min(causal_items, items),
+        sink_tokens=max(1, cfg.sink),
+        windows=tuple(sorted({16, 64, cfg.window})),
+        seed=cfg.seed,
+        sink_bos_pass=False,
     )
 
 
@@ -109,18 +123,23 @@ def run_long_roles(model, lcfg) -> tuple[dict[str, pd.DataFrame], dict]:
     from headscope.analyses.longctx.causal import causal_check
     from headscope.analyses.longctx.roles import long_context_roles
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     roles = long_context_roles(model, lcfg)
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     causal, causal_summary = causal_check(model, lcfg, roles=roles)
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     attrs = {k: v for k, v in roles.attrs.items() if k in ("copy_accuracy", "n_tokens", "n_items", "notes")}
     summary = {
         **attrs,
         "pattern_statistics": str(roles.attrs.get("pattern_statistics")),
         "settings": {k: v for k, v in lcfg.to_dict().items() if k != "stats"},
         "causal": causal_summary,
-        "timings": {"roles_s": round(t1 - t0, 3), "causal_s": round(t2 - t1, 3)},
+        "timings": {
+            "roles_s": round(t1 - t0, 3),
+            "causal_s": round(t2 - t1, 3),
+            "roles_cpu_s": round(c1 - c0, 3),
+            "causal_cpu_s": round(c2 - c1, 3),
+        },
     }
     roles = roles.copy()
     roles.attrs = {}
@@ -128,13 +147,20 @@ def run_long_roles(model, lcfg) -> tuple[dict[str, pd.DataFrame], dict]:
 
 
 def run_kv(
-    model, cfg: KVConfig, roles: pd.DataFrame | None = None, *, role_items: int = 0
+    model,
+    cfg: KVConfig,
+    roles: pd.DataFrame | None = None,
+    *,
+    role_items: int = 0,
+    role_tokens: int | None = LONG_TOKENS,
+    causal_items: int | None = CAUSAL_ITEMS,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """``(frames, summary)`` of the study on ``model`` (see :mod:`~headscope.analyses.kvcache.study`);
     with ``role_items``, first the long-context roles and their causal check on that many needle
-    items (:func:`run_long_roles`), whose retrieval scores the study is joined with (else those of
+    items of ``role_tokens`` tokens, the check on ``causal_items`` of them (:func:`long_roles_config`,
+    :func:`run_long_roles`), whose retrieval scores the study is joined with (else those of
     ``roles``, where it has any). ``KVStudyError`` where :func:`kv_blocker` refuses or
-    ``cfg.tokens`` is past the context."""
+    ``cfg.tokens`` is past the context. ``summary["timings"]["cpu_s"]``: the CPU seconds of it all."""
     from headscope.analyses.kvcache.bytes import groups_bytes
     from headscope.analyses.kvcache.quality import Evaluator, study_inputs
     from headscope.analyses.kvcache.roles_join import retrieval_join
@@ -142,10 +168,12 @@ def run_kv(
     if (why := kv_blocker(model)) is not None:
         raise KVStudyError(why)
     check_tokens(model, cfg.tokens)
+    c_start = time.process_time()
     frames: dict[str, pd.DataFrame] = {}
     long_summary = None
     if role_items:
-        frames, long_summary = run_long_roles(model, long_roles_config(cfg, role_items))
+        lcfg = long_roles_config(cfg, role_items, tokens=role_tokens, causal_items=causal_items)
+        frames, long_summary = run_long_roles(model, lcfg)
         roles = frames["long_context_roles"]
     t0 = time.perf_counter()
     inputs = study_inputs(
@@ -190,4 +218,5 @@ def run_kv(
         }
     )
     summary["timings"]["inputs_s"] = round(t1 - t0, 3)
+    summary["timings"]["cpu_s"] = round(time.process_time() - c_start, 3)
     return frames, summary

@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="one needle item, the greedy order by single-group damage, "
+        help="the curve on one needle item, the greedy order by single-group damage, "
         "4 points per order, 2 random orders (SmolLM2 at 2,048 tokens: minutes on 2 cores)",
     )
     p.add_argument("--sink", type=int_in(0, MAX_TOKENS, "sink tokens"), default=4, help="first tokens kept (4)")
@@ -46,8 +46,9 @@ def register(sub) -> None:
         "--roles",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="first the long-context roles (retrieval, streaming, sink) and their causal check on the needle items, "
-        "joined with the study (default: on; 4 items, --quick: 1)",
+        help="first the long-context roles (retrieval, streaming, sink) on 16 needle items and their causal check, "
+        "joined with the study (default: on; at the study's tokens, the check on 8 items; --quick: at 512 tokens, "
+        "the check on 4 items)",
     )
     p.add_argument("--seed", type=seed, default=0, help="seed of the inputs and the random orders (0)")
     p.add_argument("--out", type=out_argument, help="output folder (default runs/kv-<model>)")
@@ -74,10 +75,17 @@ def config_of(args):
 def summary_text(name: str, summary: dict) -> str:
     """The Markdown summary: the unrestricted quality, the savings at the 1 % point, the first
     groups the greedy order gives back."""
-    from headscope.reports.sections.long_context import savings_lines
+    from headscope.reports.sections.long_context import long_lines, savings_lines
 
     order = ", ".join(f"L{l}" if g is None else f"L{l}G{g}" for l, g in summary["greedy_order"][:10])
-    lines = [f"# KV cache: {name}", "", *savings_lines(summary), f"- greedy order (first 10): {order}", ""]
+    lines = [
+        f"# KV cache: {name}",
+        "",
+        *savings_lines(summary),
+        *long_lines(summary),
+        f"- greedy order (first 10): {order}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -85,7 +93,7 @@ def run(args) -> int:
     import dataclasses
     import time
 
-    from headscope.analyses.kvcache.stage import KVStudyError, kv_blocker, run_kv
+    from headscope.analyses.kvcache.stage import CAUSAL_ITEMS, LONG_ITEMS, LONG_TOKENS, KVStudyError, kv_blocker, run_kv
     from headscope.analyses.kvcache.study import curve_frame
     from headscope.analyses.run_json import model_record, versions, write_run_json
     from headscope.probes.models.loading import load_model
@@ -102,7 +110,10 @@ def run(args) -> int:
             raise KVStudyError(why)
         if args.tokens is None:  # the default: 2048, or the model's context where shorter
             cfg = dataclasses.replace(cfg, tokens=min(cfg.tokens, model.spec.max_positions))
-        frames, summ = run_kv(model, cfg, role_items=(1 if args.quick else 4) if args.roles else 0)
+        long_roles = dict(role_items=LONG_ITEMS, role_tokens=LONG_TOKENS, causal_items=CAUSAL_ITEMS)
+        if not args.quick:  # the roles at the study's own context, the causal check on 8 items
+            long_roles.update(role_tokens=None, causal_items=8)
+        frames, summ = run_kv(model, cfg, **(long_roles if args.roles else {}))
         summ["timings"]["load_s"] = load_s
         text = summary_text(model.spec.name, summ)
         with folder.staging() as tmp:

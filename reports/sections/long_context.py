@@ -31,6 +31,29 @@ def unit_words(summary: dict) -> str:
     return "layers" if summary.get("unit") == "layer" else "KV groups"
 
 
+def _inputs(summary: dict) -> str:
+    n = summary.get("inputs") or {}
+    items, texts = n.get("needle_items", 0), n.get("long_texts", 0)
+    return f"{items} needle item{'s' * (items != 1)} and {texts} long text{'s' * (texts != 1)}"
+
+
+def long_lines(summary: dict) -> list[str]:
+    """Markdown bullet lines: the long-context roles' and the causal check's items, heads passing and ratio."""
+    long = summary.get("long_context") or {}
+    if not long:
+        return []
+    lines = [f"- long-context roles: {long.get('n_items')} needle items of {long.get('n_tokens')} tokens"]
+    c = long.get("causal") or {}
+    if c:
+        lines.append(
+            f"- causal check on {c['n_items']} needle items of {c['n_tokens']} tokens: masking the top {c['k']} "
+            f"retrieval heads hurts copying {c['ratio']:.2f}x as much as {c['n_draws']} random sets (per draw "
+            f"{', '.join(f'{r:.2f}' for r in c['ratio_per_draw'])}; {c['ci_level']:.0%} interval over items "
+            f"{c['ratio_ci'][0]:.2f} to {c['ratio_ci'][1]:.2f})"
+        )
+    return lines
+
+
 def savings_lines(summary: dict) -> list[str]:
     """Markdown bullet lines: the settings, the unrestricted quality and the savings at the 1 % point."""
     s, full = summary.get("settings", {}), summary.get("full", {})
@@ -39,7 +62,8 @@ def savings_lines(summary: dict) -> list[str]:
     lines = [
         f"- restricted cache: first {s.get('sink')} + last {s.get('window')} tokens; {summary.get('groups')} KV groups, "
         f"restricted and given back by {'layer' if summary.get('unit') == 'layer' else 'KV group'}; "
-        f"inputs of {summary.get('context'):,} tokens (maximum context {summary.get('max_context'):,})",
+        f"inputs of {summary.get('context'):,} tokens (maximum context {summary.get('max_context'):,}): "
+        f"{_inputs(summary)}",
         "- unrestricted: LM loss "
         + ("–" if loss is None else f"{loss:.4f}")
         + ", copy accuracy "
@@ -118,7 +142,8 @@ def _roles_blocks(frames: dict, meta: dict) -> list[Block]:
                 f"accuracy from {c['accuracy_unmasked']:.3f} to {c['accuracy_top']:.3f}; as many random heads "
                 f"({c['n_draws']} draws) to {sum(c['accuracy_random_per_draw']) / max(1, len(c['accuracy_random_per_draw'])):.3f}. "
                 f"Ratio of damages {c['ratio']:.2f} (per draw {', '.join(f'{r:.2f}' for r in c['ratio_per_draw'])}; "
-                f"{c['ci_level']:.0%} interval {c['ratio_ci'][0]:.2f} to {c['ratio_ci'][1]:.2f} over {c['n_items']} item(s))."
+                f"{c['ci_level']:.0%} interval {c['ratio_ci'][0]:.2f} to {c['ratio_ci'][1]:.2f} over {c['n_items']} "
+                f"item(s) of {c['n_tokens']} tokens)."
             )
         )
     if roles is not None and not roles.empty:

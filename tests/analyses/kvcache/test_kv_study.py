@@ -113,6 +113,12 @@ def test_cli_writes_tables_and_run_json(capsys, tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["output"]["kind"] == "kv" and run["kv_summary"]["settings"]["tokens"] == 96
     assert run["kv_summary"]["settings"]["pool"] == 1 and run["quick"] is True
+    long = run["kv_summary"]["long_context"]
+    assert (long["n_items"], long["n_tokens"], long["causal"]["n_items"]) == (16, 96, 4)  # the roles' 16 items
+    assert len(long["causal"]["ratio_per_draw"]) == 5 and len(long["causal"]["ratio_ci"]) == 2
+    md = (out / "kv.md").read_text()
+    assert "1 needle item and 0 long texts" in md and "long-context roles: 16 needle items of 96 tokens" in md
+    assert "causal check on 4 needle items of 96 tokens" in md
     assert main(["kv", str(model), "--tokens", "100000", "--out", str(tmp_path / "kv2")]) == 2
     # the README's figures come from such a folder (make figures): every quoted one is there
     from headscope.analyses.kvcache import figures
@@ -169,3 +175,17 @@ def test_a_configuration_resumed_from_its_first_restricted_layer_equals_a_whole_
     whole = Evaluator(model, inputs)(windows)  # no unrestricted run kept: every layer runs
     assert got == whole and got != full
     assert resumed.layers_run == 2 * 2 + 2 * 1  # two inputs: the unrestricted run, then layer 1 only
+
+
+def test_the_long_roles_keep_a_window_as_long_as_their_items():
+    # a study's window past the roles' items is measured (score 1, as its baseline), not left out
+    from headscope.analyses.kvcache.stage import long_roles_config, run_long_roles
+    from headscope.probes.models.inhouse.planted_long import planted_long_model
+
+    lcfg = long_roles_config(KVConfig(tokens=96, window=128, sink=4), 2, causal_items=1)
+    assert lcfg.windows == (16, 64, 128) and (lcfg.n_tokens, lcfg.causal_items) == (96, 1)
+    frames, summary = run_long_roles(planted_long_model(), lcfg)
+    s = frames["long_context_roles"].query("role == 'streaming'")
+    assert sorted(set(s["window"])) == [16, 64, 128]
+    assert (s[s["window"] == 128][["score", "baseline"]] == 1.0).all().all()
+    assert summary["causal"]["n_items"] == 1 and summary["timings"]["roles_cpu_s"] > 0
