@@ -96,12 +96,14 @@ def _units(cfg: KVConfig, groups, nbytes, nbytes_max, evaluate):
 LONG_ITEMS, LONG_TOKENS, CAUSAL_ITEMS = 16, 512, 4
 
 
-def long_roles_config(cfg: KVConfig, items: int = LONG_ITEMS, *, tokens: int | None = LONG_TOKENS, causal_items=None):
+def long_roles_config(
+    cfg: KVConfig, items: int = LONG_ITEMS, *, tokens: int | None = LONG_TOKENS, causal_items=None, bos_pass=False
+):
     """The long-context roles' and causal check's settings beside a study of ``cfg``: ``items``
     needle items of ``tokens`` tokens (at most the study's; None: the study's), the causal check on
     ``causal_items`` of them (None: all), the study's sink and seed, the streaming windows 16, 64
-    and the study's own (a window holding the whole item scores 1, as its baseline), no second
-    (BOS) sink pass."""
+    and the study's own (a window holding the whole item scores 1, as its baseline), the second
+    (BOS) sink pass with ``bos_pass``."""
     from headscope.analyses.longctx.config import LongContextConfig
 
     n = cfg.tokens if tokens is None else min(tokens, cfg.tokens)
@@ -112,7 +114,7 @@ def long_roles_config(cfg: KVConfig, items: int = LONG_ITEMS, *, tokens: int | N
         sink_tokens=max(1, cfg.sink),
         windows=tuple(sorted({16, 64, cfg.window})),
         seed=cfg.seed,
-        sink_bos_pass=False,
+        sink_bos_pass=bos_pass,
     )
 
 
@@ -128,7 +130,8 @@ def run_long_roles(model, lcfg) -> tuple[dict[str, pd.DataFrame], dict]:
     t1, c1 = time.perf_counter(), time.process_time()
     causal, causal_summary = causal_check(model, lcfg, roles=roles)
     t2, c2 = time.perf_counter(), time.process_time()
-    attrs = {k: v for k, v in roles.attrs.items() if k in ("copy_accuracy", "n_tokens", "n_items", "notes")}
+    keep = ("copy_accuracy", "copy_accuracy_other_bos", "bos", "n_tokens", "n_items", "notes")
+    attrs = {k: v for k, v in roles.attrs.items() if k in keep}
     summary = {
         **attrs,
         "pattern_statistics": str(roles.attrs.get("pattern_statistics")),
@@ -154,10 +157,12 @@ def run_kv(
     role_items: int = 0,
     role_tokens: int | None = LONG_TOKENS,
     causal_items: int | None = CAUSAL_ITEMS,
+    bos_pass: bool = False,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """``(frames, summary)`` of the study on ``model`` (see :mod:`~headscope.analyses.kvcache.study`);
     with ``role_items``, first the long-context roles and their causal check on that many needle
-    items of ``role_tokens`` tokens, the check on ``causal_items`` of them (:func:`long_roles_config`,
+    items of ``role_tokens`` tokens, the check on ``causal_items`` of them, with ``bos_pass`` the
+    roles' second sink pass with BOS put in or taken out (:func:`long_roles_config`,
     :func:`run_long_roles`), whose retrieval scores the study is joined with (else those of
     ``roles``, where it has any). ``KVStudyError`` where :func:`kv_blocker` refuses or
     ``cfg.tokens`` is past the context. ``summary["timings"]["cpu_s"]``: the CPU seconds of it all."""
@@ -172,7 +177,7 @@ def run_kv(
     frames: dict[str, pd.DataFrame] = {}
     long_summary = None
     if role_items:
-        lcfg = long_roles_config(cfg, role_items, tokens=role_tokens, causal_items=causal_items)
+        lcfg = long_roles_config(cfg, role_items, tokens=role_tokens, causal_items=causal_items, bos_pass=bos_pass)
         frames, long_summary = run_long_roles(model, lcfg)
         roles = frames["long_context_roles"]
     t0 = time.perf_counter()

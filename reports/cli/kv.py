@@ -47,8 +47,8 @@ def register(sub) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="first the long-context roles (retrieval, streaming, sink) on 16 needle items and their causal check, "
-        "joined with the study (default: on; at the study's tokens, the check on 8 items; --quick: at 512 tokens, "
-        "the check on 4 items)",
+        "joined with the study, the sink heads also with BOS put in or taken out (default: on; at the study's tokens, "
+        "the check on 8 items; --quick: at 512 tokens, the check on 4 items)",
     )
     p.add_argument("--seed", type=seed, default=0, help="seed of the inputs and the random orders (0)")
     p.add_argument("--out", type=out_argument, help="output folder (default runs/kv-<model>)")
@@ -110,7 +110,7 @@ def run(args) -> int:
             raise KVStudyError(why)
         if args.tokens is None:  # the default: 2048, or the model's context where shorter
             cfg = dataclasses.replace(cfg, tokens=min(cfg.tokens, model.spec.max_positions))
-        long_roles = dict(role_items=LONG_ITEMS, role_tokens=LONG_TOKENS, causal_items=CAUSAL_ITEMS)
+        long_roles = dict(role_items=LONG_ITEMS, role_tokens=LONG_TOKENS, causal_items=CAUSAL_ITEMS, bos_pass=True)
         if not args.quick:  # the roles at the study's own context, the causal check on 8 items
             long_roles.update(role_tokens=None, causal_items=8)
         frames, summ = run_kv(model, cfg, **(long_roles if args.roles else {}))
