@@ -126,6 +126,10 @@ def test_cli_writes_tables_and_run_json(capsys, tmp_path):
     figures.write(figures.figures_from(*figures.read(out)), tmp_path / "fig" / "kv.json", source=str(out))
     doc = json.loads((tmp_path / "fig" / "kv.json").read_text())
     assert doc["missing"] == [] and doc["figures"]["quality"]["full"]["text"].startswith("LM loss ")
+    long = doc["figures"]["long"]  # the long-context roles and the causal check, with its spread
+    assert long["items"]["value"] == [16, 96, 4] and long["retrieval"]["value"][1] == 2 * 4
+    assert [w for w, _ in long["streaming"]["value"]] == [16, 64] and len(long["causal"]["value"]) == 7
+    assert "bootstrap interval over 4 items" in long["causal"]["text"]
 
 
 def test_report_stage_skips_an_encoder_with_its_reason_and_the_section_says_it(minilm):
@@ -189,3 +193,27 @@ def test_the_long_roles_keep_a_window_as_long_as_their_items():
     assert sorted(set(s["window"])) == [16, 64, 128]
     assert (s[s["window"] == 128][["score", "baseline"]] == 1.0).all().all()
     assert summary["causal"]["n_items"] == 1 and summary["timings"]["roles_cpu_s"] > 0
+
+
+def test_the_sink_figure_counts_the_heads_whose_top_key_moves_with_bos():
+    from headscope.analyses.kvcache.figures import long_figures
+
+    # main pass without BOS (SmolLM2's tokenizer adds none): L0H0 and L0H1 are sink heads; with BOS put in,
+    # L0H0's top key stays at 0 and L0H1's moves to 1 (L1H0 is no sink head and does not count)
+    rows = [
+        ("retrieval", 0, 0, 0.9, True, None, None),
+        ("retrieval", 0, 1, 0.1, False, None, None),
+        ("retrieval", 1, 0, 0.0, False, None, None),
+        ("sink", 0, 0, 0.9, True, False, 0),
+        ("sink", 0, 1, 0.8, True, False, 0),
+        ("sink", 1, 0, 0.1, False, False, 5),
+        ("sink", 0, 0, 0.9, True, True, 0),
+        ("sink", 0, 1, 0.9, True, True, 1),
+        ("sink", 1, 0, 0.1, False, True, 0),
+    ]
+    roles = pd.DataFrame(rows, columns=["role", "layer", "head", "score", "verdict", "bos", "top_key"])
+    roles = roles.astype({"bos": "boolean", "top_key": "Int64"}).assign(window=pd.NA)
+    summary = {"long_context": {"n_items": 16, "n_tokens": 512, "copy_accuracy": 1.0, "bos": False}}
+    f = long_figures(summary, roles)["long"]
+    assert f["sink"]["value"] == [2, 1] and "1 move their top key when BOS is put in" in f["sink"]["text"]
+    assert f["retrieval"]["value"][:2] == [1, 3] and f["retrieval"]["text"].startswith("1 of 3 heads")
