@@ -239,6 +239,7 @@ def tiny_config(
         kw[key] = vocab_size
     kw.update(_token_ids(defaults, vocab_size, specials))
     kw.update(_layer_lists(defaults, defaults[keys["layers"][0]], kw, n_layers))
+    kw.update(_layer_overrides(defaults, kw, n_layers))
     kw.update(_defaults_chosen(defaults))
     try:
         config = cls(**kw)
@@ -261,6 +262,26 @@ def _layer_lists(defaults: dict, depth, kw: dict, n_layers: int) -> dict:
         sized = [k for k in kw if same and key.startswith(k) and isinstance(kw[k], int) and value[0] == defaults.get(k)]
         if sized:
             out[key] = [kw[sized[0]]] * n_layers
+    return out
+
+
+def _layer_overrides(defaults: dict, kw: dict, n_layers: int) -> dict:
+    """A per-layer override dict (``per_layer_config``: Gemma 4's ``{"05": {"head_dim": 512}, …}``,
+    built at creation from ``global_head_dim``, a kwarg no attribute keeps) for the tiny layers: on
+    those of the kind its layers are (``layer_types``), else those of its indices below the tiny depth;
+    each size the tiny config shrinks (``head_dim``) takes its tiny value."""
+    out = {}
+    for key, value in defaults.items():
+        if not (isinstance(value, dict) and value and all(str(i).isdigit() for i in value)):
+            continue
+        if not all(isinstance(v, dict) for v in value.values()):
+            continue
+        old, new = defaults.get("layer_types"), kw.get("layer_types")
+        kinds = {old[int(i)] for i in value} if old and all(int(i) < len(old) for i in value) else set()
+        tiny = [l for l, t in enumerate(new) if t in kinds] if kinds and new else [int(i) for i in value]
+        width = len(str(next(iter(value))))
+        entry = next(iter(value.values()))
+        out[key] = {f"{l:0{width}d}": {k: kw.get(k, v) for k, v in entry.items()} for l in tiny if l < n_layers}
     return out
 
 

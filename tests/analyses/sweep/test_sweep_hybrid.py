@@ -125,14 +125,30 @@ def test_a_default_left_unset_takes_the_first_option_listed():
     assert cfg.default_language == cfg.languages[0]
 
 
-def test_attention_of_another_size_in_the_other_blocks_is_no_hybrid(tmp_path):
-    """Gemma 4's global layers have heads of 512 (``global_head_dim``, not shrunk): only its sliding
-    blocks hold an output projection of the spec's size, yet HF returns a pattern for every block.
-    Read as a hybrid, roles, prune and report ran on half its layers; now hf refuses it, as before."""
+def test_attention_of_another_size_in_the_other_blocks_is_no_hybrid():
+    """Gemma 4's global layers have heads of their own size (``global_head_dim``: 512 by default; 32
+    here): only its sliding blocks hold an output projection of the spec's size, yet HF returns a
+    pattern for every block. Read as a hybrid, roles, prune and report ran on half its layers."""
     from headscope.probes.models.hf_layout import attention_blocks
 
-    folder = save_tiny("gemma4_unified_text", tmp_path / "m")[1]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder), attn_implementation="eager")
+    cfg = tiny_config("gemma4_unified_text", vocab_size=600, specials={"pad_token_id": 0})
+    d = cfg.to_dict()
+    d["per_layer_config"] = {"01": {"head_dim": 32}}  # layer 1 (full attention): heads of 32
+    cfg = type(cfg).from_dict(d)
+    cfg._attn_implementation = "eager"
+    hf = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert tuple(hf.model.layers[1].self_attn.o_proj.weight.shape) == (64, 128)
     spec = type("Spec", (), {"n_heads": 4, "d_head": 16, "d_model": 64})
     assert attention_blocks(hf, spec, 2) is None
     assert attention_blocks(hf.model, spec, 2) is None
+
+
+def test_a_per_layer_override_takes_the_tiny_sizes(tmp_path):
+    """Gemma 4's ``per_layer_config`` is built at creation from ``global_head_dim`` (a kwarg no attribute
+    keeps): its full-attention layers kept heads of 512, the tiny model had no output projection of the
+    spec's size there and hf refused it. The override now takes the tiny ``head_dim``."""
+    cfg = tiny_config("gemma4_unified_text", vocab_size=600, specials={"pad_token_id": 0})
+    assert cfg.layer_types == ["sliding_attention", "full_attention"]
+    model = load_model(str(save_tiny("gemma4_unified_text", tmp_path / "m")[1]))
+    assert model.backend == "hf" and model.spec.n_layers == 2
+    assert model.head_modules["check"].startswith("pattern×V max err")
