@@ -134,7 +134,15 @@ def _block_list(model: nn.Module, n_layers: int) -> tuple[str, nn.ModuleList] | 
     nested in another such list (T5's per-block ``layer`` lists are); None when there is no one."""
     lists = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers]
     outer = [(n, m) for n, m in lists if not any(n != o and n.startswith(o + ".") for o, _ in lists)]
+    if len(outer) > 1:  # no block module (XLM, FlauBERT: parallel lists `attentions`, `ffns`, norms): the one
+        outer = [(n, m) for n, m in outer if all(is_attention(b) for b in m)]  # list of attention modules
     return outer[0] if len(outer) == 1 else None
+
+
+def is_attention(module: nn.Module) -> bool:
+    """Whether a module's class says attention (XLM's ``MultiHeadAttention``, a layer of its
+    ``attentions`` list: a model whose layers are parallel lists has its attention modules as blocks)."""
+    return "attention" in type(module).__name__.lower()
 
 
 def _blocks(model: nn.Module, n_layers: int) -> tuple[nn.Module, ...] | None:
@@ -188,8 +196,11 @@ def inside_attention(rel: str, classes: set[str], *, itself: bool = False) -> bo
 def _attention_linears(block: nn.Module, want: tuple[int, int]) -> dict[str, nn.Module]:
     """The linear maps of ``block`` inside an attention sub-module of shape ``want`` (in, out)."""
     classes = attention_classes([block])
+    whole = is_attention(block)  # the block is an attention module (XLM's): every map inside is the attention's
     return {
-        rel: m for rel, m in block.named_modules() if rel and linear_shape(m) == want and inside_attention(rel, classes)
+        rel: m
+        for rel, m in block.named_modules()
+        if rel and linear_shape(m) == want and (whole or inside_attention(rel, classes))
     }
 
 
@@ -284,7 +295,8 @@ def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=Non
     every = _blocks(model, n_blocks or n)
     blocks = every if layers is None else tuple(every[i] for i in layers)
     classes = attention_classes(blocks)
-    inside = lambda rel: inside_attention(rel, classes, itself=True)  # noqa: E731
+    whole = all(is_attention(b) for b in blocks)  # blocks that are attention modules (XLM's)
+    inside = lambda rel: whole or inside_attention(rel, classes, itself=True)  # noqa: E731
     chosen, check = check_candidates(model, spec, cands, blocks, inside, probe)
     qkv = {q: _per_layer(model, names, n, layers) for q, names in QKV.items()}
     return HFLayout(

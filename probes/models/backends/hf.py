@@ -259,6 +259,10 @@ class HFReference(ResumableForward, BackendCommon):
         bad = [q for q in qs if q in ("scores", "q_rot", "k_rot")]
         if bad:
             raise ValueError(f"quantity {bad[0]!r} is inside HF's attention function; use --backend inhouse")
+        from headscope.probes.models.hf_layout import is_attention
+
+        if "resid_post" in qs and all(is_attention(b) for b in self.layout.blocks):
+            raise ValueError(f"{self.spec.name!r} has no block module (its layers are parallel lists): no resid_post")
         out: dict = {}
         handles = []
         spec = self.spec

@@ -152,3 +152,18 @@ def test_a_per_layer_override_takes_the_tiny_sizes(tmp_path):
     model = load_model(str(save_tiny("gemma4_unified_text", tmp_path / "m")[1]))
     assert model.backend == "hf" and model.spec.n_layers == 2
     assert model.head_modules["check"].startswith("pattern×V max err")
+
+
+@pytest.mark.parametrize("mtype", ["xlm", "flaubert"])
+def test_layers_held_in_parallel_lists_have_their_attention_modules_as_blocks(mtype, tmp_path):
+    """XLM and FlauBERT have no block module: ``attentions``, ``ffns`` and two norms are parallel lists of
+    one module per layer, and hf refused them (no single ModuleList of 2 blocks). The list of attention
+    modules is their blocks' list; ``out_lin``'s input is pattern × V; a block's output is no resid_post."""
+    model = load_model(str(save_tiny(mtype, tmp_path / "m")[1]))
+    assert model.backend == "hf"
+    rec = model.head_modules
+    assert rec["attn_out"] == "attentions.{layer}.out_lin" and rec["check"].startswith("pattern×V max err")
+    batch = model.encode(["The cat sat on the mat.", "Heads."])
+    assert model.run(batch, ("pattern", "z"))["z", 1].shape[1] == 4
+    with pytest.raises(ValueError, match="no block module"):
+        model.run(batch, ("resid_post",))
