@@ -94,6 +94,18 @@ def _kv_counts(spec) -> list[int]:
     return list(dict.fromkeys((spec.n_kv_heads, *(k for k in range(spec.n_heads, 0, -1) if spec.n_heads % k == 0))))
 
 
+#: a bias added to V after a fused projection that has none (DeBERTa's ``v_bias``), by parameter name
+V_BIAS_NAMES = ("v_bias", "value_bias")
+
+
+def _v_biases(outputs, l: int, width: int, v: torch.Tensor) -> list[torch.Tensor]:
+    """The biases V may be read with in layer ``l``: none, then each of the layer's parameters named
+    :data:`V_BIAS_NAMES` of ``width`` elements (``outputs["v_bias", l]``, kept by :func:`_capture`)."""
+    return [torch.zeros(width, dtype=v.dtype, device=v.device)] + [
+        b for b in outputs.get(("v_bias", l), ()) if b.numel() == width
+    ]
+
+
 def _worst(inputs, outputs, attentions, i, spec, batch, pos) -> tuple[float, float, set[int], bool]:
     """``(largest relative error over the layers, smallest share of signs kept, the KV head counts
     read, whether any module held V)`` of candidate ``i``, each layer read with its best V (a
@@ -102,10 +114,11 @@ def _worst(inputs, outputs, attentions, i, spec, batch, pos) -> tuple[float, flo
     for l, pattern in enumerate(attentions):
         x = inputs.get((i, l))
         zs = [
-            (k, _z(pattern, v))
+            (k, _z(pattern, v + bias.reshape(1, 1, k, spec.d_head).to(v.dtype)))
             for k in _kv_counts(spec)
             for _, t in outputs[l]
             for _, v in v_readings(t, (spec.n_heads, k, spec.d_head), batch, pos)
+            for bias in _v_biases(outputs, l, k * spec.d_head, v)
         ]
         seen = seen or bool(zs)
         if x is None or tuple(x.shape[:2]) != (batch, pos) or not zs:
@@ -141,6 +154,11 @@ def _capture(model, cands, blocks, probe, spec, inside):
             for l, m in enumerate(c.modules):
                 handles.append(m.register_forward_pre_hook(keep_in((i, l))))
         for l, block in enumerate(blocks):
+            outputs["v_bias", l] = [
+                p.detach().reshape(-1)
+                for rel, p in block.named_parameters()
+                if rel.split(".")[-1] in V_BIAS_NAMES and inside(rel.rpartition(".")[0] or rel)
+            ]
             for rel, m in block.named_modules():
                 if rel and inside(rel):
                     handles.append(m.register_forward_hook(keep_out(l, rel)))

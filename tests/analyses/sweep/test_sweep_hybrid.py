@@ -167,3 +167,11 @@ def test_layers_held_in_parallel_lists_have_their_attention_modules_as_blocks(mt
     assert model.run(batch, ("pattern", "z"))["z", 1].shape[1] == 4
     with pytest.raises(ValueError, match="no block module"):
         model.run(batch, ("resid_post",))
+
+
+def test_a_bias_added_to_v_after_a_fused_projection_is_read_with_v(tmp_path):
+    """DeBERTa (v1) adds ``v_bias`` after its bias-free fused ``in_proj``: V read from ``in_proj`` alone
+    missed it, the pattern × V check failed (err 6.9e-2) and hf refused the model."""
+    model = load_model(str(save_tiny("deberta", tmp_path / "m")[1]))
+    assert model.backend == "hf"
+    assert model.head_modules["check"].startswith("pattern×V max err")
