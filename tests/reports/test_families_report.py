@@ -51,6 +51,8 @@ def test_report_says_why_pruning_is_absent(family_dirs, tmp_path, monkeypatch):
 
     monkeypatch.setattr(layout, "ATTN_OUT", ("no.such.module",))
     monkeypatch.setattr(layout, "ATTENTION_WORDS", ("no-such-attention",))  # nor found by shape
+    monkeypatch.setattr(layout, "attention_classes", lambda blocks: set())  # nor by an attention class
+    monkeypatch.setattr(layout, "is_attention", lambda module: False)
     out = tmp_path / "report"
     build_report(
         str(family_dirs("olmo2")),
