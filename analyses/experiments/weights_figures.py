@@ -15,13 +15,14 @@ previous-token heads) and ``join_copying`` (copying score against the patching e
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
+
+from headscope.analyses.experiments.figures_doc import write_figures
 
 FIGURES = Path(__file__).resolve().parents[2] / "data" / "figures"
 MODELS = {"minilm": "minilm-l6", "smollm2": "smollm2-135m"}
@@ -82,17 +83,14 @@ def read_tables(folder: Path) -> dict[str, pd.DataFrame]:
 
 def write(key: str, figures: dict, out: Path, *, source: str) -> None:
     """Write one model's figures; a quoted figure the source could not give goes under ``missing``."""
-    given = {f"{g}.{n}" for g, d in figures.items() for n in d}
-    doc = {
-        "model": MODELS[key],
-        "generated_by": "python -m headscope.analyses.experiments.weights_figures",
-        "source": source,
-        "quoted": [q for q in QUOTED if q in given],
-        "missing": [q for q in QUOTED if q not in given],
-        "figures": figures,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_figures(
+        out,
+        figures,
+        model=MODELS[key],
+        generated_by="python -m headscope.analyses.experiments.weights_figures",
+        source=source,
+        quoted=QUOTED,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

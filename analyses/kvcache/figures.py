@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from headscope.analyses.experiments.figures_doc import write_figures
+
 FIGURES = Path(__file__).resolve().parents[2] / "data" / "figures"
 MODEL = "smollm2-135m"
 QUOTED = (
@@ -180,17 +182,14 @@ def read(folder: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame | None]:
 
 def write(figures: dict, out: Path, *, source: str) -> None:
     """Write the figures; a quoted figure the source could not give goes under ``missing``."""
-    given = {f"{g}.{n}" for g, d in figures.items() for n in d}
-    doc = {
-        "model": MODEL,
-        "generated_by": "python -m headscope.analyses.kvcache.figures",
-        "source": source,
-        "quoted": [q for q in QUOTED if q in given],
-        "missing": [q for q in QUOTED if q not in given],
-        "figures": figures,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_figures(
+        out,
+        figures,
+        model=MODEL,
+        generated_by="python -m headscope.analyses.kvcache.figures",
+        source=source,
+        quoted=QUOTED,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
