@@ -25,6 +25,7 @@ SECTIONS = {
     "figures/weights_smollm2.json": "## From the weights",
     "figures/kv_smollm2.json": "## Long context and the KV cache",
     "figures/bench_weights.json": "## Benchmark (`headscope bench`)",
+    "figures/bench_smollm2_weights.json": "## Benchmark (`headscope bench`)",
 }
 
 

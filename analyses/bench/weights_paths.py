@@ -34,6 +34,7 @@ __all__ = [
     "LLAMA_3_1_8B",
     "checkpoint_bytes",
     "large_checkpoint_case",
+    "smollm2_figures_doc",
     "weights_all",
     "weights_composition",
     "weights_heads",
@@ -298,6 +299,43 @@ def figures_doc(row: dict, *, load_before, load_after, shape: dict | None = None
     }
 
 
+def smollm2_figures_doc(bench: dict) -> dict:
+    """The README's figure of the ``weights_all`` path, from the JSON of ``headscope bench
+    smollm2-135m --paths weights_all --json``: the fastest of its rounds, their median, the
+    peak RSS and the load average the bench saw when it began.
+
+    >>> doc = smollm2_figures_doc({"paths": [{"path": "weights_all", "status": "ok", "seconds": 29.9,
+    ...     "median_seconds": 33.4, "peak_rss_mb": 1448.4, "repeats": 3}],
+    ...     "info": {"model": "smollm2-135m", "machine": {"load_average": [3.45, 1.39, 1.02], "threads": 2}}})
+    >>> [f["text"] for f in doc["figures"]["smollm2_weights_all"].values()]
+    ['30 s (fastest of 3 rounds, median 33 s; target < 60 s: met)', '1,448 MB', 'load 3.5, 1.4, 1.0']
+    """
+    row = next(p for p in bench["paths"] if p["path"] == "weights_all")
+    if row["status"] != "ok":
+        raise RuntimeError(f"the bench's weights_all path did not run: {row.get('note', row['status'])}")
+    machine = bench["info"]["machine"]
+    met = "met" if row["seconds"] < 60 else "not met"
+    load = ", ".join(f"{x:.1f}" for x in machine["load_average"])
+    fig = {
+        "seconds": {
+            "value": row["seconds"],
+            "text": f"{row['seconds']:,.0f} s (fastest of {row['repeats']} rounds, median "
+            f"{row['median_seconds']:,.0f} s; target < 60 s: {met})",
+        },
+        "peak_rss": {"value": row["peak_rss_mb"], "text": f"{row['peak_rss_mb']:,.0f} MB"},
+        "load": {"value": machine["load_average"], "text": f"load {load}"},
+    }
+    return {
+        "model": bench["info"]["model"],
+        "generated_by": "headscope bench smollm2-135m --paths weights_all --json > B; "
+        "python -m headscope.analyses.bench.weights_paths --from-bench B --record FILE",
+        "threads": machine["threads"],
+        "quoted": [f"smollm2_weights_all.{k}" for k in fig],
+        "missing": [],
+        "figures": {"smollm2_weights_all": fig},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m headscope.analyses.bench.weights_paths DIR [--write] [--draws N] [--record FILE]``:
     the large-checkpoint case (:func:`large_checkpoint_case`) as one JSON line, and with
@@ -305,11 +343,28 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m headscope.analyses.bench.weights_paths", description=main.__doc__)
-    p.add_argument("directory", help="folder of the checkpoint (written there with --write)")
+    p.add_argument("directory", nargs="?", help="folder of the checkpoint (written there with --write)")
+    p.add_argument("--from-bench", type=Path, help="record the weights_all path of this `headscope bench --json` file")
     p.add_argument("--write", action="store_true", help="write the 16 GB checkpoint first if it is not there")
     p.add_argument("--draws", type=int, default=DRAWS, help=f"Gaussian draws per head baseline ({DRAWS})")
     p.add_argument("--record", type=Path, help="write the README's figures here (data/figures/bench_weights.json)")
     args = p.parse_args(argv)
+    if args.from_bench is not None:
+        try:
+            doc = smollm2_figures_doc(json.loads(args.from_bench.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, StopIteration, RuntimeError) as e:
+            what = "no weights_all path" if isinstance(e, StopIteration) else f"{type(e).__name__}: {e}"
+            print(
+                f"headscope: error: {args.from_bench}: not a `headscope bench --json` file with the weights_all path ({what})",
+                file=sys.stderr,
+            )
+            return 2
+        if args.record is not None:
+            args.record.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        print(json.dumps(doc["figures"]))
+        return 0
+    if args.directory is None:
+        p.error("give the checkpoint's folder, or --from-bench FILE")
     before = _loadavg()
     try:
         row = large_checkpoint_case(args.directory, write=args.write, draws=args.draws)

@@ -341,3 +341,26 @@ def test_gate_grad_step_differentiates_the_loss_on_decoders_too(causal):
     # the step's loss is float32 (out.float()): its gradient is right to float32's precision
     assert float(grads[1][2]) == pytest.approx(fd, rel=1e-2, abs=1e-9)
     assert abs(fd) > 1e-6  # a gradient worth checking
+
+
+def test_weights_all_bench_json_is_recorded_for_the_readme(tiny_bert, tmp_path, capsys):
+    """The README's weights-only figure comes from a real ``bench --json`` run's weights_all row,
+    through ``weights_paths --from-bench``; a file without that row is a one-line error, exit 2."""
+    from headscope.analyses.bench import weights_paths
+    from headscope.reports.cli import app as cli
+
+    args = ["bench", tiny_bert, "--paths", "weights_all", "--sentences", "4", "--batch", "4", "--repeats", "2"]
+    assert cli.main([*args, "--json"]) == 0
+    bench = tmp_path / "bench.json"
+    bench.write_text(capsys.readouterr().out, encoding="utf-8")
+    row = next(p for p in json.loads(bench.read_text())["paths"] if p["path"] == "weights_all")
+    assert row["status"] == "ok" and row["repeats"] == 2
+    record = tmp_path / "fig.json"
+    assert weights_paths.main(["--from-bench", str(bench), "--record", str(record)]) == 0
+    fig = json.loads(record.read_text())["figures"]["smollm2_weights_all"]
+    assert fig["seconds"]["value"] == row["seconds"] and fig["peak_rss"]["value"] == row["peak_rss_mb"]
+    assert fig["seconds"]["text"].endswith("target < 60 s: met)")
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text('{"paths": []}')
+    assert weights_paths.main(["--from-bench", str(tmp_path / "bad.json")]) == 2
+    assert "no weights_all path" in capsys.readouterr().err
