@@ -59,7 +59,7 @@ ROLE_GROUPS = ("positional", "special", "syntactic", "induction")
 #: the fixed sample CI runs (``headscope sweep --sample``, ``tests/analyses/sweep/test_sweep.py``): every
 #: in-house family, the two of ``tests/tiny_models.py`` that run through hf, and families with attention
 #: variants of their own (partial rotary, ALiBi, parallel blocks, relative bias, disentangled attention,
-#: MoE, encoder-decoder, a hybrid), two that fail and one left out
+#: MoE, encoder-decoder, a hybrid, a layer shared across layers), two that fail and one left out
 SAMPLE_EXTRA = (
     "olmo2",
     "starcoder2",
@@ -76,8 +76,9 @@ SAMPLE_EXTRA = (
     "electra",
     "t5",
     "olmo_hybrid",  # a hybrid: its attention layers alone, on hf
-    "albert",  # two that fail, so that a stage starting to pass shows here too
-    "convbert",
+    "albert",  # one layer shared across its layers, a module per layer on hf
+    "convbert",  # two that fail, so that a stage starting to pass shows here too
+    "xlnet",
     "bamba",  # one left out (Mamba layers only at its defaults: no attention layer)
 )
 #: a stage running longer is stopped (its outcome says so) and the sweep goes on

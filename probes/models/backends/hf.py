@@ -69,6 +69,8 @@ class HFReference(ResumableForward, BackendCommon):
         from headscope.probes.models.hf_layout import attention_blocks
 
         self.hf = hf_model.eval()
+        if hybrid:  # not for the bridge, which wraps the model as transformers builds it
+            unshare_layer_groups(self.hf, spec)
         self.tokenizer = tokenizer
         self._n_blocks = spec.n_layers
         self._attention_blocks = attention_blocks(self.hf, spec, spec.n_layers) if hybrid else None
@@ -325,6 +327,36 @@ class HFReference(ResumableForward, BackendCommon):
         """Whether a device map spreads the model over several devices."""
         device_map = getattr(self.hf, "hf_device_map", None) or {}
         return len({str(d) for d in device_map.values()}) > 1
+
+
+def unshare_layer_groups(model, spec) -> None:
+    """ALBERT shares one layer (``albert_layer_groups``: ``num_hidden_groups`` groups, 1 in every released
+    checkpoint) across its ``num_hidden_layers`` layers: no list holds a module per layer, so no hook can
+    tell one layer's heads from another's. Each group's list entry becomes one entry per layer (copies of
+    the group's modules holding the same parameters and buffers: no weight is copied) and the encoder's
+    own config says as many groups, so its loop calls entry ``i`` at layer ``i``: the same computation, a
+    module per layer. A group of several layers (``inner_group_num`` > 1) runs more attention layers
+    than the config counts: :class:`ModelIncompatibleError`, saying so."""
+    import copy
+
+    for module in model.modules():
+        groups, config = getattr(module, "albert_layer_groups", None), getattr(module, "config", None)
+        if groups is None or config is None or len(groups) == config.num_hidden_layers:
+            continue
+        inner = getattr(config, "inner_group_num", 1)
+        if inner != 1:
+            raise ModelIncompatibleError(
+                f"{spec.name!r} ({spec.family}): inner_group_num={inner}: each of its {config.num_hidden_layers} "
+                f"layers runs {inner} shared attention layers, {config.num_hidden_layers * inner} in all; headscope "
+                "reads one attention layer per layer (inner_group_num=1, as every released ALBERT)"
+            )
+        n, g = config.num_hidden_layers, config.num_hidden_groups
+        shared = {id(t): t for t in (*module.parameters(), *module.buffers())}
+        module.albert_layer_groups = torch.nn.ModuleList(
+            copy.deepcopy(groups[int(i / (n / g))], memo={**shared, id(config): config}) for i in range(n)
+        )
+        module.config = copy.copy(config)  # the encoder's own: the model's config keeps its groups
+        module.config.num_hidden_groups = n
 
 
 def _encoder_only(hf_cfg: dict) -> bool:

@@ -1,0 +1,77 @@
+"""Families the registry sweep found failing on the hf backend, each checked on its tiny model (built from
+transformers' own config class by the sweep) against HF eager loaded independently from the same folder:
+the patterns (≤ 1e-5) and, through the head hooks, each layer's heads.
+
+* ALBERT shares one layer across its layers: no list held a module per layer ("cannot find its list of
+  2 layers") and no hook could tell one layer's heads from another's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from headscope.analyses.sweep.tiny_config import save_tiny
+from headscope.probes.models.loading import load_model
+
+TEXTS = ["The cat sat on the mat because it was warm.", "Heads attend."]
+
+
+def _tiny(family, tmp_path_factory):
+    return save_tiny(family, tmp_path_factory.mktemp(family) / "m")[1]
+
+
+def _eager(folder, klass="AutoModel"):
+    return getattr(transformers, klass).from_pretrained(str(folder), attn_implementation="eager").eval()
+
+
+def _same_patterns(ours: dict, theirs, layers, rows):
+    for l, theirs_l in zip(layers, theirs, strict=True):
+        diff = float((ours["pattern", l] - theirs_l).abs().permute(0, 2, 1, 3)[rows].max())
+        assert diff <= 1e-5, (l, diff)
+
+
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+    return _tiny("albert", tmp_path_factory)
+
+
+def test_albert_shared_layer_is_read_once_per_layer(albert):
+    model = load_model(str(albert))
+    assert model.backend == "hf"
+    rec = model.head_modules
+    assert rec["attn_out"] == "encoder.albert_layer_groups.{layer}.albert_layers.0.attention.dense"
+    assert rec["check"].startswith("pattern×V max err")
+    ref = _eager(albert)
+    assert len(ref.encoder.albert_layer_groups) == 1  # one shared layer, applied at each of the 2 layers
+    n_params = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert n_params(model.hf) == n_params(ref)  # the per-layer modules hold the same parameters: none copied
+    batch = model.encode(TEXTS)
+    ours = model.run(batch, ("pattern", "z"))
+    with torch.no_grad():
+        res = ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True)
+    _same_patterns(ours, res.attentions, range(2), batch.attention_mask.bool())
+    assert (ours["z", 0] - ours["z", 1]).abs().max() > 1e-3  # each layer's own heads, not one module's last call
+
+    # head 2 of layer 1 zeroed through the hook = zeroed in the shared dense's input at its 2nd call only
+    layer, head, d = 1, 2, model.spec.d_head
+    keep = torch.ones(model.spec.n_heads)
+    keep[head] = 0.0
+    with model.head_hooks({layer: lambda z: z * keep[None, :, None, None]}), torch.inference_mode():
+        hooked = model.forward(batch.input_ids, batch.attention_mask)
+    calls = []
+
+    def zero_second_call(module, args):
+        calls.append(1)
+        if len(calls) == layer + 1:
+            x = args[0].clone()
+            x[..., head * d : (head + 1) * d] = 0.0
+            return (x,)
+
+    dense = ref.encoder.albert_layer_groups[0].albert_layers[0].attention.dense
+    handle = dense.register_forward_pre_hook(zero_second_call)
+    with torch.inference_mode():
+        zeroed = ref(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    handle.remove()
+    assert len(calls) == 2 and (hooked - zeroed).abs().max() <= 1e-5
+    assert (zeroed - res.last_hidden_state).abs().max() > 1e-4  # the head mattered
