@@ -140,6 +140,11 @@ _SMALL = {
     "n_positions": ("max", 512),
 }
 
+#: family -> a tiny width of its own, where 64 cannot be: LiLT splits the hidden size into its six
+#: layout embeddings (``hidden_size // 6`` each, concatenated back to ``hidden_size``) and shrinks it by
+#: ``channel_shrink_ratio`` (4) for its layout stream: 96 (4 heads of 24)
+_WIDTHS = {"lilt": {"hidden_size": 96}}
+
 
 class TinyBuildError(Exception):
     """A family that cannot be shrunk or built; the message is the reason in one line."""
@@ -241,6 +246,7 @@ def tiny_config(
     kw.update(_layer_lists(defaults, defaults[keys["layers"][0]], kw, n_layers))
     kw.update(_layer_overrides(defaults, kw, n_layers))
     kw.update(_defaults_chosen(defaults))
+    kw.update(_WIDTHS.get(model_type, {}))
     try:
         config = cls(**kw)
     except Exception as e:  # noqa: BLE001 - a config that refuses the sizes: the reason, in one line

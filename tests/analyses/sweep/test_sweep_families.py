@@ -3,7 +3,9 @@ transformers' own config class by the sweep) against HF eager loaded independent
 the patterns (≤ 1e-5) and, through the head hooks, each layer's heads.
 
 * ALBERT shares one layer across its layers: no list held a module per layer ("cannot find its list of
-  2 layers") and no hook could tell one layer's heads from another's."""
+  2 layers") and no hook could tell one layer's heads from another's.
+* LiLT splits its hidden size into six layout embeddings: at the tiny width 64 they held 60 features
+  and its forward failed ("mat1 and mat2 shapes cannot be multiplied (32x60 and 64x16)")."""
 
 from __future__ import annotations
 
@@ -75,3 +77,36 @@ def test_albert_shared_layer_is_read_once_per_layer(albert):
     handle.remove()
     assert len(calls) == 2 and (hooked - zeroed).abs().max() <= 1e-5
     assert (zeroed - res.last_hidden_state).abs().max() > 1e-4  # the head mattered
+
+
+def _heads_equal_hf_eager(folder, o_path, klass="AutoModel"):
+    """The default backend's patterns equal HF eager's; zeroing head 2 of layer 1 through the head hook
+    equals zeroing that head's input columns of the output projection (``o_path``) in HF eager."""
+    model = load_model(str(folder))
+    assert model.backend == "hf" and model.head_modules["attn_out"] == o_path
+    assert model.head_modules["check"].startswith("pattern×V max err")
+    ref = _eager(folder, klass)
+    batch = model.encode(TEXTS)
+    ours = model.run(batch, ("pattern", "z"))
+    args = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    with torch.no_grad():
+        res = ref(**args, output_attentions=True)
+    n = model.spec.n_layers
+    _same_patterns(ours, res.attentions, range(n), batch.attention_mask.bool())
+    layer, head, d = 1, 2, model.spec.d_head
+    keep = torch.ones(model.spec.n_heads)
+    keep[head] = 0.0
+    with model.head_hooks({layer: lambda z: z * keep[None, :, None, None]}), torch.inference_mode():
+        hooked = model.forward(batch.input_ids, batch.attention_mask)
+    with torch.no_grad():
+        dict(ref.named_modules())[o_path.format(layer=layer)].weight[:, head * d : (head + 1) * d] = 0.0
+        zeroed = ref(**args).last_hidden_state
+    assert (hooked - zeroed).abs().max() <= 1e-5
+    assert (zeroed - res.last_hidden_state).abs().max() > 1e-4  # the head mattered
+    return model
+
+
+def test_lilt_takes_a_width_its_six_layout_embeddings_split(tmp_path_factory):
+    folder = _tiny("lilt", tmp_path_factory)
+    model = _heads_equal_hf_eager(folder, "encoder.layer.{layer}.attention.output.dense")
+    assert (model.spec.d_model, model.spec.n_heads, model.spec.d_head) == (96, 4, 24)
