@@ -178,6 +178,7 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     import transformers
 
     from headscope.analyses.sweep.tiny_config import KINDS
+    from headscope.probes.models.hf_layout import attention_of_layers
     from headscope.probes.models.loading import load_model
 
     with contextlib.redirect_stderr(io.StringIO()):  # auto's "rejected ..." lines: kept in the row instead
@@ -200,7 +201,9 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     with torch.no_grad():
         extra = {"use_cache": False} if kind == "decoder" else {}  # no cache: a plain forward, as the hf backend runs
         out = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True, **extra)
-    theirs = out.attentions
+    record = getattr(model, "head_modules", None) or {}
+    blocks = [*record.get("attention_blocks", ()), *record.get("blocks_without_attention", ())]
+    theirs = attention_of_layers(out.attentions, record.get("attention_blocks"), len(blocks))  # a hybrid's
     if theirs is None or len(theirs) != model.spec.n_layers:
         return f"HF eager gives {0 if theirs is None else len(theirs)} attention maps for {model.spec.n_layers} layers"
     rows = batch.attention_mask.bool()

@@ -29,7 +29,7 @@ from torch import nn
 
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.families import FAMILIES
-from headscope.probes.models.head_check import check_candidates
+from headscope.probes.models.head_check import check_candidates, default_probe
 
 #: attention output projections of architectures that are no family of :data:`FAMILIES` (Phi,
 #: Falcon, GPT-NeoX, OPT, GPT-Neo, ModernBERT, MPNet, T5, …), by the end of the module name
@@ -220,6 +220,24 @@ def _recorded_attention(model: nn.Module):
     return lambda module: isinstance(module, classes)
 
 
+def linear_layers(model: nn.Module, n_blocks: int) -> set[int]:
+    """The blocks the config's ``layer_types`` (one kind per block) calls linear attention
+    (MiniMax's ``"linear_attention"`` lightning layers, whose recorded "attentions" are their
+    ``[head, d_head, d_head]`` KV state, no pattern); empty where it has no such list."""
+    kinds = getattr(getattr(model, "config", None), "layer_types", None)
+    if not isinstance(kinds, (list, tuple)) or len(kinds) != n_blocks:
+        return set()
+    return {i for i, kind in enumerate(kinds) if "linear" in str(kind)}
+
+
+def attention_of_layers(attentions, layers, n_blocks: int):
+    """The patterns of a hybrid model's attention ``layers`` (block indices) from HF's ``attentions``:
+    those layers' entries where it gives one per block (MiniMax: its linear layers' too), else as given."""
+    if layers is None or attentions is None or len(attentions) != n_blocks:
+        return attentions
+    return tuple(attentions[i] for i in layers)
+
+
 def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] | None:
     """A hybrid model's attention layers (Mamba, gated-delta or other recurrent layers between them:
     Zamba2, Qwen3-Next, OLMo-Hybrid, Jamba, …): the indices of the blocks (of its one list of
@@ -235,6 +253,8 @@ def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] |
     recorded = _recorded_attention(model)
     if recorded:  # the blocks holding a module whose output transformers records as the attentions
         have = tuple(i for i, block in enumerate(found[1]) if any(recorded(m) for m in block.modules()))
+        if len(have) == n_blocks:  # MiniMax records its lightning layers' KV state too: the config says which
+            have = tuple(i for i in have if i not in linear_layers(model, n_blocks))
         if 0 < len(have) < n_blocks:
             return have
     want = (spec.n_heads * spec.d_head, spec.d_model)
@@ -297,6 +317,9 @@ def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=Non
     classes = attention_classes(blocks)
     whole = all(is_attention(b) for b in blocks)  # blocks that are attention modules (XLM's)
     inside = lambda rel: whole or inside_attention(rel, classes, itself=True)  # noqa: E731
+    if layers is not None:  # the attention layers' patterns alone (MiniMax returns one per block)
+        given = probe or (lambda m: default_probe(m, spec))
+        probe = lambda m: attention_of_layers(given(m), layers, n_blocks or n)  # noqa: E731
     chosen, check = check_candidates(model, spec, cands, blocks, inside, probe)
     qkv = {q: _per_layer(model, names, n, layers) for q, names in QKV.items()}
     return HFLayout(

@@ -315,7 +315,10 @@ class HFReference(ResumableForward, BackendCommon):
             for h in handles:
                 h.remove()
         if "pattern" in qs:
-            out.update({("pattern", l): res.attentions[l] for l in ls})
+            from headscope.probes.models.hf_layout import attention_of_layers
+
+            attentions = attention_of_layers(res.attentions, self._attention_blocks, self._n_blocks)
+            out.update({("pattern", l): attentions[l] for l in ls})
         out[("output", None)] = output
         if self.spread:  # a device map: every tensor to the inputs' device, where the reducers work
             device = self.input_device

@@ -5,7 +5,10 @@ the patterns (≤ 1e-5) and, through the head hooks, each layer's heads.
 * ALBERT shares one layer across its layers: no list held a module per layer ("cannot find its list of
   2 layers") and no hook could tell one layer's heads from another's.
 * LiLT splits its hidden size into six layout embeddings: at the tiny width 64 they held 60 features
-  and its forward failed ("mat1 and mat2 shapes cannot be multiplied (32x60 and 64x16)")."""
+  and its forward failed ("mat1 and mat2 shapes cannot be multiplied (32x60 and 64x16)").
+* MiniMax records its lightning (linear-attention) layers' KV state as their "attentions": every block
+  seemed to hold attention, no output projection was common to all and hf refused it; its softmax
+  layers (the config's ``layer_types``) are now its attention layers, as in any hybrid."""
 
 from __future__ import annotations
 
@@ -79,8 +82,13 @@ def test_albert_shared_layer_is_read_once_per_layer(albert):
     assert (zeroed - res.last_hidden_state).abs().max() > 1e-4  # the head mattered
 
 
-def _heads_equal_hf_eager(folder, o_path, klass="AutoModel"):
-    """The default backend's patterns equal HF eager's; zeroing head 2 of layer 1 through the head hook
+def _out(res):
+    return res.logits if "logits" in res else res.last_hidden_state
+
+
+def _heads_equal_hf_eager(folder, o_path, klass="AutoModel", blocks=None, layer=1):
+    """The default backend's patterns equal HF eager's (``blocks``: the blocks of a hybrid's attention
+    layers, whose patterns HF gives among the others'); zeroing head 2 of ``layer`` through the head hook
     equals zeroing that head's input columns of the output projection (``o_path``) in HF eager."""
     model = load_model(str(folder))
     assert model.backend == "hf" and model.head_modules["attn_out"] == o_path
@@ -89,20 +97,23 @@ def _heads_equal_hf_eager(folder, o_path, klass="AutoModel"):
     batch = model.encode(TEXTS)
     ours = model.run(batch, ("pattern", "z"))
     args = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    if klass == "AutoModelForCausalLM":
+        args["use_cache"] = False
     with torch.no_grad():
         res = ref(**args, output_attentions=True)
-    n = model.spec.n_layers
-    _same_patterns(ours, res.attentions, range(n), batch.attention_mask.bool())
-    layer, head, d = 1, 2, model.spec.d_head
+    theirs = res.attentions if blocks is None else [res.attentions[b] for b in blocks]
+    _same_patterns(ours, theirs, range(model.spec.n_layers), batch.attention_mask.bool())
+    head, d = 2, model.spec.d_head
     keep = torch.ones(model.spec.n_heads)
     keep[head] = 0.0
     with model.head_hooks({layer: lambda z: z * keep[None, :, None, None]}), torch.inference_mode():
         hooked = model.forward(batch.input_ids, batch.attention_mask)
     with torch.no_grad():
-        dict(ref.named_modules())[o_path.format(layer=layer)].weight[:, head * d : (head + 1) * d] = 0.0
-        zeroed = ref(**args).last_hidden_state
+        block = layer if blocks is None else blocks[layer]
+        dict(ref.named_modules())[o_path.format(layer=block)].weight[:, head * d : (head + 1) * d] = 0.0
+        zeroed = _out(ref(**args))
     assert (hooked - zeroed).abs().max() <= 1e-5
-    assert (zeroed - res.last_hidden_state).abs().max() > 1e-4  # the head mattered
+    assert (zeroed - _out(res)).abs().max() > 1e-4  # the head mattered
     return model
 
 
@@ -110,3 +121,10 @@ def test_lilt_takes_a_width_its_six_layout_embeddings_split(tmp_path_factory):
     folder = _tiny("lilt", tmp_path_factory)
     model = _heads_equal_hf_eager(folder, "encoder.layer.{layer}.attention.output.dense")
     assert (model.spec.d_model, model.spec.n_heads, model.spec.d_head) == (96, 4, 24)
+
+
+def test_minimax_lightning_layers_are_no_attention_layers(tmp_path_factory):
+    folder = _tiny("minimax", tmp_path_factory)
+    model = _heads_equal_hf_eager(folder, "model.layers.{layer}.self_attn.o_proj", "AutoModelForCausalLM", [0], 0)
+    rec = model.head_modules
+    assert rec["attention_blocks"] == [0] and rec["blocks_without_attention"] == [1]
