@@ -26,6 +26,8 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
+from headscope.analyses.sweep.tiny_rules import family_fields, fill_unset, sub_config_parts
+
 __all__ = ["KINDS", "MAX_PARAMS", "TinyBuildError", "save_tiny", "text_families", "tiny_config"]
 
 #: kind -> the Auto class that builds it (a decoder with its LM head, an encoder as the base model
@@ -91,8 +93,15 @@ ALIASES = {
         "num_encoder_attention_heads",
         "num_decoder_attention_heads",
     ),
-    "kv_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv"),
-    "head_dim": ("head_dim", "kv_channels", "d_kv", "attention_head_size", "head_size", "dim_head"),
+    "kv_heads": (
+        "num_key_value_heads",
+        "n_kv_heads",
+        "num_kv_heads",
+        "multi_query_group_num",
+        "n_head_kv",
+        "kv_n_heads",
+    ),
+    "head_dim": ("head_dim", "kv_channels", "d_kv", "attention_head_size", "head_size", "dim_head", "d_head"),
     "ffn": (
         "intermediate_size",
         "ffn_dim",
@@ -103,6 +112,7 @@ ALIASES = {
         "ffn_hidden_size",
         "inner_hidden_size",
         "dim_ff",
+        "d_inner",
     ),
     "vocab": ("vocab_size", "n_vocab", "padded_vocab_size"),
 }
@@ -200,6 +210,9 @@ def _keys(cls, defaults: dict) -> dict[str, str]:
         for key in spelt:
             if key in defaults and key not in {k for ks in found.values() for k in ks}:
                 found.setdefault(fact, []).append(key)
+    kinds = amap.get("layer_types", "layer_types")
+    if not found.get("layers") and isinstance(defaults.get(kinds), list) and defaults[kinds]:
+        found["layer_list"] = [kinds]
     if "hidden_dim" in defaults and "dim" in found.get("hidden", ()):  # DistilBERT: hidden_dim is its FFN
         found.setdefault("ffn", []).append("hidden_dim")
     return found
@@ -232,20 +245,23 @@ def tiny_config(
     except Exception as e:  # noqa: BLE001 - a config class that needs arguments: the reason, in one line
         raise TinyBuildError(f"default config fails: {_line(e)}") from None
     modal = [k for k in _MODALITY_KEYS if defaults.get(k) is not None]
-    if modal or getattr(cls, "sub_configs", None):
+    parts = sub_config_parts(cls)
+    if modal or parts is None:
         raise TinyBuildError(f"composite config ({', '.join(modal or sorted(cls.sub_configs))}): not a text-only model")
     keys = _keys(cls, defaults)
-    if not keys.get("hidden") or not keys.get("layers") or not keys.get("heads"):
-        missing = [f for f in ("hidden", "layers", "heads") if not keys.get(f)]
+    missing = [] if parts else [f for f in ("hidden", "layers", "heads") if not keys.get(f)]
+    if "layers" in missing and keys.get("layer_list"):  # Nemotron-H: its depth is its list of layer kinds
+        missing.remove("layers")
+    if missing and missing != ["heads"]:  # no heads key: save_tiny says whether it has attention at all
         raise TinyBuildError(f"cannot shrink: no config key for {', '.join(missing)} ({cls.__name__})")
-    kw = _sizes(keys, defaults, encoder, n_layers)
-    kw.update(_small_extras(defaults, kw, getattr(cls, "attribute_map", None)))
-    for key in keys.get("vocab", ()):
-        kw[key] = vocab_size
-    kw.update(_token_ids(defaults, vocab_size, specials))
-    kw.update(_layer_lists(defaults, defaults[keys["layers"][0]], kw, n_layers))
-    kw.update(_layer_overrides(defaults, kw, n_layers))
-    kw.update(_defaults_chosen(defaults))
+    picks = isinstance(_mapping("MODEL_MAPPING_NAMES").get(model_type), (list, tuple))  # Funnel: two base models
+    kw = _tiny_kwargs(cls, defaults, keys, vocab_size, specials, encoder, n_layers, picks)
+    for part in parts:  # DBRX's attn_config and ffn_config, T5Gemma's encoder and decoder
+        sub = cls.sub_configs[part]
+        sub_defaults = defaults.get(part) or sub().to_dict()
+        sub_kw = _tiny_kwargs(sub, sub_defaults, _keys(sub, sub_defaults), vocab_size, specials, encoder, n_layers)
+        kw[part] = {**sub_defaults, **sub_kw}
+    kw.update(family_fields(model_type, kw, n_layers))
     kw.update(_WIDTHS.get(model_type, {}))
     try:
         config = cls(**kw)
@@ -253,6 +269,33 @@ def tiny_config(
         raise TinyBuildError(f"config refuses tiny sizes: {_line(e)}") from None
     config._attn_implementation = "eager"
     return config
+
+
+def has_heads_key(model_type: str) -> bool:
+    """Whether the family's config has a key for its attention heads (in a sub-config's part, too)."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    return bool(_keys(cls, cls().to_dict()).get("heads")) or bool(sub_config_parts(cls))
+
+
+def _tiny_kwargs(cls, defaults, keys, vocab_size, specials, encoder, n_layers, picks=False) -> dict:
+    """The tiny sizes of one config class (a whole model's, or a part's: a sub-config without the
+    hidden, layer or head keys takes those it has)."""
+    kw = _sizes(keys, defaults, encoder, n_layers)
+    for key in keys.get("layer_list", ()):  # the first layer kinds of the list (save_tiny adds some until one attends)
+        kw[key] = defaults[key][:n_layers]
+    kw.update(_small_extras(defaults, kw, getattr(cls, "attribute_map", None)))
+    for key in keys.get("vocab", ()):
+        kw[key] = vocab_size
+    kw.update(_token_ids(defaults, vocab_size, specials))
+    depth = defaults[keys["layers"][0]] if keys.get("layers") else None
+    kw.update(_layer_lists(defaults, depth, kw, n_layers))
+    kw.update(_layer_overrides(defaults, kw, n_layers))
+    kw.update(_defaults_chosen(defaults))
+    sizes = {"d_model": D_MODEL, "d_head": D_HEAD, "vocab": vocab_size, "hidden_keys": keys.get("hidden", ())}
+    kw.update(fill_unset(defaults, kw, {**sizes, "picks_architecture": picks}, n_layers))
+    return kw
 
 
 def _layer_lists(defaults: dict, depth, kw: dict, n_layers: int) -> dict:
@@ -265,6 +308,9 @@ def _layer_lists(defaults: dict, depth, kw: dict, n_layers: int) -> dict:
             continue
         out[key] = _shrink_layer_list(value, n_layers)
         same = all(isinstance(v, int) for v in value) and len(set(value)) == 1  # one size, every layer
+        if same and isinstance(kw.get(key), int):  # the size key itself per layer (Gemma 3n's intermediate_size)
+            out[key] = [kw[key]] * n_layers
+            continue
         sized = [k for k in kw if same and key.startswith(k) and isinstance(kw[k], int) and value[0] == defaults.get(k)]
         if sized:
             out[key] = [kw[sized[0]]] * n_layers
@@ -287,8 +333,21 @@ def _layer_overrides(defaults: dict, kw: dict, n_layers: int) -> dict:
         tiny = [l for l, t in enumerate(new) if t in kinds] if kinds and new else [int(i) for i in value]
         width = len(str(next(iter(value))))
         entry = next(iter(value.values()))
-        out[key] = {f"{l:0{width}d}": {k: kw.get(k, v) for k, v in entry.items()} for l in tiny if l < n_layers}
+        sizes = {k: kw.get(k, v) for k, v in entry.items()}
+        if _is_split(
+            {**{k: defaults.get(k) for k in _MLA_SPLIT}, **entry}
+        ):  # the sizes it does not override: the config's  # MLA's head = its no-rotary part + its rotary part (Dots3's sliding layers)
+            sizes["head_dim"] = kw.get("qk_nope_head_dim", D_HEAD) + kw.get("qk_rope_head_dim", D_HEAD)
+        out[key] = {f"{l:0{width}d}": dict(sizes) for l in tiny if l < n_layers}
     return out
+
+
+_MLA_SPLIT = ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")
+
+
+def _is_split(entry: dict) -> bool:
+    parts = [entry.get(k) for k in _MLA_SPLIT]
+    return all(isinstance(p, int) for p in parts) and parts[0] == parts[1] + parts[2]
 
 
 def _defaults_chosen(defaults: dict) -> dict:
@@ -304,15 +363,15 @@ def _defaults_chosen(defaults: dict) -> dict:
 
 def _sizes(keys: dict[str, list[str]], defaults: dict, encoder: bool, n_layers: int = N_LAYERS) -> dict:
     kw = {}
-    for key in keys["hidden"]:
+    for key in keys.get("hidden", ()):
         kw[key] = D_MODEL
-    for key in keys["layers"]:
+    for key in keys.get("layers", ()):
         kw[key] = n_layers
-    for key in keys["heads"]:
+    for key in keys.get("heads", ()):
         kw[key] = N_HEADS
-    heads = defaults[keys["heads"][0]]
+    heads = defaults[keys["heads"][0]] if keys.get("heads") else None
     for key in keys.get("kv_heads", ()):
-        kv = defaults[key]
+        kv = heads if defaults[key] is None else defaults[key]  # None: as many as the heads (Nemotron's model needs it)
         if isinstance(kv, int):  # MQA stays MQA, a decoder gets 2 groups (GQA), an encoder's and MLA's MHA stay MHA
             mha = kv == heads and (encoder or defaults.get("kv_lora_rank") is not None)
             kw[key] = 1 if kv == 1 else N_HEADS if mha else 2
@@ -392,13 +451,21 @@ def save_tiny(model_type: str, out: Path, *, seed: int = 0) -> tuple[str, Path]:
             model = getattr(transformers, KINDS[kind]).from_config(config, attn_implementation="eager")
         except Exception as e:  # noqa: BLE001 - a model class that cannot be built from its config: why
             raise TinyBuildError(f"{KINDS[kind]} cannot build it: {_line(e)}") from None
-        if _has_attention(model, kind):
+        headless = not has_heads_key(model_type)
+        if _has_attention(model, kind, by_class=not headless):
             break
+        if headless:  # no heads in its config, no attention in its model: one depth says it
+            raise TinyBuildError(
+                "no attention layer: its config has no attention heads and its output_attentions no [batch, heads, query, key] "
+                "pattern (recurrent, state-space or Fourier-mixing layers only)"
+            )
     else:
         raise TinyBuildError(
             f"no attention layer: at up to {LAYER_COUNTS[-1]} layers its default config has none "
             "(no attention module, output_attentions gives no pattern: recurrent or state-space layers only)"
         )
+    if not has_heads_key(model_type):
+        raise TinyBuildError(f"cannot shrink: no config key for heads ({type(config).__name__})")
     other = _other_input(model, kind)
     if other is not None:
         raise TinyBuildError(f"not a text-only model: its forward needs {other}")
@@ -454,13 +521,14 @@ def _other_input(model, kind: str) -> str | None:
     return None
 
 
-def _has_attention(model, kind: str) -> bool:
-    """False only where the model holds no module of an attention class and returns no attention
-    pattern (``output_attentions``, on a few tokens): recurrent or state-space layers alone. A
-    forward that fails says nothing here (the sweep's stages say why)."""
+def _has_attention(model, kind: str, by_class: bool = True) -> bool:
+    """False only where the model holds no module of an attention class (``by_class``; a config without
+    heads is not asked: RWKV's time mixing is its ``RwkvSelfAttention``) and returns no attention pattern
+    (``output_attentions``, on a few tokens, a ``[batch, heads, query, key]`` map): recurrent or
+    state-space layers alone. A forward that fails says nothing here (the sweep's stages say why)."""
     import torch
 
-    if any("attention" in type(m).__name__.lower() for m in model.modules()):
+    if by_class and any("attention" in type(m).__name__.lower() for m in model.modules()):
         return True
     ids = torch.arange(1, 9)[None]
     kw = {"use_cache": False} if kind == "decoder" else {}
@@ -469,7 +537,10 @@ def _has_attention(model, kind: str) -> bool:
             out = model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True, **kw)
     except Exception:  # noqa: BLE001 - a forward that fails: not for this check to say
         return True
-    return bool(getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None))
+    maps = getattr(out, "attentions", None) or getattr(out, "encoder_attentions", None) or ()
+    if by_class:
+        return bool(maps)
+    return any(getattr(a, "dim", lambda: 0)() == 4 for a in maps)  # RWKV's "attentions": [batch, pos, d_model]
 
 
 @cache

@@ -1,0 +1,109 @@
+"""Families the sweep left out because of its own shrinking, not of the family: transformers builds
+each from a correct tiny config, the tiny config did not give it one (a size left None that the model
+needs, a vocabulary or width of its own kept at its full size, a sub-config of its own parts called
+"not text-only", a depth held in a list of layer kinds). Each case builds the family's tiny config with
+its Auto class and checks it is small; the families without attention heads are listed as such."""
+
+from __future__ import annotations
+
+import pytest
+import transformers
+
+from headscope.analyses.sweep.tiny_config import (
+    KINDS,
+    MAX_PARAMS,
+    TinyBuildError,
+    save_tiny,
+    text_families,
+    tiny_config,
+)
+
+SPECIALS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _build(mtype: str, n_layers: int = 2):
+    kind = text_families()[mtype][0]
+    cfg = tiny_config(mtype, vocab_size=600, specials=SPECIALS, encoder=kind == "encoder", n_layers=n_layers)
+    model = getattr(transformers, KINDS[kind]).from_config(cfg, attn_implementation="eager")
+    assert sum(p.numel() for p in model.parameters()) <= MAX_PARAMS
+    return cfg, model
+
+
+@pytest.mark.parametrize(
+    "mtype, sizes",
+    [
+        ("hunyuan_v1_dense", {"head_dim": 16}),  # head_dim None: its attention computed None ** -0.5
+        ("ministral", {"head_dim": 16}),
+        ("nemotron", {"num_key_value_heads": 2}),  # None: heads // None
+        ("lfm2_moe", {"layer_types": ["full_attention", "full_attention"]}),  # None: its model indexes it
+        ("dots1", {"n_routed_experts": 4, "n_shared_experts": 1}),  # None: torch.empty(None, …)
+        ("squeezebert", {"embedding_size": 64}),  # equal to the hidden size by default: it cannot run them apart
+        ("gemma3n_text", {"intermediate_size": [128, 128], "num_kv_shared_layers": 0}),  # 15 layers shared of 2
+        ("gemma4_text", {"vocab_size_per_layer_input": 600}),  # 134.8M: 262,144 per-layer input embeddings
+        ("luke", {"entity_vocab_size": 600}),  # 128.2M: 500,000 entities
+        ("roc_bert", {"shape_vocab_size": 600, "pronunciation_vocab_size": 600}),
+        ("inkling2_text", {"unpadded_vocab_size": 600}),  # its LM head kept 200,058 outputs
+        ("reformer", {"axial_pos_embds_dim": (16, 48)}),  # must sum to d_model
+        ("funnel", {"d_head": 16, "d_inner": 128, "architectures": []}),  # None: AutoModel could not pick its class
+        ("qwen4_exp_text", {"indexer_head_dim": 16, "indexer_kv_heads": 1}),  # its indexed layers' sizes: None
+    ],
+)
+def test_a_size_the_family_needs_is_given_at_the_tiny_scale(mtype, sizes):
+    cfg, _ = _build(mtype)
+    assert {k: getattr(cfg, k) for k in sizes} == sizes
+
+
+def test_per_layer_rotary_settings_are_given_to_each_layer_kind():
+    """Cohere Compass's rotary embedding reads rope_parameters[layer kind]; its default has none (KeyError)."""
+    cfg, _ = _build("cohere_compass_text")
+    assert set(cfg.rope_parameters) == {"full_attention"}
+
+
+def test_an_mla_layer_override_keeps_its_head_the_sum_of_its_parts():
+    """Dots3's sliding layers: head_dim = qk_nope_head_dim + qk_rope_head_dim, else its config refuses."""
+    cfg, model = _build("dots3_note_text")
+    sliding = cfg.per_layer_config["sliding_attention"]
+    assert sliding.head_dim == sliding.qk_nope_head_dim + sliding.qk_rope_head_dim == 32
+
+
+def test_a_shared_attention_block_has_two_layers_to_share_it():
+    """Zamba ties its shared attention block from its first hybrid layer into the others: one alone refused."""
+    cfg, model = _build("zamba", n_layers=3)
+    assert cfg.layers_block_type == ["linear_attention", "hybrid", "hybrid"]
+
+
+@pytest.mark.parametrize(
+    "mtype, part, sizes",
+    [
+        ("dbrx", "attn_config", {"kv_n_heads": 1}),  # MQA stays MQA
+        ("dbrx", "ffn_config", {"ffn_hidden_size": 128, "moe_num_experts": 4, "hidden_size": 64}),
+        ("t5gemma", "encoder", {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16}),
+        ("t5gemma", "decoder", {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}),
+    ],
+)
+def test_the_sub_configs_of_a_text_models_own_parts_are_shrunk(mtype, part, sizes):
+    """DBRX and MPT keep their attention (and FFN) settings in sub-configs, T5Gemma its encoder and
+    decoder: text models, once called "composite config: not a text-only model"."""
+    cfg, _ = _build(mtype)
+    sub = getattr(cfg, part)
+    assert {k: getattr(sub, k) for k in sizes} == sizes
+
+
+def test_mpt_is_shrunk_through_its_attention_sub_config():
+    cfg, _ = _build("mpt")
+    assert (cfg.d_model, cfg.n_heads, cfg.n_layers) == (64, 4, 2) and cfg.attn_config.alibi
+
+
+def test_a_depth_held_in_a_list_of_layer_kinds_is_cut():
+    """Nemotron-H has no layer count: its layers_block_type lists them (Mamba, MoE, attention, MLP)."""
+    cfg, model = _build("nemotron_h", n_layers=3)
+    assert cfg.layers_block_type == ["linear_attention", "moe", "full_attention"]
+    assert any("Attention" in type(m).__name__ for m in model.modules())
+
+
+@pytest.mark.parametrize("mtype", ["mamba", "rwkv", "fnet"])
+def test_a_family_without_attention_heads_is_said_to_have_no_attention_layer(mtype, tmp_path):
+    """Mamba, RWKV (its "attention" is a per-channel time mixing: no pattern) and FNet (Fourier mixing)
+    have no heads key; they were "cannot shrink: no config key for heads"."""
+    with pytest.raises(TinyBuildError, match="no attention layer: its config has no attention heads"):
+        save_tiny(mtype, tmp_path / "m")
