@@ -19,6 +19,12 @@ each role's heads instead of 5. Qwen2-0.5B (494 M parameters × 336 heads,
 1.6e9) and keep :data:`QUICK_PRUNING`. :func:`leaves_out` says, in one line, what a pruning
 configuration leaves out of ``--full``; the report's Run section and run.json (``quick``) state it.
 
+The same cost sizes the report's other stages in quick mode (:func:`is_large`): over it, the
+KV-cache stage runs :data:`QUICK_KV_LARGE` (shorter inputs, fewer causal items), the weights
+stage :data:`QUICK_WEIGHTS_LARGE` (fewer Gaussian draws) and the patching stage
+:data:`QUICK_PATCHING_LARGE` (a smaller row budget); :func:`stages_leave_out` says what the first
+two leave out (the patching stage's clause names its row budget).
+
 >>> dict(QUICK_PRUNING)
 {'quick': True, 'ablation_modes': ('zero',), 'studies': ('ablation', 'importance', 'curves')}
 >>> quick_pruning_for(n_params=134_515_008, n_heads=270) is QUICK_PRUNING
@@ -32,7 +38,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-__all__ = ["LARGE_COST", "QUICK_PRUNING", "QUICK_PRUNING_LARGE", "QUICK_STUDIES", "leaves_out", "quick_pruning_for"]
+__all__ = [
+    "LARGE_COST",
+    "QUICK_KV_LARGE",
+    "QUICK_PATCHING_LARGE",
+    "QUICK_PRUNING",
+    "QUICK_PRUNING_LARGE",
+    "QUICK_STUDIES",
+    "QUICK_WEIGHTS_LARGE",
+    "is_large",
+    "leaves_out",
+    "quick_pruning_for",
+    "stages_leave_out",
+]
 
 #: pruning studies of the default (quick) report; ``--full`` runs them all
 QUICK_STUDIES: tuple[str, ...] = ("ablation", "importance", "curves")
@@ -61,10 +79,80 @@ QUICK_PRUNING_LARGE: Mapping[str, object] = MappingProxyType(
 )
 
 
-def quick_pruning_for(*, n_params: int, n_heads: int) -> Mapping[str, object]:
+#: the KV-cache stage of a model over :data:`LARGE_COST` (``KVStageConfig`` keywords): the study at
+#: 512 tokens (the stage: 1,024; its window and sink scaled with it), the long-context roles on its
+#: 16 needle items at 256 tokens (512), the causal check on 2 of them (4). On Qwen2-0.5B the stage
+#: took 576 CPU s with the stage's settings, each 1,024-token forward ~25 CPU s
+QUICK_KV_LARGE: Mapping[str, object] = MappingProxyType(
+    {"tokens": 512, "role_items": 16, "role_tokens": 256, "causal_items": 2}
+)
+#: the weights stage of a model over :data:`LARGE_COST` (``WeightsConfig`` keywords): 100 Gaussian
+#: heads per head baseline (200) and 250 draws per composition null (1,000)
+QUICK_WEIGHTS_LARGE: Mapping[str, object] = MappingProxyType({"draws": 100, "null": 250})
+#: the patching stage of a model over :data:`LARGE_COST` (``CausalConfig`` keywords): a row budget
+#: of 768 (1,500): on Qwen2-0.5B's 48 KV groups and 4 tasks, 4 items per task instead of 7
+QUICK_PATCHING_LARGE: Mapping[str, object] = MappingProxyType({"row_budget": 768})
+
+
+def is_large(*, n_params: int, n_heads: int, threshold: float | None = None) -> bool:
+    """Whether ``n_params × n_heads`` (all heads, every layer's) is over ``threshold`` (None:
+    :data:`LARGE_COST`; a test lowers it to run the large tier on a tiny model)."""
+    return n_params * n_heads > (LARGE_COST if threshold is None else threshold)
+
+
+def quick_pruning_for(*, n_params: int, n_heads: int, threshold: float | None = None) -> Mapping[str, object]:
     """:data:`QUICK_PRUNING`, or :data:`QUICK_PRUNING_LARGE` when ``n_params × n_heads`` (all
-    heads, every layer's) is over :data:`LARGE_COST`."""
-    return QUICK_PRUNING_LARGE if n_params * n_heads > LARGE_COST else QUICK_PRUNING
+    heads, every layer's) is over ``threshold`` (None: :data:`LARGE_COST`)."""
+    large = is_large(n_params=n_params, n_heads=n_heads, threshold=threshold)
+    return QUICK_PRUNING_LARGE if large else QUICK_PRUNING
+
+
+def stages_leave_out(kv=None, weights=None, *, context: int | None = None) -> list[str]:
+    """What the KV-cache stage's ``kv`` (a ``KVStageConfig``) and the weights stage's ``weights``
+    (a ``WeightsConfig``) leave out of their defaults, one ``"stage: ..."`` clause each ([] when
+    nothing; None: the stage does not run); ``context``: the model's, which caps both the
+    settings' lengths and the defaults' (a model of 128 positions runs both at 128: nothing left out).
+
+    >>> from headscope.analyses.kvcache.stage import KVStageConfig
+    >>> from headscope.analyses.run_weights import WeightsConfig
+    >>> stages_leave_out(KVStageConfig(**QUICK_KV_LARGE), WeightsConfig(**QUICK_WEIGHTS_LARGE))  # doctest: +NORMALIZE_WHITESPACE
+    ['kv: the study past 512 tokens (of 1024); the long-context roles past 256 tokens (of 512);
+      the causal check past 2 items (of 4)',
+     'weights: the head baselines past 100 draws (of 200); the composition nulls past 250 draws (of 1000)']
+    >>> stages_leave_out(KVStageConfig(), WeightsConfig())
+    []
+    """
+    from headscope.analyses.kvcache.stage import KVStageConfig
+    from headscope.analyses.kvcache.study import REPORT_KV
+    from headscope.analyses.run_weights import WeightsConfig
+
+    def cap(n):
+        return n if context is None else min(n, context)
+
+    out = []
+    if kv is not None:
+        d, parts = KVStageConfig(), []
+        study, full = cap(REPORT_KV.tokens if kv.tokens is None else kv.tokens), cap(REPORT_KV.tokens)
+        if study < full:
+            parts.append(f"the study past {study} tokens (of {full})")
+        if kv.role_items < d.role_items:
+            parts.append(f"the long-context roles past {kv.role_items} items (of {d.role_items})")
+        roles, full = cap(min(kv.role_tokens, study)), cap(min(d.role_tokens, full))
+        if roles < full:
+            parts.append(f"the long-context roles past {roles} tokens (of {full})")
+        if kv.causal_items < d.causal_items:
+            parts.append(f"the causal check past {kv.causal_items} items (of {d.causal_items})")
+        if parts:
+            out.append("kv: " + "; ".join(parts))
+    if weights is not None:
+        d, parts = WeightsConfig(), []
+        if weights.draws < d.draws:
+            parts.append(f"the head baselines past {weights.draws} draws (of {d.draws})")
+        if weights.null < d.null:
+            parts.append(f"the composition nulls past {weights.null} draws (of {d.null})")
+        if parts:
+            out.append("weights: " + "; ".join(parts))
+    return out
 
 
 def leaves_out(pcfg) -> str:

@@ -30,13 +30,14 @@ from typing import Any
 
 import pandas as pd
 
+from headscope.analyses.kvcache.stage import KVStageConfig, run_kv
 from headscope.analyses.kvcache.stage import report_blocker as kv_report_blocker
 from headscope.analyses.kvcache.stage import report_config as kv_report_config
-from headscope.analyses.kvcache.stage import run_kv
 from headscope.analyses.quick_settings import QUICK_PRUNING
 from headscope.analyses.run_frames import examples_frame, prune_frames, skipped_frame
 from headscope.analyses.run_patching import CAUSAL_METHOD, patching_blocker, run_patching
 from headscope.analyses.run_weights import WeightsConfig, run_weights, weights_blocker
+from headscope.probes.allocator import trim_heap
 from headscope.probes.errors import HeadscopeError
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,11 @@ class RunConfig:
     ``patching``: run the patching stage. ``weights``: run the weights stage (circuits from
     the weights, joined with the roles and patching: :mod:`~headscope.analyses.run_weights`).
     ``kv``: run the KV-cache stage on a causal decoder (:mod:`~headscope.analyses.kvcache.stage`).
+    ``weights_config`` / ``kv_config``: those stages' settings
+    (:class:`~headscope.analyses.run_weights.WeightsConfig`,
+    :class:`~headscope.analyses.kvcache.stage.KVStageConfig`; None: their defaults for ``seed``).
+    ``large_cost``: the parameters × heads over which the report's quick mode takes its large-model
+    settings (None: :data:`~headscope.analyses.quick_settings.LARGE_COST`).
 
     >>> RunConfig(seed=3).pruning().seed, RunConfig(full=True).pruning().quick
     (3, False)
@@ -167,6 +173,9 @@ class RunConfig:
     patching: bool = True
     weights: bool = True
     kv: bool = True
+    weights_config: Any = None
+    kv_config: Any = None
+    large_cost: float | None = None
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:
@@ -226,6 +235,7 @@ def timed(timings: dict, stage: str, progress=None):
         progress(stage, 0, None)  # length unknown until the stage reports it
     t0 = time.perf_counter()
     yield
+    trim_heap()  # what the stage freed goes back to the system before the next one
     timings[stage] = round(time.perf_counter() - t0, 3)
     if progress:
         progress(stage, 1, 1)
@@ -270,6 +280,7 @@ def open_model(model, config: RunConfig, *, progress=None) -> OpenedModel:
             card_text, model_file = render_card(card), _model_hash(source)
         with timed(timings, "load", progress):
             loaded = load_model(source, config.backend, **load)
+            trim_heap()  # the loading copy's blocks, freed into the heap, go back to the system
         return OpenedModel(loaded, card, card_text, model_file, model, timings)
     loaded = load_model(model, None if config.backend == "auto" else config.backend, **load)
     card, card_text = _card_of_model(loaded)
@@ -399,13 +410,22 @@ def run_analyses(model, config: RunConfig, *, progress=None, roles_progress=None
     weights_summary = {}
     if "weights" not in absent:  # last: its draws use their own generators, after every other stage
         with timed(timings, "weights", progress):
-            weight_frames, weights_summary = run_weights(model, frames, WeightsConfig(seed=config.seed))
+            wcfg = config.weights_config or WeightsConfig(seed=config.seed)
+            weight_frames, weights_summary = run_weights(model, frames, wcfg)
         frames.update(weight_frames)
     kv_summary = {}
     if "kv" not in absent:  # after the others: it restores every cache and draws from its own seeded generators
         try:
+            kc = config.kv_config or KVStageConfig()
             with timed(timings, "kv", progress):
-                kv_frames, kv_summary = run_kv(model, kv_report_config(model, config.seed), role_items=16)
+                kv_frames, kv_summary = run_kv(
+                    model,
+                    kv_report_config(model, config.seed, kc.tokens),
+                    role_items=kc.role_items,
+                    role_tokens=kc.role_tokens,
+                    causal_items=kc.causal_items,
+                    logit_rows=kc.logit_rows,
+                )
             frames.update(kv_frames)
         except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: said, not fatal
             absent["kv"] = f"the KV-cache stage could not run: {str(e).splitlines()[0]}"

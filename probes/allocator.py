@@ -11,8 +11,14 @@ The ``headscope`` command calls :func:`tune_allocator` at start
 (``HEADSCOPE_MALLOC_TUNING=0`` turns it off); a notebook can call it once. It changes
 only this process, and does nothing off glibc.
 
->>> isinstance(tune_allocator(), bool)
-True
+:func:`trim_heap` hands the heap's free pages back to the system (``malloc_trim(0)``): a load
+frees its float32 reading copy (blocks under the mmap threshold, interleaved with the weights
+kept) into the heap, which glibc trims only from its top; on a Qwen2-0.5B-shaped checkpoint
+1.3 GiB stayed resident after the load (3.78 GiB), 2.48 GiB once trimmed. The report calls
+it after the load and after each stage.
+
+>>> isinstance(tune_allocator(), bool), isinstance(trim_heap(), bool)
+(True, True)
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import ctypes.util
 import os
 import sys
 
-__all__ = ["tune_allocator"]
+__all__ = ["trim_heap", "tune_allocator"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -44,3 +50,17 @@ def tune_allocator(mmap_threshold: int = 32 << 20, trim_threshold: int = 64 << 2
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return mallopt(_M_MMAP_THRESHOLD, int(mmap_threshold)) == 1 and mallopt(_M_TRIM_THRESHOLD, int(trim_threshold)) == 1
+
+
+def trim_heap() -> bool:
+    """``malloc_trim(0)``: return the heap's free pages to the system (module doc); True when
+    glibc released some, False when none or off glibc (``HEADSCOPE_MALLOC_TUNING=0``: off too)."""
+    if os.environ.get("HEADSCOPE_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return trim(0) == 1

@@ -33,9 +33,12 @@ from headscope.probes.budget import (
     peak_rss_bytes,
 )
 from headscope.reports.budget_stages import (
+    apply_kv,
     apply_patch,
     apply_prune,
     auto_probes,
+    kv_logit_rows,
+    kv_stages,
     model_shape,
     patch_stages,
     prune_stages,
@@ -45,6 +48,7 @@ from headscope.reports.budget_stages import (
     roles_stages,
     shape_of_model,
     task_longest,
+    weights_stage,
 )
 
 log = logging.getLogger(__name__)
@@ -99,6 +103,9 @@ class Budget:
     asked: dict[str, int] = field(default_factory=dict)
     probe: bool = False
     emit: object = field(default=None, repr=False)  # where start() printed the plan (refine says a change)
+    trimmed: bool = False  # the heap is trimmed after the load (the report's run: trim_heap)
+    #: the report's KV-cache, weights and patching settings, sized by the plan (:func:`report_start`)
+    settings: dict = field(default_factory=dict, repr=False)
 
     def batch(self, stage: str, default: int) -> int:
         return self.estimate.batch_sizes.get(stage, default) if self.estimate else default
@@ -170,9 +177,9 @@ def _changes(sizes: dict[str, tuple[int, int]]) -> str:
     return "; ".join(f"batch {x} -> {y} to fit ({', '.join(names)})" for (x, y), names in by.items())
 
 
-def _fit(command, shape, stages, avail, *, load, convert, uniform, probe=False) -> Estimate:
+def _fit(command, shape, stages, avail, *, load, convert, uniform, probe=False, trimmed=False) -> Estimate:
     """:func:`~headscope.probes.budget.fit`, then (``uniform``) every stage at the smallest batch fitted."""
-    kw = dict(load=load, convert=convert, probe=probe)
+    kw = dict(load=load, convert=convert, probe=probe, trimmed=trimmed)
     est = fit(shape, stages, avail, command=command, remedies=REMEDIES.get(command), **kw)
     if uniform and len(set(est.batch_sizes.values())) > 1:
         b = min(est.batch_sizes.values())
@@ -189,17 +196,19 @@ def plan(
     convert: bool = False,
     uniform: bool = False,
     probe: bool = False,
+    trimmed: bool = False,
 ) -> Budget:
     """Fit ``stages`` of ``command`` to the memory available now (see the module doc; ``uniform``:
     one batch size for every stage, the smallest fitted; ``probe``: ``--backend auto`` will probe
-    the in-house model against an HF copy while loading); raises
+    the in-house model against an HF copy while loading; ``trimmed``: the heap is trimmed after
+    the load, :data:`~headscope.probes.budget.TRIMMED_RESIDUE`); raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit."""
     avail = available_memory()
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:
-        return Budget(command, None, stages, avail, None, load, convert, asked, probe=probe)
-    est = _fit(command, shape, stages, avail, load=load, convert=convert, uniform=uniform, probe=probe)
-    return Budget(command, shape, stages, avail, est, load, convert, asked, probe=probe)
+        return Budget(command, None, stages, avail, None, load, convert, asked, probe=probe, trimmed=trimmed)
+    est = _fit(command, shape, stages, avail, load=load, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed)
+    return Budget(command, shape, stages, avail, est, load, convert, asked, probe=probe, trimmed=trimmed)
 
 
 # ----------------------------------------------------------------------------- CLI hooks
@@ -230,7 +239,16 @@ def _on_gpu(device) -> bool:
 
 
 def start(
-    command: str, model, *, dtype: str, device, stages_of, emit=None, uniform: bool = False, backend: str = "auto"
+    command: str,
+    model,
+    *,
+    dtype: str,
+    device,
+    stages_of,
+    emit=None,
+    uniform: bool = False,
+    backend: str = "auto",
+    trimmed: bool = False,
 ) -> tuple[Budget, object]:
     """The plan of a run of ``command`` on MODEL ``model`` before it loads: ``stages_of(shape,
     tokenizer)`` gives its stages; ``backend``: the one asked for (``auto`` probes an in-house
@@ -246,7 +264,7 @@ def start(
     shape, convert, tokenizer = got
     stages = [] if _on_gpu(device) else stages_of(shape, tokenizer)
     probe = backend == "auto" and auto_probes(model)
-    budget = plan(command, shape, stages, convert=convert, uniform=uniform, probe=probe)
+    budget = plan(command, shape, stages, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed)
     budget.emit = emit
     say(budget)
     return budget, tokenizer
@@ -410,27 +428,50 @@ def report_start(
     notice=None,
     quick: bool = False,
     backend: str = "auto",
+    kv=None,
+    weights=None,
+    large_cost: float | None = None,
 ):
     """``build_report``: the plan before the model loads -> ``(budget, rcfg, pcfg, ccfg)`` with
     the batch sizes that fit (refused in one line when none does). ``model``: a MODEL argument;
     a model already loaded is planned without its load (its weights are in the process).
-    ``quick``: ``pcfg`` is the default quick stage, sized here by the model's cost
-    (:func:`sized_quick`)."""
+    ``quick``: ``pcfg`` and ``ccfg`` are the default quick stages, sized here by the model's cost
+    (:func:`sized_quick`; over ``large_cost``, None: :data:`~headscope.analyses.quick_settings.LARGE_COST`).
+    ``kv`` / ``weights``: the KV-cache and weights stages' settings (a
+    :class:`~headscope.analyses.kvcache.stage.KVStageConfig` / a
+    :class:`~headscope.analyses.run_weights.WeightsConfig`; None: the stage does not run), planned
+    as stages of their own and, in quick mode on a large model, sized as
+    :data:`~headscope.analyses.quick_settings.QUICK_KV_LARGE` / ``QUICK_WEIGHTS_LARGE``; what
+    runs is in ``budget.settings`` (``kv``, with the study's ``logit_rows`` fitted, and ``weights``)."""
     from headscope.analyses.patching.activation import PatchConfig
     from headscope.analyses.roles.pipeline import check_roles
 
     groups = check_roles(groups)
     inputs = role_corpora(groups, role_inputs)
     patch = PatchConfig(batch_size=ccfg.batch_size, max_rows=ccfg.max_rows)
+    extra: dict = {}
 
     def stages_of(shape, tok):
         out = roles_stages(shape, rcfg, groups, inputs, tok) + prune_stages(shape, pcfg, tok)
         longest = max(task_longest(t, 10, tok) for t in report_tasks())
-        return out + (patch_stages(shape, patch, longest=longest) if patching else [])
+        out += patch_stages(shape, patch, longest=longest) if patching else []
+        extra.update(sized_stages(shape, kv, weights, quick=quick, large_cost=large_cost))
+        if extra.get("kv") is not None and shape.causal:
+            out += kv_stages(shape, extra["kv"], tokens=extra["kv_tokens"])
+        if extra.get("weights") is not None:
+            out.append(weights_stage(shape, extra["weights"]))
+        return out
 
     if isinstance(model, str) or hasattr(model, "__fspath__"):
         budget, _tok = start(
-            "report", str(model), dtype=dtype, device=device, stages_of=stages_of, emit=notice, backend=backend
+            "report",
+            str(model),
+            dtype=dtype,
+            device=device,
+            stages_of=stages_of,
+            emit=notice,
+            backend=backend,
+            trimmed=True,
         )
     else:
         preload("report")
@@ -439,12 +480,18 @@ def report_start(
         budget = plan("report", shape, stages, load=False)
         budget.emit = notice
         say(budget)
+    if budget.shape is not None and not extra:
+        extra.update(sized_stages(budget.shape, kv, weights, quick=quick, large_cost=large_cost))
     if quick and budget.shape is not None:
-        pcfg = sized_quick(pcfg, budget.shape)
+        pcfg, ccfg = sized_quick(pcfg, budget.shape, large_cost), sized_patching(ccfg, budget.shape, large_cost)
+    budget.settings = {"kv": extra.get("kv", kv), "weights": extra.get("weights", weights)}
     est = budget.estimate
     if est is None:
         return budget, rcfg, pcfg, ccfg
-    roles_names = {s.name for s in budget.stages} - {"pruning", "importance", "patching", "attribution"}
+    if budget.settings["kv"] is not None and "kv logits" in est.batch_sizes:
+        budget.settings["kv"] = apply_kv(budget.settings["kv"], est, tokens=extra["kv_tokens"])
+    skip = {"pruning", "importance", "patching", "attribution", "kv", "kv logits", "long-context roles", "weights"}
+    roles_names = {s.name for s in budget.stages} - skip
     b = min([rcfg.batch_size, *(v for k, v in est.batch_sizes.items() if k in roles_names)])
     rcfg = replace(rcfg, batch_size=b) if b < rcfg.batch_size else rcfg
     pcfg = apply_prune(pcfg, est)
@@ -454,15 +501,51 @@ def report_start(
     return budget, rcfg, pcfg, ccfg
 
 
-def sized_quick(pcfg, shape: Shape):
+def _large(shape: Shape, large_cost) -> bool:
+    from headscope.analyses.quick_settings import is_large
+
+    return is_large(n_params=shape.n_params, n_heads=shape.n_layers * shape.n_heads, threshold=large_cost)
+
+
+def sized_stages(shape: Shape, kv, weights, *, quick: bool, large_cost=None) -> dict:
+    """``{"kv", "kv_tokens", "weights"}``: the KV-cache and weights stages' settings as they will run
+    (in quick mode on a model over ``large_cost``, :data:`~headscope.analyses.quick_settings.QUICK_KV_LARGE`
+    and ``QUICK_WEIGHTS_LARGE``; the study's ``logit_rows`` from :func:`kv_logit_rows` unless set)
+    and the study's tokens (before the model's context caps them)."""
+    from headscope.analyses.kvcache.study import REPORT_KV
+    from headscope.analyses.quick_settings import QUICK_KV_LARGE, QUICK_WEIGHTS_LARGE
+
+    large = quick and _large(shape, large_cost)
+    if kv is not None and large:
+        kv = replace(kv, **QUICK_KV_LARGE)
+    if weights is not None and large:
+        weights = replace(weights, **QUICK_WEIGHTS_LARGE)
+    tokens = REPORT_KV.tokens if kv is None or kv.tokens is None else kv.tokens
+    if kv is not None and kv.logit_rows is None:
+        kv = replace(kv, logit_rows=kv_logit_rows(shape, tokens))
+    return {"kv": kv, "kv_tokens": tokens, "weights": weights}
+
+
+def sized_patching(ccfg, shape: Shape, large_cost=None):
+    """The quick patching stage ``ccfg`` on a model over ``large_cost``: its row budget
+    :data:`~headscope.analyses.quick_settings.QUICK_PATCHING_LARGE` (items per task left to the
+    budget only: ``n_items`` None), else unchanged."""
+    from headscope.analyses.quick_settings import QUICK_PATCHING_LARGE
+
+    if ccfg.n_items is not None or not _large(shape, large_cost):
+        return ccfg
+    return replace(ccfg, **{k: min(v, getattr(ccfg, k)) for k, v in QUICK_PATCHING_LARGE.items()})
+
+
+def sized_quick(pcfg, shape: Shape, large_cost=None):
     """The quick pruning stage ``pcfg`` sized by the model's cost
-    (:func:`~headscope.analyses.quick_settings.quick_pruning_for`): unchanged under
-    :data:`~headscope.analyses.quick_settings.LARGE_COST`, else with the studies and orders of
+    (:func:`~headscope.analyses.quick_settings.quick_pruning_for`): unchanged under ``large_cost``
+    (None: :data:`~headscope.analyses.quick_settings.LARGE_COST`), else with the studies and orders of
     :data:`~headscope.analyses.quick_settings.QUICK_PRUNING_LARGE` (its seed and batch kept). The
     stages planned are the same (both run importance)."""
     from headscope.analyses.quick_settings import QUICK_PRUNING, quick_pruning_for
 
-    tier = quick_pruning_for(n_params=shape.n_params, n_heads=shape.n_layers * shape.n_heads)
+    tier = quick_pruning_for(n_params=shape.n_params, n_heads=shape.n_layers * shape.n_heads, threshold=large_cost)
     return pcfg if tier is QUICK_PRUNING else replace(pcfg, **tier)
 
 

@@ -351,3 +351,71 @@ def report_tasks() -> tuple[str, ...]:
     from headscope.analyses.roles.base import role_tasks
 
     return tuple(dict.fromkeys(role_tasks().values()))
+
+
+#: float32 bytes of the KV study's logits unembedded at once (its final hidden states a block of rows at a
+#: time beyond it): a whole input's where they fit (SmolLM2-135M at 2,048 tokens, 0.38 GiB, keeps them whole),
+#: a block elsewhere (Qwen2-0.5B's 151,936 entries at 1,024 tokens would be 0.58 GiB, thrice with the loss)
+KV_LOGIT_BYTES = 400 << 20
+
+
+def kv_logit_rows(shape: Shape, tokens: int) -> int | None:
+    """The KV study's rows unembedded at once for inputs of ``tokens`` tokens: None (whole) where
+    their logits fit in :data:`KV_LOGIT_BYTES`, else as many rows as do."""
+    per_row = max(1, shape.vocab_size) * 4
+    rows = max(1, KV_LOGIT_BYTES // per_row)
+    return None if rows >= tokens else int(rows)
+
+
+def kv_stages(shape: Shape, kc, *, tokens: int) -> list[Stage]:
+    """The report's KV-cache stage (``kc`` a :class:`~headscope.analyses.kvcache.stage.KVStageConfig`,
+    its study at ``tokens``): the study's forward of one input (batch 1, the residual entering every
+    layer kept for the restricted runs), the unembedding of its final hidden states ``logit_rows``
+    rows at a time (the batch :func:`~headscope.probes.budget.fit` turns; the loss's gather and
+    log-softmax on each block), and the long-context roles' chunked forward of one needle item
+    (each layer's Q and K kept for its pattern pieces; the logits at its answer rows only)."""
+    resid = shape.n_layers * tokens * shape.d_model * shape.bytes_per
+    rows = kc.logit_rows or tokens
+    qk = shape.n_layers * kc.role_tokens * (shape.n_heads + shape.n_kv_heads) * shape.d_head * 4
+    return [
+        Stage(name="kv", batch_size=1, longest=tokens, logits="none", cache_per_row=resid),
+        Stage(name="kv logits", batch_size=rows, longest=1, logits="all", loss=True, cache_per_row=resid, cache_rows=1),
+        Stage(name="long-context roles", batch_size=1, longest=kc.role_tokens, logits="last", cache_per_row=qk),
+    ]
+
+
+def apply_kv(kc, est: Estimate, *, tokens: int):
+    """``kc`` with the rows :func:`~headscope.probes.budget.fit` let the study unembed at once."""
+    rows = est.batch_sizes.get("kv logits")
+    if rows is None or rows >= (kc.logit_rows or tokens):
+        return kc
+    return replace(kc, logit_rows=rows)
+
+
+def weights_stage(shape: Shape, wc) -> Stage:
+    """The report's weights stage (``wc`` a :class:`~headscope.analyses.run_weights.WeightsConfig`):
+    no forward; what it holds at once (:func:`weights_bytes`) as the stage's cache."""
+    return Stage(name="weights", batch_size=1, longest=1, logits="none", cache_per_row=weights_bytes(shape, wc))
+
+
+def weights_bytes(shape: Shape, wc) -> int:
+    """Bytes the weights stage holds at once: every layer's sender factors (float32 ``[head, d_head,
+    d_model]``) and a group of them as float64, one receiver layer's float64 side, the blocks of
+    (un)embedding rows and Gaussian draws, the composition frame (five families of head pairs, ~100
+    bytes a row with its columns' lists) and a null's comparison with every pair of a family."""
+    from headscope.analyses.circuits.composition import SENDER_GROUP_BYTES
+    from headscope.analyses.circuits.ov_qk import DRAW_BLOCK_BYTES, VOCAB_CHUNK_BYTES
+
+    L, h, kv, k, d = shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.d_head, shape.d_model
+    senders = L * h * k * d * 4
+    receiver = 8 * (3 * h + 2 * kv) * k * d * 2
+    pairs = L * (L - 1) // 2 * h * h
+    frame = (3 * pairs + 2 * L * (L - 1) // 2 * h * kv) * 100
+    compare = pairs * wc.null  # bool [null, pairs]
+    blocks = (
+        2 * min(VOCAB_CHUNK_BYTES, max(1, shape.vocab_size) * d * 4)
+        + min(DRAW_BLOCK_BYTES, wc.draws * d * k * 8)
+        + 3 * min(wc.null_block_bytes, wc.null * d * k * 8)
+        + 2 * d * d * 8
+    )
+    return senders + min(SENDER_GROUP_BYTES, 2 * senders) + receiver + frame + compare + blocks

@@ -27,6 +27,7 @@ Example (runs the analyses)::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,10 +35,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from headscope.analyses.kvcache.stage import KVStageConfig
 from headscope.analyses.run import RunConfig, open_model, run_analyses, timed
 from headscope.analyses.run_frames import skipped_frame  # noqa: F401 - tests/probes build frames through it
 from headscope.analyses.run_json import model_record, run_json, versions
 from headscope.analyses.run_patching import CAUSAL_METHOD
+from headscope.analyses.run_weights import WeightsConfig
 from headscope.probes.budget import peak_rss_bytes
 from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
 from headscope.probes.outputs.folder import claim_output
@@ -88,8 +91,16 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         notice=notice,
         quick=quick,
         backend=config.backend,
+        kv=(config.kv_config or KVStageConfig()) if config.kv else None,
+        weights=(config.weights_config or WeightsConfig(seed=config.seed)) if config.weights else None,
+        large_cost=config.large_cost,
     )
     config = config.resolved(roles=rcfg, pruning=pcfg, causal=ccfg)
+    config = dataclasses.replace(
+        config,
+        kv_config=budget.settings.get("kv") or config.kv_config,
+        weights_config=budget.settings.get("weights") or config.weights_config,
+    )
     opened = open_model(model, config, progress=progress)
     for r in getattr(opened.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
         notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
@@ -115,16 +126,28 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         "kv_summary": run.kv_summary,
         "absent": run.absent,
         "memory": memory.finish(budget, notice),
-        "quick": None if config.full else {"leaves_out": quick_leaves_out(pcfg, ccfg if config.patching else None)},
+        "quick": None
+        if config.full
+        else {
+            "leaves_out": quick_leaves_out(
+                pcfg,
+                ccfg if config.patching else None,
+                kv=config.kv_config if "kv" not in run.absent else None,
+                weights=config.weights_config if "weights" not in run.absent else None,
+                context=int(opened.model.spec.max_positions),
+            )
+        },
     }
     return run.frames, opened.card, opened.card_text, meta
 
 
-def quick_leaves_out(pcfg, ccfg=None) -> str:
+def quick_leaves_out(pcfg, ccfg=None, *, kv=None, weights=None, context: int | None = None) -> str:
     """What a quick report leaves out of ``--full``, in one line: the pruning study's part
-    (:func:`~headscope.analyses.quick_settings.leaves_out` of ``pcfg``) and, with the patching
-    stage's ``ccfg``, its own (a KV group patched as one unit on a GQA model, fewer items)."""
-    from headscope.analyses.quick_settings import leaves_out
+    (:func:`~headscope.analyses.quick_settings.leaves_out` of ``pcfg``), with the patching
+    stage's ``ccfg`` its own (a KV group patched as one unit on a GQA model, fewer items), and
+    what the KV-cache and weights stages' settings ``kv`` / ``weights`` (where they ran) leave
+    out of their defaults at the model's ``context`` (:func:`~headscope.analyses.quick_settings.stages_leave_out`)."""
+    from headscope.analyses.quick_settings import leaves_out, stages_leave_out
 
     parts = [f"pruning: {leaves_out(pcfg)}"] if leaves_out(pcfg) else []
     if ccfg is not None and ccfg.unit is None and ccfg.n_items is None:
@@ -132,7 +155,7 @@ def quick_leaves_out(pcfg, ccfg=None) -> str:
             f"patching: heads one by one on GQA models (quick patches a KV group as one unit); items per task "
             f"past {ccfg.row_budget} // (units x tasks) (at least {ccfg.min_items}; --full: {ccfg.max_items})"
         )
-    return "; ".join(parts)
+    return "; ".join(parts + stages_leave_out(kv, weights, context=context))
 
 
 # ----------------------------------------------------------------- summary and writing

@@ -36,17 +36,21 @@ def report_stages(model, *, dtype: str = "fp32", device=None, notice=None, progr
     ``{"model", "stages" (frame), "seconds", "cpu_seconds", "memory", "quick", "machine"}``;
     ``notice(line)`` receives the report's own notes (the memory plan, the estimated time);
     ``progress(stage, done, total)`` is told of every stage too (the CLI's progress lines)."""
-    from headscope.analyses.bench.stage_clock import StageClock, pruning_part_names
+    from headscope.analyses.bench.stage_clock import RssWindow, StageClock, pruning_part_names
     from headscope.analyses.pruning.study import PruneConfig
     from headscope.analyses.run import RunConfig
     from headscope.reports.pipeline import build_report
 
     config = RunConfig(dtype=dtype, device=device)
-    clock = StageClock(progress, parts={"pruning": []}, emit=notice)  # its parts named once the run says its config
+    window = RssWindow()  # each stage's own peak (the process's high-water mark is the load's)
+    clock = StageClock(progress, parts={"pruning": []}, emit=notice, window=window)  # parts named once the run says
     load_before, t0, c0 = _load(), time.perf_counter(), time.process_time()
-    with tempfile.TemporaryDirectory(prefix="headscope-bench-report-") as tmp:
-        result = build_report(model, config, out_dir=Path(tmp) / "report", progress=clock, notice=notice)
-        run = json.loads(result.paths["run_json"].read_text(encoding="utf-8"))
+    try:
+        with tempfile.TemporaryDirectory(prefix="headscope-bench-report-") as tmp:
+            result = build_report(model, config, out_dir=Path(tmp) / "report", progress=clock, notice=notice)
+            run = json.loads(result.paths["run_json"].read_text(encoding="utf-8"))
+    finally:
+        window.stop()
     pcfg = run.get("config", {}).get("pruning")
     if pcfg:
         clock.part_names["pruning"] = pruning_part_names(PruneConfig.from_dict(pcfg), with_roles=True)
@@ -78,7 +82,7 @@ def render(out: dict) -> str:
         f"{m['cpus']} CPUs, load average {m['load_average_before']} before, {m['load_average_after']} after",
         "",
     ]
-    cols = ("stage", "part", "seconds", "CPU s", "cores", "share", "items", "peak MiB")
+    cols = ("stage", "part", "seconds", "CPU s", "cores", "share", "items", "peak MiB", "stage MiB")
     rows = [list(cols)]
     for r in frame.itertuples():
         rows.append(
@@ -91,6 +95,7 @@ def render(out: dict) -> str:
                 f"{r.share:.1%}",
                 "-" if r.items is None or r.items != r.items else f"{int(r.items)}",
                 "-" if r.peak_rss_mb is None or r.peak_rss_mb != r.peak_rss_mb else f"{int(r.peak_rss_mb)}",
+                "-" if r.stage_peak_mb is None or r.stage_peak_mb != r.stage_peak_mb else f"{int(r.stage_peak_mb)}",
             ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
@@ -106,6 +111,13 @@ def render(out: dict) -> str:
     if left:
         lines.append(f"quick mode leaves out: {left}")
     lines.append("(CPU s: this process, all threads; on a machine shared with other work, wall = CPU / cores it got)")
+    lines.append(
+        "(peak MiB: the process's high-water mark when the stage ended; stage MiB: the most resident during it)"
+    )
+    est = (mem.get("phases") or {}) if isinstance(mem, dict) else {}
+    if est:
+        phases = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in est.items())
+        lines.append(f"estimated peak per phase, GiB: {phases}")
     return "\n".join(lines)
 
 

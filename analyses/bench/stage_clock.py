@@ -12,6 +12,10 @@ is the table the bench prints, one row per stage (and per part) in the order the
 CPU seconds say what a stage costs on a machine shared with other work: its wall-clock time
 there is longer by the share of the cores other processes took (``cores`` = CPU / wall).
 
+The process's peak is a high-water mark: once the load has set it, no later stage shows its
+own. With ``window`` (an :class:`RssWindow`, which samples the resident memory every few
+milliseconds), each stage's row also has ``stage_peak_mb``, the most resident while it ran.
+
 >>> ticks = iter([0.0, 1.0, 1.0, 4.0])
 >>> clock = StageClock(clock=ticks.__next__, cpu=iter([0.0, 2.0, 2.0, 8.0]).__next__, rss=lambda: 0.0)
 >>> clock("load", 0, None); clock("load", 1, 1); clock("roles", 0, 10); clock("roles", 10, 10)
@@ -21,6 +25,7 @@ there is longer by the share of the cores other processes took (``cores`` = CPU 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,12 +34,71 @@ import pandas as pd
 
 from headscope.analyses.bench.machine import peak_rss_mb
 
-__all__ = ["PART_LIMIT", "STAGE_COLUMNS", "StageClock", "pruning_part_names"]
+__all__ = ["PART_LIMIT", "STAGE_COLUMNS", "RssWindow", "StageClock", "pruning_part_names"]
 
 #: a stage whose ``total`` is at most this reports parts (each call a part ended), not items
 PART_LIMIT = 16
 #: columns of :meth:`StageClock.frame`
-STAGE_COLUMNS = ("stage", "part", "seconds", "cpu_seconds", "cores", "share", "items", "peak_rss_mb")
+STAGE_COLUMNS = ("stage", "part", "seconds", "cpu_seconds", "cores", "share", "items", "peak_rss_mb", "stage_peak_mb")
+
+
+class RssWindow:
+    """The most resident memory (MiB) while each named window was open, sampled from
+    ``/proc/self/statm`` every ``interval`` seconds by a daemon thread (started by :meth:`open`,
+    stopped by :meth:`stop`); None where ``/proc`` cannot be read.
+
+    >>> w = RssWindow(interval=0.001)
+    >>> w.open("a"); x = bytearray(64 << 20); peak = w.close("a"); w.stop()
+    >>> peak is None or peak >= 64
+    True
+    """
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.peaks: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        try:
+            import os
+
+            self._page = os.sysconf("SC_PAGE_SIZE") / 2**20
+            self._now()
+        except (OSError, ValueError, AttributeError):
+            self._page = None
+
+    def _now(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            rss = self._now()
+            with self._lock:
+                for k, v in self.peaks.items():
+                    if rss > v:
+                        self.peaks[k] = rss
+
+    def open(self, name: str) -> None:
+        if self._page is None:
+            return
+        with self._lock:
+            self.peaks[name] = self._now()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="headscope-rss-window", daemon=True)
+            self._thread.start()
+
+    def close(self, name: str) -> float | None:
+        if self._page is None:
+            return None
+        rss = self._now()
+        with self._lock:
+            return max(rss, self.peaks.pop(name, rss))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
 
 
 @dataclass
@@ -64,9 +128,10 @@ class StageClock:
         clock: Callable[[], float] = time.perf_counter,
         cpu: Callable[[], float] = time.process_time,
         rss: Callable[[], float] = peak_rss_mb,
+        window: RssWindow | None = None,
     ):
         self.inner, self.part_names, self.emit = inner, dict(parts or {}), emit
-        self.clock, self.cpu, self.rss = clock, cpu, rss
+        self.clock, self.cpu, self.rss, self.window = clock, cpu, rss, window
         self.open: dict[str, _Open] = {}
         self.rows: list[dict] = []
 
@@ -75,6 +140,8 @@ class StageClock:
         st = self.open.get(stage)
         if st is None:
             st = self.open[stage] = _Open(started=now, cpu=cpu, last=now, last_cpu=cpu)
+            if self.window is not None:
+                self.window.open(stage)
         elif stage in self.part_names and total is not None and total <= PART_LIMIT and done > st.done:
             st.parts.append((now - st.last, cpu - st.last_cpu))
             st.last, st.last_cpu = now, cpu
@@ -96,6 +163,7 @@ class StageClock:
         self.rows.append(
             {"stage": stage, "seconds": now - st.started, "cpu_seconds": cpu - st.cpu, "start": st.started}
             | {"items": st.total if many else None, "peak_rss_mb": self.rss(), "parts": list(st.parts)}
+            | {"stage_peak_mb": self.window.close(stage) if self.window is not None else None}
         )
 
     def unfinished(self) -> list[str]:
@@ -113,7 +181,9 @@ class StageClock:
         whole = sum(r["seconds"] for r in rows) or 1.0
         out = []
         for r in rows:
-            out.append(_row(r["stage"], "", r["seconds"], r["cpu_seconds"], whole, r["items"], r["peak_rss_mb"]))
+            row = _row(r["stage"], "", r["seconds"], r["cpu_seconds"], whole, r["items"], r["peak_rss_mb"])
+            sp = r.get("stage_peak_mb")
+            out.append({**row, "stage_peak_mb": None if sp is None else round(sp)})
             names = self.part_names.get(r["stage"]) or []
             if len(r["parts"]) > 1:
                 n = len(r["parts"])
@@ -133,6 +203,7 @@ def _row(stage, part, seconds, cpu, whole, items, peak) -> dict:
         "share": round(seconds / whole, 3),
         "items": items,
         "peak_rss_mb": None if peak is None else round(peak),
+        "stage_peak_mb": None,
     }
 
 

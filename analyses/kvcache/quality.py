@@ -12,7 +12,11 @@ change) that is haystack or long text (not a needle, cue or answer token); the c
 the in-house model's :meth:`~headscope.probes.models.inhouse.transformer.Transformer.kv_windows_set`.
 The unrestricted run keeps the residual entering every layer, so a configuration whose first
 restricted layer is ``l`` runs layers ``l..`` only (the layers before it compute exactly
-what they did).
+what they did). With ``logit_rows`` (the report's memory plan sets it where an input's logits
+``[pos, vocab]`` would be large: Qwen2-0.5B's 151,936 entries at 1,024 tokens are 0.58 GiB, and
+the loss's gather and log-softmax hold two more copies), the forward stops before the
+unembedding and the final hidden states are unembedded ``logit_rows`` rows at a time, the loss
+summed over the blocks; unset, or at least an input's length, the logits come whole, as before.
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ class Evaluator:
     """``evaluator(windows) -> {"lm_loss": float, "copy_accuracy": float | None}`` on ``inputs``;
     ``evaluator.runs`` counts forwards and ``evaluator.layers_run`` the layers they ran."""
 
-    def __init__(self, model, inputs: list[StudyInput]):
-        self.model, self.inputs = model, inputs
+    def __init__(self, model, inputs: list[StudyInput], *, logit_rows: int | None = None):
+        if logit_rows is not None and logit_rows < 1:
+            raise ValueError(f"logit_rows must be None or >= 1; got {logit_rows}")
+        self.model, self.inputs, self.logit_rows = model, inputs, logit_rows
         self.n_layers = model.spec.n_layers
         self.runs, self.layers_run = 0, 0
         self._full = None
@@ -90,6 +96,42 @@ class Evaluator:
         with hooks(pairs):
             return self.model.forward(x.input_ids, mask)
 
+    def _unembed(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` (float32) of final hidden states ``h [rows, d_model]``, as the forward makes them."""
+        logits = self.model.unembedding(h)
+        cap = self.model.network.cfg.final_softcap
+        return (torch.tanh(logits / cap) * cap if cap is not None else logits).float()
+
+    def _blocks(self, x: StudyInput, start: int, keep_resid: bool) -> tuple[float, torch.Tensor | None]:
+        """One forward of ``x`` whose final hidden states are unembedded :attr:`logit_rows` rows at
+        a time -> ``(the summed cross-entropy of its loss targets, its copy hits or None)``."""
+        from headscope.analyses.longctx.needle import copy_hits
+
+        kept: list[torch.Tensor] = []
+
+        def grab(module, args):  # the final hidden states; the unembedding itself reads no row
+            kept.append(args[0])
+            return (args[0][:, :0],)
+
+        handle = self.model.unembedding.register_forward_pre_hook(grab)
+        try:
+            self._forward(x, start, keep_resid)
+        finally:
+            handle.remove()
+        h = kept[0][0]  # [pos, d_model]
+        t = x.loss_targets
+        total = 0.0
+        for a in range(0, len(t), self.logit_rows):
+            rows = t[a : a + self.logit_rows]
+            logits = self._unembed(h[(rows - 1).to(h.device)])
+            total += float(F.cross_entropy(logits, x.input_ids[0, rows].to(logits.device), reduction="sum"))
+            del logits
+        hit = None
+        if x.item is not None:
+            answer = torch.tensor([a - 1 for a in x.item.answer], dtype=torch.long, device=h.device)
+            hit = copy_hits(self._unembed(h[answer]), x.item).cpu()
+        return total, hit
+
     def __call__(self, windows: dict) -> dict:
         from headscope.analyses.longctx.needle import copy_hits
 
@@ -99,8 +141,14 @@ class Evaluator:
         total, count, hits = 0.0, 0, []
         with torch.inference_mode(), self.model.network.kv_windows_set(windows):
             for x in self.inputs:
-                logits = self._forward(x, start, keep_resid=not windows)[0].float()  # [pos, vocab]
                 t = x.loss_targets
+                if self.logit_rows is not None and self.logit_rows < x.input_ids.shape[1]:
+                    ce, hit = self._blocks(x, start, keep_resid=not windows)
+                    total, count = total + ce, count + len(t)
+                    if hit is not None:
+                        hits.append(hit)
+                    continue
+                logits = self._forward(x, start, keep_resid=not windows)[0].float()  # [pos, vocab]
                 if len(t):
                     ce = F.cross_entropy(logits[t - 1], x.input_ids[0, t].to(logits.device), reduction="sum")
                     total, count = total + float(ce), count + len(t)

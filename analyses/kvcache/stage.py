@@ -9,6 +9,7 @@ scores is given) and a summary for run.json.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -35,14 +36,15 @@ def kv_blocker(model) -> str | None:
 MIN_REPORT_TOKENS = 64
 
 
-def report_config(model, seed: int = 0) -> KVConfig:
+def report_config(model, seed: int = 0, tokens: int | None = None) -> KVConfig:
     """The report's stage: :data:`~headscope.analyses.kvcache.study.REPORT_KV` (1,024 tokens, a
-    window of 128), at the model's context where shorter, the window and sink scaled with it."""
+    window of 128), at ``tokens`` (None: 1,024) or the model's context where shorter, the window
+    and sink scaled with it."""
     import dataclasses
 
     from headscope.analyses.kvcache.study import REPORT_KV
 
-    tokens = min(REPORT_KV.tokens, int(model.spec.max_positions))
+    tokens = min(REPORT_KV.tokens if tokens is None else tokens, int(model.spec.max_positions))
     scale = tokens / REPORT_KV.tokens
     return dataclasses.replace(
         REPORT_KV,
@@ -94,6 +96,23 @@ def _units(cfg: KVConfig, groups, nbytes, nbytes_max, evaluate):
 #: shorter), the causal check on 4 items of its own (needles at depths (i + 0.5) / 4; 7 forwards an item: unmasked,
 #: top, 5 random draws)
 LONG_ITEMS, LONG_TOKENS, CAUSAL_ITEMS = 16, 512, 4
+
+
+@dataclass(frozen=True)
+class KVStageConfig:
+    """The report's KV-cache stage: the study at ``tokens`` (None: :func:`report_config`'s 1,024),
+    the long-context roles on ``role_items`` needle items of ``role_tokens`` tokens, their causal
+    check on ``causal_items``; ``logit_rows``: the study's final hidden states unembedded that many
+    rows at a time (None: whole; :class:`~headscope.analyses.kvcache.quality.Evaluator`). The
+    defaults are the stage's; the report's memory plan sets ``logit_rows`` and, in quick mode on a
+    model over :data:`~headscope.analyses.quick_settings.LARGE_COST`, the shorter settings of
+    :data:`~headscope.analyses.quick_settings.QUICK_KV_LARGE`."""
+
+    tokens: int | None = None
+    role_items: int = LONG_ITEMS
+    role_tokens: int = LONG_TOKENS
+    causal_items: int = CAUSAL_ITEMS
+    logit_rows: int | None = None
 
 
 def long_roles_config(
@@ -158,13 +177,15 @@ def run_kv(
     role_tokens: int | None = LONG_TOKENS,
     causal_items: int | None = CAUSAL_ITEMS,
     bos_pass: bool = False,
+    logit_rows: int | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """``(frames, summary)`` of the study on ``model`` (see :mod:`~headscope.analyses.kvcache.study`);
     with ``role_items``, first the long-context roles and their causal check on that many needle
     items of ``role_tokens`` tokens, the check on ``causal_items`` of them, with ``bos_pass`` the
     roles' second sink pass with BOS put in or taken out (:func:`long_roles_config`,
     :func:`run_long_roles`), whose retrieval scores the study is joined with (else those of
-    ``roles``, where it has any). ``KVStudyError`` where :func:`kv_blocker` refuses or
+    ``roles``, where it has any). ``logit_rows``: the study's logits that many rows at a time
+    (:class:`~headscope.analyses.kvcache.quality.Evaluator`; None: whole). ``KVStudyError`` where :func:`kv_blocker` refuses or
     ``cfg.tokens`` is past the context. ``summary["timings"]["cpu_s"]``: the CPU seconds of it all."""
     from headscope.analyses.kvcache.bytes import groups_bytes
     from headscope.analyses.kvcache.quality import Evaluator, study_inputs
@@ -199,7 +220,7 @@ def run_kv(
     context = max(int(x.input_ids.shape[1]) for x in inputs)
     nbytes = groups_bytes(groups, windows, spec.d_head, context, kept)
     nbytes_max = groups_bytes(groups, windows, spec.d_head, spec.max_positions, kept)
-    evaluate = Evaluator(model, inputs)
+    evaluate = Evaluator(model, inputs, logit_rows=logit_rows)
     units, nbytes, nbytes_max, measure = _units(cfg, groups, nbytes, nbytes_max, evaluate)
     t1 = time.perf_counter()
     frame, summary = kv_study(measure, units, nbytes, nbytes_max, cfg)
@@ -217,6 +238,7 @@ def run_kv(
             "inputs": {"needle_items": cfg.items, "long_texts": cfg.texts},
             "forwards": evaluate.runs,
             "layers_run": evaluate.layers_run,
+            "logit_rows": logit_rows,
             "roles_join": join_summary,
             "long_context": long_summary,
             "savings_at_tolerance": savings_at(frame),
