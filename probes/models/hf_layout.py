@@ -86,6 +86,8 @@ class HFLayout:
     #: each layer analysed, and every block in order (what a resumed forward walks); None: every block
     layers: tuple[int, ...] | None = None
     all_blocks: tuple[nn.Module, ...] | None = None
+    #: the layers are attention modules, several per block (LongCat-Flash): no block output per layer
+    sublayers: bool = False
 
     def record(self) -> dict:
         """run.json's ``head_modules``: which module was found and how (a hybrid model: which of its
@@ -94,6 +96,8 @@ class HFLayout:
         if self.layers is not None:
             out["attention_blocks"] = list(self.layers)
             out["blocks_without_attention"] = [i for i in range(len(self.all_blocks)) if i not in self.layers]
+        if self.sublayers:
+            out["layers"] = "attention modules, several per block (each layer of the spec is one of them)"
         return out
 
 
@@ -193,15 +197,47 @@ def inside_attention(rel: str, classes: set[str], *, itself: bool = False) -> bo
     return any(".".join(parts[:i]) in classes for i in range(1, len(parts) + (1 if itself else 0)))
 
 
-def _attention_linears(block: nn.Module, want: tuple[int, int]) -> dict[str, nn.Module]:
-    """The linear maps of ``block`` inside an attention sub-module of shape ``want`` (in, out)."""
+def _attention_linears(block: nn.Module, want: tuple[int, int], whole: bool = False) -> dict[str, nn.Module]:
+    """The linear maps of ``block`` inside an attention sub-module of shape ``want`` (in, out) (``whole``:
+    the block is an attention module, LongCat-Flash's sublayers: every map inside it)."""
     classes = attention_classes([block])
-    whole = is_attention(block)  # the block is an attention module (XLM's): every map inside is the attention's
+    whole = whole or is_attention(
+        block
+    )  # the block is an attention module (XLM's): every map inside is the attention's
     return {
         rel: m
         for rel, m in block.named_modules()
         if rel and linear_shape(m) == want and (whole or inside_attention(rel, classes))
     }
+
+
+def _holds_linear(module: nn.Module) -> bool:
+    return any(linear_shape(m) is not None for m in module.modules())
+
+
+def attention_sublayers(model: nn.Module, n_blocks: int) -> tuple[str, tuple[nn.Module, ...]] | None:
+    """``(path pattern, modules)`` where each of the model's ``n_blocks`` blocks holds its attention as a
+    list of several attention modules run one after another (LongCat-Flash: ``self_attn``, two per layer,
+    each with its own heads, residual and KV cache layer ``2 × layer + i``; HF returns a pattern for each):
+    every one in order, the attention layers analysed; None where the blocks hold no such list."""
+    found = _block_list(model, n_blocks)
+    if found is None:
+        return None
+    lists = []
+    for block in found[1]:
+        subs = [
+            (rel, m)
+            for rel, m in block.named_children()
+            if isinstance(m, nn.ModuleList) and in_attention(rel, itself=True) and all(map(_holds_linear, m))
+        ]  # not a list of norms named after the attention (post_attention_layernorm)
+        if len(subs) != 1 or len(subs[0][1]) < 2:
+            return None
+        lists.append(subs[0])
+    rels, k = {rel for rel, _ in lists}, len(lists[0][1])
+    if len(rels) != 1 or any(len(m) != k for _, m in lists):
+        return None
+    base = f"{found[0]}.{{layer // {k}}}.{lists[0][0]}.{{layer % {k}}}"
+    return base, tuple(sub for _, m in lists for sub in m)
 
 
 def _recorded_attention(model: nn.Module):
@@ -271,10 +307,14 @@ def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] |
     return have
 
 
-def candidates(model: nn.Module, spec, layers=None, n_blocks=None) -> tuple[list[Candidate], str]:
+def candidates(model: nn.Module, spec, layers=None, n_blocks=None, sublayers=None) -> tuple[list[Candidate], str]:
     """The possible attention output projections of ``model`` (known names first), and the
     blocks' path pattern; ``ModelIncompatibleError`` where the layers' list cannot be found.
-    ``layers``: the blocks analysed, of ``n_blocks`` (a hybrid model's attention layers; default every block)."""
+    ``layers``: the blocks analysed, of ``n_blocks`` (a hybrid model's attention layers; default every block);
+    ``sublayers``: :func:`attention_sublayers`, the attention modules analysed as the layers."""
+    if sublayers is not None:
+        base, blocks = sublayers
+        return _candidates_in(blocks, spec, base, None, whole=True), base
     n = n_blocks or spec.n_layers
     found = _block_list(model, n)
     if found is None:
@@ -285,26 +325,31 @@ def candidates(model: nn.Module, spec, layers=None, n_blocks=None) -> tuple[list
     list_name, blocks = found
     if layers is not None:
         blocks = [blocks[i] for i in layers]
-    want = (spec.n_heads * spec.d_head, spec.d_model)
-    per_layer = [_attention_linears(block, want) for block in blocks]
-    common = [rel for rel in per_layer[0] if all(rel in p for p in per_layer)]
     base = f"{list_name}.{{layer}}" if list_name else "{layer}"
-    out = [
-        Candidate(rel, tuple(p[rel] for p in per_layer), f"{base}.{rel}", f"{list_name}.0.{rel}".endswith(ATTN_OUT))
-        for rel in common
-    ]
-    return sorted(out, key=lambda c: not c.by_name), base
+    return _candidates_in(blocks, spec, base, list_name), base
 
 
-def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=None) -> HFLayout:
+def _candidates_in(blocks, spec, base: str, list_name: str | None, *, whole: bool = False) -> list[Candidate]:
+    """The linear maps of shape heads × d_head -> d_model at the same path in every one of ``blocks``
+    (known names first: by the path under ``list_name``, None: no name is known there)."""
+    want = (spec.n_heads * spec.d_head, spec.d_model)
+    per_layer = [_attention_linears(block, want, whole) for block in blocks]
+    common = [rel for rel in per_layer[0] if all(rel in p for p in per_layer)]
+    named = lambda rel: list_name is not None and f"{list_name}.0.{rel}".endswith(ATTN_OUT)  # noqa: E731
+    out = [Candidate(rel, tuple(p[rel] for p in per_layer), f"{base}.{rel}", named(rel)) for rel in common]
+    return sorted(out, key=lambda c: not c.by_name)
+
+
+def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=None, sublayers=None) -> HFLayout:
     """The :class:`HFLayout` of an HF ``model`` with ``spec`` (its layer and head counts): each
     candidate of :func:`candidates` checked by :func:`~headscope.probes.models.head_check.check_candidates`
     on ``probe`` (``probe(model) -> attentions``; default: a few token ids through the model,
     ``output_attentions``); ``ModelIncompatibleError`` (one line, naming what was tried) when none
     passes. ``layers``: a hybrid model's attention layers among its ``n_blocks`` blocks
-    (:func:`attention_blocks`), the only ones analysed (``spec.n_layers`` of them)."""
+    (:func:`attention_blocks`), the only ones analysed (``spec.n_layers`` of them); ``sublayers``: the
+    attention modules analysed as the layers, several per block (:func:`attention_sublayers`)."""
     n = spec.n_layers
-    cands, base = candidates(model, spec, layers, n_blocks)
+    cands, base = candidates(model, spec, layers, n_blocks, sublayers)
     width = spec.n_heads * spec.d_head
     if not cands:
         raise ModelIncompatibleError(
@@ -312,10 +357,10 @@ def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=Non
             f"(no linear map inside {base}'s attention taking {spec.n_heads} heads × {spec.d_head} = {width} to "
             f"d_model {spec.d_model}; names tried: *{'/*'.join(ATTN_OUT[:3])}/…); use --backend bridge"
         )
-    every = _blocks(model, n_blocks or n)
+    every = sublayers[1] if sublayers is not None else _blocks(model, n_blocks or n)
     blocks = every if layers is None else tuple(every[i] for i in layers)
     classes = attention_classes(blocks)
-    whole = all(is_attention(b) for b in blocks)  # blocks that are attention modules (XLM's)
+    whole = sublayers is not None or all(is_attention(b) for b in blocks)  # attention modules (XLM's, LongCat's)
     inside = lambda rel: whole or inside_attention(rel, classes, itself=True)  # noqa: E731
     if layers is not None:  # the attention layers' patterns alone (MiniMax returns one per block)
         given = probe or (lambda m: default_probe(m, spec))
@@ -331,4 +376,5 @@ def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=Non
         attn_out_name=chosen.pattern,
         found_by="name" if chosen.by_name else "shape",
         check=check,
+        sublayers=sublayers is not None,
     )

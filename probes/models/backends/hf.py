@@ -66,7 +66,7 @@ class HFReference(ResumableForward, BackendCommon):
         between the attention layers: :func:`~headscope.probes.models.hf_layout.attention_blocks`),
         analyse the attention layers alone (``spec.n_layers`` is their count; ``head_modules`` says
         which blocks they are and which blocks hold none); off for the bridge, which reads every block."""
-        from headscope.probes.models.hf_layout import attention_blocks
+        from headscope.probes.models.hf_layout import attention_blocks, attention_sublayers
 
         self.hf = hf_model.eval()
         if hybrid:  # not for the bridge, which wraps the model as transformers builds it
@@ -76,6 +76,9 @@ class HFReference(ResumableForward, BackendCommon):
         self._attention_blocks = attention_blocks(self.hf, spec, spec.n_layers) if hybrid else None
         if self._attention_blocks is not None:
             spec = dataclasses.replace(spec, n_layers=len(self._attention_blocks))
+        self._sublayers = attention_sublayers(self.hf, spec.n_layers) if hybrid and not self._attention_blocks else None
+        if self._sublayers is not None:  # several attention modules per block (LongCat-Flash): each a layer
+            spec = dataclasses.replace(spec, n_layers=len(self._sublayers[1]))
         self.spec = spec
         self.vocab_size = vocab_size
         self.trust_remote_code = trust_remote_code
@@ -87,7 +90,9 @@ class HFReference(ResumableForward, BackendCommon):
         if self._layout is None:
             from headscope.probes.models.hf_layout import find_layout
 
-            self._layout = find_layout(self.hf, self.spec, layers=self._attention_blocks, n_blocks=self._n_blocks)
+            self._layout = find_layout(
+                self.hf, self.spec, layers=self._attention_blocks, n_blocks=self._n_blocks, sublayers=self._sublayers
+            )
         return self._layout
 
     @property
@@ -265,6 +270,8 @@ class HFReference(ResumableForward, BackendCommon):
 
         if "resid_post" in qs and all(is_attention(b) for b in self.layout.blocks):
             raise ValueError(f"{self.spec.name!r} has no block module (its layers are parallel lists): no resid_post")
+        if "resid_post" in qs and self.layout.sublayers:
+            raise ValueError(f"{self.spec.name!r} runs several attention layers per block: no resid_post per layer")
         out: dict = {}
         handles = []
         spec = self.spec

@@ -8,7 +8,10 @@ the patterns (≤ 1e-5) and, through the head hooks, each layer's heads.
   and its forward failed ("mat1 and mat2 shapes cannot be multiplied (32x60 and 64x16)").
 * MiniMax records its lightning (linear-attention) layers' KV state as their "attentions": every block
   seemed to hold attention, no output projection was common to all and hf refused it; its softmax
-  layers (the config's ``layer_types``) are now its attention layers, as in any hybrid."""
+  layers (the config's ``layer_types``) are now its attention layers, as in any hybrid.
+* LongCat-Flash runs two attention modules per block (``self_attn[0]``, ``self_attn[1]``: own heads, own
+  residual, KV cache layers ``2 × layer + i``) and HF returns a pattern for each: 4 patterns for 2 layers,
+  so no candidate could be checked. Each attention module is now one layer (4 here)."""
 
 from __future__ import annotations
 
@@ -86,10 +89,11 @@ def _out(res):
     return res.logits if "logits" in res else res.last_hidden_state
 
 
-def _heads_equal_hf_eager(folder, o_path, klass="AutoModel", blocks=None, layer=1):
+def _heads_equal_hf_eager(folder, o_path, klass="AutoModel", blocks=None, layer=1, zeroed_path=None):
     """The default backend's patterns equal HF eager's (``blocks``: the blocks of a hybrid's attention
     layers, whose patterns HF gives among the others'); zeroing head 2 of ``layer`` through the head hook
-    equals zeroing that head's input columns of the output projection (``o_path``) in HF eager."""
+    equals zeroing that head's input columns of the output projection (``o_path``; ``zeroed_path``: its
+    path in that layer, where ``o_path`` is no format string) in HF eager."""
     model = load_model(str(folder))
     assert model.backend == "hf" and model.head_modules["attn_out"] == o_path
     assert model.head_modules["check"].startswith("pattern×V max err")
@@ -110,7 +114,7 @@ def _heads_equal_hf_eager(folder, o_path, klass="AutoModel", blocks=None, layer=
         hooked = model.forward(batch.input_ids, batch.attention_mask)
     with torch.no_grad():
         block = layer if blocks is None else blocks[layer]
-        dict(ref.named_modules())[o_path.format(layer=block)].weight[:, head * d : (head + 1) * d] = 0.0
+        dict(ref.named_modules())[zeroed_path or o_path.format(layer=block)].weight[:, head * d : (head + 1) * d] = 0.0
         zeroed = _out(ref(**args))
     assert (hooked - zeroed).abs().max() <= 1e-5
     assert (zeroed - _out(res)).abs().max() > 1e-4  # the head mattered
@@ -128,3 +132,16 @@ def test_minimax_lightning_layers_are_no_attention_layers(tmp_path_factory):
     model = _heads_equal_hf_eager(folder, "model.layers.{layer}.self_attn.o_proj", "AutoModelForCausalLM", [0], 0)
     rec = model.head_modules
     assert rec["attention_blocks"] == [0] and rec["blocks_without_attention"] == [1]
+
+
+def test_longcat_flash_two_attention_modules_per_block_are_two_layers(tmp_path_factory):
+    folder = _tiny("longcat_flash", tmp_path_factory)
+    model = _heads_equal_hf_eager(
+        folder,
+        "model.layers.{layer // 2}.self_attn.{layer % 2}.o_proj",
+        "AutoModelForCausalLM",
+        zeroed_path="model.layers.0.self_attn.1.o_proj",  # layer 1: block 0's second attention module
+    )
+    assert model.spec.n_layers == 4
+    with pytest.raises(ValueError, match="several attention layers per block"):
+        model.run(model.encode(TEXTS), ("resid_post",))
