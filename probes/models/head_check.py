@@ -142,10 +142,10 @@ def _capture(model, cands, blocks, probe, spec, inside):
         return lambda m, a: inputs.__setitem__(key, a[0].detach()) if a and torch.is_tensor(a[0]) else None
 
     def keep_out(l, rel):
-        def hook(m, a, o):
-            o = o[0] if isinstance(o, tuple) and o and torch.is_tensor(o[0]) else o
-            if torch.is_tensor(o):
-                outputs[l].append((rel, o.detach()))
+        def hook(m, a, o):  # a tuple: each tensor of it (ZAYA's CCA projection returns (query, key, value))
+            for t in o if isinstance(o, tuple) else (o,):
+                if torch.is_tensor(t):
+                    outputs[l].append((rel, t.detach()))
 
         return hook
 

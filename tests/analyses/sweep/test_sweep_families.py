@@ -11,7 +11,9 @@ the patterns (≤ 1e-5) and, through the head hooks, each layer's heads.
   layers (the config's ``layer_types``) are now its attention layers, as in any hybrid.
 * LongCat-Flash runs two attention modules per block (``self_attn[0]``, ``self_attn[1]``: own heads, own
   residual, KV cache layers ``2 × layer + i``) and HF returns a pattern for each: 4 patterns for 2 layers,
-  so no candidate could be checked. Each attention module is now one layer (4 here)."""
+  so no candidate could be checked. Each attention module is now one layer (4 here).
+* ZAYA's CCA projection returns ``(query, key, value)``: the check read the first tensor of a tuple
+  only, never saw V, and refused ``o_proj`` (err 1.2)."""
 
 from __future__ import annotations
 
@@ -145,3 +147,8 @@ def test_longcat_flash_two_attention_modules_per_block_are_two_layers(tmp_path_f
     assert model.spec.n_layers == 4
     with pytest.raises(ValueError, match="several attention layers per block"):
         model.run(model.encode(TEXTS), ("resid_post",))
+
+
+def test_zaya_v_is_read_from_a_projection_returning_query_key_value(tmp_path_factory):
+    folder = _tiny("zaya", tmp_path_factory)
+    _heads_equal_hf_eager(folder, "model.layers.{layer}.self_attn.o_proj", "AutoModelForCausalLM")
