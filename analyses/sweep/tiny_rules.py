@@ -31,8 +31,9 @@ _EXPERT_COUNTS = {"n_routed_experts": 4, "n_shared_experts": 1}
 #: build its own model): a value, a sub-config's fields merged into it, or ``f(n_layers)``
 FAMILY_FIELDS = {
     # DbrxAttention reads attn_config.rope_theta, a field DbrxAttentionConfig no longer has (only stored:
-    # the rotary embedding reads rope_parameters)
-    "dbrx": {"attn_config": {"rope_theta": 10000.0}},
+    # the rotary embedding reads rope_parameters), and clamps Q, K, V to clip_qkv, which torch refuses
+    # at its default None: the released DBRX's 8
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     # its default layers are indexed (QSA) attention, whose indexer sizes all default to None
     "qwen4_exp_text": {
         "indexer_n_heads": 4,

@@ -59,6 +59,7 @@ ENCODER_TYPES = frozenset(t for t, f in FAMILIES.items() if f.encoder) | frozens
         "nystromformer",
         "rembert",
         "roberta-prelayernorm",
+        "roc_bert",
         "roformer",
         "squeezebert",
         "t5",  # T5 and kin: the hf backend loads an encoder–decoder as its encoder (T5EncoderModel)
@@ -128,6 +129,13 @@ def is_encoder_type(mtype: str) -> bool:
     except ImportError:  # pragma: no cover - transformers is a dependency
         return False
     return mtype in CONFIG_MAPPING_NAMES and mtype not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+
+def _layer_kinds_count(hf: dict) -> int | None:
+    """The depth of a config that has no layer count but lists its layers' kinds (Nemotron-H's
+    ``layers_block_type``: Mamba, MoE, attention, MLP)."""
+    kinds = hf.get("layers_block_type") or hf.get("layer_types")
+    return len(kinds) if isinstance(kinds, list) and kinds else None
 
 
 def _first(hf: dict, *keys):
@@ -257,7 +265,9 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
     family = FAMILIES.get(mtype)
     own_names = family.config_names if family else {}
     hf = {**{ours: hf[theirs] for theirs, ours in own_names.items() if theirs in hf}, **hf}
-    n_layers = _first(hf, *_KEYS["layers"])
+    if not _first(hf, *_KEYS["layers"]) and isinstance(hf.get("encoder"), dict):  # T5Gemma: sizes in its parts
+        hf = {**hf["encoder"], **hf}
+    n_layers = _first(hf, *_KEYS["layers"]) or _layer_kinds_count(hf)
     d_model = _first(hf, *_KEYS["d_model"])
     n_heads = _first(hf, *_KEYS["heads"])
     if not (n_layers and d_model and n_heads):
@@ -435,6 +445,8 @@ def check_hf_config(hf: dict[str, Any], where: str) -> None:
         if key not in hf or (hf[key] is None and key in _NULL_MEANS_UNSET):
             continue
         v = hf[key]
+        if isinstance(v, list) and v and key == "intermediate_size":  # one per layer (Gemma 3n)
+            v = next((x for x in v if isinstance(x, bool) or not isinstance(x, int) or x <= 0), max(v))
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise CheckpointError(f"{where}: {key} must be a positive integer; got {v!r}")
         if v >= _MAX_SIZE:

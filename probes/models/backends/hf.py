@@ -149,6 +149,8 @@ class HFReference(ResumableForward, BackendCommon):
             with quiet_transformers():
                 config = AutoConfig.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
                 config._attn_implementation = attn_implementation
+                if encoder_only:  # its encoder alone (T5GemmaEncoderModel refuses an encoder-decoder's config)
+                    config.is_encoder_decoder = False
                 model, info = klass.from_pretrained(
                     str(directory),
                     config=config,

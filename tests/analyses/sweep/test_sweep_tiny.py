@@ -107,3 +107,21 @@ def test_a_family_without_attention_heads_is_said_to_have_no_attention_layer(mty
     have no heads key; they were "cannot shrink: no config key for heads"."""
     with pytest.raises(TinyBuildError, match="no attention layer: its config has no attention heads"):
         save_tiny(mtype, tmp_path / "m")
+
+
+@pytest.mark.parametrize(
+    "mtype, layers",
+    [
+        # intermediate_size per layer: "must be a positive integer; got [128, 128]" (~15 s on 2 loaded cores)
+        pytest.param("gemma3n_text", 2, marks=pytest.mark.slow),
+        ("nemotron_h", 1),  # no layer count, its layers_block_type lists 3: "no layer/head/hidden-size fields"
+        ("t5gemma", 2),  # sizes in its encoder sub-config; T5GemmaEncoderModel refused is_encoder_decoder
+        ("roc_bert", 2),  # an encoder that also has a causal-LM class: loaded as one, its MLM head "missing"
+    ],
+)
+def test_a_config_the_reader_refused_loads_on_hf(mtype, layers, tmp_path):
+    from headscope.probes.models.loading import load_model
+
+    model = load_model(str(save_tiny(mtype, tmp_path / "m")[1]))
+    assert model.backend == "hf" and model.spec.n_layers == layers
+    assert model.head_modules["check"].startswith("pattern×V")
