@@ -245,7 +245,7 @@ def tiny_config(
     except Exception as e:  # noqa: BLE001 - a config class that needs arguments: the reason, in one line
         raise TinyBuildError(f"default config fails: {_line(e)}") from None
     modal = [k for k in _MODALITY_KEYS if defaults.get(k) is not None]
-    parts = sub_config_parts(cls)
+    parts = sub_config_parts(cls, defaults)
     if modal or parts is None:
         raise TinyBuildError(f"composite config ({', '.join(modal or sorted(cls.sub_configs))}): not a text-only model")
     keys = _keys(cls, defaults)
@@ -276,7 +276,8 @@ def has_heads_key(model_type: str) -> bool:
     from transformers import CONFIG_MAPPING
 
     cls = CONFIG_MAPPING[model_type]
-    return bool(_keys(cls, cls().to_dict()).get("heads")) or bool(sub_config_parts(cls))
+    defaults = cls().to_dict()
+    return bool(_keys(cls, defaults).get("heads")) or bool(sub_config_parts(cls, defaults))
 
 
 def _tiny_kwargs(cls, defaults, keys, vocab_size, specials, encoder, n_layers, picks=False) -> dict:

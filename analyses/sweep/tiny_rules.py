@@ -50,10 +50,11 @@ FAMILY_FIELDS = {
 _DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
-def sub_config_parts(cls) -> list[str] | None:
+def sub_config_parts(cls, defaults: dict) -> list[str] | None:
     """The sub-config names of ``cls`` when every one is a part of its text model (:data:`TEXT_PARTS`),
-    ``[]`` for a config without any, None when one is not (a vision, audio or text tower's)."""
-    subs = sorted(getattr(cls, "sub_configs", None) or {})
+    ``[]`` for a config without any, None when one is not (a vision, audio or text tower's). A sub-config
+    left None by default is no part of the default model (ESM's ``esmfold_config``: ESMFold's alone)."""
+    subs = sorted(s for s in getattr(cls, "sub_configs", None) or {} if defaults.get(s) is not None)
     return subs if all(s in TEXT_PARTS for s in subs) else None
 
 

@@ -59,6 +59,7 @@ ENCODER_TYPES = frozenset(t for t, f in FAMILIES.items() if f.encoder) | frozens
         "nystromformer",
         "rembert",
         "roberta-prelayernorm",
+        "reformer",
         "roc_bert",
         "roformer",
         "squeezebert",

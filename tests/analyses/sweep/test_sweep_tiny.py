@@ -89,6 +89,12 @@ def test_the_sub_configs_of_a_text_models_own_parts_are_shrunk(mtype, part, size
     assert {k: getattr(sub, k) for k in sizes} == sizes
 
 
+def test_a_sub_config_left_unset_is_no_part_of_the_model():
+    """ESM's esmfold_config is None by default (ESMFold's alone): ESM is a masked LM of token ids."""
+    cfg, _ = _build("esm")
+    assert cfg.esmfold_config is None and cfg.num_attention_heads == 4
+
+
 def test_mpt_is_shrunk_through_its_attention_sub_config():
     cfg, _ = _build("mpt")
     assert (cfg.d_model, cfg.n_heads, cfg.n_layers) == (64, 4, 2) and cfg.attn_config.alibi
@@ -117,6 +123,7 @@ def test_a_family_without_attention_heads_is_said_to_have_no_attention_layer(mty
         ("nemotron_h", 1),  # no layer count, its layers_block_type lists 3: "no layer/head/hidden-size fields"
         ("t5gemma", 2),  # sizes in its encoder sub-config; T5GemmaEncoderModel refused is_encoder_decoder
         ("roc_bert", 2),  # an encoder that also has a causal-LM class: loaded as one, its MLM head "missing"
+        ("reformer", 2),  # likewise: ReformerModelWithLMHead refused is_decoder=False
     ],
 )
 def test_a_config_the_reader_refused_loads_on_hf(mtype, layers, tmp_path):
