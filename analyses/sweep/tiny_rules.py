@@ -21,7 +21,7 @@ tiny sizes. Each is a rule by attribute name, for whichever family has the key:
 
 from __future__ import annotations
 
-__all__ = ["FAMILY_FIELDS", "TEXT_PARTS", "family_fields", "fill_unset", "sub_config_parts"]
+__all__ = ["FAMILY_FIELDS", "TEXT_PARTS", "UNSHRUNK", "family_fields", "fill_unset", "sub_config_parts"]
 
 #: sub-configs that hold a text model's own parts (its attention, its FFN, its encoder and decoder)
 TEXT_PARTS = ("attn_config", "ffn_config", "encoder", "decoder")
@@ -45,6 +45,13 @@ FAMILY_FIELDS = {
     # its hybrid layers share one attention block, tied from the first into the others: with one
     # hybrid layer there is none to tie into and the model refuses to build
     "zamba": {"layers_block_type": lambda n: ["linear_attention"] * max(0, n - 2) + ["hybrid"] * min(n, 2)},
+}
+#: family -> why the tiny config cannot shrink it, where the generic reason would be wrong (BLT's
+#: ``patch_size`` is of bytes, not of an image: a text model, but not one stack of layers)
+UNSHRUNK = {
+    "blt": "a byte-level text model of four transformers of their own sizes (an entropy patcher, a local "
+    "byte encoder, a global transformer over patches, a local decoder) joined by cross-attention; the tiny "
+    "config shrinks one stack of layers",
 }
 #: rotary settings given to a layer kind that has none
 _DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}

@@ -132,3 +132,9 @@ def test_a_config_the_reader_refused_loads_on_hf(mtype, layers, tmp_path):
     model = load_model(str(save_tiny(mtype, tmp_path / "m")[1]))
     assert model.backend == "hf" and model.spec.n_layers == layers
     assert model.head_modules["check"].startswith("pattern×V")
+
+
+def test_a_byte_level_text_model_of_four_transformers_is_left_out_as_such():
+    """BLT was "composite config (patch_size): not a text-only model": its patches are of bytes."""
+    with pytest.raises(TinyBuildError, match="cannot shrink: a byte-level text model of four transformers"):
+        tiny_config("blt", vocab_size=600, specials=SPECIALS)
