@@ -59,6 +59,8 @@ class EmbeddingCosine(ItemMetric):
             with torch.inference_mode():
                 for u in self.units:
                     out = model.forward(u.batch.input_ids, u.batch.attention_mask)
+                    if out.shape[-1] != reference.shape[-1]:  # an output wider than d_model (Reformer's two streams)
+                        reference = torch.zeros(self.n_items, out.shape[-1], device=self.device)
                     reference = reference.to(out.dtype)
                     reference[u.items] = mean_pool(out, u.batch.attention_mask)
         self.reference = reference.to(self.device).clone()

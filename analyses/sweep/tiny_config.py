@@ -146,6 +146,11 @@ _SMALL = {
     "mamba_n_heads": ("max", 4),  # Falcon-H1's Mamba mixers: 4 heads of its mamba_d_head, d_ssm to match
     "mamba_d_ssm": ("max", 32),
     "mamba_d_state": ("max", 16),
+    "mamba_num_heads": ("max", 4),  # Nemotron-H's Mamba-2 mixers: 128 heads of 64, a 128-wide state, 8 groups
+    "mamba_head_dim": ("max", D_HEAD),
+    "ssm_state_size": ("max", 16),
+    "n_groups": ("max", 1),
+    "moe_shared_expert_intermediate_size": ("set", 64),
     "max_position_embeddings": ("max", 512),
     "n_positions": ("max", 512),
 }

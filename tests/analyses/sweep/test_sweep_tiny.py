@@ -46,6 +46,8 @@ def _build(mtype: str, n_layers: int = 2):
         ("reformer", {"axial_pos_embds_dim": (16, 48)}),  # must sum to d_model
         ("funnel", {"d_head": 16, "d_inner": 128, "architectures": []}),  # None: AutoModel could not pick its class
         ("qwen4_exp_text", {"indexer_head_dim": 16, "indexer_kv_heads": 1}),  # its indexed layers' sizes: None
+        # its Mamba-2 mixers kept 128 heads of 64 and a 128-wide state: its report timed out (403 s)
+        ("nemotron_h", {"mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16, "n_groups": 1}),
     ],
 )
 def test_a_size_the_family_needs_is_given_at_the_tiny_scale(mtype, sizes):
@@ -138,3 +140,13 @@ def test_a_byte_level_text_model_of_four_transformers_is_left_out_as_such():
     """BLT was "composite config (patch_size): not a text-only model": its patches are of bytes."""
     with pytest.raises(TinyBuildError, match="cannot shrink: a byte-level text model of four transformers"):
         tiny_config("blt", vocab_size=600, specials=SPECIALS)
+
+
+def test_an_encoder_whose_output_is_wider_than_d_model_is_pruned(tmp_path, capsys):
+    """Reformer's output concatenates its two reversible streams (2 × d_model): the encoder metric's
+    reference was sized d_model ("shape mismatch: value tensor of shape [8, 128] ... [8, 64]")."""
+    from headscope.reports.cli.app import main
+
+    folder = save_tiny("reformer", tmp_path / "m")[1]
+    argv = ["prune", str(folder), "--quick", "--n-items", "4", "--seeds", "1", "--studies", "ablation"]
+    assert main([*argv, "--out", str(tmp_path / "p"), "--json"]) == 0
