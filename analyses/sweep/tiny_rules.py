@@ -12,6 +12,7 @@ tiny sizes. Each is a rule by attribute name, for whichever family has the key:
 * ``embedding_size`` equal to the hidden size by default (SqueezeBERT cannot run them apart): the tiny
   hidden size, else the small factorised width;
 * a list of widths summing to the hidden size (Reformer's ``axial_pos_embds_dim``): scaled to the tiny one;
+* Mamba-2's ``expand``, where its heads span ``hidden_size * expand``: as the tiny heads span the tiny width;
 * ``num_kv_shared_layers`` (Gemma 3n: its last 15 layers reuse earlier caches) past the tiny depth: none;
 * a base-model class picked from ``architectures`` (Funnel's two): the list empty, not None.
 
@@ -87,6 +88,12 @@ def fill_unset(defaults: dict, kw: dict, sizes: dict, n_layers: int) -> dict:
     if isinstance(embed, int) and embed == next((defaults[k] for k in sizes["hidden_keys"]), None):
         out["embedding_size"] = sizes["d_model"]
     out.update(_hidden_splits(defaults, kw, sizes))
+    hidden = next((defaults[k] for k in sizes["hidden_keys"]), None)
+    heads, width = kw.get("num_heads"), kw.get("head_dim")
+    expand = defaults.get("expand")
+    if isinstance(expand, int) and all(isinstance(v, int) for v in (hidden, heads, width)) and "expand" not in kw:
+        if defaults.get("num_heads", 0) * (defaults.get("head_dim") or 0) == hidden * expand:  # Mamba-2's heads
+            out["expand"] = max(1, heads * width // sizes["d_model"])
     shared = defaults.get("num_kv_shared_layers")
     if isinstance(shared, int) and shared >= n_layers:
         out["num_kv_shared_layers"] = 0

@@ -109,11 +109,20 @@ def test_a_depth_held_in_a_list_of_layer_kinds_is_cut():
     assert any("Attention" in type(m).__name__ for m in model.modules())
 
 
-@pytest.mark.parametrize("mtype", ["mamba", "rwkv", "fnet"])
-def test_a_family_without_attention_heads_is_said_to_have_no_attention_layer(mtype, tmp_path):
+@pytest.mark.parametrize(
+    "mtype, why",
+    [
+        ("mamba", "its config has no attention heads"),
+        ("rwkv", "its config has no attention heads"),
+        ("fnet", "its config has no attention heads"),
+        ("mamba2", "at up to 8 layers its default config has none"),
+    ],
+)
+def test_a_family_without_attention_heads_is_said_to_have_no_attention_layer(mtype, why, tmp_path):
     """Mamba, RWKV (its "attention" is a per-channel time mixing: no pattern) and FNet (Fourier mixing)
-    have no heads key; they were "cannot shrink: no config key for heads"."""
-    with pytest.raises(TinyBuildError, match="no attention layer: its config has no attention heads"):
+    have no heads key; they were "cannot shrink: no config key for heads". Mamba-2's heads are its SSM's,
+    spanning hidden_size * expand: its config refused the tiny sizes until expand followed them."""
+    with pytest.raises(TinyBuildError, match=f"no attention layer: {why}"):
         save_tiny(mtype, tmp_path / "m")
 
 
