@@ -272,8 +272,18 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
     d_model = _first(hf, *_KEYS["d_model"])
     n_heads = _first(hf, *_KEYS["heads"])
     if not (n_layers and d_model and n_heads):
+        lacks = [
+            f"{what} ({', '.join(_KEYS[fact][:3])}, …)"
+            for what, fact, v in (
+                ("layer count", "layers", n_layers),
+                ("head count", "heads", n_heads),
+                ("hidden size", "d_model", d_model),
+            )
+            if not v
+        ]  # Funnel: its layers in pooling blocks (block_sizes), no count
         raise ModelIncompatibleError(
-            f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r})"
+            f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r}): "
+            f"no {' and no '.join(lacks)}"
         )
     # an encoder–decoder is read as its encoder, the part the hf backend analyses (BART, T5, …)
     encoder = (is_encoder_type(mtype) or bool(hf.get("is_encoder_decoder"))) and not hf.get("is_decoder")

@@ -159,3 +159,14 @@ def test_an_encoder_whose_output_is_wider_than_d_model_is_pruned(tmp_path, capsy
     folder = save_tiny("reformer", tmp_path / "m")[1]
     argv = ["prune", str(folder), "--quick", "--n-items", "4", "--seeds", "1", "--studies", "ablation"]
     assert main([*argv, "--out", str(tmp_path / "p"), "--json"]) == 0
+
+
+def test_a_config_without_a_layer_count_says_which_size_it_lacks():
+    """Funnel builds now; its layers sit in pooling blocks (block_sizes) with no count: the reader's
+    refusal names the missing size, not only "no layer/head/hidden-size fields"."""
+    from headscope.probes.errors import ModelIncompatibleError
+    from headscope.probes.models.arch import arch_from_hf_config
+
+    cfg, _ = _build("funnel")
+    with pytest.raises(ModelIncompatibleError, match=r"no layer count \(num_hidden_layers, n_layer, n_layers, …\)$"):
+        arch_from_hf_config(cfg.to_dict(), "funnel/config.json")
