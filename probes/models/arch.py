@@ -252,6 +252,31 @@ def _sliding(hf: dict, mtype: str, n_layers: int, where: str = "config") -> tupl
     return per_layer if any(per_layer) else None
 
 
+def _core_sizes(hf: dict, family, where: str) -> tuple[dict, int, int, int]:
+    """``(hf, layers, d_model, heads)``: the config under the family's own names (and, for an
+    encoder-decoder holding its sizes in its parts, T5Gemma, its encoder's), its three sizes; a
+    :class:`~headscope.probes.errors.ModelIncompatibleError` naming the ones it lacks."""
+    from headscope.probes.errors import ModelIncompatibleError
+
+    own_names = family.config_names if family else {}
+    hf = {**{ours: hf[theirs] for theirs, ours in own_names.items() if theirs in hf}, **hf}
+    if not _first(hf, *_KEYS["layers"]) and isinstance(hf.get("encoder"), dict):  # T5Gemma: sizes in its parts
+        hf = {**hf["encoder"], **hf}
+    sizes = {
+        "layer count": _first(hf, *_KEYS["layers"]) or _layer_kinds_count(hf),
+        "hidden size": _first(hf, *_KEYS["d_model"]),
+        "head count": _first(hf, *_KEYS["heads"]),
+    }
+    facts = {"layer count": "layers", "hidden size": "d_model", "head count": "heads"}
+    lacks = [f"{what} ({', '.join(_KEYS[facts[what]][:3])}, …)" for what, v in sizes.items() if not v]
+    if lacks:  # Funnel: its layers in pooling blocks (block_sizes), no count
+        raise ModelIncompatibleError(
+            f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r}): "
+            f"no {' and no '.join(lacks)}"
+        )
+    return hf, sizes["layer count"], sizes["hidden size"], sizes["head count"]
+
+
 def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
     """The :class:`ArchSpec` of an HF ``config.json`` dict (or ``PretrainedConfig.to_dict()``).
 
@@ -259,32 +284,10 @@ def arch_from_hf_config(hf: dict[str, Any], where: str = "config") -> ArchSpec:
     and the key); a config without layer, head and hidden-size fields raises
     :class:`~headscope.probes.errors.ModelIncompatibleError`.
     """
-    from headscope.probes.errors import ModelIncompatibleError
-
     check_hf_config(hf, where)
     mtype = hf.get("model_type") or "?"
     family = FAMILIES.get(mtype)
-    own_names = family.config_names if family else {}
-    hf = {**{ours: hf[theirs] for theirs, ours in own_names.items() if theirs in hf}, **hf}
-    if not _first(hf, *_KEYS["layers"]) and isinstance(hf.get("encoder"), dict):  # T5Gemma: sizes in its parts
-        hf = {**hf["encoder"], **hf}
-    n_layers = _first(hf, *_KEYS["layers"]) or _layer_kinds_count(hf)
-    d_model = _first(hf, *_KEYS["d_model"])
-    n_heads = _first(hf, *_KEYS["heads"])
-    if not (n_layers and d_model and n_heads):
-        lacks = [
-            f"{what} ({', '.join(_KEYS[fact][:3])}, …)"
-            for what, fact, v in (
-                ("layer count", "layers", n_layers),
-                ("head count", "heads", n_heads),
-                ("hidden size", "d_model", d_model),
-            )
-            if not v
-        ]  # Funnel: its layers in pooling blocks (block_sizes), no count
-        raise ModelIncompatibleError(
-            f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r}): "
-            f"no {' and no '.join(lacks)}"
-        )
+    hf, n_layers, d_model, n_heads = _core_sizes(hf, family, where)
     # an encoder–decoder is read as its encoder, the part the hf backend analyses (BART, T5, …)
     encoder = (is_encoder_type(mtype) or bool(hf.get("is_encoder_decoder"))) and not hf.get("is_decoder")
     d_head = _first(hf, *_KEYS["d_head"]) or d_model // n_heads
