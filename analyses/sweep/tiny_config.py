@@ -26,7 +26,7 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from headscope.analyses.sweep.tiny_rules import UNSHRUNK, family_fields, fill_unset, sub_config_parts
+from headscope.analyses.sweep.tiny_rules import NOT_STANDALONE, UNSHRUNK, family_fields, fill_unset, sub_config_parts
 
 __all__ = ["KINDS", "MAX_PARAMS", "TinyBuildError", "save_tiny", "text_families", "tiny_config"]
 
@@ -246,6 +246,8 @@ def tiny_config(
 
     if model_type in UNSHRUNK:
         raise TinyBuildError(f"cannot shrink: {UNSHRUNK[model_type]}")
+    if model_type in NOT_STANDALONE:
+        raise TinyBuildError(f"not a text-only model: {NOT_STANDALONE[model_type]}")
     cls = CONFIG_MAPPING[model_type]
     try:
         defaults = cls().to_dict()

@@ -22,7 +22,15 @@ tiny sizes. Each is a rule by attribute name, for whichever family has the key:
 
 from __future__ import annotations
 
-__all__ = ["FAMILY_FIELDS", "TEXT_PARTS", "UNSHRUNK", "family_fields", "fill_unset", "sub_config_parts"]
+__all__ = [
+    "FAMILY_FIELDS",
+    "NOT_STANDALONE",
+    "TEXT_PARTS",
+    "UNSHRUNK",
+    "family_fields",
+    "fill_unset",
+    "sub_config_parts",
+]
 
 #: sub-configs that hold a text model's own parts (its attention, its FFN, its encoder and decoder)
 TEXT_PARTS = ("attn_config", "ffn_config", "encoder", "decoder")
@@ -54,6 +62,13 @@ UNSHRUNK = {
     "byte encoder, a global transformer over patches, a local decoder) joined by cross-attention; the tiny "
     "config shrinks one stack of layers",
 }
+#: family -> why it is no text model of its own, where the generic reason would say less (its default
+#: config failing, or a text_config): Gemma 4's drafters run on their target model's states
+_DRAFTER = (
+    "a speculative-decoding drafter: its forward needs its target model's inputs_embeds and shared_kv_states "
+    "(ValueError without them)"
+)
+NOT_STANDALONE = {"gemma4_assistant": _DRAFTER, "gemma4_unified_assistant": _DRAFTER}
 #: rotary settings given to a layer kind that has none
 _DEFAULT_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 

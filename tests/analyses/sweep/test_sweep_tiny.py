@@ -170,3 +170,11 @@ def test_a_config_without_a_layer_count_says_which_size_it_lacks():
     cfg, _ = _build("funnel")
     with pytest.raises(ModelIncompatibleError, match=r"no layer count \(num_hidden_layers, n_layer, n_layers, …\)$"):
         arch_from_hf_config(cfg.to_dict(), "funnel/config.json")
+
+
+@pytest.mark.parametrize("mtype", ["gemma4_assistant", "gemma4_unified_assistant"])
+def test_a_drafter_is_no_text_model_of_its_own(mtype):
+    """Gemma 4's assistants were "default config fails" and "composite config (text_config)": their
+    forward raises without their target model's inputs_embeds and shared_kv_states."""
+    with pytest.raises(TinyBuildError, match="not a text-only model: a speculative-decoding drafter"):
+        tiny_config(mtype, vocab_size=600, specials=SPECIALS)
