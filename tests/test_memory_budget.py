@@ -304,13 +304,16 @@ def test_batch_shrinks_under_a_budget_between_batch_1_and_default_and_the_figure
 # ----------------------------------------------------------------------------- quick settings sized by the model
 
 
-def _report_plan(model, quick=True):
-    """The report's plan before the model loads: ``(budget, pcfg)`` for MODEL ``model``, default settings."""
+def _report_plan(model, quick=True, *, large_cost=None, with_ccfg=False):
+    """The report's plan before the model loads: ``(budget, pcfg)`` (and ``ccfg`` with
+    ``with_ccfg``) for MODEL ``model``, default settings, the KV-cache and weights stages on."""
+    from headscope.analyses.kvcache.stage import KVStageConfig
     from headscope.analyses.run import RunConfig
+    from headscope.analyses.run_weights import WeightsConfig
     from headscope.reports.budget import report_start
 
     config = RunConfig()
-    budget, _rcfg, pcfg, _ccfg = report_start(
+    budget, _rcfg, pcfg, ccfg = report_start(
         str(model),
         dtype="fp32",
         device=None,
@@ -321,8 +324,11 @@ def _report_plan(model, quick=True):
         role_inputs=config.role_inputs,
         patching=True,
         quick=quick,
+        kv=KVStageConfig(),
+        weights=WeightsConfig(),
+        large_cost=large_cost,
     )
-    return budget, pcfg
+    return (budget, pcfg, ccfg) if with_ccfg else (budget, pcfg)
 
 
 def test_qwen_05b_config_gets_the_large_quick_stage_and_the_shipped_models_keep_theirs(qwen_config):
@@ -391,3 +397,70 @@ def test_the_auto_probe_is_a_phase_of_the_load_and_matches_the_measured_qwen_pea
     measured = 5.19 * 2**30
     assert abs(probed.total - measured) <= 0.15 * measured
     assert abs(plain.total - measured) > 0.15 * measured
+
+
+# ----------------------------------------------------------------------------- the KV-cache and weights stages
+
+
+def test_the_report_plan_holds_the_kv_and_weights_stages_sized_by_the_models_cost(qwen_config):
+    """The KV-cache stage (its forward, its logits, the long-context roles) and the weights stage
+    are phases of the report's plan. Qwen2-0.5B is over LARGE_COST: quick mode runs the study at
+    512 tokens (whole logits, 0.29 GiB), the roles at 256, the causal check on 2 items, the weights
+    stage with 100 / 250 draws and patching with a row budget of 768; without quick, the study's
+    1,024-token logits (0.58 GiB, x3 with the loss) are unembedded 690 rows at a time. SmolLM2-135M
+    and MiniLM-L6 keep every default (SmolLM2's logits whole: its KV tables unchanged); lowering the
+    threshold gives MiniLM the large settings (its KV stage, never run on an encoder, is not planned)."""
+    from headscope.analyses.kvcache.stage import KVStageConfig
+    from headscope.analyses.quick_settings import QUICK_KV_LARGE, QUICK_WEIGHTS_LARGE
+    from headscope.analyses.run import CausalConfig
+    from headscope.analyses.run_weights import WeightsConfig
+    from headscope.reports.budget_stages import KV_LOGIT_BYTES
+
+    budget, _pcfg, ccfg = _report_plan(qwen_config.parent, with_ccfg=True)
+    names = {s.name for s in budget.stages}
+    assert {"kv", "kv logits", "long-context roles", "weights"} <= names <= set(budget.estimate.phases)
+    assert budget.settings["kv"] == KVStageConfig(**QUICK_KV_LARGE, logit_rows=None)
+    assert budget.settings["weights"] == WeightsConfig(**QUICK_WEIGHTS_LARGE)
+    assert ccfg.row_budget == 768
+    logits = budget.estimate.parts["kv logits"]["logits"]
+    assert logits == 512 * 151936 * 4 * 3
+
+    full, _p, full_ccfg = _report_plan(qwen_config.parent, quick=False, with_ccfg=True)
+    rows = KV_LOGIT_BYTES // (151936 * 4)
+    assert rows == 690 and full.settings["kv"] == KVStageConfig(logit_rows=rows)
+    assert full.settings["weights"] == WeightsConfig() and full_ccfg == CausalConfig()
+    assert full.estimate.parts["kv logits"]["logits"] == rows * 151936 * 4 * 3 < 1024 * 151936 * 4 * 3 / 1.4
+
+    smol, _p, smol_ccfg = _report_plan("smollm2-135m", with_ccfg=True)
+    assert smol.settings["kv"] == KVStageConfig() and smol.settings["weights"] == WeightsConfig()
+    assert smol_ccfg == CausalConfig()
+    minilm, _p = _report_plan("minilm-l6")
+    assert "kv" not in {s.name for s in minilm.stages} and "weights" in {s.name for s in minilm.stages}
+    assert minilm.settings["kv"].tokens is None and minilm.settings["weights"] == WeightsConfig()
+    lowered, _p, lowered_ccfg = _report_plan("minilm-l6", large_cost=1, with_ccfg=True)
+    assert lowered.settings["kv"].tokens == 512 and lowered.settings["weights"].null == 250
+    assert lowered_ccfg.row_budget == 768
+
+
+@pytest.mark.slow  # a tiny report: ~15 s alone, ~40 s under load
+def test_a_model_over_a_lowered_threshold_runs_the_large_kv_and_weights_stages_and_says_so(tmp_path):
+    """A tiny Llama with the threshold lowered (RunConfig.large_cost=1) runs the large tier's
+    settings through the report's real path: the weights stage with 100 / 250 draws, the causal
+    check on 2 items, and run.json's quick.leaves_out names both (the study's 512 tokens are past
+    the tiny model's 128 positions: both tiers run it at 128, nothing said); at the default
+    threshold the same model keeps the stages' defaults and says nothing of them."""
+    from headscope.analyses.run import RunConfig
+    from headscope.reports.pipeline import build_report
+    from tests.tiny_models import tiny_model_dir
+
+    d = tiny_model_dir(tmp_path / "m", "llama")
+    cfg = dict(role_groups=("positional",), patching=False)
+    run = json.loads(
+        build_report(d, RunConfig(large_cost=1, **cfg), out_dir=tmp_path / "r").paths["run_json"].read_text()
+    )
+    assert run["weights_summary"]["settings"]["draws"] == 100 and run["weights_summary"]["settings"]["null"] == 250
+    assert run["kv_summary"]["long_context"]["causal"]["n_items"] == 2
+    left = run["quick"]["leaves_out"]
+    assert "kv: the causal check past 2 items (of 4)" in left and "tokens" not in left.split("kv:")[1]
+    assert "weights: the head baselines past 100 draws (of 200); the composition nulls past 250 draws (of 1000)" in left
+    assert run["memory"]["estimate_bytes"] >= run["memory"]["phases"]["kv logits"] > 0

@@ -217,3 +217,27 @@ def test_the_sink_figure_counts_the_heads_whose_top_key_moves_with_bos():
     f = long_figures(summary, roles)["long"]
     assert f["sink"]["value"] == [2, 1] and "1 move their top key when BOS is put in" in f["sink"]["text"]
     assert f["retrieval"]["value"][:2] == [1, 3] and f["retrieval"]["text"].startswith("1 of 3 heads")
+
+
+def test_the_study_unembeds_a_block_of_rows_at_a_time_as_the_whole_logits():
+    # the report's memory plan sets logit_rows where an input's logits are large (Qwen2-0.5B): the
+    # loss summed over blocks of rows equals the whole logits' (float rounding apart), the copy hits
+    # are the same; at least an input's length, the whole-logits path itself runs (bit-equal)
+    from headscope.analyses.kvcache.quality import Evaluator, study_inputs
+    from headscope.probes.models.inhouse.planted_long import planted_long_model
+
+    model = planted_long_model()
+    inputs = study_inputs(model.tokenizer, 160, n_items=1, n_texts=1, sink=2, window=16)
+    windows = {(1, 1): (2, 16), (1, 2): (2, 16)}
+    whole, blocks, long = (
+        Evaluator(model, inputs),
+        Evaluator(model, inputs, logit_rows=7),
+        Evaluator(model, inputs, logit_rows=160),
+    )
+    for w in ({}, windows):
+        a, b = whole(w), blocks(w)
+        assert b["lm_loss"] == pytest.approx(a["lm_loss"], rel=1e-6) and b["copy_accuracy"] == a["copy_accuracy"]
+        assert long(w) == a
+    assert whole({})["copy_accuracy"] == 1.0  # the planted copy head copies: the hits are real ones
+    with pytest.raises(ValueError, match="logit_rows"):
+        Evaluator(model, inputs, logit_rows=0)
