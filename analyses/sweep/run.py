@@ -59,7 +59,8 @@ ROLE_GROUPS = ("positional", "special", "syntactic", "induction")
 #: the fixed sample CI runs (``headscope sweep --sample``, ``tests/analyses/sweep/test_sweep.py``): every
 #: in-house family, the two of ``tests/tiny_models.py`` that run through hf, and families with attention
 #: variants of their own (partial rotary, ALiBi, parallel blocks, relative bias, disentangled attention,
-#: MoE, encoder-decoder, a hybrid, a layer shared across layers), two that fail and one left out
+#: MoE, encoder-decoder, a hybrid, a layer shared across layers, heads beside a convolution), two that fail
+#: and one left out
 SAMPLE_EXTRA = (
     "olmo2",
     "starcoder2",
@@ -77,8 +78,9 @@ SAMPLE_EXTRA = (
     "t5",
     "olmo_hybrid",  # a hybrid: its attention layers alone, on hf
     "albert",  # one layer shared across its layers, a module per layer on hf
-    "convbert",  # two that fail, so that a stage starting to pass shows here too
-    "xlnet",
+    "convbert",  # its heads' outputs concatenated with a convolution's, before one output projection
+    "xlnet",  # two that fail, so that a stage starting to pass shows here too
+    "mra",
     "bamba",  # one left out (Mamba layers only at its defaults: no attention layer)
 )
 #: a stage running longer is stopped (its outcome says so) and the sweep goes on
@@ -178,7 +180,7 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     import transformers
 
     from headscope.analyses.sweep.tiny_config import KINDS
-    from headscope.probes.models.hf_layout import attention_of_layers
+    from headscope.probes.models.hf_layout import attention_of_layers, unbanded
     from headscope.probes.models.loading import load_model
 
     with contextlib.redirect_stderr(io.StringIO()):  # auto's "rejected ..." lines: kept in the row instead
@@ -204,6 +206,7 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     record = getattr(model, "head_modules", None) or {}
     blocks = [*record.get("attention_blocks", ()), *record.get("blocks_without_attention", ())]
     theirs = attention_of_layers(out.attentions, record.get("attention_blocks"), len(blocks))  # a hybrid's
+    theirs = unbanded(theirs, getattr(getattr(hf, "config", None), "attention_window", None))  # as [query, key]
     if theirs is None or len(theirs) != model.spec.n_layers:
         return f"HF eager gives {0 if theirs is None else len(theirs)} attention maps for {model.spec.n_layers} layers"
     rows = batch.attention_mask.bool()

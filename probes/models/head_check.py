@@ -13,6 +13,8 @@ applied to V), any of these with a head axis of 1 (``[batch, 1, pos, features]``
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from headscope.probes.errors import ModelIncompatibleError
@@ -31,14 +33,16 @@ PROBE_LENGTH = 12
 def default_probe(model, spec):
     """``model``'s attention patterns (``output_attentions``) on a few token ids spread over its
     vocabulary, through its base model."""
-    emb = model.get_input_embeddings()
+    from headscope.probes.models.backends.hf import input_embeddings
+
+    emb = input_embeddings(model)
     vocab = getattr(emb, "num_embeddings", None) or getattr(model.config, "vocab_size", 0) or 1
     device = emb.weight.device if emb is not None and hasattr(emb, "weight") else torch.device("cpu")
     ids = ((torch.arange(PROBE_LENGTH) * 37 + 5) % vocab)[None].to(device)
     kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "output_attentions": True}
     if spec.causal:
         kw["use_cache"] = False
-    return model.base_model(**kw).attentions
+    return getattr(model, "base_model", model)(**kw).attentions
 
 
 def v_readings(t: torch.Tensor, heads: tuple[int, int, int], batch: int, pos: int) -> list[tuple[str, torch.Tensor]]:
@@ -106,13 +110,15 @@ def _v_biases(outputs, l: int, width: int, v: torch.Tensor) -> list[torch.Tensor
     ]
 
 
-def _worst(inputs, outputs, attentions, i, spec, batch, pos) -> tuple[float, float, set[int], bool]:
+def _worst(inputs, outputs, attentions, i, spec, batch, pos, heads=None) -> tuple[float, float, set[int], bool]:
     """``(largest relative error over the layers, smallest share of signs kept, the KV head counts
     read, whether any module held V)`` of candidate ``i``, each layer read with its best V (a
     layer may have its own KV heads: MiMo's sliding layers double them)."""
     worst, kept, counts, seen = 0.0, 1.0, set(), False
     for l, pattern in enumerate(attentions):
         x = inputs.get((i, l))
+        if x is not None and heads is not None:
+            x = x[..., :heads]  # the heads' part (ConvBERT: its convolution's outputs follow)
         zs = [
             (k, _z(pattern, v + bias.reshape(1, 1, k, spec.d_head).to(v.dtype)))
             for k in _kv_counts(spec)
@@ -182,6 +188,29 @@ def _why_unchecked(attentions, spec) -> str | None:
     return None
 
 
+def _turned(inputs, outputs, attentions) -> tuple[int, int] | None:
+    """The two axes every candidate's input has turned from ``[batch, position, features]``: ``(0, 1)``
+    where it is ``[position, batch, features]`` (FSMT's fairseq layers run time-major), ``(1, 2)`` where
+    ``[batch, features, position]`` (SqueezeBERT's 1×1 convolutions run channels first); each such tensor
+    captured is then turned back in place. None where the inputs are batch and position first."""
+    batch, _, pos, _ = attentions[0].shape
+    shapes = {tuple(x.shape) for x in inputs.values() if x.dim() == 3}
+    if not inputs or len(shapes) != len({tuple(x.shape) for x in inputs.values()}):
+        return None
+    if batch != pos and {s[:2] for s in shapes} == {(pos, batch)}:
+        axes, turned = (0, 1), lambda t: t.dim() == 3 and tuple(t.shape[:2]) == (pos, batch)
+    elif all(s[0] == batch and s[2] == pos and s[1] != pos for s in shapes):
+        axes, turned = (1, 2), lambda t: t.dim() == 3 and t.shape[0] == batch and t.shape[2] == pos
+    else:
+        return None
+    for key, x in inputs.items():
+        inputs[key] = x.transpose(*axes)
+    for l, kept in outputs.items():
+        if isinstance(l, int):
+            outputs[l] = [(rel, t.transpose(*axes) if turned(t) else t) for rel, t in kept]
+    return axes
+
+
 def check_candidates(model, spec, cands, blocks, inside, probe=None):
     """``(candidate, check)``: the first of ``cands`` whose input is pattern × V in every layer on
     the probe input, with its largest error; where the check cannot be made (no pattern returned,
@@ -196,6 +225,9 @@ def check_candidates(model, spec, cands, blocks, inside, probe=None):
         why = f"the probe forward failed ({type(e).__name__}: {str(e).strip()[:120]})"
     else:
         why = _why_unchecked(attentions, spec)
+    turn = _turned(inputs, outputs, attentions) if why is None else None
+    if turn is not None:  # read as [batch, position, …]; the layout says so
+        cands = [dataclasses.replace(c, turn=turn) for c in cands]
     errors: dict[int, float] = {}
     gated: list[tuple[int, float]] = []  # candidates whose input keeps pattern × V's signs: a gate after it
     v_seen = False
@@ -204,7 +236,7 @@ def check_candidates(model, spec, cands, blocks, inside, probe=None):
         tol = TOLERANCE.get(next(model.parameters()).dtype, 1e-5)
         for i, c in enumerate(cands):
             try:
-                worst, kept, counts, seen = _worst(inputs, outputs, attentions, i, spec, batch, pos)
+                worst, kept, counts, seen = _worst(inputs, outputs, attentions, i, spec, batch, pos, c.heads)
             except RuntimeError:  # an input or output of a shape no reading fits: this candidate fails
                 worst, kept, counts, seen = float("inf"), 0.0, set(), False
             v_seen = v_seen or seen

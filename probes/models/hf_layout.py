@@ -88,6 +88,11 @@ class HFLayout:
     all_blocks: tuple[nn.Module, ...] | None = None
     #: the layers are attention modules, several per block (LongCat-Flash): no block output per layer
     sublayers: bool = False
+    #: the heads are the first ``heads`` features of the projection's input (ConvBERT); None: all of it
+    heads: int | None = None
+    #: the axes its input has turned from ``[batch, position, features]``: (0, 1) time-major (FSMT),
+    #: (1, 2) channels first (SqueezeBERT's convolutions); None: not turned
+    turn: tuple[int, int] | None = None
 
     def record(self) -> dict:
         """run.json's ``head_modules``: which module was found and how (a hybrid model: which of its
@@ -98,6 +103,11 @@ class HFLayout:
             out["blocks_without_attention"] = [i for i in range(len(self.all_blocks)) if i not in self.layers]
         if self.sublayers:
             out["layers"] = "attention modules, several per block (each layer of the spec is one of them)"
+        if self.turn is not None:
+            held = "[position, batch, features]" if self.turn == (0, 1) else "[batch, features, position]"
+            out["layout"] = f"its layers hold {held}: read as [batch, position, features]"
+        if self.heads is not None:
+            out["heads_part"] = f"the input's first {self.heads} features (the rest: another mixer's, not heads)"
         return out
 
 
@@ -110,6 +120,12 @@ class Candidate:
     modules: tuple[nn.Module, ...]
     pattern: str
     by_name: bool
+    #: the input's first ``heads`` features are the heads' (ConvBERT: its span-based convolution's follow);
+    #: None: the whole input is
+    heads: int | None = None
+    #: the axes its input has turned from ``[batch, position, features]``: (0, 1) time-major (FSMT),
+    #: (1, 2) channels first (SqueezeBERT's convolutions); None: not turned
+    turn: tuple[int, int] | None = None
 
 
 def _per_layer(model: nn.Module, suffixes, n_layers: int, layers=None) -> tuple[nn.Module, ...] | None:
@@ -165,6 +181,8 @@ def linear_shape(mod: nn.Module) -> tuple[int, int] | None:
     w = getattr(mod, "weight", None)
     if w is not None and type(mod).__name__ == "Conv1D" and w.dim() == 2:
         return int(w.shape[0]), int(w.shape[1])
+    if isinstance(mod, nn.Conv1d) and mod.kernel_size == (1,) and mod.groups == 1:  # SqueezeBERT's, channels first
+        return mod.in_channels, mod.out_channels
     return None
 
 
@@ -274,6 +292,30 @@ def attention_of_layers(attentions, layers, n_blocks: int):
     return tuple(attentions[i] for i in layers)
 
 
+def unbanded(attentions, window):
+    """HF's ``attentions`` with each sliding-window layer's ``[batch, head, query, window + 1]`` scores
+    (Longformer, LED: key ``q - window/2 … q + window/2`` of query ``q``, the positions past the input
+    masked to 0) laid out as its ``[batch, head, query, key]`` pattern, 0 outside the window;
+    ``window``: the config's ``attention_window`` (one, or one per layer). As given where there is none
+    or a layer's scores are not that shape (global tokens add their own columns first)."""
+    if window is None or attentions is None or not isinstance(attentions, (tuple, list)):
+        return attentions
+    out = []
+    for l, a in enumerate(attentions):
+        w = window[l] if isinstance(window, (list, tuple)) else window
+        if not (torch.is_tensor(a) and a.dim() == 4 and isinstance(w, int) and a.shape[-1] == w + 1 != a.shape[2]):
+            out.append(a)
+            continue
+        pos, half = a.shape[2], w // 2
+        offset = torch.arange(pos)[None, :] - torch.arange(pos)[:, None] + half  # [query, key] -> band column
+        inside = (offset >= 0) & (offset <= w)
+        rows = torch.arange(pos)[:, None].expand(pos, pos)[inside]
+        full = a.new_zeros(*a.shape[:2], pos, pos)
+        full[:, :, inside] = a[:, :, rows.to(a.device), offset[inside].to(a.device)]
+        out.append(full)
+    return tuple(out)
+
+
 def attention_blocks(model: nn.Module, spec, n_blocks: int) -> tuple[int, ...] | None:
     """A hybrid model's attention layers (Mamba, gated-delta or other recurrent layers between them:
     Zamba2, Qwen3-Next, OLMo-Hybrid, Jamba, …): the indices of the blocks (of its one list of
@@ -337,10 +379,25 @@ def _candidates_in(blocks, spec, base: str, list_name: str | None, *, whole: boo
     common = [rel for rel in per_layer[0] if all(rel in p for p in per_layer)]
     named = lambda rel: list_name is not None and f"{list_name}.0.{rel}".endswith(ATTN_OUT)  # noqa: E731
     out = [Candidate(rel, tuple(p[rel] for p in per_layer), f"{base}.{rel}", named(rel)) for rel in common]
+    if not out:  # the heads concatenated with another mixer's outputs of the same width (ConvBERT's convolution)
+        wider = [_attention_linears(block, (2 * want[0], want[1]), whole) for block in blocks]
+        common = [rel for rel in wider[0] if all(rel in p for p in wider) and named(rel)]
+        out = [Candidate(rel, tuple(p[rel] for p in wider), f"{base}.{rel}", True, want[0]) for rel in common]
     return sorted(out, key=lambda c: not c.by_name)
 
 
 def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=None, sublayers=None) -> HFLayout:
+    """:func:`_find_layout`; where it refuses the model, what the family's attention does first, where known
+    (:func:`~headscope.probes.models.unsupported.explained`)."""
+    from headscope.probes.models.unsupported import explained
+
+    try:
+        return _find_layout(model, spec, probe=probe, layers=layers, n_blocks=n_blocks, sublayers=sublayers)
+    except ModelIncompatibleError as e:
+        raise explained(spec, str(e)) from None
+
+
+def _find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=None, sublayers=None) -> HFLayout:
     """The :class:`HFLayout` of an HF ``model`` with ``spec`` (its layer and head counts): each
     candidate of :func:`candidates` checked by :func:`~headscope.probes.models.head_check.check_candidates`
     on ``probe`` (``probe(model) -> attentions``; default: a few token ids through the model,
@@ -365,6 +422,10 @@ def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=Non
     if layers is not None:  # the attention layers' patterns alone (MiniMax returns one per block)
         given = probe or (lambda m: default_probe(m, spec))
         probe = lambda m: attention_of_layers(given(m), layers, n_blocks or n)  # noqa: E731
+    window = getattr(getattr(model, "config", None), "attention_window", None)
+    if window is not None:  # sliding-window scores laid out as [query, key] patterns (Longformer, LED)
+        banded = probe or (lambda m: default_probe(m, spec))
+        probe = lambda m: unbanded(banded(m), window)  # noqa: E731
     chosen, check = check_candidates(model, spec, cands, blocks, inside, probe)
     qkv = {q: _per_layer(model, names, n, layers) for q, names in QKV.items()}
     return HFLayout(
@@ -377,4 +438,6 @@ def find_layout(model: nn.Module, spec, *, probe=None, layers=None, n_blocks=Non
         found_by="name" if chosen.by_name else "shape",
         check=check,
         sublayers=sublayers is not None,
+        heads=chosen.heads,
+        turn=chosen.turn,
     )

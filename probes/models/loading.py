@@ -291,6 +291,12 @@ def _attempt(name: str, source: ModelSource, dtype: torch.dtype, trust_remote_co
             del model
             raise _Rejected(f"head hooks unreachable: {_first_line(e)}", hooks_only=True) from None
         model.resumable  # noqa: B018 - the resume check, once, at load time
+    if name == "bridge":
+        try:
+            model.check_head_hooks()
+        except ModelIncompatibleError as e:
+            del model
+            raise _Rejected(f"head hooks unreachable: {_first_line(e)}", e) from None
     return model
 
 

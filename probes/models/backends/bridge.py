@@ -94,6 +94,23 @@ class BridgeModel(ResumableForward, BackendCommon):
             ) from None
         return cls(bridge, tokenizer, spec, vocab_size=vocab_size, trust_remote_code=trust_remote_code)
 
+    def check_head_hooks(self) -> None:
+        """The patterns and head hooks need ``blocks.{layer}.attn.hook_pattern`` and ``hook_z``:
+        :class:`ModelIncompatibleError` where transformer-lens's adapter of this architecture has none
+        (it runs the attention as one opaque module: DeepSeek-V4, JetMoE, HRM), tried on a few tokens."""
+        names = [f"blocks.{l}.{self._NAMES[q]}" for l in range(self.spec.n_layers) for q in ("pattern", "z")]
+        ids = (torch.arange(1, 5) % max(2, self.vocab_size or 2))[None].to(self.device)
+        try:
+            with torch.inference_mode():
+                self.bridge.run_with_hooks(ids, fwd_hooks=[(name, lambda t, hook: None) for name in names])
+        except (KeyError, NotImplementedError) as e:
+            from headscope.probes.models.unsupported import explained
+
+            detail = str(e).strip("'\"")
+            raise explained(
+                self.spec, f"transformer-lens's bridge of it has no per-head attention hooks ({detail})"
+            ) from None
+
     @property
     def device(self) -> torch.device:
         return module_device(self.bridge)

@@ -202,7 +202,7 @@ class HFReference(ResumableForward, BackendCommon):
     @property
     def input_device(self) -> torch.device:
         """Where token ids go: the embedding's device (the first GPU of a ``device_map``)."""
-        emb = self.hf.get_input_embeddings()
+        emb = input_embeddings(self.hf)
         return emb.weight.device if emb is not None else self.device
 
     def to(self, device) -> HFReference:
@@ -212,10 +212,11 @@ class HFReference(ResumableForward, BackendCommon):
     def _call(self, input_ids, attention_mask, **kw):
         """A causal LM's full model (logits); an encoder's base model (last hidden states,
         also when the object holds an MLM or classification head)."""
+        self._n_pos = input_ids.shape[1]  # the head hooks' positions (Longformer pads its hidden states past them)
         if self.spec.causal:
             res = self.hf(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kw)
             return res, res.logits if "logits" in res else res.last_hidden_state
-        res = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask, **kw)
+        res = getattr(self.hf, "base_model", self.hf)(input_ids=input_ids, attention_mask=attention_mask, **kw)
         return res, res.last_hidden_state
 
     # resuming (:class:`~headscope.probes.models.backends.resume.ResumableForward`): HF's own layer loop
@@ -251,8 +252,19 @@ class HFReference(ResumableForward, BackendCommon):
         n_heads = self.spec.n_heads
         handles = []
 
+        part = self.layout.heads  # the heads' features first, another mixer's after (ConvBERT); None: all
+        turn = self.layout.turn  # the axes turned from [batch, position, features] (FSMT, SqueezeBERT)
+
         def pre(module, args, fn):
-            return (apply_to_heads(fn, args[0], n_heads), *args[1:])
+            x = args[0].transpose(*turn) if turn else args[0]
+            n = getattr(self, "_n_pos", None) or x.shape[1]  # Longformer's padding to its window: past the input
+            x, past = x[:, :n], x[:, n:]
+            if part is not None:
+                x = torch.cat([apply_to_heads(fn, x[..., :part].contiguous(), n_heads), x[..., part:]], dim=-1)
+            else:
+                x = apply_to_heads(fn, x.contiguous(), n_heads)
+            x = torch.cat([x, past], dim=1) if past.shape[1] else x
+            return (x.transpose(*turn).contiguous() if turn else x, *args[1:])
 
         try:
             for l, fn in fns.items():
@@ -279,28 +291,34 @@ class HFReference(ResumableForward, BackendCommon):
         spec = self.spec
 
         def heads(t, n):  # [batch, pos, n × d_head] -> [batch, n, pos, d_head]
-            return t.view(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
+            return t.reshape(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
+
+        part = self.layout.heads if "z" in qs else None  # the heads' features of z's input (ConvBERT); None: all
+        hooked = any(q in qs for q in ("z", "out", "resid_post", "q", "k", "v"))
+        turn = self.layout.turn if hooked else None  # FSMT's, SqueezeBERT's layers: read as [batch, position, …]
+        n_pos = batch.input_ids.shape[1]  # Longformer pads its hidden states to its window: the input's alone
+        bm = (lambda t: t.transpose(*turn)[:, :n_pos]) if turn else (lambda t: t[:, :n_pos])  # noqa: E731
 
         try:
             for l in ls:
                 if "z" in qs:
                     handles.append(
                         self.layout.attn_out[l].register_forward_pre_hook(
-                            lambda m, a, l=l: out.__setitem__(("z", l), heads(a[0].detach(), spec.n_heads))
+                            lambda m, a, l=l: out.__setitem__(
+                                ("z", l), heads(bm(a[0][..., :part]).detach(), spec.n_heads)
+                            )
                         )
                     )
                 if "out" in qs:
                     handles.append(
                         self.layout.attn_out[l].register_forward_hook(
-                            lambda m, a, o, l=l: out.__setitem__(("out", l), o.detach())
+                            lambda m, a, o, l=l: out.__setitem__(("out", l), bm(o).detach())
                         )
                     )
                 if "resid_post" in qs:
                     handles.append(
                         self.layout.blocks[l].register_forward_hook(
-                            lambda m, a, o, l=l: out.__setitem__(
-                                ("resid_post", l), (o[0] if isinstance(o, tuple) else o).detach()
-                            )
+                            lambda m, a, o, l=l: out.__setitem__(("resid_post", l), bm(_hidden(o)).detach())
                         )
                     )
                 for q in ("q", "k", "v"):
@@ -314,7 +332,7 @@ class HFReference(ResumableForward, BackendCommon):
                     n = spec.n_heads if q == "q" else spec.n_kv_heads
                     handles.append(
                         mods[l].register_forward_hook(
-                            lambda m, a, o, l=l, q=q, n=n: out.__setitem__((q, l), heads(o.detach(), n))
+                            lambda m, a, o, l=l, q=q, n=n: out.__setitem__((q, l), heads(bm(o).detach(), n))
                         )
                     )
             batch = batch_to(batch, self.input_device)
@@ -324,9 +342,14 @@ class HFReference(ResumableForward, BackendCommon):
             for h in handles:
                 h.remove()
         if "pattern" in qs:
-            from headscope.probes.models.hf_layout import attention_of_layers
+            from headscope.probes.models.hf_layout import attention_of_layers, unbanded
+            from headscope.probes.models.unsupported import check_patterns
 
             attentions = attention_of_layers(res.attentions, self._attention_blocks, self._n_blocks)
+            attentions = unbanded(
+                attentions, getattr(getattr(self.hf, "config", None), "attention_window", None)
+            )  # Longformer's
+            attentions = check_patterns(attentions, spec, *batch.input_ids.shape)
             out.update({("pattern", l): attentions[l] for l in ls})
         out[("output", None)] = output
         if self.spread:  # a device map: every tensor to the inputs' device, where the reducers work
@@ -339,6 +362,23 @@ class HFReference(ResumableForward, BackendCommon):
         """Whether a device map spreads the model over several devices."""
         device_map = getattr(self.hf, "hf_device_map", None) or {}
         return len({str(d) for d in device_map.values()}) > 1
+
+
+def _hidden(output) -> torch.Tensor:
+    """A block's hidden states: its output, the first of a tuple, or the first tensor of a dict
+    (SqueezeBERT's ``{"feature_map": …}``)."""
+    if isinstance(output, dict):
+        return next(v for v in output.values() if torch.is_tensor(v))
+    return output[0] if isinstance(output, tuple) else output
+
+
+def input_embeddings(model) -> torch.nn.Module | None:
+    """``model.get_input_embeddings()``, or where the class has none (FSMT's encoder, a plain module;
+    CANINE, which hashes characters) its first ``nn.Embedding``."""
+    try:
+        return model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
 
 
 def unshare_layer_groups(model, spec) -> None:
