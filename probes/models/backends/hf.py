@@ -254,10 +254,11 @@ class HFReference(ResumableForward, BackendCommon):
 
         part = self.layout.heads  # the heads' features first, another mixer's after (ConvBERT); None: all
         turn = self.layout.turn  # the axes turned from [batch, position, features] (FSMT, SqueezeBERT)
+        pads = self._window is not None  # Longformer pads its hidden states to a multiple of its window
 
         def pre(module, args, fn):
             x = args[0].transpose(*turn) if turn else args[0]
-            n = getattr(self, "_n_pos", None) or x.shape[1]  # Longformer's padding to its window: past the input
+            n = (getattr(self, "_n_pos", None) if pads else None) or x.shape[1]  # Longformer's padding: past the input
             x, past = x[:, :n], x[:, n:]
             if part is not None:
                 x = torch.cat([apply_to_heads(fn, x[..., :part].contiguous(), n_heads), x[..., part:]], dim=-1)
@@ -294,10 +295,7 @@ class HFReference(ResumableForward, BackendCommon):
             return t.reshape(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
 
         part = self.layout.heads if "z" in qs else None  # the heads' features of z's input (ConvBERT); None: all
-        hooked = any(q in qs for q in ("z", "out", "resid_post", "q", "k", "v"))
-        turn = self.layout.turn if hooked else None  # FSMT's, SqueezeBERT's layers: read as [batch, position, …]
-        n_pos = batch.input_ids.shape[1]  # Longformer pads its hidden states to its window: the input's alone
-        bm = (lambda t: t.transpose(*turn)[:, :n_pos]) if turn else (lambda t: t[:, :n_pos])  # noqa: E731
+        bm = self._reader(qs, batch)  # a hooked tensor as [batch, position, …] at the input's positions
 
         try:
             for l in ls:
@@ -342,20 +340,37 @@ class HFReference(ResumableForward, BackendCommon):
             for h in handles:
                 h.remove()
         if "pattern" in qs:
-            from headscope.probes.models.hf_layout import attention_of_layers, unbanded
-            from headscope.probes.models.unsupported import check_patterns
-
-            attentions = attention_of_layers(res.attentions, self._attention_blocks, self._n_blocks)
-            attentions = unbanded(
-                attentions, getattr(getattr(self.hf, "config", None), "attention_window", None)
-            )  # Longformer's
-            attentions = check_patterns(attentions, spec, *batch.input_ids.shape)
+            attentions = self._patterns(res.attentions, batch)
             out.update({("pattern", l): attentions[l] for l in ls})
         out[("output", None)] = output
         if self.spread:  # a device map: every tensor to the inputs' device, where the reducers work
             device = self.input_device
             out = {k: v.to(device) for k, v in out.items()}
         return out
+
+    @property
+    def _window(self):
+        """The config's ``attention_window`` (Longformer: sliding-window attention, hidden states padded to
+        a multiple of it), None where it has none."""
+        return getattr(getattr(self.hf, "config", None), "attention_window", None)
+
+    def _reader(self, qs, batch):
+        """``t -> t`` as ``[batch, position, …]`` at the input's positions: turned back where the layers hold
+        another order (FSMT's time-major, SqueezeBERT's channels first), cut where they pad (Longformer)."""
+        hooked = any(q in qs for q in ("z", "out", "resid_post", "q", "k", "v"))
+        turn = self.layout.turn if hooked else None
+        n_pos = batch.input_ids.shape[1] if self._window is not None else None
+        return (lambda t: t.transpose(*turn)[:, :n_pos]) if turn else (lambda t: t[:, :n_pos])
+
+    def _patterns(self, attentions, batch) -> tuple:
+        """HF's ``attentions`` as one ``[batch, head, pos, pos]`` pattern per layer analysed (a hybrid's
+        attention blocks', sliding-window scores laid out as ``[query, key]``), or
+        :class:`ModelIncompatibleError` saying what HF gives instead (:func:`~headscope.probes.models.unsupported.check_patterns`)."""
+        from headscope.probes.models.hf_layout import attention_of_layers, unbanded
+        from headscope.probes.models.unsupported import check_patterns
+
+        attentions = attention_of_layers(attentions, self._attention_blocks, self._n_blocks)
+        return check_patterns(unbanded(attentions, self._window), self.spec, *batch.input_ids.shape)
 
     @property
     def spread(self) -> bool:
