@@ -485,13 +485,21 @@ def report_start(
     if quick and budget.shape is not None:
         pcfg, ccfg = sized_quick(pcfg, budget.shape, large_cost), sized_patching(ccfg, budget.shape, large_cost)
     budget.settings = {"kv": extra.get("kv", kv), "weights": extra.get("weights", weights)}
+    return _fitted(budget, rcfg, pcfg, ccfg, patch, extra.get("kv_tokens"))
+
+
+#: the report's stages whose batch is not the role analyses' ``--batch-size``
+_NOT_ROLES = {"pruning", "importance", "patching", "attribution", "kv", "kv logits", "long-context roles", "weights"}
+
+
+def _fitted(budget: Budget, rcfg, pcfg, ccfg, patch, kv_tokens):
+    """:func:`report_start`'s settings with the batch sizes its plan fitted."""
     est = budget.estimate
     if est is None:
         return budget, rcfg, pcfg, ccfg
     if budget.settings["kv"] is not None and "kv logits" in est.batch_sizes:
-        budget.settings["kv"] = apply_kv(budget.settings["kv"], est, tokens=extra["kv_tokens"])
-    skip = {"pruning", "importance", "patching", "attribution", "kv", "kv logits", "long-context roles", "weights"}
-    roles_names = {s.name for s in budget.stages} - skip
+        budget.settings["kv"] = apply_kv(budget.settings["kv"], est, tokens=kv_tokens)
+    roles_names = {s.name for s in budget.stages} - _NOT_ROLES
     b = min([rcfg.batch_size, *(v for k, v in est.batch_sizes.items() if k in roles_names)])
     rcfg = replace(rcfg, batch_size=b) if b < rcfg.batch_size else rcfg
     pcfg = apply_prune(pcfg, est)
