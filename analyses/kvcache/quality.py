@@ -96,40 +96,25 @@ class Evaluator:
         with hooks(pairs):
             return self.model.forward(x.input_ids, mask)
 
-    def _unembed(self, h: torch.Tensor) -> torch.Tensor:
-        """Logits ``[rows, vocab]`` (float32) of final hidden states ``h [rows, d_model]``, as the forward makes them."""
-        logits = self.model.unembedding(h)
-        cap = self.model.network.cfg.final_softcap
-        return (torch.tanh(logits / cap) * cap if cap is not None else logits).float()
-
     def _blocks(self, x: StudyInput, start: int, keep_resid: bool) -> tuple[float, torch.Tensor | None]:
         """One forward of ``x`` whose final hidden states are unembedded :attr:`logit_rows` rows at
         a time -> ``(the summed cross-entropy of its loss targets, its copy hits or None)``."""
         from headscope.analyses.longctx.needle import copy_hits
 
-        kept: list[torch.Tensor] = []
-
-        def grab(module, args):  # the final hidden states; the unembedding itself reads no row
-            kept.append(args[0])
-            return (args[0][:, :0],)
-
-        handle = self.model.unembedding.register_forward_pre_hook(grab)
-        try:
+        with self.model.final_states() as kept:  # the unembedding itself reads no row
             self._forward(x, start, keep_resid)
-        finally:
-            handle.remove()
         h = kept[0][0]  # [pos, d_model]
         t = x.loss_targets
         total = 0.0
         for a in range(0, len(t), self.logit_rows):
             rows = t[a : a + self.logit_rows]
-            logits = self._unembed(h[(rows - 1).to(h.device)])
+            logits = self.model.unembed_rows(h[(rows - 1).to(h.device)])
             total += float(F.cross_entropy(logits, x.input_ids[0, rows].to(logits.device), reduction="sum"))
             del logits
         hit = None
         if x.item is not None:
             answer = torch.tensor([a - 1 for a in x.item.answer], dtype=torch.long, device=h.device)
-            hit = copy_hits(self._unembed(h[answer]), x.item).cpu()
+            hit = copy_hits(self.model.unembed_rows(h[answer]), x.item).cpu()
         return total, hit
 
     def __call__(self, windows: dict) -> dict:

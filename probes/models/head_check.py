@@ -30,11 +30,18 @@ SIGNS_KEPT = 0.99
 PROBE_LENGTH = 12
 
 
+def input_embeddings(model) -> torch.nn.Module | None:
+    """``model.get_input_embeddings()``, or where the class has none (FSMT's encoder, a plain module;
+    CANINE, which hashes characters) its first ``nn.Embedding``."""
+    try:
+        return model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
+
+
 def default_probe(model, spec):
     """``model``'s attention patterns (``output_attentions``) on a few token ids spread over its
     vocabulary, through its base model."""
-    from headscope.probes.models.backends.hf import input_embeddings
-
     emb = input_embeddings(model)
     vocab = getattr(emb, "num_embeddings", None) or getattr(model.config, "vocab_size", 0) or 1
     device = emb.weight.device if emb is not None and hasattr(emb, "weight") else torch.device("cpu")

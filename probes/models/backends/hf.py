@@ -34,6 +34,7 @@ from headscope.probes.models.checkpoints import (
     read_hf_config,
     weight_files,
 )
+from headscope.probes.models.head_check import input_embeddings
 from headscope.probes.tokens import TokenBatch
 
 __all__ = ["HFReference", "check_device_map"]
@@ -385,15 +386,6 @@ def _hidden(output) -> torch.Tensor:
     if isinstance(output, dict):
         return next(v for v in output.values() if torch.is_tensor(v))
     return output[0] if isinstance(output, tuple) else output
-
-
-def input_embeddings(model) -> torch.nn.Module | None:
-    """``model.get_input_embeddings()``, or where the class has none (FSMT's encoder, a plain module;
-    CANINE, which hashes characters) its first ``nn.Embedding``."""
-    try:
-        return model.get_input_embeddings()
-    except (AttributeError, NotImplementedError):
-        return next((m for m in model.modules() if isinstance(m, torch.nn.Embedding)), None)
 
 
 def unshare_layer_groups(model, spec) -> None:

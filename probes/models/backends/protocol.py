@@ -147,6 +147,10 @@ class Backend(Protocol):
 
     def unembed_at(self, keep: torch.Tensor) -> AbstractContextManager: ...
 
+    def final_states(self) -> AbstractContextManager: ...
+
+    def unembed_rows(self, h: torch.Tensor) -> torch.Tensor: ...
+
     def encode(self, texts=None, words=None) -> TokenBatch: ...
 
     def run(self, batch: TokenBatch, quantities=("pattern",), layers=None) -> dict: ...
@@ -203,6 +207,21 @@ class BackendCommon:
                 f"{self.spec.name}: no unembedding whose input rows may be chosen on the {self.backend} backend"
             )
         return unembed_at(self, keep)
+
+    def final_states(self) -> AbstractContextManager:
+        """:func:`final_states` on this model (the same refusal as :meth:`unembed_at`)."""
+        if not rows_unembedded(self):
+            raise ModelIncompatibleError(
+                f"{self.spec.name}: no unembedding whose input rows may be chosen on the {self.backend} backend"
+            )
+        return final_states(self)
+
+    def unembed_rows(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` (float32) of final hidden states ``h [rows, d_model]``, as
+        the forward makes them (the in-house network's final soft cap applied)."""
+        logits = self.unembedding(h)
+        cap = getattr(getattr(self.network, "cfg", None), "final_softcap", None)
+        return (torch.tanh(logits / cap) * cap if cap is not None else logits).float()
 
     def gates_set(self, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
         """Built-in gates: the in-house backend only; analyses gate any backend through
@@ -339,3 +358,21 @@ def apply_to_heads(fn: HeadFn, x: torch.Tensor, n_heads: int) -> torch.Tensor:
     if out.shape != z.shape:
         raise ValueError(f"a head hook must return z of shape {tuple(z.shape)}; got {tuple(out.shape)}")
     return out.transpose(1, 2).reshape(batch, pos, width)
+
+
+@contextmanager
+def final_states(model):
+    """Inside the ``with`` block a forward keeps its final hidden states ``[batch, pos, d_model]``
+    in the yielded list and the unembedding reads no row (its logits ``[batch, 0, vocab]``):
+    logits are then made where wanted, a block of rows at a time (:meth:`BackendCommon.unembed_rows`)."""
+    kept: list[torch.Tensor] = []
+
+    def grab(module, args):
+        kept.append(args[0])
+        return (args[0][:, :0],)
+
+    handle = model.unembedding.register_forward_pre_hook(grab)
+    try:
+        yield kept
+    finally:
+        handle.remove()
