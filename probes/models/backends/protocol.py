@@ -202,26 +202,27 @@ class BackendCommon:
     def unembed_at(self, keep: torch.Tensor) -> AbstractContextManager:
         """:func:`unembed_at` on this model; ``ModelIncompatibleError`` where it has no
         unembedding whose rows may be chosen (an encoder; a model whose check on load refused it)."""
-        if not rows_unembedded(self):
-            raise ModelIncompatibleError(
-                f"{self.spec.name}: no unembedding whose input rows may be chosen on the {self.backend} backend"
-            )
+        self._refuse_unless_rows_unembedded()
         return unembed_at(self, keep)
 
     def final_states(self) -> AbstractContextManager:
         """:func:`final_states` on this model (the same refusal as :meth:`unembed_at`)."""
+        self._refuse_unless_rows_unembedded()
+        return final_states(self)
+
+    def _refuse_unless_rows_unembedded(self) -> None:
         if not rows_unembedded(self):
             raise ModelIncompatibleError(
                 f"{self.spec.name}: no unembedding whose input rows may be chosen on the {self.backend} backend"
             )
-        return final_states(self)
 
     def unembed_rows(self, h: torch.Tensor) -> torch.Tensor:
         """Logits ``[rows, vocab]`` (float32) of final hidden states ``h [rows, d_model]``, as
         the forward makes them (the in-house network's final soft cap applied)."""
-        logits = self.unembedding(h)
+        from headscope.probes.models.inhouse.transformer import soft_capped
+
         cap = getattr(getattr(self.network, "cfg", None), "final_softcap", None)
-        return (torch.tanh(logits / cap) * cap if cap is not None else logits).float()
+        return soft_capped(self.unembedding(h), cap).float()
 
     def gates_set(self, mask: torch.Tensor, *, requires_grad: bool = False, ablation: torch.Tensor | None = None):
         """Built-in gates: the in-house backend only; analyses gate any backend through

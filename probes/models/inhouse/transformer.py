@@ -26,7 +26,7 @@ from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.inhouse.attention import Attention, RMSNorm, additive_mask, rope_cos_sin
 from headscope.probes.models.inhouse.hooks import HookPoint, name_hook_points
 
-__all__ = ["MLP", "Block", "RMSNorm", "Transformer", "activation_fn", "make_norm"]
+__all__ = ["MLP", "Block", "RMSNorm", "Transformer", "activation_fn", "make_norm", "soft_capped"]
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -50,6 +50,11 @@ def make_norm(cfg: ModelConfig, d: int) -> nn.Module:
     if cfg.norm == "layernorm":
         return nn.LayerNorm(d, eps=cfg.norm_eps)
     return RMSNorm(d, cfg.norm_eps, offset=cfg.rms_offset)
+
+
+def soft_capped(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's final soft cap ``cap · tanh(logits / cap)``; ``logits`` as they are where ``cap`` is None."""
+    return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 class MLP(nn.Module):
@@ -323,7 +328,4 @@ class Transformer(nn.Module):
         x = self.hook_final(x)
         if cfg.encoder:
             return x
-        logits = self.unembed(x)
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
-        return logits
+        return soft_capped(self.unembed(x), cfg.final_softcap)

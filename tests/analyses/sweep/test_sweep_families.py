@@ -172,7 +172,9 @@ def test_longcat_flash_two_attention_modules_per_block_are_two_layers(tmp_path_f
 
 def test_zaya_v_is_read_from_a_projection_returning_query_key_value(tmp_path_factory):
     folder = _tiny("zaya", tmp_path_factory)
-    _heads_equal_hf_eager(folder, "model.layers.{layer}.self_attn.o_proj", "AutoModelForCausalLM")
+    model = _heads_equal_hf_eager(folder, "model.layers.{layer}.self_attn.o_proj", "AutoModelForCausalLM")
+    # V read from the third tensor of the projection's (query, key, value): pattern x V is o_proj's input
+    assert float(model.head_modules["check"].split()[-1]) <= 1e-5
 
 
 @pytest.mark.parametrize(
