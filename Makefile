@@ -37,11 +37,11 @@ bench: bootstrap
 # tests/test_readme_figures.py fails while
 # the README quotes other values
 figures: bootstrap
-	$(PY) -m headscope.analyses.experiments.patching_figures
-	$(PY) -m headscope.analyses.experiments.atp_figures
-	$(PY) -m headscope.analyses.experiments.report_figures $(FIGURES_FLAGS)
-	$(PY) -m headscope.analyses.experiments.weights_figures $(FIGURES_FLAGS)
-	$(PY) -m headscope.analyses.kvcache.figures
+	$(PY) -m headscope.reports.tools.experiments.patching_figures
+	$(PY) -m headscope.reports.tools.experiments.atp_figures
+	$(PY) -m headscope.reports.tools.experiments.report_figures $(FIGURES_FLAGS)
+	$(PY) -m headscope.reports.tools.experiments.weights_figures $(FIGURES_FLAGS)
+	$(PY) -m headscope.reports.tools.experiments.kv_figures
 
 # Every stage on a tiny random model of each text family of the installed transformers (one core, ~6-10 s
 # of CPU a family, 40-90 s of wall time on a loaded 2-core machine: run it in parts there) into data/sweep/sweep.csv and sweep.md, and the README's family

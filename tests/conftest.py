@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-# tests mirror the package layout (tests/probes, tests/analyses/{roles,pruning,patching,stats,
-# bench,experiments}, tests/reports); what several test modules share lives in helper modules
+# tests mirror the package layout (tests/probes, tests/analyses/{roles,pruning,patching,stats},
+# tests/reports, tests/reports/tools/{bench,experiments,sweep}); what several test modules share lives in helper modules
 # (tests/tiny_models.py, tests/pruning_cases.py, tests/analyses/patching/patching_cases.py,
 # tests/probes/gguf_writer.py ...). A few modules of probes/ and reports/ still import a sibling
 # test module (test_report, test_gguf_card, test_checkpoint_inputs); these folders are on the

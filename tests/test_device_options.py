@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from headscope.analyses.experiments.distributed import actor_options, n_actors
 from headscope.probes import capture as capture_mod
 from headscope.probes.capture import WORK_ACTIVATIONS, WORK_CELLS, buckets, max_batch, stream
 from headscope.probes.errors import MemoryBudgetError
@@ -20,6 +19,7 @@ from headscope.probes.models.backends.protocol import placement
 from headscope.probes.models.loading import load_model
 from headscope.reports.cli.app import main
 from headscope.reports.cli.argtypes import resolve_device
+from headscope.reports.tools.experiments.distributed import actor_options, n_actors
 from tests.tiny_models import tiny_hf_model
 
 ROOT = Path(__file__).resolve().parents[1]

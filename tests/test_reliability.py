@@ -17,7 +17,6 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.experiments.distributed import AttentionMassReducer
 from headscope.probes.capture import capture, stream
 from headscope.probes.errors import (
     CheckpointError,
@@ -33,6 +32,7 @@ from headscope.probes.models.inhouse.hooks import hooks
 from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.models.loading import load_model
 from headscope.probes.outputs.atomic import write_frame
+from headscope.reports.tools.experiments.distributed import AttentionMassReducer
 
 # ----------------------------------------------------------------------------- checkpoints
 

@@ -1,5 +1,5 @@
 """The README's family table is the committed sweep's (``make sweep``): rendered from
-``data/sweep/sweep.csv`` by :func:`headscope.analyses.sweep.table.render`, it must stand between the
+``data/sweep/sweep.csv`` by :func:`headscope.reports.tools.sweep.table.render`, it must stand between the
 sweep-table markers of README.md as it is; a sweep that changes an outcome fails here until the README
 says so. Like ``tests/test_readme_figures.py`` for the figures."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headscope.analyses.sweep.run import STAGES, read_sweep
-from headscope.analyses.sweep.table import counts, readme_block, render
+from headscope.reports.tools.sweep.run import STAGES, read_sweep
+from headscope.reports.tools.sweep.table import counts, readme_block, render
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

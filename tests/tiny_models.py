@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from headscope.analyses.sweep.tokenizer import train_tokenizer as _train_tokenizer
+from headscope.reports.tools.sweep.tokenizer import train_tokenizer as _train_tokenizer
 
 #: model_type -> config options beyond the common sizes (the family's own features on)
 DECODERS: dict[str, dict] = {

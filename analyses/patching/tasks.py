@@ -89,7 +89,7 @@ def metric_fn(name: str):
 
 
 #: patching metrics whose second argument is the clean run's readout (per item), not an answer
-#: token: those that read an embedding (kept for ``analyses/bench/patching_paths.py``)
+#: token: those that read an embedding (kept for ``reports/tools/bench/patching_paths.py``)
 REFERENCE_METRICS = frozenset(n for n, m in metrics_for("patching").items() if m.reads == "embedding")
 
 

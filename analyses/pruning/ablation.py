@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.analyses.pruning.gates import gates_as, head_gates  # noqa: F401 - analyses/bench reads them as ablation.*
+from headscope.analyses.pruning.gates import gates_as, head_gates  # noqa: F401 - reports/tools/bench reads them as ablation.*
 from headscope.analyses.pruning.impact import bootstrap_se, impact_frame, impact_rows
 from headscope.analyses.pruning.masks import check_head_hooks, head_masks
 from headscope.analyses.pruning.memo import Scored

@@ -16,7 +16,7 @@ import sys
 
 def paths_epilog() -> str:
     """``--help``'s list of the bench paths: every name of the registry with its description, in run order."""
-    from headscope.analyses.bench.registry import PATHS
+    from headscope.reports.tools.bench.registry import PATHS
 
     width = max(map(len, PATHS))
     lines = [f"  {name:<{width}}  {p.description}" for name, p in PATHS.items()]
@@ -24,8 +24,8 @@ def paths_epilog() -> str:
 
 
 def register(sub) -> None:
-    from headscope.analyses.bench.registry import PATHS
     from headscope.reports.cli.argtypes import MAX_REPEATS, MAX_SENTENCES, add_device, batch_size, int_in, seed
+    from headscope.reports.tools.bench.registry import PATHS
 
     p = sub.add_parser(
         "bench",
@@ -139,7 +139,7 @@ def _cells(r) -> list[str]:
 
 
 def render(result) -> str:
-    """Plain-text table of a :class:`~headscope.analyses.bench.results.BenchResult`."""
+    """Plain-text table of a :class:`~headscope.reports.tools.bench.results.BenchResult`."""
     rows = [list(_COLS)] + [_cells(r) for r in result.frame.itertuples()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLS) - 1)]
     table = []
@@ -187,23 +187,23 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args) -> int:
-    from headscope.analyses.bench.harness import (
+    from headscope.reports.cli.argtypes import resolve_device
+    from headscope.reports.tools.bench.harness import (
         BenchConfig,
         check_device,
         memory_scaling,
         run_bench,
     )
-    from headscope.analyses.bench.targets import MEMORY
-    from headscope.reports.cli.argtypes import resolve_device
+    from headscope.reports.tools.bench.targets import MEMORY
 
     args.device = str(resolve_device(args.device))  # auto -> cuda or cpu, checked before any model loads
     check_device(args.device, "--device")
     if args.report:
-        from headscope.reports.report_bench import print_report_stages
+        from headscope.reports.tools.bench.report_stages import print_report_stages
 
         return print_report_stages(args.model, dtype=args.dtype, device=args.device, as_json=args.json)
     if args.long_context:
-        from headscope.analyses.bench import long_context as lc
+        from headscope.reports.tools.bench import long_context as lc
 
         lengths = lc.parse_lengths(args.long_lengths)
         frame = lc.long_context_scaling(args.model, lengths, seed=args.seed, device=args.device)

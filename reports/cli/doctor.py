@@ -116,7 +116,7 @@ def diagnose(*, check_bf16: bool = True) -> dict:
         "packages": {p: _version(p) for p in PACKAGES},
     }
     if check_bf16:
-        from headscope.analyses.bench.harness import bf16_support
+        from headscope.reports.tools.bench.harness import bf16_support
 
         ok, why = bf16_support("cpu")
         d["torch"]["bf16"] = {"native": ok, "note": why}

@@ -1,5 +1,5 @@
 """``python -m headscope.reports.cli.gpu_bench``: the GPU bench of ``.ci/gpu-check``
-(:func:`~headscope.analyses.bench.gpu.gpu_bench`, a model with Llama-3.1-8B's shapes) as a
+(:func:`~headscope.reports.tools.bench.gpu.gpu_bench`, a model with Llama-3.1-8B's shapes) as a
 table on stdout, with ``gpu_bench.json`` and ``gpu_bench.txt`` in ``--out``.
 """
 
@@ -9,7 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from headscope.analyses.bench.gpu import GpuBenchConfig, gpu_bench
+from headscope.reports.tools.bench.gpu import GpuBenchConfig, gpu_bench
 
 
 def render_gpu_bench(result: dict) -> str:

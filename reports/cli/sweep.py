@@ -3,7 +3,7 @@
 For each family (default: every model type of the installed transformers; ``--families a,b`` or
 ``--sample``, the fixed sample CI runs) a tiny random checkpoint is built from the family's config
 class and card, capture (patterns against HF eager's), roles, quick prune and report run on it on
-the default backend (:mod:`headscope.analyses.sweep.run`). ``--out DIR`` (default ``runs/sweep``)
+the default backend (:mod:`headscope.reports.tools.sweep.run`). ``--out DIR`` (default ``runs/sweep``)
 gets ``sweep.csv`` (family, backend chosen, each stage ``ok`` or why not, transformers' version)
 and ``sweep.md``, the table the README's family table is rendered from (``--readme README.md`` writes
 it there too); ``--update`` replaces only the swept families' rows of an earlier ``sweep.csv`` (a sweep
@@ -47,8 +47,8 @@ def register(sub) -> None:
 
 def families_of(args) -> list[str]:
     """The model types ``args`` names, checked against the registry before anything runs."""
-    from headscope.analyses.sweep.run import sample
-    from headscope.analyses.sweep.tiny_config import text_families
+    from headscope.reports.tools.sweep.run import sample
+    from headscope.reports.tools.sweep.tiny_config import text_families
 
     known = text_families()
     if args.sample:
@@ -69,8 +69,8 @@ def families_of(args) -> list[str]:
 
 def _target(out: Path, name: str) -> Path:
     """``out/name``, refused (one line) where it is there and not a sweep's file."""
-    from headscope.analyses.sweep.run import COLUMNS
-    from headscope.analyses.sweep.table import summary
+    from headscope.reports.tools.sweep.run import COLUMNS
+    from headscope.reports.tools.sweep.table import summary
 
     path = out / name
     if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -84,8 +84,8 @@ def _target(out: Path, name: str) -> Path:
 
 
 def run(args) -> int:
-    from headscope.analyses.sweep.run import read_sweep, sweep, write_sweep
-    from headscope.analyses.sweep.table import counts, readme_block, render, update_readme
+    from headscope.reports.tools.sweep.run import read_sweep, sweep, write_sweep
+    from headscope.reports.tools.sweep.table import counts, readme_block, render, update_readme
 
     families = families_of(args)
     out = Path(args.out)

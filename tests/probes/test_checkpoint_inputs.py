@@ -656,7 +656,7 @@ def test_bench_device_cuda_without_cuda_is_one_line(capsys):
 
 
 def test_bench_config_checks_its_device():
-    from headscope.analyses.bench.harness import BenchConfig
+    from headscope.reports.tools.bench.harness import BenchConfig
 
     with pytest.raises(ValueError, match="device must be cpu, cuda or cuda:N; got cpu:0"):
         BenchConfig(device="cpu:0")

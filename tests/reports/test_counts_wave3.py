@@ -46,9 +46,9 @@ class LoadSpy:
 
 
 def _install_spy(monkeypatch, read_err) -> LoadSpy:
-    from headscope.analyses.bench import harness
     from headscope.probes.models import lazy_weights, loading
     from headscope.reports import pipeline
+    from headscope.reports.tools.bench import harness
 
     spy = LoadSpy(read_err)
     monkeypatch.setattr(loading, "load_model", spy)

@@ -4,7 +4,7 @@ the HTML report; the backend chosen is the in-house one where it covers the fami
 run.json says which and why.
 
 The in-process report of each family of :mod:`tiny_models` ran here; it is now part of the registry
-sweep's sample (``tests/analyses/sweep/test_sweep.py::test_report_on_every_tiny_models_family``, the
+sweep's sample (``tests/reports/tools/sweep/test_sweep.py::test_report_on_every_tiny_models_family``, the
 same checks on the sweep's report of each family). Here: two families run the full CLI command as a
 user types it (marked slow), and a report that cannot reach the heads says what is missing."""
 
@@ -16,8 +16,8 @@ import pytest
 from tiny_models import check_tiny_report, tiny_model_dir
 
 from headscope.analyses.roles.pipeline import default_text
-from headscope.analyses.sweep.run import by_design
 from headscope.reports.pipeline import build_report
+from headscope.reports.tools.sweep.run import by_design
 
 FIXTURE_CONLLU = "tests/fixtures/ud_sample.conllu"
 

@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.bench.weights_paths import write_random_checkpoint
 from headscope.analyses.circuits.composition import composition_scores
 from headscope.analyses.circuits.ov_qk import head_circuits
 from headscope.probes.errors import CheckpointError
 from headscope.probes.models.inhouse.head_weights import head_weights
 from headscope.probes.models.lazy_weights import lazy_weights
 from headscope.probes.models.loading import load_model
+from headscope.reports.tools.bench.weights_paths import write_random_checkpoint
 from tests.tiny_models import tiny_model_dir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "probes"))
@@ -215,7 +215,7 @@ def test_lazy_gguf_parses_the_file_once(tmp_path, monkeypatch):
 def test_large_checkpoint_case_on_a_small_shape_records_its_figures(tmp_path):
     """The bench's 8B-shaped case, on a small shape: written, timed in a subprocess, its peak RSS
     measured, and its figures recorded for the README (data/figures/bench_weights.json's format)."""
-    from headscope.analyses.bench.weights_paths import figures_doc, large_checkpoint_case
+    from headscope.reports.tools.bench.weights_paths import figures_doc, large_checkpoint_case
 
     shape = dict(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_mlp=128, vocab_size=300)
     row = large_checkpoint_case(tmp_path / "ckpt", write=True, draws=5, shape=shape)

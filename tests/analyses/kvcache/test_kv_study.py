@@ -121,7 +121,7 @@ def test_cli_writes_tables_and_run_json(capsys, tmp_path):
     assert "causal check on 4 needle items of 96 tokens" in md
     assert main(["kv", str(model), "--tokens", "100000", "--out", str(tmp_path / "kv2")]) == 2
     # the README's figures come from such a folder (make figures): every quoted one is there
-    from headscope.analyses.kvcache import figures
+    from headscope.reports.tools.experiments import kv_figures as figures
 
     figures.write(figures.figures_from(*figures.read(out)), tmp_path / "fig" / "kv.json", source=str(out))
     doc = json.loads((tmp_path / "fig" / "kv.json").read_text())
@@ -196,7 +196,7 @@ def test_the_long_roles_keep_a_window_as_long_as_their_items():
 
 
 def test_the_sink_figure_counts_the_heads_whose_top_key_moves_with_bos():
-    from headscope.analyses.kvcache.figures import long_figures
+    from headscope.reports.tools.experiments.kv_figures import long_figures
 
     # main pass without BOS (SmolLM2's tokenizer adds none): L0H0 and L0H1 are sink heads; with BOS put in,
     # L0H0's top key stays at 0 and L0H1's moves to 1 (L1H0 is no sink head and does not count)

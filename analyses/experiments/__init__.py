@@ -1,2 +1,0 @@
-"""Studies beyond the main pipeline: Ray-sharded streaming (:mod:`.distributed`) and train-small
-vs prune-big on a synthetic task (:mod:`.train_time`)."""

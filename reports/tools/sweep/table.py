@@ -1,0 +1,130 @@
+"""The family table of a sweep (:mod:`~headscope.reports.tools.sweep.run`) in Markdown: the README's
+family table is :func:`render` of the committed ``data/sweep/sweep.csv`` (``tests/test_sweep_readme.py``
+fails while they differ; ``make sweep`` writes both).
+
+The table groups the families that run every stage by the backend ``--backend auto`` chose, then
+the families that pass only some stages by what they pass; below it, in collapsed lists, each
+failing family with its first failing stage and reason, and the text families that could not be
+built from a tiny config, with why.
+
+>>> rows = [dict(family="llama", kind="decoder", built="ok", backend="inhouse", rejected="", card="ok",
+...     capture="ok", roles="ok", prune="ok", report="ok", transformers="5.0")]
+>>> print(summary(rows))
+transformers 5.0: 1 model types of the registry swept, 1 text families built from a tiny config, 1 running every stage on the default backend (100%).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from headscope.reports.tools.sweep.run import STAGES
+
+__all__ = ["BEGIN", "END", "counts", "readme_block", "render", "summary", "update_readme"]
+
+#: the markers around the generated table in README.md
+BEGIN = "<!-- sweep-table: generated from data/sweep/sweep.csv by `make sweep`; do not edit by hand -->"
+END = "<!-- /sweep-table -->"
+BACKEND_NAMES = {"inhouse": "in-house", "hf": "hf", "bridge": "bridge", "": "none loaded"}
+
+
+def _ok(row: dict) -> bool:
+    return row["built"] == "ok" and all(row[s] == "ok" for s in STAGES)
+
+
+def counts(rows: list[dict]) -> tuple[int, int, int]:
+    """``(N, M, K)``: model types swept, text families built from a tiny config, those running every stage."""
+    built = [r for r in rows if r["built"] == "ok"]
+    return len(rows), len(built), sum(_ok(r) for r in built)
+
+
+def summary(rows: list[dict]) -> str:
+    n, m, k = counts(rows)
+    version = next((r["transformers"] for r in rows), "?")
+    share = f"{100 * k / m:.0f}%" if m else "-"
+    return (
+        f"transformers {version}: {n} model types of the registry swept, {m} text families built from a tiny config, "
+        f"{k} running every stage on the default backend ({share})."
+    )
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _names(families) -> str:
+    return ", ".join(f"`{f}`" for f in sorted(families))
+
+
+def _first_failure(row: dict) -> tuple[str, str]:
+    stage = next(s for s in STAGES if row[s] != "ok")
+    return stage, row[stage]
+
+
+def render(rows: list[dict]) -> str:
+    """The Markdown of ``rows`` (see the module): one summary line, the table, the collapsed lists."""
+    built = [r for r in rows if r["built"] == "ok"]
+    by_backend: dict[str, list[str]] = defaultdict(list)
+    partial: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for r in built:
+        if _ok(r):
+            by_backend[r["backend"]].append(r["family"])
+        else:
+            passed = tuple(s for s in STAGES if r[s] == "ok")
+            partial[passed].append(f"{r['family']} ({BACKEND_NAMES.get(r['backend'], r['backend'])})")
+    lines = [summary(rows), "", "| backend `auto` chose | stages that run | families |", "|---|---|---|"]
+    for backend in ("inhouse", "hf", "bridge"):
+        if by_backend.get(backend):
+            name = BACKEND_NAMES[backend]
+            lines.append(f"| {name} | all: {', '.join(STAGES)} | {_names(by_backend[backend])} |")
+    for passed in sorted(partial, key=lambda p: (-len(p), p)):
+        stages = f"only {', '.join(passed)}" if passed else "none"
+        backends = ", ".join(sorted({f.split(" ", 1)[1][1:-1] for f in partial[passed]}))
+        names = ", ".join(f"`{f.split(' ')[0]}` {f.split(' ', 1)[1]}" for f in sorted(partial[passed]))
+        lines.append(f"| {backends} | {stages} | {names} |")
+    failing = [r for r in built if not _ok(r)]
+    if failing:
+        lines += ["", f"<details><summary>{len(failing)} families that fail a stage, and why</summary>", ""]
+        lines += ["| family | backend | first failing stage | reason |", "|---|---|---|---|"]
+        for r in sorted(failing, key=lambda r: r["family"]):
+            stage, why = _first_failure(r)
+            backend = BACKEND_NAMES.get(r["backend"], r["backend"])
+            lines.append(f"| `{r['family']}` | {backend} | {stage} | {_cell(why)} |")
+        lines += ["", "</details>"]
+    unbuilt = [r for r in rows if r["kind"] and r["built"] != "ok"]
+    if unbuilt:
+        lines += ["", f"<details><summary>{len(unbuilt)} text families not built from a tiny config</summary>", ""]
+        lines += ["| family | why |", "|---|---|"]
+        lines += [f"| `{r['family']}` | {_cell(r['built'])} |" for r in sorted(unbuilt, key=lambda r: r["family"])]
+        lines += ["", "</details>"]
+    skipped = [r for r in rows if not r["kind"]]
+    if skipped:
+        why: dict[str, int] = defaultdict(int)
+        for r in skipped:
+            why[r["built"].removeprefix("skipped: ")] += 1
+        lines += [
+            "",
+            f"{len(skipped)} model types are not text families: "
+            + "; ".join(f"{n} {reason}" for reason, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0])))
+            + ".",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(text: str) -> str:
+    """What stands between :data:`BEGIN` and :data:`END` in ``text``; ``ValueError`` where the markers are missing."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md: the generated family table's markers ({BEGIN!r} ... {END!r}) are missing")
+    return text[start + len(BEGIN) : end].strip("\n") + "\n"
+
+
+def update_readme(readme: Path, rows: list[dict]) -> bool:
+    """Write :func:`render` of ``rows`` between the markers of ``readme``; True where it changed."""
+    text = Path(readme).read_text(encoding="utf-8")
+    readme_block(text)  # the markers are there
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    new = text[:start] + "\n" + render(rows) + text[end:]
+    if new != text:
+        Path(readme).write_text(new, encoding="utf-8")
+    return new != text
