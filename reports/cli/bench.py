@@ -186,6 +186,25 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def print_report_stages(model, *, dtype: str = "fp32", device=None, as_json: bool = False) -> int:
+    """``headscope bench MODEL --report``: print :func:`~headscope.reports.tools.bench.report_stages.report_stages`'
+    table (or JSON); 0."""
+    from headscope.reports.budget import emitter
+    from headscope.reports.cli.terminal import StageProgress
+    from headscope.reports.tools.bench.report_stages import render, report_stages
+
+    with StageProgress(quiet=as_json) as progress:
+        out = report_stages(
+            model, dtype=dtype, device=device, notice=None if as_json else emitter(False), progress=progress
+        )
+    if as_json:
+        doc = {**out, "stages": json.loads(out["stages"].to_json(orient="records"))}
+        print(json.dumps(doc, indent=2, default=str))
+    else:
+        print(render(out), file=sys.stdout)
+    return 0
+
+
 def run(args) -> int:
     from headscope.reports.cli.argtypes import resolve_device
     from headscope.reports.tools.bench.harness import (
@@ -199,8 +218,6 @@ def run(args) -> int:
     args.device = str(resolve_device(args.device))  # auto -> cuda or cpu, checked before any model loads
     check_device(args.device, "--device")
     if args.report:
-        from headscope.reports.tools.bench.report_stages import print_report_stages
-
         return print_report_stages(args.model, dtype=args.dtype, device=args.device, as_json=args.json)
     if args.long_context:
         from headscope.reports.tools.bench import long_context as lc

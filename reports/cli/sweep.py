@@ -84,6 +84,7 @@ def _target(out: Path, name: str) -> Path:
 
 
 def run(args) -> int:
+    from headscope.reports.cli.app import main
     from headscope.reports.tools.sweep.run import read_sweep, sweep, write_sweep
     from headscope.reports.tools.sweep.table import counts, readme_block, render, update_readme
 
@@ -116,7 +117,7 @@ def run(args) -> int:
 
     if args.readme is not None:
         readme_block(Path(args.readme).read_text(encoding="utf-8"))  # its markers, checked before the sweep runs
-    rows = sorted(kept + sweep(families, progress=progress), key=lambda r: r["family"])
+    rows = sorted(kept + sweep(families, cli=main, progress=progress), key=lambda r: r["family"])
     write_sweep(rows, csv_path)
     if args.readme is not None:
         update_readme(Path(args.readme), rows)

@@ -5,7 +5,8 @@ settings ``headscope report MODEL`` uses (quick, as sized for the model:
 :mod:`headscope.analyses.quick_settings`), into a temporary folder, its progress clocked
 by :class:`~headscope.reports.tools.bench.stage_clock.StageClock`; it returns the stage table,
 the memory the run estimated and reached (run.json's ``memory``), what quick mode left out,
-and the machine's load. :func:`print_report_stages` prints them (``--json``: as JSON).
+and the machine's load; :func:`render` is its plain-text table (``headscope bench --report``
+prints it, or the JSON: :mod:`headscope.reports.cli.bench`).
 
 Example (runs a report)::
 
@@ -17,14 +18,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-__all__ = ["print_report_stages", "report_stages"]
+__all__ = ["render", "report_stages"]
 
 
 def _load() -> list[float] | None:
@@ -119,20 +119,3 @@ def render(out: dict) -> str:
         phases = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in est.items())
         lines.append(f"estimated peak per phase, GiB: {phases}")
     return "\n".join(lines)
-
-
-def print_report_stages(model, *, dtype: str = "fp32", device=None, as_json: bool = False) -> int:
-    """``headscope bench MODEL --report``: print :func:`report_stages`' table (or JSON); 0."""
-    from headscope.reports.budget import emitter
-    from headscope.reports.cli.terminal import StageProgress
-
-    with StageProgress(quiet=as_json) as progress:
-        out = report_stages(
-            model, dtype=dtype, device=device, notice=None if as_json else emitter(False), progress=progress
-        )
-    if as_json:
-        doc = {**out, "stages": json.loads(out["stages"].to_json(orient="records"))}
-        print(json.dumps(doc, indent=2, default=str))
-    else:
-        print(render(out), file=sys.stdout)
-    return 0

@@ -144,10 +144,9 @@ def _stage(fn: Callable[[], str]) -> str:
         return _line(e)
 
 
-def _cli(argv: list[str]) -> str:
-    """``headscope ARGV`` in this process: ``ok`` on exit 0, else its error line without the prefix."""
-    from headscope.reports.cli.app import main
-
+def _cli(main: Callable[[list[str]], int], argv: list[str]) -> str:
+    """``headscope ARGV`` run by ``main`` (the command line's entry point) in this process: ``ok`` on
+    exit 0, else its error line without the prefix."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(argv)
@@ -222,10 +221,10 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     return "ok"
 
 
-def _capture(folder: Path, kind: str, row: dict) -> str:
-    cli = _cli(["capture", str(folder), "--quantities", CAPTURED, "--json"])
+def _capture(main: Callable[[list[str]], int], folder: Path, kind: str, row: dict) -> str:
+    command = _cli(main, ["capture", str(folder), "--quantities", CAPTURED, "--json"])
     check = _pattern_check(folder, kind, row)  # also when the command failed: it names the backend auto chose
-    return cli if cli != "ok" else check
+    return command if command != "ok" else check
 
 
 def by_design(part: str, why: str, backend: str | None) -> bool:
@@ -260,8 +259,17 @@ def _report(folder: Path, out: Path, inputs: dict[str, str]) -> str:
     return "ok"
 
 
-def sweep_family(model_type: str, work: Path, inputs: dict[str, str], timings: dict | None = None) -> dict:
-    """One row of the sweep (:data:`COLUMNS`) for ``model_type``, its files under ``work``."""
+def sweep_family(
+    model_type: str,
+    work: Path,
+    inputs: dict[str, str],
+    timings: dict | None = None,
+    *,
+    cli: Callable[[list[str]], int],
+) -> dict:
+    """One row of the sweep (:data:`COLUMNS`) for ``model_type``, its files under ``work``; ``cli`` is
+    the command line's entry point (``headscope.reports.cli.app.main``), which the checks run as a user
+    does (passed in: the tools sit below the CLI and never import it)."""
     import transformers
 
     from headscope.reports.tools.sweep.tiny_config import TinyBuildError, save_tiny, text_families
@@ -286,15 +294,17 @@ def sweep_family(model_type: str, work: Path, inputs: dict[str, str], timings: d
         return row
     d = str(folder)
     runs = {
-        "card": lambda: _cli(["card", d, "--json"]),
-        "capture": lambda: _capture(folder, kind, row),
+        "card": lambda: _cli(cli, ["card", d, "--json"]),
+        "capture": lambda: _capture(cli, folder, kind, row),
         "roles": lambda: _cli(
+            cli,
             ["roles", d, "--roles", ",".join(ROLE_GROUPS), "--text", inputs["text"], "--conllu", inputs["conllu"]]
-            + ["--out", str(work / f"{model_type}-roles"), "--quiet"]
+            + ["--out", str(work / f"{model_type}-roles"), "--quiet"],
         ),
         "prune": lambda: _cli(
+            cli,
             ["prune", d, "--quick", "--n-items", "8", "--seeds", "1", "--studies", "ablation", "importance", "curves"]
-            + ["--out", str(work / f"{model_type}-prune"), "--json"]
+            + ["--out", str(work / f"{model_type}-prune"), "--json"],
         ),
         "report": lambda: _report(folder, work / f"{model_type}-report", inputs),
     }
@@ -311,13 +321,14 @@ def sweep_family(model_type: str, work: Path, inputs: dict[str, str], timings: d
 def sweep(
     families: Iterable[str],
     *,
+    cli: Callable[[list[str]], int],
     work: Path | None = None,
     progress: Callable[[dict, float], None] | None = None,
     timings: dict | None = None,
 ) -> list[dict]:
     """The rows of :func:`sweep_family` for each of ``families`` in order; ``work`` keeps every
     family's folders (default: a temporary folder, removed after); ``progress(row, seconds)`` after
-    each family. Never raises for a family's failure: it is that family's row."""
+    each family; ``cli``: as :func:`sweep_family`. Never raises for a family's failure: it is that family's row."""
     import logging
     import warnings
 
@@ -333,7 +344,7 @@ def sweep(
             try:
                 for family in families:
                     start = time.perf_counter()
-                    rows.append(sweep_family(family, root, inputs, timings))
+                    rows.append(sweep_family(family, root, inputs, timings, cli=cli))
                     if progress is not None:
                         progress(rows[-1], time.perf_counter() - start)
             finally:

@@ -17,6 +17,7 @@ from tiny_models import FAMILIES as TINY_FAMILIES
 from tiny_models import check_tiny_report
 
 from headscope.probes.models.config import INHOUSE_MODEL_TYPES
+from headscope.reports.cli.app import main
 from headscope.reports.tools.sweep.run import STAGES, by_design, read_sweep, sample, sweep
 from headscope.reports.tools.sweep.tiny_config import N_HEADS, N_LAYERS
 
@@ -28,7 +29,7 @@ def _swept(family: str, tmp_path_factory) -> tuple[Path, dict]:
     """The sweep's row of one ``family`` and the folder of its files (a family per test, so the
     sample spreads over the suite's workers instead of running in one)."""
     work = tmp_path_factory.mktemp(f"sweep-{family}")
-    return work, sweep([family], work=work)[0]
+    return work, sweep([family], cli=main, work=work)[0]
 
 
 @pytest.fixture(scope="module")
