@@ -1,14 +1,14 @@
 """The memory a run will need, the memory it may use, and the batch that fits.
 
 :func:`estimate` is arithmetic on a model's sizes (:class:`Shape`, read from its config
-before any weight is loaded) and on what the run does (one :class:`Stage` per kind of
+before any weight is loaded) and on what the run does (one :class:`WorkingSet` per kind of
 forward pass). It returns an :class:`Estimate`: bytes per component and the peak, the
 larger of two phases that never overlap:
 
 * **load**: the process as it is now, the weights, and a second float32 copy of them
   while they are read (a third of one more for a GGUF dequantised on first use);
 * **run**: the process, the weights and what the loader leaves behind, plus the largest
-  stage's working set: the patterns kept of one batch (``[batch, head, query_pos,
+  working set: the patterns kept of one batch (``[batch, head, query_pos,
   key_pos]`` per captured layer), the attention scores and activations of one forward,
   the logits of the rows read (``rows × vocab``), the reducers' copies of the patterns,
   the resampling chunks of the statistics, the activations a backward pass keeps
@@ -30,7 +30,7 @@ estimate, what is available, what to change) when even a batch of one does not.
 
 >>> qwen = Shape(n_layers=24, n_heads=14, n_kv_heads=2, d_model=896, d_head=64, d_mlp=4864,
 ...              vocab_size=151936, n_params=494_032_768, causal=True)
->>> est = estimate(qwen, [Stage(name="roles", batch_size=32, longest=40, kept_layers=24)])
+>>> est = estimate(qwen, [WorkingSet(name="roles", batch_size=32, longest=40, kept_layers=24)])
 >>> est.phase, round(est.total / 2**30, 2), round(est.parts["roles"]["logits"] / 2**30, 2)
 ('load', 3.76, 0.72)
 >>> parse_size("1.5G"), parse_size("512M"), parse_size("4096")
@@ -57,7 +57,7 @@ __all__ = [
     "Available",
     "Estimate",
     "Shape",
-    "Stage",
+    "WorkingSet",
     "available_memory",
     "estimate",
     "fit",
@@ -159,8 +159,8 @@ class Shape:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Stage:
-    """One kind of forward pass of a run.
+class WorkingSet:
+    """What one kind of forward pass of a run holds (a phase of :func:`estimate`, named by ``name``).
 
     ``batch_size``: sequences per forward (the knob :func:`fit` turns); ``longest``: tokens of
     the longest sequence; ``max_tokens``/``max_cells``: :func:`~headscope.probes.capture.stream`'s
@@ -170,7 +170,7 @@ class Stage:
     (an encoder's hidden states); ``loss``: the logits also pass a log-softmax; ``grad``: a
     backward pass follows (its activations are kept); ``reducers``: role reducers read
     the patterns; ``statistics``: per-item values are resampled; ``cache_per_row``: bytes the
-    stage holds per sequence besides the forward (a patching study's clean ``z``, the unablated
+    run holds per sequence besides the forward (a patching study's clean ``z``, the unablated
     stream of a pruning batch), for at most ``cache_rows`` sequences (None: the batch)."""
 
     name: str = "run"
@@ -191,18 +191,20 @@ class Stage:
         for k in ("batch_size", "longest"):
             v = getattr(self, k)
             if not isinstance(v, int) or v < 1:
-                raise ValueError(f"The {k!r} parameter of Stage must be a positive int; got {v!r}.")
+                raise ValueError(f"The {k!r} parameter of WorkingSet must be a positive int; got {v!r}.")
         if self.logits not in ("all", "last", "none"):
-            raise ValueError(f"The 'logits' parameter of Stage must be 'all', 'last' or 'none'; got {self.logits!r}.")
+            raise ValueError(
+                f"The 'logits' parameter of WorkingSet must be 'all', 'last' or 'none'; got {self.logits!r}."
+            )
 
     def extent(self) -> tuple[int, int, int]:
         """``(rows, tokens, cells)`` of its largest batch: the most sequences, padded tokens and
         attention cells per head that one batch can hold, over every length up to ``longest``
         (an item alone is never split).
 
-        >>> Stage(batch_size=32, longest=37).extent()
+        >>> WorkingSet(batch_size=32, longest=37).extent()
         (32, 1184, 43808)
-        >>> Stage(batch_size=32, longest=300, max_cells=1 << 17, max_tokens=8192).extent()
+        >>> WorkingSet(batch_size=32, longest=300, max_cells=1 << 17, max_tokens=8192).extent()
         (32, 2048, 131072)
         """
         rows = tokens = cells = 0
@@ -219,8 +221,8 @@ class Stage:
 @dataclass
 class Estimate:
     """What :func:`estimate` found: ``breakdown`` (bytes per component), ``phases`` (bytes per
-    phase: ``load`` and each stage), ``total`` (the largest phase, named by ``phase``) and
-    the batch size of each stage."""
+    phase: ``load`` and each working set), ``total`` (the largest phase, named by ``phase``) and
+    the batch size of each working set."""
 
     breakdown: dict[str, int]
     phases: dict[str, int]
@@ -246,32 +248,32 @@ class Estimate:
         }
 
 
-def _stage_bytes(shape: Shape, stage: Stage) -> dict[str, int]:
-    """The working set of one batch of ``stage``, by component."""
+def _working_set_bytes(shape: Shape, ws: WorkingSet) -> dict[str, int]:
+    """The working set of one batch of ``ws``, by component."""
     b, f32 = shape.bytes_per, 4
-    rows, tokens, cells = stage.extent()
+    rows, tokens, cells = ws.extent()
     h, d, L = shape.n_heads, shape.d_model, shape.n_layers
     out = {
-        "patterns": stage.kept_layers * h * cells * b,
+        "patterns": ws.kept_layers * h * cells * b,
         "attention": WORK_CELLS * h * cells * f32,
         "activations": WORK_ACTIVATIONS * tokens * d * b,
         "logits": 0,
-        "reducers": REDUCER_COPIES * stage.kept_layers * h * cells * f32 if stage.reducers else 0,
-        "statistics": STATISTICS_BYTES if stage.statistics else 0,
+        "reducers": REDUCER_COPIES * ws.kept_layers * h * cells * f32 if ws.reducers else 0,
+        "statistics": STATISTICS_BYTES if ws.statistics else 0,
         "gradients": 0,
-        "cache": int(stage.cache_per_row) * min(stage.batch_size, stage.cache_rows or stage.batch_size),
+        "cache": int(ws.cache_per_row) * min(ws.batch_size, ws.cache_rows or ws.batch_size),
     }
-    if shape.causal and shape.vocab_size and stage.logits != "none":
-        read = tokens if stage.logits == "all" else rows
-        out["logits"] = read * shape.vocab_size * b * (1 + 2 * (stage.loss or stage.grad))
-    if stage.grad:  # every layer's activations and its (float32) pattern are kept for the backward pass
+    if shape.causal and shape.vocab_size and ws.logits != "none":
+        read = tokens if ws.logits == "all" else rows
+        out["logits"] = read * shape.vocab_size * b * (1 + 2 * (ws.loss or ws.grad))
+    if ws.grad:  # every layer's activations and its (float32) pattern are kept for the backward pass
         out["gradients"] = L * (GRAD_ACTIVATIONS * tokens * d + tokens * shape.d_mlp) * b + L * h * cells * f32
     return out
 
 
 def estimate(
     shape: Shape,
-    stages: Sequence[Stage],
+    working_sets: Sequence[WorkingSet],
     *,
     process: int = 0,
     load: bool = True,
@@ -285,12 +287,12 @@ def estimate(
     ``probe``: once the in-house weights are in place, ``--backend auto`` loads an HF eager copy
     beside them to check their patterns (:data:`PROBE_COPIES`), and the load phase is the larger
     of reading the weights and that probe; ``trimmed``: the heap is trimmed once the model is
-    loaded, so the stages hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`.
+    loaded, so the working sets hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`.
     ``breakdown`` gives the components of the largest phase (``weights``, ``loading``,
-    ``process``, and that stage's ``patterns``, ``logits``, …).
+    ``process``, and that working set's ``patterns``, ``logits``, …).
 
     >>> tiny = Shape(n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=256, vocab_size=1000, n_params=10**6)
-    >>> e = estimate(tiny, [Stage(batch_size=8, longest=16)], process=100 * 2**20)
+    >>> e = estimate(tiny, [WorkingSet(batch_size=8, longest=16)], process=100 * 2**20)
     >>> e.phase, e.breakdown["weights"], e.breakdown["patterns"]
     ('run', 4000000, 0)
     """
@@ -310,17 +312,17 @@ def estimate(
             phases["load"], parts["load"] = sum(probing.values()), probing
     if trimmed and load:
         residue["loader residue"] = int(TRIMMED_RESIDUE * shape.n_params * 4)
-    for stage in stages:
-        work = _stage_bytes(shape, stage)
-        parts[stage.name] = {**base, **residue, **work, "allocator": ALLOCATOR_SLACK}
-        phases[stage.name] = sum(parts[stage.name].values())
+    for ws in working_sets:
+        work = _working_set_bytes(shape, ws)
+        parts[ws.name] = {**base, **residue, **work, "allocator": ALLOCATOR_SLACK}
+        phases[ws.name] = sum(parts[ws.name].values())
     phase = max(phases, key=phases.get)
     return Estimate(
         breakdown=parts[phase],
         phases=phases,
         total=phases[phase],
         phase=phase,
-        batch_sizes={s.name: s.batch_size for s in stages},
+        batch_sizes={s.name: s.batch_size for s in working_sets},
         parts=parts,
     )
 
@@ -468,7 +470,7 @@ def gib(n: int) -> str:
 
 def fit(
     shape: Shape,
-    stages: Sequence[Stage],
+    working_sets: Sequence[WorkingSet],
     available: Available,
     *,
     command: str,
@@ -478,21 +480,21 @@ def fit(
     trimmed: bool = False,
     remedies: dict[str, str] | None = None,
 ) -> Estimate:
-    """The estimate with each stage's batch at most its ``batch_size``, shrunk (largest first)
+    """The estimate with each working set's batch at most its ``batch_size``, shrunk (largest first)
     until the peak fits in ``available.budget``. Raises :class:`MemoryBudgetError` with one line
     (the estimate, what is available and from where, what to change) when the load alone, or
-    every stage at a batch of one, does not fit. With no known limit, the estimate as asked.
+    every working set at a batch of one, does not fit. With no known limit, the estimate as asked.
     ``remedies``: component -> advice (``{"weights": "use --dtype bf16"}``) for the message."""
-    stages = list(stages)
+    working_sets = list(working_sets)
     kw = dict(process=available.resident, load=load, convert=convert, probe=probe, trimmed=trimmed)
-    est = estimate(shape, stages, **kw)
+    est = estimate(shape, working_sets, **kw)
     budget = available.budget
     if budget is None or est.total <= budget:
         return est
     if est.phases["load"] > budget:
         raise MemoryBudgetError(_refusal(command, est, "load", available, remedies))
     fitted = []
-    for i, s in enumerate(stages):
+    for i, s in enumerate(working_sets):
         lo, hi = 1, s.batch_size  # the largest batch whose phase fits, by bisection (monotone in the batch)
 
         def fits(n, i=i, s=s):
@@ -513,7 +515,7 @@ def _refusal(command, est: Estimate, phase: str, available: Available, remedies)
     """The one line of a refusal: the estimate of ``phase``, its largest parts, what is
     available and from where, and what to change (``remedies`` of its largest part)."""
     remedies = remedies or {}
-    where = "loading the model" if phase == "load" else f"its {phase} stage at batch size 1"
+    where = "loading the model" if phase == "load" else f"its {phase} forward passes at batch size 1"
     comps = est.parts.get(phase, {})
     top = max((k for k in comps if k != "process"), key=lambda k: comps[k], default="weights")
     advice = remedies.get(top) or remedies.get("*") or "free memory or use a smaller model"

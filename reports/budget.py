@@ -2,7 +2,7 @@
 hold, checked before the model loads, and the batch sizes that fit.
 
 :func:`plan` builds a :class:`Budget` from the model's config alone (a GGUF's metadata; no
-weight is read) and the run's settings, one :class:`~headscope.probes.budget.Stage` per
+weight is read) and the run's settings, one :class:`~headscope.probes.budget.WorkingSet` per
 kind of forward (:mod:`headscope.reports.budget_stages`), and
 fits it to :func:`~headscope.probes.budget.available_memory`: the batch of a stage that
 would not fit is shrunk, and a run that cannot fit even at a batch of one is refused with
@@ -25,7 +25,7 @@ from headscope.probes.budget import (
     Available,
     Estimate,
     Shape,
-    Stage,
+    WorkingSet,
     available_memory,
     estimate,
     fit,
@@ -95,7 +95,7 @@ class Budget:
 
     command: str
     shape: Shape | None
-    stages: list[Stage]
+    stages: list[WorkingSet]
     available: Available
     estimate: Estimate | None
     load: bool = True
@@ -133,7 +133,7 @@ class Budget:
             f"({e.describe()}); {avail}" + (f"; {shrunk}" if shrunk else "")
         )
 
-    def refine(self, stages: list[Stage], *, uniform: bool = False) -> Budget:
+    def refine(self, stages: list[WorkingSet], *, uniform: bool = False) -> Budget:
         """The plan again with ``stages`` (counted with the loaded model's tokenizer): the process
         now holds the weights, so only the run's phases are estimated. ``uniform``: every stage
         runs at the smallest batch fitted (one ``--batch-size`` for all)."""
@@ -190,7 +190,7 @@ def _fit(command, shape, stages, avail, *, load, convert, uniform, probe=False, 
 def plan(
     command: str,
     shape: Shape | None,
-    stages: list[Stage],
+    stages: list[WorkingSet],
     *,
     load: bool = True,
     convert: bool = False,

@@ -1,7 +1,7 @@
 """The stages of each command's memory plan: what one forward of a ``roles``, ``prune`` or
 ``patch`` run holds, read from the model's config and the run's settings and inputs.
 
-Each builder returns :class:`~headscope.probes.budget.Stage` rows for
+Each builder returns :class:`~headscope.probes.budget.WorkingSet` rows for
 :func:`headscope.reports.budget.plan` (:func:`roles_stages`, :func:`prune_stages`,
 :func:`patch_stages`); :func:`apply_prune` / :func:`apply_patch` put the fitted batch sizes
 back into a config. Lengths are counted with the model's tokenizer where one is at hand
@@ -15,7 +15,7 @@ import inspect
 import logging
 from dataclasses import replace
 
-from headscope.probes.budget import Estimate, Shape, Stage
+from headscope.probes.budget import Estimate, Shape, WorkingSet
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def shape_of_model(model, dtype: str) -> Shape | None:
 # ----------------------------------------------------------------------------- stages per command
 
 
-def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> list[Stage]:
+def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> list[WorkingSet]:
     """One stage per corpus the role ``groups`` stream (text, syntactic, coreference) and one for
     induction's generated sequences, at ``cfg.batch_size`` with every layer's patterns kept."""
     from headscope.analyses.roles.base import REGISTRY
@@ -142,7 +142,7 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
     for corpus, gs in corpora.items():
         if corpus == "generated":
             if "induction" in gs:
-                out.append(Stage(name="induction", longest=2 * cfg.induction_seq_len + 2, **common))
+                out.append(WorkingSet(name="induction", longest=2 * cfg.induction_seq_len + 2, **common))
             continue
         items = inputs.get(corpus)
         if corpus == "text":
@@ -154,7 +154,7 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
         else:
             its = list(items.items) if hasattr(items, "items") else list(items or [])
             n = longest_tokens([i.words for i in its], tokenizer, words=True)
-        out.append(Stage(name="text" if corpus == "text" else "+".join(gs), longest=n, **common))
+        out.append(WorkingSet(name="text" if corpus == "text" else "+".join(gs), longest=n, **common))
     return out
 
 
@@ -200,7 +200,7 @@ def _prune_data(metric: str, n_items: int | None):
     return (lines[:n_items] if n_items else lines), False
 
 
-def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
+def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[WorkingSet]:
     """The masked replicas of a batch (``max(batch_size, max_rows)`` rows per forward, the
     unablated stream of the batch kept per layer) and, with importance, one batch's backward."""
     from headscope.analyses.pruning.metrics import default_metric
@@ -212,7 +212,7 @@ def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
     decoder = shape.causal
     rows = max(pcfg.batch_size, pcfg.max_rows)
     out = [
-        Stage(
+        WorkingSet(
             name="pruning",
             batch_size=rows,
             longest=n,
@@ -225,7 +225,7 @@ def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
     ]
     if "importance" in pcfg.studies or "curves" in pcfg.studies:
         out.append(
-            Stage(
+            WorkingSet(
                 name="importance", batch_size=pcfg.batch_size, longest=n, logits="all" if decoder else "none", grad=True
             )
         )
@@ -241,7 +241,7 @@ def apply_prune(pcfg, est: Estimate):
     return replace(pcfg, batch_size=batch, max_rows=min(pcfg.max_rows, rows))
 
 
-def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attribution")) -> list[Stage]:
+def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attribution")) -> list[WorkingSet]:
     """Activation patching (``max(batch_size, max_rows)`` sequences per forward, the clean and
     corrupted ``z`` of a batch kept per layer, the last position's logits read) and, for
     attribution, one batch's backward."""
@@ -250,7 +250,7 @@ def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attr
     out = []
     if set(methods) - {"attribution"}:  # activation, ablation and path patching: replicated forwards
         out.append(
-            Stage(
+            WorkingSet(
                 name="patching",
                 batch_size=max(pc.batch_size, pc.max_rows),
                 longest=longest,
@@ -262,7 +262,7 @@ def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attr
         )
     if "attribution" in methods:
         out.append(
-            Stage(
+            WorkingSet(
                 name="attribution",
                 batch_size=pc.batch_size,
                 longest=longest,
@@ -367,7 +367,7 @@ def kv_logit_rows(shape: Shape, tokens: int) -> int | None:
     return None if rows >= tokens else int(rows)
 
 
-def kv_stages(shape: Shape, kc, *, tokens: int) -> list[Stage]:
+def kv_stages(shape: Shape, kc, *, tokens: int) -> list[WorkingSet]:
     """The report's KV-cache stage (``kc`` a :class:`~headscope.analyses.kvcache.stage.KVStageConfig`,
     its study at ``tokens``): the study's forward of one input (batch 1, the residual entering every
     layer kept for the restricted runs), the unembedding of its final hidden states ``logit_rows``
@@ -378,9 +378,11 @@ def kv_stages(shape: Shape, kc, *, tokens: int) -> list[Stage]:
     rows = kc.logit_rows or tokens
     qk = shape.n_layers * kc.role_tokens * (shape.n_heads + shape.n_kv_heads) * shape.d_head * 4
     return [
-        Stage(name="kv", batch_size=1, longest=tokens, logits="none", cache_per_row=resid),
-        Stage(name="kv logits", batch_size=rows, longest=1, logits="all", loss=True, cache_per_row=resid, cache_rows=1),
-        Stage(name="long-context roles", batch_size=1, longest=kc.role_tokens, logits="last", cache_per_row=qk),
+        WorkingSet(name="kv", batch_size=1, longest=tokens, logits="none", cache_per_row=resid),
+        WorkingSet(
+            name="kv logits", batch_size=rows, longest=1, logits="all", loss=True, cache_per_row=resid, cache_rows=1
+        ),
+        WorkingSet(name="long-context roles", batch_size=1, longest=kc.role_tokens, logits="last", cache_per_row=qk),
     ]
 
 
@@ -392,10 +394,10 @@ def apply_kv(kc, est: Estimate, *, tokens: int):
     return replace(kc, logit_rows=rows)
 
 
-def weights_stage(shape: Shape, wc) -> Stage:
+def weights_stage(shape: Shape, wc) -> WorkingSet:
     """The report's weights stage (``wc`` a :class:`~headscope.analyses.run_weights.WeightsConfig`):
     no forward; what it holds at once (:func:`weights_bytes`) as the stage's cache."""
-    return Stage(name="weights", batch_size=1, longest=1, logits="none", cache_per_row=weights_bytes(shape, wc))
+    return WorkingSet(name="weights", batch_size=1, longest=1, logits="none", cache_per_row=weights_bytes(shape, wc))
 
 
 def weights_bytes(shape: Shape, wc) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from headscope.probes.budget import Shape, Stage, available_memory, estimate, parse_size
+from headscope.probes.budget import Shape, WorkingSet, available_memory, estimate, parse_size
 from headscope.probes.errors import MemoryBudgetError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,27 +86,27 @@ def short_text(tmp_path_factory) -> Path:
 
 def test_estimate_from_qwen_config_alone_counts_weights_twice_while_loading_and_the_logits():
     """Qwen2-0.5B from its config: 494M parameters; loading holds them twice (4 bytes each),
-    the text stage's logits are rows x 151,936 x 4 bytes of its largest batch."""
+    the text working set's logits are rows x 151,936 x 4 bytes of its largest batch."""
     shape = Shape.from_hf_config(QWEN_05B)
     assert shape.n_params == 494_032_768 and shape.n_kv_heads == 2 and shape.causal
-    stage = Stage(name="text", batch_size=32, longest=40, max_tokens=8192, max_cells=1 << 17, kept_layers=24)
-    est = estimate(shape, [stage], process=0)
+    ws = WorkingSet(name="text", batch_size=32, longest=40, max_tokens=8192, max_cells=1 << 17, kept_layers=24)
+    est = estimate(shape, [ws], process=0)
     weights = 494_032_768 * 4
     assert est.parts["load"]["weights"] == weights and est.parts["load"]["loading"] >= weights
     assert est.phases["load"] >= 2 * weights
     assert est.parts["text"]["logits"] == 32 * 40 * 151936 * 4
     assert est.parts["text"]["patterns"] == 24 * 14 * 32 * 40 * 40 * 4
-    small = estimate(shape, [Stage(name="text", batch_size=1, longest=40, kept_layers=24)], process=0)
+    small = estimate(shape, [WorkingSet(name="text", batch_size=1, longest=40, kept_layers=24)], process=0)
     assert small.parts["text"]["logits"] == 40 * 151936 * 4  # batch 1: one item's rows
 
 
-def test_stage_extent_follows_the_stream_caps():
+def test_working_set_extent_follows_the_stream_caps():
     """A batch never holds more than max_cells attention cells per head (rows x length^2), nor
     max_tokens padded tokens, unless one item alone is larger."""
-    rows, tokens, cells = Stage(batch_size=32, longest=300, max_cells=1 << 17, max_tokens=8192).extent()
+    rows, tokens, cells = WorkingSet(batch_size=32, longest=300, max_cells=1 << 17, max_tokens=8192).extent()
     assert cells <= 1 << 17 and tokens <= 8192 and rows == 32  # 32 rows of 64 tokens: 2048 tokens
     assert tokens == 2048
-    assert Stage(batch_size=32, longest=1000, max_cells=1 << 17).extent()[2] == 1000 * 1000  # one item alone
+    assert WorkingSet(batch_size=32, longest=1000, max_cells=1 << 17).extent()[2] == 1000 * 1000  # one item alone
 
 
 def test_memory_limit_env_is_a_cap_on_this_process(monkeypatch):
@@ -123,16 +123,18 @@ def test_fit_shrinks_the_batch_and_refuses_when_one_item_cannot_fit():
     from headscope.probes.budget import Available, fit
 
     shape = Shape.from_hf_config(QWEN_05B)
-    stage = Stage(name="text", batch_size=32, longest=40, kept_layers=24)
+    ws = WorkingSet(name="text", batch_size=32, longest=40, kept_layers=24)
     at = {
-        b: estimate(shape, [Stage(name="text", batch_size=b, longest=40, kept_layers=24)], load=False).total
+        b: estimate(shape, [WorkingSet(name="text", batch_size=b, longest=40, kept_layers=24)], load=False).total
         for b in (1, 32)
     }
     mid = (at[1] + at[32]) // 2
-    est = fit(shape, [stage], Available(mid, "test", 0), command="roles", load=False)
+    est = fit(shape, [ws], Available(mid, "test", 0), command="roles", load=False)
     assert 1 < est.batch_sizes["text"] < 32 and est.total <= mid
-    with pytest.raises(MemoryBudgetError, match=r"roles needs ~.* GiB for its text stage at batch size 1 .*\(test\)"):
-        fit(shape, [stage], Available(at[1] - 1, "test", 0), command="roles", load=False)
+    with pytest.raises(
+        MemoryBudgetError, match=r"roles needs ~.* GiB for its text forward passes at batch size 1 .*\(test\)"
+    ):
+        fit(shape, [ws], Available(at[1] - 1, "test", 0), command="roles", load=False)
 
 
 # ----------------------------------------------------------------------------- refused, not killed
@@ -280,8 +282,8 @@ def test_batch_shrinks_under_a_budget_between_batch_1_and_default_and_the_figure
     mem = _run_json(tmp_path / "a")["memory"]
     assert mem["batch_sizes"] == {"text": 32}
     shape = Shape(**mem["shape"])
-    stage = Stage(**mem["stages"][0])
-    work = {b: estimate(shape, [replace(stage, batch_size=b)], load=False).total for b in (1, 32)}
+    ws = WorkingSet(**mem["stages"][0])
+    work = {b: estimate(shape, [replace(ws, batch_size=b)], load=False).total for b in (1, 32)}
     assert work[32] - work[1] > 100 << 20  # the gap is wide against the noise of a process's size
     limit = mem["process_bytes"] + (work[1] + work[32]) // 2
 
