@@ -43,7 +43,7 @@ figures: bootstrap
 	$(PY) -m headscope.reports.tools.experiments.weights_figures $(FIGURES_FLAGS)
 	$(PY) -m headscope.reports.tools.experiments.kv_figures
 
-# Every stage on a tiny random model of each text family of the installed transformers (one core, ~6-10 s
+# Every command checked on a tiny random model of each text family of the installed transformers (one core, ~6-10 s
 # of CPU a family, 40-90 s of wall time on a loaded 2-core machine: run it in parts there) into data/sweep/sweep.csv and sweep.md, and the README's family
 # table rendered from it; tests/test_sweep_readme.py fails while they differ. SWEEP_FLAGS="--families a,b
 # --update" reruns some families and keeps the other rows

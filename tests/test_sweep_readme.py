@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from headscope.reports.tools.sweep.run import STAGES, read_sweep
+from headscope.reports.tools.sweep.run import CHECKS, read_sweep
 from headscope.reports.tools.sweep.table import counts, readme_block, render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,4 +31,4 @@ def test_the_rendering_names_every_built_family_once_with_its_outcome():
     assert f"{n} model types of the registry swept, {m} text families built from a tiny config, {k} running" in table
     for r in rows:
         if r["built"] == "ok":
-            assert table.count(f"`{r['family']}`") == (1 if all(r[s] == "ok" for s in STAGES) else 2), r["family"]
+            assert table.count(f"`{r['family']}`") == (1 if all(r[s] == "ok" for s in CHECKS) else 2), r["family"]

@@ -1,10 +1,10 @@
-"""``headscope sweep``: every stage on a tiny random model of each text family of transformers' registry.
+"""``headscope sweep``: every command checked on a tiny random model of each text family of transformers' registry.
 
 For each family (default: every model type of the installed transformers; ``--families a,b`` or
 ``--sample``, the fixed sample CI runs) a tiny random checkpoint is built from the family's config
 class and card, capture (patterns against HF eager's), roles, quick prune and report run on it on
 the default backend (:mod:`headscope.reports.tools.sweep.run`). ``--out DIR`` (default ``runs/sweep``)
-gets ``sweep.csv`` (family, backend chosen, each stage ``ok`` or why not, transformers' version)
+gets ``sweep.csv`` (family, backend chosen, each check ``ok`` or why not, transformers' version)
 and ``sweep.md``, the table the README's family table is rendered from (``--readme README.md`` writes
 it there too); ``--update`` replaces only the swept families' rows of an earlier ``sweep.csv`` (a sweep
 run in parts). One line per family on stderr as it finishes (``--quiet``: none).
@@ -19,7 +19,9 @@ from pathlib import Path
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
 
-    p = sub.add_parser("sweep", help="every stage on a tiny model of each text family of transformers' registry")
+    p = sub.add_parser(
+        "sweep", help="every command checked on a tiny model of each text family of transformers' registry"
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument(
         "--families", metavar="LIST", default=None, help="comma-separated model types (default: the whole registry)"
@@ -85,7 +87,7 @@ def _target(out: Path, name: str) -> Path:
 
 def run(args) -> int:
     from headscope.reports.cli.app import main
-    from headscope.reports.tools.sweep.run import read_sweep, sweep, write_sweep
+    from headscope.reports.tools.sweep.run import CHECKS, read_sweep, sweep, write_sweep
     from headscope.reports.tools.sweep.table import counts, readme_block, render, update_readme
 
     families = families_of(args)
@@ -109,10 +111,8 @@ def run(args) -> int:
         write_sweep(sorted(kept + done, key=lambda r: r["family"]), csv_path)
         if args.quiet:
             return
-        stages = " ".join(
-            f"{s}={'ok' if row[s] == 'ok' else 'x'}" for s in ("card", "capture", "roles", "prune", "report")
-        )
-        what = stages if row["built"] == "ok" else row["built"][:100]
+        checks = " ".join(f"{s}={'ok' if row[s] == 'ok' else 'x'}" for s in CHECKS)
+        what = checks if row["built"] == "ok" else row["built"][:100]
         print(f"{row['family']:<28} {row['backend'] or '-':<8} {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 
     if args.readme is not None:
@@ -125,5 +125,5 @@ def run(args) -> int:
     tmp.write_text(render(rows), encoding="utf-8")
     tmp.replace(md_path)
     n, m, k = counts(rows)
-    print(f"{k} of {m} text families built run every stage ({n} model types); wrote {csv_path} and {md_path}")
+    print(f"{k} of {m} text families built pass every check ({n} model types); wrote {csv_path} and {md_path}")
     return 0

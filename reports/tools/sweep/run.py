@@ -1,7 +1,7 @@
-"""Every stage of headscope on a tiny random checkpoint of each text family, on the default backend.
+"""Every command of headscope checked on a tiny random checkpoint of each text family, on the default backend.
 
 For one family (:func:`sweep_family`) the tiny model is saved to a folder
-(:func:`~headscope.reports.tools.sweep.tiny_config.save_tiny`) and each stage runs on it as a user runs
+(:func:`~headscope.reports.tools.sweep.tiny_config.save_tiny`) and each check (:data:`CHECKS`) runs on it as a user runs
 it, with the smallest settings that still go through every code path:
 
 * ``card``: ``headscope card DIR --json``;
@@ -16,10 +16,10 @@ it, with the smallest settings that still go through every code path:
   (``run.json``'s ``absent``) says which and why, but for a part left out by design on its backend
   (:func:`by_design`: the weights stage, in-house only).
 
-Each stage's outcome is ``ok`` or why not in one line: the command's own error line
+Each check's outcome is ``ok`` or why not in one line: the command's own error line
 (``headscope: error: ...``, or ``internal error: ...``), or the exception's type and first line.
-One stage failing never stops the others, nor the sweep (:func:`sweep`); a stage past
-:data:`STAGE_TIMEOUT_S` is stopped and says so.
+One check failing never stops the others, nor the sweep (:func:`sweep`); a check past
+:data:`CHECK_TIMEOUT_S` is stopped and says so.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 __all__ = [
+    "CHECKS",
     "COLUMNS",
     "SAMPLE_EXTRA",
     "PATTERN_TOL",
     "ROLE_GROUPS",
-    "STAGES",
     "by_design",
     "read_sweep",
     "sample",
@@ -49,12 +49,13 @@ __all__ = [
     "write_sweep",
 ]
 
-STAGES = ("card", "capture", "roles", "prune", "report")
-#: one row per model type: how it was built, the backend auto chose (and the ones it rejected, why), each stage
-COLUMNS = ("family", "kind", "built", "backend", "rejected", *STAGES, "transformers")
-#: largest |pattern - HF eager's| the capture stage accepts (fp32)
+#: the checks run on each family, in order: one column each (the report's stages are another thing)
+CHECKS = ("card", "capture", "roles", "prune", "report")
+#: one row per model type: how it was built, the backend auto chose (and the ones it rejected, why), each check
+COLUMNS = ("family", "kind", "built", "backend", "rejected", *CHECKS, "transformers")
+#: largest |pattern - HF eager's| the capture check accepts (fp32)
 PATTERN_TOL = 1e-5
-#: the role groups the roles and report stages run (one of each kind of input: text, generated sequences, CoNLL-U)
+#: the role groups the roles and report checks run (one of each kind of input: text, generated sequences, CoNLL-U)
 ROLE_GROUPS = ("positional", "special", "syntactic", "induction")
 #: the fixed sample CI runs (``headscope sweep --sample``, ``tests/reports/tools/sweep/test_sweep.py``): every
 #: in-house family, the two of ``tests/tiny_models.py`` that run through hf, and families with attention
@@ -79,20 +80,20 @@ SAMPLE_EXTRA = (
     "olmo_hybrid",  # a hybrid: its attention layers alone, on hf
     "albert",  # one layer shared across its layers, a module per layer on hf
     "convbert",  # its heads' outputs concatenated with a convolution's, before one output projection
-    "xlnet",  # two that fail, so that a stage starting to pass shows here too
+    "xlnet",  # two that fail, so that a check starting to pass shows here too
     "mra",
     "bamba",  # one left out (Mamba layers only at its defaults: no attention layer)
 )
-#: a stage running longer is stopped (its outcome says so) and the sweep goes on
-STAGE_TIMEOUT_S = 300
-#: what the capture stage captures: the patterns and the heads' outputs (``z``), what the analyses read
+#: a check running longer is stopped (its outcome says so) and the sweep goes on
+CHECK_TIMEOUT_S = 300
+#: what the capture check captures: the patterns and the heads' outputs (``z``), what the analyses read
 CAPTURED = "pattern,z"
-#: the padded batch of the capture stage's pattern check (two lengths, so one item is padded)
+#: the padded batch of the capture check's pattern comparison (two lengths, so one item is padded)
 PADDED_TEXTS = ("The cat sat on the mat because it was warm.", "Heads attend.")
 
 
-class _StageTimeout(BaseException):
-    """Raised by the alarm in a stage past its time (a BaseException: the CLI boundary lets it through)."""
+class _CheckTimeout(BaseException):
+    """Raised by the alarm in a check past its time (a BaseException: the CLI boundary lets it through)."""
 
 
 def sample() -> tuple[str, ...]:
@@ -105,7 +106,7 @@ def sample() -> tuple[str, ...]:
 @contextlib.contextmanager
 def _time_limit(seconds: int):
     def _alarm(signum, frame):
-        raise _StageTimeout
+        raise _CheckTimeout
 
     try:
         old = signal.signal(signal.SIGALRM, _alarm)
@@ -131,16 +132,16 @@ def _line(e: BaseException) -> str:
     return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
-def _stage(fn: Callable[[], str]) -> str:
+def _check(fn: Callable[[], str]) -> str:
     """``fn()``'s outcome, or why it failed (one line); never raises but for an interrupt."""
     try:
-        with _time_limit(STAGE_TIMEOUT_S):
+        with _time_limit(CHECK_TIMEOUT_S):
             return fn()
-    except _StageTimeout:
-        return f"timed out after {STAGE_TIMEOUT_S} s"
+    except _CheckTimeout:
+        return f"timed out after {CHECK_TIMEOUT_S} s"
     except KeyboardInterrupt:
         raise
-    except Exception as e:  # noqa: BLE001 - a stage's failure is its outcome, recorded and the sweep goes on
+    except Exception as e:  # noqa: BLE001 - a check's failure is its outcome, recorded and the sweep goes on
         return _line(e)
 
 
@@ -185,7 +186,7 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     with contextlib.redirect_stderr(io.StringIO()):  # auto's "rejected ..." lines: kept in the row instead
         try:
             model = load_model(str(folder))
-        except Exception as e:  # noqa: BLE001 - no backend loads it: the row says so, the stage gives the reason
+        except Exception as e:  # noqa: BLE001 - no backend loads it: the row says so, the check gives the reason
             row["backend"] = ""
             row["rejected"] = "; ".join(
                 [_line(e), *(n.removeprefix("backend auto: ") for n in getattr(e, "__notes__", ()))]
@@ -308,12 +309,12 @@ def sweep_family(
         ),
         "report": lambda: _report(folder, work / f"{model_type}-report", inputs),
     }
-    for stage, fn in runs.items():
+    for check, fn in runs.items():
         start = time.perf_counter()
-        row[stage] = _stage(fn)
+        row[check] = _check(fn)
         if timings is not None:
-            timings[(model_type, stage)] = time.perf_counter() - start
-    for key in ("rejected", *STAGES):  # a path in a reason names the family's folder, not the temporary root
+            timings[(model_type, check)] = time.perf_counter() - start
+    for key in ("rejected", *CHECKS):  # a path in a reason names the family's folder, not the temporary root
         row[key] = row[key].replace(f"{work}/", "")
     return row
 

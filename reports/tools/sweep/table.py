@@ -2,9 +2,10 @@
 family table is :func:`render` of the committed ``data/sweep/sweep.csv`` (``tests/test_sweep_readme.py``
 fails while they differ; ``make sweep`` writes both).
 
-The table groups the families that run every stage by the backend ``--backend auto`` chose, then
-the families that pass only some stages by what they pass; below it, in collapsed lists, each
-failing family with its first failing stage and reason, and the text families that could not be
+The table groups the families that pass every check (:data:`~.run.CHECKS`; the rendered table
+still calls them stages) by the backend ``--backend auto`` chose, then the families that pass only
+some checks by what they pass; below it, in collapsed lists, each failing family with its first
+failing check and reason, and the text families that could not be
 built from a tiny config, with why.
 
 >>> rows = [dict(family="llama", kind="decoder", built="ok", backend="inhouse", rejected="", card="ok",
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from headscope.reports.tools.sweep.run import STAGES
+from headscope.reports.tools.sweep.run import CHECKS
 
 __all__ = ["BEGIN", "END", "counts", "readme_block", "render", "summary", "update_readme"]
 
@@ -29,11 +30,11 @@ BACKEND_NAMES = {"inhouse": "in-house", "hf": "hf", "bridge": "bridge", "": "non
 
 
 def _ok(row: dict) -> bool:
-    return row["built"] == "ok" and all(row[s] == "ok" for s in STAGES)
+    return row["built"] == "ok" and all(row[s] == "ok" for s in CHECKS)
 
 
 def counts(rows: list[dict]) -> tuple[int, int, int]:
-    """``(N, M, K)``: model types swept, text families built from a tiny config, those running every stage."""
+    """``(N, M, K)``: model types swept, text families built from a tiny config, those passing every check."""
     built = [r for r in rows if r["built"] == "ok"]
     return len(rows), len(built), sum(_ok(r) for r in built)
 
@@ -57,8 +58,8 @@ def _names(families) -> str:
 
 
 def _first_failure(row: dict) -> tuple[str, str]:
-    stage = next(s for s in STAGES if row[s] != "ok")
-    return stage, row[stage]
+    check = next(s for s in CHECKS if row[s] != "ok")
+    return check, row[check]
 
 
 def render(rows: list[dict]) -> str:
@@ -70,26 +71,26 @@ def render(rows: list[dict]) -> str:
         if _ok(r):
             by_backend[r["backend"]].append(r["family"])
         else:
-            passed = tuple(s for s in STAGES if r[s] == "ok")
+            passed = tuple(s for s in CHECKS if r[s] == "ok")
             partial[passed].append(f"{r['family']} ({BACKEND_NAMES.get(r['backend'], r['backend'])})")
     lines = [summary(rows), "", "| backend `auto` chose | stages that run | families |", "|---|---|---|"]
     for backend in ("inhouse", "hf", "bridge"):
         if by_backend.get(backend):
             name = BACKEND_NAMES[backend]
-            lines.append(f"| {name} | all: {', '.join(STAGES)} | {_names(by_backend[backend])} |")
+            lines.append(f"| {name} | all: {', '.join(CHECKS)} | {_names(by_backend[backend])} |")
     for passed in sorted(partial, key=lambda p: (-len(p), p)):
-        stages = f"only {', '.join(passed)}" if passed else "none"
+        checks = f"only {', '.join(passed)}" if passed else "none"
         backends = ", ".join(sorted({f.split(" ", 1)[1][1:-1] for f in partial[passed]}))
         names = ", ".join(f"`{f.split(' ')[0]}` {f.split(' ', 1)[1]}" for f in sorted(partial[passed]))
-        lines.append(f"| {backends} | {stages} | {names} |")
+        lines.append(f"| {backends} | {checks} | {names} |")
     failing = [r for r in built if not _ok(r)]
     if failing:
         lines += ["", f"<details><summary>{len(failing)} families that fail a stage, and why</summary>", ""]
         lines += ["| family | backend | first failing stage | reason |", "|---|---|---|---|"]
         for r in sorted(failing, key=lambda r: r["family"]):
-            stage, why = _first_failure(r)
+            check, why = _first_failure(r)
             backend = BACKEND_NAMES.get(r["backend"], r["backend"])
-            lines.append(f"| `{r['family']}` | {backend} | {stage} | {_cell(why)} |")
+            lines.append(f"| `{r['family']}` | {backend} | {check} | {_cell(why)} |")
         lines += ["", "</details>"]
     unbuilt = [r for r in rows if r["kind"] and r["built"] != "ok"]
     if unbuilt:

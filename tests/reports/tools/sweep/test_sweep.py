@@ -1,5 +1,5 @@
 """The registry sweep on its fixed sample (``headscope sweep --sample``): every in-house family and more,
-each stage's outcome equal to the committed ``data/sweep/sweep.csv`` (so a regression, and a stage that
+each check's outcome equal to the committed ``data/sweep/sweep.csv`` (so a regression, and a check that
 starts to pass without the table saying so, both fail here; ``make sweep`` regenerates the table).
 
 It also holds what ``tests/reports/test_families_report.py`` asserted on the report of every family
@@ -18,11 +18,11 @@ from tiny_models import check_tiny_report
 
 from headscope.probes.models.config import INHOUSE_MODEL_TYPES
 from headscope.reports.cli.app import main
-from headscope.reports.tools.sweep.run import STAGES, by_design, read_sweep, sample, sweep
+from headscope.reports.tools.sweep.run import CHECKS, by_design, read_sweep, sample, sweep
 from headscope.reports.tools.sweep.tiny_config import N_HEADS, N_LAYERS
 
 COMMITTED = Path(__file__).resolve().parents[4] / "data" / "sweep" / "sweep.csv"
-COMPARED = ("kind", "built", "backend", *STAGES)
+COMPARED = ("kind", "built", "backend", *CHECKS)
 
 
 def _swept(family: str, tmp_path_factory) -> tuple[Path, dict]:
@@ -44,8 +44,8 @@ def test_the_sample_holds_every_inhouse_family_and_at_least_25():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sample())
-def test_every_stage_of_the_sample_is_what_the_committed_sweep_says(family, tmp_path_factory, committed):
-    """Each stage's outcome equals the committed row; on a family of ``tests/tiny_models.py``, also
+def test_every_check_of_the_sample_is_what_the_committed_sweep_says(family, tmp_path_factory, committed):
+    """Each check's outcome equals the committed row; on a family of ``tests/tiny_models.py``, also
     the report checks test_families_report.py made (roles for every head, importance reaching
     (nearly) every head, the three curves to 50%, the HTML with nothing missing, the backend auto chose)."""
     work, row = _swept(family, tmp_path_factory)
