@@ -67,10 +67,10 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import pandas as pd
 
-from headscope.probes.budget import Estimate, Shape
+from headscope.probes.budget import Shape
 from headscope.probes.budget import Stage as WorkingSet
 
-__all__ = ["UNITS", "RunContext", "Stage", "StageResult", "Unit", "WorkingSet", "check_config_type"]
+__all__ = ["UNITS", "RunContext", "Stage", "StageAbsent", "StageResult", "Unit", "WorkingSet", "check_config_type"]
 
 #: what a stage's work divides into (:attr:`Stage.unit`), for a sharded run
 Unit = Literal["items", "heads", "layers", "kv_groups"]
@@ -90,7 +90,8 @@ class RunContext:
     weights' record (path, name, sha256); ``tokenizer``: read without the weights before the load
     where possible, the model's own once loaded; ``model``: the loaded model (None while planning).
     ``full``, ``seed``, ``dtype``, ``device``, ``large_cost``: the run's settings; ``inputs``: the
-    role analyses' inputs (``text`` / ``conllu`` / ``coref``; empty: the shipped corpora).
+    role analyses' inputs (``text`` / ``conllu`` / ``coref``; empty: the shipped corpora);
+    ``role_groups``: the role groups asked (None: every registered one).
     ``frames`` / ``summaries`` / ``absent``: what the stages run so far wrote (frame name ->
     frame; stage name -> summary; stage name -> why absent). ``progress(stage, done, total)``
     and ``notice(line)``: the terminal's, or None."""
@@ -109,6 +110,7 @@ class RunContext:
     device: object | None = None
     large_cost: float | None = None
     inputs: dict = field(default_factory=dict)
+    role_groups: tuple[str, ...] | None = None
     frames: dict[str, pd.DataFrame] = field(default_factory=dict)
     summaries: dict[str, dict] = field(default_factory=dict)
     absent: dict[str, str] = field(default_factory=dict)
@@ -121,6 +123,11 @@ class RunContext:
         """The loaded model's positions (its spec), or None before the load."""
         spec = getattr(self.model, "spec", None)
         return None if spec is None else int(spec.max_positions)
+
+
+class StageAbsent(Exception):
+    """Raised inside :meth:`Stage.run` when the inputs turn out not to allow the stage (a reason
+    known only once it runs): the stage is absent with ``str(exc)`` as its reason, not failed."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,13 @@ class Stage(Generic[C]):
     unit: ClassVar[Unit] = "items"
     #: frame name -> {column: dtype} of every frame it may write
     schemas: ClassVar[Mapping[str, Mapping[str, str]]] = {}
+    #: where its sections go in the report: by ``place``, then registry order (the pruning study, a
+    #: cost rather than a finding, goes last)
+    place: ClassVar[int] = 50
+    #: its run tells ``ctx.progress`` of its own parts (else the runner says when it starts and ends)
+    reports_progress: ClassVar[bool] = False
+    #: a blocker is logged as a warning (False: absent by design on some models, logged at info)
+    warn_absent: ClassVar[bool] = True
     #: where the report and run.json keep its summary (``{stage}_summary`` unless set)
     summary_key: ClassVar[str | None] = None
 
@@ -177,9 +191,9 @@ class Stage(Generic[C]):
         ``ctx.tokenizer`` (may be None: lengths bounded by bytes); [] when it holds little."""
         return []
 
-    def fitted(self, cfg: C, estimate: Estimate) -> C:
-        """``cfg`` with the batch sizes the memory plan fitted (``estimate.batch_sizes``, keyed by
-        the working sets' names)."""
+    def fitted(self, cfg: C, batch_sizes: Mapping[str, int]) -> C:
+        """``cfg`` with the batch sizes the memory plan fitted to its own working sets
+        (``batch_sizes``: working set name -> batch; only those :meth:`plan` returned)."""
         return cfg
 
     def seconds(self, ctx: RunContext, cfg: C) -> float | None:

@@ -15,7 +15,7 @@ import inspect
 import logging
 from dataclasses import replace
 
-from headscope.probes.budget import Estimate, Shape, Stage
+from headscope.probes.budget import Shape, Stage
 
 log = logging.getLogger(__name__)
 
@@ -232,10 +232,10 @@ def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
     return out
 
 
-def apply_prune(pcfg, est: Estimate):
-    """``pcfg`` with the batch sizes :func:`~headscope.probes.budget.fit` chose."""
-    rows = est.batch_sizes.get("pruning", pcfg.max_rows)
-    batch = min(pcfg.batch_size, est.batch_sizes.get("importance", pcfg.batch_size), rows)
+def apply_prune(pcfg, batch_sizes):
+    """``pcfg`` with the batch sizes :func:`~headscope.probes.budget.fit` chose (working set -> batch)."""
+    rows = batch_sizes.get("pruning", pcfg.max_rows)
+    batch = min(pcfg.batch_size, batch_sizes.get("importance", pcfg.batch_size), rows)
     if rows >= max(pcfg.batch_size, pcfg.max_rows) and batch == pcfg.batch_size:
         return pcfg
     return replace(pcfg, batch_size=batch, max_rows=min(pcfg.max_rows, rows))
@@ -274,10 +274,10 @@ def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attr
     return out
 
 
-def apply_patch(pc, est: Estimate):
-    """``pc`` with the batch sizes :func:`~headscope.probes.budget.fit` chose."""
-    rows = est.batch_sizes.get("patching", pc.max_rows)
-    batch = min(pc.batch_size, est.batch_sizes.get("attribution", pc.batch_size), rows)
+def apply_patch(pc, batch_sizes):
+    """``pc`` with the batch sizes :func:`~headscope.probes.budget.fit` chose (working set -> batch)."""
+    rows = batch_sizes.get("patching", pc.max_rows)
+    batch = min(pc.batch_size, batch_sizes.get("attribution", pc.batch_size), rows)
     if rows >= max(pc.batch_size, pc.max_rows) and batch == pc.batch_size:
         return pc
     return replace(pc, batch_size=batch, max_rows=min(pc.max_rows, rows))
@@ -382,14 +382,6 @@ def kv_stages(shape: Shape, kc, *, tokens: int) -> list[Stage]:
         Stage(name="kv logits", batch_size=rows, longest=1, logits="all", loss=True, cache_per_row=resid, cache_rows=1),
         Stage(name="long-context roles", batch_size=1, longest=kc.role_tokens, logits="last", cache_per_row=qk),
     ]
-
-
-def apply_kv(kc, est: Estimate, *, tokens: int):
-    """``kc`` with the rows :func:`~headscope.probes.budget.fit` let the study unembed at once."""
-    rows = est.batch_sizes.get("kv logits")
-    if rows is None or rows >= (kc.logit_rows or tokens):
-        return kc
-    return replace(kc, logit_rows=rows)
 
 
 def weights_stage(shape: Shape, wc) -> Stage:
