@@ -80,6 +80,9 @@ class Role:
     task: str | None = None
     row_tasks: Mapping[str, str] = field(default_factory=dict, hash=False)  # a Role stays hashable
     example: Callable[[RoleOutput, Any, dict], tuple[int | None, list, list | None]] | None = None
+    #: a role on generated inputs: ``(longest tokens, items)`` of its sequences under a ``RolesConfig``,
+    #: for the memory plan and the time estimate (None: it reads a corpus, measured there)
+    generated: Callable[[Any], tuple[int, int]] | None = None
 
     def __post_init__(self):
         if self.corpus not in CORPORA:

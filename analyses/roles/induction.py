@@ -388,6 +388,7 @@ ROLE_DEF = Role(
     feed=feed,
     options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
     task="induction",
+    generated=lambda cfg: (2 * cfg.induction_seq_len + 2, cfg.induction_n_sequences),
     row_tasks={"previous-token": "duplicate_token", "duplicate-token": "duplicate_token"},
     description=(
         "induction, duplicate-token, previous-token (and next-token, bidirectional models): the share of a "

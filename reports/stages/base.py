@@ -165,6 +165,8 @@ class Stage(Generic[C]):
     #: where its sections go in the report: by ``place``, then registry order (the pruning study, a
     #: cost rather than a finding, goes last)
     place: ClassVar[int] = 50
+    #: the hand-written subcommand that runs it alone (None: ``headscope <name>``, derived from the registry)
+    command: ClassVar[str | None] = None
     #: its run tells ``ctx.progress`` of its own parts (else the runner says when it starts and ends)
     reports_progress: ClassVar[bool] = False
     #: a blocker is logged as a warning (False: absent by design on some models, logged at info)

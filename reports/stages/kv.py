@@ -23,11 +23,72 @@ def _tokens(cfg: KVStageConfig) -> int:
 class KVStage(Stage[KVStageConfig]):
     name = "kv"
     Config = KVStageConfig
+    command = "kv"
     help = "long context and the KV cache: what compressing the cache costs, the long-context roles"
     unit = "kv_groups"
     summary_key = "kv_summary"
     warn_absent = False
-    schemas = {}
+    schemas = {
+        "long_context_roles": {
+            "layer": "int64",
+            "head": "int64",
+            "role": "str",
+            "relation": "str",
+            "direction": "str",
+            "score": "float64",
+            "baseline": "float64",
+            "margin": "float64",
+            "ci_low": "float64",
+            "ci_high": "float64",
+            "p_value": "float64",
+            "n": "int64",
+            "verdict": "bool",
+            "p_raw": "float64",
+            "test": "str",
+            "interval": "str",
+            "family": "str",
+            "meets_threshold": "bool",
+            "window": "Int64",
+            "bos": "boolean",
+            "top_key": "Int64",
+            "top_key_token": "str",
+            "top_key_mass": "float64",
+        },
+        "long_context_causal": {
+            "condition": "str",
+            "draw": "Int64",
+            "item": "int64",
+            "depth": "float64",
+            "heads": "str",
+            "n_masked": "int64",
+            "copy_accuracy": "float64",
+            "damage": "float64",
+        },
+        "kv_study": {
+            "study": "category",
+            "draw": "int64",
+            "step": "int64",
+            "layer": "Int64",
+            "kv_group": "Int64",
+            "full_groups": "int64",
+            "restricted_groups": "int64",
+            "bytes_saved": "int64",
+            "fraction_saved": "float64",
+            "bytes_saved_max": "int64",
+            "fraction_saved_max": "float64",
+            "metric": "category",
+            "value": "float64",
+            "change": "float64",
+        },
+        "kv_roles": {
+            "layer": "int64",
+            "kv_group": "object",
+            "greedy_rank": "int64",
+            "kept_full": "bool",
+            "retrieval_score": "float64",
+            "retrieval_heads": "int64",
+        },
+    }
 
     def config(self, ctx: RunContext, given: KVStageConfig | None = None) -> KVStageConfig:
         from headscope.reports.stages.plans import kv_logit_rows

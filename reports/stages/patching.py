@@ -16,11 +16,28 @@ from headscope.reports.stages.base import RunContext, Stage, StageResult, Workin
 class PatchingStage(Stage[CausalConfig]):
     name = "patching"
     Config = CausalConfig
+    command = "patch"
     help = "causal evidence per role: activation and attribution patching on each role's task"
     requires = ("roles",)
     unit = "heads"
     summary_key = "patching_summary"
-    schemas = {}
+    schemas = {
+        "patching": {
+            "task": "str",
+            "layer": "int64",
+            "head": "int64",
+            "method": "str",
+            "effect": "float64",
+            "ci_low": "float64",
+            "ci_high": "float64",
+            "p_value": "float64",
+            "significant": "bool",
+            "n": "int64",
+            "p_raw": "float64",
+            "unit": "str",
+            "definition": "str",
+        },
+    }
 
     def config(self, ctx: RunContext, given: CausalConfig | None = None) -> CausalConfig:
         from headscope.reports.stages.quick import QUICK_PATCHING_LARGE, is_large

@@ -140,9 +140,10 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
     for g in groups:
         corpora.setdefault(REGISTRY[g].corpus, []).append(g)
     for corpus, gs in corpora.items():
-        if corpus == "generated":
-            if "induction" in gs:
-                out.append(Stage(name="induction", longest=2 * cfg.induction_seq_len + 2, **common))
+        if corpus == "generated":  # each generated role says how long its sequences are
+            for g in gs:
+                if REGISTRY[g].generated is not None:
+                    out.append(Stage(name=g, longest=REGISTRY[g].generated(cfg)[0], **common))
             continue
         items = inputs.get(corpus)
         if corpus == "text":
@@ -170,8 +171,7 @@ def roles_items(groups, inputs: dict, cfg) -> int:
         n += sum(len(getattr(c, "sentences", [c])) for c in inputs.get("conllu") or [])
     if "coref" in corpora and inputs.get("coref") is not None:
         n += len(getattr(inputs["coref"], "items", inputs["coref"]))
-    if "generated" in corpora and "induction" in groups:
-        n += cfg.induction_n_sequences
+    n += sum(REGISTRY[g].generated(cfg)[1] for g in groups if REGISTRY[g].generated is not None)
     return n
 
 
@@ -291,13 +291,12 @@ def task_longest(task: str, seq_len: int, tokenizer=None) -> int:
     import json
     from pathlib import Path
 
-    if task == "induction":
-        return 2 * seq_len + 2
-    if task == "duplicate_token":
-        return seq_len + 3
+    from headscope.analyses.patching.tasks import GENERATED_LONGEST, TASK_FILES
     from headscope.data import path
 
-    f = {"agreement": path("tasks/agreement.jsonl"), "coreference": path("coref/coref.jsonl")}.get(task, Path(task))
+    if task in GENERATED_LONGEST:
+        return GENERATED_LONGEST[task](seq_len)
+    f = path(TASK_FILES[task]) if task in TASK_FILES else Path(task)
     texts = []
     try:
         with open(f, encoding="utf-8", errors="replace") as fh:

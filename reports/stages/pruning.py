@@ -18,13 +18,93 @@ from headscope.reports.stages.base import RunContext, Stage, StageResult, Workin
 class PruningStage(Stage[PruneConfig]):
     name = "pruning"
     Config = PruneConfig
+    command = "prune"
     help = "what removing heads costs: single-head ablation, importance, pruning curves"
     requires = ("roles",)
     unit = "heads"
     place = 90
     reports_progress = True
     summary_key = "prune_summary"
-    schemas = {}
+    schemas = {
+        "prune_baseline": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_ablation": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_importance": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_curves": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_curve_summary": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_prunable": {
+            "order": "str",
+            "tolerance": "float64",
+            "fraction_pruned": "float64",
+            "query_heads_pruned": "float64",
+            "kv_heads_pruned": "float64",
+            "value": "float64",
+            "base_value": "float64",
+        },
+        "roles_vs_importance": {
+            "role": "str",
+            "k": "int64",
+            "metric": "str",
+            "value_role": "float64",
+            "value_random_mean": "float64",
+            "value_random_std": "float64",
+            "n_draws": "int64",
+        },
+    }
 
     def config(self, ctx: RunContext, given: PruneConfig | None = None) -> PruneConfig:
         from headscope.reports.stages.quick import QUICK_PRUNING, quick_pruning_for

@@ -15,23 +15,65 @@ from headscope.reports.stages.base import RunContext, Stage, StageResult, Workin
 
 log = logging.getLogger(__name__)
 
-_ROLE = {"layer": "int64", "head": "int64"}
-
 
 class RolesStage(Stage[RolesConfig]):
     name = "roles"
     Config = RolesConfig
+    command = "roles"
     help = "what each head does: the registered roles' verdicts with baselines, CIs and p-values"
     unit = "items"
     summary_key = "roles_summary"
     reports_progress = True
     schemas = {
-        "roles": {},
-        "stats": {},
-        "examples": {},
-        "clusters": {},
-        "coref_pairs": {},
-        "skipped": {"analysis": "object", "reason": "object", "count": "int64"},
+        "roles": {
+            "layer": "int64",
+            "head": "int64",
+            "role": "object",
+            "relation": "object",
+            "direction": "object",
+            "score": "float64",
+            "baseline": "float64",
+            "margin": "float64",
+            "ci_low": "float64",
+            "ci_high": "float64",
+            "p_value": "float64",
+            "n": "int64",
+            "verdict": "bool",
+            "p_raw": "float64",
+            "test": "object",
+            "interval": "object",
+            "family": "object",
+            "meets_threshold": "bool",
+        },
+        "stats": {"layer": "int64", "head": "int64", "metric": "object", "value": "float64", "n": "int64"},
+        "examples": {
+            "example": "str",
+            "role": "str",
+            "relation": "str",
+            "direction": "str",
+            "layer": "int64",
+            "head": "int64",
+            "level": "str",
+            "sentence": "str",
+            "query_index": "int64",
+            "key_index": "int64",
+            "query_word": "str",
+            "key_word": "str",
+            "weight": "float64",
+            "gold": "bool",
+        },
+        "clusters": {"layer": "int64", "head": "int64", "x": "float64", "y": "float64", "cluster": "int64"},
+        "coref_pairs": {
+            "layer": "int64",
+            "head": "int64",
+            "kind": "str",
+            "n_pairs": "int64",
+            "both_right": "int64",
+            "one_right": "int64",
+            "none_right": "int64",
+            "pair_accuracy": "float64",
+        },
+        "skipped": {"analysis": "str", "reason": "str", "count": "int64"},
     }
 
     def config(self, ctx: RunContext, given: RolesConfig | None = None) -> RolesConfig:

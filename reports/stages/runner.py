@@ -17,7 +17,6 @@ Example (runs the analyses)::
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunConfig", "load_into", "open_context", "plan_memory", "report_run", "timed"]
+__all__ = ["RunConfig", "load_into", "open_context", "plan_memory", "plan_report", "report_run", "timed"]
 
 
 @contextmanager
@@ -253,8 +252,12 @@ def _absent_need(stage, absent: dict[str, str], status: dict) -> str | None:
     for need in stage.requires:
         if need in absent:
             why = absent[need]
-            verb = {"failed": "failed", "off": "was skipped"}.get(status.get(need, {}).get("status"), "is absent")
-            return f"needs {need}, which {verb}" + ("" if verb == "was skipped" else f": {why}")
+            state = status.get(need, {}).get("status")
+            if state == "off":
+                return f"needs {need}, which was skipped"
+            if state == "failed":
+                return f"needs {need}, which failed: {why.removeprefix('failed: ')}"
+            return f"needs {need}, which is absent: {why}"
     return None
 
 
@@ -329,6 +332,18 @@ def _estimates(budget: Budget) -> dict[str, float]:
     return out
 
 
+def plan_report(model, config: RunConfig, *, progress=None, notice=None):
+    """Everything before the load: ``(ctx, budget, cfgs, off)``: the context of MODEL ``model``
+    (resolved and read once), the memory plan of the stages that run (refused in one line when
+    nothing fits), every stage's settled config with its fitted batch sizes, the stages turned off."""
+    off = turned_off(config)
+    ctx, extra = open_context(model, config, progress=progress, notice=notice)
+    stages = list(registry.STAGES.values())
+    cfgs = {s.name: s.config(ctx, config.given(s.name)) for s in stages}
+    budget, cfgs = plan_memory(ctx, cfgs, [s for s in stages if s.name not in off], extra)
+    return ctx, budget, cfgs, off
+
+
 def report_run(model, config: RunConfig, *, progress=None, notice=None):
     """Plan the run's memory, open the model once and run the stages; return ``(frames, card,
     card_text, meta)``. ``notice(line)``, when given, receives the memory estimate, the estimated
@@ -336,11 +351,8 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     from headscope.analyses.run_json import model_record, versions
     from headscope.reports import budget as memory
 
-    off = turned_off(config)
-    ctx, extra = open_context(model, config, progress=progress, notice=notice)
+    ctx, budget, cfgs, off = plan_report(model, config, progress=progress, notice=notice)
     stages = list(registry.STAGES.values())
-    cfgs = {s.name: s.config(ctx, config.given(s.name)) for s in stages}
-    budget, cfgs = plan_memory(ctx, cfgs, [s for s in stages if s.name not in off], extra)
     if ctx.model is None:
         load_into(ctx, model, config)
     for r in getattr(ctx.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
@@ -376,8 +388,3 @@ def _leaves_out(ctx: RunContext, cfgs: dict, status: dict) -> str:
         if status.get(s.name, {}).get("status") == "ran":
             parts += s.leaves_out(ctx, cfgs[s.name])
     return "; ".join(parts)
-
-
-def replace_config(config: RunConfig, **changes) -> RunConfig:
-    """``dataclasses.replace`` for a :class:`RunConfig` (kept here for callers of the run)."""
-    return dataclasses.replace(config, **changes)

@@ -16,12 +16,79 @@ from headscope.reports.stages.base import RunContext, Stage, StageResult, Workin
 class WeightsStage(Stage[WeightsConfig]):
     name = "weights"
     Config = WeightsConfig
+    command = "weights"
     help = "circuits from the weights: OV copying and K-composition, joined with the roles and patching"
     requires = ("roles",)
     after = ("patching",)
     unit = "layers"
     summary_key = "weights_summary"
-    schemas = {}
+    schemas = {
+        "weights_heads": {
+            "layer": "int64",
+            "head": "int64",
+            "kv_head": "int64",
+            "statistic": "category",
+            "value": "float64",
+            "method": "category",
+            "baseline_mean": "float64",
+            "baseline_sd": "float64",
+            "margin": "float64",
+            "p_value": "float64",
+            "p_adjusted": "float64",
+            "n": "int64",
+            "verdict": "category",
+            "note": "str",
+        },
+        "weights_composition": {
+            "sender_layer": "int64",
+            "sender_head": "int64",
+            "receiver_layer": "int64",
+            "receiver_head": "Int64",
+            "receiver_kv_head": "int64",
+            "mode": "category",
+            "level": "category",
+            "value": "float32",
+            "baseline_mean": "float64",
+            "baseline_sd": "float64",
+            "margin": "float64",
+            "p_value": "float64",
+            "p_adjusted": "float64",
+            "n": "int64",
+            "verdict": "category",
+        },
+        "join_k_composition": {
+            "receiver": "str",
+            "receiver_basis": "str",
+            "receiver_layer": "int64",
+            "receiver_head": "Int64",
+            "receiver_kv_head": "Int64",
+            "level": "str",
+            "n_senders": "int64",
+            "n_role_senders": "int64",
+            "role_senders": "str",
+            "top_senders": "str",
+            "k": "int64",
+            "role_in_top_k": "int64",
+            "expected_in_top_k": "float64",
+            "best_role_rank": "Int64",
+            "rank_biserial": "float64",
+            "p_value": "float64",
+            "note": "str",
+        },
+        "join_copying": {
+            "task": "str",
+            "method": "str",
+            "n_heads": "int64",
+            "spearman": "float64",
+            "spearman_p": "float64",
+            "k": "int64",
+            "top_k_overlap": "float64",
+            "top_copying": "str",
+            "top_by_patching": "str",
+            "copying_heads_significant": "str",
+            "note": "str",
+        },
+    }
 
     def config(self, ctx: RunContext, given: WeightsConfig | None = None) -> WeightsConfig:
         from headscope.reports.stages.quick import QUICK_WEIGHTS_LARGE, is_large
