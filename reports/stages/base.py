@@ -34,7 +34,14 @@ Design note
   ``--only``), blocked (:meth:`Stage.blocker`), failing (an exception inside :meth:`Stage.run`),
   or whose requirement is absent ("needs roles, which failed: …") is recorded in run.json's
   ``absent`` with its reason, and every other stage still runs and writes.
-- run.json records per stage ``stages: {name: {status, reason, seconds, estimate_mb, peak_mb}}``.
+  A reason known only once it runs (inputs the model cannot take) is raised as
+  :class:`StageAbsent` from :meth:`Stage.run`: absent with that reason, not failed.
+- **Around it**: ``place`` (where its sections go in the report), ``command`` (the hand-written
+  subcommand that runs it alone; None: ``headscope <name>`` is derived from its config),
+  ``summary_key`` (meta's and run.json's key for its summary; default ``<name>_summary``).
+- run.json records per stage ``stages: {name: {status, reason, seconds, estimate_mb, peak_mb}}``
+  (status: ran, off, blocked, absent or failed; ``peak_mb``: the process's resident peak sampled
+  while it ran).
 
 Adding a stage: its module (a ``Stage`` subclass and ``STAGE = ...``), its registry line, its
 test. Example (a toy stage)::
