@@ -68,6 +68,7 @@ def _check_schemas(frames, stages):
         assert got == want, f"{owner[name].name}: frame {name}"
 
 
+@pytest.mark.slow  # two small reports, shared by the session: ~2 min alone, ~8 under load
 def test_the_schemas_match_the_frames_of_real_runs(minilm_report, llama_report):
     """MiniLM (every stage but the KV cache, an encoder's absent) and a tiny Llama (the KV stage too)."""
     (mini, mini_json), (llama, llama_json) = minilm_report, llama_report
