@@ -368,7 +368,7 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         "model_file": ctx.model_file,
         "sha256": ctx.model_file["sha256"],
         "versions": versions(),
-        "timings": dict(ctx.timings),
+        "timings": dict(sorted(ctx.timings.items(), key=lambda kv: "." in kv[0])),  # a stage's parts last
         "n_items": counts,
         "config": config.settings(cfgs),
         **{s.key(): ctx.summaries.get(s.name, {}) for s in stages},
