@@ -4,7 +4,7 @@ importance and the report's quick pruning stage.
 Every public function but :func:`stand_in_roles` is a bench path ``(bench: BenchState)
 -> Prepared`` (registered in :data:`~headscope.reports.tools.bench.registry.PATHS`, which says
 what each runs). The quick pruning paths build their study from
-:data:`~headscope.analyses.quick_settings.QUICK_PRUNING`, the settings the report's quick
+:data:`~headscope.reports.stages.quick.QUICK_PRUNING`, the settings the report's quick
 stage uses.
 """
 
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import torch
 
-from headscope.analyses.quick_settings import QUICK_PRUNING
 from headscope.probes.tokens import tokenize_one
+from headscope.reports.stages.quick import QUICK_PRUNING
 from headscope.reports.tools.bench.counts import linear_params, model_gflop
 from headscope.reports.tools.bench.state import BenchState, Prepared
 

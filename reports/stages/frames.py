@@ -2,7 +2,7 @@
 
 Adapters from what :func:`~headscope.analyses.roles.pipeline.head_roles` and
 :func:`~headscope.analyses.pruning.study.pruning_study` return to the frames
-:func:`~headscope.analyses.run.run_analyses` hands to the report (``tables/*.csv|parquet``).
+the report's stages hand to it (``tables/*.csv|parquet``).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def skipped_frame(skipped) -> pd.DataFrame:
             rows.append((str(key[0]), str(key[1]), int(val)))
         elif val:
             rows.append(("all", str(key), int(val)))
-    df = pd.DataFrame(rows, columns=SKIPPED_COLUMNS)
-    return df.sort_values(["analysis", "reason"], kind="stable").reset_index(drop=True)
+    df = pd.DataFrame(rows, columns=SKIPPED_COLUMNS).astype({"analysis": "str", "reason": "str", "count": "int64"})
+    return df.sort_values(["analysis", "reason"], kind="stable").reset_index(drop=True)  # typed when empty too
 
 
 def _as_array(x):
