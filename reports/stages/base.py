@@ -74,8 +74,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import pandas as pd
 
-from headscope.probes.budget import Shape
-from headscope.probes.budget import WorkingSet
+from headscope.probes.budget import Shape, WorkingSet
 
 __all__ = ["UNITS", "RunContext", "Stage", "StageAbsent", "StageResult", "Unit", "WorkingSet", "check_config_type"]
 
