@@ -313,10 +313,10 @@ def pruning_blocker(model, prune_config) -> str | None:
     from headscope.probes.errors import ModelIncompatibleError
     from headscope.probes.models.backends.protocol import check_head_hooks
 
-    metric = prune_config.metric or default_metric(model.spec)
+    metric = prune_config.metric or default_metric(model)
     try:
         check_head_hooks(model)
-        check_kind(metric, METRICS[metric], model.spec)
+        check_kind(metric, METRICS[metric], model)
     except (ModelIncompatibleError, ValueError) as e:
         return str(e)
     return None

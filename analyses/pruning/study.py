@@ -336,9 +336,7 @@ def _study_metric(model, cfg: PruneConfig, metric):
     """The metric the study scores (``cfg.metric``'s on its shipped data unless one is passed);
     ``ValueError`` when it disagrees with ``cfg`` or cannot serve the studies asked for."""
     if metric is None:
-        metric = build_metric(
-            cfg.metric or default_metric(model.spec), model, n_items=cfg.items, batch_size=cfg.batch_size
-        )
+        metric = build_metric(cfg.metric or default_metric(model), model, n_items=cfg.items, batch_size=cfg.batch_size)
     elif cfg.metric is not None and cfg.metric != metric.name:
         raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
     grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (
