@@ -124,9 +124,11 @@ def sentence_embedding(
 def token_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Hidden:
     """The token embeddings a sentence-transformers Transformer module hands to Pooling: the last
     hidden states ``[batch, pos, d_model]`` (after the final norm) of ``model``'s forward; a causal
-    model's through :meth:`final_states` (its logits are not computed). ``ModelIncompatibleError``
+    model with an LM head's through :meth:`final_states` (its logits are not computed). ``ModelIncompatibleError``
     for a causal model whose final states cannot be read."""
-    if not model.spec.causal:
+    from headscope.probes.models.purpose import purpose_of
+
+    if not model.spec.causal or not purpose_of(model).has_lm_head:  # no logits: the forward's output is the states
         return model.forward(input_ids, attention_mask)
     with model.final_states() as kept:
         model.forward(input_ids, attention_mask)

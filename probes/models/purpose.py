@@ -120,6 +120,19 @@ def tensor_names(directory: Path | None) -> set[str] | None:
     return names
 
 
+def lm_head_absent(directory: Path | None, arch) -> bool:
+    """Whether a decoder's checkpoint in ``directory`` has no LM head: not tied to the input
+    embedding, and no head tensor among its safetensors (False where the tensors cannot be listed)."""
+    if arch.tie_embeddings or arch.encoder:
+        return False
+    names = tensor_names(directory)
+    return names is not None and not any(_is_lm_head(n) for n in names)
+
+
+def _is_lm_head(name: str) -> bool:
+    return name in _LM_HEADS or name.endswith(tuple("." + h for h in _LM_HEADS[:2]))
+
+
 def purpose_from_source(arch, source, *, causal: bool | None = None, loaded_head: bool | None = None) -> Purpose:
     """:func:`decide_purpose` of a checkpoint from its :class:`~headscope.probes.models.spec.ArchSpec`
     and :class:`~headscope.probes.models.checkpoints.ModelSource` (its tensor names read from the
