@@ -262,7 +262,7 @@ def open_model(model, config: RunConfig, *, progress=None) -> OpenedModel:
     notebook holds: what :func:`~headscope.probes.models.loading.load_model` returned, or what
     it takes (a transformer-lens ``TransformerBridge``; its card from the model's HF config;
     ``backend="auto"`` keeps the model's own backend)."""
-    from headscope.probes.models.card import model_card, render_card
+    from headscope.probes.models.card import model_card, render_card, with_purpose
     from headscope.probes.models.checkpoints import resolve
     from headscope.probes.models.loading import load_model
 
@@ -281,9 +281,10 @@ def open_model(model, config: RunConfig, *, progress=None) -> OpenedModel:
         with timed(timings, "load", progress):
             loaded = load_model(source, config.backend, **load)
             trim_heap()  # the loading copy's blocks, freed into the heap, go back to the system
+        card, card_text = with_purpose(card, loaded)  # #47: what it is for, decided at load
         return OpenedModel(loaded, card, card_text, model_file, model, timings)
     loaded = load_model(model, None if config.backend == "auto" else config.backend, **load)
-    card, card_text = _card_of_model(loaded)
+    card, card_text = with_purpose(*_card_of_model(loaded)[:1], loaded)  # #47
     return OpenedModel(loaded, card, card_text, {"path": None, "name": None, "sha256": None}, loaded.spec.name, timings)
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "build_metric",
     "check_kind",
     "default_metric",
+    "metric_notes",
     "purpose_for",
     "read_lines",
     "read_paraphrases",
@@ -135,3 +136,25 @@ def default_metric(model) -> str:
     a loaded model, its :class:`~headscope.probes.models.purpose.Purpose`, or a shape planned
     before loading)."""
     return "lm_loss" if purpose_for(model).kind == "lm" else "cosine_to_unpruned"
+
+
+def metric_notes(model, name: str, base_value: float | None) -> dict:
+    """The pruning summary's words about metric ``name`` on ``model``: ``measures`` (its registry
+    definition; for an embedding metric, the model's pipeline in words) and, where an LM metric's
+    unpruned ``base_value`` is worse than uniform over the vocabulary, ``caveat``
+    (:func:`~headscope.analyses.metrics.uniform_caveat`)."""
+    from headscope.analyses.metrics import METRICS as REGISTRY
+    from headscope.analyses.metrics import uniform_caveat
+    from headscope.probes.embedding import pipeline_of
+
+    registered = REGISTRY.get(name)
+    if registered is None:  # a CallableMetric: the caller's function
+        return {}
+    out = {"measures": registered.definition}
+    if registered.reads == "embedding":
+        out["measures"] += f"; embedding: {pipeline_of(model).describe()}"
+    vocab = getattr(model, "vocab_size", None)
+    caveat = None if base_value is None else uniform_caveat(name, base_value, vocab)
+    if caveat is not None:
+        out["caveat"] = caveat
+    return out

@@ -58,7 +58,7 @@ from headscope.analyses.pruning.impact import bootstrap_se, impact_frame, impact
 from headscope.analyses.pruning.importance import head_importance, importance_frame
 from headscope.analyses.pruning.masks import check_head_hooks, prune_units
 from headscope.analyses.pruning.memo import Scored, remembered_scores
-from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric
+from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric, metric_notes
 from headscope.analyses.pruning.scoring import evaluate
 from headscope.analyses.pruning.store import TABLE_FILES, PruneTables, StudyStore
 from headscope.analyses.roles.config import is_seed
@@ -374,6 +374,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         store.state["complete"] = True
         store.commit("summary")
     summary = study_summary(store.tables, metric, model.spec, cfg)
+    summary.update(metric_notes(model, metric.name, summary.get("base_value")))  # what it measures; #47 caveat
     summary["complete"] = complete
     if store.dir is not None and complete:
         _write_run_json(store.dir / "run.json", model, cfg, summary)

@@ -129,8 +129,12 @@ def render_summary(summary: dict) -> str:
     lines = [
         f"model {summary['model']}  metric {summary['metric']} ({'higher' if summary['higher_is_better'] else 'lower'} is better)"
     ]
+    if summary.get("measures"):
+        lines.append(f"measures: {summary['measures']}")
     if "base_value" in summary:
         lines.append(f"unpruned {summary['metric']}: {summary['base_value']:.4f}")
+    if summary.get("caveat"):
+        lines.append(f"caveat: {summary['caveat']}")
     for key, label in (
         ("most_harmful_head", "most harmful single head"),
         ("least_harmful_head", "least harmful single head"),

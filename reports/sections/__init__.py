@@ -71,7 +71,14 @@ def build_document(
         sections.append(pruning_absent_section(why_absent))
     else:
         sections.append(
-            pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
+            pruning_section(
+                frames,
+                frames.get("roles_vs_importance"),
+                n_layers,
+                n_heads,
+                meta.get("prune_metric"),
+                meta.get("prune_summary"),  # #47: what the metric measures, its caveat
+            )
         )
     sections.append(skipped_section(frames.get("skipped"), meta.get("n_items") or {}))
     sections.append(run_section(meta))
