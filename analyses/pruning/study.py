@@ -89,7 +89,7 @@ class PruneConfig:
     ``quick``: 24 items, curves up to 50% pruned, 100 bootstrap resamples.
     """
 
-    metric: str | None = None  # None: lm_loss (decoder) / cosine_to_unpruned (encoder)
+    metric: str | None = None  # None: lm_loss (a language model) / cosine_to_unpruned (an embedding model)
     step: float = 0.10
     max_fraction: float | None = None  # None: 1.0 (0.5 when quick)
     orders: tuple[str, ...] = ORDERS
@@ -107,6 +107,8 @@ class PruneConfig:
     max_rows: int = 64
     role_k: int = 3
     role_draws: int = 5
+    #: an embedding model's prompt, by name (its config_sentence_transformers.json); None: its default
+    prompt: str | None = None
 
     def __post_init__(self):
         def bad(name, rule):
@@ -336,7 +338,13 @@ def _study_metric(model, cfg: PruneConfig, metric):
     """The metric the study scores (``cfg.metric``'s on its shipped data unless one is passed);
     ``ValueError`` when it disagrees with ``cfg`` or cannot serve the studies asked for."""
     if metric is None:
-        metric = build_metric(cfg.metric or default_metric(model), model, n_items=cfg.items, batch_size=cfg.batch_size)
+        metric = build_metric(
+            cfg.metric or default_metric(model), model, n_items=cfg.items, batch_size=cfg.batch_size, prompt=cfg.prompt
+        )
+        if cfg.prompt is not None and not hasattr(metric, "pipeline"):
+            raise ValueError(
+                f"prompt {cfg.prompt!r} goes with an embedding metric; {metric.name} reads no sentence embedding"
+            )
     elif cfg.metric is not None and cfg.metric != metric.name:
         raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
     grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (

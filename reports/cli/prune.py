@@ -36,7 +36,15 @@ def register(sub) -> None:
         "--metric",
         choices=list(METRICS),
         default=None,
-        help="default: lm_loss for decoders, cosine_to_unpruned for encoders",
+        help="default: lm_loss for a language model, cosine_to_unpruned for an embedding model (what the "
+        "checkpoint is for, decided when it loads)",
+    )
+    p.add_argument(
+        "--prompt",
+        default=None,
+        metavar="NAME",
+        help="an embedding model's prompt, by name (config_sentence_transformers.json's prompts; default: its "
+        "default_prompt_name, if any)",
     )
     p.add_argument("--step", type=float, default=0.10, help="fraction of heads removed per pruning step (default 0.1)")
     p.add_argument(
@@ -169,6 +177,7 @@ def run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     cfg = PruneConfig(
         metric=args.metric,
+        prompt=args.prompt,
         step=args.step,
         max_fraction=args.max_fraction,
         orders=tuple(args.orders),
