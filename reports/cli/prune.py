@@ -194,6 +194,10 @@ def run(args) -> int:
     budget, cfg = memory.prune_start(args, asked, device)  # refused in one line if it cannot fit
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
         model = load_from_args(args, device)
+        if cfg.metric is not None:  # #47: a metric that does not apply to what the model is for, in one line
+            from headscope.analyses.pruning.metrics import METRICS, check_kind
+
+            check_kind(cfg.metric, METRICS[cfg.metric], model)
         budget, cfg = memory.prune_refine(budget, model, cfg, asked)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
