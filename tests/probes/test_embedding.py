@@ -118,6 +118,16 @@ def test_causal_lasttoken_folder_matches(tmp_path):
     assert diff <= TOL, diff
 
 
+def test_bidirectional_gemma_folder_with_two_dense_layers_matches(tmp_path):
+    """The issue's case: a decoder family run with use_bidirectional_attention, pooled, two
+    Dense layers, Normalize; no LM head of its own (tied), loaded on the hf backend."""
+    hf = tiny_model_dir(tmp_path, "gemma3_text", use_bidirectional_attention=True)
+    folder = _st_folder(tmp_path, hf, "gemma-bi", "mean", dense=2)
+    diff, ours = _parity(folder)
+    assert diff <= TOL, diff
+    assert ours.shape == (len(TEXTS), 24)
+
+
 def test_embed_refuses_bad_texts(minilm):
     with pytest.raises(TypeError, match="texts must be a list of strings; got str"):
         embed(minilm, "one text")
