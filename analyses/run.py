@@ -284,7 +284,7 @@ def open_model(model, config: RunConfig, *, progress=None) -> OpenedModel:
         card, card_text = with_purpose(card, loaded)  # #47: what it is for, decided at load
         return OpenedModel(loaded, card, card_text, model_file, model, timings)
     loaded = load_model(model, None if config.backend == "auto" else config.backend, **load)
-    card, card_text = with_purpose(*_card_of_model(loaded)[:1], loaded)  # #47
+    card, card_text = with_purpose(_card_of_model(loaded)[0], loaded)  # #47: what it is for, decided at load
     return OpenedModel(loaded, card, card_text, {"path": None, "name": None, "sha256": None}, loaded.spec.name, timings)
 
 
