@@ -32,14 +32,15 @@ def pipeline_of(model) -> SentencePipeline:
     """The sentence-transformers pipeline of a loaded ``model``: read once from the folder it was
     loaded from (``model.source.st_folder``) and kept on the model; :data:`ASSUMED` (mean
     pooling, Normalize) for a model without one."""
-    pipe = getattr(model, "_sentence_pipeline", None)
-    if pipe is None:
-        source = getattr(model, "source", None)
-        pipe = read_pipeline(getattr(source, "st_folder", None))
-        try:
-            model._sentence_pipeline = pipe
-        except AttributeError:  # an object that takes no attributes: read again next time
-            pass
+    source = getattr(model, "source", None)
+    cached = getattr(model, "_sentence_pipeline", None)
+    if cached is not None and cached[0] is source:
+        return cached[1]
+    pipe = read_pipeline(getattr(source, "st_folder", None))
+    try:
+        model._sentence_pipeline = (source, pipe)  # read again only if the model's source changes
+    except AttributeError:  # an object that takes no attributes: read again next time
+        pass
     return pipe
 
 

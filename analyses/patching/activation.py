@@ -173,8 +173,8 @@ def measures(model, metric: str) -> str:
     if metric not in REFERENCE_METRICS:
         return text
     pipe = pipeline_of(model)
-    origin = "the model's sentence-transformers modules" if not pipe.assumed else "no modules.json: assumed"
-    return f"{text}; embedding: {pipe.describe()} ({origin}; special tokens such as [CLS] and [SEP] count as positions)"
+    origin = "" if pipe.assumed else " (the model's sentence-transformers modules)"
+    return f"{text}; embedding: {pipe.describe()}{origin}; special tokens such as [CLS] and [SEP] count as positions"
 
 
 last_logits = readout  # the name the first version used
