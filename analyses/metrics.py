@@ -251,8 +251,8 @@ def logit_diff_metric(logits: LastLogits, answer: RowIds, wrong: RowIds | None =
 
 
 def embedding_cosine_metric(pooled: Pooled, reference: Pooled, wrong: RowIds | None = None) -> PerRow:
-    """Cosine similarity of ``pooled [batch, d_model]`` (a run's mean-pooled last hidden
-    state) to ``reference [batch, d_model]`` (the clean run's) -> ``[batch]`` (float32).
+    """Cosine similarity of ``pooled [batch, d]`` (a run's sentence embedding: the model's pooling
+    and Dense layers) to ``reference [batch, d]`` (the clean run's) -> ``[batch]`` (float32).
 
     >>> embedding_cosine_metric(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]])).tolist()
     [1.0, 0.7071067690849304]

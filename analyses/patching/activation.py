@@ -25,8 +25,8 @@ the one the metric reads), so items of different lengths line up at their ends, 
 effect at a position is aggregated over the items that have it (its ``n``), normalised by
 the task's gap over all items. The frame gets a ``position`` column (int).
 
-The metric reads :func:`readout`: a decoder's last-position logits, an encoder's
-mean-pooled last hidden state (the metrics that read an embedding,
+The metric reads :func:`readout`: a language model's last-position logits, an embedding model's
+sentence embedding through its own pipeline (the metrics that read an embedding,
 :data:`~headscope.analyses.patching.tasks.REFERENCE_METRICS`, compare it with the clean run's, per item).
 """
 
