@@ -17,14 +17,14 @@ name                     analysis  better     reads              per item
 ``perplexity``           pruning   lower      ``logits``         as ``lm_loss``; reported ``exp`` of the mean
 ``coref_accuracy``       pruning   higher     ``logits``         1 when the gold candidate's substituted sentence
                                                                  has the highest summed log-probability
-``cosine_to_unpruned``   pruning   higher     ``embedding``      cosine of the unit-norm sentence embedding to the
-                                                                 unpruned model's
+``cosine_to_unpruned``   pruning   higher     ``embedding``      cosine of the sentence embedding (the model's own
+                                                                 pipeline) to the unpruned model's
 ``paraphrase_accuracy``  pruning   higher     ``embedding``      1 when the anchor is closer to its paraphrase than
                                                                  to every distractor
 ``logprob``              patching  higher     ``logits_last``    ``log p(answer)`` at the last position
 ``logit_diff``           patching  higher     ``logits_last``    ``logit(answer) - logit(wrong)`` at the last position
-``embedding_cosine``     patching  higher     ``embedding``      cosine of the mean-pooled last hidden state to the
-                                                                 clean run's
+``embedding_cosine``     patching  higher     ``embedding``      cosine of the sentence embedding (pooling, Dense)
+                                                                 to the clean run's
 =======================  ========  =========  =================  ===============================================
 
 ``cosine_to_unpruned`` and ``embedding_cosine`` are both cosines of pooled embeddings but not
@@ -251,8 +251,8 @@ def logit_diff_metric(logits: LastLogits, answer: RowIds, wrong: RowIds | None =
 
 
 def embedding_cosine_metric(pooled: Pooled, reference: Pooled, wrong: RowIds | None = None) -> PerRow:
-    """Cosine similarity of ``pooled [batch, d_model]`` (a run's mean-pooled last hidden
-    state) to ``reference [batch, d_model]`` (the clean run's) -> ``[batch]`` (float32).
+    """Cosine similarity of ``pooled [batch, d]`` (a run's sentence embedding: the model's pooling
+    and Dense layers) to ``reference [batch, d]`` (the clean run's) -> ``[batch]`` (float32).
 
     >>> embedding_cosine_metric(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]])).tolist()
     [1.0, 0.7071067690849304]
@@ -266,7 +266,7 @@ def embedding_cosine_metric(pooled: Pooled, reference: Pooled, wrong: RowIds | N
 READS = {
     "logits": "next-token logits at the positions it scores ([batch, pos, vocab])",
     "logits_last": "next-token logits at the last position ([batch, vocab])",
-    "embedding": "the last hidden state, mean-pooled over real tokens ([batch, d_model])",
+    "embedding": "the sentence embedding of the last hidden states, through the model's own pipeline ([batch, d])",
 }
 #: the kind of model a metric applies to
 MODELS = ("decoder", "encoder")
@@ -343,7 +343,8 @@ _DEFINED = (
     Metric(
         name="cosine_to_unpruned",
         fn=unit_cosine,
-        definition="cosine of the sentence embedding (mean pool, L2-normalised) to the unpruned model's",
+        definition="cosine of each sentence's embedding (the model's own pooling, Dense and Normalize) to the "
+        "unpruned model's",
         higher_is_better=True,
         reads="embedding",
         model="encoder",
@@ -352,8 +353,8 @@ _DEFINED = (
     Metric(
         name="paraphrase_accuracy",
         fn=paraphrase_hits,
-        definition="1 when the anchor's embedding is closer (cosine) to its paraphrase's than to every "
-        "distractor's, else 0",
+        definition="1 when the anchor's embedding (the model's own pooling, Dense and Normalize) is closer "
+        "(cosine) to its paraphrase's than to every distractor's, else 0",
         higher_is_better=True,
         reads="embedding",
         model="encoder",
@@ -380,8 +381,8 @@ _DEFINED = (
     Metric(
         name="embedding_cosine",
         fn=embedding_cosine_metric,
-        definition="cosine similarity of the run's mean-pooled last hidden state to the clean run's "
-        "(an encoder has no LM head; clean = 1, corrupted < 1)",
+        definition="cosine similarity of the run's sentence embedding (the model's own pooling and Dense layers) "
+        "to the clean run's (an embedding model predicts no tokens; clean = 1, corrupted < 1)",
         higher_is_better=True,
         reads="embedding",
         model="encoder",
@@ -391,6 +392,27 @@ _DEFINED = (
 
 #: every metric, by name (the table of the module docstring)
 METRICS: dict[str, Metric] = {m.name: m for m in _DEFINED}
+
+
+def uniform_caveat(name: str, value: float, vocab_size: int | None) -> str | None:
+    """The caveat of an LM metric whose unpruned ``value`` is worse than guessing uniformly over
+    ``vocab_size`` tokens (``lm_loss`` > ln V, ``perplexity`` > V): the model does not predict
+    tokens here, so a pruning curve of it measures nothing the model was trained for. None
+    otherwise (another metric, an unknown vocabulary, a value within the uniform baseline).
+
+    >>> uniform_caveat("lm_loss", 2.0, 4) is None, uniform_caveat("lm_loss", 1.0, 4)
+    (False, None)
+    """
+    if name not in ("lm_loss", "perplexity") or not vocab_size or not math.isfinite(value):
+        return None
+    uniform = math.log(vocab_size) if name == "lm_loss" else float(vocab_size)
+    if value <= uniform:
+        return None
+    return (
+        f"the unpruned {name} ({value:.2f}) is worse than guessing uniformly over the {vocab_size:,}-token "
+        f"vocabulary ({'ln V = ' if name == 'lm_loss' else 'V = '}{uniform:.2f}): the model does not predict tokens "
+        "here, and its pruning curves measure a quantity it was never trained for"
+    )
 
 
 def get_metric(name: str, analysis: str | None = None) -> Metric:

@@ -3,7 +3,7 @@
 Every run.json starts with the same keys, :data:`COMMON_KEYS`: the output's kind
 (``output``, :func:`~headscope.probes.outputs.kinds.manifest_header`), then which model ran
 and where (``model``, ``backend``, ``backend_choice``, ``backend_rejected``, ``head_modules``, ``device``,
-``dtype``, ``trust_remote_code``: :func:`model_record` of the loaded model). Each command adds its own
+``dtype``, ``trust_remote_code``, ``purpose``, ``embedding``: :func:`model_record` of the loaded model). Each command adds its own
 keys (config, items, timings, summaries, memory, ...) through :func:`run_json`.
 
 >>> rec = {"model": "m", "backend": "inhouse", "backend_choice": "inhouse", "device": "cpu", "dtype": "fp32"}
@@ -28,6 +28,7 @@ __all__ = [
     "VERSION_PACKAGES",
     "add_to_run_json",
     "model_record",
+    "purpose_record",
     "run_json",
     "versions",
     "write_run_json",
@@ -43,6 +44,8 @@ MODEL_KEYS = (
     "device",
     "dtype",
     "trust_remote_code",
+    "purpose",
+    "embedding",
 )
 #: the keys every run.json holds, whatever the command
 COMMON_KEYS = ("output", *MODEL_KEYS)
@@ -84,6 +87,22 @@ def model_record(model) -> dict:
         "head_modules": getattr(model, "head_modules", None),  # hf: the module the head hooks use, how found
         **placement(model),
         "trust_remote_code": bool(getattr(model, "trust_remote_code", False)),
+        **purpose_record(model),
+    }
+
+
+def purpose_record(model) -> dict:
+    """run.json's ``purpose`` (what the model is for, decided at load:
+    :func:`~headscope.probes.models.purpose.purpose_of`) and ``embedding`` (an embedding model's
+    pipeline, :meth:`~headscope.probes.models.sentence_pipeline.SentencePipeline.record`; None for a
+    language model)."""
+    from headscope.probes.embedding import pipeline_of
+    from headscope.probes.models.purpose import purpose_of
+
+    purpose = purpose_of(model)
+    return {
+        "purpose": purpose.record(),
+        "embedding": pipeline_of(model).record() if purpose.kind == "embedding" else None,
     }
 
 

@@ -24,9 +24,14 @@ class KVStudyError(ModelIncompatibleError):
 def kv_blocker(model) -> str | None:
     """Why the study cannot run on ``model``, or None."""
     from headscope.probes.chunked import inhouse_network
+    from headscope.probes.models.purpose import purpose_of
 
-    if not model.spec.causal:
-        return f"{model.spec.name} is an encoder: the KV cache is a decoder's (it caches past keys for generation)"
+    purpose = purpose_of(model)  # decided at load
+    if purpose.kind != "lm":
+        return (
+            f"{model.spec.name} is {purpose.words} ({purpose.reason}): the KV cache is a language model's "
+            "(it caches past keys for generation)"
+        )
     if inhouse_network(model) is None:
         return f"the KV-cache study restricts caches inside the in-house attention; backend {model.backend}"
     return None

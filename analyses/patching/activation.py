@@ -25,8 +25,8 @@ the one the metric reads), so items of different lengths line up at their ends, 
 effect at a position is aggregated over the items that have it (its ``n``), normalised by
 the task's gap over all items. The frame gets a ``position`` column (int).
 
-The metric reads :func:`readout`: a decoder's last-position logits, an encoder's
-mean-pooled last hidden state (the metrics that read an embedding,
+The metric reads :func:`readout`: a language model's last-position logits, an embedding model's
+sentence embedding through its own pipeline (the metrics that read an embedding,
 :data:`~headscope.analyses.patching.tasks.REFERENCE_METRICS`, compare it with the clean run's, per item).
 """
 
@@ -43,7 +43,9 @@ from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.tasks import REFERENCE_METRICS, check_decoder, metric_fn
 from headscope.analyses.stats.resampling import adjust_p
+from headscope.probes.embedding import pipeline_of, sentence_embedding
 from headscope.probes.models.backends.protocol import rows_unembedded, unembed_at
+from headscope.probes.models.purpose import purpose_of
 
 log = logging.getLogger(__name__)
 
@@ -128,87 +130,51 @@ def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
 
 # ----------------------------------------------------------------------------- runs
 def readout(model, ids: torch.Tensor, **resume) -> torch.Tensor:
-    """What the metric reads (all inputs of a batch have equal length, no padding): a
-    decoder's logits at the last position ``[batch, vocab]``; an encoder's last hidden
-    state mean-pooled over positions ``[batch, d_model]`` (float32). A decoder whose
+    """What the metric reads (all inputs of a batch have equal length, no padding): a language
+    model's logits at the last position ``[batch, vocab]``; an embedding model's sentence
+    embedding ``[batch, d]`` (float32; :func:`embedding_readout`). Which one follows what the
+    model is for (:func:`~headscope.probes.models.purpose.purpose_of`). A decoder whose
     unembedding reads chosen rows (in-house; HF where checked) unembeds the last position only (:func:`~headscope.probes.models.backends.protocol.unembed_at`:
     the same arithmetic per row; the other positions' logits, 22% of a SmolLM2 forward of
     17 tokens, are never computed)."""
     mask = torch.ones_like(ids)
-    if model.spec.causal and rows_unembedded(model):
+    if purpose_of(model).kind != "lm":
+        if not model.spec.causal:
+            return embedding_readout(model, model.forward(ids, mask, **resume))
+        with model.final_states() as kept:  # a causal embedding model: its final hidden states, no logits
+            model.forward(ids, mask, **resume)
+        return embedding_readout(model, kept[-1])
+    if rows_unembedded(model):
         keep = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
         keep[:, -1] = True
         with unembed_at(model, keep):
             return model.forward(ids, mask, **resume)  # [batch, vocab]
-    out = model.forward(ids, mask, **resume)
-    return out[:, -1] if model.spec.causal else pool(out, pooling_of(model)[0])
+    return model.forward(ids, mask, **resume)[:, -1]
 
 
-#: an encoder's pooling modes (sentence-transformers' ``1_Pooling/config.json`` names) -> the
-#: words the summary's ``measures`` uses; inputs have no padding, so every position is a real token
-POOLINGS = {
-    "mean": "mean-pooled",
-    "cls": "[CLS]-token",
-    "max": "max-pooled",
-    "lasttoken": "last-token",
-    "mean_sqrt_len": "sum-over-sqrt(length)-pooled",
-    "weightedmean": "position-weighted-mean-pooled",
-}
-
-
-def pooling_of(model) -> tuple[str, bool]:
-    """``(pooling mode, whether the model's sentence-transformers config recorded it)``: the
-    ``ModelSource.pooling`` the model was loaded from, else ``"mean"``.
-    ``ModelIncompatibleError`` for a mode headscope does not pool by."""
-    from headscope.probes.errors import ModelIncompatibleError
-
-    mode = getattr(getattr(model, "source", None), "pooling", None)
-    if mode is None:
-        return "mean", False
-    if mode not in POOLINGS:
-        raise ModelIncompatibleError(
-            f"the model's sentence-transformers pooling is {mode!r}; the embedding metrics pool by {', '.join(POOLINGS)}"
-        )
-    return mode, True
-
-
-def pool(hidden: torch.Tensor, mode: str = "mean") -> torch.Tensor:
-    """``hidden [batch, pos, d_model]`` pooled over positions -> ``[batch, d_model]`` float32 (as
-    sentence-transformers pools, no padding; its ``normalize`` is left out: the cosine ignores scale).
-
-    >>> h = torch.tensor([[[1.0, 0.0], [3.0, 2.0]]])
-    >>> [pool(h, m).tolist() for m in ("mean", "cls", "max", "lasttoken")]
-    [[[2.0, 1.0]], [[1.0, 0.0]], [[3.0, 2.0]], [[3.0, 2.0]]]
-    """
+def embedding_readout(model, hidden: torch.Tensor) -> torch.Tensor:
+    """``hidden [batch, pos, d_model]`` (no padding) -> the model's sentence embedding ``[batch, d]``
+    float32: its own pipeline's pooling and Dense layers (:func:`~headscope.probes.embedding.pipeline_of`),
+    Normalize left out (the cosine ignores scale). Prompts are not prepended: the items are token
+    sequences."""
+    pipe = pipeline_of(model)
     h = hidden.float()
-    if mode == "mean":
-        return h.mean(1)
-    if mode == "cls":
-        return h[:, 0]
-    if mode == "max":
-        return h.max(1).values
-    if mode == "lasttoken":
-        return h[:, -1]
-    if mode == "mean_sqrt_len":
-        return h.sum(1) / h.shape[1] ** 0.5
-    if mode == "weightedmean":
-        w = torch.arange(1, h.shape[1] + 1, dtype=h.dtype, device=h.device)[None, :, None]
-        return (h * w).sum(1) / w.sum(1)
-    raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}; got {mode!r}")
+    if pipe.pooling == ("mean",) and not pipe.dense:
+        return h.mean(1)  # every position a real token: the pipeline's mean
+    return sentence_embedding(h, None, pipe, normalize=False)
 
 
 def measures(model, metric: str) -> str:
     """What ``metric`` measures on ``model``, in words (the summary's ``measures``): its
-    registry definition; for an embedding metric, with the pooling used and where it comes from."""
+    registry definition; for an embedding metric, with the model's pipeline and where it comes from."""
     from headscope.analyses.metrics import get_metric
 
     text = get_metric(metric).definition
     if metric not in REFERENCE_METRICS:
         return text
-    mode, recorded = pooling_of(model)
-    text = text.replace("mean-pooled", POOLINGS[mode])
-    origin = "the model's sentence-transformers pooling" if recorded else "no sentence-transformers pooling recorded"
-    return f"{text}; pooling: {mode} ({origin}; special tokens such as [CLS] and [SEP] count as positions)"
+    pipe = pipeline_of(model)
+    origin = "" if pipe.assumed else " (the model's sentence-transformers modules)"
+    return f"{text}; embedding: {pipe.describe()}{origin}; special tokens such as [CLS] and [SEP] count as positions"
 
 
 last_logits = readout  # the name the first version used

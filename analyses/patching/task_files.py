@@ -159,7 +159,10 @@ def _single_token(tokenizer, text: str) -> int | None:
 def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str = "") -> Task:
     """Tokenise :func:`read_task_jsonl` rows with ``model.encode`` (its tokenizer, context and
     vocabulary); items that cannot be used are counted in ``Task.unusable``, with a warning."""
+    from headscope.probes.models.purpose import purpose_of
+
     tok = model.tokenizer
+    lm = purpose_of(model).kind == "lm"  # what the model is for, decided at load
     items: list[PairItem] = []
     unusable: list[dict] = []
     texts = [r for _, r in rows if "clean_ids" not in r]
@@ -187,7 +190,7 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
                 reason = f"{max(len(clean), len(corrupted))} tokens; the model's context is {model.spec.max_positions}"
                 unusable.append({"item": k, "line": lineno, "kind": "longer_than_context", "reason": reason})
                 continue
-        elif not model.spec.causal:  # an encoder's metric reads no answer token
+        elif not lm:  # an embedding model's metric reads no answer token
             clean, corrupted = encoded[id(r)]
             answer, wrong = 0, None
         else:
@@ -206,7 +209,7 @@ def tokenize_rows(model, rows: list[tuple[int, dict]], *, name: str, source: str
             continue
         items.append(PairItem(tuple(clean), tuple(corrupted), int(answer), None if wrong is None else int(wrong)))
     metric = "logit_diff" if ("wrong" in rows[0][1] or "wrong_id" in rows[0][1]) else "logprob"
-    if not model.spec.causal:
+    if not lm:
         metric = "embedding_cosine"
         items = [PairItem(it.clean, it.corrupted, 0) for it in items]
     if unusable:

@@ -11,10 +11,10 @@ patching metrics of the one registry, :data:`headscope.analyses.metrics.METRICS`
 * ``"logit_diff"``: ``logit(answer) - logit(wrong)`` at the last position (the answer and
   the wrong token are the clean input's; on the corrupted input the difference is
   usually negative); equal to ``log p(answer) - log p(wrong)``;
-* ``"embedding_cosine"`` (encoders, which have no LM head): the cosine similarity between
-  the run's mean-pooled last hidden state and the clean run's, so the clean run scores 1
+* ``"embedding_cosine"`` (embedding models): the cosine similarity between the run's sentence
+  embedding (the model's own pooling and Dense layers) and the clean run's, so the clean run scores 1
   and the corrupted run less (its "answer" is the clean run's readout, not a token: it reads
-  ``"embedding"``). :func:`load_task` gives every task this metric on an encoder.
+  ``"embedding"``). :func:`load_task` gives every task this metric on an embedding model.
 
 Shipped tasks (:data:`TASKS`, built for the model's own tokenizer):
 
@@ -60,6 +60,7 @@ from headscope.analyses.patching.items import UNUSABLE_KINDS, PairItem, Task
 from headscope.analyses.patching.sentence_tasks import coreference_rows
 from headscope.analyses.patching.task_files import read_task_jsonl, tokenize_rows
 from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.purpose import purpose_of
 
 __all__ = [
     "MAX_GENERATED_ITEMS",
@@ -168,11 +169,13 @@ def task_size(task: str) -> int | None:
 
 
 def check_decoder(model) -> None:
-    """For metrics that read next-token logits: ``ModelIncompatibleError`` for an encoder."""
-    if not model.spec.causal:
+    """For metrics that read next-token logits: ``ModelIncompatibleError`` for a model that is not
+    a language model (:func:`~headscope.probes.models.purpose.purpose_of`)."""
+    p = purpose_of(model)
+    if p.kind != "lm":
         raise ModelIncompatibleError(
-            f"this metric scores next-token log-probs at the last position; {model.spec.name!r} is an encoder "
-            "(no LM head): use the embedding_cosine metric or a decoder (e.g. smollm2-135m)"
+            f"this metric scores next-token log-probs at the last position; {model.spec.name!r} is {p.words} "
+            f"({p.reason}): use the embedding_cosine metric or a language model (e.g. smollm2-135m)"
         )
 
 
@@ -180,7 +183,8 @@ def load_task(model, task: str, *, n_items: int | None = None, seed: int = 0, se
     """A shipped task by name (:data:`TASKS`) or a JSONL file (``*.jsonl``), tokenised for
     ``model``; ``n_items`` keeps the first ``n_items`` usable items (a generated task makes that
     many; default 16 induction/duplicate_token items, the first 32 agreement/coreference rows,
-    every item of a file). On an encoder every task is measured by ``embedding_cosine``."""
+    every item of a file). On an embedding model (:func:`~headscope.probes.models.purpose.purpose_of`)
+    every task is measured by ``embedding_cosine``."""
     if task in TASKS:
         out = TASKS[task](model, n_items=n_items, seed=seed, seq_len=seq_len)
     elif str(task).endswith(".jsonl") or Path(task).is_file():
@@ -194,7 +198,7 @@ def load_task(model, task: str, *, n_items: int | None = None, seed: int = 0, se
         raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}, or a .jsonl file")
     if n_items is not None and len(out.items) > n_items:
         out.items = out.items[:n_items]
-    if not model.spec.causal and out.metric != "embedding_cosine":
+    if purpose_of(model).kind != "lm" and out.metric != "embedding_cosine":
         out.items = [PairItem(it.clean, it.corrupted, 0) for it in out.items]
         out.metric = "embedding_cosine"
     return out

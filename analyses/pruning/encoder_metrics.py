@@ -1,7 +1,8 @@
-"""Metrics of a pruned encoder, read from its last hidden states through sentence embeddings
-(sentence-transformers' ``all-MiniLM-L6-v2`` recipe: mean over real tokens, L2-normalised,
-:func:`~headscope.analyses.metrics.mean_pool`): :class:`EmbeddingCosine`
-(cosine to the unpruned model's embedding) and :class:`ParaphraseAccuracy`.
+"""Metrics of a pruned embedding model, read from its last hidden states through its sentence
+embedding (the model's own sentence-transformers pipeline: Pooling, Dense, Normalize, prompt;
+:func:`~headscope.probes.embedding.sentence_embedding`; a folder without ``modules.json``: mean
+over real tokens, L2-normalised): :class:`EmbeddingCosine` (cosine to the unpruned model's
+embedding) and :class:`ParaphraseAccuracy`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,35 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from headscope.analyses.metrics import METRICS, mean_pool, paraphrase_hits, unit_cosine
+from headscope.analyses.metrics import METRICS, paraphrase_hits, unit_cosine
 from headscope.analyses.pruning.metric_base import ItemMetric, Unit, input_device, tile, tokenize_all
+from headscope.probes.embedding import pipeline_of, prompt_length, sentence_embedding
+from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.tokens import collate, pad_id
 
 
-class EmbeddingCosine(ItemMetric):
+class _Embedding:
+    """The sentence embedding an embedding metric reads: the model's pipeline and prompt."""
+
+    def _setup_embedding(self, model, prompt: str | None) -> None:
+        if model.spec.causal:  # the pruning forwards return a causal model's logits
+            raise ModelIncompatibleError(
+                f"{self.name} reads a sentence embedding from the last hidden states; {model.spec.name!r} runs causal "
+                "attention and its forward returns logits: embedding metrics are scored on bidirectional models only"
+            )
+        self.pipeline = pipeline_of(model)
+        self.prompt = self.pipeline.prompt(prompt)
+        self.prompt_tokens = prompt_length(model.tokenizer, self.prompt)
+
+    def _texts(self, texts):
+        return [(self.prompt or "") + t for t in texts]
+
+    def _embed(self, out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``out [rows, pos, d_model]`` -> the pipeline's embedding ``[rows, d]``."""
+        return sentence_embedding(out, mask, self.pipeline, prompt_tokens=self.prompt_tokens, normalize=True)
+
+
+class EmbeddingCosine(_Embedding, ItemMetric):
     """Mean cosine of each sentence's embedding to the unpruned model's (``reference``,
     computed at construction with every head on unless given).
 
@@ -44,25 +68,26 @@ class EmbeddingCosine(ItemMetric):
         batch_size: int = 32,
         temperature: float = 0.2,
         reference: torch.Tensor | None = None,
+        prompt: str | None = None,
     ):
         super().__init__(batch_size)
         self.check_model(model)
+        self._setup_embedding(model, prompt)
         self.temperature = temperature
-        self.toks = tokenize_all(model.tokenizer, texts=list(texts), max_positions=model.spec.max_positions)
+        self.toks = tokenize_all(model.tokenizer, texts=self._texts(texts), max_positions=model.spec.max_positions)
         self.n_items = len(self.toks)
         self.pad = pad_id(model.tokenizer)
         self.reference = None
         self.device = input_device(model)  # units built where the model takes its inputs
         self.units = self.make_units()
         if reference is None:
-            reference = torch.zeros(self.n_items, model.spec.d_model, device=self.device)
             with torch.inference_mode():
                 for u in self.units:
                     out = model.forward(u.batch.input_ids, u.batch.attention_mask)
-                    if out.shape[-1] != reference.shape[-1]:  # an output wider than d_model (Reformer's two streams)
-                        reference = torch.zeros(self.n_items, out.shape[-1], device=self.device)
-                    reference = reference.to(out.dtype)
-                    reference[u.items] = mean_pool(out, u.batch.attention_mask)
+                    emb = self._embed(out, u.batch.attention_mask)  # [rows, d]: d_model, or a Dense layer's width
+                    if reference is None:
+                        reference = torch.zeros(self.n_items, emb.shape[-1], device=self.device, dtype=emb.dtype)
+                    reference[u.items] = emb
         self.reference = reference.to(self.device).clone()
         self.units = self.make_units()
 
@@ -75,11 +100,11 @@ class EmbeddingCosine(ItemMetric):
 
     def item_values(self, out, unit):
         r = out.shape[0] // unit.rows
-        emb = mean_pool(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
+        emb = self._embed(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
         return unit_cosine(emb, unit.extra["ref"][None]), torch.ones(unit.rows, device=emb.device)
 
     def loss(self, out, unit):
-        emb = mean_pool(out, unit.batch.attention_mask)  # [rows, d_model]
+        emb = self._embed(out, unit.batch.attention_mask)  # [rows, d]
         if unit.rows > 1:  # among the unit's sentences
             logits = emb @ unit.extra["ref"].to(emb.dtype).T / self.temperature  # [rows, rows]
             return F.cross_entropy(logits, torch.arange(unit.rows, device=logits.device))
@@ -93,7 +118,7 @@ class EmbeddingCosine(ItemMetric):
         return F.cross_entropy(logits, torch.tensor(unit.items, device=logits.device))
 
 
-class ParaphraseAccuracy(ItemMetric):
+class ParaphraseAccuracy(_Embedding, ItemMetric):
     """Share of items whose anchor is closer (cosine) to its paraphrase than to every
     distractor. Items: dicts with ``anchor``, ``positive``, ``negatives`` (list of str).
 
@@ -105,9 +130,12 @@ class ParaphraseAccuracy(ItemMetric):
     registered = METRICS["paraphrase_accuracy"]
     name, higher_is_better, family = registered.name, registered.higher_is_better, registered.model
 
-    def __init__(self, model, items: Sequence[dict], *, batch_size: int = 8, temperature: float = 0.05):
+    def __init__(
+        self, model, items: Sequence[dict], *, batch_size: int = 8, temperature: float = 0.05, prompt: str | None = None
+    ):
         super().__init__(batch_size)
         self.check_model(model)
+        self._setup_embedding(model, prompt)
         self.temperature = temperature
         self.items = list(items)
         self.n_items = len(self.items)
@@ -121,7 +149,9 @@ class ParaphraseAccuracy(ItemMetric):
                 )
             self.toks.append(
                 tokenize_all(
-                    model.tokenizer, texts=[it["anchor"], it["positive"], *negs], max_positions=model.spec.max_positions
+                    model.tokenizer,
+                    texts=self._texts([it["anchor"], it["positive"], *negs]),
+                    max_positions=model.spec.max_positions,
                 )
             )
         self.device = input_device(model)  # units built where the model takes its inputs
@@ -144,7 +174,7 @@ class ParaphraseAccuracy(ItemMetric):
 
     def _emb(self, out, unit):
         r = out.shape[0] // unit.rows
-        emb = mean_pool(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
+        emb = self._embed(out, tile(unit.batch.attention_mask, r)).view(r, unit.rows, -1)
         return emb[:, unit.extra["index"]]  # [R, item, 2 + n_neg, d]
 
     def item_values(self, out, unit):

@@ -11,10 +11,11 @@ over). The metrics themselves: :mod:`~headscope.analyses.pruning.decoder_metrics
 :mod:`~headscope.analyses.pruning.encoder_metrics`; by name: :mod:`~headscope.analyses.pruning.metrics`;
 their definitions, directions and pure functions: the one registry, :data:`headscope.analyses.metrics.METRICS`.
 
->>> check_kind("lm_loss", "decoder", type("Spec", (), {"causal": False, "name": "m", "family": "bert"})())
+>>> from headscope.probes.models.purpose import decide_purpose
+>>> check_kind("lm_loss", "decoder", decide_purpose(causal=False, encoder=True))
 Traceback (most recent call last):
 ...
-ValueError: metric 'lm_loss' needs a causal LM; got 'm', an encoder (bert)
+ValueError: metric 'lm_loss' scores next-token predictions: it needs a language model; the model is an embedding model (bidirectional attention (an encoder family)); metrics that apply: cosine_to_unpruned, paraphrase_accuracy
 """
 
 from __future__ import annotations
@@ -153,17 +154,41 @@ class ItemMetric:
         return self.finalize(weighted_mean(values, weights))
 
     def check_model(self, model) -> None:
-        check_kind(self.name, self.family, model.spec)
+        check_kind(self.name, self.family, model)
 
 
-def check_kind(name: str, family: str, spec) -> None:
-    """``ValueError`` when metric ``name``, reading a ``family`` (``"decoder"``/``"encoder"``)
-    output, cannot score a model of ``spec``."""
-    kind = "decoder" if spec.causal else "encoder"
-    if kind != family:
+def purpose_for(target):
+    """The :class:`~headscope.probes.models.purpose.Purpose` of ``target``: itself, a loaded
+    model's (:func:`~headscope.probes.models.purpose.purpose_of`, decided at load), or, for a
+    shape or spec planned before any load (the memory plan), the rule on its attention alone."""
+    from headscope.probes.models.purpose import Purpose, decide_purpose, purpose_of
+
+    if isinstance(target, Purpose):
+        return target
+    if hasattr(target, "spec"):
+        return purpose_of(target)
+    return decide_purpose(causal=bool(target.causal), encoder=not target.causal, tied=True)
+
+
+def check_kind(name: str, family: str, target) -> None:
+    """``ValueError`` when metric ``name``, reading a ``family`` (``"decoder"``: an LM's
+    logits; ``"encoder"``: a sentence embedding) output, does not apply to what ``target`` (a
+    loaded model or its :class:`~headscope.probes.models.purpose.Purpose`) is for: one line
+    saying why and naming the metrics that apply."""
+    from headscope.analyses.metrics import metrics_for
+
+    purpose = purpose_for(target)
+    if purpose.metric_kind != family:
+        what = (
+            "scores next-token predictions: it needs a language model"
+            if family == "decoder"
+            else "compares sentence embeddings: it needs an embedding model"
+        )
+        spec = getattr(target, "spec", None)
+        who = f"{spec.name!r}" if spec is not None else "the model"
+        apply = ", ".join(metrics_for("pruning", purpose.metric_kind))
         raise ValueError(
-            f"metric {name!r} needs {'a causal LM' if family == 'decoder' else 'an encoder'}; "
-            f"got {spec.name!r}, an {kind} ({spec.family})"
+            f"metric {name!r} {what}; {who} is {purpose.words} ({purpose.reason}); metrics that apply: {apply}"
         )
 
 

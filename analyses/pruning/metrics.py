@@ -20,8 +20,9 @@ model's gates set to each mask.
 What each metric is (its definition, which direction is better, what it reads, the pure
 function it is made of) is registered once, in :data:`headscope.analyses.metrics.METRICS`;
 pruning scores those whose ``analysis`` is ``"pruning"`` (:func:`~headscope.analyses.metrics.metrics_for`).
-Sentence embeddings are sentence-transformers' ``all-MiniLM-L6-v2`` recipe: mean of
-the last hidden states over real tokens (attention-mask weighted), L2-normalised.
+Sentence embeddings are the model's own sentence-transformers pipeline (its Pooling, Dense and
+Normalize modules: :mod:`headscope.probes.embedding`); a folder without ``modules.json``: the mean
+of the last hidden states over real tokens, L2-normalised (all-MiniLM-L6-v2's recipe).
 
 The interface lives in :mod:`~headscope.analyses.pruning.metric_base`, the metrics in
 :mod:`~headscope.analyses.pruning.decoder_metrics` and
@@ -36,7 +37,7 @@ from __future__ import annotations
 from headscope.analyses.metrics import get_metric, metrics_for
 from headscope.analyses.pruning.decoder_metrics import CorefAccuracy, LMLoss
 from headscope.analyses.pruning.encoder_metrics import EmbeddingCosine, ParaphraseAccuracy
-from headscope.analyses.pruning.metric_base import CallableMetric, ItemMetric, Unit, check_kind
+from headscope.analyses.pruning.metric_base import CallableMetric, ItemMetric, Unit, check_kind, purpose_for
 
 __all__ = [
     "METRICS",
@@ -50,6 +51,8 @@ __all__ = [
     "build_metric",
     "check_kind",
     "default_metric",
+    "metric_notes",
+    "purpose_for",
     "read_lines",
     "read_paraphrases",
 ]
@@ -86,9 +89,12 @@ def _take(seq, n_items):
     return list(seq) if n_items is None else list(seq)[:n_items]
 
 
-def build_metric(name: str, model, *, n_items: int | None = None, batch_size: int | None = None, **kw):
+def build_metric(
+    name: str, model, *, n_items: int | None = None, batch_size: int | None = None, prompt: str | None = None, **kw
+):
     """A metric by name on its shipped data (``data/heldout/lm_text.txt``,
-    ``data/coref/coref.jsonl``, ``data/paraphrase/pairs.jsonl``), first ``n_items`` items.
+    ``data/coref/coref.jsonl``, ``data/paraphrase/pairs.jsonl``), first ``n_items`` items;
+    ``prompt``: the name of one of an embedding model's prompts (None: its default prompt, if any).
 
     >>> build_metric("bleu", None)  # doctest: +IGNORE_EXCEPTION_DETAIL
     Traceback (most recent call last):
@@ -110,8 +116,12 @@ def build_metric(name: str, model, *, n_items: int | None = None, batch_size: in
             m = CorefAccuracy(model, m.items[:n_items], kinds=None, scoring=m.scoring, **bs)
         return m
     if name == "cosine_to_unpruned":
-        return EmbeddingCosine(model, _take(read_lines(path("heldout/lm_text.txt")), n_items), **bs, **kw)
-    return ParaphraseAccuracy(model, _take(read_paraphrases(path("paraphrase/pairs.jsonl")), n_items), **bs, **kw)
+        return EmbeddingCosine(
+            model, _take(read_lines(path("heldout/lm_text.txt")), n_items), prompt=prompt, **bs, **kw
+        )
+    return ParaphraseAccuracy(
+        model, _take(read_paraphrases(path("paraphrase/pairs.jsonl")), n_items), prompt=prompt, **bs, **kw
+    )
 
 
 #: pruning's view of the one registry (:func:`~headscope.analyses.metrics.metrics_for`):
@@ -120,6 +130,31 @@ def build_metric(name: str, model, *, n_items: int | None = None, batch_size: in
 METRICS = {name: m.model for name, m in metrics_for("pruning").items()}
 
 
-def default_metric(spec) -> str:
-    """``lm_loss`` for decoders (causal), ``cosine_to_unpruned`` for encoders."""
-    return "lm_loss" if spec.causal else "cosine_to_unpruned"
+def default_metric(model) -> str:
+    """``lm_loss`` for a language model, ``cosine_to_unpruned`` for an embedding model: what
+    ``model`` is for, decided once at load (:func:`~headscope.analyses.pruning.metric_base.purpose_for`:
+    a loaded model, its :class:`~headscope.probes.models.purpose.Purpose`, or a shape planned
+    before loading)."""
+    return "lm_loss" if purpose_for(model).kind == "lm" else "cosine_to_unpruned"
+
+
+def metric_notes(model, name: str, base_value: float | None) -> dict:
+    """The pruning summary's words about metric ``name`` on ``model``: ``measures`` (its registry
+    definition; for an embedding metric, the model's pipeline in words) and, where an LM metric's
+    unpruned ``base_value`` is worse than uniform over the vocabulary, ``caveat``
+    (:func:`~headscope.analyses.metrics.uniform_caveat`)."""
+    from headscope.analyses.metrics import METRICS as REGISTRY
+    from headscope.analyses.metrics import uniform_caveat
+    from headscope.probes.embedding import pipeline_of
+
+    registered = REGISTRY.get(name)
+    if registered is None:  # a CallableMetric: the caller's function
+        return {}
+    out = {"measures": registered.definition}
+    if registered.reads == "embedding":
+        out["measures"] += f"; embedding: {pipeline_of(model).describe()}"
+    vocab = getattr(model, "vocab_size", None)
+    caveat = None if base_value is None else uniform_caveat(name, base_value, vocab)
+    if caveat is not None:
+        out["caveat"] = caveat
+    return out

@@ -58,7 +58,7 @@ from headscope.analyses.pruning.impact import bootstrap_se, impact_frame, impact
 from headscope.analyses.pruning.importance import head_importance, importance_frame
 from headscope.analyses.pruning.masks import check_head_hooks, prune_units
 from headscope.analyses.pruning.memo import Scored, remembered_scores
-from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric
+from headscope.analyses.pruning.metrics import METRICS, build_metric, default_metric, metric_notes
 from headscope.analyses.pruning.scoring import evaluate
 from headscope.analyses.pruning.store import TABLE_FILES, PruneTables, StudyStore
 from headscope.analyses.roles.config import is_seed
@@ -89,7 +89,7 @@ class PruneConfig:
     ``quick``: 24 items, curves up to 50% pruned, 100 bootstrap resamples.
     """
 
-    metric: str | None = None  # None: lm_loss (decoder) / cosine_to_unpruned (encoder)
+    metric: str | None = None  # None: lm_loss (a language model) / cosine_to_unpruned (an embedding model)
     step: float = 0.10
     max_fraction: float | None = None  # None: 1.0 (0.5 when quick)
     orders: tuple[str, ...] = ORDERS
@@ -107,6 +107,8 @@ class PruneConfig:
     max_rows: int = 64
     role_k: int = 3
     role_draws: int = 5
+    #: an embedding model's prompt, by name (its config_sentence_transformers.json); None: its default
+    prompt: str | None = None
 
     def __post_init__(self):
         def bad(name, rule):
@@ -337,8 +339,12 @@ def _study_metric(model, cfg: PruneConfig, metric):
     ``ValueError`` when it disagrees with ``cfg`` or cannot serve the studies asked for."""
     if metric is None:
         metric = build_metric(
-            cfg.metric or default_metric(model.spec), model, n_items=cfg.items, batch_size=cfg.batch_size
+            cfg.metric or default_metric(model), model, n_items=cfg.items, batch_size=cfg.batch_size, prompt=cfg.prompt
         )
+        if cfg.prompt is not None and not hasattr(metric, "pipeline"):
+            raise ValueError(
+                f"prompt {cfg.prompt!r} goes with an embedding metric; {metric.name} reads no sentence embedding"
+            )
     elif cfg.metric is not None and cfg.metric != metric.name:
         raise ValueError(f"cfg.metric is {cfg.metric!r} but the metric passed is {metric.name!r}; make them agree")
     grad = sorted({"importance", "reverse_importance"} & set(cfg.orders)) + (
@@ -376,6 +382,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
         store.state["complete"] = True
         store.commit("summary")
     summary = study_summary(store.tables, metric, model.spec, cfg)
+    summary.update(metric_notes(model, metric.name, summary.get("base_value")))  # what it measures; #47 caveat
     summary["complete"] = complete
     if store.dir is not None and complete:
         _write_run_json(store.dir / "run.json", model, cfg, summary)

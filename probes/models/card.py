@@ -246,6 +246,11 @@ def render_card(c: dict) -> str:
             f"attention       {kind}",
         ]
     lines += _attention_extras(c)
+    if c.get("purpose"):  # what it is for, decided when it loaded (with_purpose)
+        p = c["purpose"]
+        lines.append(f"purpose         {'language model' if p['kind'] == 'lm' else 'embedding model'}: {p['reason']}")
+        if c.get("embedding"):
+            lines.append(f"embedding       {c['embedding']}")
     if c.get("not_loadable"):
         lines.append(f"not loadable    {c['not_loadable']}")
     if c["total_params"]:
@@ -354,3 +359,19 @@ def _attention_extras(c: dict) -> list[str]:
         factor = f" ×{c['rope_factor']:g}" if c.get("rope_factor") else ""
         out.append(f"RoPE            θ {c['rope_theta']:g}, {c['rope_type']} scaling{factor}{where}{local}")
     return out
+
+
+def with_purpose(card: dict, model) -> tuple[dict, str]:
+    """``card`` with what the loaded ``model`` is for (``purpose``:
+    :func:`~headscope.probes.models.purpose.purpose_of`; ``embedding``: an embedding model's
+    pipeline in words) and its :func:`render_card` text."""
+    from headscope.probes.embedding import pipeline_of
+    from headscope.probes.models.purpose import purpose_of
+
+    purpose = purpose_of(model)
+    card = {
+        **card,
+        "purpose": purpose.record(),
+        "embedding": pipeline_of(model).describe() if purpose.kind == "embedding" else None,
+    }
+    return card, render_card(card)

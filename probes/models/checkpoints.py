@@ -60,6 +60,9 @@ class ModelSource:
     #: its ``modules.json`` (None / False otherwise); ``path`` is then the folder of its transformer
     pooling: str | None = None
     normalize: bool = False
+    #: the sentence-transformers folder (the one holding ``modules.json``) the model came from; None
+    #: otherwise (its pipeline: :func:`~headscope.probes.models.sentence_pipeline.read_pipeline`)
+    st_folder: Path | None = None
 
     @property
     def file_for_hash(self) -> Path | None:
@@ -109,13 +112,25 @@ def resolve(model: str) -> ModelSource:
             return ModelSource(name=model, kind="gguf", path=path)
         st = sentence_transformers_layout(path)
         pooling, normalize = (st.pooling, st.normalize) if st is not None else (None, False)
-        return ModelSource(name=model, kind="hf-dir", path=path, pooling=pooling, normalize=normalize)
+        return ModelSource(
+            name=model,
+            kind="hf-dir",
+            path=path,
+            pooling=pooling,
+            normalize=normalize,
+            st_folder=path if st is not None else None,
+        )
     p = Path(model).expanduser()
     if p.is_dir():
         st = sentence_transformers_layout(p)
         if st is not None:
             return ModelSource(
-                name=p.name, kind="hf-dir", path=st.transformer_dir, pooling=st.pooling, normalize=st.normalize
+                name=p.name,
+                kind="hf-dir",
+                path=st.transformer_dir,
+                pooling=st.pooling,
+                normalize=st.normalize,
+                st_folder=p,
             )
         if not (p / "config.json").exists():
             ggufs = sorted(p.glob("*.gguf"))

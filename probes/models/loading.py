@@ -130,7 +130,7 @@ def load_model(
         raise ValueError(f"tokenizer= goes with a model object; {str(model)!r} is loaded with its own tokenizer files")
     source = resolve(model)
     if backend is None and device_map is None:
-        return _place(_load_auto(source, torch_dtype, trust_remote_code), device)
+        return _place(_with_purpose(_load_auto(source, torch_dtype, trust_remote_code), source), device)
     backend = backend or "hf"  # a device map needs the hf backend
     if backend == "bridge" and torch_dtype != torch.float32:
         raise ValueError(f"dtype {dtype!r}: the bridge backend runs in float32; use --backend inhouse or hf")
@@ -143,7 +143,19 @@ def load_model(
     else:
         loaded = BACKENDS[backend].from_source(source, trust_remote_code=trust_remote_code)
     loaded.backend_choice = f"{backend} (asked for)"
-    return _place(loaded, device)
+    return _place(_with_purpose(loaded, source), device)
+
+
+def _with_purpose(model: Backend, source: ModelSource) -> Backend:
+    """``model`` with its source and what it is for (``model.purpose``,
+    :func:`~headscope.probes.models.purpose.purpose_from_source`), decided here, once."""
+    from headscope.probes.models.purpose import purpose_from_source
+
+    if getattr(model, "source", None) is None:
+        model.source = source
+    arch = arch_from_hf_config(read_hf_config(source), str(source.path))
+    model.purpose = purpose_from_source(arch, source, causal=model.spec.causal)
+    return model
 
 
 def _check_options(backend: str | None, dtype: str, device, device_map) -> tuple[str | None, torch.dtype]:

@@ -75,6 +75,8 @@ def _pooling_mode(path: Path) -> str:
         raise CheckpointError(f"{path}: expected a JSON object of pooling_mode_* flags")
     if isinstance(cfg.get("pooling_mode"), str):
         return cfg["pooling_mode"]
+    if isinstance(cfg.get("pooling_mode"), list) and cfg["pooling_mode"]:  # several modes, concatenated
+        return "+".join(map(str, cfg["pooling_mode"]))
     modes = [name for flag, name in _POOLING_FLAGS.items() if cfg.get(flag) is True]
     if not modes:
         raise CheckpointError(f"{path}: no pooling mode set (expected one of {', '.join(_POOLING_FLAGS)} true)")

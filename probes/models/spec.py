@@ -74,7 +74,7 @@ class ArchSpec:
     #: None: the config does not say, i.e. all of them)
     rotary_fraction: float | None = None
     #: a decoder family run with bidirectional attention (``use_bidirectional_attention``:
-    #: EmbeddingGemma); ``encoder`` still follows the model type
+    #: EmbeddingGemma); ``encoder`` still follows the model type, :attr:`causal` is False
     bidirectional_attention: bool = False
     #: family options set away from their default (``"name=value"``), e.g. GPT-2's
     #: ``scale_attn_by_inverse_layer_idx=True``: see ``Family.fixed_options`` (:mod:`~headscope.probes.models.families`)
@@ -93,7 +93,10 @@ class ArchSpec:
 
     @property
     def causal(self) -> bool:
-        return not self.encoder
+        """Whether each position attends to the past only: a decoder family, not run with
+        ``use_bidirectional_attention`` (what the attention masks follow; what the checkpoint is
+        for is :func:`~headscope.probes.models.purpose.decide_purpose`'s)."""
+        return not self.encoder and not self.bidirectional_attention
 
     @property
     def group_size(self) -> int:

@@ -36,7 +36,15 @@ def register(sub) -> None:
         "--metric",
         choices=list(METRICS),
         default=None,
-        help="default: lm_loss for decoders, cosine_to_unpruned for encoders",
+        help="default: lm_loss for a language model, cosine_to_unpruned for an embedding model (what the "
+        "checkpoint is for, decided when it loads)",
+    )
+    p.add_argument(
+        "--prompt",
+        default=None,
+        metavar="NAME",
+        help="an embedding model's prompt, by name (config_sentence_transformers.json's prompts; default: its "
+        "default_prompt_name, if any)",
     )
     p.add_argument("--step", type=float, default=0.10, help="fraction of heads removed per pruning step (default 0.1)")
     p.add_argument(
@@ -129,8 +137,12 @@ def render_summary(summary: dict) -> str:
     lines = [
         f"model {summary['model']}  metric {summary['metric']} ({'higher' if summary['higher_is_better'] else 'lower'} is better)"
     ]
+    if summary.get("measures"):
+        lines.append(f"measures: {summary['measures']}")
     if "base_value" in summary:
         lines.append(f"unpruned {summary['metric']}: {summary['base_value']:.4f}")
+    if summary.get("caveat"):
+        lines.append(f"caveat: {summary['caveat']}")
     for key, label in (
         ("most_harmful_head", "most harmful single head"),
         ("least_harmful_head", "least harmful single head"),
@@ -165,6 +177,7 @@ def run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     cfg = PruneConfig(
         metric=args.metric,
+        prompt=args.prompt,
         step=args.step,
         max_fraction=args.max_fraction,
         orders=tuple(args.orders),
@@ -181,6 +194,10 @@ def run(args) -> int:
     budget, cfg = memory.prune_start(args, asked, device)  # refused in one line if it cannot fit
     with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
         model = load_from_args(args, device)
+        if cfg.metric is not None:  # #47: a metric that does not apply to what the model is for, in one line
+            from headscope.analyses.pruning.metrics import METRICS, check_kind
+
+            check_kind(cfg.metric, METRICS[cfg.metric], model)
         budget, cfg = memory.prune_refine(budget, model, cfg, asked)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from headscope.reports import figures as F
-from headscope.reports.document import Figure, Paragraph, Section, Table, fmt, head_name
+from headscope.reports.document import Figure, Note, Paragraph, Section, Table, fmt, head_name
 
 COUNT_METRICS = ("query_heads_pruned", "kv_heads_pruned", "kv_cache_bytes_saved_per_token")
 
@@ -60,12 +60,25 @@ def _ablation_map(frames: dict[str, pd.DataFrame], n_layers: int, n_heads: int) 
 
 
 def pruning_section(
-    frames: dict[str, pd.DataFrame], rvi: pd.DataFrame | None, n_layers: int, n_heads: int, metric: str | None
+    frames: dict[str, pd.DataFrame],
+    rvi: pd.DataFrame | None,
+    n_layers: int,
+    n_heads: int,
+    metric: str | None,
+    summary: dict | None = None,
 ) -> Section:
     """The section from ``frames``' ``prune_baseline``, curves (:func:`curves_frame` of
     ``metric``), ``prune_prunable`` and ``prune_ablation``, and ``rvi`` (roles vs importance:
-    role, k, metric, value_role, value_random_mean, value_random_std, n_draws)."""
+    role, k, metric, value_role, value_random_mean, value_random_std, n_draws); ``summary`` (the
+    study's): what the metric measures, in words, and its caveat (an LM metric worse than
+    uniform: a caveat box, repeated on the curves)."""
     s = Section(id="pruning", title="Pruning")
+    summary = summary or {}
+    caveat = summary.get("caveat")
+    if caveat:
+        s.blocks.append(Note(f"Caveat: {caveat}."))
+    if summary.get("measures"):
+        s.blocks.append(Paragraph(f"The metric, {summary.get('metric', metric)}, measures the {summary['measures']}."))
     curves = F.curve_rows(curves_frame(frames, metric))
     base = frames.get("prune_baseline")
     if base is not None and not base.empty:
@@ -78,7 +91,7 @@ def pruning_section(
     if curves.empty:
         s.blocks.append(Paragraph("No pruning curves in this run."))
     else:
-        s.blocks += _curve_blocks(curves)
+        s.blocks += _curve_blocks(curves, caveat)
     pr = frames.get("prune_prunable")
     if pr is not None and not pr.empty:
         s.blocks.append(_prunable_table(pr))
@@ -90,9 +103,9 @@ def pruning_section(
     return s
 
 
-def _curve_blocks(curves: pd.DataFrame) -> list[Figure | Table]:
+def _curve_blocks(curves: pd.DataFrame, caveat: str | None = None) -> list[Figure | Table]:
     """The curves' figure (its alt text: each curve's first and last point) and a table of
-    the first, middle and last fraction pruned."""
+    the first, middle and last fraction pruned; a ``caveat`` ends the figure's caption."""
     fig = F.pruning_figure(curves, summarised=True)
     ends = []
     for (study, m), d in curves.groupby(["study", "metric"], observed=True):
@@ -107,7 +120,8 @@ def _curve_blocks(curves: pd.DataFrame) -> list[Figure | Table]:
         + "; ".join(ends)
         + ".",
         caption="Pruning curves: heads are removed in the order each study ranks them; shaded bands are ± the spread "
-        "(for random orders, the standard deviation over seeds; otherwise the bootstrap SE over items).",
+        "(for random orders, the standard deviation over seeds; otherwise the bootstrap SE over items)."
+        + (f" Caveat: {caveat}." if caveat else ""),
     )
     fr = sorted(curves["fraction_pruned"].unique())
     pick = [fr[0], fr[len(fr) // 2], fr[-1]] if len(fr) >= 3 else fr

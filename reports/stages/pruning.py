@@ -125,10 +125,10 @@ class PruningStage(Stage[PruneConfig]):
         from headscope.probes.errors import ModelIncompatibleError
         from headscope.probes.models.backends.protocol import check_head_hooks
 
-        metric = cfg.metric or default_metric(ctx.model.spec)
+        metric = cfg.metric or default_metric(ctx.model)
         try:
             check_head_hooks(ctx.model)
-            check_kind(metric, METRICS[metric], ctx.model.spec)
+            check_kind(metric, METRICS[metric], ctx.model)
         except (ModelIncompatibleError, ValueError) as e:
             return str(e)
         return None
@@ -157,7 +157,7 @@ class PruningStage(Stage[PruneConfig]):
         if why:
             return [pruning_absent_section(why)]
         rvi = frames.get("roles_vs_importance")
-        return [pruning_section(frames, rvi, int(meta["layers"]), int(meta["heads"]), meta.get("prune_metric"))]
+        return [pruning_section(frames, rvi, int(meta["layers"]), int(meta["heads"]), meta.get("prune_metric"), meta.get("prune_summary"))]
 
     def leaves_out(self, ctx: RunContext, cfg: PruneConfig) -> list[str]:
         from headscope.reports.stages.quick import leaves_out

@@ -184,6 +184,9 @@ def load_into(ctx: RunContext, model, config: RunConfig) -> None:
     else:
         ctx.model = load_model(model, None if config.backend == "auto" else config.backend, **load)
         _card_of_model(ctx)
+    from headscope.probes.models.card import with_purpose
+
+    ctx.card, ctx.card_text = with_purpose(ctx.card, ctx.model)  # #47: what it is for, decided at load
     ctx.tokenizer = ctx.model.tokenizer
 
 

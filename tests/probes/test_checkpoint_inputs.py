@@ -674,7 +674,9 @@ def test_metric_family_error_names_the_metric(perplexity, name):
     encoder = SimpleNamespace(spec=SimpleNamespace(family="bert", name="minilm-l6", causal=False))
     with pytest.raises(
         ValueError,
-        match=rf"^metric '{name}' needs a causal LM; got 'minilm-l6', an encoder \(bert\)$",
+        match=rf"^metric '{name}' scores next-token predictions: it needs a language model; 'minilm-l6' is an "
+        r"embedding model \(bidirectional attention \(an encoder family\)\); metrics that apply: "
+        r"cosine_to_unpruned, paraphrase_accuracy$",
     ):
         LMLoss(encoder, ["a b"], perplexity=perplexity)
 

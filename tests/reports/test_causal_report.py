@@ -228,6 +228,6 @@ def test_minilm_report_runs_patching_with_the_encoder_metric(tmp_path_factory):
     assert ind["task"]["metric"] == "embedding_cosine" and ind["metric_clean"] == pytest.approx(1.0, abs=1e-5)
     assert ind["metric_corrupted"] == pytest.approx(0.6402, abs=1e-3)
     md = (out / "report.md").read_text()
-    assert "cosine similarity of the run's mean-pooled last hidden state" in md
+    assert "cosine similarity of the run's sentence embedding (the model's own pooling and Dense layers)" in md
     assert "### Causal evidence: induction" in md and "### Causal evidence: syntactic:nsubj" in md
     assert set(pd.read_parquet(out / "tables" / "patching.parquet")["task"]) == set(summ["tasks"])

@@ -35,6 +35,7 @@ from headscope.probes.models.checkpoints import (
     weight_files,
 )
 from headscope.probes.models.head_check import input_embeddings
+from headscope.probes.models.purpose import lm_head_absent
 from headscope.probes.tokens import TokenBatch
 
 __all__ = ["HFReference", "check_device_map"]
@@ -143,6 +144,8 @@ class HFReference(ResumableForward, BackendCommon):
             from transformers import AutoModelForTextEncoding as klass
         elif arch.encoder or its_encoder:
             klass = AutoModelForMaskedLM if for_bridge else AutoModel
+        elif not for_bridge and lm_head_absent(directory, arch):  # a decoder saved without its LM head (#47)
+            klass = AutoModel  # its base model: forward returns the last hidden states, not random logits
         else:
             klass = AutoModelForCausalLM
         torch.manual_seed(0)  # heads missing from the checkpoint (BERT MLM head) initialise the same every time

@@ -43,7 +43,7 @@ def _sentence_metric(model, sentences: list[str], batch_size: int):
     """``(name, metric)``: the default impact metric of the model's family over ``sentences``."""
     from headscope.analyses.pruning import metrics as im
 
-    name = im.default_metric(model.spec)
+    name = im.default_metric(model)
     kw = {"batch_size": batch_size}
     if name == "lm_loss":
         return name, im.LMLoss(model, list(sentences), **kw)
@@ -210,7 +210,7 @@ def quick_pruning(bench: BenchState) -> Prepared:
         pruning_study(model, pcfg, None, roles=roles)
 
     def warm():
-        metric = build_metric(default_metric(model.spec), model, n_items=pcfg.items, batch_size=pcfg.batch_size)
+        metric = build_metric(default_metric(model), model, n_items=pcfg.items, batch_size=pcfg.batch_size)
         abl.evaluate(model, metric, torch.ones(2, model.spec.n_layers, model.spec.n_heads))
 
     return Prepared(one_pass, warm, None, f"{pcfg.items} items; roles: {roles['role'].nunique()} seeded stand-in roles")

@@ -235,7 +235,11 @@ def by_design(part: str, why: str, backend: str | None) -> bool:
     if part == "weights":
         return backend != "inhouse" and "in-house model" in why
     if part == "kv":
-        return (backend != "inhouse" and "in-house attention" in why) or "is an encoder" in why
+        return (
+            (backend != "inhouse" and "in-house attention" in why)
+            or "is an encoder" in why
+            or "is an embedding model" in why
+        )
     return False
 
 

@@ -263,7 +263,10 @@ def test_unknown_task_is_refused_and_an_encoder_gets_the_embedding_metric(plante
 def test_logit_metrics_refuse_an_encoder_with_the_reason(minilm):
     from headscope.analyses.patching.tasks import check_decoder
 
-    with pytest.raises(ModelIncompatibleError, match="'minilm-l6' is an encoder .no LM head."):
+    with pytest.raises(
+        ModelIncompatibleError,
+        match=r"'minilm-l6' is an embedding model \(bidirectional attention \(an encoder family\)\)",
+    ):
         check_decoder(minilm)
     task = Task(name="t", items=[PairItem((101, 2003, 102), (101, 2024, 102), 2003)], metric="logprob")
     with pytest.raises(ModelIncompatibleError, match="embedding_cosine"):

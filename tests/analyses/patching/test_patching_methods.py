@@ -27,7 +27,6 @@ from headscope.analyses.patching.items import PairItem, Task
 from headscope.analyses.patching.sentence_tasks import coreference_rows
 from headscope.analyses.patching.study import StudyConfig, patching_study
 from headscope.analyses.patching.tasks import TASKS, load_task
-from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.inhouse.planted import planted_model
 
 OTHERS = [(l, h) for l in range(2) for h in range(4) if (l, h) not in {(0, 0), (1, 1)}]
@@ -205,8 +204,10 @@ def test_minilm_agreement_is_measured_by_embedding_cosine(minilm):
     assert task.metric == "embedding_cosine" and len(task.items) == 16
     res = patching_study(minilm, task, StudyConfig(methods=("activation",), patch=CFG))
     s = res.summary
-    assert s["measures"].startswith(METRICS["embedding_cosine"].definition) and "mean-pooled" in s["measures"]
-    assert "pooling: mean (the model's sentence-transformers pooling" in s["measures"]  # 1_Pooling/config.json
+    assert s["measures"].startswith(METRICS["embedding_cosine"].definition)
+    assert (
+        "embedding: mean pooling, Normalize (the model's sentence-transformers modules)" in s["measures"]
+    )  # modules.json
     assert s["metric_clean"] == pytest.approx(1.0, abs=1e-6)
     assert s["metric_corrupted"] == pytest.approx(0.925958, rel=1e-4)
     f = res.frame
@@ -228,32 +229,47 @@ def test_cli_on_an_encoder_writes_what_is_measured(planted, tmp_path, monkeypatc
     args = ["patch", "planted", "--task", "induction", "--n-items", "6", "--seq-len", "5", "--out", str(out)]
     assert main([*args, "--method", "ablation", "--ablation", "zero"]) == 0
     text = capsys.readouterr().out
-    assert "measures: cosine similarity of the run's mean-pooled last hidden state" in text
+    assert "measures: cosine similarity of the run's sentence embedding (the model's own pooling and Dense" in text
     manifest = json.loads((out / "run.json").read_text())
     assert (
         manifest["measures"].startswith(METRICS["embedding_cosine"].definition)
-        and "pooling: mean (no sentence-transformers pooling recorded" in manifest["measures"]
+        and "embedding: mean pooling, Normalize (assumed: the folder has no modules.json)" in manifest["measures"]
         and manifest["task"]["metric"] == "embedding_cosine"
     )
 
 
+def _st_pooling_folder(folder, mode):
+    """A sentence-transformers folder's modules.json and Pooling config (``pooling_mode`` ``mode``)."""
+    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"embedding_dimension": 8, "pooling_mode": mode}))
+    return folder
+
+
 def test_an_encoder_is_pooled_as_its_sentence_transformers_config_says(tmp_path):
-    """A ModelSource whose 1_Pooling config says cls: the metric reads the [CLS] position's
-    hidden state (not the mean) and the summary says so."""
+    """A sentence-transformers folder whose Pooling config says cls: the metric reads the [CLS]
+    position's hidden state (not the mean) and the summary says so."""
     from headscope.analyses.patching.activation import measures, readout
+    from headscope.probes.errors import CheckpointError
     from headscope.probes.models.checkpoints import ModelSource
 
     enc = planted_model(causal=False)
     ids = torch.tensor([[1, 5, 6, 7], [1, 8, 9, 10]])
     hidden = enc.forward(ids, torch.ones_like(ids)).float()
-    torch.testing.assert_close(readout(enc, ids), hidden.mean(1), rtol=0, atol=0)  # nothing recorded: mean
-    enc.source = ModelSource(name="st", kind="hf-dir", path=tmp_path, pooling="cls", normalize=True)
+    torch.testing.assert_close(readout(enc, ids), hidden.mean(1), rtol=0, atol=0)  # no modules.json: mean
+    folder = _st_pooling_folder(tmp_path / "cls", "cls")
+    enc.source = ModelSource(name="st", kind="hf-dir", path=folder, st_folder=folder)
     torch.testing.assert_close(readout(enc, ids), hidden[:, 0], rtol=0, atol=0)
     text = measures(enc, "embedding_cosine")
-    assert "[CLS]-token last hidden state" in text and "pooling: cls (the model's sentence-transformers pooling" in text
-    assert "mean-pooled" not in text
-    enc.source = ModelSource(name="st", kind="hf-dir", path=tmp_path, pooling="bogus")
-    with pytest.raises(ModelIncompatibleError, match="pooling is 'bogus'"):
+    assert "embedding: cls pooling (the model's sentence-transformers modules)" in text
+    assert "mean pooling" not in text
+    folder = _st_pooling_folder(tmp_path / "bogus", "bogus")
+    enc.source = ModelSource(name="st", kind="hf-dir", path=folder, st_folder=folder)
+    with pytest.raises(CheckpointError, match="pooling mode 'bogus' is not one of"):
         readout(enc, ids)
 
 
