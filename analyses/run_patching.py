@@ -4,7 +4,7 @@ A role group says which task tests its rows (:attr:`~headscope.analyses.roles.ba
 ``row_tasks``; collected by :func:`~headscope.analyses.roles.base.role_tasks`), so a new role
 brings its task with it. :func:`run_patching` runs activation (denoising) and attribution
 patching of every head on the task of each role of a roles frame that has one
-(:class:`~headscope.analyses.run.CausalConfig` sizes it); :func:`patching_blocker` says,
+(:class:`CausalConfig` sizes it); :func:`patching_blocker` says,
 before the run spends any time, why the stage cannot run on a model.
 """
 
@@ -13,21 +13,87 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import pandas as pd
 
 from headscope.analyses.roles.base import role_tasks
 
-if TYPE_CHECKING:
-    from headscope.analyses.run import CausalConfig
-
 log = logging.getLogger(__name__)
 
-__all__ = ["CAUSAL_METHOD", "causal_roles", "patching_blocker", "run_patching", "task_for_role"]
+__all__ = ["CAUSAL_METHOD", "CausalConfig", "causal_roles", "patching_blocker", "run_patching", "task_for_role"]
 
 #: the patching method the report ranks heads by (the other, attribution, is compared with it)
 CAUSAL_METHOD = "activation_denoising"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalConfig:
+    """The report's patching stage: activation (denoising) and attribution patching of every
+    head on each role's task (:attr:`~headscope.analyses.roles.base.Role.task`;
+    :func:`run_patching`).
+
+    ``unit``: ``"head"`` or ``"kv_group"`` (the query heads sharing a KV head patched
+    together, each given the group's effect); None: ``"kv_group"`` in quick mode on a model
+    with GQA groups (a third of the forwards on SmolLM2), ``"head"`` otherwise and in full mode.
+    ``n_items``: items per task; None: quick mode takes ``row_budget // (units × tasks)``
+    items per task, clipped to ``[min_items, max_items]`` (activation patching runs one
+    sequence per unit and item, so the budget bounds the stage's cost on any model), full
+    mode ``max_items``. ``batch_size``, ``n_boot``, ``n_perm``, ``alpha``, ``seed``: as
+    :class:`~headscope.analyses.patching.activation.PatchConfig`; ``top_k``: the heads
+    compared (largest effects, and the role's best by attention score)."""
+
+    unit: str | None = None
+    n_items: int | None = None
+    row_budget: int = 1500
+    min_items: int = 4
+    max_items: int = 64
+    batch_size: int = 16
+    max_rows: int = 144  # sequences per forward (PatchConfig's default); lowered only to fit in memory
+    top_k: int = 10
+    n_boot: int = 500
+    n_perm: int = 2000
+    alpha: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self):
+        for k in ("row_budget", "min_items", "max_items", "batch_size", "max_rows", "top_k"):
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"The {k!r} parameter of CausalConfig must be a positive int; got {v!r}.")
+        if self.n_items is not None and (
+            isinstance(self.n_items, bool) or not isinstance(self.n_items, int) or self.n_items < 2
+        ):
+            raise ValueError(
+                f"The 'n_items' parameter of CausalConfig must be None or an int >= 2; got {self.n_items!r}."
+            )
+        if self.unit not in (None, "head", "kv_group"):
+            raise ValueError(
+                f"The 'unit' parameter of CausalConfig must be None, 'head' or 'kv_group'; got {self.unit!r}."
+            )
+        if self.min_items > self.max_items:
+            raise ValueError(f"min_items must be <= max_items; got {self.min_items} and {self.max_items}")
+
+    def unit_for(self, spec, *, full: bool) -> str:
+        """The patching unit on a model of ``spec`` (see the class docstring)."""
+        if self.unit is not None:
+            return self.unit
+        gqa = 0 < int(getattr(spec, "n_kv_heads", 0) or 0) < spec.n_heads
+        return "kv_group" if gqa and not full else "head"
+
+    def items_per_task(self, *, n_heads: int, n_tasks: int, full: bool) -> int:
+        """Items per task (see the class docstring).
+
+        >>> CausalConfig().items_per_task(n_heads=90, n_tasks=4, full=False)
+        4
+        >>> CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=False), CausalConfig().items_per_task(n_heads=72, n_tasks=4, full=True)
+        (5, 64)
+        """
+        if self.n_items is not None:
+            return self.n_items
+        if full:
+            return self.max_items
+        return int(min(self.max_items, max(self.min_items, self.row_budget // max(1, n_heads * n_tasks))))
 
 
 def task_for_role(role: str, relation: str = "") -> str | None:

@@ -3,7 +3,7 @@ hold, checked before the model loads, and the batch sizes that fit.
 
 :func:`plan` builds a :class:`Budget` from the model's config alone (a GGUF's metadata; no
 weight is read) and the run's settings, one :class:`~headscope.probes.budget.Stage` per
-kind of forward (:mod:`headscope.reports.budget_stages`), and
+kind of forward (:mod:`headscope.reports.stages.plans`; the report's from each stage's ``plan``), and
 fits it to :func:`~headscope.probes.budget.available_memory`: the batch of a stage that
 would not fit is shrunk, and a run that cannot fit even at a batch of one is refused with
 one line (:class:`~headscope.probes.errors.MemoryBudgetError`, exit 2) before anything is
@@ -32,23 +32,16 @@ from headscope.probes.budget import (
     gib,
     peak_rss_bytes,
 )
-from headscope.reports.budget_stages import (
-    apply_kv,
+from headscope.reports.stages.plans import (
     apply_patch,
     apply_prune,
     auto_probes,
-    kv_logit_rows,
-    kv_stages,
     model_shape,
     patch_stages,
     prune_stages,
-    report_tasks,
-    role_corpora,
     roles_items,
     roles_stages,
-    shape_of_model,
     task_longest,
-    weights_stage,
 )
 
 log = logging.getLogger(__name__)
@@ -104,7 +97,7 @@ class Budget:
     probe: bool = False
     emit: object = field(default=None, repr=False)  # where start() printed the plan (refine says a change)
     trimmed: bool = False  # the heap is trimmed after the load (the report's run: trim_heap)
-    #: the report's KV-cache, weights and patching settings, sized by the plan (:func:`report_start`)
+    #: what the report's run keeps beside the plan (``owner``: working set -> stage)
     settings: dict = field(default_factory=dict, repr=False)
 
     def batch(self, stage: str, default: int) -> int:
@@ -234,7 +227,7 @@ def preload(command: str) -> None:
             pass
 
 
-def _on_gpu(device) -> bool:
+def on_gpu(device) -> bool:
     return device is not None and str(device).startswith("cuda")
 
 
@@ -252,7 +245,7 @@ def start(
 ) -> tuple[Budget, object]:
     """The plan of a run of ``command`` on MODEL ``model`` before it loads: ``stages_of(shape,
     tokenizer)`` gives its stages; ``backend``: the one asked for (``auto`` probes an in-house
-    model against an HF copy while loading: :func:`~headscope.reports.budget_stages.auto_probes`).
+    model against an HF copy while loading: :func:`~headscope.reports.stages.plans.auto_probes`).
     Prints :meth:`Budget.line` through ``emit``; raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when the run cannot fit. Returns the
     budget and the tokenizer read for it (or None). On a CUDA device only the load is
@@ -262,7 +255,7 @@ def start(
     if got is None:  # nothing said: the load reports what is wrong with the model, or it loads
         return plan(command, None, []), None
     shape, convert, tokenizer = got
-    stages = [] if _on_gpu(device) else stages_of(shape, tokenizer)
+    stages = [] if on_gpu(device) else stages_of(shape, tokenizer)
     probe = backend == "auto" and auto_probes(model)
     budget = plan(command, shape, stages, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed)
     budget.emit = emit
@@ -364,7 +357,7 @@ def prune_start(args, cfg, device):
         stages_of=lambda shape, tok: prune_stages(shape, cfg, tok),
         emit=emitter(False, "note: "),
     )
-    return budget, (apply_prune(cfg, budget.estimate) if budget.estimate else cfg)
+    return budget, (apply_prune(cfg, budget.estimate.batch_sizes) if budget.estimate else cfg)
 
 
 def prune_refine(budget: Budget, model, cfg, asked):
@@ -372,7 +365,7 @@ def prune_refine(budget: Budget, model, cfg, asked):
     if budget.shape is None or not budget.stages:
         return budget, cfg
     budget = budget.refine(prune_stages(budget.shape, asked, model.tokenizer))
-    return budget, apply_prune(asked, budget.estimate)
+    return budget, apply_prune(asked, budget.estimate.batch_sizes)
 
 
 def patch_start(args, cfg, device):
@@ -391,7 +384,7 @@ def patch_start(args, cfg, device):
     )
     if budget.estimate is None:
         return budget, cfg
-    return budget, replace(cfg, patch=apply_patch(cfg.patch, budget.estimate))
+    return budget, replace(cfg, patch=apply_patch(cfg.patch, budget.estimate.batch_sizes))
 
 
 def patch_refine(budget: Budget, task, cfg, asked):
@@ -400,7 +393,7 @@ def patch_refine(budget: Budget, task, cfg, asked):
         return budget, cfg
     longest = max([len(getattr(it, "clean", ())) for it in getattr(task, "items", ())] or [1])
     budget = budget.refine(patch_stages(budget.shape, asked.patch, longest=longest, methods=asked.methods))
-    return budget, replace(asked, patch=apply_patch(asked.patch, budget.estimate))
+    return budget, replace(asked, patch=apply_patch(asked.patch, budget.estimate.batch_sizes))
 
 
 def parts_timer(progress, stage: str, total: int | None, quiet: bool, unit: str):
@@ -412,160 +405,3 @@ def parts_timer(progress, stage: str, total: int | None, quiet: bool, unit: str)
     from headscope.probes.budget import TimeEstimate
 
     return TimeEstimate(total or 0, emit, inner=progress, unit=unit, stages={stage})
-
-
-def report_start(
-    model,
-    *,
-    dtype,
-    device,
-    rcfg,
-    pcfg,
-    ccfg,
-    groups,
-    role_inputs,
-    patching: bool,
-    notice=None,
-    quick: bool = False,
-    backend: str = "auto",
-    kv=None,
-    weights=None,
-    large_cost: float | None = None,
-):
-    """``build_report``: the plan before the model loads -> ``(budget, rcfg, pcfg, ccfg)`` with
-    the batch sizes that fit (refused in one line when none does). ``model``: a MODEL argument;
-    a model already loaded is planned without its load (its weights are in the process).
-    ``quick``: ``pcfg`` and ``ccfg`` are the default quick stages, sized here by the model's cost
-    (:func:`sized_quick`; over ``large_cost``, None: :data:`~headscope.analyses.quick_settings.LARGE_COST`).
-    ``kv`` / ``weights``: the KV-cache and weights stages' settings (a
-    :class:`~headscope.analyses.kvcache.stage.KVStageConfig` / a
-    :class:`~headscope.analyses.run_weights.WeightsConfig`; None: the stage does not run), planned
-    as stages of their own and, in quick mode on a large model, sized as
-    :data:`~headscope.analyses.quick_settings.QUICK_KV_LARGE` / ``QUICK_WEIGHTS_LARGE``; what
-    runs is in ``budget.settings`` (``kv``, with the study's ``logit_rows`` fitted, and ``weights``)."""
-    from headscope.analyses.patching.activation import PatchConfig
-    from headscope.analyses.roles.pipeline import check_roles
-
-    groups = check_roles(groups)
-    inputs = role_corpora(groups, role_inputs)
-    patch = PatchConfig(batch_size=ccfg.batch_size, max_rows=ccfg.max_rows)
-    extra: dict = {}
-
-    def stages_of(shape, tok):
-        out = roles_stages(shape, rcfg, groups, inputs, tok) + prune_stages(shape, pcfg, tok)
-        longest = max(task_longest(t, 10, tok) for t in report_tasks())
-        out += patch_stages(shape, patch, longest=longest) if patching else []
-        extra.update(sized_stages(shape, kv, weights, quick=quick, large_cost=large_cost))
-        if extra.get("kv") is not None and shape.causal:
-            out += kv_stages(shape, extra["kv"], tokens=extra["kv_tokens"])
-        if extra.get("weights") is not None:
-            out.append(weights_stage(shape, extra["weights"]))
-        return out
-
-    if isinstance(model, str) or hasattr(model, "__fspath__"):
-        budget, _tok = start(
-            "report",
-            str(model),
-            dtype=dtype,
-            device=device,
-            stages_of=stages_of,
-            emit=notice,
-            backend=backend,
-            trimmed=True,
-        )
-    else:
-        preload("report")
-        shape = shape_of_model(model, dtype)
-        stages = [] if shape is None or _on_gpu(device) else stages_of(shape, None)
-        budget = plan("report", shape, stages, load=False)
-        budget.emit = notice
-        say(budget)
-    if budget.shape is not None and not extra:
-        extra.update(sized_stages(budget.shape, kv, weights, quick=quick, large_cost=large_cost))
-    if quick and budget.shape is not None:
-        pcfg, ccfg = sized_quick(pcfg, budget.shape, large_cost), sized_patching(ccfg, budget.shape, large_cost)
-    budget.settings = {"kv": extra.get("kv", kv), "weights": extra.get("weights", weights)}
-    return _fitted(budget, rcfg, pcfg, ccfg, patch, extra.get("kv_tokens"))
-
-
-#: the report's stages whose batch is not the role analyses' ``--batch-size``
-_NOT_ROLES = {"pruning", "importance", "patching", "attribution", "kv", "kv logits", "long-context roles", "weights"}
-
-
-def _fitted(budget: Budget, rcfg, pcfg, ccfg, patch, kv_tokens):
-    """:func:`report_start`'s settings with the batch sizes its plan fitted."""
-    est = budget.estimate
-    if est is None:
-        return budget, rcfg, pcfg, ccfg
-    if budget.settings["kv"] is not None and "kv logits" in est.batch_sizes:
-        budget.settings["kv"] = apply_kv(budget.settings["kv"], est, tokens=kv_tokens)
-    roles_names = {s.name for s in budget.stages} - _NOT_ROLES
-    b = min([rcfg.batch_size, *(v for k, v in est.batch_sizes.items() if k in roles_names)])
-    rcfg = replace(rcfg, batch_size=b) if b < rcfg.batch_size else rcfg
-    pcfg = apply_prune(pcfg, est)
-    fitted = apply_patch(patch, est)
-    if (fitted.batch_size, fitted.max_rows) != (ccfg.batch_size, ccfg.max_rows):
-        ccfg = replace(ccfg, batch_size=fitted.batch_size, max_rows=fitted.max_rows)
-    return budget, rcfg, pcfg, ccfg
-
-
-def _large(shape: Shape, large_cost) -> bool:
-    from headscope.analyses.quick_settings import is_large
-
-    return is_large(n_params=shape.n_params, n_heads=shape.n_layers * shape.n_heads, threshold=large_cost)
-
-
-def sized_stages(shape: Shape, kv, weights, *, quick: bool, large_cost=None) -> dict:
-    """``{"kv", "kv_tokens", "weights"}``: the KV-cache and weights stages' settings as they will run
-    (in quick mode on a model over ``large_cost``, :data:`~headscope.analyses.quick_settings.QUICK_KV_LARGE`
-    and ``QUICK_WEIGHTS_LARGE``; the study's ``logit_rows`` from :func:`kv_logit_rows` unless set)
-    and the study's tokens (before the model's context caps them)."""
-    from headscope.analyses.kvcache.study import REPORT_KV
-    from headscope.analyses.quick_settings import QUICK_KV_LARGE, QUICK_WEIGHTS_LARGE
-
-    large = quick and _large(shape, large_cost)
-    if kv is not None and large:
-        kv = replace(kv, **QUICK_KV_LARGE)
-    if weights is not None and large:
-        weights = replace(weights, **QUICK_WEIGHTS_LARGE)
-    tokens = REPORT_KV.tokens if kv is None or kv.tokens is None else kv.tokens
-    if kv is not None and kv.logit_rows is None:
-        kv = replace(kv, logit_rows=kv_logit_rows(shape, tokens))
-    return {"kv": kv, "kv_tokens": tokens, "weights": weights}
-
-
-def sized_patching(ccfg, shape: Shape, large_cost=None):
-    """The quick patching stage ``ccfg`` on a model over ``large_cost``: its row budget
-    :data:`~headscope.analyses.quick_settings.QUICK_PATCHING_LARGE` (items per task left to the
-    budget only: ``n_items`` None), else unchanged."""
-    from headscope.analyses.quick_settings import QUICK_PATCHING_LARGE
-
-    if ccfg.n_items is not None or not _large(shape, large_cost):
-        return ccfg
-    return replace(ccfg, **{k: min(v, getattr(ccfg, k)) for k, v in QUICK_PATCHING_LARGE.items()})
-
-
-def sized_quick(pcfg, shape: Shape, large_cost=None):
-    """The quick pruning stage ``pcfg`` sized by the model's cost
-    (:func:`~headscope.analyses.quick_settings.quick_pruning_for`): unchanged under ``large_cost``
-    (None: :data:`~headscope.analyses.quick_settings.LARGE_COST`), else with the studies and orders of
-    :data:`~headscope.analyses.quick_settings.QUICK_PRUNING_LARGE` (its seed and batch kept). The
-    stages planned are the same (both run importance)."""
-    from headscope.analyses.quick_settings import QUICK_PRUNING, quick_pruning_for
-
-    tier = quick_pruning_for(n_params=shape.n_params, n_heads=shape.n_layers * shape.n_heads, threshold=large_cost)
-    return pcfg if tier is QUICK_PRUNING else replace(pcfg, **tier)
-
-
-def report_timer(progress, budget: Budget, groups, rcfg, role_inputs, notice):
-    """The report's ``progress`` wrapped to say the estimated time of its role analyses once
-    their first batch is timed (``notice`` None: as is)."""
-    if notice is None:
-        return progress
-    from headscope.analyses.roles.pipeline import _stages, check_roles
-    from headscope.probes.budget import TimeEstimate
-
-    groups = check_roles(groups)
-    names = {name for name, _corpus, _gs in _stages(groups)}
-    n = roles_items(groups, role_corpora(groups, role_inputs), rcfg)
-    return TimeEstimate(n, notice, inner=progress, unit="items of the role analyses", stages=names)

@@ -1,9 +1,8 @@
 """``build_report``: run the analyses on a model and write the report folder.
 
-The run itself (the model card and load, head roles, pruning study, patching on each role's
-task) is :mod:`headscope.analyses.run`: :class:`~headscope.analyses.run.RunConfig` says
-what it does, :func:`~headscope.analyses.run.run_analyses` returns its frames. This module
-plans the run's memory before the model loads (:mod:`headscope.reports.budget`), calls it,
+The run itself (the model resolved and loaded once, its memory planned before the load, the
+registered stages run in order) is :func:`~headscope.reports.stages.runner.report_run`;
+:class:`~headscope.reports.stages.config.RunConfig` says what it does. This module calls it
 and writes the folder from the frames (:func:`write_report`: no model needed). ``<out>`` is
 claimed before the analyses run (refused at once when it is a file, holds anything but an
 earlier report, or another run is writing it), the folder is written into
@@ -27,7 +26,6 @@ Example (runs the analyses)::
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,12 +33,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from headscope.analyses.kvcache.stage import KVStageConfig
-from headscope.analyses.run import RunConfig, open_model, run_analyses, timed
-from headscope.analyses.run_frames import skipped_frame  # noqa: F401 - tests/probes build frames through it
-from headscope.analyses.run_json import model_record, run_json, versions
+from headscope.analyses.run_json import run_json, versions
 from headscope.analyses.run_patching import CAUSAL_METHOD
-from headscope.analyses.run_weights import WeightsConfig
 from headscope.probes.budget import peak_rss_bytes
 from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
 from headscope.probes.outputs.folder import claim_output
@@ -51,6 +45,9 @@ from headscope.reports.markdown import render_markdown
 from headscope.reports.sections import build_document
 from headscope.reports.sections.pruning import curves_frame
 from headscope.reports.sections.role_detail import top_heads
+from headscope.reports.stages import registry
+from headscope.reports.stages.config import RunConfig
+from headscope.reports.stages.runner import report_run, timed
 
 
 @dataclass
@@ -63,99 +60,6 @@ class ReportResult:
     paths: dict[str, Path]
     summary: dict
     timings: dict[str, float] = field(default_factory=dict)
-
-
-# ----------------------------------------------------------------- the run
-def report_run(model, config: RunConfig, *, progress=None, notice=None):
-    """Plan the run's memory, open the model and run the analyses; return ``(frames, card,
-    card_text, meta)``. Before the model loads, the run's peak memory is estimated and its
-    batch sizes fitted to what is available (:mod:`headscope.reports.budget`;
-    ``MemoryBudgetError`` when nothing fits); ``notice(line)``, when given, receives the
-    estimate and, once the first batch of the role analyses is timed, the estimated time;
-    ``meta["memory"]`` records both with the peak. ``meta`` holds what run.json and the
-    report's sections read (the model's record, the settings run, timings, summaries)."""
-    from headscope.reports import budget as memory
-
-    quick = not config.full and config.prune_config is None  # the default quick stage: sized by the model's cost
-    config = config.resolved()
-    budget, rcfg, pcfg, ccfg = memory.report_start(
-        model,
-        dtype=config.dtype,
-        device=config.device,
-        rcfg=config.roles(),
-        pcfg=config.pruning(),
-        ccfg=config.causal(),
-        groups=config.role_groups,
-        role_inputs=config.role_inputs,
-        patching=config.patching,
-        notice=notice,
-        quick=quick,
-        backend=config.backend,
-        kv=(config.kv_config or KVStageConfig()) if config.kv else None,
-        weights=(config.weights_config or WeightsConfig(seed=config.seed)) if config.weights else None,
-        large_cost=config.large_cost,
-    )
-    config = config.resolved(roles=rcfg, pruning=pcfg, causal=ccfg)
-    config = dataclasses.replace(
-        config,
-        kv_config=budget.settings.get("kv") or config.kv_config,
-        weights_config=budget.settings.get("weights") or config.weights_config,
-    )
-    opened = open_model(model, config, progress=progress)
-    for r in getattr(opened.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
-        notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
-    timer = memory.report_timer(progress, budget, config.role_groups, rcfg, config.role_inputs, notice)
-    run = run_analyses(opened.model, config, progress=progress, roles_progress=timer)
-    meta = {
-        **model_record(opened.model),
-        "model": opened.card.get("name", opened.name),
-        "model_arg": opened.name,
-        "trust_remote_code": opened.model.trust_remote_code,
-        "full": config.full,
-        "seed": config.seed,
-        "model_file": opened.model_file,
-        "sha256": opened.model_file["sha256"],
-        "versions": versions(),
-        "timings": {**opened.timings, **run.timings},
-        "n_items": run.n_items,
-        "config": config.settings(),
-        "prune_metric": run.prune_metric,
-        "prune_summary": run.prune_summary,
-        "patching_summary": run.patching_summary,
-        "weights_summary": run.weights_summary,
-        "kv_summary": run.kv_summary,
-        "absent": run.absent,
-        "memory": memory.finish(budget, notice),
-        "quick": None
-        if config.full
-        else {
-            "leaves_out": quick_leaves_out(
-                pcfg,
-                ccfg if config.patching else None,
-                kv=config.kv_config if "kv" not in run.absent else None,
-                weights=config.weights_config if "weights" not in run.absent else None,
-                context=int(opened.model.spec.max_positions),
-            )
-        },
-    }
-    return run.frames, opened.card, opened.card_text, meta
-
-
-def quick_leaves_out(pcfg, ccfg=None, *, kv=None, weights=None, context: int | None = None) -> str:
-    """What a quick report leaves out of ``--full``, in one line: the pruning study's part
-    (:func:`~headscope.analyses.quick_settings.leaves_out` of ``pcfg``), with the patching
-    stage's ``ccfg`` its own (a KV group patched as one unit on a GQA model, fewer items), and
-    what the KV-cache and weights stages' settings ``kv`` / ``weights`` (where they ran) leave
-    out of their defaults at the model's ``context`` (:func:`~headscope.analyses.quick_settings.stages_leave_out`)."""
-    from headscope.analyses.quick_settings import leaves_out, stages_leave_out
-
-    parts = [f"pruning: {leaves_out(pcfg)}"] if leaves_out(pcfg) else []
-    if ccfg is not None and ccfg.unit is None and ccfg.n_items is None:
-        parts.append(
-            f"patching: heads one by one on GQA models (quick patches a KV group as one unit); items per task "
-            f"past {ccfg.row_budget} // (units x tasks) (at least {ccfg.min_items}; --full: {ccfg.max_items})"
-        )
-    return "; ".join(parts + stages_leave_out(kv, weights, context=context))
 
 
 # ----------------------------------------------------------------- summary and writing
@@ -314,7 +218,16 @@ def _report_json(frames, card, meta) -> dict:
         tables=sorted(k for k, v in frames.items() if isinstance(v, pd.DataFrame)),
         memory={**meta["memory"], "peak_rss_bytes": peak_rss_bytes()} if meta.get("memory") else None,
         quick=meta.get("quick"),
+        stages=meta.get("stages") or {},
+        **{k: meta.get(k) or {} for k in _stage_keys()},
     )
+
+
+def _stage_keys() -> list[str]:
+    """run.json keys of the summaries of stages registered after the first five (theirs are named
+    above as they always were)."""
+    known = {"roles_summary", "prune_summary", "patching_summary", "weights_summary", "kv_summary"}
+    return [s.key() for s in registry.STAGES.values() if s.key() not in known]
 
 
 def build_report(
@@ -330,11 +243,11 @@ def build_report(
     """Run the analyses on ``model_name`` as ``config`` says and write the report folder
     ``out_dir`` (default ``runs/report-<model>``). ``model_name`` is a shipped name or a path,
     or a model a notebook holds: what :func:`~headscope.probes.models.loading.load_model`
-    returned, or a transformer-lens ``TransformerBridge`` (:func:`~headscope.analyses.run.open_model`).
-    ``config``: a :class:`~headscope.analyses.run.RunConfig`, or its fields given as keywords
+    returned, or a transformer-lens ``TransformerBridge`` (:func:`~headscope.reports.stages.runner.load_into`).
+    ``config``: a :class:`~headscope.reports.stages.config.RunConfig`, or its fields given as keywords
     (``options``: ``build_report("minilm-l6", seed=1, patching=False)``), not both.
     ``progress(stage, done, total)`` is called on every stage (``quiet=True``: never);
-    ``notice(line)``: the memory plan and the estimated time (:func:`report_run`). Raises
+    ``notice(line)``: the memory plan and the estimated time (:func:`~headscope.reports.stages.runner.report_run`). Raises
     ``ValueError`` when ``out_dir`` exists and is not an earlier report."""
     if config is None:
         config = RunConfig(**options)

@@ -2,7 +2,7 @@
 
 :func:`report_stages` runs :func:`~headscope.reports.pipeline.build_report` once, with the
 settings ``headscope report MODEL`` uses (quick, as sized for the model:
-:mod:`headscope.analyses.quick_settings`), into a temporary folder, its progress clocked
+:mod:`headscope.reports.stages.quick`), into a temporary folder, its progress clocked
 by :class:`~headscope.analyses.bench.stage_clock.StageClock`; it returns the stage table,
 the memory the run estimated and reached (run.json's ``memory``), what quick mode left out,
 and the machine's load. :func:`print_report_stages` prints them (``--json``: as JSON).
@@ -38,8 +38,8 @@ def report_stages(model, *, dtype: str = "fp32", device=None, notice=None, progr
     ``progress(stage, done, total)`` is told of every stage too (the CLI's progress lines)."""
     from headscope.analyses.bench.stage_clock import RssWindow, StageClock, pruning_part_names
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.analyses.run import RunConfig
     from headscope.reports.pipeline import build_report
+    from headscope.reports.stages.config import RunConfig
 
     config = RunConfig(dtype=dtype, device=device)
     window = RssWindow()  # each stage's own peak (the process's high-water mark is the load's)

@@ -304,31 +304,19 @@ def test_batch_shrinks_under_a_budget_between_batch_1_and_default_and_the_figure
 # ----------------------------------------------------------------------------- quick settings sized by the model
 
 
-def _report_plan(model, quick=True, *, large_cost=None, with_ccfg=False):
-    """The report's plan before the model loads: ``(budget, pcfg)`` (and ``ccfg`` with
-    ``with_ccfg``) for MODEL ``model``, default settings, the KV-cache and weights stages on."""
-    from headscope.analyses.kvcache.stage import KVStageConfig
-    from headscope.analyses.run import RunConfig
-    from headscope.analyses.run_weights import WeightsConfig
-    from headscope.reports.budget import report_start
+def _report_plan(model, quick=True, *, large_cost=None):
+    """The report's plan before the model loads: ``(budget, cfgs)`` for MODEL ``model``, default
+    settings (``quick=False``: --full, with the quick pruning study given explicitly), every stage on."""
+    from headscope.analyses.pruning.study import PruneConfig
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.quick import QUICK_PRUNING
+    from headscope.reports.stages.runner import plan_report
 
-    config = RunConfig()
-    budget, _rcfg, pcfg, ccfg = report_start(
-        str(model),
-        dtype="fp32",
-        device=None,
-        rcfg=config.roles(),
-        pcfg=config.pruning(),
-        ccfg=config.causal(),
-        groups=config.role_groups,
-        role_inputs=config.role_inputs,
-        patching=True,
-        quick=quick,
-        kv=KVStageConfig(),
-        weights=WeightsConfig(),
-        large_cost=large_cost,
-    )
-    return (budget, pcfg, ccfg) if with_ccfg else (budget, pcfg)
+    config = RunConfig(large_cost=large_cost)
+    if not quick:
+        config = RunConfig(large_cost=large_cost, full=True, prune_config=PruneConfig(**QUICK_PRUNING))
+    _ctx, budget, cfgs, _off = plan_report(str(model), config)
+    return budget, cfgs
 
 
 def test_qwen_05b_config_gets_the_large_quick_stage_and_the_shipped_models_keep_theirs(qwen_config):
@@ -338,19 +326,22 @@ def test_qwen_05b_config_gets_the_large_quick_stage_and_the_shipped_models_keep_
     reverse-importance curves; MiniLM-L6 and SmolLM2-135M keep QUICK_PRUNING exactly (their
     report tables stay as they are); an explicit configuration (quick=False) is never resized."""
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.analyses.quick_settings import LARGE_COST, QUICK_PRUNING, QUICK_PRUNING_LARGE
+    from headscope.reports.stages.quick import LARGE_COST, QUICK_PRUNING, QUICK_PRUNING_LARGE
 
     def settings(p):  # what the tier sets (the batch sizes are the memory plan's, machine-dependent)
         return p.quick, p.studies, p.orders, p.ablation_modes, p.items, p.fraction_limit, p.seed
 
-    budget, pcfg = _report_plan(qwen_config.parent)
-    shape = budget.shape
+    budget, cfgs = _report_plan(qwen_config.parent)
+    shape, pcfg = budget.shape, cfgs["pruning"]
     assert shape.n_params * shape.n_layers * shape.n_heads > LARGE_COST
     assert settings(pcfg) == settings(PruneConfig(**QUICK_PRUNING_LARGE, seed=0))
     assert pcfg.studies == ("importance", "curves") and pcfg.orders == ("importance", "random")
-    assert settings(_report_plan(qwen_config.parent, quick=False)[1]) == settings(PruneConfig(**QUICK_PRUNING))
+    assert settings(_report_plan(qwen_config.parent, quick=False)[1]["pruning"]) == settings(
+        PruneConfig(**QUICK_PRUNING)
+    )
     for shipped in ("minilm-l6", "smollm2-135m"):
-        b, p = _report_plan(shipped)
+        b, cfgs = _report_plan(shipped)
+        p = cfgs["pruning"]
         assert b.shape is not None and b.shape.n_params * b.shape.n_layers * b.shape.n_heads < LARGE_COST / 1.3
         assert settings(p) == settings(PruneConfig(**QUICK_PRUNING, seed=0)), shipped
 
@@ -360,13 +351,20 @@ def test_the_report_states_what_quick_mode_leaves_out():
     of --full: for the large-model stage the single-head ablation and the two curve orders, for
     the shipped models' stage mean ablation and all-but-one; a --full run says nothing."""
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.analyses.quick_settings import QUICK_PRUNING, QUICK_PRUNING_LARGE
-    from headscope.analyses.run import CausalConfig
-    from headscope.reports.pipeline import quick_leaves_out
+    from headscope.analyses.run_patching import CausalConfig
     from headscope.reports.sections.run import run_section
+    from headscope.reports.stages.base import RunContext
+    from headscope.reports.stages.quick import QUICK_PRUNING, QUICK_PRUNING_LARGE
+    from headscope.reports.stages.registry import STAGES
 
     def rows(meta):
         return dict(run_section(meta).blocks[0].frame.values.tolist())
+
+    ctx = RunContext(name="m")
+
+    def quick_leaves_out(pcfg, ccfg=None):
+        parts = STAGES["pruning"].leaves_out(ctx, pcfg)
+        return "; ".join(parts + (STAGES["patching"].leaves_out(ctx, ccfg) if ccfg is not None else []))
 
     large = quick_leaves_out(PruneConfig(**QUICK_PRUNING_LARGE), CausalConfig())
     assert large.startswith("pruning: single-head ablation; all-but-one; the ablation-ordered and reverse-importance")
@@ -411,35 +409,35 @@ def test_the_report_plan_holds_the_kv_and_weights_stages_sized_by_the_models_cos
     and MiniLM-L6 keep every default (SmolLM2's logits whole: its KV tables unchanged); lowering the
     threshold gives MiniLM the large settings (its KV stage, never run on an encoder, is not planned)."""
     from headscope.analyses.kvcache.stage import KVStageConfig
-    from headscope.analyses.quick_settings import QUICK_KV_LARGE, QUICK_WEIGHTS_LARGE
-    from headscope.analyses.run import CausalConfig
+    from headscope.analyses.run_patching import CausalConfig
     from headscope.analyses.run_weights import WeightsConfig
-    from headscope.reports.budget_stages import KV_LOGIT_BYTES
+    from headscope.reports.stages.plans import KV_LOGIT_BYTES
+    from headscope.reports.stages.quick import QUICK_KV_LARGE, QUICK_WEIGHTS_LARGE
 
-    budget, _pcfg, ccfg = _report_plan(qwen_config.parent, with_ccfg=True)
+    budget, cfgs = _report_plan(qwen_config.parent)
     names = {s.name for s in budget.stages}
     assert {"kv", "kv logits", "long-context roles", "weights"} <= names <= set(budget.estimate.phases)
-    assert budget.settings["kv"] == KVStageConfig(**QUICK_KV_LARGE, logit_rows=None)
-    assert budget.settings["weights"] == WeightsConfig(**QUICK_WEIGHTS_LARGE)
-    assert ccfg.row_budget == 768
+    assert cfgs["kv"] == KVStageConfig(**QUICK_KV_LARGE, logit_rows=None)
+    assert cfgs["weights"] == WeightsConfig(**QUICK_WEIGHTS_LARGE)
+    assert cfgs["patching"].row_budget == 768
     logits = budget.estimate.parts["kv logits"]["logits"]
     assert logits == 512 * 151936 * 4 * 3
 
-    full, _p, full_ccfg = _report_plan(qwen_config.parent, quick=False, with_ccfg=True)
+    full, full_cfgs = _report_plan(qwen_config.parent, quick=False)
     rows = KV_LOGIT_BYTES // (151936 * 4)
-    assert rows == 690 and full.settings["kv"] == KVStageConfig(logit_rows=rows)
-    assert full.settings["weights"] == WeightsConfig() and full_ccfg == CausalConfig()
+    assert rows == 690 and full_cfgs["kv"] == KVStageConfig(logit_rows=rows)
+    assert full_cfgs["weights"] == WeightsConfig() and full_cfgs["patching"] == CausalConfig()
     assert full.estimate.parts["kv logits"]["logits"] == rows * 151936 * 4 * 3 < 1024 * 151936 * 4 * 3 / 1.4
 
-    smol, _p, smol_ccfg = _report_plan("smollm2-135m", with_ccfg=True)
-    assert smol.settings["kv"] == KVStageConfig() and smol.settings["weights"] == WeightsConfig()
-    assert smol_ccfg == CausalConfig()
-    minilm, _p = _report_plan("minilm-l6")
+    smol, smol_cfgs = _report_plan("smollm2-135m")
+    assert smol_cfgs["kv"] == KVStageConfig() and smol_cfgs["weights"] == WeightsConfig()
+    assert smol_cfgs["patching"] == CausalConfig()
+    minilm, minilm_cfgs = _report_plan("minilm-l6")
     assert "kv" not in {s.name for s in minilm.stages} and "weights" in {s.name for s in minilm.stages}
-    assert minilm.settings["kv"].tokens is None and minilm.settings["weights"] == WeightsConfig()
-    lowered, _p, lowered_ccfg = _report_plan("minilm-l6", large_cost=1, with_ccfg=True)
-    assert lowered.settings["kv"].tokens == 512 and lowered.settings["weights"].null == 250
-    assert lowered_ccfg.row_budget == 768
+    assert minilm_cfgs["kv"].tokens is None and minilm_cfgs["weights"] == WeightsConfig()
+    _lowered, lowered_cfgs = _report_plan("minilm-l6", large_cost=1)
+    assert lowered_cfgs["kv"].tokens == 512 and lowered_cfgs["weights"].null == 250
+    assert lowered_cfgs["patching"].row_budget == 768
 
 
 @pytest.mark.slow  # a tiny report: ~15 s alone, ~40 s under load
@@ -449,8 +447,8 @@ def test_a_model_over_a_lowered_threshold_runs_the_large_kv_and_weights_stages_a
     check on 2 items, and run.json's quick.leaves_out names both (the study's 512 tokens are past
     the tiny model's 128 positions: both tiers run it at 128, nothing said); at the default
     threshold the same model keeps the stages' defaults and says nothing of them."""
-    from headscope.analyses.run import RunConfig
     from headscope.reports.pipeline import build_report
+    from headscope.reports.stages.config import RunConfig
     from tests.tiny_models import tiny_model_dir
 
     d = tiny_model_dir(tmp_path / "m", "llama")
@@ -473,8 +471,8 @@ def test_the_kv_stage_estimate_matches_the_measured_qwen_peak():
     estimate, the largest of its three phases, is within 10%; with the untrimmed residue and the
     whole logits of 1,024 tokens (the run before: 6.17 GiB) it is not."""
     from headscope.analyses.kvcache.stage import KVStageConfig
-    from headscope.analyses.quick_settings import QUICK_KV_LARGE
-    from headscope.reports.budget_stages import kv_stages
+    from headscope.reports.stages.plans import kv_stages
+    from headscope.reports.stages.quick import QUICK_KV_LARGE
 
     shape = Shape.from_hf_config(QWEN_05B)
     process = int(0.46 * 2**30)

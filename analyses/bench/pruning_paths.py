@@ -4,7 +4,7 @@ importance and the report's quick pruning stage.
 Every public function but :func:`stand_in_roles` is a bench path ``(bench: BenchState)
 -> Prepared`` (registered in :data:`~headscope.analyses.bench.registry.PATHS`, which says
 what each runs). The quick pruning paths build their study from
-:data:`~headscope.analyses.quick_settings.QUICK_PRUNING`, the settings the report's quick
+:data:`~headscope.reports.stages.quick.QUICK_PRUNING`, the settings the report's quick
 stage uses.
 """
 
@@ -17,8 +17,8 @@ import torch
 
 from headscope.analyses.bench.counts import linear_params, model_gflop
 from headscope.analyses.bench.state import BenchState, Prepared
-from headscope.analyses.quick_settings import QUICK_PRUNING
 from headscope.probes.tokens import tokenize_one
+from headscope.reports.stages.quick import QUICK_PRUNING
 
 if TYPE_CHECKING:
     from headscope.probes.models.arch import ArchSpec

@@ -35,7 +35,7 @@ path                            what runs
 ``inhouse_gates``               the same through the in-house ``Attention``'s built-in gates
                                 (``ablation.gates_as``), same model, metric and batches
 ``quick_pruning``               the report's quick pruning stage (``PruneConfig(**QUICK_PRUNING)``,
-                                :mod:`~headscope.analyses.quick_settings`: zero ablation,
+                                :mod:`~headscope.reports.stages.quick`: zero ablation,
                                 importance, curves) + role ablation against a seeded stand-in
                                 roles frame
 ``patch_attribution``           attribution patching of every head (``attribution_patching``,

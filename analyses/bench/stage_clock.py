@@ -213,7 +213,7 @@ def pruning_part_names(cfg, *, with_roles: bool) -> list[str]:
     ablation, then one per curve.
 
     >>> from headscope.analyses.pruning.study import PruneConfig
-    >>> from headscope.analyses.quick_settings import QUICK_PRUNING
+    >>> from headscope.reports.stages.quick import QUICK_PRUNING
     >>> pruning_part_names(PruneConfig(**QUICK_PRUNING), with_roles=True)[:4]
     ['baseline', 'ablation:zero', 'importance', 'role ablation']
     """

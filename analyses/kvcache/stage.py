@@ -105,8 +105,8 @@ class KVStageConfig:
     check on ``causal_items``; ``logit_rows``: the study's final hidden states unembedded that many
     rows at a time (None: whole; :class:`~headscope.analyses.kvcache.quality.Evaluator`). The
     defaults are the stage's; the report's memory plan sets ``logit_rows`` and, in quick mode on a
-    model over :data:`~headscope.analyses.quick_settings.LARGE_COST`, the shorter settings of
-    :data:`~headscope.analyses.quick_settings.QUICK_KV_LARGE`."""
+    model over :data:`~headscope.reports.stages.quick.LARGE_COST`, the shorter settings of
+    :data:`~headscope.reports.stages.quick.QUICK_KV_LARGE`."""
 
     tokens: int | None = None
     role_items: int = LONG_ITEMS

@@ -145,6 +145,12 @@ TASKS = {
 }
 
 
+#: tokens of a generated task's longest sequence, from its ``seq_len`` (the memory plan reads it)
+GENERATED_LONGEST = {"induction": lambda seq_len: 2 * seq_len + 2, "duplicate_token": lambda seq_len: seq_len + 3}
+#: the shipped data file of each file task (under :mod:`headscope.data`)
+TASK_FILES = {"agreement": "tasks/agreement.jsonl", "coreference": "coref/coref.jsonl"}
+
+
 def task_size(task: str) -> int | None:
     """How many items ``task`` can give at most, without a model: the rows of a shipped
     file task (agreement) or of a JSONL file, the minimal pairs of coreference; ``None`` for

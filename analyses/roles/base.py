@@ -80,6 +80,13 @@ class Role:
     task: str | None = None
     row_tasks: Mapping[str, str] = field(default_factory=dict, hash=False)  # a Role stays hashable
     example: Callable[[RoleOutput, Any, dict], tuple[int | None, list, list | None]] | None = None
+    #: a role on generated inputs: ``(longest tokens, items)`` of its sequences under a ``RolesConfig``,
+    #: for the memory plan and the time estimate (None: it reads a corpus, measured there)
+    generated: Callable[[Any], tuple[int, int]] | None = None
+    #: its rows are per relation (dozens of them): examples and summaries pick relations with a verdict
+    per_relation: bool = False
+    #: what the report adds under the patching result of its ``task`` ("" for nothing)
+    task_note: str = ""
 
     def __post_init__(self):
         if self.corpus not in CORPORA:
@@ -125,6 +132,20 @@ def _source(role: Role) -> str | None:
 def unregister(name: str) -> None:
     """Remove a role group (tests that register a toy role clean up with this)."""
     REGISTRY.pop(name, None)
+
+
+def per_relation_roles() -> frozenset[str]:
+    """The registered roles whose rows are per relation (:attr:`Role.per_relation`)."""
+    from headscope.analyses.roles import shipped  # noqa: F401  (registers the shipped roles)
+
+    return frozenset(n for n, r in REGISTRY.items() if r.per_relation)
+
+
+def task_notes() -> dict[str, str]:
+    """Patching task -> the note its role adds under the task's result (:attr:`Role.task_note`)."""
+    from headscope.analyses.roles import shipped  # noqa: F401  (registers the shipped roles)
+
+    return {r.task: r.task_note for r in REGISTRY.values() if r.task and r.task_note}
 
 
 def role_tasks() -> dict[str, str]:

@@ -25,17 +25,20 @@ if TYPE_CHECKING:
 def _example_keys(frame: pd.DataFrame, max_syntactic: int = 8) -> list[tuple[str, pd.Series]]:
     """(key, top row) per role; for syntactic, per relation/direction with a verdict,
     the ``max_syntactic`` with the largest margin."""
+    from headscope.analyses.roles.base import per_relation_roles
+
     keys = []
     if not len(frame):
         return keys
-    for role, g in frame[frame.role != "syntactic"].groupby("role", sort=True):
+    many = per_relation_roles()  # syntactic: one role per relation and direction
+    for role, g in frame[~frame.role.isin(many)].groupby("role", sort=True):
         top = g.sort_values(["verdict", "score"], ascending=[False, False], kind="stable").iloc[0]
         keys.append((role, top))
-    syn = frame[(frame.role == "syntactic") & frame.verdict]
-    if len(syn):
-        best = syn.sort_values("margin", ascending=False, kind="stable").drop_duplicates(["relation", "direction"])
+    for role in sorted(many):
+        rel = frame[frame.role.eq(role) & frame.verdict]
+        best = rel.sort_values("margin", ascending=False, kind="stable").drop_duplicates(["relation", "direction"])
         for _, row in best.head(max_syntactic).iterrows():
-            keys.append((f"syntactic:{row['relation']}:{row['direction']}", row))
+            keys.append((f"{role}:{row['relation']}:{row['direction']}", row))
     return keys
 
 

@@ -378,6 +378,15 @@ def finish(reducer: InductionReducer, report, ctx: RoleContext) -> RoleOutput:
 
 
 #: the group this module defines (registered in pipeline order by :mod:`.shipped`)
+ATTENTION_VS_EFFECT = (
+    "Attention score and causal effect answer different questions: the score (the roles' induction score, as "
+    "transformer-lens' detect_head) is the share of a head's attention on the token after an earlier copy of the "
+    "query token; the effect is the share of the answer's log-probability its output restores. A head can attend "
+    "like an induction head while later layers barely read what it writes (or others write the same), and a head "
+    "that carries the effect may attend elsewhere, reading what an induction head wrote, so the two top lists differ."
+)
+
+
 ROLE_DEF = Role(
     name="induction",
     corpus="generated",
@@ -388,6 +397,8 @@ ROLE_DEF = Role(
     feed=feed,
     options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
     task="induction",
+    task_note=ATTENTION_VS_EFFECT,
+    generated=lambda cfg: (2 * cfg.induction_seq_len + 2, cfg.induction_n_sequences),
     row_tasks={"previous-token": "duplicate_token", "duplicate-token": "duplicate_token"},
     description=(
         "induction, duplicate-token, previous-token (and next-token, bidirectional models): the share of a "

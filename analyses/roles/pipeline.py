@@ -313,8 +313,8 @@ def _assemble(model, cfg: RolesConfig, outputs: dict, file_skips: dict, timings:
     stats_list = [o.stats for o in outputs.values() if o.stats is not None and len(o.stats)]
     stats = pd.concat(stats_list, ignore_index=True)[STAT_COLUMNS] if stats_list else pd.DataFrame(columns=STAT_COLUMNS)
     clusters = empty_clusters()
-    if "clustering" in outputs:
-        clusters = outputs["clustering"].extra["clusters"]
+    for o in outputs.values():  # the role that clusters the heads hands its map over
+        clusters = o.extra.get("clusters", clusters)
     skipped = {g: dict(o.skipped) for g, o in outputs.items()}
     skipped.update(file_skips)
     return RolesResult(

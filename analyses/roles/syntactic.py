@@ -306,6 +306,7 @@ def _reducer(ctx: RoleContext) -> SyntacticReducer:
 
 #: the group this module defines (registered in pipeline order by :mod:`.shipped`)
 ROLE_DEF = Role(
+    per_relation=True,
     name=ROLE,
     corpus="conllu",
     score_kind=SCORE_KIND,

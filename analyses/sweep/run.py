@@ -241,9 +241,9 @@ def by_design(part: str, why: str, backend: str | None) -> bool:
 
 def _report(folder: Path, out: Path, inputs: dict[str, str]) -> str:
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.analyses.quick_settings import QUICK_PRUNING
-    from headscope.analyses.run import RunConfig
     from headscope.reports.pipeline import build_report
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.quick import QUICK_PRUNING
 
     config = RunConfig(
         role_groups=ROLE_GROUPS,

@@ -20,27 +20,7 @@ def register(sub) -> None:
     add_dtype(p)
     add_device(p, device_map=True)
     p.add_argument("--full", action="store_true", help="every pruning study to 100%% (default: quick, up to 50%%)")
-    p.add_argument(
-        "--patching",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="causal evidence per role by activation + attribution patching on the role's task (default: on; quick: "
-        "a bounded number of items, --full: 64 per task)",
-    )
-    p.add_argument(
-        "--weights",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the 'From the weights' section: OV copying and K-composition read from the in-house model's weights, "
-        "joined with the roles and patching (default: on)",
-    )
-    p.add_argument(
-        "--kv",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="the 'Long context and the KV cache' section on a causal decoder: the KV-cache compression study at "
-        "1,024 tokens, quick settings (default: on; headscope kv runs it alone)",
-    )
+    add_stage_switches(p)
     p.add_argument(
         "--out", type=out_argument, default=None, metavar="DIR", help="output folder (default: runs/report-<model>)"
     )
@@ -48,6 +28,46 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars, no summary table")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.set_defaults(func=run)
+
+
+#: the help of a stage's ``--<stage>/--no-<stage>`` switch where it says more than the stage's own line
+_SWITCH_HELP = {
+    "patching": "causal evidence per role by activation + attribution patching on the role's task (default: on; "
+    "quick: a bounded number of items, --full: 64 per task)",
+    "weights": "the 'From the weights' section: OV copying and K-composition read from the in-house model's weights, "
+    "joined with the roles and patching (default: on)",
+    "kv": "the 'Long context and the KV cache' section on a causal decoder: the KV-cache compression study at "
+    "1,024 tokens, quick settings (default: on; headscope kv runs it alone)",
+}
+
+
+def add_stage_switches(p) -> None:
+    """``--only``, ``--skip`` and a ``--<stage>/--no-<stage>`` switch for every registered stage."""
+    from headscope.reports.stages.registry import STAGES
+
+    names = ", ".join(STAGES)
+    p.add_argument("--only", default=None, metavar="STAGES", help=f"run only these stages, comma-separated ({names})")
+    p.add_argument("--skip", default=None, metavar="STAGES", help=f"leave out these stages, comma-separated ({names})")
+    for name, stage in STAGES.items():
+        p.add_argument(
+            f"--{name}",
+            dest=f"stage_{name}",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help=_SWITCH_HELP.get(name, f"{stage.help} (default: on)"),
+        )
+
+
+def stage_selection(args) -> dict:
+    """``RunConfig`` keywords ``only``, ``skip``, ``off`` from the switches (names checked: an
+    unknown one is one line listing the known stages, exit 2)."""
+    from headscope.reports.stages.registry import STAGES, check_names
+
+    def names(text, flag):
+        return None if text is None else check_names(text.split(","), flag)
+
+    off = tuple(n for n in STAGES if getattr(args, f"stage_{n}", True) is False)
+    return {"only": names(args.only, "--only"), "skip": names(args.skip, "--skip") or (), "off": off}
 
 
 def model_name(args) -> str:
@@ -59,11 +79,11 @@ def model_name(args) -> str:
 
 
 def run(args) -> int:
-    from headscope.analyses.run import RunConfig
     from headscope.reports.budget import emitter
     from headscope.reports.cli.argtypes import resolve_device
     from headscope.reports.cli.terminal import StageProgress, print_summary
     from headscope.reports.pipeline import build_report
+    from headscope.reports.stages.config import RunConfig
 
     name = model_name(args)
     config = RunConfig(
@@ -71,9 +91,7 @@ def run(args) -> int:
         full=args.full,
         seed=args.seed,
         trust_remote_code=args.trust_remote_code,
-        patching=args.patching,
-        weights=args.weights,
-        kv=args.kv,
+        **stage_selection(args),
         dtype=args.dtype,
         device=None if args.device_map else resolve_device(args.device),
         device_map=args.device_map,

@@ -175,11 +175,14 @@ def check_usable(result, inputs: dict, args) -> None:
 
 
 def _summary_records(result, top: int) -> list[dict]:
+    from headscope.analyses.roles.base import per_relation_roles
     from headscope.analyses.roles.pipeline import summary
 
     df = summary(result, top=top, only_verdicts=False)
     # syntactic: only relations where some head holds the role (there are dozens)
-    keep = (df.role != "syntactic") | df.groupby(["role", "relation", "direction"])["verdict"].transform("any")
+    keep = ~df.role.isin(per_relation_roles()) | df.groupby(["role", "relation", "direction"])["verdict"].transform(
+        "any"
+    )
     cols = [
         "role",
         "relation",

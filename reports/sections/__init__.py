@@ -18,17 +18,9 @@ from __future__ import annotations
 import pandas as pd
 
 from headscope.reports.document import Document
-from headscope.reports.head_view import head_view_block
 from headscope.reports.sections.card import card_section
-from headscope.reports.sections.causal import causal_sections
-from headscope.reports.sections.long_context import long_context_section
-from headscope.reports.sections.pruning import pruning_absent_section, pruning_section
-from headscope.reports.sections.role_detail import role_sections
-from headscope.reports.sections.roles import roles_section
 from headscope.reports.sections.run import run_section
 from headscope.reports.sections.skipped import skipped_section
-from headscope.reports.sections.stats import stats_section
-from headscope.reports.sections.weights import weights_section
 
 __all__ = ["build_document"]
 
@@ -46,33 +38,14 @@ def build_document(
     ``meta``: model, backend, full, seed, sha256, versions, timings, n_items; with
     ``patching_summary`` or ``absent["patching"]`` the "Causal evidence" section
     (:func:`~headscope.reports.sections.causal.causal_sections`, from ``frames["patching"]``) follows the roles."""
-    roles = frames.get("roles")
+    from headscope.reports.stages.registry import report_order
+
     n_layers, n_heads = int(card["layers"]), int(card["heads"])
     model = meta.get("model") or card.get("name", "model")
+    view = {**meta, "layers": n_layers, "heads": n_heads, "model": model, "top": top}
     sections = [card_section(card, card_text)]
-    if roles is not None and not roles.empty:
-        roles_config = (meta.get("config") or {}).get("roles") or {}
-        sections.append(roles_section(roles, n_layers, n_heads, model, roles_config, frames.get("coref_pairs")))
-        sections[-1].blocks.append(head_view_block(frames, n_layers, n_heads))
-        sections += role_sections(roles, frames.get("examples"), frames.get("roles_vs_importance"), top)
-    stats = stats_section(frames.get("stats"), frames.get("clusters"))
-    if stats:
-        sections.append(stats)
-    if meta.get("patching_summary") or (meta.get("absent") or {}).get("patching"):
-        sections += causal_sections(frames, meta, n_layers, n_heads)
-    weights = weights_section(frames, meta, n_layers, n_heads)
-    if weights is not None:
-        sections.append(weights)
-    long_context = long_context_section(frames, meta)
-    if long_context is not None:
-        sections.append(long_context)
-    why_absent = (meta.get("absent") or {}).get("pruning")
-    if why_absent:
-        sections.append(pruning_absent_section(why_absent))
-    else:
-        sections.append(
-            pruning_section(frames, frames.get("roles_vs_importance"), n_layers, n_heads, meta.get("prune_metric"))
-        )
+    for stage in report_order():
+        sections += stage.section(frames, view)
     sections.append(skipped_section(frames.get("skipped"), meta.get("n_items") or {}))
     sections.append(run_section(meta))
     return Document(

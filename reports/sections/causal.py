@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from headscope.analyses.roles.base import per_relation_roles, task_notes
 from headscope.reports import figures as F
 from headscope.reports.document import Block, Figure, Note, Paragraph, Section, Table, counted, head_name, slug
 
@@ -138,19 +139,13 @@ def _task_paragraph(task: str, s: dict) -> str:
         )
     if str(t.get("source", "")).startswith("generated"):  # how a generated task's items start (its BOS convention)
         text += f" Items: {t['source']}."
-    if task == "induction":
-        text += " " + ATTENTION_VS_EFFECT
+    notes = task_notes()
+    if task in notes:
+        text += " " + notes[task]
     return text
 
 
 #: why an induction head by attention score need not be one by patching effect (the report's induction paragraph)
-ATTENTION_VS_EFFECT = (
-    "Attention score and causal effect answer different questions: the score (the roles' induction score, as "
-    "transformer-lens' detect_head) is the share of a head's attention on the token after an earlier copy of the "
-    "query token; the effect is the share of the answer's log-probability its output restores. A head can attend "
-    "like an induction head while later layers barely read what it writes (or others write the same), and a head "
-    "that carries the effect may attend elsewhere, reading what an induction head wrote, so the two top lists differ."
-)
 
 
 def causal_sections(
@@ -224,12 +219,11 @@ def _roles_without_task(roles: pd.DataFrame | None, mapping: dict[str, dict]) ->
     """The run's roles no patching task covers (syntactic: the relations other than those that have one)."""
     all_roles = sorted(set(roles["role"].astype(str))) if roles is not None and not roles.empty else []
     without = [r for r in all_roles if r not in mapping]
-    if "syntactic" in without and any(lab.startswith("syntactic:") for lab in mapping):
-        without[without.index("syntactic")] = (
-            "syntactic (relations other than "
-            + ", ".join(lab.split(":", 1)[1] for lab in mapping if lab.startswith("syntactic:"))
-            + ")"
-        )
+    for role in sorted(per_relation_roles() & set(without)):
+        covered = [lab.split(":", 1)[1] for lab in mapping if lab.startswith(f"{role}:")]
+        if not covered:
+            continue
+        without[without.index(role)] = f"{role} (relations other than " + ", ".join(covered) + ")"
     return without
 
 

@@ -230,9 +230,9 @@ def test_report_runs_on_the_default_backend(case, variants_root, tmp_path):
     import pandas as pd
 
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.analyses.quick_settings import QUICK_STUDIES
     from headscope.analyses.roles.pipeline import default_text
     from headscope.reports.pipeline import build_report
+    from headscope.reports.stages.quick import QUICK_STUDIES
 
     folder = variant_dir(variants_root, case)
     text = tmp_path / "text.txt"

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from headscope.analyses import run_patching as RP
-from headscope.analyses.run import CausalConfig
+from headscope.analyses.run_patching import CausalConfig
 from headscope.reports import pipeline as P
 from headscope.reports.sections import build_document
 from headscope.reports.sections.causal import causal_comparison, causal_sentence

@@ -16,9 +16,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from headscope.analyses import run_frames, run_json
+from headscope.analyses import run_json
 from headscope.analyses.frames import EXAMPLE_COLUMNS, IMPACT_COLUMNS, ROLE_COLUMNS, STAT_COLUMNS, roles_frame
 from headscope.reports import pipeline
+from headscope.reports.stages import frames as run_frames
+from headscope.reports.stages import runner
 
 N_LAYERS, N_HEADS = 6, 12
 
@@ -594,7 +596,7 @@ def test_crash_mid_run_leaves_no_report(tmp_path, monkeypatch, minilm_card):
     def boom(*a, **k):
         raise RuntimeError("roles stage crashed")
 
-    monkeypatch.setattr(pipeline, "run_analyses", boom)  # after the model is loaded
+    monkeypatch.setattr(runner, "run_stages", boom)  # after the model is loaded
     with pytest.raises(RuntimeError, match="roles stage crashed"):
         pipeline.build_report("minilm-l6", out_dir=tmp_path / "rep", quiet=True)
     assert list(tmp_path.iterdir()) == []

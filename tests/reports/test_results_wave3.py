@@ -23,11 +23,11 @@ import pytest
 from cli_checks import cli_error
 from test_report import _meta
 
-from headscope.analyses import run_frames
 from headscope.analyses.frames import IMPACT_COLUMNS
 from headscope.data import path
 from headscope.reports import pipeline
 from headscope.reports.cli.app import main
+from headscope.reports.stages import frames as run_frames
 
 # ------------------------------------------------------------- 3. escaping in the report
 
@@ -454,9 +454,9 @@ def test_the_schema_lists_agree_with_the_modules_that_write_the_tables():
     from headscope.analyses.pruning.curves import PRUNABLE_COLUMNS
     from headscope.analyses.roles.coreference import PAIR_COLUMNS
     from headscope.analyses.roles.pipeline import CLUSTER_DTYPES
-    from headscope.analyses.run_frames import SKIPPED_COLUMNS
     from headscope.reports import diff
     from headscope.reports.runs import _schemas
+    from headscope.reports.stages.frames import SKIPPED_COLUMNS
 
     s = _schemas()
     assert list(s["patch"].columns) == PATCH_COLUMNS and list(s["role_ablation"].columns) == ROLE_ABLATION_COLUMNS

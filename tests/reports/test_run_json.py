@@ -15,10 +15,10 @@ from tiny_models import tiny_model_dir
 
 from headscope.analyses.pruning.study import PruneConfig
 from headscope.analyses.roles.pipeline import default_text
-from headscope.analyses.run import RunConfig
 from headscope.analyses.run_json import COMMON_KEYS, MODEL_KEYS
 from headscope.reports.cli.app import main
 from headscope.reports.pipeline import build_report
+from headscope.reports.stages.config import RunConfig
 
 
 @pytest.fixture(scope="module")

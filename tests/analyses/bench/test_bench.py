@@ -292,15 +292,17 @@ def test_run_bench_runs_the_paths_of_the_registry(tiny_bert):
 
 
 def test_report_and_bench_share_one_quick_pruning_definition():
-    from headscope.analyses import quick_settings, run
     from headscope.analyses.pruning.study import PruneConfig
+    from headscope.reports.stages import quick as quick_settings
+    from headscope.reports.stages.base import RunContext
+    from headscope.reports.stages.registry import STAGES
 
     # the report's quick stage (the run's default pruning settings) is what it was before the settings moved
     before = PruneConfig(quick=True, seed=5, ablation_modes=("zero",), studies=("ablation", "importance", "curves"))
-    assert run.RunConfig(seed=5).pruning() == before
+    assert STAGES["pruning"].config(RunContext(name="m", seed=5)) == before
     assert PruneConfig(**pruning_paths.QUICK_PRUNING, seed=5) == before  # what the bench's quick_pruning times
-    assert pruning_paths.QUICK_PRUNING is quick_settings.QUICK_PRUNING is run.QUICK_PRUNING
-    assert run.QUICK_PRUNING["studies"] is quick_settings.QUICK_STUDIES
+    assert pruning_paths.QUICK_PRUNING is quick_settings.QUICK_PRUNING
+    assert quick_settings.QUICK_PRUNING["studies"] is quick_settings.QUICK_STUDIES
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])

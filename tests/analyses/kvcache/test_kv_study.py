@@ -133,12 +133,16 @@ def test_cli_writes_tables_and_run_json(capsys, tmp_path):
 
 
 def test_report_stage_skips_an_encoder_with_its_reason_and_the_section_says_it(minilm):
-    from headscope.analyses.run import RunConfig, blockers
     from headscope.reports.sections.long_context import long_context_section
+    from headscope.reports.stages.base import RunContext
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.registry import STAGES
+    from headscope.reports.stages.runner import turned_off
 
-    absent = blockers(minilm, RunConfig())
+    kv = STAGES["kv"]
+    absent = {"kv": kv.blocker(RunContext(name="minilm-l6", model=minilm), kv.Config())}
     assert "encoder" in absent["kv"] and "decoder" in absent["kv"]
-    assert blockers(minilm, RunConfig(kv=False))["kv"] == "turned off (--no-kv)"
+    assert turned_off(RunConfig(kv=False))["kv"] == "turned off (--no-kv)"
     section = long_context_section({}, {"absent": absent})
     assert section.title == "Long context and the KV cache" and absent["kv"] in section.blocks[0].text
     assert long_context_section({}, {}) is None  # an older run: no section

@@ -53,7 +53,8 @@ def test_the_report_says_the_convention_and_what_an_encoder_task_measures(tokeni
     """The report's task paragraph: a generated task's source (its BOS convention), the attention
     score vs causal effect explanation beside induction, and on an encoder that ``agreement`` is
     measured by embedding_cosine, not by whether the verb agrees."""
-    from headscope.reports.sections.causal import ATTENTION_VS_EFFECT, _task_paragraph
+    from headscope.analyses.roles.induction import ATTENTION_VS_EFFECT
+    from headscope.reports.sections.causal import _task_paragraph
 
     task = induction_task(tokenizers["smollm2-135m"], n_items=3, seq_len=8, seed=0)
     s = {

@@ -1,7 +1,7 @@
 """The quick pruning stage's settings, defined once, and sized by the model's cost.
 
 The report's default pruning stage (``headscope report`` without ``--full``,
-``analyses.run.RunConfig.pruning``) and the bench's ``quick_pruning`` paths (which time that stage) both
+the pruning stage's :meth:`~headscope.reports.stages.pruning.PruningStage.config`) and the bench's ``quick_pruning`` paths (which time that stage) both
 build their :class:`~headscope.analyses.pruning.study.PruneConfig` from
 :data:`QUICK_PRUNING`, so the bench times what the report runs. The quick stage leaves out
 mean ablation (an extra corpus pass and H more evaluations) and all-but-one (H more
@@ -10,7 +10,7 @@ evaluations); ``--full`` runs every study, both ablation modes, on all items.
 On a model whose single-head ablation costs more than :data:`LARGE_COST` (parameters ×
 heads: every head is ablated alone, each a forward of the rest of the model and its
 unembedding over the items), the report's memory plan (:func:`quick_pruning_for`, called by
-:func:`headscope.reports.budget.report_start` from the model's config) takes
+:meth:`~headscope.reports.stages.pruning.PruningStage.config` from the model's shape) takes
 :data:`QUICK_PRUNING_LARGE` instead: no single-head ablation, and the curves by importance
 and at random only (not by ablation order, which needs the single-head ablation, nor by
 reverse importance, a backward per step), on half the items and with 3 random draws against

@@ -2,7 +2,7 @@
 
 Adapters from what :func:`~headscope.analyses.roles.pipeline.head_roles` and
 :func:`~headscope.analyses.pruning.study.pruning_study` return to the frames
-:func:`~headscope.analyses.run.run_analyses` hands to the report (``tables/*.csv|parquet``).
+the report's stages hand to it (``tables/*.csv|parquet``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import inspect
 import logging
 from dataclasses import replace
 
-from headscope.probes.budget import Estimate, Shape, Stage
+from headscope.probes.budget import Shape, Stage
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +140,10 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
     for g in groups:
         corpora.setdefault(REGISTRY[g].corpus, []).append(g)
     for corpus, gs in corpora.items():
-        if corpus == "generated":
-            if "induction" in gs:
-                out.append(Stage(name="induction", longest=2 * cfg.induction_seq_len + 2, **common))
+        if corpus == "generated":  # each generated role says how long its sequences are
+            for g in gs:
+                if REGISTRY[g].generated is not None:
+                    out.append(Stage(name=g, longest=REGISTRY[g].generated(cfg)[0], **common))
             continue
         items = inputs.get(corpus)
         if corpus == "text":
@@ -170,8 +171,7 @@ def roles_items(groups, inputs: dict, cfg) -> int:
         n += sum(len(getattr(c, "sentences", [c])) for c in inputs.get("conllu") or [])
     if "coref" in corpora and inputs.get("coref") is not None:
         n += len(getattr(inputs["coref"], "items", inputs["coref"]))
-    if "generated" in corpora and "induction" in groups:
-        n += cfg.induction_n_sequences
+    n += sum(REGISTRY[g].generated(cfg)[1] for g in groups if REGISTRY[g].generated is not None)
     return n
 
 
@@ -232,10 +232,10 @@ def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[Stage]:
     return out
 
 
-def apply_prune(pcfg, est: Estimate):
-    """``pcfg`` with the batch sizes :func:`~headscope.probes.budget.fit` chose."""
-    rows = est.batch_sizes.get("pruning", pcfg.max_rows)
-    batch = min(pcfg.batch_size, est.batch_sizes.get("importance", pcfg.batch_size), rows)
+def apply_prune(pcfg, batch_sizes):
+    """``pcfg`` with the batch sizes :func:`~headscope.probes.budget.fit` chose (working set -> batch)."""
+    rows = batch_sizes.get("pruning", pcfg.max_rows)
+    batch = min(pcfg.batch_size, batch_sizes.get("importance", pcfg.batch_size), rows)
     if rows >= max(pcfg.batch_size, pcfg.max_rows) and batch == pcfg.batch_size:
         return pcfg
     return replace(pcfg, batch_size=batch, max_rows=min(pcfg.max_rows, rows))
@@ -274,10 +274,10 @@ def patch_stages(shape: Shape, pc, *, longest: int, methods=("activation", "attr
     return out
 
 
-def apply_patch(pc, est: Estimate):
-    """``pc`` with the batch sizes :func:`~headscope.probes.budget.fit` chose."""
-    rows = est.batch_sizes.get("patching", pc.max_rows)
-    batch = min(pc.batch_size, est.batch_sizes.get("attribution", pc.batch_size), rows)
+def apply_patch(pc, batch_sizes):
+    """``pc`` with the batch sizes :func:`~headscope.probes.budget.fit` chose (working set -> batch)."""
+    rows = batch_sizes.get("patching", pc.max_rows)
+    batch = min(pc.batch_size, batch_sizes.get("attribution", pc.batch_size), rows)
     if rows >= max(pc.batch_size, pc.max_rows) and batch == pc.batch_size:
         return pc
     return replace(pc, batch_size=batch, max_rows=min(pc.max_rows, rows))
@@ -291,13 +291,12 @@ def task_longest(task: str, seq_len: int, tokenizer=None) -> int:
     import json
     from pathlib import Path
 
-    if task == "induction":
-        return 2 * seq_len + 2
-    if task == "duplicate_token":
-        return seq_len + 3
+    from headscope.analyses.patching.tasks import GENERATED_LONGEST, TASK_FILES
     from headscope.data import path
 
-    f = {"agreement": path("tasks/agreement.jsonl"), "coreference": path("coref/coref.jsonl")}.get(task, Path(task))
+    if task in GENERATED_LONGEST:
+        return GENERATED_LONGEST[task](seq_len)
+    f = path(TASK_FILES[task]) if task in TASK_FILES else Path(task)
     texts = []
     try:
         with open(f, encoding="utf-8", errors="replace") as fh:
@@ -382,14 +381,6 @@ def kv_stages(shape: Shape, kc, *, tokens: int) -> list[Stage]:
         Stage(name="kv logits", batch_size=rows, longest=1, logits="all", loss=True, cache_per_row=resid, cache_rows=1),
         Stage(name="long-context roles", batch_size=1, longest=kc.role_tokens, logits="last", cache_per_row=qk),
     ]
-
-
-def apply_kv(kc, est: Estimate, *, tokens: int):
-    """``kc`` with the rows :func:`~headscope.probes.budget.fit` let the study unembed at once."""
-    rows = est.batch_sizes.get("kv logits")
-    if rows is None or rows >= (kc.logit_rows or tokens):
-        return kc
-    return replace(kc, logit_rows=rows)
 
 
 def weights_stage(shape: Shape, wc) -> Stage:

@@ -1,0 +1,152 @@
+"""The KV-cache stage, on a causal decoder: the KV-cache compression study and the long-context
+roles (:func:`~headscope.analyses.kvcache.stage.run_kv`).
+
+Writes the ``kv_*`` and long-context frames; its summary is run.json's ``kv_summary``. Its report
+part is "Long context and the KV cache". Inputs the tokenizer or the context cannot give make it
+absent with the reason, never fatal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from headscope.analyses.kvcache.stage import KVStageConfig
+from headscope.reports.stages.base import RunContext, Stage, StageAbsent, StageResult, WorkingSet
+
+
+def _tokens(cfg: KVStageConfig) -> int:
+    from headscope.analyses.kvcache.study import REPORT_KV
+
+    return REPORT_KV.tokens if cfg.tokens is None else cfg.tokens
+
+
+class KVStage(Stage[KVStageConfig]):
+    name = "kv"
+    Config = KVStageConfig
+    command = "kv"
+    help = "long context and the KV cache: what compressing the cache costs, the long-context roles"
+    unit = "kv_groups"
+    summary_key = "kv_summary"
+    warn_absent = False
+    schemas = {
+        "long_context_roles": {
+            "layer": "int64",
+            "head": "int64",
+            "role": "str",
+            "relation": "str",
+            "direction": "str",
+            "score": "float64",
+            "baseline": "float64",
+            "margin": "float64",
+            "ci_low": "float64",
+            "ci_high": "float64",
+            "p_value": "float64",
+            "n": "int64",
+            "verdict": "bool",
+            "p_raw": "float64",
+            "test": "str",
+            "interval": "str",
+            "family": "str",
+            "meets_threshold": "bool",
+            "window": "Int64",
+            "bos": "boolean",
+            "top_key": "Int64",
+            "top_key_token": "str",
+            "top_key_mass": "float64",
+        },
+        "long_context_causal": {
+            "condition": "str",
+            "draw": "Int64",
+            "item": "int64",
+            "depth": "float64",
+            "heads": "str",
+            "n_masked": "int64",
+            "copy_accuracy": "float64",
+            "damage": "float64",
+        },
+        "kv_study": {
+            "study": "category",
+            "draw": "int64",
+            "step": "int64",
+            "layer": "Int64",
+            "kv_group": "Int64",
+            "full_groups": "int64",
+            "restricted_groups": "int64",
+            "bytes_saved": "int64",
+            "fraction_saved": "float64",
+            "bytes_saved_max": "int64",
+            "fraction_saved_max": "float64",
+            "metric": "category",
+            "value": "float64",
+            "change": "float64",
+        },
+        "kv_roles": {
+            "layer": "int64",
+            "kv_group": "object",
+            "greedy_rank": "int64",
+            "kept_full": "bool",
+            "retrieval_score": "float64",
+            "retrieval_heads": "int64",
+        },
+    }
+
+    def config(self, ctx: RunContext, given: KVStageConfig | None = None) -> KVStageConfig:
+        from headscope.reports.stages.plans import kv_logit_rows
+        from headscope.reports.stages.quick import QUICK_KV_LARGE, is_large
+
+        cfg = given if given is not None else KVStageConfig()
+        s = ctx.shape
+        if s is None:
+            return cfg
+        if not ctx.full and is_large(n_params=s.n_params, n_heads=s.n_layers * s.n_heads, threshold=ctx.large_cost):
+            cfg = replace(cfg, **QUICK_KV_LARGE)
+        if cfg.logit_rows is None:
+            cfg = replace(cfg, logit_rows=kv_logit_rows(s, _tokens(cfg)))
+        return cfg
+
+    def blocker(self, ctx: RunContext, cfg: KVStageConfig) -> str | None:
+        from headscope.analyses.kvcache.stage import report_blocker
+
+        return report_blocker(ctx.model)
+
+    def plan(self, ctx: RunContext, cfg: KVStageConfig) -> list[WorkingSet]:
+        from headscope.reports.stages.plans import kv_stages
+
+        return kv_stages(ctx.shape, cfg, tokens=_tokens(cfg)) if ctx.shape.causal else []
+
+    def fitted(self, cfg: KVStageConfig, batch_sizes) -> KVStageConfig:
+        rows = batch_sizes.get("kv logits")
+        if rows is None or rows >= (cfg.logit_rows or _tokens(cfg)):
+            return cfg
+        return replace(cfg, logit_rows=rows)
+
+    def run(self, ctx: RunContext, cfg: KVStageConfig) -> StageResult:
+        from headscope.analyses.kvcache.stage import report_config, run_kv
+        from headscope.probes.errors import HeadscopeError
+
+        try:
+            frames, summary = run_kv(
+                ctx.model,
+                report_config(ctx.model, ctx.seed, cfg.tokens),
+                role_items=cfg.role_items,
+                role_tokens=cfg.role_tokens,
+                causal_items=cfg.causal_items,
+                logit_rows=cfg.logit_rows,
+            )
+        except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: said, not fatal
+            raise StageAbsent(f"the KV-cache stage could not run: {str(e).splitlines()[0]}") from e
+        return StageResult(frames, summary)
+
+    def section(self, frames, meta) -> list:
+        from headscope.reports.sections.long_context import long_context_section
+
+        s = long_context_section(frames, meta)
+        return [] if s is None else [s]
+
+    def leaves_out(self, ctx: RunContext, cfg: KVStageConfig) -> list[str]:
+        from headscope.reports.stages.quick import stages_leave_out
+
+        return stages_leave_out(cfg, None, context=ctx.context)
+
+
+STAGE = KVStage()

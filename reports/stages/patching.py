@@ -1,0 +1,96 @@
+"""The patching stage: causal evidence per role, activation (denoising) and attribution patching
+of every head on the task each role names (:func:`~headscope.analyses.run_patching.run_patching`).
+
+Writes ``patching`` (``task`` + the patching frame's columns); its summary is run.json's
+``patching_summary``. Its report part is the "Causal evidence" section.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from headscope.analyses.run_patching import CausalConfig
+from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
+
+
+class PatchingStage(Stage[CausalConfig]):
+    name = "patching"
+    Config = CausalConfig
+    command = "patch"
+    help = "causal evidence per role: activation and attribution patching on each role's task"
+    requires = ("roles",)
+    unit = "heads"
+    summary_key = "patching_summary"
+    schemas = {
+        "patching": {
+            "task": "str",
+            "layer": "int64",
+            "head": "int64",
+            "method": "str",
+            "effect": "float64",
+            "ci_low": "float64",
+            "ci_high": "float64",
+            "p_value": "float64",
+            "significant": "bool",
+            "n": "int64",
+            "p_raw": "float64",
+            "unit": "str",
+            "definition": "str",
+        },
+    }
+
+    def config(self, ctx: RunContext, given: CausalConfig | None = None) -> CausalConfig:
+        from headscope.reports.stages.quick import QUICK_PATCHING_LARGE, is_large
+
+        cfg = given if given is not None else CausalConfig(seed=ctx.seed)
+        if ctx.full or ctx.shape is None or cfg.n_items is not None:
+            return cfg
+        s = ctx.shape
+        if not is_large(n_params=s.n_params, n_heads=s.n_layers * s.n_heads, threshold=ctx.large_cost):
+            return cfg
+        return replace(cfg, **{k: min(v, getattr(cfg, k)) for k, v in QUICK_PATCHING_LARGE.items()})
+
+    def blocker(self, ctx: RunContext, cfg: CausalConfig) -> str | None:
+        from headscope.analyses.run_patching import patching_blocker
+
+        return patching_blocker(ctx.model)
+
+    def plan(self, ctx: RunContext, cfg: CausalConfig) -> list[WorkingSet]:
+        from headscope.analyses.patching.activation import PatchConfig
+        from headscope.reports.stages.plans import patch_stages, report_tasks, task_longest
+
+        longest = max(task_longest(t, 10, ctx.tokenizer) for t in report_tasks())
+        patch = PatchConfig(batch_size=cfg.batch_size, max_rows=cfg.max_rows)
+        return patch_stages(ctx.shape, patch, longest=longest)
+
+    def fitted(self, cfg: CausalConfig, batch_sizes) -> CausalConfig:
+        from headscope.reports.stages.plans import apply_patch
+
+        fitted = apply_patch(cfg, batch_sizes)
+        if (fitted.batch_size, fitted.max_rows) == (cfg.batch_size, cfg.max_rows):
+            return cfg
+        return replace(cfg, batch_size=fitted.batch_size, max_rows=fitted.max_rows)
+
+    def run(self, ctx: RunContext, cfg: CausalConfig) -> StageResult:
+        from headscope.analyses.run_patching import run_patching
+
+        frame, summary = run_patching(ctx.model, ctx.frames["roles"], cfg, full=ctx.full)
+        return StageResult({"patching": frame}, summary)
+
+    def section(self, frames, meta) -> list:
+        from headscope.reports.sections.causal import causal_sections
+
+        if not (meta.get(self.key()) or (meta.get("absent") or {}).get(self.name)):
+            return []
+        return causal_sections(frames, meta, int(meta["layers"]), int(meta["heads"]))
+
+    def leaves_out(self, ctx: RunContext, cfg: CausalConfig) -> list[str]:
+        if cfg.unit is not None or cfg.n_items is not None:
+            return []
+        return [
+            f"patching: heads one by one on GQA models (quick patches a KV group as one unit); items per task "
+            f"past {cfg.row_budget} // (units x tasks) (at least {cfg.min_items}; --full: {cfg.max_items})"
+        ]
+
+
+STAGE = PatchingStage()

@@ -1,0 +1,169 @@
+"""The pruning stage: what removing heads costs (:func:`~headscope.analyses.pruning.study.pruning_study`),
+with each role's top heads ablated against random ones (it reads the ``roles`` frame).
+
+Quick mode runs :data:`~headscope.reports.stages.quick.QUICK_PRUNING` (on a model over
+:data:`~headscope.reports.stages.quick.LARGE_COST`, ``QUICK_PRUNING_LARGE``); ``--full`` every study.
+Writes the ``prune_*`` frames and ``roles_vs_importance``; its summary is run.json's
+``pruning_summary`` (its ``metric`` the report's ``prune_metric``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from headscope.analyses.pruning.study import PruneConfig
+from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
+
+
+class PruningStage(Stage[PruneConfig]):
+    name = "pruning"
+    Config = PruneConfig
+    command = "prune"
+    help = "what removing heads costs: single-head ablation, importance, pruning curves"
+    requires = ("roles",)
+    unit = "heads"
+    place = 90
+    reports_progress = True
+    summary_key = "prune_summary"
+    schemas = {
+        "prune_baseline": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_ablation": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_importance": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_curves": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_curve_summary": {
+            "study": "str",
+            "layer": "Int64",
+            "head": "Int64",
+            "step": "int64",
+            "fraction_pruned": "float64",
+            "metric": "str",
+            "value": "float64",
+            "spread": "float64",
+            "seed": "Int64",
+            "n": "int64",
+        },
+        "prune_prunable": {
+            "order": "str",
+            "tolerance": "float64",
+            "fraction_pruned": "float64",
+            "query_heads_pruned": "float64",
+            "kv_heads_pruned": "float64",
+            "value": "float64",
+            "base_value": "float64",
+        },
+        "roles_vs_importance": {
+            "role": "str",
+            "k": "int64",
+            "metric": "str",
+            "value_role": "float64",
+            "value_random_mean": "float64",
+            "value_random_std": "float64",
+            "n_draws": "int64",
+        },
+    }
+
+    def config(self, ctx: RunContext, given: PruneConfig | None = None) -> PruneConfig:
+        from headscope.reports.stages.quick import QUICK_PRUNING, quick_pruning_for
+
+        if given is not None:
+            return given
+        if ctx.full:
+            return PruneConfig(seed=ctx.seed)
+        cfg = PruneConfig(**QUICK_PRUNING, seed=ctx.seed)
+        if ctx.shape is None:
+            return cfg
+        s = ctx.shape
+        tier = quick_pruning_for(n_params=s.n_params, n_heads=s.n_layers * s.n_heads, threshold=ctx.large_cost)
+        return cfg if tier is QUICK_PRUNING else replace(cfg, **tier)
+
+    def blocker(self, ctx: RunContext, cfg: PruneConfig) -> str | None:
+        from headscope.analyses.pruning.metrics import METRICS, check_kind, default_metric
+        from headscope.probes.errors import ModelIncompatibleError
+        from headscope.probes.models.backends.protocol import check_head_hooks
+
+        metric = cfg.metric or default_metric(ctx.model.spec)
+        try:
+            check_head_hooks(ctx.model)
+            check_kind(metric, METRICS[metric], ctx.model.spec)
+        except (ModelIncompatibleError, ValueError) as e:
+            return str(e)
+        return None
+
+    def plan(self, ctx: RunContext, cfg: PruneConfig) -> list[WorkingSet]:
+        from headscope.reports.stages.plans import prune_stages
+
+        return prune_stages(ctx.shape, cfg, ctx.tokenizer)
+
+    def fitted(self, cfg: PruneConfig, batch_sizes) -> PruneConfig:
+        from headscope.reports.stages.plans import apply_prune
+
+        return apply_prune(cfg, batch_sizes)
+
+    def run(self, ctx: RunContext, cfg: PruneConfig) -> StageResult:
+        from headscope.analyses.pruning.study import pruning_study
+        from headscope.reports.stages.frames import prune_frames
+
+        pr = pruning_study(ctx.model, cfg, None, roles=ctx.frames.get("roles"), progress=ctx.progress)
+        return StageResult(prune_frames(pr.tables), pr.summary)
+
+    def section(self, frames, meta) -> list:
+        from headscope.reports.sections.pruning import pruning_absent_section, pruning_section
+
+        why = (meta.get("absent") or {}).get("pruning")
+        if why:
+            return [pruning_absent_section(why)]
+        rvi = frames.get("roles_vs_importance")
+        return [pruning_section(frames, rvi, int(meta["layers"]), int(meta["heads"]), meta.get("prune_metric"))]
+
+    def leaves_out(self, ctx: RunContext, cfg: PruneConfig) -> list[str]:
+        from headscope.reports.stages.quick import leaves_out
+
+        said = leaves_out(cfg)
+        return [f"pruning: {said}"] if said else []
+
+
+STAGE = PruningStage()

@@ -1,0 +1,142 @@
+"""The head-roles stage: every registered role group on its corpora
+(:func:`~headscope.analyses.roles.pipeline.head_roles`), its statistics, examples and clusters.
+
+Writes ``roles``, ``stats``, ``examples``, ``clusters``, ``coref_pairs`` and ``skipped``; its
+summary holds nothing (run.json's ``n_items`` comes from its ``counts``). Its report part is the
+roles overview with the head view, one subsection per role, and the attention statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from headscope.analyses.roles.config import RolesConfig
+from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
+
+log = logging.getLogger(__name__)
+
+
+class RolesStage(Stage[RolesConfig]):
+    name = "roles"
+    Config = RolesConfig
+    command = "roles"
+    help = "what each head does: the registered roles' verdicts with baselines, CIs and p-values"
+    unit = "items"
+    summary_key = "roles_summary"
+    reports_progress = True
+    schemas = {
+        "roles": {
+            "layer": "int64",
+            "head": "int64",
+            "role": "object",
+            "relation": "object",
+            "direction": "object",
+            "score": "float64",
+            "baseline": "float64",
+            "margin": "float64",
+            "ci_low": "float64",
+            "ci_high": "float64",
+            "p_value": "float64",
+            "n": "int64",
+            "verdict": "bool",
+            "p_raw": "float64",
+            "test": "object",
+            "interval": "object",
+            "family": "object",
+            "meets_threshold": "bool",
+        },
+        "stats": {"layer": "int64", "head": "int64", "metric": "object", "value": "float64", "n": "int64"},
+        "examples": {
+            "example": "str",
+            "role": "str",
+            "relation": "str",
+            "direction": "str",
+            "layer": "int64",
+            "head": "int64",
+            "level": "str",
+            "sentence": "str",
+            "query_index": "int64",
+            "key_index": "int64",
+            "query_word": "str",
+            "key_word": "str",
+            "weight": "float64",
+            "gold": "bool",
+        },
+        "clusters": {"layer": "int64", "head": "int64", "x": "float64", "y": "float64", "cluster": "int64"},
+        "coref_pairs": {
+            "layer": "int64",
+            "head": "int64",
+            "kind": "str",
+            "n_pairs": "int64",
+            "both_right": "int64",
+            "one_right": "int64",
+            "none_right": "int64",
+            "pair_accuracy": "float64",
+        },
+        "skipped": {"analysis": "str", "reason": "str", "count": "int64"},
+    }
+
+    def config(self, ctx: RunContext, given: RolesConfig | None = None) -> RolesConfig:
+        return given if given is not None else RolesConfig(seed=ctx.seed)
+
+    def plan(self, ctx: RunContext, cfg: RolesConfig) -> list[WorkingSet]:
+        from headscope.analyses.roles.pipeline import check_roles
+        from headscope.reports.stages.plans import role_corpora, roles_stages
+
+        groups = check_roles(ctx.role_groups)
+        return roles_stages(ctx.shape, cfg, groups, role_corpora(groups, ctx.inputs), ctx.tokenizer)
+
+    def fitted(self, cfg: RolesConfig, batch_sizes) -> RolesConfig:
+        from dataclasses import replace
+
+        b = min([cfg.batch_size, *batch_sizes.values()])  # one batch for every corpus
+        return replace(cfg, batch_size=b) if b < cfg.batch_size else cfg
+
+    def run(self, ctx: RunContext, cfg: RolesConfig) -> StageResult:
+        from headscope.analyses.roles.pipeline import head_roles
+        from headscope.reports.stages.frames import examples_frame, skipped_frame
+
+        rr = head_roles(ctx.model, cfg=cfg, progress=_timer(ctx, cfg), roles=ctx.role_groups, **(ctx.inputs or {}))
+        frames = {
+            "roles": rr.frame.reset_index(drop=True),
+            "stats": rr.stats.reset_index(drop=True),
+            "examples": examples_frame(rr.examples),
+            "clusters": rr.clusters.reset_index(drop=True),
+            "coref_pairs": rr.coref_pairs.reset_index(drop=True),
+            "skipped": skipped_frame(rr.skipped),
+        }
+        timings = {f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()}
+        return StageResult(frames, {}, timings, dict(rr.n_items))
+
+    def section(self, frames, meta) -> list:
+        from headscope.reports.head_view import head_view_block
+        from headscope.reports.sections.role_detail import role_sections
+        from headscope.reports.sections.roles import roles_section
+        from headscope.reports.sections.stats import stats_section
+
+        roles, n_layers, n_heads = frames.get("roles"), int(meta["layers"]), int(meta["heads"])
+        out = []
+        if roles is not None and not roles.empty:
+            rc = (meta.get("config") or {}).get("roles") or {}
+            out.append(roles_section(roles, n_layers, n_heads, meta["model"], rc, frames.get("coref_pairs")))
+            out[-1].blocks.append(head_view_block(frames, n_layers, n_heads))
+            out += role_sections(roles, frames.get("examples"), frames.get("roles_vs_importance"), meta.get("top", 3))
+        stats = stats_section(frames.get("stats"), frames.get("clusters"))
+        return out + ([stats] if stats else [])
+
+
+def _timer(ctx: RunContext, cfg: RolesConfig):
+    """``ctx.progress`` wrapped to say the estimated time once the first batch is timed."""
+    if ctx.notice is None:
+        return ctx.progress
+    from headscope.analyses.roles.pipeline import _stages, check_roles
+    from headscope.probes.budget import TimeEstimate
+    from headscope.reports.stages.plans import role_corpora, roles_items
+
+    groups = check_roles(ctx.role_groups)
+    names = {name for name, _corpus, _gs in _stages(groups)}
+    n = roles_items(groups, role_corpora(groups, ctx.inputs), cfg)
+    return TimeEstimate(n, ctx.notice, inner=ctx.progress, unit="items of the role analyses", stages=names)
+
+
+STAGE = RolesStage()

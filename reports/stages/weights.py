@@ -1,0 +1,131 @@
+"""The weights stage: circuits read from the in-house model's weights (OV copying, K-composition),
+joined with the roles and, where it ran, patching (:func:`~headscope.analyses.run_weights.run_weights`).
+
+Writes ``weights_heads``, ``weights_composition`` and the ``join_*`` frames; its summary is
+run.json's ``weights_summary``. Its report part is "From the weights".
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from headscope.analyses.run_weights import WeightsConfig
+from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
+
+
+class WeightsStage(Stage[WeightsConfig]):
+    name = "weights"
+    Config = WeightsConfig
+    command = "weights"
+    help = "circuits from the weights: OV copying and K-composition, joined with the roles and patching"
+    requires = ("roles",)
+    after = ("patching",)
+    unit = "layers"
+    summary_key = "weights_summary"
+    schemas = {
+        "weights_heads": {
+            "layer": "int64",
+            "head": "int64",
+            "kv_head": "int64",
+            "statistic": "category",
+            "value": "float64",
+            "method": "category",
+            "baseline_mean": "float64",
+            "baseline_sd": "float64",
+            "margin": "float64",
+            "p_value": "float64",
+            "p_adjusted": "float64",
+            "n": "int64",
+            "verdict": "category",
+            "note": "str",
+        },
+        "weights_composition": {
+            "sender_layer": "int64",
+            "sender_head": "int64",
+            "receiver_layer": "int64",
+            "receiver_head": "Int64",
+            "receiver_kv_head": "int64",
+            "mode": "category",
+            "level": "category",
+            "value": "float32",
+            "baseline_mean": "float64",
+            "baseline_sd": "float64",
+            "margin": "float64",
+            "p_value": "float64",
+            "p_adjusted": "float64",
+            "n": "int64",
+            "verdict": "category",
+        },
+        "join_k_composition": {
+            "receiver": "str",
+            "receiver_basis": "str",
+            "receiver_layer": "int64",
+            "receiver_head": "Int64",
+            "receiver_kv_head": "Int64",
+            "level": "str",
+            "n_senders": "int64",
+            "n_role_senders": "int64",
+            "role_senders": "str",
+            "top_senders": "str",
+            "k": "int64",
+            "role_in_top_k": "int64",
+            "expected_in_top_k": "float64",
+            "best_role_rank": "Int64",
+            "rank_biserial": "float64",
+            "p_value": "float64",
+            "note": "str",
+        },
+        "join_copying": {
+            "task": "str",
+            "method": "str",
+            "n_heads": "int64",
+            "spearman": "float64",
+            "spearman_p": "float64",
+            "k": "int64",
+            "top_k_overlap": "float64",
+            "top_copying": "str",
+            "top_by_patching": "str",
+            "copying_heads_significant": "str",
+            "note": "str",
+        },
+    }
+
+    def config(self, ctx: RunContext, given: WeightsConfig | None = None) -> WeightsConfig:
+        from headscope.reports.stages.quick import QUICK_WEIGHTS_LARGE, is_large
+
+        cfg = given if given is not None else WeightsConfig(seed=ctx.seed)
+        s = ctx.shape
+        if ctx.full or s is None:
+            return cfg
+        large = is_large(n_params=s.n_params, n_heads=s.n_layers * s.n_heads, threshold=ctx.large_cost)
+        return replace(cfg, **QUICK_WEIGHTS_LARGE) if large else cfg
+
+    def blocker(self, ctx: RunContext, cfg: WeightsConfig) -> str | None:
+        from headscope.analyses.run_weights import weights_blocker
+
+        return weights_blocker(ctx.model)
+
+    def plan(self, ctx: RunContext, cfg: WeightsConfig) -> list[WorkingSet]:
+        from headscope.reports.stages.plans import weights_stage
+
+        return [weights_stage(ctx.shape, cfg)]
+
+    def run(self, ctx: RunContext, cfg: WeightsConfig) -> StageResult:
+        from headscope.analyses.run_weights import run_weights
+
+        frames, summary = run_weights(ctx.model, ctx.frames, cfg)
+        return StageResult(frames, summary)
+
+    def section(self, frames, meta) -> list:
+        from headscope.reports.sections.weights import weights_section
+
+        s = weights_section(frames, meta, int(meta["layers"]), int(meta["heads"]))
+        return [] if s is None else [s]
+
+    def leaves_out(self, ctx: RunContext, cfg: WeightsConfig) -> list[str]:
+        from headscope.reports.stages.quick import stages_leave_out
+
+        return stages_leave_out(None, cfg, context=ctx.context)
+
+
+STAGE = WeightsStage()
