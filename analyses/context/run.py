@@ -20,7 +20,7 @@ verdicts, the first depth at which senses separate, the scales and the skipped w
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 import torch
@@ -45,12 +45,12 @@ class ContextConfig:
     max_words: int | None = None  # the first words of the sense set only (None: all)
     max_per_sense: int | None = None  # sentences per sense (None: all)
     attention_sentences: int = 40  # sentences the per-head attention statistics use
-    sentence: str | None = None  # with ``word``: which context words shape it
-    word: str | None = None
-    piece: int | None = None  # one tokenizer piece of ``word`` (index among its pieces)
+    sentence: str | None = field(default=None, metadata={"help": "with --word: which context words shape it"})
+    word: str | None = field(default=None, metadata={"help": "the word of --sentence whose context is ranked"})
+    piece: int | None = field(default=None, metadata={"help": "one tokenizer piece of --word (0-based)"})
     n_boot: int = 1000
     n_perm: int = 50
-    seed: int = 0
+    seed: int = field(default=0, metadata={"cli": False})  # the run's --seed
 
     def __post_init__(self):
         if self.pooling not in M.POOLINGS:
