@@ -129,3 +129,20 @@ def test_run_context_minilm_small(minilm):
     assert int(frames["layers"]["reversals"].sum()) == 0
     assert summary["distance_trend"]["raw"]["direction"] in ("more global", "more local", "no clear trend")
     assert summary["words"] == ["bank", "bark", "bat"]
+
+
+def test_word_not_in_sentence_lists_words_and_pieces(minilm):
+    from headscope.analyses.context.contributions import contributions_frame
+
+    with pytest.raises(ValueError, match=r"word 'cave' is not in the sentence; its words: \['He', 'swung'"):
+        contributions_frame(minilm, "He swung the bat hard.", "cave", "mean", None, None)
+
+
+def test_contributions_rank_context_words(minilm):
+    from headscope.analyses.context.contributions import contributions_frame
+
+    c = contributions_frame(minilm, "At dusk a bat flew out of the old barn.", "bat", "mean", None, None)
+    for (_layer, _method), g in c.groupby(["layer", "method"]):
+        assert g["value"].sum() == pytest.approx(1.0, abs=1e-5)  # shares of the target's row
+        assert list(g.sort_values("rank")["value"]) == sorted(g["value"], reverse=True)
+    assert set(c["context"]) >= {"dusk", "barn", "[CLS]", "[SEP]"}
