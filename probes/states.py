@@ -79,11 +79,18 @@ def _network(model):
     return net
 
 
+def output_matrices(model, weights=None) -> list[torch.Tensor]:
+    """Every layer's per-head ``W_O [head, d_head, d_model]`` (unfolded), read once."""
+    w = weights if weights is not None else head_weights(model, fold_norms=False)
+    return [w.layer(l).W_O for l in range(w.n_layers)]
+
+
 def sentence_states(model, text: str, *, weights=None) -> SentenceStates:
     """Run ``model`` (in-house backend) over ``text``; see :class:`SentenceStates`.
-    ``weights``: a :func:`head_weights` view to reuse across sentences (read once)."""
+    ``weights``: a :func:`head_weights` view, or the list of every layer's ``W_O`` already read
+    (:func:`output_matrices`), to reuse across sentences."""
     net = _network(model)
-    w = weights if weights is not None else head_weights(model, fold_norms=False)
+    W_Os = weights if isinstance(weights, list) else output_matrices(model, weights)
     qs = ("pattern", "v", "out", "resid_post", "q_rot" if net.cfg.positional == "rope" else "q")
     qs = (*qs, "k_rot" if net.cfg.positional == "rope" else "k")
     cap = capture(model, [text], quantities=qs, memory_budget=None)
@@ -102,7 +109,7 @@ def sentence_states(model, text: str, *, weights=None) -> SentenceStates:
         raw.append((q @ k.transpose(-1, -2)).cpu())  # [head, query_pos, key_pos]
         pattern.append(cap["pattern", l][0].float().cpu())
         v.append(repeat_kv(cap["v", l], idx)[0].float().cpu())
-        W_O.append(w.layer(l).W_O)
+        W_O.append(W_Os[l])
         out.append(cap["out", l][0].float().cpu())
         b = attn.o_proj.bias
         o_bias.append(None if b is None else b.detach().float().cpu())

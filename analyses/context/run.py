@@ -32,8 +32,7 @@ from headscope.analyses.context.contributions import contributions_frame
 from headscope.analyses.context.trend import distance_trend
 from headscope.analyses.stats.resampling import bootstrap_ci
 from headscope.probes.corpora.senses import read_senses
-from headscope.probes.models.inhouse.head_weights import head_weights
-from headscope.probes.states import attention_scales, sentence_states
+from headscope.probes.states import attention_scales, output_matrices, sentence_states
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +127,7 @@ def _senses(occ: dict, labels: dict, cfg: ContextConfig) -> tuple[pd.DataFrame, 
 
 def _collect(model, items, cfg: ContextConfig):
     """Run every distinct sentence once; pooled word reps, sentence reps and token reps."""
-    weights = head_weights(model, fold_norms=False)
+    weights = output_matrices(model)
     cache, occ, labels_raw, sent_reps, tokens, states = {}, {}, {}, [], [], []
     for it in items:
         if it.sentence not in cache:
