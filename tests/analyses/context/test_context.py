@@ -1,0 +1,148 @@
+"""The contextualisation measurements on real models and on planted truth (issue #41)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from headscope.analyses.context import ContextConfig, run_context
+from headscope.analyses.context import attention as A
+from headscope.analyses.context.measures import HEAD_METRICS, head_stats, pooled, target_positions
+from headscope.analyses.context.similarity import self_similarity
+from headscope.analyses.context.trend import distance_trend
+from headscope.probes.corpora.senses import read_senses
+from headscope.probes.models.inhouse.planted import planted_sentences
+from headscope.probes.models.inhouse.planted_depth import depth_planted_model
+from headscope.probes.states import sentence_states
+
+BAT = ["At dusk a bat flew out of the old barn.", "He swung the bat hard.", "The bat slept all day."]
+
+
+def test_static_self_similarity_is_one_and_context_lowers_it(minilm):
+    reps = []
+    for s in BAT:
+        st = sentence_states(minilm, s)
+        static, states = pooled(st, target_positions(st, s.index("bat"), s.index("bat") + 3), "mean")
+        reps.append(torch.cat([static[None], states]))
+    reps = torch.stack(reps)  # [occurrence, depth, d_model]
+    assert self_similarity(reps[:, 0]).item() == pytest.approx(1.0, abs=1e-6)
+    # position embeddings alone already move it; the last layer moves it further
+    assert self_similarity(reps[:, -1]).item() < self_similarity(reps[:, 1]).item() < 1.0
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm"])
+def test_norm_decomposition_equals_head_output(name, request):
+    model = request.getfixturevalue(name)
+    st = sentence_states(model, "The cat didn't climb on the table because it was too tired.")
+    for l, pattern in enumerate(st.pattern):
+        parts = A.head_outputs(pattern, st.v[l], st.W_O[l])  # [head, query_pos, d_model]
+        total = parts.sum(0) + (st.o_bias[l] if st.o_bias[l] is not None else 0)
+        # 1e-5 absolute, and relative where SmolLM2's massive activations (|out| ~ 200) make a
+        # float32 sum in another order differ by a few ulps
+        torch.testing.assert_close(total, st.out[l], atol=1e-5, rtol=1e-5)
+        # and the norm of each part is α times the value norm (Kobayashi's factorisation)
+        norms = torch.linalg.vector_norm(
+            torch.einsum("hqk,hkm->hqkm", pattern, torch.einsum("hkd,hdm->hkm", st.v[l], st.W_O[l])), dim=-1
+        )
+        torch.testing.assert_close(
+            norms, A.norm_attention(pattern, A.value_norms(st.v[l], st.W_O[l])), atol=1e-5, rtol=1e-5
+        )
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm"])
+def test_states_equal_transformers_hidden_states(name, request):
+    model, ref = request.getfixturevalue(name), request.getfixturevalue(f"{name}_hf")
+    st = sentence_states(model, "Grouped-query attention lets three query heads share one key-value head.")
+    ids = st.tokens.input_ids
+    with torch.inference_mode():
+        hs = ref.network(input_ids=ids, attention_mask=torch.ones_like(ids), output_hidden_states=True).hidden_states
+    last = len(hs) - 1
+    for d in range(last):
+        torch.testing.assert_close(st.states[d], hs[d][0].float(), atol=1e-5, rtol=1e-5)
+    final = st.states[last]
+    if st.causal:  # transformers' last state is after the final norm; ours is before it
+        final = model.network.ln_final(final[None])[0]
+    torch.testing.assert_close(final, hs[last][0].float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("local_first, direction", [(True, "more global"), (False, "more local")])
+def test_planted_depth_trend(local_first, direction):
+    model = depth_planted_model(local_first=local_first)
+    per = torch.stack([head_stats(sentence_states(model, s)) for s in planted_sentences(8)])
+    for metric in ("distance_raw", "distance_norm"):
+        trend = distance_trend(per[..., HEAD_METRICS.index(metric)], n_boot=200)
+        assert trend["direction"] == direction, trend["verdict"]
+        assert trend["verdict"].startswith(f"this model's attention becomes {direction} with depth")
+    # local heads read the previous token: distance 1/i, averaged over queries i >= 1
+    local_layer = 0 if local_first else 3
+    n = len(planted_sentences(8)[0].split()) + 1
+    expected = float(torch.tensor([1.0 / i for i in range(1, n)]).mean())
+    dist0 = per[0, local_layer, :, HEAD_METRICS.index("distance_raw")]
+    torch.testing.assert_close(dist0, torch.full_like(dist0, expected), atol=1e-4, rtol=0)
+
+
+def test_scale_keeps_ranking_and_changes_saturation(minilm):
+    st = sentence_states(minilm, BAT[0])
+    allowed = A.allowed_keys(st.n_pos, st.causal)
+    for l, raw in enumerate(st.raw):
+        assert A.ranking_reversals(raw, st.scale[l], allowed) == 0
+        # the actual pattern is the softmax of the scaled raw scores
+        torch.testing.assert_close(A.masked_softmax(raw * st.scale[l], allowed), st.pattern[l], atol=1e-5, rtol=0)
+    ent = head_stats(st)[..., [HEAD_METRICS.index("entropy_actual"), HEAD_METRICS.index("entropy_scale1")]]
+    assert (ent[..., 1] < ent[..., 0]).float().mean() > 0.9  # no division: a sharper softmax almost everywhere
+
+
+def test_sense_reader_skips_bad_words(tmp_path):
+    lines = [
+        {"sentence": "The bat flew.", "word": "bat", "sense": "animal"},
+        {"sentence": "A bat hung there.", "word": "bat", "sense": "animal"},
+        {"sentence": "He swung the bat.", "word": "bat", "sense": "club"},
+        {"sentence": "The bat cracked.", "word": "bat", "sense": "club"},
+        {"sentence": "It is cold.", "word": "cold", "sense": "temperature"},
+        {"sentence": "It is freezing.", "word": "cold", "sense": "temperature"},
+        {"sentence": "A cold reply.", "word": "cold", "sense": "manner"},
+        {"sentence": "The bank closed.", "word": "bank", "sense": "money"},
+        {"sentence": "The bank opened.", "word": "bank", "sense": "money"},
+        {"sentence": "The river bank.", "word": "bank", "sense": "river"},
+        {"sentence": "On the bank we sat.", "word": "bank", "sense": "river"},
+    ]
+    p = tmp_path / "senses.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    with pytest.warns(UserWarning) as rec:
+        s = read_senses(p)
+    msgs = [str(r.message) for r in rec]
+    assert any(m.startswith(f"{p}:6:") and "'freezing'" not in m and "cold" in m for m in msgs), msgs
+    assert any(f"{p}:7:" in m and "fewer than 2" in m for m in msgs) or any("cold" in m for m in msgs)
+    assert s.words() == ["bank", "bat"]
+    assert sum(s.skipped.values()) == 1
+
+
+def test_run_context_minilm_small(minilm):
+    cfg = ContextConfig(max_words=3, max_per_sense=4, attention_sentences=4, n_boot=100, n_perm=10)
+    frames, summary = run_context(minilm, cfg)
+    sim = frames["similarity"].set_index(["depth", "metric"])["value"]
+    assert sim[(-1, "self_similarity")] == pytest.approx(1.0, abs=1e-6)
+    assert sim[(6, "self_similarity")] < sim[(0, "self_similarity")]
+    assert set(frames["heads"]["metric"]) == set(HEAD_METRICS)
+    assert int(frames["layers"]["reversals"].sum()) == 0
+    assert summary["distance_trend"]["raw"]["direction"] in ("more global", "more local", "no clear trend")
+    assert summary["words"] == ["bank", "bark", "bat"]
+
+
+def test_word_not_in_sentence_lists_words_and_pieces(minilm):
+    from headscope.analyses.context.contributions import contributions_frame
+
+    with pytest.raises(ValueError, match=r"word 'cave' is not in the sentence; its words: \['He', 'swung'"):
+        contributions_frame(minilm, "He swung the bat hard.", "cave", "mean", None, None)
+
+
+def test_contributions_rank_context_words(minilm):
+    from headscope.analyses.context.contributions import contributions_frame
+
+    c = contributions_frame(minilm, "At dusk a bat flew out of the old barn.", "bat", "mean", None, None)
+    for (_layer, _method), g in c.groupby(["layer", "method"]):
+        assert g["value"].sum() == pytest.approx(1.0, abs=1e-5)  # shares of the target's row
+        assert list(g.sort_values("rank")["value"]) == sorted(g["value"], reverse=True)
+    assert set(c["context"]) >= {"dusk", "barn", "[CLS]", "[SEP]"}
