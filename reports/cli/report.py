@@ -53,8 +53,8 @@ def add_stage_switches(p) -> None:
             f"--{name}",
             dest=f"stage_{name}",
             action=argparse.BooleanOptionalAction,
-            default=True,
-            help=_SWITCH_HELP.get(name, f"{stage.help} (default: on)"),
+            default=None,
+            help=_SWITCH_HELP.get(name, f"{stage.help} (default: {'on' if stage.default_on else 'off'})"),
         )
 
 
@@ -66,8 +66,9 @@ def stage_selection(args) -> dict:
     def names(text, flag):
         return None if text is None else check_names(text.split(","), flag)
 
-    off = tuple(n for n in STAGES if getattr(args, f"stage_{n}", True) is False)
-    return {"only": names(args.only, "--only"), "skip": names(args.skip, "--skip") or (), "off": off}
+    off = tuple(n for n in STAGES if getattr(args, f"stage_{n}", None) is False)
+    on = tuple(n for n in STAGES if getattr(args, f"stage_{n}", None) is True)
+    return {"only": names(args.only, "--only"), "skip": names(args.skip, "--skip") or (), "off": off, "on": on}
 
 
 def model_name(args) -> str:

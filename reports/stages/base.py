@@ -173,6 +173,8 @@ class Stage(Generic[C]):
     place: ClassVar[int] = 50
     #: the hand-written subcommand that runs it alone (None: ``headscope <name>``, derived from the registry)
     command: ClassVar[str | None] = None
+    #: whether a report runs it unless told otherwise (False: only with ``--<name>`` or ``--only``)
+    default_on: ClassVar[bool] = True
     #: its run tells ``ctx.progress`` of its own parts (else the runner says when it starts and ends)
     reports_progress: ClassVar[bool] = False
     #: a blocker is logged as a warning (False: absent by design on some models, logged at info)

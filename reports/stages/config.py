@@ -82,6 +82,7 @@ class RunConfig:
     only: tuple[str, ...] | None = None
     skip: tuple[str, ...] = ()
     off: tuple[str, ...] = ()
+    on: tuple[str, ...] = ()
     configs: Mapping[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
@@ -89,7 +90,7 @@ class RunConfig:
             raise ValueError(f"backend must be 'auto', 'inhouse', 'bridge' or 'hf'; got {self.backend!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer; got {self.seed!r}")
-        for k in ("only", "skip", "off"):
+        for k in ("only", "skip", "off", "on"):
             v = getattr(self, k)
             if isinstance(v, str):  # "roles,pruning" as from the command line
                 object.__setattr__(self, k, tuple(x.strip() for x in v.split(",") if x.strip()))

@@ -24,6 +24,7 @@ class ContextStage(Stage[ContextConfig]):
     summary_key = "context_summary"
     place = 45
     warn_absent = False
+    default_on = False  # one forward per sentence today: over the 1.3x-roles price #41 sets, so asked for
     schemas = {
         "context_similarity": {"depth": "int64", "metric": "object", **_STAT},
         "context_senses": {

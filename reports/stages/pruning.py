@@ -157,7 +157,16 @@ class PruningStage(Stage[PruneConfig]):
         if why:
             return [pruning_absent_section(why)]
         rvi = frames.get("roles_vs_importance")
-        return [pruning_section(frames, rvi, int(meta["layers"]), int(meta["heads"]), meta.get("prune_metric"), meta.get("prune_summary"))]
+        return [
+            pruning_section(
+                frames,
+                rvi,
+                int(meta["layers"]),
+                int(meta["heads"]),
+                meta.get("prune_metric"),
+                meta.get("prune_summary"),
+            )
+        ]
 
     def leaves_out(self, ctx: RunContext, cfg: PruneConfig) -> list[str]:
         from headscope.reports.stages.quick import leaves_out

@@ -219,6 +219,14 @@ def turned_off(config: RunConfig) -> dict[str, str]:
         off.update({n: "not in --only" for n in names if n not in only})
     off.update({n: f"skipped (--skip {n})" for n in registry.check_names(config.skip, "--skip")})
     off.update({n: f"turned off (--no-{n})" for n in registry.check_names(config.off, "--no")})
+    on = set(registry.check_names(config.on, "--")) | set(config.only or ())
+    off.update(
+        {
+            n: f"off by default (--{n} or --only {n} runs it)"
+            for n, s in registry.STAGES.items()
+            if not s.default_on and n not in on and n not in off
+        }
+    )
     return off
 
 
