@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast bench figures sweep lint gpu-check gpu-wheels
+.PHONY: bootstrap report test test-fast docs readme-picture bench figures sweep lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -16,7 +16,7 @@ bootstrap:
 report: bootstrap
 	.venv/bin/headscope report $(MODEL)
 
-LINTED  := probes analyses reports data tests .ci setup.py
+LINTED  := probes analyses reports data tests .ci docs setup.py
 
 test: bootstrap
 	$(PY) -m ruff check $(LINTED)
@@ -25,6 +25,18 @@ test: bootstrap
 
 test-fast: bootstrap
 	$(PY) -m pytest -q -m "not slow and not browser" tests
+
+# The documentation site (docs/, Sphinx) into docs/_build/html: warnings are errors (a broken cross-reference,
+# a public object without a docstring, a tutorial cell that fails), offline (intersphinx inventories written
+# from the installed packages by docs/_ext/offline_inventories.py), the tutorials executed on the shipped models
+docs: bootstrap
+	rm -rf docs/_build/html docs/jupyter_execute
+	OMP_NUM_THREADS=2 $(PY) -m sphinx -W --keep-going -n -E -q -b html docs docs/_build/html
+
+# The README's picture (docs/_static/report.png, committed): the top of MiniLM-L6's report.html in headless Chromium
+readme-picture: bootstrap
+	test -f runs/report-minilm-l6/report.html || .venv/bin/headscope report minilm-l6 --quiet
+	$(PY) docs/readme_picture.py runs/report-minilm-l6/report.html docs/_static/report.png
 
 bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
@@ -44,11 +56,11 @@ figures: bootstrap
 	$(PY) -m headscope.reports.tools.experiments.kv_figures
 
 # Every command checked on a tiny random model of each text family of the installed transformers (one core, ~6-10 s
-# of CPU a family, 40-90 s of wall time on a loaded 2-core machine: run it in parts there) into data/sweep/sweep.csv and sweep.md, and the README's family
-# table rendered from it; tests/test_sweep_readme.py fails while they differ. SWEEP_FLAGS="--families a,b
+# of CPU a family, 40-90 s of wall time on a loaded 2-core machine: run it in parts there) into data/sweep/sweep.csv and sweep.md, and the supported-models
+# table of docs/guide/models.md rendered from it; tests/test_sweep_readme.py fails while they differ. SWEEP_FLAGS="--families a,b
 # --update" reruns some families and keeps the other rows
 sweep: bootstrap
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope sweep --out data/sweep --readme README.md $(SWEEP_FLAGS)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope sweep --out data/sweep --page docs/guide/models.md $(SWEEP_FLAGS)
 
 # On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
 # GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.

@@ -17,8 +17,8 @@ or ``diff`` and returns a :class:`RunFolder`:
   ``examples.json``, ``state.json``).
 
 The columns of the main tables are those of :mod:`headscope.analyses.frames`
-(``ROLE_COLUMNS``, ``STAT_COLUMNS``, ``IMPACT_COLUMNS``); the README's "Reading a run
-back" lists the tables of each kind. Each table headscope writes is checked against its
+(``ROLE_COLUMNS``, ``STAT_COLUMNS``, ``IMPACT_COLUMNS``); the docs' "Reading a run back"
+(docs/guide/reading-runs.md) lists the tables of each kind. Each table headscope writes is checked against its
 schema (:data:`TABLES`, :func:`check_schema`): every column present (a roles table of
 format 1 or 0 holds fewer), and each column's cells of its type: integers, numbers (NaN
 where none), True/False, text. Numbers stored as text in a Parquet file are refused, not

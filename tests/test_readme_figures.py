@@ -1,8 +1,9 @@
-"""The README's figures against the JSON the code that measures them writes (``make figures``).
+"""The documentation's figures against the JSON the code that measures them writes (``make figures``).
 
-Each JSON under ``data/figures/`` names its figures and the text the README prints for each;
-every text must stand in the README section the JSON belongs to. A figure that changes when
-``make figures`` regenerates it then fails here until the README says the new value.
+Each JSON under ``data/figures/`` names its figures and the text the docs print for each; every
+text must stand in the page of the user guide (``docs/guide/``) the JSON belongs to (these pages
+were the README's sections of the same names). A figure that changes when ``make figures``
+regenerates it then fails here until the page says the new value.
 """
 
 from __future__ import annotations
@@ -14,26 +15,26 @@ import pytest
 
 from headscope.data import path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-#: JSON file -> the README section (its heading) whose text quotes it
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guide"
+#: JSON file -> the guide page whose text quotes it, and the page's title
 SECTIONS = {
-    "figures/patching.json": "## Causal evidence by patching",
-    "figures/atp.json": "## Causal evidence by patching",
-    "figures/report_minilm.json": "## What the default report finds",
-    "figures/report_smollm2.json": "## What the default report finds",
-    "figures/weights_minilm.json": "## From the weights",
-    "figures/weights_smollm2.json": "## From the weights",
-    "figures/kv_smollm2.json": "## Long context and the KV cache",
-    "figures/bench_weights.json": "## Benchmark (`headscope bench`)",
-    "figures/bench_smollm2_weights.json": "## Benchmark (`headscope bench`)",
+    "figures/patching.json": "patching.md: # Causal evidence by patching",
+    "figures/atp.json": "patching.md: # Causal evidence by patching",
+    "figures/report_minilm.json": "findings.md: # What the default report finds",
+    "figures/report_smollm2.json": "findings.md: # What the default report finds",
+    "figures/weights_minilm.json": "weights.md: # From the weights",
+    "figures/weights_smollm2.json": "weights.md: # From the weights",
+    "figures/kv_smollm2.json": "long-context.md: # Long context and the KV cache",
+    "figures/bench_weights.json": "bench.md: # Benchmark (`headscope bench`)",
+    "figures/bench_smollm2_weights.json": "bench.md: # Benchmark (`headscope bench`)",
 }
 
 
-def _section(heading: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index(heading)
-    end = text.find("\n## ", start + len(heading))
-    return text[start : end if end > 0 else None]
+def _section(where: str) -> str:
+    """The text of the guide page ``where`` names (``"page.md: # Title"``), from its title on."""
+    page, heading = where.split(": ", 1)
+    text = (GUIDE / page).read_text(encoding="utf-8")
+    return text[text.index(heading) :]
 
 
 def _texts(doc: dict):
@@ -47,9 +48,9 @@ def test_every_figure_the_readme_quotes_is_the_regenerated_one(rel, heading):
     doc = json.loads(path(rel).read_text(encoding="utf-8"))
     section = _section(heading)
     quoted = {name: text for name, text in _texts(doc) if name in doc.get("quoted", ())}
-    assert quoted, f"{rel} names no figure the README quotes"
+    assert quoted, f"{rel} names no figure the docs quote"
     missing = {name: text for name, text in quoted.items() if text not in section}
-    assert not missing, f"the README's {heading!r} lacks these regenerated figures (run make figures): {missing}"
+    assert not missing, f"docs/guide/{heading!r} lacks these regenerated figures (run make figures): {missing}"
 
 
 @pytest.mark.parametrize("rel", sorted(SECTIONS))
@@ -68,5 +69,5 @@ def test_no_quoted_figure_is_left_out(rel):
 def test_a_figure_that_changes_is_caught():
     """The check above can fail: a figure whose text the section does not hold is reported."""
     doc = {"figures": {"g": {"x": {"value": 1.0, "text": "123.456789"}}}, "quoted": ["g.x"]}
-    section = _section("## Causal evidence by patching")
+    section = _section(SECTIONS["figures/patching.json"])
     assert [t for n, t in _texts(doc) if t not in section] == ["123.456789"]

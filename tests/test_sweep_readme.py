@@ -1,7 +1,7 @@
-"""The README's family table is the committed sweep's (``make sweep``): rendered from
+"""The docs' supported-models table is the committed sweep's (``make sweep``): rendered from
 ``data/sweep/sweep.csv`` by :func:`headscope.reports.tools.sweep.table.render`, it must stand between the
-sweep-table markers of README.md as it is; a sweep that changes an outcome fails here until the README
-says so. Like ``tests/test_readme_figures.py`` for the figures."""
+sweep-table markers of docs/guide/models.md as it is; a sweep that changes an outcome fails here until
+the page says so. Like ``tests/test_readme_figures.py`` for the figures."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from headscope.reports.tools.sweep.run import CHECKS, read_sweep
 from headscope.reports.tools.sweep.table import counts, readme_block, render
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "guide" / "models.md"
 SWEEP = ROOT / "data" / "sweep" / "sweep.csv"
 
 
-def test_the_readme_family_table_is_the_committed_sweeps():
+def test_the_supported_models_table_is_the_committed_sweeps():
     rows = read_sweep(SWEEP)
-    assert readme_block(README.read_text(encoding="utf-8")) == render(rows), "README.md's family table: run make sweep"
+    assert readme_block(PAGE.read_text(encoding="utf-8")) == render(rows), (
+        "docs/guide/models.md's table: run make sweep"
+    )
 
 
 def test_sweep_md_is_the_committed_sweeps():

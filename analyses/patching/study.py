@@ -59,6 +59,10 @@ class StudyConfig:
 
 @dataclass
 class PatchResult:
+    """What :func:`patching_study` returns: ``frame`` (:data:`~headscope.analyses.patching.frames.PATCH_COLUMNS`,
+    every method's rows) and ``summary`` (the task's clean and corrupted metric, the top heads of
+    each method, their agreement, what the metric measures, the timings)."""
+
     frame: pd.DataFrame
     summary: dict
 

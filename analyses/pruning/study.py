@@ -225,7 +225,7 @@ def pruning_study(
     instead of ``cfg.metric``'s shipped data. ``progress(stage, done, total)``, when given,
     is called with stage ``"pruning"`` as each part of the study ends (baseline, each
     ablation mode, all-but-one, importance, role ablation, each curve; parts found done in
-    ``out_dir`` count as done); it changes no figure. Raises :class:`CheckpointError` when
+    ``out_dir`` count as done); it changes no figure. Raises :class:`~headscope.probes.errors.CheckpointError` when
     ``out_dir`` holds a run with another config, and ``ValueError`` when it is a file,
     holds anything but an earlier pruning study, or another run is writing it
     (:func:`~headscope.probes.outputs.folder.claim_output`).

@@ -24,6 +24,18 @@ def is_seed(value) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class RolesConfig:
+    """Settings of the role analyses (:func:`~headscope.analyses.roles.pipeline.head_roles`),
+    written into run.json: the seed, the uncertainty (bootstrap resamples, permutations, the
+    interval level), the verdict (``alpha``, ``correction`` ``"bh"``/``"by"``/``"none"`` over a
+    ``family`` ``"role"``/``"global"``, ``margin`` and each role's threshold), the syntactic and
+    induction inputs, and the batching; each field is commented in the source.
+
+    >>> RolesConfig(correction="holm")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ...
+    """
+
     seed: int = 0
     # uncertainty
     n_boot: int = 1000  # bootstrap resamples over items for ci_low/ci_high

@@ -117,5 +117,7 @@ def run(args) -> int:
             f"  layer {row['layer']:>2}: mean entropy {row['mean_entropy']:.3f} nats, mean max weight {row['mean_max_weight']:.3f}"
         )
     if export is not None:
-        print(f"wrote the first text's patterns to {export} (bertviz / CircuitsVis input; see the README)")
+        print(
+            f"wrote the first text's patterns to {export} (bertviz / CircuitsVis input; see docs/guide/python-api.md)"
+        )
     return 0

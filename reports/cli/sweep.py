@@ -5,8 +5,8 @@ For each family (default: every model type of the installed transformers; ``--fa
 class and card, capture (patterns against HF eager's), roles, quick prune and report run on it on
 the default backend (:mod:`headscope.reports.tools.sweep.run`). ``--out DIR`` (default ``runs/sweep``)
 gets ``sweep.csv`` (family, backend chosen, each check ``ok`` or why not, transformers' version)
-and ``sweep.md``, the table the README's family table is rendered from (``--readme README.md`` writes
-it there too); ``--update`` replaces only the swept families' rows of an earlier ``sweep.csv`` (a sweep
+and ``sweep.md``, the table the docs' supported-models table is rendered from (``--page
+docs/guide/models.md`` writes it there too); ``--update`` replaces only the swept families' rows of an earlier ``sweep.csv`` (a sweep
 run in parts). One line per family on stderr as it finishes (``--quiet``: none).
 """
 
@@ -38,10 +38,10 @@ def register(sub) -> None:
         help="keep the other families' rows of DIR/sweep.csv and replace only the swept ones (a sweep run in parts)",
     )
     p.add_argument(
-        "--readme",
+        "--page",
         metavar="FILE",
         default=None,
-        help="also write the table between the sweep-table markers of FILE (make sweep: README.md)",
+        help="also write the table between the sweep-table markers of FILE (make sweep: docs/guide/models.md)",
     )
     p.add_argument("--quiet", action="store_true", help="no line per family")
     p.set_defaults(func=run)
@@ -115,12 +115,12 @@ def run(args) -> int:
         what = checks if row["built"] == "ok" else row["built"][:100]
         print(f"{row['family']:<28} {row['backend'] or '-':<8} {what} ({seconds:.1f} s)", file=sys.stderr, flush=True)
 
-    if args.readme is not None:
-        readme_block(Path(args.readme).read_text(encoding="utf-8"))  # its markers, checked before the sweep runs
+    if args.page is not None:
+        readme_block(Path(args.page).read_text(encoding="utf-8"))  # its markers, checked before the sweep runs
     rows = sorted(kept + sweep(families, cli=main, progress=progress), key=lambda r: r["family"])
     write_sweep(rows, csv_path)
-    if args.readme is not None:
-        update_readme(Path(args.readme), rows)
+    if args.page is not None:
+        update_readme(Path(args.page), rows)
     tmp = md_path.with_name(md_path.name + ".tmp")
     tmp.write_text(render(rows), encoding="utf-8")
     tmp.replace(md_path)

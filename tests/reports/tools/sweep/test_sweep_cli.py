@@ -22,7 +22,7 @@ def test_a_sweep_writes_a_row_per_family_and_update_keeps_the_others(capsys, tmp
     out = tmp_path / "s"
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{BEGIN}\nold\n{END}\n\nafter\n", encoding="utf-8")
-    assert main(["sweep", "--families", "gpt2,vit", "--out", str(out), "--readme", str(readme), "--quiet"]) == 0
+    assert main(["sweep", "--families", "gpt2,vit", "--out", str(out), "--page", str(readme), "--quiet"]) == 0
     rows = {r["family"]: r for r in read_sweep(out / "sweep.csv")}
     assert set(rows) == {"gpt2", "vit"}
     assert rows["vit"]["built"].startswith("skipped: not a text model") and rows["vit"]["card"] == ""
