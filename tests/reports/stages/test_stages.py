@@ -105,7 +105,7 @@ def test_a_toy_stage_appears_in_the_report_run_json_plan_only_and_as_a_subcomman
     args = parser.parse_args(["report", "--only", "roles,count", "--no-after_count"])
     from headscope.reports.cli.report import stage_selection
 
-    assert stage_selection(args) == {"only": ("roles", "count"), "skip": (), "off": ("after_count",)}
+    assert stage_selection(args) == {"only": ("roles", "count"), "skip": (), "off": ("after_count",), "on": ()}
     result = build_report(tiny_llama_dir, _small(only=("roles", "count")), out_dir=out, quiet=True)
     run = json.loads((out / "run.json").read_text())
     assert run["stages"]["count"]["status"] == "ran" and run["count_summary"]["roles"] == len(result.frames["count"])
@@ -191,3 +191,18 @@ def test_build_report_resolves_the_model_and_reads_its_config_once(monkeypatch, 
     run = json.loads(result.paths["run_json"].read_text())
     assert run["architecture"] == {"layers": 6, "heads": 12, "kv_heads": 12}
     assert run["memory"]["shape"]["n_layers"] == 6 and len(run["model_file"]["sha256"]) == 64
+
+
+def test_a_stage_off_by_default_runs_only_when_asked():
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.runner import turned_off
+
+    assert not registry.STAGES["context"].default_on
+    assert turned_off(RunConfig())["context"] == "off by default (--context or --only context runs it)"
+    assert "context" not in turned_off(RunConfig(on=("context",)))
+    assert "context" not in turned_off(RunConfig(only=("roles", "context")))
+    assert "roles" not in turned_off(RunConfig())
+    args = build_parser().parse_args(["report", "--context"])
+    from headscope.reports.cli.report import stage_selection
+
+    assert stage_selection(args)["on"] == ("context",)
