@@ -5,7 +5,7 @@ over sentences, and its verdict sentence.
 >>> d = torch.tensor([[[0.1, 0.1], [0.5, 0.5], [0.9, 0.9]]] * 4)  # [sentence, layer, head]
 >>> t = distance_trend(d, n_boot=50)
 >>> round(t["rho"], 3), t["direction"]
-(0.878, 'more global')
+(1.0, 'more global')
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def kv_blocker(model) -> str | None:
     if purpose.kind != "lm":
         return (
             f"{model.spec.name} is {purpose.words} ({purpose.reason}): the KV cache is a language model's "
-            "(it caches past keys for generation)"
+            "(a causal decoder's: it caches past keys for generation)"
         )
     if inhouse_network(model) is None:
         return f"the KV-cache study restricts caches inside the in-house attention; backend {model.backend}"

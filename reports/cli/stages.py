@@ -31,6 +31,8 @@ def _flag_type(t) -> tuple[type | None, bool]:
 def add_config_flags(p: argparse.ArgumentParser, config: type) -> list[str]:
     """Add a ``--<field>`` flag per field of the dataclass ``config`` the command line can give;
     returns the fields added."""
+    from headscope.reports.cli.argtypes import int_in
+
     hints, added = typing.get_type_hints(config), []
     for f in dataclasses.fields(config):
         if not f.metadata.get("cli", True):
@@ -45,6 +47,11 @@ def add_config_flags(p: argparse.ArgumentParser, config: type) -> list[str]:
         elif kind is tuple:
             p.add_argument(
                 flag, dest=f"cfg_{f.name}", default=None, type=lambda v: tuple(x for x in v.split(",") if x), help=help_
+            )
+        elif kind is int:  # a count: bounded (the field's metadata "low"/"high", else 1 to 1,000,000)
+            low, high = f.metadata.get("low", 1), f.metadata.get("high", 1_000_000)
+            p.add_argument(
+                flag, dest=f"cfg_{f.name}", type=int_in(low, high, f.name.replace("_", " ")), default=None, help=help_
             )
         else:
             p.add_argument(flag, dest=f"cfg_{f.name}", type=kind, default=None, help=help_)

@@ -209,6 +209,10 @@ def _card_of_model(ctx: RunContext) -> None:
 
 
 # ----------------------------------------------------------------- settings and the memory plan
+#: the reason of an opt-in stage that was not asked for (run.json's ``stages``; not an absence)
+OFF_BY_DEFAULT = "off by default"
+
+
 def turned_off(config: RunConfig) -> dict[str, str]:
     """``{stage: why it does not run}`` from ``config``'s ``only``, ``skip`` and ``--no-<stage>``
     switches (unknown names refused, listing the known stages)."""
@@ -222,7 +226,7 @@ def turned_off(config: RunConfig) -> dict[str, str]:
     on = set(registry.check_names(config.on, "--")) | set(config.only or ())
     off.update(
         {
-            n: f"off by default (--{n} or --only {n} runs it)"
+            n: f"{OFF_BY_DEFAULT} (--{n} or --only {n} runs it)"
             for n, s in registry.STAGES.items()
             if not s.default_on and n not in on and n not in off
         }
@@ -305,7 +309,8 @@ def run_stages(ctx: RunContext, cfgs: dict, off: dict[str, str], estimates: dict
     run.json's ``stages`` and the role analyses' ``n_items``."""
     order = registry.run_order()
     status = {s.name: {"status": "off", "reason": off[s.name]} for s in order if s.name in off}
-    ctx.absent.update(off)
+    # an opt-in stage not asked for is no absence: run.json's ``stages`` says "off", ``absent`` keeps to what was wanted
+    ctx.absent.update({n: why for n, why in off.items() if not why.startswith(OFF_BY_DEFAULT)})
     for s in order:
         if s.name in off:
             continue

@@ -314,10 +314,10 @@ def test_resume_refuses_a_curves_table_cut_short(tmp_path):
 @pytest.fixture(scope="module")
 def minilm_report_frames():
     from headscope.probes.models.card import model_card, render_card
-    from headscope.reports import pipeline
+    from headscope.reports.stages import frames as stage_frames
 
     card = model_card("minilm-l6")
-    frames = {"skipped": pipeline.skipped_frame({})}
+    frames = {"skipped": stage_frames.skipped_frame({})}
     meta = {"model": "minilm-l6", "backend": "inhouse", "seed": 0, "timings": {}, "config": {}}
     return frames, card, render_card(card), meta
 

@@ -139,6 +139,7 @@ def test_diff_report_and_prune_write_into_an_empty_folder(tmp_path, capsys, role
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.probes.models.card import model_card, render_card
     from headscope.reports import pipeline
+    from headscope.reports.stages import frames as stage_frames
 
     _, _, run = roles_run
     diff_out = tmp_path / "diff"
@@ -151,7 +152,7 @@ def test_diff_report_and_prune_write_into_an_empty_folder(tmp_path, capsys, role
     rep = tmp_path / "report"
     rep.mkdir()
     pipeline.write_report(
-        {"skipped": pipeline.skipped_frame({})}, card=card, card_text=render_card(card), meta=meta, out_dir=rep
+        {"skipped": stage_frames.skipped_frame({})}, card=card, card_text=render_card(card), meta=meta, out_dir=rep
     )
     assert kinds.output_kind_of(rep) == "report" and (rep / "report.html").is_file()
 

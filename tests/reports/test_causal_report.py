@@ -206,10 +206,11 @@ def test_quick_mode_patches_gqa_groups_and_full_mode_heads():
 
 def test_cli_flag():
     from headscope.reports.cli.app import build_parser
+    from headscope.reports.cli.report import stage_selection
 
     parser = build_parser()
-    assert parser.parse_args(["report"]).patching is True
-    assert parser.parse_args(["report", "--no-patching"]).patching is False
+    assert "patching" not in stage_selection(parser.parse_args(["report"]))["off"]
+    assert stage_selection(parser.parse_args(["report", "--no-patching"]))["off"] == ("patching",)
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def test_the_schemas_match_the_frames_of_real_runs(minilm_report, llama_report):
         "patching": "ran",
         "weights": "ran",
         "kv": "blocked",
+        "context": "off",  # opt-in: its own tests run it
     }
     assert llama_json["stages"]["kv"]["status"] == "ran"
     _check_schemas(mini.frames, STAGES.values())
