@@ -41,7 +41,9 @@ class ContextConfig:
 
     senses: str | None = None  # a sense JSONL; None: the shipped data/senses/en_senses.jsonl
     pooling: str = "mean"  # multi-piece words: "mean" of the pieces or the "first" piece
-    max_words: int | None = field(default=None, metadata={"low": 2})  # the first words of the sense set only (None: all)
+    max_words: int | None = field(
+        default=None, metadata={"low": 2}
+    )  # the first words of the sense set only (None: all)
     max_per_sense: int | None = field(default=None, metadata={"low": 2})  # sentences per sense (None: all)
     attention_sentences: int = 40  # sentences the per-head attention statistics use
     sentence: str | None = field(default=None, metadata={"help": "with --word: which context words shape it"})
