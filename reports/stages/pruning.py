@@ -14,6 +14,20 @@ from dataclasses import replace
 from headscope.analyses.pruning.study import PruneConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
 
+#: the columns of every pruning study's rows (baseline, ablation, importance, curves and their summary)
+_STUDY_ROWS = {
+    "study": "str",
+    "layer": "Int64",
+    "head": "Int64",
+    "step": "int64",
+    "fraction_pruned": "float64",
+    "metric": "str",
+    "value": "float64",
+    "spread": "float64",
+    "seed": "Int64",
+    "n": "int64",
+}
+
 
 class PruningStage(Stage[PruneConfig]):
     name = "pruning"
@@ -26,66 +40,11 @@ class PruningStage(Stage[PruneConfig]):
     reports_progress = True
     summary_key = "prune_summary"
     schemas = {
-        "prune_baseline": {
-            "study": "str",
-            "layer": "Int64",
-            "head": "Int64",
-            "step": "int64",
-            "fraction_pruned": "float64",
-            "metric": "str",
-            "value": "float64",
-            "spread": "float64",
-            "seed": "Int64",
-            "n": "int64",
-        },
-        "prune_ablation": {
-            "study": "str",
-            "layer": "Int64",
-            "head": "Int64",
-            "step": "int64",
-            "fraction_pruned": "float64",
-            "metric": "str",
-            "value": "float64",
-            "spread": "float64",
-            "seed": "Int64",
-            "n": "int64",
-        },
-        "prune_importance": {
-            "study": "str",
-            "layer": "Int64",
-            "head": "Int64",
-            "step": "int64",
-            "fraction_pruned": "float64",
-            "metric": "str",
-            "value": "float64",
-            "spread": "float64",
-            "seed": "Int64",
-            "n": "int64",
-        },
-        "prune_curves": {
-            "study": "str",
-            "layer": "Int64",
-            "head": "Int64",
-            "step": "int64",
-            "fraction_pruned": "float64",
-            "metric": "str",
-            "value": "float64",
-            "spread": "float64",
-            "seed": "Int64",
-            "n": "int64",
-        },
-        "prune_curve_summary": {
-            "study": "str",
-            "layer": "Int64",
-            "head": "Int64",
-            "step": "int64",
-            "fraction_pruned": "float64",
-            "metric": "str",
-            "value": "float64",
-            "spread": "float64",
-            "seed": "Int64",
-            "n": "int64",
-        },
+        "prune_baseline": _STUDY_ROWS,
+        "prune_ablation": _STUDY_ROWS,
+        "prune_importance": _STUDY_ROWS,
+        "prune_curves": _STUDY_ROWS,
+        "prune_curve_summary": _STUDY_ROWS,
         "prune_prunable": {
             "order": "str",
             "tolerance": "float64",
