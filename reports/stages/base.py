@@ -196,6 +196,12 @@ class Stage(Generic[C]):
         once the model is loaded (``ctx.model``), before any stage runs."""
         return None
 
+    def by_design(self, reason: str, backend: str | None) -> bool:
+        """Whether ``reason`` (this stage's absence on a model loaded with ``backend``) means the
+        stage does not apply to that kind of model, rather than that something failed: the family
+        sweep counts such a stage as left out by design. Default: never."""
+        return False
+
     def plan(self, ctx: RunContext, cfg: C) -> list[WorkingSet]:
         """The memory working sets of its forwards, from ``ctx.shape`` (never None here) and
         ``ctx.tokenizer`` (may be None: lengths bounded by bytes); [] when it holds little."""

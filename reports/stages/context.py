@@ -61,6 +61,10 @@ class ContextStage(Stage[ContextConfig]):
             return "the contextualisation stage reads the in-house transformer (load with --backend inhouse)"
         return None
 
+    def by_design(self, reason: str, backend: str | None) -> bool:
+        """It reads the in-house transformer's states (its blocker says so off that backend)."""
+        return backend != "inhouse" and "in-house transformer" in reason
+
     def plan(self, ctx: RunContext, cfg: ContextConfig) -> list[WorkingSet]:
         return []  # one sentence at a time: patterns of a few dozen tokens
 

@@ -109,6 +109,15 @@ class KVStage(Stage[KVStageConfig]):
 
         return report_blocker(ctx.model)
 
+    def by_design(self, reason: str, backend: str | None) -> bool:
+        """It restricts caches inside the in-house attention, and an encoder (or an embedding model)
+        has no KV cache."""
+        return (
+            (backend != "inhouse" and "in-house attention" in reason)
+            or "is an encoder" in reason
+            or "is an embedding model" in reason
+        )
+
     def plan(self, ctx: RunContext, cfg: KVStageConfig) -> list[WorkingSet]:
         from headscope.reports.stages.plans import kv_stages
 

@@ -105,6 +105,10 @@ class WeightsStage(Stage[WeightsConfig]):
 
         return weights_blocker(ctx.model)
 
+    def by_design(self, reason: str, backend: str | None) -> bool:
+        """hf and the bridge have no per-head matrices of the in-house model's (its blocker says so)."""
+        return backend != "inhouse" and "in-house model" in reason
+
     def plan(self, ctx: RunContext, cfg: WeightsConfig) -> list[WorkingSet]:
         from headscope.reports.stages.plans import weights_stage
 

@@ -11,10 +11,11 @@ it, with the smallest settings that still go through every code path:
 * ``roles``: ``headscope roles DIR`` on :data:`ROLE_GROUPS` with a few sentences of the shipped
   corpora;
 * ``prune``: ``headscope prune DIR --quick`` on 8 items, one random-order seed;
-* ``report``: :func:`~headscope.reports.pipeline.build_report` (what ``headscope report`` runs) with
-  the same small inputs, the quick pruning stage and patching; a report that leaves a part out
-  (``run.json``'s ``absent``) says which and why, but for a part left out by design on its backend
-  (:func:`by_design`: the weights stage, in-house only).
+* ``report``: :func:`report_check`, :func:`~headscope.reports.pipeline.build_report` (what
+  ``headscope report`` runs) with the same small inputs and every registered stage on (the
+  registry's ``STAGES``, those a report runs only when asked too, so a new stage is swept without
+  an edit here); a stage that did not run says which and why, but for one left out by design on
+  its backend (:func:`by_design`, which the stage itself answers: the weights stage, in-house only).
 
 Each check's outcome is ``ok`` or why not in one line: the command's own error line
 (``headscope: error: ...``, or ``internal error: ...``), or the exception's type and first line.
@@ -34,6 +35,10 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from headscope.reports.stages.config import RunConfig
 
 __all__ = [
     "CHECKS",
@@ -42,6 +47,8 @@ __all__ = [
     "PATTERN_TOL",
     "ROLE_GROUPS",
     "by_design",
+    "report_check",
+    "sweep_config",
     "read_sweep",
     "sample",
     "sweep",
@@ -229,38 +236,45 @@ def _capture(main: Callable[[list[str]], int], folder: Path, kind: str, row: dic
 
 
 def by_design(part: str, why: str, backend: str | None) -> bool:
-    """Whether a report part left out is left out by design on ``backend``, not a failure: the weights
-    stage reads the in-house model's per-head matrices, so hf and the bridge have none; the KV-cache
-    stage restricts caches inside the in-house attention, and an encoder has no KV cache."""
-    if part == "weights":
-        return backend != "inhouse" and "in-house model" in why
-    if part == "kv":
-        return (
-            (backend != "inhouse" and "in-house attention" in why)
-            or "is an encoder" in why
-            or "is an embedding model" in why
-        )
-    return False
+    """Whether a report part left out is left out by design on ``backend``, not a failure: the
+    registered stage named ``part`` says so (:meth:`~headscope.reports.stages.base.Stage.by_design`:
+    the weights stage reads the in-house model's per-head matrices, the KV-cache stage has nothing to
+    cache on an encoder, ...). A part that is no registered stage never is."""
+    from headscope.reports.stages.registry import STAGES
+
+    stage = STAGES.get(part)
+    return stage is not None and stage.by_design(why, backend)
 
 
-def _report(folder: Path, out: Path, inputs: dict[str, str]) -> str:
+def sweep_config(inputs: dict[str, str]) -> RunConfig:
+    """The report check's settings: :data:`ROLE_GROUPS` on ``inputs``, the quick pruning stage on 8
+    items, and every registered stage on (those a report runs only when asked too)."""
     from headscope.analyses.pruning.study import PruneConfig
-    from headscope.reports.pipeline import build_report
     from headscope.reports.stages.config import RunConfig
     from headscope.reports.stages.quick import QUICK_PRUNING
+    from headscope.reports.stages.registry import STAGES
 
-    config = RunConfig(
+    return RunConfig(
         role_groups=ROLE_GROUPS,
         role_inputs=inputs,
         prune_config=PruneConfig(**{**QUICK_PRUNING, "n_items": 8}),
+        on=tuple(STAGES),
     )
+
+
+def report_check(folder: Path, out: Path, inputs: dict[str, str], config: RunConfig | None = None) -> str:
+    """The report check: a report of ``folder`` into ``out`` (``config``, default
+    :func:`sweep_config`) -> ``"ok"``, or ``"absent: <stage>: <why>"`` for the first stage, in run
+    order, that did not run and is neither turned off by ``config`` nor left out by design (:func:`by_design`)."""
+    from headscope.reports.pipeline import build_report
+
     with contextlib.redirect_stderr(io.StringIO()):
-        build_report(str(folder), config, out_dir=out, quiet=True)
+        build_report(str(folder), config or sweep_config(inputs), out_dir=out, quiet=True)
     run = json.loads((out / "run.json").read_text(encoding="utf-8"))
-    absent = {k: v for k, v in (run.get("absent") or {}).items() if not by_design(k, str(v), run.get("backend"))}
-    if absent:
-        part, why = next(iter(absent.items()))
-        return f"absent: {part}: {str(why).splitlines()[0][:240]}"
+    for part, record in (run.get("stages") or {}).items():
+        why = str(record.get("reason") or "")
+        if record.get("status") not in ("ran", "off") and not by_design(part, why, run.get("backend")):
+            return f"absent: {part}: {why.splitlines()[0][:240] if why else record.get('status')}"
     return "ok"
 
 
@@ -311,7 +325,7 @@ def sweep_family(
             ["prune", d, "--quick", "--n-items", "8", "--seeds", "1", "--studies", "ablation", "importance", "curves"]
             + ["--out", str(work / f"{model_type}-prune"), "--json"],
         ),
-        "report": lambda: _report(folder, work / f"{model_type}-report", inputs),
+        "report": lambda: report_check(folder, work / f"{model_type}-report", inputs),
     }
     for check, fn in runs.items():
         start = time.perf_counter()

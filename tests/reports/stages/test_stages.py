@@ -117,6 +117,20 @@ def test_a_toy_stage_appears_in_the_report_run_json_plan_only_and_as_a_subcomman
     _check_schemas({"count": result.frames["count"]}, [toy])
 
 
+def test_the_family_sweep_runs_every_registered_stage_and_names_a_failing_toy(toy, tiny_llama_dir, tmp_path):
+    """The sweep's report check turns every registered stage on (the toy too, with no edit to the
+    sweep), and its outcome names the first stage that did not run, with the runner's reason."""
+    from headscope.reports.tools.sweep.run import _inputs, report_check, sweep_config
+
+    inputs = _inputs(tmp_path)
+    assert set(sweep_config(inputs).on) == set(STAGES) and "count" in sweep_config(inputs).on
+    config = _small(only=("roles", "count"), role_inputs=inputs)
+    assert report_check(tiny_llama_dir, tmp_path / "ok", inputs, config) == "ok"
+    failing = dataclasses.replace(config, configs={"count": toy_stage.CountConfig(fail=True)})
+    outcome = report_check(tiny_llama_dir, tmp_path / "failed", inputs, failing)
+    assert outcome == "absent: count: failed: RuntimeError: the toy stage broke"
+
+
 def test_the_toy_subcommand_runs_the_stage_with_what_it_requires(toy, tiny_llama_dir, tmp_path, monkeypatch):
     seen = {}
 
