@@ -1,4 +1,5 @@
-"""The weights stage: circuits read from the in-house model's weights (OV copying, K-composition),
+"""The weights stage: circuits read from the model's per-head weights (OV copying, K-composition; the
+in-house model's, or an hf-backend model's where they pass the check against its forward),
 joined with the roles and, where it ran, patching (:func:`~headscope.analyses.run_weights.run_weights`).
 
 Writes ``weights_heads``, ``weights_composition`` and the ``join_*`` frames; its summary is

@@ -14,7 +14,7 @@ it, with the smallest settings that still go through every code path:
 * ``report``: :func:`~headscope.reports.pipeline.build_report` (what ``headscope report`` runs) with
   the same small inputs, the quick pruning stage and patching; a report that leaves a part out
   (``run.json``'s ``absent``) says which and why, but for a part left out by design on its backend
-  (:func:`by_design`: the weights stage, in-house only).
+  (:func:`by_design`: the weights stage on the bridge).
 
 Each check's outcome is ``ok`` or why not in one line: the command's own error line
 (``headscope: error: ...``, or ``internal error: ...``), or the exception's type and first line.
@@ -230,10 +230,11 @@ def _capture(main: Callable[[list[str]], int], folder: Path, kind: str, row: dic
 
 def by_design(part: str, why: str, backend: str | None) -> bool:
     """Whether a report part left out is left out by design on ``backend``, not a failure: the weights
-    stage reads the in-house model's per-head matrices, so hf and the bridge have none; the KV-cache
-    stage restricts caches inside the in-house attention, and an encoder has no KV cache."""
+    stage reads per-head matrices on the in-house and hf backends, so the bridge has none (on hf, a
+    family whose matrices fail the check against its forward is absent with the reason, and counted);
+    the KV-cache stage restricts caches inside the in-house attention, and an encoder has no KV cache."""
     if part == "weights":
-        return backend != "inhouse" and "in-house model" in why
+        return backend not in ("inhouse", "hf") and "has none" in why
     if part == "kv":
         return (
             (backend != "inhouse" and "in-house attention" in why)
