@@ -102,11 +102,15 @@ def _named(attn: nn.Module, names, want_in: int) -> list[tuple[str, nn.Module]]:
     ]
 
 
-def find_projections(block: nn.Module, o: nn.Module, spec, *, layout: str | None = None) -> LayerProjections:
+def find_projections(
+    block: nn.Module, o: nn.Module, spec, *, layout: str | None = None, prefix: str = ""
+) -> LayerProjections:
     """The :class:`LayerProjections` of one layer (``block``, its output projection ``o``);
-    ``layout``: the fused layout to read a fused map with (default the first). Raises
-    :class:`ModelIncompatibleError` naming the attention module whose projections are not understood."""
+    ``layout``: the fused layout to read a fused map with (default the first); ``prefix``: the block's
+    module path (the paths named start with it). Raises :class:`ModelIncompatibleError` naming the
+    attention module whose projections are not understood."""
     where, attn = _attention_of(block, o, spec)
+    where = ".".join(p for p in (prefix, where) if p)
     d, h, dm = spec.d_head, spec.n_heads, spec.d_model
     q, k, v = (_named(attn, names, dm) for names in (Q_NAMES, K_NAMES, V_NAMES))
     if len(q) == len(k) == len(v) == 1:
@@ -119,7 +123,7 @@ def find_projections(block: nn.Module, o: nn.Module, spec, *, layout: str | None
         n_kv = linear_shape(km)[1] // d
         if h % n_kv:
             raise ModelIncompatibleError(f"{where}: {n_kv} KV heads do not divide {h} query heads")
-        paths = {"q": f"{where}.{qp}", "k": f"{where}.{kp}", "v": f"{where}.{vp}"}
+        paths = {n: ".".join(x for x in (where, r) if x) for n, r in (("q", qp), ("k", kp), ("v", vp))}
         return LayerProjections(attn, qm, km, vm, o, paths, None, n_kv)
     fused = [
         (rel, m, n_kv)
@@ -130,11 +134,11 @@ def find_projections(block: nn.Module, o: nn.Module, spec, *, layout: str | None
     if len(fused) != 1:
         found = ", ".join(f"{rel} {linear_shape(m)}" for rel, m in attn.named_modules() if linear_shape(m)) or "none"
         raise ModelIncompatibleError(
-            f"{where or 'the block'}: projections not understood (no single q/k/v by name, nor one fused map of "
+            f"{where}: projections not understood (no single q/k/v by name, nor one fused map of "
             f"d_model {dm} -> (heads + 2 × kv_heads) × {d}; linear maps there: {found})"
         )
     rel, m, n_kv = fused[0]
-    path = f"{where}.{rel}" if where else rel
+    path = ".".join(p for p in (where, rel) if p)
     chosen = layout or FUSED_LAYOUTS[0]
     if chosen == "head,(q,k,v)" and n_kv != h:
         raise ModelIncompatibleError(f"{path}: layout {chosen} needs as many KV heads as heads; got {n_kv} of {h}")
@@ -259,10 +263,18 @@ class HFModelWeights(ModelWeights):
         self.positions = positions
         self.scale = scale
         self.check: dict = {}
-        self.folding = f"not folded: the matrices act on the projections' input ({norm})"
+
+    @property
+    def folding(self) -> str:
+        return f"not folded: the matrices act on the projections' input, {self.norm}"
+
+    @folding.setter
+    def folding(self, value: str) -> None:  # ModelWeights.__init__ sets its own; the norm found decides
+        pass
 
     def reading(self) -> dict[str, str]:
-        return {**super().reading(), "positions": self.positions, "scale": f"{self.scale!r}"}
+        """:meth:`ModelWeights.reading`, with the position scheme and the attention scale."""
+        return {**super().reading(), "positions": self.positions, "scale": f"{self.scale:.6g}"}
 
     def layer(self, layer: int) -> LayerWeights:
         lw = super().layer(layer)
@@ -364,10 +376,15 @@ def hf_weights(model) -> HFModelWeights:
             "turned axes: per-head weights are not read there"
         )
     pos, pad = _pos_embed(model.hf)
-    first = find_projections(layout.blocks[0], layout.attn_out[0], spec)
+    names = {id(m): name for name, m in model.hf.named_modules()}
+    prefixes = [names.get(id(b), "") for b in layout.blocks]
+    first = find_projections(layout.blocks[0], layout.attn_out[0], spec, prefix=prefixes[0])
     tried = []
     for chosen in FUSED_LAYOUTS if first.fused else (None,):
-        projections = [find_projections(b, o, spec, layout=chosen) for b, o in zip(layout.blocks, layout.attn_out)]
+        projections = [
+            find_projections(b, o, spec, layout=chosen, prefix=p)
+            for b, o, p in zip(layout.blocks, layout.attn_out, prefixes, strict=True)
+        ]
         weights = _build(model, projections, pos, pad)
         record = check_weights(model, weights, projections, blocks=layout.blocks)
         if record["passed"]:
