@@ -35,7 +35,7 @@ def _hf(model_type: str):
     if model_type in FAMILIES:
         model, tok = tiny_hf_model(model_type)
         return load_model(model, backend="hf", tokenizer=tok)
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
     from headscope.reports.tools.sweep.tiny_config import tiny_config
 
