@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.head_check import input_embeddings
 from headscope.probes.models.hf_layout import linear_shape
 from headscope.probes.models.inhouse.head_weights import LayerWeights, ModelWeights
 
@@ -84,6 +85,12 @@ def _ancestors(block: nn.Module, target: nn.Module) -> list[tuple[str, nn.Module
     raise ModelIncompatibleError("the attention output projection is not inside its layer's block")
 
 
+def _owner(holder: nn.Module, rel: str) -> nn.Module:
+    """The module directly holding ``holder``'s sub-module ``rel`` (the attention whose forward runs it)."""
+    parent = rel.rpartition(".")[0]
+    return holder.get_submodule(parent) if parent else holder
+
+
 def _attention_of(block: nn.Module, o: nn.Module, spec) -> tuple[str, nn.Module]:
     """The nearest module holding ``o`` and the query projection (BERT's ``attention``: ``self.query`` beside
     ``output.dense``); the nearest holding ``o`` where none holds a query by name (a fused map)."""
@@ -125,12 +132,21 @@ def find_projections(
             raise ModelIncompatibleError(f"{where}: {n_kv} KV heads do not divide {h} query heads")
         paths = {n: ".".join(x for x in (where, r) if x) for n, r in (("q", qp), ("k", kp), ("v", vp))}
         return LayerProjections(attn, qm, km, vm, o, paths, None, n_kv)
-    fused = [
-        (rel, m, n_kv)
-        for rel, m in attn.named_modules()
-        for n_kv in dict.fromkeys((spec.n_kv_heads, *(c for c in range(h, 0, -1) if h % c == 0)))
-        if rel and linear_shape(m) == (dm, (h + 2 * n_kv) * d)
-    ]
+    kv_counts = tuple(dict.fromkeys((spec.n_kv_heads, *(c for c in range(h, 0, -1) if h % c == 0))))
+    for where_f, holder in _ancestors(block, o)[:-1]:  # the nearest module holding o and a fused map, below the
+        fused = [  # block (DeBERTa's in_proj sits in attention.self, beside attention.output.dense)
+            (rel, m, n_kv)
+            for rel, m in holder.named_modules()
+            for n_kv in kv_counts
+            if rel and linear_shape(m) == (dm, (h + 2 * n_kv) * d)
+        ]
+        if fused:
+            break
+    else:
+        fused = []
+    if fused:
+        where, attn = ".".join(x for x in (prefix, where_f) if x), holder
+        attn = _owner(holder, fused[0][0])
     if len(fused) != 1:
         found = ", ".join(f"{rel} {linear_shape(m)}" for rel, m in attn.named_modules() if linear_shape(m)) or "none"
         raise ModelIncompatibleError(
@@ -170,6 +186,13 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
         w, b = _linear(p.q)
         parts = _split_fused(w, p.fused, spec.n_heads, p.n_kv, spec.d_head)
         biases = _split_fused(b, p.fused, spec.n_heads, p.n_kv, spec.d_head) if b is not None else (None,) * 3
+        extra = {n: getattr(p.attn, f"{n}_bias", None) for n in "qkv"}  # DeBERTa adds q_bias, v_bias after in_proj
+        biases = tuple(
+            bt
+            if not isinstance(extra[n], torch.Tensor)
+            else extra[n].detach().float().cpu().reshape(-1) + (0 if bt is None else bt)
+            for n, bt in zip("qkv", biases, strict=True)
+        )
         for name, wt, bt in zip("qkv", parts, biases, strict=True):
             out[f"{name}_proj.weight"] = wt.contiguous()
             out[f"{name}_proj.bias"] = None if bt is None else bt.contiguous()
@@ -209,7 +232,9 @@ class HFSource:
         self.spec = model.spec
         self.projections = projections
         self._cache: dict[int, dict] = {}
-        emb = model.hf.get_input_embeddings()
+        emb = input_embeddings(model.hf)
+        if not isinstance(getattr(emb, "weight", None), torch.Tensor) or emb.weight.dim() != 2:
+            raise ModelIncompatibleError(f"{type(emb).__name__}: no token embedding matrix [vocab, d_model] to read")
         self._t = {"embed.weight": emb.weight}
         out = model._output_embedding() if hasattr(model, "_output_embedding") else None
         if out is not None and getattr(out, "weight", None) is not None and out.weight is not emb.weight:
@@ -257,11 +282,12 @@ class HFModelWeights(ModelWeights):
     before the projections (not folded); ``positions``: the position scheme; ``scale``: the
     attention scale; ``check``: the check's record (:func:`hf_weights`)."""
 
-    def __init__(self, shape: _Shape, source: HFSource, *, norm: str, positions: str, scale: float | None):
+    def __init__(self, shape: _Shape, source: HFSource, *, norm: str, positions: str, scales: tuple[float, ...]):
         super().__init__(shape, source, fold_norms=False, name=shape.name)
         self.norm = norm
         self.positions = positions
-        self.scale = scale
+        self.scales = scales  # the candidates the check chooses among
+        self.scale: float | None = scales[0] if len(scales) == 1 else None
         self.check: dict = {}
 
     @property
@@ -304,19 +330,19 @@ def _pos_embed(hf) -> tuple[nn.Module | None, int | None]:
     return None, None
 
 
-def attention_scale(attn: nn.Module, hf_config, d_head: int) -> float:
-    """The scale the attention module multiplies ``q · k`` by: its own ``scaling`` (``scale``,
-    ``inv_norm_factor``, ``1 / norm_factor``), else ``query_pre_attn_scalar ** -0.5`` of the
-    config, else ``d_head ** -0.5`` (the check confirms it)."""
+def attention_scales(attn: nn.Module, hf_config, d_head: int) -> tuple[float, ...]:
+    """The scales the attention module may multiply ``q · k`` by, the check choosing: its own
+    ``scaling`` (``scale``, ``inv_norm_factor``, ``1 / norm_factor``) alone where it has one, else
+    ``query_pre_attn_scalar ** -0.5`` of the config, ``d_head ** -0.5`` and 1 (T5 and GPT-Neo do not scale)."""
     for name in ("scaling", "scale", "inv_norm_factor"):
         v = getattr(attn, name, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
+            return (float(v),)
     nf = getattr(attn, "norm_factor", None)
     if isinstance(nf, (int, float)) and nf:
-        return 1.0 / float(nf)
+        return (1.0 / float(nf),)
     qs = getattr(hf_config, "query_pre_attn_scalar", None)
-    return float(qs) ** -0.5 if qs else d_head**-0.5
+    return tuple(dict.fromkeys(([float(qs) ** -0.5] if qs else []) + [d_head**-0.5, 1.0]))
 
 
 def _build(model, projections, pos, pad) -> HFModelWeights:
@@ -329,15 +355,15 @@ def _build(model, projections, pos, pad) -> HFModelWeights:
         n_heads=spec.n_heads,
         d_model=spec.d_model,
         d_head=spec.d_head,
-        vocab_size=int(hf.get_input_embeddings().num_embeddings),
+        vocab_size=int(source.tensor("embed.weight").shape[0]),
         positional="learned" if pos is not None else "none",
         encoder=not spec.causal,
         tie_embeddings="unembed.weight" not in source._t,
         pad_token_id=pad if pad is not None else 0,
         pad_aware_positions=pad is not None,
     )
-    scale = attention_scale(projections[0].attn, getattr(hf, "config", None), spec.d_head)
-    return HFModelWeights(shape, source, norm="not found", positions=shape.positional, scale=scale)
+    scales = attention_scales(projections[0].attn, getattr(hf, "config", None), spec.d_head)
+    return HFModelWeights(shape, source, norm="not found", positions=shape.positional, scales=scales)
 
 
 def _positions(learned: bool, used: dict) -> tuple[str, str]:
@@ -345,18 +371,48 @@ def _positions(learned: bool, used: dict) -> tuple[str, str]:
     parts = []
     if learned:
         parts.append("learned absolute positions (W_pos)")
-    if "rotary" in used:
-        parts.append(f"rotary on q and k (rotate-half, {used['rotary']} features per head)")
+    if used.get("rotary"):
+        how = " or ".join(used["rotary"])
+        parts.append(f"rotary on q and k ({how}, {used.get('rotary_features')} features per head)")
+        if used.get("layers_without_rotary"):
+            parts.append(f"no rotary in layers {', '.join(map(str, used['layers_without_rotary']))}")
     if used.get("bias") == "alibi":
         parts.append("ALiBi bias added to the scores")
     elif used.get("bias"):
         parts.append("a relative position bias added to the scores")
     if used.get("qk_norm"):
-        parts.append("QK-norm after the projections (scores not bilinear in the residual)")
+        parts.append(f"QK-norm ({' / '.join(used['qk_norm'])}; scores not bilinear in the residual)")
     if used.get("softcap"):
         parts.append(f"scores soft-capped at {used['softcap']:g}")
-    kind = "rope" if "rotary" in used else "learned" if learned else used.get("bias") or "none"
+    kind = "rope" if used.get("rotary") else "learned" if learned else used.get("bias") or "none"
     return kind, "; ".join(parts) or "no position information in attention"
+
+
+#: attention whose per-head weights have no meaning as x W matrices, by a config key it is known by
+NO_PER_HEAD = {
+    "kv_lora_rank": (
+        "MLA (multi-head latent attention): every head's key and value are read up from one shared low-rank "
+        "latent (kv_a_proj_with_mqa, an RMSNorm, then kv_b_proj), with a rotary key part shared by all heads; "
+        "a per-head W_K = W_kv_a · W_kv_b[head] would hold only if the norm between them were linear, so "
+        "per-head QK/OV composition has no exact meaning here: refused"
+    ),
+}
+#: why the check may fail, by a config key the family is known by (appended to the check's reason)
+HINTS = {
+    "pos_att_type": "DeBERTa's disentangled attention adds content-to-position and position-to-content "
+    "terms (relative position embeddings read through W_Q, W_K) that these matrices alone do not give",
+    "relative_attention_num_buckets": "T5-style attention: unscaled scores plus a learned relative position "
+    "bias computed inside the first layer",
+    "rotary_dim": "rotary applied inside the attention module (GPT-J/CodeGen: interleaved pairs), not "
+    "handed to it as (cos, sin)",
+}
+
+
+def _config_reason(hf_config, table: dict) -> str | None:
+    for key, why in table.items():
+        if getattr(hf_config, key, None) not in (None, False, 0, [], ""):
+            return why
+    return None
 
 
 def hf_weights(model) -> HFModelWeights:
@@ -370,6 +426,10 @@ def hf_weights(model) -> HFModelWeights:
 
     layout = model.layout
     spec = model.spec
+    config = getattr(model.hf, "config", None)
+    no_meaning = _config_reason(config, NO_PER_HEAD)
+    if no_meaning is not None:
+        raise ModelIncompatibleError(no_meaning)
     if layout.heads is not None or layout.turn is not None:
         raise ModelIncompatibleError(
             f"{layout.attn_out_name}: the heads share the projection's input with another mixer, or run "
@@ -381,17 +441,25 @@ def hf_weights(model) -> HFModelWeights:
     first = find_projections(layout.blocks[0], layout.attn_out[0], spec, prefix=prefixes[0])
     tried = []
     for chosen in FUSED_LAYOUTS if first.fused else (None,):
-        projections = [
-            find_projections(b, o, spec, layout=chosen, prefix=p)
-            for b, o, p in zip(layout.blocks, layout.attn_out, prefixes, strict=True)
-        ]
+        try:
+            projections = [
+                find_projections(b, o, spec, layout=chosen, prefix=p)
+                for b, o, p in zip(layout.blocks, layout.attn_out, prefixes, strict=True)
+            ]
+        except ModelIncompatibleError as e:  # a layout this map cannot hold: the next
+            tried.append(f"{chosen}: {e}")
+            continue
         weights = _build(model, projections, pos, pad)
         record = check_weights(model, weights, projections, blocks=layout.blocks)
         if record["passed"]:
             weights.positional, weights.positions = _positions(pos is not None, record["scores"])
             weights.norm = record.get("norm", weights.norm)
+            weights.scale = record["scores"]["scale"]
             weights.check = {**record, "layout": chosen or "separate", **projections[0].paths}
             return weights
         tried.append(f"{chosen or 'separate projections'}: {record['reason']}")
     where = ", ".join(f"{k} {v}" for k, v in first.paths.items())
-    raise ModelIncompatibleError(f"per-head weights of {where} fail the check ({'; '.join(tried)})")
+    hint = _config_reason(config, HINTS)
+    raise ModelIncompatibleError(
+        f"per-head weights of {where} fail the check" + (f" (likely: {hint})" if hint else "") + f": {'; '.join(tried)}"
+    )

@@ -63,11 +63,19 @@ def _capture_hooks(projections, kept: dict):
 
         return hook
 
+    def keep_returned(l):
+        def hook(m, a, o):  # T5's attention returns (output, position_bias, weights)
+            if isinstance(o, tuple) and len(o) > 2 and torch.is_tensor(o[1]) and o[1].dim() == 4:  # (Llama: 2)
+                kept[l, "returned_bias"] = o[1].detach()
+
+        return hook
+
     for l, p in enumerate(projections):
         mods = {"q": p.q} if p.fused else {"q": p.q, "k": p.k, "v": p.v}
         for which, m in mods.items():
             handles.append(m.register_forward_hook(keep_io(l, which)))
         handles.append(p.attn.register_forward_pre_hook(keep_args(l), with_kwargs=True))
+        handles.append(p.attn.register_forward_hook(keep_returned(l)))
     return handles
 
 
@@ -112,41 +120,89 @@ def _qk_norm(attn, q: torch.Tensor, k: torch.Tensor):
     return q, k, False
 
 
-def _scores_pattern(weights, lw, kept, l, x_q, x_k, attn, pattern):
-    """The pattern recomputed from ``lw``'s Q/K matrices, and what it used (``rotary``, ``bias``, ``qk_norm``)."""
+def _family_rotary(attn):
+    """The family's own ``apply_rotary_pos_emb(q, k, cos, sin)`` from the module defining ``attn``'s class, or None."""
+    fn = getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
+    return fn if callable(fn) else None
+
+
+def _rotations(attn, pe):
+    """``[(name, rotate(q, k) -> (q, k))]``: the family's own rotary function, then rotate-half; none without ``pe``."""
+    if not (isinstance(pe, tuple) and len(pe) == 2 and all(torch.is_tensor(t) for t in pe)):
+        return [("none", lambda q, k: (q, k))]
+    out = [("none", lambda q, k: (q, k))]  # a layer may skip the rotary it is handed (SmolLM3's NoPE layers)
+    fn = _family_rotary(attn)
+    if fn is not None:
+        out.append(("the family's apply_rotary_pos_emb", lambda q, k: tuple(t.float() for t in fn(q, k, *pe)[:2])))
+    out.append(("rotate-half", lambda q, k: (_rotate(q, *pe), _rotate(k, *pe))))
+    return out
+
+
+def _score_bias(kept, l, pattern):
+    """The bias the attention adds to its scores (an ``alibi`` or ``position_bias`` argument, or the
+    ``position_bias`` T5's attention returns), as ``(name, [batch, head, query|1, key])`` or None."""
     args = kept[l, "args"]
-    q = _project(x_q, lw.W_Q, lw.b_Q)
-    k = _project(x_k, lw.W_K, lw.b_K)
-    with torch.inference_mode():
-        q, k, normed = _qk_norm(attn, q, k)  # K per KV head (OLMo 2 normalises all of k's features at once)
-    k = k[:, lw.kv_index]
-    used = {"qk_norm": normed}
-    pe = args.get("position_embeddings")
-    if isinstance(pe, tuple) and len(pe) == 2 and all(torch.is_tensor(t) for t in pe):
-        q, k = _rotate(q, *pe), _rotate(k, *pe)
-        used["rotary"] = int(pe[0].shape[-1])
-    s = torch.einsum("bhqd,bhkd->bhqk", q, k) * weights.scale
-    cap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
-    if cap:
-        s = torch.tanh(s / cap) * cap
-        used["softcap"] = float(cap)
+    b, h, n_q, n_k = pattern.shape
     for name in _BIAS_ARGS:
         bias = args.get(name)
         if torch.is_tensor(bias):
-            b, h = pattern.shape[:2]
             bias = bias.float().reshape(b, h, -1, bias.shape[-1]) if bias.dim() == 3 else bias.float()
-            s = s + bias[..., : s.shape[-2], : s.shape[-1]] if bias.shape[-2] > 1 else s + bias[..., : s.shape[-1]]
-            used["bias"] = name
-    s = s.masked_fill(pattern == 0, float("-inf"))
-    return torch.softmax(s, dim=-1).nan_to_num(0.0), used
+            return name, bias[..., -n_q:, :n_k] if bias.shape[-2] > 1 else bias[..., :n_k]
+    returned = kept.get((l, "returned_bias"))
+    if torch.is_tensor(returned) and returned.dim() == 4 and returned.shape[-1] == n_k:
+        return "position_bias", returned.float()[..., -n_q:, :]
+    return None
+
+
+def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
+    """``{(scale, rotary, order): recomputed pattern}``: the pattern from ``lw``'s Q/K matrices under each
+    candidate scale (:attr:`scales`), rotary function and QK-norm order (before or after rotary)."""
+    q0 = _project(x_q, lw.W_Q, lw.b_Q)
+    k0 = _project(x_k, lw.W_K, lw.b_K)  # per KV head (OLMo 2 normalises all of k's features at once)
+    bias = _score_bias(kept, l, pattern)
+    cap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
+    out = {}
+    with torch.inference_mode():
+        for rot_name, rotate in _rotations(attn, kept[l, "args"].get("position_embeddings")):
+            orders = ("norm, then rotary", "rotary, then norm") if _has_qk_norm(attn) else ("",)
+            for order in orders:
+                try:
+                    if order.startswith("rotary"):
+                        q, k = rotate(q0, k0)
+                        q, k, _ = _qk_norm(attn, q, k)
+                    else:
+                        q, k, _ = _qk_norm(attn, q0, k0)
+                        q, k = rotate(q, k)
+                except (RuntimeError, TypeError, ValueError):
+                    continue
+                raw = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()[:, lw.kv_index])
+                for scale in weights.scales:
+                    sc = raw * scale
+                    if cap:
+                        sc = torch.tanh(sc / cap) * cap
+                    if bias is not None:
+                        sc = sc + bias[1]
+                    sc = sc.masked_fill(pattern == 0, float("-inf"))
+                    out[scale, rot_name, order] = torch.softmax(sc, dim=-1).nan_to_num(0.0)
+    return out, {"bias": bias[0] if bias else None, "softcap": float(cap) if cap else None}
+
+
+def _has_qk_norm(attn) -> bool:
+    return any(getattr(attn, a, None) is not None for a in ("q_norm", "q_layernorm"))
 
 
 def _norm_hooks(blocks, kept: dict):
     """Hooks keeping layer 0's block input and the outputs of its norm modules (what precedes the projections)."""
-    handles = [blocks[0].register_forward_pre_hook(lambda m, a: kept.__setitem__("block_in", a[0].detach()))]
+    handles = [
+        blocks[0].register_forward_pre_hook(
+            lambda m, a: kept.__setitem__("block_in", a[0].detach()) if a and torch.is_tensor(a[0]) else None
+        )
+    ]
     for rel, m in blocks[0].named_modules():
         if rel and "norm" in type(m).__name__.lower():
-            hook = lambda m, a, o, rel=rel: kept.setdefault("norms", {}).__setitem__(rel, o.detach())  # noqa: E731
+            hook = lambda m, a, o, rel=rel: kept.setdefault("norms", {}).__setitem__(  # noqa: E731
+                rel, (o[0] if isinstance(o, tuple) else o).detach()
+            )
             handles.append(m.register_forward_hook(hook))
     return handles
 
@@ -178,29 +234,53 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
             h.remove()
     tol = TOLERANCE.get(next(model.hf.parameters()).dtype, 1e-5)
     worst: dict[str, float] = {}
-    used: dict = {}
+    chosen: list = []
     reason = None
     for l, p in enumerate(projections):
-        lw = weights.layer(l)
-        pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
-        x_q = kept[l, "q_in"]
-        x_k, x_v = (kept[l, "k_in"], kept[l, "v_in"]) if not p.fused else (x_q, x_q)
-        v = _project(x_v, lw.W_V, lw.b_V)[:, lw.kv_index]
-        errs = {
-            "z": _rel(torch.einsum("bhqk,bhkd->bhqd", pattern, v), z),
-            "out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o),
-        }
-        if not p.fused:
-            errs["q"] = _rel(_project(x_q, lw.W_Q, lw.b_Q), _heads(kept[l, "q_out"], lw.W_Q.shape[0]))
-            errs["k"] = _rel(_project(x_k, lw.W_K, lw.b_K), _heads(kept[l, "k_out"], lw.W_K.shape[0]))
-        recomputed, used = _scores_pattern(weights, lw, kept, l, x_q, x_k, p.attn, pattern)
-        errs["pattern"] = _rel(recomputed, pattern)
+        errs, best, used = _layer_errors(weights, weights.layer(l), p, kept, out, l)
+        chosen.append(best)
         for part, e in errs.items():
             worst[part] = max(worst.get(part, 0.0), e)
             if reason is None and not e <= tol:
                 reason = f"layer {l}: {_PARTS[part]} differs by {e:.1e} (relative; tolerance {tol:.0e})"
+    scales = [c[0] for c in chosen if c is not None]
+    scale = max(set(scales), key=scales.count) if scales else None
+    rotary = sorted({c[1] for c in chosen if c is not None and c[1] != "none"})
+    orders = sorted({c[2] for c in chosen if c is not None and c[2]})
+    scores = {**used, "scale": scale, "rotary": rotary, "qk_norm": orders}
+    if rotary:
+        pe = next(kept[l, "args"]["position_embeddings"] for l in range(len(chosen)) if chosen[l][1] != "none")
+        scores["rotary_features"] = int(pe[0].shape[-1])
+        scores["layers_without_rotary"] = [l for l, c in enumerate(chosen) if c is not None and c[1] == "none"]
     norm = _preceding_norm(kept, kept[0, "q_in"], tol)
-    return {"passed": reason is None, "reason": reason, "errors": worst, "tolerance": tol, "scores": used, "norm": norm}
+    return {
+        "passed": reason is None,
+        "reason": reason,
+        "errors": worst,
+        "tolerance": tol,
+        "scores": scores,
+        "norm": norm,
+    }
+
+
+def _layer_errors(weights, lw, p, kept, out, l):
+    """``(errors by part, the scores variant that fits best, what the scores used)`` of layer ``l``."""
+    pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
+    x_q = kept[l, "q_in"]
+    x_k, x_v = (kept[l, "k_in"], kept[l, "v_in"]) if not p.fused else (x_q, x_q)
+    v = _project(x_v, lw.W_V, lw.b_V)[:, lw.kv_index]
+    errs = {
+        "z": _rel(torch.einsum("bhqk,bhkd->bhqd", pattern, v), z),
+        "out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o),
+    }
+    if not p.fused:
+        errs["q"] = _rel(_project(x_q, lw.W_Q, lw.b_Q), _heads(kept[l, "q_out"], lw.W_Q.shape[0]))
+        errs["k"] = _rel(_project(x_k, lw.W_K, lw.b_K), _heads(kept[l, "k_out"], lw.W_K.shape[0]))
+    variants, used = _scores_variants(weights, lw, kept, l, x_q, x_k, p.attn, pattern)
+    fits = {key: _rel(rec, pattern) for key, rec in variants.items()}
+    best = min(fits, key=fits.get) if fits else None
+    errs["pattern"] = fits[best] if best is not None else float("inf")
+    return errs, best, used
 
 
 _PARTS = {
