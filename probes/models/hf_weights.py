@@ -133,7 +133,7 @@ def find_projections(
         paths = {n: ".".join(x for x in (where, r) if x) for n, r in (("q", qp), ("k", kp), ("v", vp))}
         return LayerProjections(attn, qm, km, vm, o, paths, None, n_kv)
     kv_counts = tuple(dict.fromkeys((spec.n_kv_heads, *(c for c in range(h, 0, -1) if h % c == 0))))
-    for where_f, holder in _ancestors(block, o)[:-1]:  # the nearest module holding o and a fused map, below the
+    for where_f, holder in _ancestors(block, o)[:-1]:  # noqa: B007 - the nearest holding o and a fused map, below the
         fused = [  # block (DeBERTa's in_proj sits in attention.self, beside attention.output.dense)
             (rel, m, n_kv)
             for rel, m in holder.named_modules()
