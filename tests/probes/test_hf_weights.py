@@ -167,3 +167,27 @@ def test_refusal_raises_one_line():
 
     with pytest.raises(ModelIncompatibleError, match="backend bridge has none"):
         model_weights(Odd())
+
+
+def test_family_counts_in_the_docs_are_the_committed_study():
+    """docs/guide/weights.md quotes data/figures/hf_weights_families.json (``make weights-families``)."""
+    root = Path(__file__).resolve().parents[2]
+    study = json.loads((root / "data" / "figures" / "hf_weights_families.json").read_text())
+    counts, rows = study["counts"], study["families"]
+    assert sum(counts.values()) == study["checked"] == len(rows)
+    assert all(max(r["errors"].values()) <= 1e-5 for r in rows.values() if r["status"] == "pass")
+    assert all(r["reason"] for r in rows.values() if r["status"] != "pass")
+    assert {f for f in ("llama", "gpt2", "bloom", "mpnet", "t5") if rows[f]["status"] == "pass"} == {
+        "llama",
+        "gpt2",
+        "bloom",
+        "mpnet",
+        "t5",
+    }
+    assert rows["deepseek_v3"]["reason"].startswith("MLA")
+    doc = " ".join((root / "docs" / "guide" / "weights.md").read_text().split())
+    quoted = (
+        f"{counts['pass']} of {study['checked']} families pass the check, {counts.get('refused', 0)} are refused "
+        f"with their reason, and {counts.get('no model', 0)} have no model on the hf backend"
+    )
+    assert quoted in doc
