@@ -382,6 +382,8 @@ def _positions(learned: bool, used: dict) -> tuple[str, str]:
         parts.append("a relative position bias added to the scores")
     if used.get("qk_norm"):
         parts.append(f"QK-norm ({' / '.join(used['qk_norm'])}; scores not bilinear in the residual)")
+    if used.get("sinks"):
+        parts.append("attention sinks: a learned logit per head joins each softmax (the rows sum to less than 1)")
     if used.get("softcap"):
         parts.append(f"scores soft-capped at {used['softcap']:g}")
     kind = "rope" if used.get("rotary") else "learned" if learned else used.get("bias") or "none"

@@ -33,6 +33,8 @@ CHECK_TEXT = (
     "The cat sat on the mat because it was warm. Later, the cat sat on the mat again, "
     "and the dog watched it from the door."
 )
+#: the attention module's QK-norm modules, by name (Qwen3 and OLMo 2; Cohere, StableLM; HunYuan)
+QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
 #: names of the attention module's arguments that carry a bias added to the scores
 _BIAS_ARGS = ("position_bias", "alibi")
 
@@ -103,7 +105,7 @@ def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _qk_norm(attn, q: torch.Tensor, k: torch.Tensor):
     """The module's own QK-norm applied (per head where its weight is ``d_head`` long, else over all heads)."""
-    names = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))
+    names = QK_NORMS
     for qn, kn in names:
         nq, nk = getattr(attn, qn, None), getattr(attn, kn, None)
         if nq is None or nk is None:
@@ -161,6 +163,8 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
     k0 = _project(x_k, lw.W_K, lw.b_K)  # per KV head (OLMo 2 normalises all of k's features at once)
     bias = _score_bias(kept, l, pattern)
     cap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
+    sinks = getattr(attn, "sinks", None)
+    sinks = sinks.detach() if torch.is_tensor(sinks) and sinks.numel() == pattern.shape[1] else None
     out = {}
     with torch.inference_mode():
         for rot_name, rotate in _rotations(attn, kept[l, "args"].get("position_embeddings")):
@@ -183,12 +187,22 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
                     if bias is not None:
                         sc = sc + bias[1]
                     sc = sc.masked_fill(pattern == 0, float("-inf"))
-                    out[scale, rot_name, order] = torch.softmax(sc, dim=-1).nan_to_num(0.0)
-    return out, {"bias": bias[0] if bias else None, "softcap": float(cap) if cap else None}
+                    out[scale, rot_name, order] = _softmax(sc, sinks)
+    return out, {"bias": bias[0] if bias else None, "softcap": float(cap) if cap else None, "sinks": sinks is not None}
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the keys; with ``sinks [head]`` (GPT-OSS), each head's learned logit joins the
+    softmax as one more key whose weight is dropped (the pattern's rows then sum to less than 1)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    b, h, q, _ = scores.shape
+    joined = torch.cat([scores, sinks.float().reshape(1, h, 1, 1).expand(b, h, q, 1)], dim=-1)
+    return torch.softmax(joined, dim=-1)[..., :-1].nan_to_num(0.0)
 
 
 def _has_qk_norm(attn) -> bool:
-    return any(getattr(attn, a, None) is not None for a in ("q_norm", "q_layernorm"))
+    return any(getattr(attn, qn, None) is not None for qn, _ in QK_NORMS)
 
 
 def _norm_hooks(blocks, kept: dict):
