@@ -241,6 +241,7 @@ class HFSource:
             self._t["unembed.weight"] = out.weight
         if pos_embed is not None:
             self._t["pos_embed.weight"] = pos_embed.weight
+        self._map = _embedding_map(model.hf, int(emb.weight.shape[1]), self.spec.d_model)
         paths = projections[0].paths
         self.description = "transformers model (in memory): " + ", ".join(f"{k} {v}" for k, v in paths.items())
 
@@ -266,14 +267,36 @@ class HFSource:
             if t is None:
                 raise KeyError(name)
             return t.clone()
-        return self._t[name].detach().float().cpu().clone()
+        return self._mapped(name, self._t[name].detach().float().cpu()).clone()
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
-        return self._t[name].detach()[start:stop].float().cpu()
+        return self._mapped(name, self._t[name].detach()[start:stop].float().cpu())
+
+    def _mapped(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Embedding rows ``[n, E]`` into the residual stream ``[n, d_model]`` (ALBERT, ELECTRA: E < d_model)."""
+        if self._map is None or name not in ("embed.weight", "pos_embed.weight"):
+            return t
+        return t @ self._map.T
 
     def layout(self, layer: int) -> tuple[tuple[int, ...], list[int]]:
         h, n_kv = self.spec.n_heads, self.projections[layer].n_kv
         return tuple(range(h)), [i // (h // n_kv) for i in range(h)]
+
+
+def _embedding_map(hf, width: int, d_model: int) -> torch.Tensor | None:
+    """``[d_model, E]``: the one linear map from embeddings of width ``E`` to the residual stream where they
+    differ (ALBERT's ``embedding_hidden_mapping_in``, ELECTRA's ``embeddings_project``; its bias, a constant
+    of every token, is left out of W_E); None where ``E == d_model``. ``ModelIncompatibleError`` where none
+    or several such maps exist."""
+    if width == d_model:
+        return None
+    maps = [(n, m) for n, m in hf.named_modules() if linear_shape(m) == (width, d_model)]
+    if len(maps) != 1:
+        raise ModelIncompatibleError(
+            f"embeddings of width {width} reach d_model {d_model} through {len(maps)} linear maps "
+            f"({', '.join(n for n, _ in maps) or 'none'}); W_E not read"
+        )
+    return _linear(maps[0][1])[0]
 
 
 class HFModelWeights(ModelWeights):
