@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast docs readme-picture bench figures sweep lint gpu-check gpu-wheels
+.PHONY: bootstrap report test test-fast docs readme-picture bench figures sweep weights-families lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -61,6 +61,11 @@ figures: bootstrap
 # --update" reruns some families and keeps the other rows
 sweep: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope sweep --out data/sweep --page docs/guide/models.md $(SWEEP_FLAGS)
+
+# The hf per-head weights checked against the forward on each text family's tiny random model (a few minutes on one
+# core) into data/figures/hf_weights_families.json; docs/guide/weights.md quotes its counts (tests/probes/test_hf_weights.py)
+weights-families: bootstrap
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.hf_weights_families
 
 # On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
 # GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.

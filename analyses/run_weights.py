@@ -5,10 +5,11 @@ previous-token heads of the roles, OV copying against the patching effect on the
 duplicate-token tasks, and path patching through K (when the run's patching frame has it)
 against K-composition.
 
-The stage reads the per-head matrices of the loaded in-house model
-(:func:`~headscope.probes.models.inhouse.head_weights.head_weights`); on another backend it does
-not run, and :func:`weights_blocker` says why (``headscope weights DIR`` reads a checkpoint
-lazily without building the model). Its random draws use their own seeded generators: the
+The stage reads the per-head matrices of the loaded model
+(:func:`~headscope.probes.models.weights_provider.model_weights`: the in-house model's, or an
+hf-backend model's where they pass the check against its forward); where there are none,
+:func:`weights_blocker` says why (``headscope weights DIR`` reads a checkpoint lazily without
+building the model). Its random draws use their own seeded generators: the
 other stages' figures do not depend on whether it ran.
 """
 
@@ -35,18 +36,12 @@ class WeightsConfig:
 
 
 def weights_blocker(model) -> str | None:
-    """Why the weights stage cannot run on ``model`` (not an in-house model), or None."""
-    from headscope.probes.errors import ModelIncompatibleError
-    from headscope.probes.models.inhouse.head_weights import head_weights
+    """Why the weights stage cannot run on ``model`` (no per-head weights: the module path not
+    understood, the check against its forward failed, or the backend has none), or None."""
+    from headscope.probes.models.weights_provider import weights_refusal
 
-    try:
-        head_weights(model)
-    except ModelIncompatibleError:
-        return (
-            f"the weights stage reads the in-house model's per-head matrices; backend {model.backend} "
-            "(headscope weights DIR reads a checkpoint's safetensors or GGUF lazily)"
-        )
-    return None
+    why = weights_refusal(model)
+    return None if why is None else f"no per-head weights on backend {model.backend}: {why}"
 
 
 def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = WeightsConfig()):
@@ -58,9 +53,9 @@ def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = Wei
     from headscope.analyses.circuits.composition import composition_scores
     from headscope.analyses.circuits.joins import copying_patching_join, k_composition_join, path_composition_join
     from headscope.analyses.circuits.ov_qk import head_circuits
-    from headscope.probes.models.inhouse.head_weights import head_weights
+    from headscope.probes.models.weights_provider import model_weights
 
-    weights = head_weights(model)
+    weights = model_weights(model)
     t0 = time.perf_counter()
     heads = head_circuits(weights, n_draws=cfg.draws, seed=cfg.seed)
     t1 = time.perf_counter()
@@ -78,8 +73,18 @@ def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = Wei
         out["join_path"] = path
     summary = {
         **weights.reading(),
+        **({"check": _check_record(weights.check)} if getattr(weights, "check", None) else {}),
         "copying_method": ", ".join(sorted(set(heads.loc[heads.statistic == "ov_copying", "method"].astype(str)))),
         "settings": {"draws": cfg.draws, "null": cfg.null, "k": cfg.k, "seed": cfg.seed},
         "timings": {"heads_s": round(t1 - t0, 3), "composition_s": round(t2 - t1, 3)},
     }
     return out, summary
+
+
+def _check_record(check: dict) -> dict:
+    """run.json's record of the hf weights' check: the layout read, the worst relative error of each part."""
+    return {
+        "layout": check.get("layout"),
+        "tolerance": check.get("tolerance"),
+        "errors": {k: float(f"{v:.3g}") for k, v in check.get("errors", {}).items()},
+    }

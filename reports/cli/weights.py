@@ -8,7 +8,9 @@ OV copying score, OV/QK norms, the omitted QK positional share;
 summary) and ``run.json``. The weights are read lazily, one tensor at a time, from safetensors
 (sharded or not) or GGUF (:func:`~headscope.probes.models.lazy_weights.lazy_weights`): the model
 is never built, so a checkpoint larger than memory runs; a ``pytorch_model.bin`` checkpoint (or a
-GGUF architecture the lazy reader does not follow) loads on the in-house backend instead.
+GGUF architecture the lazy reader does not follow) loads on the in-house backend instead, and a
+family the in-house stack does not build (MPNet, Falcon, BLOOM, …) on the hf backend, its matrices
+checked against its forward (:mod:`~headscope.probes.models.hf_weights_check`).
 ``run.json`` says which (``reader``) and how many bytes were read.
 """
 
@@ -103,21 +105,40 @@ _HEAD_COLS = ["layer", "head", "kv_head", "value", "baseline_mean", "p_adjusted"
 
 def open_weights(model: str):
     """The model's :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`: read
-    lazily where the checkpoint allows it, else from the model loaded on the in-house backend."""
+    lazily where the checkpoint is of an in-house family, else from the model loaded on the
+    in-house backend, else (a family the in-house stack does not build: MPNet, Falcon, …) from the
+    model loaded on the hf backend, where its matrices pass the check against its forward
+    (:func:`~headscope.probes.models.weights_provider.model_weights`)."""
     from headscope.probes.errors import ModelIncompatibleError
     from headscope.probes.models.checkpoints import resolve
     from headscope.probes.models.inhouse.head_weights import head_weights
     from headscope.probes.models.lazy_weights import lazy_weights, reads_lazily
     from headscope.probes.models.loading import load_model
+    from headscope.probes.models.weights_provider import model_weights
 
     source = resolve(model)
     if reads_lazily(source):
         try:
             return lazy_weights(source)
         except ModelIncompatibleError:
-            if source.kind != "gguf":
-                raise
-    return head_weights(load_model(source, backend="inhouse"))
+            pass
+    try:
+        return head_weights(load_model(source, backend="inhouse"))
+    except ModelIncompatibleError:
+        if source.kind == "gguf":
+            raise
+    return model_weights(load_model(source, backend="hf"))
+
+
+def _checked(weights) -> dict:
+    """run.json's position scheme, scale and check of weights read on the hf backend (none for the in-house)."""
+    check = getattr(weights, "check", None)
+    if not check:
+        return {}
+    from headscope.analyses.run_weights import _check_record
+
+    reading = weights.reading()
+    return {"positions": reading["positions"], "scale": reading["scale"], "check": _check_record(check)}
 
 
 def held_budget(weights) -> int | None:
@@ -152,6 +173,7 @@ def run(args) -> int:
             "bytes_read": getattr(weights.source, "bytes_read", None),
             "folding": weights.folding,
             "unembedding": weights.unembedding,
+            **_checked(weights),
             "config": {"draws": args.draws, "null": args.null, "seed": args.seed, "max_held_bytes": held},
             "timings": {"heads_s": round(t1 - t0, 3), "composition_s": round(t2 - t1, 3)},
         }

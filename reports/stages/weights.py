@@ -1,4 +1,5 @@
-"""The weights stage: circuits read from the in-house model's weights (OV copying, K-composition),
+"""The weights stage: circuits read from the model's per-head weights (OV copying, K-composition; the
+in-house model's, or an hf-backend model's where they pass the check against its forward),
 joined with the roles and, where it ran, patching (:func:`~headscope.analyses.run_weights.run_weights`).
 
 Writes ``weights_heads``, ``weights_composition`` and the ``join_*`` frames; its summary is
@@ -106,8 +107,9 @@ class WeightsStage(Stage[WeightsConfig]):
         return weights_blocker(ctx.model)
 
     def by_design(self, reason: str, backend: str | None) -> bool:
-        """hf and the bridge have no per-head matrices of the in-house model's (its blocker says so)."""
-        return backend != "inhouse" and "in-house model" in reason
+        """The bridge has no per-head matrices (its blocker says it "has none"); on in-house and hf a
+        family whose matrices fail the check against its forward is absent with the reason, and counted."""
+        return backend not in ("inhouse", "hf") and "has none" in reason
 
     def plan(self, ctx: RunContext, cfg: WeightsConfig) -> list[WorkingSet]:
         from headscope.reports.stages.plans import weights_stage

@@ -57,6 +57,11 @@ class LayerWeights:
     W_K: torch.Tensor  # [kv_head, d_model, d_head]
     W_V: torch.Tensor  # [kv_head, d_model, d_head]
     W_O: torch.Tensor  # [head, d_head, d_model]
+    #: biases where the provider reads them (the hf backend's); None: none read
+    b_Q: torch.Tensor | None = None  # [head, d_head]
+    b_K: torch.Tensor | None = None  # [kv_head, d_head]
+    b_V: torch.Tensor | None = None  # [kv_head, d_head]
+    b_O: torch.Tensor | None = None  # [d_model]
 
     @property
     def nbytes(self) -> int:

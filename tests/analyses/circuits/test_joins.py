@@ -167,9 +167,15 @@ def test_empty_inputs_give_empty_frames_with_their_columns():
     assert list(path_composition_join(_comp([0, 1]), report_like).columns) == PATH_JOIN_COLUMNS
 
 
-def test_the_stage_says_why_it_does_not_run_off_the_in_house_backend(minilm_hf):
-    why = weights_blocker(minilm_hf)
-    assert why is not None and "backend hf" in why
+def test_the_stage_runs_on_hf_where_the_weights_pass_and_says_why_not_on_the_bridge(minilm_hf):
+    """#39: the hf backend has checked per-head weights (the shipped MiniLM's pass); the bridge has none."""
+
+    class Bridge:
+        backend = "bridge"
+
+    assert weights_blocker(minilm_hf) is None
+    why = weights_blocker(Bridge())
+    assert why is not None and why.startswith("no per-head weights on backend bridge")
 
 
 @pytest.mark.parametrize("mode, level", [("K", "head"), ("V", "kv_group")])

@@ -1,0 +1,490 @@
+"""Per-head weights of a transformers model (the hf backend), as the same
+:class:`~headscope.probes.models.inhouse.head_weights.ModelWeights` the in-house model gives.
+
+The projections are found in the module tree, from the attention output projection the hf backend
+already found for capture (:class:`~headscope.probes.models.hf_layout.HFLayout`): its parent is
+the attention module, and inside it the query, key and value projections are either
+
+- separate linear maps (Llama, Mistral, Qwen2, BERT, MPNet, DistilBERT, …), by the last piece of
+  their name (:data:`Q_NAMES`, :data:`K_NAMES`, :data:`V_NAMES`), or
+- one fused map from ``d_model`` to ``(heads + 2 × kv_heads) × d_head`` (GPT-2's ``Conv1D``
+  ``c_attn``, stored ``[in, out]`` and read transposed; Falcon and BLOOM's ``query_key_value``;
+  Phi-3's ``qkv_proj``), whose rows are laid out one of the ways of :data:`FUSED_LAYOUTS`.
+
+Which fused layout a model uses is not guessed: :func:`hf_weights` takes the first whose matrices
+pass :func:`~headscope.probes.models.hf_weights_check.check_weights` (pattern × V × W_O equals the
+heads' output the forward computes; the pattern recomputed from W_Q, W_K equals the model's).
+
+Convention and shapes are :mod:`~headscope.probes.models.inhouse.head_weights`'s; K and V stay per
+KV head (``kv_index[h] = h // (heads / kv_heads)``, transformers' ``repeat_kv``). The norms are not
+folded: the matrices act on the projection's input, the output of the norm before it
+(:attr:`HFModelWeights.norm` names it). :attr:`HFModelWeights.positions` and
+:attr:`HFModelWeights.scale` say the position scheme and the scale the check confirmed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.head_check import input_embeddings
+from headscope.probes.models.hf_layout import linear_shape
+from headscope.probes.models.inhouse.head_weights import LayerWeights, ModelWeights
+
+__all__ = ["FUSED_LAYOUTS", "HFModelWeights", "HFSource", "LayerProjections", "find_projections", "hf_weights"]
+
+#: last pieces of the module names of separate projections
+Q_NAMES = ("q_proj", "q", "query", "q_lin", "wq", "query_proj", "Wq")
+K_NAMES = ("k_proj", "k", "key", "k_lin", "wk", "key_proj", "Wk")
+V_NAMES = ("v_proj", "v", "value", "v_lin", "wv", "value_proj", "Wv")
+#: row layouts of a fused QKV map: ``q|k|v`` (GPT-2, Phi-3, GPT-BigCode, Falcon with multi-query),
+#: ``head,(q,k,v)`` (BLOOM, GPT-NeoX, Falcon's classic layout), ``group,(q…,k,v)`` (Falcon's new
+#: decoder architecture: each KV group's queries, then its key and value)
+FUSED_LAYOUTS = ("q|k|v", "head,(q,k,v)", "group,(q…,k,v)")
+
+
+def _linear(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight [out, in], bias [out] or None)`` of a linear map, float32 CPU copies (GPT-2's
+    ``Conv1D`` holds ``[in, out]``: transposed; a 1×1 ``nn.Conv1d`` squeezed)."""
+    w = mod.weight.detach()
+    if type(mod).__name__ == "Conv1D":
+        w = w.T
+    elif isinstance(mod, nn.Conv1d):
+        w = w[:, :, 0]
+    b = getattr(mod, "bias", None)
+    b = b.detach().float().cpu().clone() if isinstance(b, torch.Tensor) else None
+    return w.float().cpu().clone(), b
+
+
+@dataclass(frozen=True)
+class LayerProjections:
+    """One layer's projection modules: ``q``/``k``/``v`` (the same module where fused), ``o``, the
+    attention module holding them (``attn``), their paths, and the fused layout (None: separate)."""
+
+    attn: nn.Module
+    q: nn.Module
+    k: nn.Module
+    v: nn.Module
+    o: nn.Module
+    paths: dict
+    fused: str | None = None
+    n_kv: int = 0
+
+
+def _ancestors(block: nn.Module, target: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules holding ``target`` inside ``block``, nearest first (the block last, path "")."""
+    for rel, m in block.named_modules():
+        if m is target:
+            parts = rel.split(".")[:-1]
+            paths = [".".join(parts[:i]) for i in range(len(parts), -1, -1)]
+            return [(p, block.get_submodule(p) if p else block) for p in paths]
+    raise ModelIncompatibleError("the attention output projection is not inside its layer's block")
+
+
+def _owner(holder: nn.Module, rel: str) -> nn.Module:
+    """The module directly holding ``holder``'s sub-module ``rel`` (the attention whose forward runs it)."""
+    parent = rel.rpartition(".")[0]
+    return holder.get_submodule(parent) if parent else holder
+
+
+def _attention_of(block: nn.Module, o: nn.Module, spec) -> tuple[str, nn.Module]:
+    """The nearest module holding ``o`` and the query projection (BERT's ``attention``: ``self.query`` beside
+    ``output.dense``); the nearest holding ``o`` where none holds a query by name (a fused map)."""
+    chain = _ancestors(block, o)
+    for where, attn in chain:
+        if where and _named(attn, Q_NAMES, spec.d_model):
+            return where, attn
+    return chain[0]
+
+
+def _named(attn: nn.Module, names, want_in: int) -> list[tuple[str, nn.Module]]:
+    return [
+        (rel, m)
+        for rel, m in attn.named_modules()
+        if rel and rel.split(".")[-1] in names and (linear_shape(m) or (0,))[0] == want_in
+    ]
+
+
+def find_projections(
+    block: nn.Module, o: nn.Module, spec, *, layout: str | None = None, prefix: str = ""
+) -> LayerProjections:
+    """The :class:`LayerProjections` of one layer (``block``, its output projection ``o``);
+    ``layout``: the fused layout to read a fused map with (default the first); ``prefix``: the block's
+    module path (the paths named start with it). Raises :class:`ModelIncompatibleError` naming the
+    attention module whose projections are not understood."""
+    where, attn = _attention_of(block, o, spec)
+    where = ".".join(p for p in (prefix, where) if p)
+    d, h, dm = spec.d_head, spec.n_heads, spec.d_model
+    q, k, v = (_named(attn, names, dm) for names in (Q_NAMES, K_NAMES, V_NAMES))
+    if len(q) == len(k) == len(v) == 1:
+        (qp, qm), (kp, km), (vp, vm) = q[0], k[0], v[0]
+        if linear_shape(qm)[1] != h * d or linear_shape(km)[1] % d or linear_shape(km)[1] != linear_shape(vm)[1]:
+            raise ModelIncompatibleError(
+                f"{where}: projections {qp}/{kp}/{vp} give {linear_shape(qm)[1]}/{linear_shape(km)[1]}/"
+                f"{linear_shape(vm)[1]} features, not {h} heads × {d} and a whole number of KV heads"
+            )
+        n_kv = linear_shape(km)[1] // d
+        if h % n_kv:
+            raise ModelIncompatibleError(f"{where}: {n_kv} KV heads do not divide {h} query heads")
+        paths = {n: ".".join(x for x in (where, r) if x) for n, r in (("q", qp), ("k", kp), ("v", vp))}
+        return LayerProjections(attn, qm, km, vm, o, paths, None, n_kv)
+    kv_counts = tuple(dict.fromkeys((spec.n_kv_heads, *(c for c in range(h, 0, -1) if h % c == 0))))
+    for where_f, holder in _ancestors(block, o)[:-1]:  # noqa: B007 - the nearest holding o and a fused map, below the
+        fused = [  # block (DeBERTa's in_proj sits in attention.self, beside attention.output.dense)
+            (rel, m, n_kv)
+            for rel, m in holder.named_modules()
+            for n_kv in kv_counts
+            if rel and linear_shape(m) == (dm, (h + 2 * n_kv) * d)
+        ]
+        if fused:
+            break
+    else:
+        fused = []
+    if fused:
+        where, attn = ".".join(x for x in (prefix, where_f) if x), holder
+        attn = _owner(holder, fused[0][0])
+    if len(fused) != 1:
+        found = ", ".join(f"{rel} {linear_shape(m)}" for rel, m in attn.named_modules() if linear_shape(m)) or "none"
+        raise ModelIncompatibleError(
+            f"{where}: projections not understood (no single q/k/v by name, nor one fused map of "
+            f"d_model {dm} -> (heads + 2 × kv_heads) × {d}; linear maps there: {found})"
+        )
+    rel, m, n_kv = fused[0]
+    path = ".".join(p for p in (where, rel) if p)
+    chosen = layout or FUSED_LAYOUTS[0]
+    if chosen == "head,(q,k,v)" and n_kv != h:
+        raise ModelIncompatibleError(f"{path}: layout {chosen} needs as many KV heads as heads; got {n_kv} of {h}")
+    return LayerProjections(attn, m, m, m, o, {"qkv": path}, chosen, n_kv)
+
+
+def _split_fused(w: torch.Tensor, layout: str, h: int, n_kv: int, d: int):
+    """``(q [h·d, …], k [n_kv·d, …], v [n_kv·d, …])`` rows of a fused map's weight ``[out, in]`` or bias ``[out]``."""
+    rest = w.shape[1:]
+    if layout == "q|k|v":
+        return w[: h * d], w[h * d : (h + n_kv) * d], w[(h + n_kv) * d :]
+    if layout == "head,(q,k,v)":
+        t = w.reshape(h, 3, d, *rest)
+        return (t[:, i].reshape(h * d, *rest) for i in range(3))
+    if layout == "group,(q…,k,v)":
+        t = w.reshape(n_kv, h // n_kv + 2, d, *rest)
+        return t[:, :-2].reshape(h * d, *rest), t[:, -2].reshape(n_kv * d, *rest), t[:, -1].reshape(n_kv * d, *rest)
+    raise ValueError(f"layout must be one of {FUSED_LAYOUTS}; got {layout!r}")
+
+
+def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | None]:
+    """``{"q_proj.weight": [heads·d_head, d_model], "q_proj.bias": …, k, v, "o_proj.weight":
+    [d_model, heads·d_head], "o_proj.bias"}`` of one layer (``nn.Linear`` layout; a bias None where absent)."""
+    out: dict[str, torch.Tensor | None] = {}
+    if p.fused is None:
+        for name, mod in (("q", p.q), ("k", p.k), ("v", p.v)):
+            out[f"{name}_proj.weight"], out[f"{name}_proj.bias"] = _linear(mod)
+    else:
+        w, b = _linear(p.q)
+        parts = _split_fused(w, p.fused, spec.n_heads, p.n_kv, spec.d_head)
+        biases = _split_fused(b, p.fused, spec.n_heads, p.n_kv, spec.d_head) if b is not None else (None,) * 3
+        extra = {n: getattr(p.attn, f"{n}_bias", None) for n in "qkv"}  # DeBERTa adds q_bias, v_bias after in_proj
+        biases = tuple(
+            bt
+            if not isinstance(extra[n], torch.Tensor)
+            else extra[n].detach().float().cpu().reshape(-1) + (0 if bt is None else bt)
+            for n, bt in zip("qkv", biases, strict=True)
+        )
+        for name, wt, bt in zip("qkv", parts, biases, strict=True):
+            out[f"{name}_proj.weight"] = wt.contiguous()
+            out[f"{name}_proj.bias"] = None if bt is None else bt.contiguous()
+    out["o_proj.weight"], out["o_proj.bias"] = _linear(p.o)
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Shape:
+    """What :class:`ModelWeights` reads of a config, for a transformers model (norms never folded)."""
+
+    name: str
+    family: str
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_head: int
+    vocab_size: int
+    positional: str
+    encoder: bool
+    tie_embeddings: bool
+    pad_token_id: int = 0
+    pad_aware_positions: bool = False
+    post_norm: bool = False
+    sandwich_norm: bool = False
+    embed_scale: float | None = None
+    norm: str = "layernorm"
+    rms_offset: bool = False
+
+
+class HFSource:
+    """A :class:`~headscope.probes.models.inhouse.head_weights.TensorSource` over a transformers model's
+    modules, by in-house name (``blocks.3.attn.q_proj.weight``): each layer's projections split
+    from the modules :func:`find_projections` finds, the embeddings from the model's own."""
+
+    def __init__(self, model, projections: list[LayerProjections], pos_embed: nn.Module | None):
+        self.spec = model.spec
+        self.projections = projections
+        self._cache: dict[int, dict] = {}
+        emb = input_embeddings(model.hf)
+        if not isinstance(getattr(emb, "weight", None), torch.Tensor) or emb.weight.dim() != 2:
+            raise ModelIncompatibleError(f"{type(emb).__name__}: no token embedding matrix [vocab, d_model] to read")
+        self._t = {"embed.weight": emb.weight}
+        out = model._output_embedding() if hasattr(model, "_output_embedding") else None
+        if out is not None and getattr(out, "weight", None) is not None and out.weight is not emb.weight:
+            self._t["unembed.weight"] = out.weight
+        if pos_embed is not None:
+            self._t["pos_embed.weight"] = pos_embed.weight
+        self._map = _embedding_map(model.hf, int(emb.weight.shape[1]), self.spec.d_model)
+        paths = projections[0].paths
+        self.description = "transformers model (in memory): " + ", ".join(f"{k} {v}" for k, v in paths.items())
+
+    def _layer(self, layer: int) -> dict:
+        if layer not in self._cache:
+            self._cache = {layer: projection_tensors(self.projections[layer], self.spec)}  # one layer held
+        return self._cache[layer]
+
+    def _split(self, name: str) -> tuple[int, str] | None:
+        parts = name.split(".")
+        if len(parts) == 5 and parts[0] == "blocks" and parts[2] == "attn":
+            return int(parts[1]), ".".join(parts[3:])
+        return None
+
+    def has(self, name: str) -> bool:
+        at = self._split(name)
+        return self._layer(at[0]).get(at[1]) is not None if at else name in self._t
+
+    def tensor(self, name: str) -> torch.Tensor:
+        at = self._split(name)
+        if at is not None:
+            t = self._layer(at[0]).get(at[1])
+            if t is None:
+                raise KeyError(name)
+            return t.clone()
+        return self._mapped(name, self._t[name].detach().float().cpu()).clone()
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        return self._mapped(name, self._t[name].detach()[start:stop].float().cpu())
+
+    def _mapped(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Embedding rows ``[n, E]`` into the residual stream ``[n, d_model]`` (ALBERT, ELECTRA: E < d_model)."""
+        if self._map is None or name not in ("embed.weight", "pos_embed.weight"):
+            return t
+        return t @ self._map.T
+
+    def layout(self, layer: int) -> tuple[tuple[int, ...], list[int]]:
+        h, n_kv = self.spec.n_heads, self.projections[layer].n_kv
+        return tuple(range(h)), [i // (h // n_kv) for i in range(h)]
+
+
+def _embedding_map(hf, width: int, d_model: int) -> torch.Tensor | None:
+    """``[d_model, E]``: the one linear map from embeddings of width ``E`` to the residual stream where they
+    differ (ALBERT's ``embedding_hidden_mapping_in``, ELECTRA's ``embeddings_project``; its bias, a constant
+    of every token, is left out of W_E); None where ``E == d_model``. ``ModelIncompatibleError`` where none
+    or several such maps exist."""
+    if width == d_model:
+        return None
+    maps = [(n, m) for n, m in hf.named_modules() if linear_shape(m) == (width, d_model)]
+    if len(maps) != 1:
+        raise ModelIncompatibleError(
+            f"embeddings of width {width} reach d_model {d_model} through {len(maps)} linear maps "
+            f"({', '.join(n for n, _ in maps) or 'none'}); W_E not read"
+        )
+    return _linear(maps[0][1])[0]
+
+
+class HFModelWeights(ModelWeights):
+    """:class:`ModelWeights` of a transformers model, its layers with biases (``b_Q [head, d_head]``,
+    ``b_K``/``b_V [kv_head, d_head]``, ``b_O [d_model]``; None where absent). ``norm``: the module
+    before the projections (not folded); ``positions``: the position scheme; ``scale``: the
+    attention scale; ``check``: the check's record (:func:`hf_weights`)."""
+
+    def __init__(self, shape: _Shape, source: HFSource, *, norm: str, positions: str, scales: tuple[float, ...]):
+        super().__init__(shape, source, fold_norms=False, name=shape.name)
+        self.norm = norm
+        self.positions = positions
+        self.scales = scales  # the candidates the check chooses among
+        self.scale: float | None = scales[0] if len(scales) == 1 else None
+        self.check: dict = {}
+
+    @property
+    def folding(self) -> str:
+        return f"not folded: the matrices act on the projections' input, {self.norm}"
+
+    @folding.setter
+    def folding(self, value: str) -> None:  # ModelWeights.__init__ sets its own; the norm found decides
+        pass
+
+    def reading(self) -> dict[str, str]:
+        """:meth:`ModelWeights.reading`, with the position scheme and the attention scale."""
+        return {**super().reading(), "positions": self.positions, "scale": f"{self.scale:.6g}"}
+
+    def layer(self, layer: int) -> LayerWeights:
+        lw = super().layer(layer)
+        d, src, p = self.d_head, self._src, f"blocks.{layer}.attn."
+
+        def bias(name: str, n: int):
+            return src.tensor(p + name).view(n, d) if src.has(p + name) else None
+
+        n, n_kv = len(lw.heads), lw.W_K.shape[0]
+        b_o = src.tensor(p + "o_proj.bias") if src.has(p + "o_proj.bias") else None
+        return dataclasses.replace(
+            lw, b_Q=bias("q_proj.bias", n), b_K=bias("k_proj.bias", n_kv), b_V=bias("v_proj.bias", n_kv), b_O=b_o
+        )
+
+
+#: module names of learned absolute position embeddings
+POS_EMBED_NAMES = ("position_embeddings", "wpe", "embed_positions")
+
+
+def _pos_embed(hf) -> tuple[nn.Module | None, int | None]:
+    """``(learned position embedding, padding index its positions start after or None)``."""
+    for name, m in hf.named_modules():
+        if isinstance(m, nn.Embedding) and name.split(".")[-1] in POS_EMBED_NAMES:
+            parent = hf.get_submodule(name.rpartition(".")[0]) if "." in name else hf
+            pad = getattr(parent, "padding_idx", None)
+            return m, pad if isinstance(pad, int) else None
+    return None, None
+
+
+def attention_scales(attn: nn.Module, hf_config, d_head: int) -> tuple[float, ...]:
+    """The scales the attention module may multiply ``q · k`` by, the check choosing: its own
+    ``scaling`` (``scale``, ``inv_norm_factor``, ``1 / norm_factor``) alone where it has one, else
+    ``query_pre_attn_scalar ** -0.5`` of the config, ``d_head ** -0.5`` and 1 (T5 and GPT-Neo do not scale)."""
+    for name in ("scaling", "scale", "inv_norm_factor"):
+        v = getattr(attn, name, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            return (float(v),)
+    nf = getattr(attn, "norm_factor", None)
+    if isinstance(nf, (int, float)) and nf:
+        return (1.0 / float(nf),)
+    qs = getattr(hf_config, "query_pre_attn_scalar", None)
+    return tuple(dict.fromkeys(([float(qs) ** -0.5] if qs else []) + [d_head**-0.5, 1.0]))
+
+
+def _build(model, projections, pos, pad) -> HFModelWeights:
+    spec, hf = model.spec, model.hf
+    source = HFSource(model, projections, pos)
+    shape = _Shape(
+        name=spec.name,
+        family=spec.family,
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        d_model=spec.d_model,
+        d_head=spec.d_head,
+        vocab_size=int(source.tensor("embed.weight").shape[0]),
+        positional="learned" if pos is not None else "none",
+        encoder=not spec.causal,
+        tie_embeddings="unembed.weight" not in source._t,
+        pad_token_id=pad if pad is not None else 0,
+        pad_aware_positions=pad is not None,
+    )
+    scales = attention_scales(projections[0].attn, getattr(hf, "config", None), spec.d_head)
+    return HFModelWeights(shape, source, norm="not found", positions=shape.positional, scales=scales)
+
+
+def _positions(learned: bool, used: dict) -> tuple[str, str]:
+    """``(ModelWeights.positional, in words)`` from what the check used."""
+    parts = []
+    if learned:
+        parts.append("learned absolute positions (W_pos)")
+    if used.get("rotary"):
+        how = " or ".join(used["rotary"])
+        parts.append(f"rotary on q and k ({how}, {used.get('rotary_features')} features per head)")
+        if used.get("layers_without_rotary"):
+            parts.append(f"no rotary in layers {', '.join(map(str, used['layers_without_rotary']))}")
+    if used.get("bias") == "alibi":
+        parts.append("ALiBi bias added to the scores")
+    elif used.get("bias"):
+        parts.append("a relative position bias added to the scores")
+    if used.get("qk_norm"):
+        parts.append(f"QK-norm ({' / '.join(used['qk_norm'])}; scores not bilinear in the residual)")
+    if used.get("sinks"):
+        parts.append("attention sinks: a learned logit per head joins each softmax (the rows sum to less than 1)")
+    if used.get("softcap"):
+        parts.append(f"scores soft-capped at {used['softcap']:g}")
+    kind = "rope" if used.get("rotary") else "learned" if learned else used.get("bias") or "none"
+    return kind, "; ".join(parts) or "no position information in attention"
+
+
+#: attention whose per-head weights have no meaning as x W matrices, by a config key it is known by
+NO_PER_HEAD = {
+    "kv_lora_rank": (
+        "MLA (multi-head latent attention): every head's key and value are read up from one shared low-rank "
+        "latent (kv_a_proj_with_mqa, an RMSNorm, then kv_b_proj), with a rotary key part shared by all heads; "
+        "a per-head W_K = W_kv_a · W_kv_b[head] would hold only if the norm between them were linear, so "
+        "per-head QK/OV composition has no exact meaning here: refused"
+    ),
+}
+#: why the check may fail, by a config key the family is known by (appended to the check's reason)
+HINTS = {
+    "pos_att_type": "DeBERTa's disentangled attention adds content-to-position and position-to-content "
+    "terms (relative position embeddings read through W_Q, W_K) that these matrices alone do not give",
+    "relative_attention_num_buckets": "T5-style attention: unscaled scores plus a learned relative position "
+    "bias computed inside the first layer",
+    "rotary_dim": "rotary applied inside the attention module (GPT-J/CodeGen: interleaved pairs), not "
+    "handed to it as (cos, sin)",
+}
+
+
+def _config_reason(hf_config, table: dict) -> str | None:
+    for key, why in table.items():
+        if getattr(hf_config, key, None) not in (None, False, 0, [], ""):
+            return why
+    return None
+
+
+def hf_weights(model) -> HFModelWeights:
+    """The checked :class:`HFModelWeights` of an hf-backend model: projections found from the
+    module tree (:func:`find_projections`; a fused map read with each of :data:`FUSED_LAYOUTS`
+    until one passes), then checked by
+    :func:`~headscope.probes.models.hf_weights_check.check_weights` (its record is the weights'
+    ``check``). Raises :class:`ModelIncompatibleError` naming the module not understood or the
+    check that failed."""
+    from headscope.probes.models.hf_weights_check import check_weights
+
+    layout = model.layout
+    spec = model.spec
+    config = getattr(model.hf, "config", None)
+    no_meaning = _config_reason(config, NO_PER_HEAD)
+    if no_meaning is not None:
+        raise ModelIncompatibleError(no_meaning)
+    if layout.heads is not None or layout.turn is not None:
+        raise ModelIncompatibleError(
+            f"{layout.attn_out_name}: the heads share the projection's input with another mixer, or run "
+            "turned axes: per-head weights are not read there"
+        )
+    pos, pad = _pos_embed(model.hf)
+    names = {id(m): name for name, m in model.hf.named_modules()}
+    prefixes = [names.get(id(b), "") for b in layout.blocks]
+    first = find_projections(layout.blocks[0], layout.attn_out[0], spec, prefix=prefixes[0])
+    tried = []
+    for chosen in FUSED_LAYOUTS if first.fused else (None,):
+        try:
+            projections = [
+                find_projections(b, o, spec, layout=chosen, prefix=p)
+                for b, o, p in zip(layout.blocks, layout.attn_out, prefixes, strict=True)
+            ]
+        except ModelIncompatibleError as e:  # a layout this map cannot hold: the next
+            tried.append(f"{chosen}: {e}")
+            continue
+        weights = _build(model, projections, pos, pad)
+        record = check_weights(model, weights, projections, blocks=layout.blocks)
+        if record["passed"]:
+            weights.positional, weights.positions = _positions(pos is not None, record["scores"])
+            weights.norm = record.get("norm", weights.norm)
+            weights.scale = record["scores"]["scale"]
+            weights.check = {**record, "layout": chosen or "separate", **projections[0].paths}
+            return weights
+        tried.append(f"{chosen or 'separate projections'}: {record['reason']}")
+    where = ", ".join(f"{k} {v}" for k, v in first.paths.items())
+    hint = _config_reason(config, HINTS)
+    raise ModelIncompatibleError(
+        f"per-head weights of {where} fail the check" + (f" (likely: {hint})" if hint else "") + f": {'; '.join(tried)}"
+    )

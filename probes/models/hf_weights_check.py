@@ -1,0 +1,306 @@
+"""The check that makes a transformers model's per-head weights trustworthy: on real text, what the
+extracted matrices compute must equal what the model's own forward computes, layer by layer.
+
+- **OV**: ``pattern × (x W_V + b_V)``, head by head, equals the heads' output ``z`` the forward hands
+  its attention output projection (the projection's input split by head), and
+  ``Σ_h z_h W_O[h] + b_O`` equals the projection's output: together, ``pattern × V × W_O`` from
+  the matrices is each head's output as the forward computes it.
+- **Q/K projections** (separate projections): ``x W_Q + b_Q`` and ``x W_K + b_K`` equal the
+  projections' outputs (before rotary and QK-norm).
+- **Scores**: the pattern recomputed from the matrices, ``softmax(scale · rot(q) · rot(k) + bias)``,
+  equals the model's (eager ``output_attentions``): rotary from the ``position_embeddings``
+  ``(cos, sin)`` the attention module receives (rotate-half, on its first ``cos.shape[-1]``
+  features), an ALiBi or relative ``position_bias`` it receives added, Gemma 2's soft-capping,
+  QK-norm by the module's own ``q_norm``/``k_norm``; the masked keys are those the model gives
+  exactly 0. A fused map's Q and K are confirmed by this alone.
+
+Each error is relative: ``max |ours - model's| / max(1, max |model's|)``, within
+:data:`~headscope.probes.models.head_check.TOLERANCE` (1e-5 in float32).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from headscope.probes.models.head_check import TOLERANCE
+
+__all__ = ["CHECK_TEXT", "check_weights"]
+
+#: the real text the check runs (a few sentences of plain English, punctuation and a repeat)
+CHECK_TEXT = (
+    "The cat sat on the mat because it was warm. Later, the cat sat on the mat again, "
+    "and the dog watched it from the door."
+)
+#: the attention module's QK-norm modules, by name (Qwen3 and OLMo 2; Cohere, StableLM; HunYuan)
+QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
+#: names of the attention module's arguments that carry a bias added to the scores
+_BIAS_ARGS = ("position_bias", "alibi")
+
+
+def _rel(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    theirs = theirs.float()
+    return float((ours.float() - theirs).abs().max() / max(1.0, float(theirs.abs().max())))
+
+
+def _capture_hooks(projections, kept: dict):
+    """Hooks keeping, per layer, the projections' inputs and outputs and the attention module's arguments."""
+    handles = []
+
+    def keep_io(l, which):
+        def hook(m, a, o):
+            kept[l, which + "_in"] = a[0].detach()
+            kept[l, which + "_out"] = (o[0] if isinstance(o, tuple) else o).detach()
+
+        return hook
+
+    def keep_args(l):
+        def hook(m, args, kwargs):
+            try:
+                bound = inspect.signature(m.forward).bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                bound = dict(kwargs)
+            kept[l, "args"] = {k: v for k, v in bound.items() if k != "kwargs"} | bound.get("kwargs", {})
+
+        return hook
+
+    def keep_returned(l):
+        def hook(m, a, o):  # T5's attention returns (output, position_bias, weights)
+            if isinstance(o, tuple) and len(o) > 2 and torch.is_tensor(o[1]) and o[1].dim() == 4:  # (Llama: 2)
+                kept[l, "returned_bias"] = o[1].detach()
+
+        return hook
+
+    for l, p in enumerate(projections):
+        mods = {"q": p.q} if p.fused else {"q": p.q, "k": p.k, "v": p.v}
+        for which, m in mods.items():
+            handles.append(m.register_forward_hook(keep_io(l, which)))
+        handles.append(p.attn.register_forward_pre_hook(keep_args(l), with_kwargs=True))
+        handles.append(p.attn.register_forward_hook(keep_returned(l)))
+    return handles
+
+
+def _heads(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``[batch, pos, n·d_head]`` -> ``[batch, n, pos, d_head]``."""
+    return t.reshape(t.shape[0], t.shape[1], n, -1).transpose(1, 2)
+
+
+def _project(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``x [batch, pos, d_model]`` through ``W [n, d_model, d_head]`` (+ ``b [n, d_head]``) -> ``[batch, n, pos, d_head]``."""
+    y = torch.einsum("bpm,nmd->bnpd", x.float(), W)
+    return y + b[None, :, None, :] if b is not None else y
+
+
+def _rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary on the first ``cos.shape[-1]`` features of ``t [batch, n, pos, d_head]``."""
+    r = cos.shape[-1]
+    cos, sin = cos.float()[:, None], sin.float()[:, None]
+    if cos.shape[-2] != t.shape[-2]:
+        cos, sin = cos[..., -t.shape[-2] :, :], sin[..., -t.shape[-2] :, :]
+    rot, rest = t[..., :r], t[..., r:]
+    half = torch.cat((-rot[..., r // 2 :], rot[..., : r // 2]), dim=-1)
+    return torch.cat((rot * cos + half * sin, rest), dim=-1)
+
+
+def _qk_norm(attn, q: torch.Tensor, k: torch.Tensor):
+    """The module's own QK-norm applied (per head where its weight is ``d_head`` long, else over all heads)."""
+    names = QK_NORMS
+    for qn, kn in names:
+        nq, nk = getattr(attn, qn, None), getattr(attn, kn, None)
+        if nq is None or nk is None:
+            continue
+        out = []
+        for t, norm in ((q, nq), (k, nk)):
+            width = getattr(norm, "weight", torch.empty(t.shape[-1])).numel()
+            if width == t.shape[-1]:
+                out.append(norm(t))
+            else:
+                b, n, p, d = t.shape
+                out.append(norm(t.transpose(1, 2).reshape(b, p, n * d)).reshape(b, p, n, d).transpose(1, 2))
+        return out[0].float(), out[1].float(), True
+    return q, k, False
+
+
+def _family_rotary(attn):
+    """The family's own ``apply_rotary_pos_emb(q, k, cos, sin)`` from the module defining ``attn``'s class, or None."""
+    fn = getattr(inspect.getmodule(type(attn)), "apply_rotary_pos_emb", None)
+    return fn if callable(fn) else None
+
+
+def _rotations(attn, pe):
+    """``[(name, rotate(q, k) -> (q, k))]``: the family's own rotary function, then rotate-half; none without ``pe``."""
+    if not (isinstance(pe, tuple) and len(pe) == 2 and all(torch.is_tensor(t) for t in pe)):
+        return [("none", lambda q, k: (q, k))]
+    out = [("none", lambda q, k: (q, k))]  # a layer may skip the rotary it is handed (SmolLM3's NoPE layers)
+    fn = _family_rotary(attn)
+    if fn is not None:
+        out.append(("the family's apply_rotary_pos_emb", lambda q, k: tuple(t.float() for t in fn(q, k, *pe)[:2])))
+    out.append(("rotate-half", lambda q, k: (_rotate(q, *pe), _rotate(k, *pe))))
+    return out
+
+
+def _score_bias(kept, l, pattern):
+    """The bias the attention adds to its scores (an ``alibi`` or ``position_bias`` argument, or the
+    ``position_bias`` T5's attention returns), as ``(name, [batch, head, query|1, key])`` or None."""
+    args = kept[l, "args"]
+    b, h, n_q, n_k = pattern.shape
+    for name in _BIAS_ARGS:
+        bias = args.get(name)
+        if torch.is_tensor(bias):
+            bias = bias.float().reshape(b, h, -1, bias.shape[-1]) if bias.dim() == 3 else bias.float()
+            return name, bias[..., -n_q:, :n_k] if bias.shape[-2] > 1 else bias[..., :n_k]
+    returned = kept.get((l, "returned_bias"))
+    if torch.is_tensor(returned) and returned.dim() == 4 and returned.shape[-1] == n_k:
+        return "position_bias", returned.float()[..., -n_q:, :]
+    return None
+
+
+def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
+    """``{(scale, rotary, order): recomputed pattern}``: the pattern from ``lw``'s Q/K matrices under each
+    candidate scale (:attr:`scales`), rotary function and QK-norm order (before or after rotary)."""
+    q0 = _project(x_q, lw.W_Q, lw.b_Q)
+    k0 = _project(x_k, lw.W_K, lw.b_K)  # per KV head (OLMo 2 normalises all of k's features at once)
+    bias = _score_bias(kept, l, pattern)
+    cap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
+    sinks = getattr(attn, "sinks", None)
+    sinks = sinks.detach() if torch.is_tensor(sinks) and sinks.numel() == pattern.shape[1] else None
+    out = {}
+    with torch.inference_mode():
+        for rot_name, rotate in _rotations(attn, kept[l, "args"].get("position_embeddings")):
+            orders = ("norm, then rotary", "rotary, then norm") if _has_qk_norm(attn) else ("",)
+            for order in orders:
+                try:
+                    if order.startswith("rotary"):
+                        q, k = rotate(q0, k0)
+                        q, k, _ = _qk_norm(attn, q, k)
+                    else:
+                        q, k, _ = _qk_norm(attn, q0, k0)
+                        q, k = rotate(q, k)
+                except (RuntimeError, TypeError, ValueError):
+                    continue
+                raw = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()[:, lw.kv_index])
+                for scale in weights.scales:
+                    sc = raw * scale
+                    if cap:
+                        sc = torch.tanh(sc / cap) * cap
+                    if bias is not None:
+                        sc = sc + bias[1]
+                    sc = sc.masked_fill(pattern == 0, float("-inf"))
+                    out[scale, rot_name, order] = _softmax(sc, sinks)
+    return out, {"bias": bias[0] if bias else None, "softcap": float(cap) if cap else None, "sinks": sinks is not None}
+
+
+def _softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the keys; with ``sinks [head]`` (GPT-OSS), each head's learned logit joins the
+    softmax as one more key whose weight is dropped (the pattern's rows then sum to less than 1)."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    b, h, q, _ = scores.shape
+    joined = torch.cat([scores, sinks.float().reshape(1, h, 1, 1).expand(b, h, q, 1)], dim=-1)
+    return torch.softmax(joined, dim=-1)[..., :-1].nan_to_num(0.0)
+
+
+def _has_qk_norm(attn) -> bool:
+    return any(getattr(attn, qn, None) is not None for qn, _ in QK_NORMS)
+
+
+def _norm_hooks(blocks, kept: dict):
+    """Hooks keeping layer 0's block input and the outputs of its norm modules (what precedes the projections)."""
+    handles = [
+        blocks[0].register_forward_pre_hook(
+            lambda m, a: kept.__setitem__("block_in", a[0].detach()) if a and torch.is_tensor(a[0]) else None
+        )
+    ]
+    for rel, m in blocks[0].named_modules():
+        if rel and "norm" in type(m).__name__.lower():
+            hook = lambda m, a, o, rel=rel: kept.setdefault("norms", {}).__setitem__(  # noqa: E731
+                rel, (o[0] if isinstance(o, tuple) else o).detach()
+            )
+            handles.append(m.register_forward_hook(hook))
+    return handles
+
+
+def _preceding_norm(kept: dict, x: torch.Tensor, tol: float) -> str:
+    """In words: which of layer 0's norms gives the projections' input ``x`` (or none: post-norm)."""
+    for rel, t in kept.get("norms", {}).items():
+        if t.shape == x.shape and _rel(x, t) <= tol:
+            return f"the output of {rel}, the norm before attention"
+    b = kept.get("block_in")
+    if torch.is_tensor(b) and b.shape == x.shape and _rel(x, b) <= tol:
+        return "the residual stream itself (no norm before attention: post-norm)"
+    return "the input of the projections (no norm module's output matches it)"
+
+
+def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks=None) -> dict:
+    """Run ``text`` through ``model`` (an hf-backend model) and compare, layer by layer, what
+    ``weights`` (an :class:`~headscope.probes.models.hf_weights.HFModelWeights`) computes with what
+    the forward computed. Returns ``{"passed": bool, "reason": str | None, "errors": {part: worst
+    relative error}, "tolerance": float, "positions": …}``; ``reason`` names the first part and layer
+    that failed."""
+    kept: dict = {}
+    batch = model.encode(texts=[text])
+    handles = _capture_hooks(projections, kept) + (_norm_hooks(blocks, kept) if blocks else [])
+    try:
+        out = model.run(batch, quantities=("pattern", "z", "out"))
+    finally:
+        for h in handles:
+            h.remove()
+    tol = TOLERANCE.get(next(model.hf.parameters()).dtype, 1e-5)
+    worst: dict[str, float] = {}
+    chosen: list = []
+    reason = None
+    for l, p in enumerate(projections):
+        errs, best, used = _layer_errors(weights, weights.layer(l), p, kept, out, l)
+        chosen.append(best)
+        for part, e in errs.items():
+            worst[part] = max(worst.get(part, 0.0), e)
+            if reason is None and not e <= tol:
+                reason = f"layer {l}: {_PARTS[part]} differs by {e:.1e} (relative; tolerance {tol:.0e})"
+    scales = [c[0] for c in chosen if c is not None]
+    scale = max(set(scales), key=scales.count) if scales else None
+    rotary = sorted({c[1] for c in chosen if c is not None and c[1] != "none"})
+    orders = sorted({c[2] for c in chosen if c is not None and c[2]})
+    scores = {**used, "scale": scale, "rotary": rotary, "qk_norm": orders}
+    if rotary:
+        pe = next(kept[l, "args"]["position_embeddings"] for l in range(len(chosen)) if chosen[l][1] != "none")
+        scores["rotary_features"] = int(pe[0].shape[-1])
+        scores["layers_without_rotary"] = [l for l, c in enumerate(chosen) if c is not None and c[1] == "none"]
+    norm = _preceding_norm(kept, kept[0, "q_in"], tol)
+    return {
+        "passed": reason is None,
+        "reason": reason,
+        "errors": worst,
+        "tolerance": tol,
+        "scores": scores,
+        "norm": norm,
+    }
+
+
+def _layer_errors(weights, lw, p, kept, out, l):
+    """``(errors by part, the scores variant that fits best, what the scores used)`` of layer ``l``."""
+    pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
+    x_q = kept[l, "q_in"]
+    x_k, x_v = (kept[l, "k_in"], kept[l, "v_in"]) if not p.fused else (x_q, x_q)
+    v = _project(x_v, lw.W_V, lw.b_V)[:, lw.kv_index]
+    errs = {
+        "z": _rel(torch.einsum("bhqk,bhkd->bhqd", pattern, v), z),
+        "out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o),
+    }
+    if not p.fused:
+        errs["q"] = _rel(_project(x_q, lw.W_Q, lw.b_Q), _heads(kept[l, "q_out"], lw.W_Q.shape[0]))
+        errs["k"] = _rel(_project(x_k, lw.W_K, lw.b_K), _heads(kept[l, "k_out"], lw.W_K.shape[0]))
+    variants, used = _scores_variants(weights, lw, kept, l, x_q, x_k, p.attn, pattern)
+    fits = {key: _rel(rec, pattern) for key, rec in variants.items()}
+    best = min(fits, key=fits.get) if fits else None
+    errs["pattern"] = fits[best] if best is not None else float("inf")
+    return errs, best, used
+
+
+_PARTS = {
+    "z": "pattern × V from W_V does not give the heads' output z",
+    "out": "Σ z W_O from W_O does not give the output projection's output",
+    "q": "x W_Q + b_Q does not give the query projection's output",
+    "k": "x W_K + b_K does not give the key projection's output",
+    "pattern": "the pattern recomputed from W_Q, W_K (scale, rotary, bias) is not the model's",
+}

