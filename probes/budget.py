@@ -59,6 +59,7 @@ __all__ = [
     "Shape",
     "WorkingSet",
     "available_memory",
+    "check_limit",
     "estimate",
     "fit",
     "parse_size",
@@ -459,6 +460,38 @@ def available_memory() -> Available:
         return Available(None, "unknown", rss)
     room, source = min(found)
     return Available(room, source, rss, cap if source.startswith(ENV_LIMIT) else None)
+
+
+def check_limit(shape: Shape, *, load: bool = True) -> None:
+    """Refuse, in one line, a ``HEADSCOPE_MEMORY_LIMIT`` that is not a size, or one below what the
+    weights of ``shape`` alone need (``n_params × bytes_per``; nothing when ``load`` is False: the
+    weights are in the process already). Raises :class:`MemoryBudgetError` (exit 2 in the CLI)
+    before anything loads; returns None when the variable is unset or large enough.
+
+    Example: ``HEADSCOPE_MEMORY_LIMIT=1M`` for a model of 10**6 float32 parameters is refused with
+    ``HEADSCOPE_MEMORY_LIMIT=1M reads as 1.0 MiB, below the 3.8 MiB the weights alone need …``.
+    """
+    env = os.environ.get(ENV_LIMIT)
+    if env is None or not env.strip():
+        return
+    need = shape.n_params * shape.bytes_per if load else 0
+    sizes = f"({shape.n_params:,} parameters x {shape.bytes_per} bytes)"
+    try:
+        cap = parse_size(env)
+    except ValueError:
+        raise MemoryBudgetError(
+            f"{ENV_LIMIT}={env.strip()[:40]!r} is not a size (such as 2G, 512M or a number of bytes); the "
+            f"weights alone need {_mib(need)} {sizes}: set it to at least that or unset it"
+        ) from None
+    if cap < need:
+        raise MemoryBudgetError(
+            f"{ENV_LIMIT}={env.strip()} reads as {_mib(cap)}, below the {_mib(need)} the weights alone need "
+            f"{sizes}; set it to at least {_mib(need)} or unset it"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n < GiB else gib(n)
 
 
 # ----------------------------------------------------------------------------- choosing the batch

@@ -27,6 +27,7 @@ from headscope.probes.budget import (
     Shape,
     WorkingSet,
     available_memory,
+    check_limit,
     estimate,
     fit,
     gib,
@@ -195,7 +196,11 @@ def plan(
     one batch size for every stage, the smallest fitted; ``probe``: ``--backend auto`` will probe
     the in-house model against an HF copy while loading; ``trimmed``: the heap is trimmed after
     the load, :data:`~headscope.probes.budget.TRIMMED_RESIDUE`); raises
-    :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit."""
+    :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit, or when
+    ``HEADSCOPE_MEMORY_LIMIT`` is not a size or is below the weights alone
+    (:func:`~headscope.probes.budget.check_limit`)."""
+    if shape is not None:
+        check_limit(shape, load=load)
     avail = available_memory()
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:

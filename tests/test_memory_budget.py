@@ -486,3 +486,39 @@ def test_the_kv_stage_estimate_matches_the_measured_qwen_peak():
     assert abs(got - measured) <= 0.10 * measured
     before = estimate(shape, kv_stages(shape, KVStageConfig(), tokens=1024), process=process)
     assert before.phases["kv logits"] > 1.2 * measured
+
+
+# ----------------------------------------------------------------------------- a limit that cannot be right
+
+
+def test_check_limit_names_the_value_read_and_the_weights_minimum(monkeypatch):
+    import dataclasses
+
+    from headscope.probes.budget import check_limit
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    need = shape.n_params * 4
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "lots")
+    with pytest.raises(MemoryBudgetError, match=r"HEADSCOPE_MEMORY_LIMIT='lots' is not a size .* weights alone need 1\.84 GiB"):
+        check_limit(shape)
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "1G")
+    with pytest.raises(MemoryBudgetError, match=r"=1G reads as 1\.00 GiB, below the 1\.84 GiB the weights alone"):
+        check_limit(shape)
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", str(need))  # exactly the weights: not refused here
+    check_limit(shape)
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "1G")
+    check_limit(dataclasses.replace(shape, bytes_per=2))  # bf16 weights are 0.92 GiB: a 1G cap is not refused for them
+    check_limit(shape, load=False)  # the weights are loaded already: nothing to compare
+
+
+@pytest.mark.parametrize(("limit", "said"), [("lots", "='lots' is not a size"), ("10M", "=10M reads as 10.0 MiB")])
+def test_report_with_a_bad_memory_limit_exits_2_before_loading(tmp_path, limit, said):
+    """``HEADSCOPE_MEMORY_LIMIT`` unparsable or below MiniLM-L6's weights (87 MiB in float32): one
+    line with what it read and the minimum, exit 2, nothing written, no weight read."""
+    out = tmp_path / "report"
+    proc = _headscope(["report", "minilm-l6", "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT=limit))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc)
+    assert said in line and "86.1 MiB" in line and "(22,565,376 parameters x 4 bytes)" in line, line
+    assert not any("load" in x for x in proc.stderr.splitlines()), proc.stderr  # refused before the load began
+    assert not out.exists()
