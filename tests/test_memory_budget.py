@@ -499,7 +499,9 @@ def test_check_limit_names_the_value_read_and_the_weights_minimum(monkeypatch):
     shape = Shape.from_hf_config(QWEN_05B)
     need = shape.n_params * 4
     monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "lots")
-    with pytest.raises(MemoryBudgetError, match=r"HEADSCOPE_MEMORY_LIMIT='lots' is not a size .* weights alone need 1\.84 GiB"):
+    with pytest.raises(
+        MemoryBudgetError, match=r"HEADSCOPE_MEMORY_LIMIT='lots' is not a size .* weights alone need 1\.84 GiB"
+    ):
         check_limit(shape)
     monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "1G")
     with pytest.raises(MemoryBudgetError, match=r"=1G reads as 1\.00 GiB, below the 1\.84 GiB the weights alone"):
