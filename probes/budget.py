@@ -73,6 +73,9 @@ ENV_LIMIT = "HEADSCOPE_MEMORY_LIMIT"
 GiB = 1 << 30
 MiB = 1 << 20
 
+#: bytes of float32 log-probabilities the next-token loss computes at once
+#: (:func:`~headscope.analyses.metrics.token_nll`: the log-softmax over row chunks, never all logits at once)
+LOGP_CHUNK_BYTES = 32 * MiB
 #: copies of the kept patterns the role reducers make of a batch (masked rows, word pooling, JS rows)
 REDUCER_COPIES = 2
 #: the largest resampling chunk (:func:`~headscope.analyses.stats.resampling.bootstrap_ci`:
@@ -169,7 +172,9 @@ class WorkingSet:
     ``kept_layers``: layers whose patterns are kept for the whole forward; ``logits``:
     ``"all"`` (every position unembedded), ``"last"`` (one row per sequence) or ``"none"``
     (an encoder's hidden states); ``loss``: the logits also pass a log-softmax; ``grad``: a
-    backward pass follows (its activations are kept); ``reducers``: role reducers read
+    backward pass follows (its activations are kept); ``chunked``: the loss's log-softmax runs
+    over row chunks of :data:`LOGP_CHUNK_BYTES`, so only the logits
+    themselves are held whole (the pruning metrics); ``reducers``: role reducers read
     the patterns; ``statistics``: per-item values are resampled; ``cache_per_row``: bytes the
     run holds per sequence besides the forward (a patching study's clean ``z``, the unablated
     stream of a pruning batch), for at most ``cache_rows`` sequences (None: the batch)."""
@@ -183,6 +188,7 @@ class WorkingSet:
     logits: str = "all"
     loss: bool = False
     grad: bool = False
+    chunked: bool = False
     reducers: bool = False
     statistics: bool = False
     cache_per_row: int = 0
@@ -266,7 +272,11 @@ def _working_set_bytes(shape: Shape, ws: WorkingSet) -> dict[str, int]:
     }
     if shape.causal and shape.vocab_size and ws.logits != "none":
         read = tokens if ws.logits == "all" else rows
-        out["logits"] = read * shape.vocab_size * b * (1 + 2 * (ws.loss or ws.grad))
+        whole = read * shape.vocab_size * b
+        if ws.chunked and ws.loss and not ws.grad:  # the logits, and one chunk's float32 copy and log-softmax
+            out["logits"] = whole + 2 * min(LOGP_CHUNK_BYTES, read * shape.vocab_size * f32)
+        else:  # a backward keeps the log-softmax and its gradient whole
+            out["logits"] = whole * (1 + 2 * (ws.loss or ws.grad))
     if ws.grad:  # every layer's activations and its (float32) pattern are kept for the backward pass
         out["gradients"] = L * (GRAD_ACTIVATIONS * tokens * d + tokens * shape.d_mlp) * b + L * h * cells * f32
     return out

@@ -524,3 +524,21 @@ def test_report_with_a_bad_memory_limit_exits_2_before_loading(tmp_path, limit, 
     assert said in line and "86.1 MiB" in line and "(22,565,376 parameters x 4 bytes)" in line, line
     assert not any("load" in x for x in proc.stderr.splitlines()), proc.stderr  # refused before the load began
     assert not out.exists()
+
+
+def test_pruning_logits_are_held_once_with_one_loss_chunk():
+    """The pruning metric's loss runs its log-softmax over row chunks (analyses.metrics.token_nll):
+    its working set holds the logits of the rows read once, plus one chunk's float32 copy and
+    log-softmax, not three whole copies (issue #38: +169% on a Qwen2-0.5B GGUF)."""
+    from headscope.analyses.pruning.study import PruneConfig
+    from headscope.probes.budget import LOGP_CHUNK_BYTES
+    from headscope.reports.stages.plans import prune_stages
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    (ws, *_) = prune_stages(shape, PruneConfig())
+    assert ws.name == "pruning" and ws.loss and ws.chunked
+    est = estimate(shape, [ws], load=False)
+    read = ws.extent()[1]
+    assert est.parts["pruning"]["logits"] == read * 151936 * 4 + 2 * LOGP_CHUNK_BYTES
+    grad = estimate(shape, [WorkingSet(name="g", batch_size=16, longest=40, grad=True, chunked=True)], load=False)
+    assert grad.parts["g"]["logits"] == 16 * 40 * 151936 * 4 * 3  # a backward keeps them whole
