@@ -217,6 +217,26 @@ def test_a_real_address_space_limit_is_read_and_refuses_with_exit_2(tmp_path, qw
     assert not out.exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+def test_an_address_space_limit_above_the_need_lets_the_run_complete(tmp_path, short_text):
+    """The other side of the refusal: RLIMIT_AS bounds the address space (VmSize, whose high-water
+    mark is VmPeak), not the resident set (VmHWM) the estimate is of; with the estimated need and
+    room for what torch maps but never touches above the address space after the imports, a MiniLM
+    roles run is planned without a refusal and completes."""
+    base = _vm_size_after_imports()
+    limit = base + (3 << 30)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+    out = tmp_path / "roles"
+    proc = _headscope(["roles", "minilm-l6", "--roles", "positional", "--text", short_text, "--out", out], preexec_fn=cap)
+    assert proc.returncode == 0, proc.stderr
+    mem = _run_json(out)["memory"]
+    assert mem["estimate_bytes"] < limit - base  # the need was below what the limit left
+    assert mem["available_source"].startswith(("RLIMIT_AS", "MemAvailable", "cgroup"))
+
+
 # ----------------------------------------------------------------------------- the estimate against the peak
 
 
