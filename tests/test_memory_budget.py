@@ -230,7 +230,9 @@ def test_an_address_space_limit_above_the_need_lets_the_run_complete(tmp_path, s
         resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
     out = tmp_path / "roles"
-    proc = _headscope(["roles", "minilm-l6", "--roles", "positional", "--text", short_text, "--out", out], preexec_fn=cap)
+    proc = _headscope(
+        ["roles", "minilm-l6", "--roles", "positional", "--text", short_text, "--out", out], preexec_fn=cap
+    )
     assert proc.returncode == 0, proc.stderr
     mem = _run_json(out)["memory"]
     assert mem["estimate_bytes"] < limit - base  # the need was below what the limit left

@@ -156,6 +156,7 @@ def run_case(case: Case) -> list[dict]:
 
     model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
     config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES))
+
     def progress(stage, done, total):
         if done == 0 or done == total:
             log.warning("calibration %s: %s %s", case.name, stage, "started" if done == 0 else "done")
