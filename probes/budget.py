@@ -88,6 +88,10 @@ LOADER_RESIDUE = 0.4
 #: the same once the heap is trimmed after the load (:func:`~headscope.probes.allocator.trim_heap`, as the
 #: report does; measured on a Qwen2-0.5B-shaped bf16 checkpoint loaded in float32 and probed: 0.13)
 TRIMMED_RESIDUE = 0.15
+#: what a report's run holds beyond each stage's working set once stages have run before it (the frames and
+#: summaries kept, the HF probe copy's and earlier stages' heap the allocator keeps, torch's per-thread
+#: buffers); measured: MiniLM-L6's default report, the context stage (no working set) 179 MiB over the rest
+STAGED_RESIDUE = 180 * MiB
 #: resident bytes of a tokenizer per vocabulary entry (measured: MiniLM-L6 and SmolLM2-135M)
 TOKENIZER_BYTES_PER_ENTRY = 300
 #: code and buffers the loader maps while reading weights (safetensors, tokenizers)
@@ -291,6 +295,7 @@ def estimate(
     convert: bool = False,
     probe: bool = False,
     trimmed: bool = False,
+    staged: bool = False,
 ) -> Estimate:
     """The peak resident memory of a run (see the module doc). ``process``: bytes this process
     holds now (:func:`rss_bytes`); ``load``: the weights are still to be read (False: a model
@@ -298,7 +303,8 @@ def estimate(
     ``probe``: once the in-house weights are in place, ``--backend auto`` loads an HF eager copy
     beside them to check their patterns (:data:`PROBE_COPIES`), and the load phase is the larger
     of reading the weights and that probe; ``trimmed``: the heap is trimmed once the model is
-    loaded, so the working sets hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`.
+    loaded, so the working sets hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`;
+    ``staged``: the working sets are a report's stages, run one after another (:data:`STAGED_RESIDUE`).
     ``breakdown`` gives the components of the largest phase (``weights``, ``loading``,
     ``process``, and that working set's ``patterns``, ``logits``, …).
 
@@ -326,6 +332,8 @@ def estimate(
     for ws in working_sets:
         work = _working_set_bytes(shape, ws)
         parts[ws.name] = {**base, **residue, **work, "allocator": ALLOCATOR_SLACK}
+        if staged:
+            parts[ws.name]["staged residue"] = STAGED_RESIDUE
         phases[ws.name] = sum(parts[ws.name].values())
     phase = max(phases, key=phases.get)
     return Estimate(
@@ -521,6 +529,7 @@ def fit(
     convert: bool = False,
     probe: bool = False,
     trimmed: bool = False,
+    staged: bool = False,
     remedies: dict[str, str] | None = None,
 ) -> Estimate:
     """The estimate with each working set's batch at most its ``batch_size``, shrunk (largest first)
@@ -529,7 +538,7 @@ def fit(
     every working set at a batch of one, does not fit. With no known limit, the estimate as asked.
     ``remedies``: component -> advice (``{"weights": "use --dtype bf16"}``) for the message."""
     working_sets = list(working_sets)
-    kw = dict(process=available.resident, load=load, convert=convert, probe=probe, trimmed=trimmed)
+    kw = dict(process=available.resident, load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged)
     est = estimate(shape, working_sets, **kw)
     budget = available.budget
     if budget is None or est.total <= budget:

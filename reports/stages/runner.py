@@ -250,6 +250,7 @@ def plan_memory(ctx: RunContext, cfgs: dict, on: list, extra: dict) -> tuple[Bud
                 sets.append(w)
     held = extra["held"]
     kw = {"load": False} if held else {"convert": extra["convert"], "probe": extra["probe"], "trimmed": True}
+    kw["staged"] = True  # stages run one after another: what earlier ones leave is held too
     budget = memory.plan("report", ctx.shape, sets, **kw)
     budget.emit = ctx.notice
     memory.say(budget)
@@ -340,7 +341,7 @@ def run_stages(ctx: RunContext, cfgs: dict, off: dict[str, str], estimates: dict
 
 
 #: the parts of a run phase that every stage holds, whatever its working set
-_HELD = ("process", "weights", "loader residue", "tokenizer", "allocator")
+_HELD = ("process", "weights", "loader residue", "tokenizer", "allocator", "staged residue")
 
 
 def _estimates(budget: Budget) -> dict[str, float]:

@@ -148,25 +148,31 @@ def _scaled(cfg, case: Case, stage: str):
     return replace(cfg, **change) if change else cfg
 
 
-def run_case(case: Case) -> list[dict]:
-    """Run ``case`` in this process (see the module doc) -> one row per registered stage."""
+def _plan_case(case: Case, progress=None):
+    """The report's path up to the load for ``case``: ``(ctx, config, cfgs, budget, model)``."""
     from headscope.reports.stages import registry
     from headscope.reports.stages.config import RunConfig
-    from headscope.reports.stages.runner import _estimates, load_into, open_context, plan_memory, run_stages
+    from headscope.reports.stages.runner import open_context, plan_memory
 
     model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
     config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES))
+    ctx, extra = open_context(model, config, progress=progress)
+    stages = list(registry.STAGES.values())
+    cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}
+    budget, cfgs = plan_memory(ctx, cfgs, stages, extra)
+    return ctx, config, cfgs, budget, model
+
+
+def run_case(case: Case) -> list[dict]:
+    """Run ``case`` in this process (see the module doc) -> one row per registered stage."""
+    from headscope.reports.stages.runner import _estimates, load_into, run_stages
 
     def progress(stage, done, total):
         if done == 0 or done == total:
             log.warning("calibration %s: %s %s", case.name, stage, "started" if done == 0 else "done")
 
-    ctx, extra = open_context(model, config, progress=progress)
-    stages = list(registry.STAGES.values())
-    cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}
-    budget, cfgs = plan_memory(ctx, cfgs, stages, extra)
+    ctx, config, cfgs, budget, model = _plan_case(case, progress)
     load_into(ctx, model, config)
-    log.warning("calibration %s: planned, loading", case.name)
     status, _counts = run_stages(ctx, cfgs, {}, _estimates(budget))
     rows = [_whole(case, budget)]
     for name, rec in status.items():
@@ -188,6 +194,24 @@ def run_case(case: Case) -> list[dict]:
             }
         )
     return rows
+
+
+def replan_rows(case: Case, rows: list[dict]) -> list[dict]:
+    """``rows`` measured for ``case`` with each estimate planned again by the code as it is now (the
+    plan is arithmetic on the shape and settings, made before any load: no model is loaded here),
+    the peaks kept; ``estimate_before_mb`` keeps the estimate the run made. Run it in a fresh
+    process, as :func:`run_case` is (the plan counts the process's resident memory)."""
+    from headscope.reports.stages.runner import _estimates
+
+    _ctx, _config, _cfgs, budget, _model = _plan_case(case)
+    est = _estimates(budget)
+    out = []
+    for r in rows:
+        new = round(budget.estimate.total / 2**20, 1) if r["stage"] == WHOLE else est.get(r["stage"], est.get("*"))
+        new = new if r["estimate_mb"] is not None else None
+        err = None if not (new and r["peak_mb"]) else round((new - r["peak_mb"]) / r["peak_mb"], 4)
+        out.append(r | {"estimate_before_mb": r["estimate_mb"], "estimate_mb": new, "error": err, "replanned": True})
+    return out
 
 
 #: the stage name of a case's whole-run row (the largest phase against the process's VmHWM)
@@ -228,7 +252,13 @@ def rows_from_run(case: Case, run: dict) -> list[dict]:
     model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
     _ctx, budget, _cfgs, _off = plan_report(model, RunConfig(dtype=case.dtype))
     est = _estimates(budget)
-    rows = []
+    whole = _whole(case, budget)
+    peak = (run.get("memory") or {}).get("peak_rss_bytes")
+    whole["peak_mb"] = None if peak is None else round(peak / 2**20, 1)
+    whole["error"] = (
+        None if not (whole["estimate_mb"] and peak) else round(whole["estimate_mb"] / whole["peak_mb"] - 1, 4)
+    )
+    rows = [whole | {"measured_by": "report run.json"}]
     for name, rec in (run.get("stages") or {}).items():
         e = est.get(name, est.get("*")) if rec.get("peak_mb") is not None else None
         peak = rec.get("peak_mb")
