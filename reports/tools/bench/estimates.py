@@ -82,10 +82,12 @@ class Case:
     dtype: str = "fp32"
     batch: float = 1.0
     items: dict = field(default_factory=dict)
+    only: tuple = ()  # these stages alone (empty: every registered one)
 
     @property
     def name(self) -> str:
-        return f"{self.model}/{self.dtype}/batch x{self.batch:g}"
+        alone = f"/{'+'.join(self.only)} alone" if self.only else ""
+        return f"{self.model}/{self.dtype}/batch x{self.batch:g}{alone}"
 
 
 #: every case: the contextualisation stage on its first 6 words (each sentence is its own forward: the
@@ -157,7 +159,7 @@ def _plan_case(case: Case, progress=None):
     model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
     config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES))
     ctx, extra = open_context(model, config, progress=progress)
-    stages = list(registry.STAGES.values())
+    stages = [s for s in registry.STAGES.values() if not case.only or s.name in case.only]
     cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}
     budget, cfgs = plan_memory(ctx, cfgs, stages, extra)
     return ctx, config, cfgs, budget, model
@@ -173,7 +175,8 @@ def run_case(case: Case) -> list[dict]:
 
     ctx, config, cfgs, budget, model = _plan_case(case, progress)
     load_into(ctx, model, config)
-    status, _counts = run_stages(ctx, cfgs, {}, _estimates(budget))
+    off = {n: "not in the case" for n in cfgs if case.only and n not in case.only}
+    status, _counts = run_stages(ctx, cfgs, off, _estimates(budget))
     rows = [_whole(case, budget)]
     for name, rec in status.items():
         est, peak = rec.get("estimate_mb"), rec.get("peak_mb")
@@ -325,12 +328,18 @@ TABLE_START, TABLE_END = "<!-- estimates table: written by make estimates -->", 
 def render_table(doc: dict) -> str:
     """The Markdown table of a calibration document: one line per case and stage that ran
     (estimate, measured peak, error, seconds), then the largest under- and over-estimate."""
-    lines = ["| case | stage | estimate MiB | peak MiB | error | seconds |", "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| case | stage | estimate MiB | before MiB | peak MiB | error | seconds |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     measured = [r for r in doc["rows"] if r["estimate_mb"] and r["peak_mb"]]
     for r in measured:
+        before, secs = r.get("estimate_before_mb"), r.get("seconds")
+        before = "-" if before is None else f"{before:.0f}"
+        secs = "-" if secs is None else f"{secs:.1f}"
         lines.append(
-            f"| {r['case']} | {r['stage']} | {r['estimate_mb']:.0f} | {r['peak_mb']:.0f} | {r['error']:+.1%} "
-            f"| {r['seconds'] or 0:.1f} |"
+            f"| {r['case']} | {r['stage']} | {r['estimate_mb']:.0f} | {before} | {r['peak_mb']:.0f} "
+            f"| {r['error']:+.1%} | {secs} |"
         )
     if measured:
         lo, hi = min(measured, key=lambda r: r["error"]), max(measured, key=lambda r: r["error"])
