@@ -250,7 +250,7 @@ def plan_memory(ctx: RunContext, cfgs: dict, on: list, extra: dict) -> tuple[Bud
                 sets.append(w)
     held = extra["held"]
     kw = {"load": False} if held else {"convert": extra["convert"], "probe": extra["probe"], "trimmed": True}
-    kw["staged"] = True  # stages run one after another: what earlier ones leave is held too
+    kw["staged"] = len(on) > 1  # stages run one after another: what earlier ones leave is held too
     budget = memory.plan("report", ctx.shape, sets, **kw)
     budget.emit = ctx.notice
     memory.say(budget)

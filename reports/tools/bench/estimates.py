@@ -159,9 +159,9 @@ def _plan_case(case: Case, progress=None):
     model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
     config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES))
     ctx, extra = open_context(model, config, progress=progress)
-    stages = [s for s in registry.STAGES.values() if not case.only or s.name in case.only]
+    stages = list(registry.STAGES.values())
     cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}
-    budget, cfgs = plan_memory(ctx, cfgs, stages, extra)
+    budget, cfgs = plan_memory(ctx, cfgs, [s for s in stages if not case.only or s.name in case.only], extra)
     return ctx, config, cfgs, budget, model
 
 
