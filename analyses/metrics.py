@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from headscope.probes.budget import LOGP_CHUNK_BYTES
 from headscope.probes.shapes import Float, Shaped, Tensor, TokenIds
 
 # ----------------------------------------------------------------------------- shapes
@@ -115,14 +116,28 @@ def token_nll(
         raise ValueError(
             f"logits must be [batch, pos, vocab] matching input_ids {tuple(input_ids.shape)}; got {tuple(logits.shape)}"
         )
-    logp = F.log_softmax(logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     target = input_ids[:, 1:]
-    tok = -logp.gather(-1, target[..., None])[..., 0]  # [batch, pos-1]
+    tok = -_target_logp(logits[:, :-1], target)  # [batch, pos-1]
     keep = attention_mask[:, 1:].bool()
     if score_mask is not None:
         keep = keep & score_mask[:, 1:].bool()
-    keep_f = keep.to(logp.dtype)
+    keep_f = keep.to(tok.dtype)
     return (tok * keep_f).sum(-1), keep_f.sum(-1)
+
+
+def _target_logp(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits [..., vocab])[..., target]`` -> ``target``'s shape (float32, float64 for
+    float64 logits), computed over chunks of :data:`~headscope.probes.budget.LOGP_CHUNK_BYTES` along the first dimension:
+    the same values, bit for bit, as one log-softmax over every row (it is row-wise), without a
+    second copy of all the logits."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    per_row = max(1, math.prod(logits.shape[1:]) * 4)
+    step = max(1, LOGP_CHUNK_BYTES // per_row)
+    parts = [
+        F.log_softmax(logits[i : i + step].to(dtype), dim=-1).gather(-1, target[i : i + step, ..., None])[..., 0]
+        for i in range(0, logits.shape[0], step)
+    ]
+    return torch.cat(parts) if parts else torch.zeros(target.shape, dtype=dtype, device=logits.device)
 
 
 def token_nll_at(logits: ScoredLogits, input_ids: TokenIds, attention_mask: TokenMask) -> tuple[PerRow, PerRow]:
@@ -140,10 +155,9 @@ def token_nll_at(logits: ScoredLogits, input_ids: TokenIds, attention_mask: Toke
     keep = attention_mask[:, 1:].bool()
     if logits.dim() != 2 or logits.shape[0] != int(keep.sum()):
         raise ValueError(f"logits must be [{int(keep.sum())} scored positions, vocab]; got {tuple(logits.shape)}")
-    logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    scored = -logp.gather(-1, input_ids[:, 1:][keep][:, None])[:, 0]
-    tok = torch.zeros(keep.shape, dtype=logp.dtype, device=logp.device).masked_scatter(keep, scored)
-    keep_f = keep.to(logp.dtype)
+    scored = -_target_logp(logits, input_ids[:, 1:][keep])
+    tok = torch.zeros(keep.shape, dtype=scored.dtype, device=scored.device).masked_scatter(keep, scored)
+    keep_f = keep.to(scored.dtype)
     return (tok * keep_f).sum(-1), keep_f.sum(-1)
 
 

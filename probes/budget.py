@@ -59,6 +59,7 @@ __all__ = [
     "Shape",
     "WorkingSet",
     "available_memory",
+    "check_limit",
     "estimate",
     "fit",
     "parse_size",
@@ -72,6 +73,9 @@ ENV_LIMIT = "HEADSCOPE_MEMORY_LIMIT"
 GiB = 1 << 30
 MiB = 1 << 20
 
+#: bytes of float32 log-probabilities the next-token loss computes at once
+#: (:func:`~headscope.analyses.metrics.token_nll`: the log-softmax over row chunks, never all logits at once)
+LOGP_CHUNK_BYTES = 32 * MiB
 #: copies of the kept patterns the role reducers make of a batch (masked rows, word pooling, JS rows)
 REDUCER_COPIES = 2
 #: the largest resampling chunk (:func:`~headscope.analyses.stats.resampling.bootstrap_ci`:
@@ -84,6 +88,10 @@ LOADER_RESIDUE = 0.4
 #: the same once the heap is trimmed after the load (:func:`~headscope.probes.allocator.trim_heap`, as the
 #: report does; measured on a Qwen2-0.5B-shaped bf16 checkpoint loaded in float32 and probed: 0.13)
 TRIMMED_RESIDUE = 0.15
+#: what a report's run holds beyond each stage's working set once stages have run before it (the frames and
+#: summaries kept, the HF probe copy's and earlier stages' heap the allocator keeps, torch's per-thread
+#: buffers); measured: MiniLM-L6's default report, the context stage (no working set) 179 MiB over the rest
+STAGED_RESIDUE = 180 * MiB
 #: resident bytes of a tokenizer per vocabulary entry (measured: MiniLM-L6 and SmolLM2-135M)
 TOKENIZER_BYTES_PER_ENTRY = 300
 #: code and buffers the loader maps while reading weights (safetensors, tokenizers)
@@ -168,7 +176,9 @@ class WorkingSet:
     ``kept_layers``: layers whose patterns are kept for the whole forward; ``logits``:
     ``"all"`` (every position unembedded), ``"last"`` (one row per sequence) or ``"none"``
     (an encoder's hidden states); ``loss``: the logits also pass a log-softmax; ``grad``: a
-    backward pass follows (its activations are kept); ``reducers``: role reducers read
+    backward pass follows (its activations are kept); ``chunked``: the loss's log-softmax runs
+    over row chunks of :data:`LOGP_CHUNK_BYTES`, so only the logits
+    themselves are held whole (the pruning metrics); ``reducers``: role reducers read
     the patterns; ``statistics``: per-item values are resampled; ``cache_per_row``: bytes the
     run holds per sequence besides the forward (a patching study's clean ``z``, the unablated
     stream of a pruning batch), for at most ``cache_rows`` sequences (None: the batch)."""
@@ -182,6 +192,7 @@ class WorkingSet:
     logits: str = "all"
     loss: bool = False
     grad: bool = False
+    chunked: bool = False
     reducers: bool = False
     statistics: bool = False
     cache_per_row: int = 0
@@ -265,7 +276,11 @@ def _working_set_bytes(shape: Shape, ws: WorkingSet) -> dict[str, int]:
     }
     if shape.causal and shape.vocab_size and ws.logits != "none":
         read = tokens if ws.logits == "all" else rows
-        out["logits"] = read * shape.vocab_size * b * (1 + 2 * (ws.loss or ws.grad))
+        whole = read * shape.vocab_size * b
+        if ws.chunked and ws.loss and not ws.grad:  # the logits, and one chunk's float32 copy and log-softmax
+            out["logits"] = whole + 2 * min(LOGP_CHUNK_BYTES, read * shape.vocab_size * f32)
+        else:  # a backward keeps the log-softmax and its gradient whole
+            out["logits"] = whole * (1 + 2 * (ws.loss or ws.grad))
     if ws.grad:  # every layer's activations and its (float32) pattern are kept for the backward pass
         out["gradients"] = L * (GRAD_ACTIVATIONS * tokens * d + tokens * shape.d_mlp) * b + L * h * cells * f32
     return out
@@ -280,6 +295,7 @@ def estimate(
     convert: bool = False,
     probe: bool = False,
     trimmed: bool = False,
+    staged: bool = False,
 ) -> Estimate:
     """The peak resident memory of a run (see the module doc). ``process``: bytes this process
     holds now (:func:`rss_bytes`); ``load``: the weights are still to be read (False: a model
@@ -287,7 +303,8 @@ def estimate(
     ``probe``: once the in-house weights are in place, ``--backend auto`` loads an HF eager copy
     beside them to check their patterns (:data:`PROBE_COPIES`), and the load phase is the larger
     of reading the weights and that probe; ``trimmed``: the heap is trimmed once the model is
-    loaded, so the working sets hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`.
+    loaded, so the working sets hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`;
+    ``staged``: the working sets are a report's stages, run one after another (:data:`STAGED_RESIDUE`).
     ``breakdown`` gives the components of the largest phase (``weights``, ``loading``,
     ``process``, and that working set's ``patterns``, ``logits``, …).
 
@@ -315,6 +332,8 @@ def estimate(
     for ws in working_sets:
         work = _working_set_bytes(shape, ws)
         parts[ws.name] = {**base, **residue, **work, "allocator": ALLOCATOR_SLACK}
+        if staged:
+            parts[ws.name]["staged residue"] = STAGED_RESIDUE
         phases[ws.name] = sum(parts[ws.name].values())
     phase = max(phases, key=phases.get)
     return Estimate(
@@ -461,6 +480,38 @@ def available_memory() -> Available:
     return Available(room, source, rss, cap if source.startswith(ENV_LIMIT) else None)
 
 
+def check_limit(shape: Shape, *, load: bool = True) -> None:
+    """Refuse, in one line, a ``HEADSCOPE_MEMORY_LIMIT`` that is not a size, or one below what the
+    weights of ``shape`` alone need (``n_params × bytes_per``; nothing when ``load`` is False: the
+    weights are in the process already). Raises :class:`MemoryBudgetError` (exit 2 in the CLI)
+    before anything loads; returns None when the variable is unset or large enough.
+
+    Example: ``HEADSCOPE_MEMORY_LIMIT=1M`` for a model of 10**6 float32 parameters is refused with
+    ``HEADSCOPE_MEMORY_LIMIT=1M reads as 1.0 MiB, below the 3.8 MiB the weights alone need …``.
+    """
+    env = os.environ.get(ENV_LIMIT)
+    if env is None or not env.strip():
+        return
+    need = shape.n_params * shape.bytes_per if load else 0
+    sizes = f"({shape.n_params:,} parameters x {shape.bytes_per} bytes)"
+    try:
+        cap = parse_size(env)
+    except ValueError:
+        raise MemoryBudgetError(
+            f"{ENV_LIMIT}={env.strip()[:40]!r} is not a size (such as 2G, 512M or a number of bytes); the "
+            f"weights alone need {_mib(need)} {sizes}: set it to at least that or unset it"
+        ) from None
+    if cap < need:
+        raise MemoryBudgetError(
+            f"{ENV_LIMIT}={env.strip()} reads as {_mib(cap)}, below the {_mib(need)} the weights alone need "
+            f"{sizes}; set it to at least {_mib(need)} or unset it"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n < GiB else gib(n)
+
+
 # ----------------------------------------------------------------------------- choosing the batch
 
 
@@ -478,6 +529,7 @@ def fit(
     convert: bool = False,
     probe: bool = False,
     trimmed: bool = False,
+    staged: bool = False,
     remedies: dict[str, str] | None = None,
 ) -> Estimate:
     """The estimate with each working set's batch at most its ``batch_size``, shrunk (largest first)
@@ -486,7 +538,7 @@ def fit(
     every working set at a batch of one, does not fit. With no known limit, the estimate as asked.
     ``remedies``: component -> advice (``{"weights": "use --dtype bf16"}``) for the message."""
     working_sets = list(working_sets)
-    kw = dict(process=available.resident, load=load, convert=convert, probe=probe, trimmed=trimmed)
+    kw = dict(process=available.resident, load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged)
     est = estimate(shape, working_sets, **kw)
     budget = available.budget
     if budget is None or est.total <= budget:

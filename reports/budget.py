@@ -27,6 +27,7 @@ from headscope.probes.budget import (
     Shape,
     WorkingSet,
     available_memory,
+    check_limit,
     estimate,
     fit,
     gib,
@@ -97,6 +98,7 @@ class Budget:
     probe: bool = False
     emit: object = field(default=None, repr=False)  # where start() printed the plan (refine says a change)
     trimmed: bool = False  # the heap is trimmed after the load (the report's run: trim_heap)
+    staged: bool = False  # the working sets are a report's stages, run one after another
     #: what the report's run keeps beside the plan (``owner``: working set -> stage)
     settings: dict = field(default_factory=dict, repr=False)
 
@@ -170,9 +172,11 @@ def _changes(sizes: dict[str, tuple[int, int]]) -> str:
     return "; ".join(f"batch {x} -> {y} to fit ({', '.join(names)})" for (x, y), names in by.items())
 
 
-def _fit(command, shape, stages, avail, *, load, convert, uniform, probe=False, trimmed=False) -> Estimate:
+def _fit(
+    command, shape, stages, avail, *, load, convert, uniform, probe=False, trimmed=False, staged=False
+) -> Estimate:
     """:func:`~headscope.probes.budget.fit`, then (``uniform``) every stage at the smallest batch fitted."""
-    kw = dict(load=load, convert=convert, probe=probe, trimmed=trimmed)
+    kw = dict(load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged)
     est = fit(shape, stages, avail, command=command, remedies=REMEDIES.get(command), **kw)
     if uniform and len(set(est.batch_sizes.values())) > 1:
         b = min(est.batch_sizes.values())
@@ -190,18 +194,24 @@ def plan(
     uniform: bool = False,
     probe: bool = False,
     trimmed: bool = False,
+    staged: bool = False,
 ) -> Budget:
     """Fit ``stages`` of ``command`` to the memory available now (see the module doc; ``uniform``:
     one batch size for every stage, the smallest fitted; ``probe``: ``--backend auto`` will probe
     the in-house model against an HF copy while loading; ``trimmed``: the heap is trimmed after
     the load, :data:`~headscope.probes.budget.TRIMMED_RESIDUE`); raises
-    :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit."""
+    :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit, or when
+    ``HEADSCOPE_MEMORY_LIMIT`` is not a size or is below the weights alone
+    (:func:`~headscope.probes.budget.check_limit`)."""
+    if shape is not None:
+        check_limit(shape, load=load)
     avail = available_memory()
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:
         return Budget(command, None, stages, avail, None, load, convert, asked, probe=probe, trimmed=trimmed)
-    est = _fit(command, shape, stages, avail, load=load, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed)
-    return Budget(command, shape, stages, avail, est, load, convert, asked, probe=probe, trimmed=trimmed)
+    kw = dict(load=load, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed, staged=staged)
+    est = _fit(command, shape, stages, avail, **kw)
+    return Budget(command, shape, stages, avail, est, load, convert, asked, probe=probe, trimmed=trimmed, staged=staged)
 
 
 # ----------------------------------------------------------------------------- CLI hooks

@@ -217,6 +217,28 @@ def test_a_real_address_space_limit_is_read_and_refuses_with_exit_2(tmp_path, qw
     assert not out.exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc/self/status are Linux's")
+def test_an_address_space_limit_above_the_need_lets_the_run_complete(tmp_path, short_text):
+    """The other side of the refusal: RLIMIT_AS bounds the address space (VmSize, whose high-water
+    mark is VmPeak), not the resident set (VmHWM) the estimate is of; with the estimated need and
+    room for what torch maps but never touches above the address space after the imports, a MiniLM
+    roles run is planned without a refusal and completes."""
+    base = _vm_size_after_imports()
+    limit = base + (3 << 30)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+    out = tmp_path / "roles"
+    proc = _headscope(
+        ["roles", "minilm-l6", "--roles", "positional", "--text", short_text, "--out", out], preexec_fn=cap
+    )
+    assert proc.returncode == 0, proc.stderr
+    mem = _run_json(out)["memory"]
+    assert mem["estimate_bytes"] < limit - base  # the need was below what the limit left
+    assert mem["available_source"].startswith(("RLIMIT_AS", "MemAvailable", "cgroup"))
+
+
 # ----------------------------------------------------------------------------- the estimate against the peak
 
 
@@ -486,3 +508,59 @@ def test_the_kv_stage_estimate_matches_the_measured_qwen_peak():
     assert abs(got - measured) <= 0.10 * measured
     before = estimate(shape, kv_stages(shape, KVStageConfig(), tokens=1024), process=process)
     assert before.phases["kv logits"] > 1.2 * measured
+
+
+# ----------------------------------------------------------------------------- a limit that cannot be right
+
+
+def test_check_limit_names_the_value_read_and_the_weights_minimum(monkeypatch):
+    import dataclasses
+
+    from headscope.probes.budget import check_limit
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    need = shape.n_params * 4
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "lots")
+    with pytest.raises(
+        MemoryBudgetError, match=r"HEADSCOPE_MEMORY_LIMIT='lots' is not a size .* weights alone need 1\.84 GiB"
+    ):
+        check_limit(shape)
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "1G")
+    with pytest.raises(MemoryBudgetError, match=r"=1G reads as 1\.00 GiB, below the 1\.84 GiB the weights alone"):
+        check_limit(shape)
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", str(need))  # exactly the weights: not refused here
+    check_limit(shape)
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", "1G")
+    check_limit(dataclasses.replace(shape, bytes_per=2))  # bf16 weights are 0.92 GiB: a 1G cap is not refused for them
+    check_limit(shape, load=False)  # the weights are loaded already: nothing to compare
+
+
+@pytest.mark.parametrize(("limit", "said"), [("lots", "='lots' is not a size"), ("10M", "=10M reads as 10.0 MiB")])
+def test_report_with_a_bad_memory_limit_exits_2_before_loading(tmp_path, limit, said):
+    """``HEADSCOPE_MEMORY_LIMIT`` unparsable or below MiniLM-L6's weights (87 MiB in float32): one
+    line with what it read and the minimum, exit 2, nothing written, no weight read."""
+    out = tmp_path / "report"
+    proc = _headscope(["report", "minilm-l6", "--out", out], env=_env(HEADSCOPE_MEMORY_LIMIT=limit))
+    assert proc.returncode == 2, proc.stderr
+    (line,) = _error_lines(proc)
+    assert said in line and "86.1 MiB" in line and "(22,565,376 parameters x 4 bytes)" in line, line
+    assert not any("load" in x for x in proc.stderr.splitlines()), proc.stderr  # refused before the load began
+    assert not out.exists()
+
+
+def test_pruning_logits_are_held_once_with_one_loss_chunk():
+    """The pruning metric's loss runs its log-softmax over row chunks (analyses.metrics.token_nll):
+    its working set holds the logits of the rows read once, plus one chunk's float32 copy and
+    log-softmax, not three whole copies (issue #38: +169% on a Qwen2-0.5B GGUF)."""
+    from headscope.analyses.pruning.study import PruneConfig
+    from headscope.probes.budget import LOGP_CHUNK_BYTES
+    from headscope.reports.stages.plans import prune_stages
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    (ws, *_) = prune_stages(shape, PruneConfig())
+    assert ws.name == "pruning" and ws.loss and ws.chunked
+    est = estimate(shape, [ws], load=False)
+    read = ws.extent()[1]
+    assert est.parts["pruning"]["logits"] == read * 151936 * 4 + 2 * LOGP_CHUNK_BYTES
+    grad = estimate(shape, [WorkingSet(name="g", batch_size=16, longest=40, grad=True, chunked=True)], load=False)
+    assert grad.parts["g"]["logits"] == 16 * 40 * 151936 * 4 * 3  # a backward keeps them whole

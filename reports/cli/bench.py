@@ -84,6 +84,14 @@ def register(sub) -> None:
         "(issue #27's targets are for smollm2-135m)",
     )
     p.add_argument("--long-lengths", default="512,1024,2048,4096", help="token counts for --long-context")
+    p.add_argument(
+        "--estimates",
+        action="store_true",
+        help="instead of the paths: every registered stage's memory estimate against its measured peak on "
+        "the calibration cases (MiniLM-L6, SmolLM2-135M, random-weight shapes; two batch sizes, fp32 and bf16), "
+        "each in its own process, written to --estimates-out (MODEL: only the cases of that model; 'all': every one)",
+    )
+    p.add_argument("--estimates-out", default=None, help="JSON file for --estimates (default: printed only)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -205,6 +213,32 @@ def print_report_stages(model, *, dtype: str = "fp32", device=None, as_json: boo
     return 0
 
 
+def print_estimates(model: str, out, *, as_json: bool = False) -> int:
+    """``bench --estimates``: the calibration rows, as JSON or one line per case and stage."""
+    import sys
+
+    from headscope.reports.tools.bench.estimates import CASES, calibrate, in_band
+
+    cases = CASES if model == "all" else [c for c in CASES if c.model == model]
+    if not cases:
+        names = sorted({c.model for c in CASES})
+        raise ValueError(f"--estimates: no calibration case of {model!r}; choose from all, {', '.join(names)}")
+    rows = calibrate(cases, out, progress=lambda name: print(f"headscope: {name}", file=sys.stderr, flush=True))
+    if as_json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        if r["estimate_mb"] and r["peak_mb"]:
+            ok = "ok" if in_band(r["estimate_mb"], r["peak_mb"]) else "OUT OF BAND"
+            print(
+                f"{r['case']:<40} {r['stage']:<9} est {r['estimate_mb']:>8.1f} MiB  peak {r['peak_mb']:>8.1f} MiB  "
+                f"{r['error']:+.1%}  {r['seconds'] or 0:.1f} s  {ok}"
+            )
+        else:
+            print(f"{r['case']:<40} {r['stage']:<9} {r['status']}: {r['reason']}")
+    return 0
+
+
 def run(args) -> int:
     from headscope.reports.cli.argtypes import resolve_device
     from headscope.reports.tools.bench.harness import (
@@ -217,6 +251,8 @@ def run(args) -> int:
 
     args.device = str(resolve_device(args.device))  # auto -> cuda or cpu, checked before any model loads
     check_device(args.device, "--device")
+    if args.estimates:
+        return print_estimates(args.model, args.estimates_out, as_json=args.json)
     if args.report:
         return print_report_stages(args.model, dtype=args.dtype, device=args.device, as_json=args.json)
     if args.long_context:

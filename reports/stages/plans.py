@@ -218,6 +218,7 @@ def prune_stages(shape: Shape, pcfg, tokenizer=None) -> list[WorkingSet]:
             longest=n,
             logits="all" if decoder else "none",
             loss=decoder,
+            chunked=True,  # analyses.metrics.token_nll(_at): the log-softmax over row chunks
             statistics=True,
             cache_per_row=shape.n_layers * n * shape.d_model * b,  # the unablated stream of the batch
             cache_rows=pcfg.batch_size,

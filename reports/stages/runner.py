@@ -250,6 +250,7 @@ def plan_memory(ctx: RunContext, cfgs: dict, on: list, extra: dict) -> tuple[Bud
                 sets.append(w)
     held = extra["held"]
     kw = {"load": False} if held else {"convert": extra["convert"], "probe": extra["probe"], "trimmed": True}
+    kw["staged"] = len(on) > 1  # stages run one after another: what earlier ones leave is held too
     budget = memory.plan("report", ctx.shape, sets, **kw)
     budget.emit = ctx.notice
     memory.say(budget)
@@ -334,17 +335,28 @@ def run_stages(ctx: RunContext, cfgs: dict, off: dict[str, str], estimates: dict
     for s in order:
         status[s.name].setdefault("seconds", None)
         status[s.name].setdefault("peak_mb", None)
-        status[s.name]["estimate_mb"] = estimates.get(s.name)
+        planned = status[s.name]["status"] == "ran" or status[s.name].get("peak_mb") is not None
+        status[s.name]["estimate_mb"] = estimates.get(s.name, estimates.get("*") if planned else None)
     return {s.name: status[s.name] for s in order}, counts
 
 
+#: the parts of a run phase that every stage holds, whatever its working set
+_HELD = ("process", "weights", "loader residue", "tokenizer", "allocator", "staged residue")
+
+
 def _estimates(budget: Budget) -> dict[str, float]:
-    """Each stage's largest planned phase, in MiB."""
+    """Each stage's largest planned phase, in MiB; a stage with no working set of its own (its
+    :meth:`~headscope.reports.stages.base.Stage.plan` is []) gets what every phase holds (the
+    process, the weights, what the load left) under ``"*"``."""
     est, owner = budget.estimate, budget.settings.get("owner", {})
     out: dict[str, float] = {}
     for name, b in est.phases.items() if est is not None else ():
         if name in owner:
             out[owner[name]] = max(out.get(owner[name], 0.0), round(b / 2**20, 1))
+    if est is not None:
+        run = next((p for n, p in est.parts.items() if n != "load"), None)
+        held = sum(run.get(k, 0) for k in _HELD) if run else est.parts["load"].get("process", 0)
+        out["*"] = round(held / 2**20, 1)
     return out
 
 

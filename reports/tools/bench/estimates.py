@@ -1,0 +1,381 @@
+"""``headscope bench --estimates`` (``make estimates``): every registered stage's memory estimate
+against the peak it reaches, on real and random-weight checkpoints.
+
+Each :data:`CASES` row runs, in a child process of its own (a fresh resident set), the report's
+own path: the model's context opened once, every registered stage's settings settled (its
+batch sizes scaled by the case's ``batch`` factor), the memory plan made before the load, the
+model loaded, every stage run in order with its peak sampled
+(:func:`~headscope.reports.stages.runner.run_stages`). :func:`calibrate` writes one row per case
+and stage (``estimate_mb``, ``peak_mb``, ``error``, ``seconds``, ``units``) to
+``data/figures/estimates.json``; ``tests/test_estimates_calibration.py`` holds every row to
+:data:`BAND` and fails for a registered stage with no row.
+
+The random-weight shapes (:data:`SHAPES`) are HF folders written once under the cache: a long
+vocabulary (151,936, Qwen2's) and a large ``d_head`` (256), with SmolLM2-135M's tokenizer.
+
+Example (minutes)::
+
+    rows = calibrate(cases=[c for c in CASES if c.model == "minilm-l6"], out=None)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BAND", "CASES", "SHAPES", "Case", "calibrate", "in_band", "run_case"]
+
+#: an estimate may be this far under / over its measured peak (a share of the peak) ...
+BAND = (-0.10, 0.30)
+#: ... or this close to it in MiB (small stages: the sampling of the peak is coarser than their work)
+SMALL_MB = 150.0
+
+#: random-weight shapes: (HF config, what it stands for)
+SHAPES: dict[str, dict] = {
+    "qwen2-vocab152k": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "vocab_size": 151936,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+    },
+    "llama-dhead256": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "vocab_size": 49152,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One run of the calibration: ``model`` (a shipped name or a :data:`SHAPES` key), ``dtype``,
+    ``batch`` (every stage's batch sizes times this), ``items`` (stage -> {field: value}: a subset
+    of a slow stage's items whose per-item working set is the same)."""
+
+    model: str
+    dtype: str = "fp32"
+    batch: float = 1.0
+    items: dict = field(default_factory=dict)
+    only: tuple = ()  # these stages alone (empty: every registered one)
+
+    @property
+    def name(self) -> str:
+        alone = f"/{'+'.join(self.only)} alone" if self.only else ""
+        return f"{self.model}/{self.dtype}/batch x{self.batch:g}{alone}"
+
+
+#: every case: the contextualisation stage on its first 6 words (each sentence is its own forward: the
+#: working set of one is the same), the pruning study of a decoder on 8 items
+_SUBSET = {"context": {"max_words": 6}}
+_SMOL_SUBSET = {**_SUBSET, "pruning": {"n_items": 8}}
+CASES: tuple[Case, ...] = (
+    Case("minilm-l6", items=_SUBSET),
+    Case("minilm-l6", batch=0.25, items=_SUBSET),
+    Case("minilm-l6", dtype="bf16", items=_SUBSET),
+    Case("smollm2-135m", items=_SMOL_SUBSET),
+    Case("smollm2-135m", batch=0.25, items=_SMOL_SUBSET),
+    Case("qwen2-vocab152k", items=_SMOL_SUBSET),
+    Case("qwen2-vocab152k", batch=0.25, items=_SMOL_SUBSET),
+    Case("qwen2-vocab152k", dtype="bf16", items=_SMOL_SUBSET),
+    Case("llama-dhead256", items=_SMOL_SUBSET),
+    Case("llama-dhead256", batch=0.25, items=_SMOL_SUBSET),
+)
+
+#: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
+_BATCH_FIELDS = ("batch_size", "max_rows")
+
+
+def in_band(estimate_mb: float, peak_mb: float) -> bool:
+    """Whether an estimate is within :data:`BAND` of the peak, or :data:`SMALL_MB` of it."""
+    err = (estimate_mb - peak_mb) / peak_mb
+    return BAND[0] <= err <= BAND[1] or abs(estimate_mb - peak_mb) <= SMALL_MB
+
+
+def shape_dir(name: str) -> Path:
+    """The HF folder of random-weight shape ``name`` (:data:`SHAPES`), written once under the cache:
+    its config, random float32 weights (seed 0), SmolLM2-135M's tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from headscope.probes.models.checkpoints import cache_dir, resolve
+    from headscope.probes.models.gguf.cache import gguf_as_hf_dir
+
+    out = cache_dir() / "calibration" / name
+    if (out / "model.safetensors").exists():
+        return out
+    hf = dict(SHAPES[name])
+    cfg = AutoConfig.for_model(hf.pop("model_type"), **{k: v for k, v in hf.items() if k != "architectures"})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(out)
+    smol = gguf_as_hf_dir(resolve("smollm2-135m").path)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smol / f, out / f)
+    return out
+
+
+def _scaled(cfg, case: Case, stage: str):
+    """``cfg`` with its batch sizes times ``case.batch`` (at least 1) and the case's item subset."""
+    names = {f.name for f in fields(cfg)}
+    change = {k: max(1, int(getattr(cfg, k) * case.batch)) for k in _BATCH_FIELDS if k in names and case.batch != 1}
+    change.update({k: v for k, v in case.items.get(stage, {}).items() if k in names})
+    return replace(cfg, **change) if change else cfg
+
+
+def _plan_case(case: Case, progress=None):
+    """The report's path up to the load for ``case``: ``(ctx, config, cfgs, budget, model)``."""
+    from headscope.reports.stages import registry
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.runner import open_context, plan_memory
+
+    model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
+    config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES))
+    ctx, extra = open_context(model, config, progress=progress)
+    stages = list(registry.STAGES.values())
+    cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}
+    budget, cfgs = plan_memory(ctx, cfgs, [s for s in stages if not case.only or s.name in case.only], extra)
+    return ctx, config, cfgs, budget, model
+
+
+def run_case(case: Case) -> list[dict]:
+    """Run ``case`` in this process (see the module doc) -> one row per registered stage."""
+    from headscope.reports.stages.runner import _estimates, load_into, run_stages
+
+    def progress(stage, done, total):
+        if done == 0 or done == total:
+            log.warning("calibration %s: %s %s", case.name, stage, "started" if done == 0 else "done")
+
+    ctx, config, cfgs, budget, model = _plan_case(case, progress)
+    load_into(ctx, model, config)
+    off = {n: "not in the case" for n in cfgs if case.only and n not in case.only}
+    status, _counts = run_stages(ctx, cfgs, off, _estimates(budget))
+    rows = [_whole(case, budget)]
+    for name, rec in status.items():
+        est, peak = rec.get("estimate_mb"), rec.get("peak_mb")
+        rows.append(
+            {
+                "case": case.name,
+                "model": case.model,
+                "dtype": case.dtype,
+                "batch": case.batch,
+                "stage": name,
+                "status": rec["status"],
+                "reason": rec.get("reason"),
+                "estimate_mb": est,
+                "peak_mb": peak,
+                "error": None if not (est and peak) else round((est - peak) / peak, 4),
+                "seconds": rec.get("seconds"),
+                "batch_sizes": {k: v for k, v in budget.estimate.batch_sizes.items()} if budget.estimate else {},
+            }
+        )
+    return rows
+
+
+def replan_rows(case: Case, rows: list[dict]) -> list[dict]:
+    """``rows`` measured for ``case`` with each estimate planned again by the code as it is now (the
+    plan is arithmetic on the shape and settings, made before any load: no model is loaded here),
+    the peaks kept; ``estimate_before_mb`` keeps the estimate the run made. Run it in a fresh
+    process, as :func:`run_case` is (the plan counts the process's resident memory)."""
+    from headscope.reports.stages.runner import _estimates
+
+    _ctx, _config, _cfgs, budget, _model = _plan_case(case)
+    est = _estimates(budget)
+    out = []
+    for r in rows:
+        new = round(budget.estimate.total / 2**20, 1) if r["stage"] == WHOLE else est.get(r["stage"], est.get("*"))
+        new = new if r["estimate_mb"] is not None else None
+        err = None if not (new and r["peak_mb"]) else round((new - r["peak_mb"]) / r["peak_mb"], 4)
+        out.append(r | {"estimate_before_mb": r["estimate_mb"], "estimate_mb": new, "error": err, "replanned": True})
+    return out
+
+
+#: the stage name of a case's whole-run row (the largest phase against the process's VmHWM)
+WHOLE = "(whole run)"
+
+
+def _whole(case: Case, budget) -> dict:
+    from headscope.probes.budget import peak_rss_bytes
+
+    est = round(budget.estimate.total / 2**20, 1) if budget.estimate else None
+    peak = round(peak_rss_bytes() / 2**20, 1)
+    err = None if not est else round((est - peak) / peak, 4)
+    phase = budget.estimate.phase if budget.estimate else None
+    return {
+        "case": case.name,
+        "model": case.model,
+        "dtype": case.dtype,
+        "batch": case.batch,
+        "stage": WHOLE,
+        "status": "ran",
+        "reason": f"largest phase: {phase}",
+        "estimate_mb": est,
+        "peak_mb": peak,
+        "error": err,
+        "seconds": None,
+        "batch_sizes": {},
+    }
+
+
+def rows_from_run(case: Case, run: dict) -> list[dict]:
+    """The rows of ``case`` from the run.json of a report already run with its settings (a slow
+    model's default report): the peaks and seconds it measured, each stage's estimate planned
+    again here, before any load (:func:`~headscope.reports.stages.runner.plan_report`), so a
+    change of the plan is read against the peaks measured."""
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.runner import _estimates, plan_report
+
+    model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
+    _ctx, budget, _cfgs, _off = plan_report(model, RunConfig(dtype=case.dtype))
+    est = _estimates(budget)
+    whole = _whole(case, budget)
+    peak = (run.get("memory") or {}).get("peak_rss_bytes")
+    whole["peak_mb"] = None if peak is None else round(peak / 2**20, 1)
+    whole["error"] = (
+        None if not (whole["estimate_mb"] and peak) else round(whole["estimate_mb"] / whole["peak_mb"] - 1, 4)
+    )
+    rows = [whole | {"measured_by": "report run.json"}]
+    for name, rec in (run.get("stages") or {}).items():
+        e = est.get(name, est.get("*")) if rec.get("peak_mb") is not None else None
+        peak = rec.get("peak_mb")
+        rows.append(
+            {
+                "case": case.name,
+                "model": case.model,
+                "dtype": case.dtype,
+                "batch": case.batch,
+                "stage": name,
+                "status": rec["status"],
+                "reason": rec.get("reason"),
+                "estimate_mb": e,
+                "peak_mb": peak,
+                "error": None if not (e and peak) else round((e - peak) / peak, 4),
+                "seconds": rec.get("seconds"),
+                "batch_sizes": dict(budget.estimate.batch_sizes) if budget.estimate else {},
+                "measured_by": "report run.json",
+            }
+        )
+    return rows
+
+
+def _child(case: Case, timeout: float) -> list[dict]:
+    """:func:`run_case` in a child process of its own (its own resident set)."""
+    code = (
+        "import json,sys; from headscope.reports.tools.bench.estimates import Case, run_case; "
+        "print(json.dumps(run_case(Case(**json.loads(sys.argv[1])))))"
+    )
+    proc = subprocess.run(  # its log goes to this process's stderr
+        [sys.executable, "-c", code, json.dumps(asdict(case))], stdout=subprocess.PIPE, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"calibration case {case.name} failed (exit {proc.returncode}); its log is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, progress=None) -> list[dict]:
+    """Run every case (each in its own process) -> the rows; written as JSON to ``out`` (None: not
+    written) with the band and the machine."""
+    import os
+
+    rows = []
+    for c in cases:
+        if progress:
+            progress(c.name)
+        rows.extend(_child(c, timeout))
+    if out is not None:
+        doc = {
+            "band": list(BAND),
+            "small_mb": SMALL_MB,
+            "cpus": os.cpu_count(),
+            "cases": [asdict(c) | {"name": c.name} for c in cases],
+            "rows": rows,
+        }
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return rows
+
+
+#: where the guide page keeps the table :func:`render_table` writes (``make estimates`` rewrites it)
+TABLE_START, TABLE_END = "<!-- estimates table: written by make estimates -->", "<!-- end of estimates table -->"
+
+
+def render_table(doc: dict) -> str:
+    """The Markdown table of a calibration document: one line per case and stage that ran
+    (estimate, measured peak, error, seconds), then the largest under- and over-estimate."""
+    lines = [
+        "| case | stage | estimate MiB | before MiB | peak MiB | error | seconds |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    measured = [r for r in doc["rows"] if r["estimate_mb"] and r["peak_mb"]]
+    for r in measured:
+        before, secs = r.get("estimate_before_mb"), r.get("seconds")
+        before = "-" if before is None else f"{before:.0f}"
+        secs = "-" if secs is None else f"{secs:.1f}"
+        lines.append(
+            f"| {r['case']} | {r['stage']} | {r['estimate_mb']:.0f} | {before} | {r['peak_mb']:.0f} "
+            f"| {r['error']:+.1%} | {secs} |"
+        )
+    if measured:
+        lo, hi = min(measured, key=lambda r: r["error"]), max(measured, key=lambda r: r["error"])
+        lines += [
+            "",
+            f"Largest under-estimate: {lo['error']:+.1%} ({lo['case']}, {lo['stage']}); largest over-estimate: "
+            f"{hi['error']:+.1%} ({hi['case']}, {hi['stage']}).",
+        ]
+    return "\n".join(lines)
+
+
+def write_page(doc: dict, page: Path) -> None:
+    """Replace the table between :data:`TABLE_START` and :data:`TABLE_END` in ``page``."""
+    text = page.read_text(encoding="utf-8")
+    head, _, rest = text.partition(TABLE_START)
+    _, _, tail = rest.partition(TABLE_END)
+    page.write_text(f"{head}{TABLE_START}\n{render_table(doc)}\n{TABLE_END}{tail}", encoding="utf-8")
+
+
+def main(argv=None) -> int:
+    """``python -m headscope.reports.tools.bench.estimates [--out JSON] [--page MD] [--cases a,b]``:
+    :func:`calibrate` (``--cases``: only the cases of these models), the JSON written, the guide
+    page's table rewritten from it."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m headscope.reports.tools.bench.estimates")
+    p.add_argument("--out", default="data/figures/estimates.json")
+    p.add_argument("--page", default="docs/guide/estimates.md")
+    p.add_argument("--cases", default=None, help="comma-separated models (default: every case)")
+    args = p.parse_args(argv)
+    keep = None if args.cases is None else set(args.cases.split(","))
+    cases = [c for c in CASES if keep is None or c.model in keep]
+    calibrate(cases, Path(args.out), progress=lambda name: print(f"estimates: {name}", file=sys.stderr, flush=True))
+    write_page(json.loads(Path(args.out).read_text(encoding="utf-8")), Path(args.page))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
