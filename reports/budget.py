@@ -350,7 +350,7 @@ def roles_timer(progress, groups, inputs: dict, cfg, quiet: bool):
     emit = emitter(quiet)
     if emit is None:
         return progress
-    from headscope.probes.budget import TimeEstimate
+    from headscope.probes.timing import TimeEstimate
 
     return TimeEstimate(roles_items(groups, inputs, cfg), emit, inner=progress)
 
@@ -412,6 +412,6 @@ def parts_timer(progress, stage: str, total: int | None, quiet: bool, unit: str)
     emit = emitter(quiet)
     if emit is None:
         return progress
-    from headscope.probes.budget import TimeEstimate
+    from headscope.probes.timing import TimeEstimate
 
     return TimeEstimate(total or 0, emit, inner=progress, unit=unit, stages={stage})

@@ -130,7 +130,7 @@ def _timer(ctx: RunContext, cfg: RolesConfig):
     if ctx.notice is None:
         return ctx.progress
     from headscope.analyses.roles.pipeline import _stages, check_roles
-    from headscope.probes.budget import TimeEstimate
+    from headscope.probes.timing import TimeEstimate
     from headscope.reports.stages.plans import role_corpora, roles_items
 
     groups = check_roles(ctx.role_groups)
