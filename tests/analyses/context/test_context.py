@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
 from headscope.analyses.context import ContextConfig, run_context
 from headscope.analyses.context import attention as A
 from headscope.analyses.context.measures import HEAD_METRICS, head_stats, pooled, target_positions
+from headscope.analyses.context.senses import loo_centroid_accuracy, permutation_baseline
 from headscope.analyses.context.similarity import self_similarity
 from headscope.analyses.context.trend import distance_trend
 from headscope.probes.corpora.senses import read_senses
 from headscope.probes.models.inhouse.planted import planted_sentences
 from headscope.probes.models.inhouse.planted_depth import depth_planted_model
-from headscope.probes.states import sentence_states
+from headscope.probes.states import batch_states, sentence_states
 
 BAT = ["At dusk a bat flew out of the old barn.", "He swung the bat hard.", "The bat slept all day."]
 
@@ -146,3 +148,57 @@ def test_contributions_rank_context_words(minilm):
         assert g["value"].sum() == pytest.approx(1.0, abs=1e-5)  # shares of the target's row
         assert list(g.sort_values("rank")["value"]) == sorted(g["value"], reverse=True)
     assert set(c["context"]) >= {"dusk", "barn", "[CLS]", "[SEP]"}
+
+
+def test_batched_forwards_equal_one_sentence_at_a_time(minilm):
+    """Padded batches change no figure: every frame equals the one-sentence-per-forward run."""
+    small = dict(max_words=2, max_per_sense=3, attention_sentences=4, n_boot=50, n_perm=10)
+    one, s_one = run_context(minilm, ContextConfig(batch_size=1, **small))
+    many, s_many = run_context(minilm, ContextConfig(batch_size=64, **small))
+    assert s_one["n_sentences"] == s_many["n_sentences"] >= 12
+    for name, frame in one.items():
+        pd.testing.assert_frame_equal(frame, many[name], check_exact=False, atol=1e-6, rtol=0)
+    for view, trend in s_one["distance_trend"].items():
+        for key in ("rho", "ci_low", "ci_high"):
+            assert trend[key] == pytest.approx(s_many["distance_trend"][view][key], abs=1e-6)
+
+
+def test_batch_states_cut_each_sentence_to_its_tokens(minilm):
+    short, long_ = BAT[1], BAT[0]
+    alone = sentence_states(minilm, short)
+    padded = batch_states(minilm, [long_, short])[1]  # right-padded to the longer sentence
+    assert padded.n_pos == alone.n_pos < batch_states(minilm, [long_])[0].n_pos
+    torch.testing.assert_close(padded.states, alone.states, atol=1e-5, rtol=1e-5)
+    for l in range(len(alone.pattern)):
+        torch.testing.assert_close(padded.pattern[l], alone.pattern[l], atol=1e-6, rtol=0)
+        assert padded.pattern[l].sum(-1).sub(1).abs().max() < 1e-5  # no weight left on a padded key
+
+
+def test_sense_accuracy_vectorised_over_depths_and_labellings():
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.tensor([0, 1] * 6)
+    reps = torch.randn(3, 12, 8, generator=gen) + 2.0 * labels[:, None].float()  # [depth, n, d]
+    perms = torch.stack([labels[torch.randperm(12, generator=gen)] for _ in range(4)])
+    both = loo_centroid_accuracy(reps, perms)  # [labelling, depth]
+    for p in range(4):
+        for d in range(3):
+            assert both[p, d] == loo_centroid_accuracy(reps[d], perms[p])
+    assert (
+        loo_centroid_accuracy(reps, labels).tolist()
+        == both.new_tensor([_loo_reference(reps[d], labels) for d in range(3)]).tolist()
+    )
+    # one vector for every occurrence (a static row): every prediction ties, nothing separates
+    same = torch.ones(12, 8)
+    assert loo_centroid_accuracy(same, labels).item() == 0.5
+    assert permutation_baseline(same, labels, n_perm=10)[0].item() == 0.5
+
+
+def _loo_reference(reps, labels) -> float:
+    """Leave-one-out nearest centroid, item by item."""
+    u = torch.nn.functional.normalize(reps, dim=-1)
+    hits = 0
+    for i in range(len(labels)):
+        rest = torch.arange(len(labels)) != i
+        cents = torch.stack([u[rest & (labels == c)].mean(0) for c in labels.unique()])
+        hits += int(torch.nn.functional.cosine_similarity(u[i][None], cents).argmax() == labels[i])
+    return hits / len(labels)
