@@ -98,7 +98,7 @@ def batch_states(model, texts: list[str], *, weights=None) -> list[SentenceState
     :class:`SentenceStates` per text, each cut to its own tokens: a padded key is masked out of
     every real query's attention, so nothing of the padding enters a sentence's tensors (equal
     to a forward of that sentence alone up to float rounding). ``weights``: as
-    :func:`sentence_states`."""
+    :func:`sentence_states`. Each sentence's tensors are views of the batch's (no copies)."""
     if not texts:
         raise ValueError("texts must hold at least one sentence; got none")
     net = _network(model)
@@ -129,12 +129,12 @@ def batch_states(model, texts: list[str], *, weights=None) -> list[SentenceState
             SentenceStates(
                 tokens=cap.tokens.select([r]),
                 static=static[r, :n],
-                states=states[r, :, :n].contiguous(),
-                pattern=[p[r, :, :n, :n].contiguous() for p in pattern],
-                raw=[x[r, :, :n, :n].contiguous() for x in raw],
-                v=[x[r, :, :n].contiguous() for x in v],
+                states=states[r, :, :n],
+                pattern=[p[r, :, :n, :n] for p in pattern],
+                raw=[x[r, :, :n, :n] for x in raw],
+                v=[x[r, :, :n] for x in v],
                 W_O=list(W_Os),
-                out=[x[r, :n].contiguous() for x in out],
+                out=[x[r, :n] for x in out],
                 o_bias=o_bias,
                 scale=[s for s, _, _ in scales],
                 softcap=[c for _, c, _ in scales],

@@ -81,6 +81,17 @@ def _items(cfg: ContextConfig):
     return sset, chosen
 
 
+def run_sentences(cfg: ContextConfig) -> list[str]:
+    """The distinct sentences a run of ``cfg`` feeds the model (the sense set's, then
+    ``cfg.sentence``); the sense file's warnings are left to the run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, items = _items(cfg)
+    return list(dict.fromkeys([it.sentence for it in items] + ([cfg.sentence] if cfg.sentence else [])))
+
+
 def _ci_row(vals: torch.Tensor, cfg: ContextConfig, **keys) -> dict:
     vals = vals[~torch.isnan(vals)]
     lo, hi = bootstrap_ci(vals, n_boot=cfg.n_boot, seed=cfg.seed) if vals.numel() > 1 else ([float("nan")],) * 2

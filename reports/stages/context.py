@@ -8,12 +8,35 @@ from __future__ import annotations
 from dataclasses import replace
 
 from headscope.analyses.context.run import ContextConfig
+from headscope.probes.budget import Shape
 from headscope.reports.stages.base import RunContext, Stage, StageAbsent, StageResult, WorkingSet
 
 _STAT = {"value": "float64", "ci_low": "float64", "ci_high": "float64", "n": "int64"}
 
 #: the quick report's share of the sense set (``--full``: all of it)
-QUICK = {"max_per_sense": 6, "n_perm": 20, "n_boot": 500}
+QUICK = {"max_per_sense": 5, "attention_sentences": 24, "n_perm": 20, "n_boot": 500}
+
+
+def context_working_set(shape: Shape, cfg: ContextConfig, n_sentences: int, longest: int) -> WorkingSet:
+    """One padded forward of ``cfg.batch_size`` sentences of up to ``longest`` tokens: every
+    layer's pattern and raw ``q·k`` kept (``kept_layers`` twice the layers, quadratic in length as
+    any pattern); besides them, linear in length: per sentence of the batch its residual stream
+    at every depth (captured, then stacked), its values repeated per query head and its attention
+    outputs, and, kept for the whole run, each sentence's content-token states at every depth
+    (the anisotropy baseline draws from all of them), spread over the batch's rows. The pair-wise
+    norm-based contributions are streamed in query chunks (no ``[query, key, d_model]`` tensor)."""
+    f32, t, d, L = 4, longest, shape.d_model, shape.n_layers
+    per_row = f32 * t * (2 * (L + 1) * d + L * shape.n_heads * shape.d_head + L * d)
+    kept = f32 * t * (L + 2) * d * -(-n_sentences // cfg.batch_size)  # [depth, pos, d_model] per sentence
+    return WorkingSet(
+        name="context",
+        batch_size=cfg.batch_size,
+        longest=longest,
+        kept_layers=2 * L,
+        logits="all" if shape.causal else "none",  # a decoder's forward unembeds every position
+        statistics=True,
+        cache_per_row=per_row + kept,
+    )
 
 
 class ContextStage(Stage[ContextConfig]):
@@ -24,7 +47,7 @@ class ContextStage(Stage[ContextConfig]):
     summary_key = "context_summary"
     place = 45
     warn_absent = False
-    default_on = False  # one forward per sentence today: over the 1.3x-roles price #41 sets, so asked for
+    default_on = True  # batched forwards: well under the 1.3x-roles price #41 sets
     schemas = {
         "context_similarity": {"depth": "int64", "metric": "object", **_STAT},
         "context_senses": {
@@ -66,7 +89,15 @@ class ContextStage(Stage[ContextConfig]):
         return backend != "inhouse" and "in-house transformer" in reason
 
     def plan(self, ctx: RunContext, cfg: ContextConfig) -> list[WorkingSet]:
-        return []  # one sentence at a time: patterns of a few dozen tokens
+        from headscope.analyses.context.run import run_sentences
+        from headscope.reports.stages.plans import longest_tokens
+
+        sentences = run_sentences(cfg)
+        return [context_working_set(ctx.shape, cfg, len(sentences), longest_tokens(sentences, ctx.tokenizer))]
+
+    def fitted(self, cfg: ContextConfig, batch_sizes) -> ContextConfig:
+        b = batch_sizes.get("context")
+        return replace(cfg, batch_size=b) if b is not None and b < cfg.batch_size else cfg
 
     def run(self, ctx: RunContext, cfg: ContextConfig) -> StageResult:
         from headscope.analyses.context.run import run_context
@@ -86,7 +117,10 @@ class ContextStage(Stage[ContextConfig]):
     def leaves_out(self, ctx: RunContext, cfg: ContextConfig) -> list[str]:
         if ctx.full:
             return []
-        return [f"context: {QUICK['max_per_sense']} sentences per sense, {QUICK['n_perm']} permutations"]
+        return [
+            f"context: {QUICK['max_per_sense']} sentences per sense, {QUICK['attention_sentences']} sentences of "
+            f"attention statistics, {QUICK['n_perm']} permutations"
+        ]
 
     def merge(self, parts):
         """Bootstrap intervals and the trend test are drawn over all sentences at once: the frames

@@ -202,3 +202,22 @@ def _loo_reference(reps, labels) -> float:
         cents = torch.stack([u[rest & (labels == c)].mean(0) for c in labels.unique()])
         hits += int(torch.nn.functional.cosine_similarity(u[i][None], cents).argmax() == labels[i])
     return hits / len(labels)
+
+
+def test_context_plan_is_one_padded_forward_linear_in_length_beside_its_patterns():
+    from headscope.probes.budget import Shape, estimate
+    from headscope.reports.stages.base import RunContext
+    from headscope.reports.stages.context import STAGE, context_working_set
+
+    shape = Shape(n_layers=6, n_heads=12, d_model=384, d_head=32, d_mlp=1536, vocab_size=30522, n_params=22_000_000)
+    ctx = RunContext(name="m", shape=shape)
+    cfg = STAGE.config(ctx)
+    (ws,) = STAGE.plan(ctx, cfg)
+    assert (ws.name, ws.batch_size, ws.kept_layers, ws.logits) == ("context", cfg.batch_size, 12, "none")
+    assert ws.longest >= max(len(s.encode()) for s in ["He swung the bat hard."])  # bytes + 2 without a tokenizer
+    one, two = (context_working_set(shape, cfg, 100, t) for t in (20, 40))
+    assert two.cache_per_row == 2 * one.cache_per_row  # linear in length
+    parts = [estimate(shape, [w]).parts["context"] for w in (one, two)]
+    assert parts[1]["patterns"] == 4 * parts[0]["patterns"]  # the patterns themselves: quadratic
+    assert STAGE.fitted(cfg, {"context": 8}).batch_size == 8
+    assert STAGE.fitted(cfg, {"context": 999}) is cfg
