@@ -100,12 +100,13 @@ def layer_stats(st) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def word_spans(st) -> list[tuple[str, list[int]]]:
-    """The sentence's words with their token positions (special tokens excluded), in order."""
+def word_spans(tokens) -> list[tuple[str, list[int]]]:
+    """The words of a one-text :class:`~headscope.probes.tokens.TokenBatch` with their token
+    positions (special tokens excluded), in order."""
     out: dict[int, list[int]] = {}
-    for i, w in enumerate(st.tokens.word_ids[0]):
-        if w is not None and not st.special[i]:
+    for i, w in enumerate(tokens.word_ids[0]):
+        if w is not None and not tokens.special[0][i]:
             out.setdefault(w, []).append(i)
-    text = st.tokens.texts[0]
-    offs = st.tokens.offsets[0]
+    text = tokens.texts[0]
+    offs = tokens.offsets[0]
     return [(text[offs[p[0]][0] : offs[p[-1]][1]], p) for _, p in sorted(out.items())]

@@ -5,7 +5,7 @@ contextual". ``headscope context MODEL --sentence ... --word ...`` is derived fr
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from headscope.analyses.context.run import ContextConfig
 from headscope.probes.budget import Shape
@@ -73,10 +73,20 @@ class ContextStage(Stage[ContextConfig]):
     }
 
     def config(self, ctx: RunContext, given: ContextConfig | None = None) -> ContextConfig:
+        """The given config (``ValueError`` before anything loads when its ``word`` is not in its
+        ``sentence``: the sentence's words and pieces in one line), else the defaults; without
+        ``--full``, the fields left at their defaults take the quick settings."""
         if given is not None:
-            return given
-        cfg = ContextConfig(seed=ctx.seed)
-        return cfg if ctx.full else replace(cfg, **QUICK)
+            tokenizer = ctx.tokenizer or getattr(ctx.model, "tokenizer", None)
+            if given.sentence is not None and tokenizer is not None:
+                from headscope.analyses.context.contributions import check_target
+
+                check_target(tokenizer, given.sentence, given.word, given.pooling, given.piece)
+        cfg = given if given is not None else ContextConfig(seed=ctx.seed)
+        if ctx.full:
+            return cfg
+        defaults = {f.name: f.default for f in fields(ContextConfig)}
+        return replace(cfg, **{k: v for k, v in QUICK.items() if getattr(cfg, k) == defaults[k]})
 
     def blocker(self, ctx: RunContext, cfg: ContextConfig) -> str | None:
         net = getattr(ctx.model, "network", None)
@@ -113,6 +123,13 @@ class ContextStage(Stage[ContextConfig]):
 
         s = context_section(frames, meta)
         return [] if s is None else [s]
+
+    def describe(self, frames, summary) -> str | None:
+        """The ranked context words of ``--word`` (per layer by norm-based contribution, and by
+        rollout), else the verdicts: self-similarity by depth, senses, distance by depth."""
+        from headscope.reports.sections.context import describe_context
+
+        return describe_context(frames, summary)
 
     def leaves_out(self, ctx: RunContext, cfg: ContextConfig) -> list[str]:
         if ctx.full:

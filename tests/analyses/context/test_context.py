@@ -221,3 +221,89 @@ def test_context_plan_is_one_padded_forward_linear_in_length_beside_its_patterns
     assert parts[1]["patterns"] == 4 * parts[0]["patterns"]  # the patterns themselves: quadratic
     assert STAGE.fitted(cfg, {"context": 8}).batch_size == 8
     assert STAGE.fitted(cfg, {"context": 999}) is cfg
+
+
+def _sense_lines(word, sense, sentences):
+    return [{"sentence": s, "word": word, "sense": sense} for s in sentences]
+
+
+def test_bad_sense_lines_skip_their_word_count_it_and_the_others_run(minilm, tmp_path):
+    good = _sense_lines("bat", "animal", ["The bat flew.", "A bat hung there."])
+    good += _sense_lines("bat", "club", ["He swung the bat.", "The bat cracked."])
+    good += _sense_lines("bank", "money", ["The bank closed.", "The bank lent money."])
+    good += _sense_lines("bank", "river", ["The river bank flooded.", "On the bank we sat."])
+    missing = _sense_lines("cold", "temperature", ["It is cold.", "It is freezing."])  # line 10: no 'cold'
+    missing += _sense_lines("cold", "manner", ["A cold reply.", "She was cold to him."])
+    thin = _sense_lines("bark", "dog", ["The dog's bark woke us.", "A loud bark."])
+    thin += _sense_lines("bark", "tree", ["The bark of the oak."])  # line 15: one sentence only
+    p = tmp_path / "senses.jsonl"
+    p.write_text("\n".join(json.dumps(x) for x in good + missing + thin) + "\n")
+    with pytest.warns(UserWarning) as rec:
+        frames, summary = run_context(minilm, ContextConfig(senses=str(p), attention_sentences=2, n_boot=20, n_perm=5))
+    lines = [str(r.message) for r in rec]
+    assert any(m.startswith(f"{p}:10: target 'cold' is not in its sentence") and "\n" not in m for m in lines), lines
+    assert any(m.startswith(f"{p}:15: sense 'tree' of 'bark' has 1 sentence(s)") and "\n" not in m for m in lines)
+    assert summary["skipped_words"] == {"target not in sentence": 1, "sense with fewer than 2 sentences": 1}
+    assert summary["words"] == ["bank", "bat"] and summary["n_sentences"] == 8
+    assert frames["senses"]["n"].eq(2).all()
+
+
+def test_describe_ranks_the_context_words_per_layer_and_by_rollout(minilm):
+    from headscope.analyses.context.contributions import contributions_frame
+    from headscope.reports.sections.context import describe_context
+
+    sentence = "At dusk a bat flew out of the old barn."
+    c = contributions_frame(minilm, sentence, "bat", "mean", None, None)
+    text = describe_context({"context_contributions": c}, {"config": {"sentence": sentence, "word": "bat"}})
+    rows = text.splitlines()
+    assert rows[0].startswith("Context words of 'bat' in 'At dusk a bat flew out of the old barn.'")
+    assert len(rows) == 2 + 6  # title, header, a line per layer
+    for layer, row in enumerate(rows[2:]):
+        best = {m: g.sort_values("rank") for m, g in c[c.layer == layer].groupby("method")}
+        cells = row.split(None, 1)[1]
+        for m in ("norm", "rollout_norm", "rollout_raw"):
+            top = best[m].iloc[0]
+            assert f"{top.context} {top.value:.2f}" in cells, (m, row)
+
+
+def test_context_command_refuses_a_word_not_in_the_sentence(tmp_path, capsys):
+    from headscope.reports.cli.app import main
+
+    code = main(
+        ["context", "minilm-l6", "--sentence", "He swung the bat hard.", "--word", "cave"]
+        + ["--out", str(tmp_path / "out"), "--quiet"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err[-1] == (
+        "headscope: error: word 'cave' is not in the sentence; its words: ['He', 'swung', 'the', 'bat', 'hard', '.']; "
+        "its pieces: ['he', 'swung', 'the', 'bat', 'hard', '.']"
+    )
+    assert not (tmp_path / "out" / "run.json").exists()
+
+
+@pytest.mark.slow  # a context-only report of MiniLM: ~10 s alone, ~50 s on a loaded machine
+def test_context_command_prints_the_ranked_words_and_writes_the_tables(tmp_path, capsys):
+    from headscope.reports.cli.app import main
+
+    small = [
+        "--max-words",
+        "2",
+        "--max-per-sense",
+        "2",
+        "--attention-sentences",
+        "2",
+        "--n-boot",
+        "10",
+        "--n-perm",
+        "2",
+    ]
+    out = tmp_path / "bat"
+    args = ["context", "minilm-l6", "--sentence", "At dusk a bat flew out of the old barn.", "--word", "bat"]
+    assert main([*args, *small, "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("Context words of 'bat'") and len(printed) == 8
+    table = pd.read_csv(out / "tables" / "context_contributions.csv")
+    top = table[(table.method == "norm") & (table["rank"] == 1)].sort_values("layer")
+    for row, (_, t) in zip(printed[2:], top.iterrows()):
+        assert row.split()[1] == t.context
