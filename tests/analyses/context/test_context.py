@@ -307,3 +307,28 @@ def test_context_command_prints_the_ranked_words_and_writes_the_tables(tmp_path,
     top = table[(table.method == "norm") & (table["rank"] == 1)].sort_values("layer")
     for row, (_, t) in zip(printed[2:], top.iterrows()):
         assert row.split()[1] == t.context
+
+
+@pytest.mark.parametrize("name", ["context_minilm.json", "context_smollm2.json"])
+def test_committed_context_verdicts_hold_together(name):
+    """``make context``'s JSON: every quoted figure present, each text says its values, and the
+    values are what the claims read (the guide's quoting: tests/test_readme_figures.py)."""
+    from headscope.data import path
+    from headscope.reports.tools.experiments.context_figures import MODELS, QUOTED
+
+    doc = json.loads(path(f"figures/{name}").read_text(encoding="utf-8"))
+    assert MODELS[doc["model"]] == name and doc["missing"] == [] and doc["quoted"] == list(QUOTED)
+    fig = {f"{g}.{n}": v for g, d in doc["figures"].items() for n, v in d.items()}
+    assert set(QUOTED) <= set(fig)
+    static, last = fig["similarity.static"]["value"], fig["similarity.last"]["value"]
+    assert last[1] <= last[0] <= last[2] < static[0] <= 1 + 1e-6
+    if doc["model"] == "minilm-l6":  # uncased WordPiece: one row per word (SmolLM2: "Spring" and " spring")
+        assert static[0] == pytest.approx(1.0, abs=1e-5)
+    assert f"self-similarity {last[0]:.3f} [{last[1]:.3f}, {last[2]:.3f}]" in fig["similarity.last"]["text"]
+    actual, scale1, *_, reversals = fig["saturation.rows"]["value"]
+    assert actual < scale1 and reversals == 0
+    assert f"{actual:.0%} of a head's rows at the model's scale" in fig["saturation.rows"]["text"]
+    for view in ("raw", "norm"):
+        rho, low, high, n = fig[f"distance.{view}"]["value"]
+        assert low <= rho <= high and n >= 2
+        assert f"ρ = {rho:.2f}, 95% CI [{low:.2f}, {high:.2f}] over {n} sentences" in fig[f"distance.{view}"]["text"]
