@@ -109,4 +109,5 @@ def word_spans(tokens) -> list[tuple[str, list[int]]]:
             out.setdefault(w, []).append(i)
     text = tokens.texts[0]
     offs = tokens.offsets[0]
-    return [(text[offs[p[0]][0] : offs[p[-1]][1]], p) for _, p in sorted(out.items())]
+    # a byte-level BPE piece's span may hold the space before its word (" bat"): the word is stripped
+    return [(text[offs[p[0]][0] : offs[p[-1]][1]].strip(), p) for _, p in sorted(out.items())]

@@ -332,3 +332,15 @@ def test_committed_context_verdicts_hold_together(name):
         rho, low, high, n = fig[f"distance.{view}"]["value"]
         assert low <= rho <= high and n >= 2
         assert f"ρ = {rho:.2f}, 95% CI [{low:.2f}, {high:.2f}] over {n} sentences" in fig[f"distance.{view}"]["text"]
+
+
+def test_a_byte_level_bpe_word_is_found_without_its_space(smollm):
+    """SmolLM2's pieces carry the space before a word ("Ġbat"): the word is still "bat"."""
+    from headscope.analyses.context.contributions import check_target, contributions_frame
+
+    sentence = "At dusk a bat flew out of the old barn."
+    check_target(smollm.tokenizer, sentence, "bat")
+    with pytest.raises(ValueError, match=r"its words: \['At', 'dusk', 'a', 'bat', 'flew'"):
+        check_target(smollm.tokenizer, sentence, "cave")
+    c = contributions_frame(smollm, sentence, "bat", "mean", None, None)
+    assert {"dusk", "barn"} <= set(c["context"]) and c.layer.nunique() == 30
