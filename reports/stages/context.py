@@ -116,7 +116,9 @@ class ContextStage(Stage[ContextConfig]):
             frames, summary = run_context(ctx.model, cfg)
         except ValueError as e:  # a word not in its sentence, a sense file with nothing left: said, not fatal
             raise StageAbsent(f"the contextualisation stage could not run: {str(e).splitlines()[0]}") from e
-        return StageResult({f"context_{k}": v for k, v in frames.items()}, summary)
+        # the declared dtypes (strings as object, whatever pandas' default string dtype)
+        named = {f"context_{k}": v for k, v in frames.items()}
+        return StageResult({k: v.astype(dict(self.schemas[k])) for k, v in named.items()}, summary)
 
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.context import context_section
