@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast docs readme-picture bench estimates figures sweep weights-families lint gpu-check gpu-wheels
+.PHONY: bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -60,6 +60,13 @@ figures: bootstrap
 	$(PY) -m headscope.reports.tools.experiments.report_figures $(FIGURES_FLAGS)
 	$(PY) -m headscope.reports.tools.experiments.weights_figures $(FIGURES_FLAGS)
 	$(PY) -m headscope.reports.tools.experiments.kv_figures
+
+# The contextualisation verdicts (#41's claims 1, 4 and 5: self-similarity by depth, saturation at the model's
+# scale vs scale 1, attention distance by depth) on MiniLM-L6 and SmolLM2, full sense set, into
+# data/figures/context_*.json (~1 and ~5 min on a loaded 2-core machine); tests/test_readme_figures.py fails while
+# docs/guide/context.md quotes other values
+context: bootstrap
+	nice -n 10 $(PY) -m headscope.reports.tools.experiments.context_figures
 
 # Every command checked on a tiny random model of each text family of the installed transformers (one core, ~6-10 s
 # of CPU a family, 40-90 s of wall time on a loaded 2-core machine: run it in parts there) into data/sweep/sweep.csv and sweep.md, and the supported-models

@@ -1,7 +1,8 @@
-"""What the contextualisation measurements read from a model, one sentence at a time.
+"""What the contextualisation measurements read from a model, per sentence.
 
-:func:`sentence_states` runs an in-house model over one text and returns a
-:class:`SentenceStates`: the static embedding rows of its tokens, the residual stream
+:func:`batch_states` runs an in-house model over a batch of texts in one padded forward and
+returns a :class:`SentenceStates` per text, cut to its own tokens (:func:`sentence_states`:
+one text): the static embedding rows of its tokens, the residual stream
 entering the first layer and leaving every layer, and each layer's attention pattern, raw
 ``q·k``, values and per-head output matrices, so :mod:`headscope.analyses.context` never
 touches a model.
@@ -88,44 +89,57 @@ def output_matrices(model, weights=None) -> list[torch.Tensor]:
 def sentence_states(model, text: str, *, weights=None) -> SentenceStates:
     """Run ``model`` (in-house backend) over ``text``; see :class:`SentenceStates`.
     ``weights``: a :func:`head_weights` view, or the list of every layer's ``W_O`` already read
-    (:func:`output_matrices`), to reuse across sentences."""
+    (:func:`output_matrices`), to reuse across sentences. One sentence of :func:`batch_states`."""
+    return batch_states(model, [text], weights=weights)[0]
+
+
+def batch_states(model, texts: list[str], *, weights=None) -> list[SentenceStates]:
+    """Run ``model`` (in-house backend) over ``texts`` in one right-padded forward and return one
+    :class:`SentenceStates` per text, each cut to its own tokens: a padded key is masked out of
+    every real query's attention, so nothing of the padding enters a sentence's tensors (equal
+    to a forward of that sentence alone up to float rounding). ``weights``: as
+    :func:`sentence_states`. Each sentence's tensors are views of the batch's (no copies)."""
+    if not texts:
+        raise ValueError("texts must hold at least one sentence; got none")
     net = _network(model)
     W_Os = weights if isinstance(weights, list) else output_matrices(model, weights)
-    qs = ("pattern", "v", "out", "resid_post", "q_rot" if net.cfg.positional == "rope" else "q")
-    qs = (*qs, "k_rot" if net.cfg.positional == "rope" else "k")
-    cap = capture(model, [text], quantities=qs, memory_budget=None)
+    rope = net.cfg.positional == "rope"
+    qs = ("pattern", "v", "out", "resid_post", "q_rot" if rope else "q", "k_rot" if rope else "k")
+    cap = capture(model, list(texts), quantities=qs, memory_budget=None)
     ids = cap.tokens.input_ids.to(net.embed.weight.device)
     with torch.inference_mode():
-        first = net(ids, cap.tokens.attention_mask.to(ids.device), stop_at_layer=0)[0].float().cpu()
-        static = net.embed.weight[ids[0]].float().cpu()
+        first = net(ids, cap.tokens.attention_mask.to(ids.device), stop_at_layer=0).float().cpu()
+        static = net.embed.weight[ids].float().cpu()  # [batch, pos, d_model]
     layers = range(net.cfg.n_layers)
-    states = torch.stack([first] + [cap["resid_post", l][0].float().cpu() for l in layers])
-    qname, kname = qs[-2], qs[-1]
-    pattern, raw, v, W_O, out, o_bias = [], [], [], [], [], []
+    states = torch.stack([first] + [cap["resid_post", l].float().cpu() for l in layers], 1)  # [batch, depth, pos, d]
+    raw, v = [], []
     for l in layers:
-        attn = net.blocks[l].attn
-        idx = attn.kv_index.to(cap["v", l].device)
-        q, k = cap[qname, l][0].float(), repeat_kv(cap[kname, l], idx)[0].float()
-        raw.append((q @ k.transpose(-1, -2)).cpu())  # [head, query_pos, key_pos]
-        pattern.append(cap["pattern", l][0].float().cpu())
-        v.append(repeat_kv(cap["v", l], idx)[0].float().cpu())
-        W_O.append(W_Os[l])
-        out.append(cap["out", l][0].float().cpu())
-        b = attn.o_proj.bias
-        o_bias.append(None if b is None else b.detach().float().cpu())
+        idx = net.blocks[l].attn.kv_index.to(cap["v", l].device)
+        q, k = cap[qs[-2], l].float(), repeat_kv(cap[qs[-1], l], idx).float()
+        raw.append((q @ k.transpose(-1, -2)).cpu())  # [batch, head, query_pos, key_pos]
+        v.append(repeat_kv(cap["v", l], idx).float().cpu())
+    pattern = [cap["pattern", l].float().cpu() for l in layers]
+    out = [cap["out", l].float().cpu() for l in layers]
+    o_bias = [None if (b := net.blocks[l].attn.o_proj.bias) is None else b.detach().float().cpu() for l in layers]
     scales = attention_scales(model)
-    return SentenceStates(
-        tokens=cap.tokens,
-        static=static,
-        states=states,
-        pattern=pattern,
-        raw=raw,
-        v=v,
-        W_O=W_O,
-        out=out,
-        o_bias=o_bias,
-        scale=[s for s, _, _ in scales],
-        softcap=[c for _, c, _ in scales],
-        causal=bool(net.cfg.causal),
-        special=torch.tensor(cap.tokens.special[0], dtype=torch.bool),
-    )
+    result = []
+    for r in range(len(texts)):
+        n = cap.tokens.lengths[r]
+        result.append(
+            SentenceStates(
+                tokens=cap.tokens.select([r]),
+                static=static[r, :n],
+                states=states[r, :, :n],
+                pattern=[p[r, :, :n, :n] for p in pattern],
+                raw=[x[r, :, :n, :n] for x in raw],
+                v=[x[r, :, :n] for x in v],
+                W_O=list(W_Os),
+                out=[x[r, :n] for x in out],
+                o_bias=o_bias,
+                scale=[s for s, _, _ in scales],
+                softcap=[c for _, c, _ in scales],
+                causal=bool(net.cfg.causal),
+                special=torch.tensor(cap.tokens.special[r], dtype=torch.bool),
+            )
+        )
+    return result

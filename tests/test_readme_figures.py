@@ -27,6 +27,8 @@ SECTIONS = {
     "figures/kv_smollm2.json": "long-context.md: # Long context and the KV cache",
     "figures/bench_weights.json": "bench.md: # Benchmark (`headscope bench`)",
     "figures/bench_smollm2_weights.json": "bench.md: # Benchmark (`headscope bench`)",
+    "figures/context_minilm.json": "context.md: # From static to contextual",
+    "figures/context_smollm2.json": "context.md: # From static to contextual",
 }
 
 

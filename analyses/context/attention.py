@@ -4,7 +4,8 @@ Zuidema 2020). Pure functions over one sentence's tensors.
 
 Shapes: ``pattern``, ``raw`` ``[head, query_pos, key_pos]``; ``v`` ``[head, key_pos, d_head]``
 (one slice per query head); ``W_O`` ``[head, d_head, d_model]``; ``allowed``
-``[query_pos, key_pos]`` bool (the keys each query may read under its mask).
+``[query_pos, key_pos]`` bool (the keys each query may read under its mask). The per-head
+functions also take leading dimensions (``[layer, head, ...]``: every layer at once).
 
 Head ``h``'s contribution of key ``j`` to query ``i`` is ``α_ij (x_j W_V + b_V) W_O^h``; its
 norm factorises as ``α_ij · ‖v_j W_O^h‖``, so the per-head norm-based weights need only
@@ -33,18 +34,22 @@ def allowed_keys(n_pos: int, causal: bool) -> torch.Tensor:
 
 def value_norms(v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
     """``‖v_j W_O^h‖`` ``[head, key_pos]`` from ``v [head, key_pos, d_head]``, ``W_O [head, d_head, d_model]``."""
-    return torch.linalg.vector_norm(torch.einsum("hkd,hdm->hkm", v.float(), W_O.float()), dim=-1)
+    return torch.linalg.vector_norm(value_outputs(v, W_O), dim=-1)
+
+
+def value_outputs(v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
+    """``v_j W_O^h`` ``[..., head, key_pos, d_model]``: what each key hands each head's output."""
+    return torch.einsum("...hkd,...hdm->...hkm", v.float(), W_O.float())
 
 
 def norm_attention(pattern: torch.Tensor, vnorm: torch.Tensor) -> torch.Tensor:
     """Kobayashi's ``‖α_ij v_j W_O^h‖`` ``[head, query_pos, key_pos]`` (``vnorm`` from :func:`value_norms`)."""
-    return pattern.float() * vnorm[:, None, :]
+    return pattern.float() * vnorm[..., None, :]
 
 
 def head_outputs(pattern: torch.Tensor, v: torch.Tensor, W_O: torch.Tensor) -> torch.Tensor:
     """``Σ_j α_ij (v_j W_O^h)`` per head, ``[head, query_pos, d_model]``: the decomposition summed back."""
-    vo = torch.einsum("hkd,hdm->hkm", v.float(), W_O.float())
-    return torch.einsum("hqk,hkm->hqm", pattern.float(), vo)
+    return pattern.float() @ value_outputs(v, W_O)
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +66,7 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def weight_norm_rank_correlation(pattern: torch.Tensor, normed: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Per head ``[head]``: Spearman ρ between ``α_ij`` and ``‖α_ij v_j W_O‖`` over the visible pairs."""
-    return spearman(pattern[:, allowed], normed[:, allowed])
+    return spearman(pattern[..., allowed], normed[..., allowed])
 
 
 def sink_share(weights: torch.Tensor, sink: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -69,7 +74,7 @@ def sink_share(weights: torch.Tensor, sink: torch.Tensor, allowed: torch.Tensor)
     keys (special tokens and the first position), rows normalised to sum 1 first."""
     w = weights.float() * allowed
     rows = w / w.sum(-1, keepdim=True).clamp_min(1e-30)
-    return (rows * sink[None, None, :]).sum(-1).mean(-1)
+    return (rows * sink).sum(-1).mean(-1)
 
 
 def row_entropy(pattern: torch.Tensor) -> torch.Tensor:
@@ -115,7 +120,7 @@ def mean_distance(weights: torch.Tensor, allowed: torch.Tensor, causal: bool) ->
     dist = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().float()
     avail = available_distance(n, causal)
     keep = avail > 0
-    per_row = (w * dist).sum(-1)[:, keep] / avail[keep]
+    per_row = (w * dist).sum(-1)[..., keep] / avail[keep]
     return per_row.mean(-1)
 
 
@@ -163,6 +168,7 @@ __all__ = [
     "sink_share",
     "spearman",
     "value_norms",
+    "value_outputs",
     "weight_norm_rank_correlation",
 ]
 

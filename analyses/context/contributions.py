@@ -18,12 +18,16 @@ from headscope.analyses.context import measures as M
 from headscope.probes.states import sentence_states
 
 
-def _target(st, word: str, pooling: str, piece: int | None) -> list[int]:
-    spans = M.word_spans(st)
+def target_positions(tokens, word: str, pooling: str, piece: int | None) -> list[int]:
+    """The token positions of ``word`` (its first occurrence, case-insensitive) in a one-text
+    :class:`~headscope.probes.tokens.TokenBatch`, pooled as ``pooling`` says or the one ``piece``.
+    ``ValueError`` listing the sentence's words and tokenizer pieces when ``word`` is none of
+    them, or when ``piece`` is not one of its pieces."""
+    spans = M.word_spans(tokens)
     hits = [p for w, p in spans if w.lower() == word.lower()]
     if not hits:
         words = [w for w, _ in spans]
-        pieces = [t for t, s in zip(st.tokens.tokens[0], st.special) if not s]
+        pieces = [t for t, s in zip(tokens.tokens[0], tokens.special[0]) if not s]
         raise ValueError(f"word {word!r} is not in the sentence; its words: {words}; its pieces: {pieces}")
     pos = hits[0]
     if piece is not None:
@@ -33,17 +37,25 @@ def _target(st, word: str, pooling: str, piece: int | None) -> list[int]:
     return pos[:1] if pooling == "first" else pos
 
 
+def check_target(tokenizer, sentence: str, word: str, pooling: str = "mean", piece: int | None = None) -> None:
+    """Raise :func:`target_positions`' ``ValueError`` when ``word`` (or its ``piece``) is not in
+    ``sentence`` as ``tokenizer`` reads it; nothing runs a model."""
+    from headscope.probes.tokens import encode
+
+    target_positions(encode(tokenizer, [sentence]), word, pooling, piece)
+
+
 def _units(st) -> list[tuple[str, list[int]]]:
     """Context units: each word (pieces together) and each special token alone, in position order."""
     units = [(t, [i]) for i, t in enumerate(st.tokens.tokens[0]) if st.special[i]]
-    return sorted(units + M.word_spans(st), key=lambda u: u[1][0])
+    return sorted(units + M.word_spans(st.tokens), key=lambda u: u[1][0])
 
 
 def contributions_frame(model, sentence: str, word: str, pooling: str, piece: int | None, weights) -> pd.DataFrame:
     """The ranked context words of ``word`` in ``sentence`` (see the module doc); ``ValueError``
     listing the sentence's words and pieces when ``word`` is not one of them."""
     st = sentence_states(model, sentence, weights=weights)
-    rows = _target(st, word, pooling, piece)
+    rows = target_positions(st.tokens, word, pooling, piece)
     units = _units(st)
     allowed = A.allowed_keys(st.n_pos, st.causal)
     norm_mats, raw_mats = [], []

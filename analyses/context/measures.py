@@ -56,7 +56,7 @@ def content_positions(st) -> torch.Tensor:
 
 
 def head_stats(st) -> torch.Tensor:
-    """``[layer, head, metric]`` (:data:`HEAD_METRICS`) for one sentence."""
+    """``[layer, head, metric]`` (:data:`HEAD_METRICS`) for one sentence, every layer at once."""
     n, causal = st.n_pos, st.causal
     allowed = A.allowed_keys(n, causal)
     sink = st.special.clone()
@@ -64,31 +64,30 @@ def head_stats(st) -> torch.Tensor:
     rows = content_positions(st)
     if not rows.any():
         rows = torch.ones(n, dtype=torch.bool)
-    out = []
-    for l, pattern in enumerate(st.pattern):
-        vnorm = A.value_norms(st.v[l], st.W_O[l])
-        normed = A.norm_attention(pattern, vnorm)
-        scale1 = A.masked_softmax(A.capped(st.raw[l], st.softcap[l]), allowed)
-        heads_out = A.head_outputs(pattern, st.v[l], st.W_O[l])  # [head, pos, d_model]
-        x, static = st.states[l], st.static
-        ratio = torch.linalg.vector_norm(heads_out, dim=-1) / torch.linalg.vector_norm(x, dim=-1).clamp_min(1e-12)
-        before = F.cosine_similarity(x, static, dim=-1)
-        after = F.cosine_similarity(x[None] + heads_out, static[None], dim=-1)
-        stats = [
-            A.weight_norm_rank_correlation(pattern, normed, allowed),
-            A.sink_share(pattern, sink, allowed),
-            A.sink_share(normed, sink, allowed),
-            A.row_entropy(pattern)[:, rows].mean(-1),
-            A.row_entropy(scale1)[:, rows].mean(-1),
-            (pattern.max(-1).values > 0.9)[:, rows].float().mean(-1),
-            (scale1.max(-1).values > 0.9)[:, rows].float().mean(-1),
-            A.mean_distance(pattern, allowed, causal),
-            A.mean_distance(normed, allowed, causal),
-            ratio[:, rows].mean(-1),
-            (after - before[None])[:, rows].mean(-1),
-        ]
-        out.append(torch.stack(stats, -1))
-    return torch.stack(out)
+    pattern = torch.stack(st.pattern).float()  # [layer, head, query_pos, key_pos]
+    vo = A.value_outputs(torch.stack(st.v), torch.stack(st.W_O))  # [layer, head, key_pos, d_model]
+    normed = A.norm_attention(pattern, torch.linalg.vector_norm(vo, dim=-1))
+    raw = torch.stack([A.capped(r, c) for r, c in zip(st.raw, st.softcap)])
+    scale1 = A.masked_softmax(raw, allowed)
+    heads_out = pattern @ vo  # [layer, head, pos, d_model]
+    x, static = st.states[:-1, None], st.static  # the stream entering each layer, [layer, 1, pos, d_model]
+    ratio = torch.linalg.vector_norm(heads_out, dim=-1) / torch.linalg.vector_norm(x, dim=-1).clamp_min(1e-12)
+    before = F.cosine_similarity(x, static, dim=-1)
+    after = F.cosine_similarity(x + heads_out, static, dim=-1)
+    stats = [
+        A.weight_norm_rank_correlation(pattern, normed, allowed),
+        A.sink_share(pattern, sink, allowed),
+        A.sink_share(normed, sink, allowed),
+        A.row_entropy(pattern)[..., rows].mean(-1),
+        A.row_entropy(scale1)[..., rows].mean(-1),
+        (pattern.max(-1).values > 0.9)[..., rows].float().mean(-1),
+        (scale1.max(-1).values > 0.9)[..., rows].float().mean(-1),
+        A.mean_distance(pattern, allowed, causal),
+        A.mean_distance(normed, allowed, causal),
+        ratio[..., rows].mean(-1),
+        (after - before)[..., rows].mean(-1),
+    ]
+    return torch.stack(stats, -1)
 
 
 def layer_stats(st) -> torch.Tensor:
@@ -101,12 +100,14 @@ def layer_stats(st) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def word_spans(st) -> list[tuple[str, list[int]]]:
-    """The sentence's words with their token positions (special tokens excluded), in order."""
+def word_spans(tokens) -> list[tuple[str, list[int]]]:
+    """The words of a one-text :class:`~headscope.probes.tokens.TokenBatch` with their token
+    positions (special tokens excluded), in order."""
     out: dict[int, list[int]] = {}
-    for i, w in enumerate(st.tokens.word_ids[0]):
-        if w is not None and not st.special[i]:
+    for i, w in enumerate(tokens.word_ids[0]):
+        if w is not None and not tokens.special[0][i]:
             out.setdefault(w, []).append(i)
-    text = st.tokens.texts[0]
-    offs = st.tokens.offsets[0]
-    return [(text[offs[p[0]][0] : offs[p[-1]][1]], p) for _, p in sorted(out.items())]
+    text = tokens.texts[0]
+    offs = tokens.offsets[0]
+    # a byte-level BPE piece's span may hold the space before its word (" bat"): the word is stripped
+    return [(text[offs[p[0]][0] : offs[p[-1]][1]].strip(), p) for _, p in sorted(out.items())]

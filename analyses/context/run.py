@@ -1,7 +1,7 @@
 """The contextualisation run: from static rows to contextual representations, per layer and head.
 
 :func:`run_context` reads a sense set (the shipped English one by default), runs the model
-over its sentences one at a time (:func:`~headscope.probes.states.sentence_states`) and
+over its sentences, ``batch_size`` to a padded forward (:func:`~headscope.probes.states.batch_states`), and
 returns ``(frames, summary)``:
 
 - ``similarity``: per ``depth`` (-1 static row, 0 input to layer 0, ``l + 1`` layer ``l``'s
@@ -32,7 +32,7 @@ from headscope.analyses.context.contributions import contributions_frame
 from headscope.analyses.context.trend import distance_trend
 from headscope.analyses.stats.resampling import bootstrap_ci
 from headscope.probes.corpora.senses import read_senses
-from headscope.probes.states import attention_scales, output_matrices, sentence_states
+from headscope.probes.states import attention_scales, batch_states, output_matrices
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +46,7 @@ class ContextConfig:
     )  # the first words of the sense set only (None: all)
     max_per_sense: int | None = field(default=None, metadata={"low": 2})  # sentences per sense (None: all)
     attention_sentences: int = 40  # sentences the per-head attention statistics use
+    batch_size: int = field(default=32, metadata={"help": "sentences per forward"})
     sentence: str | None = field(default=None, metadata={"help": "with --word: which context words shape it"})
     word: str | None = field(default=None, metadata={"help": "the word of --sentence whose context is ranked"})
     piece: int | None = field(default=None, metadata={"help": "one tokenizer piece of --word (0-based)", "low": 0})
@@ -60,8 +61,9 @@ class ContextConfig:
             v = getattr(self, name)
             if v is not None and v < 2:
                 raise ValueError(f"{name} must be >= 2 or None; got {v}")
-        if self.attention_sentences < 1 or self.n_boot < 1 or self.n_perm < 1:
-            raise ValueError("attention_sentences, n_boot and n_perm must be >= 1")
+        for name in ("attention_sentences", "batch_size", "n_boot", "n_perm"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
         if (self.sentence is None) != (self.word is None):
             raise ValueError("sentence and word go together; got only one of them")
 
@@ -79,82 +81,116 @@ def _items(cfg: ContextConfig):
     return sset, chosen
 
 
+def run_sentences(cfg: ContextConfig) -> list[str]:
+    """The distinct sentences a run of ``cfg`` feeds the model (the sense set's, then
+    ``cfg.sentence``); the sense file's warnings are left to the run."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, items = _items(cfg)
+    return list(dict.fromkeys([it.sentence for it in items] + ([cfg.sentence] if cfg.sentence else [])))
+
+
 def _ci_row(vals: torch.Tensor, cfg: ContextConfig, **keys) -> dict:
     vals = vals[~torch.isnan(vals)]
     lo, hi = bootstrap_ci(vals, n_boot=cfg.n_boot, seed=cfg.seed) if vals.numel() > 1 else ([float("nan")],) * 2
     return {**keys, "value": float(vals.mean()), "ci_low": float(lo[0]), "ci_high": float(hi[0]), "n": vals.numel()}
 
 
-def _similarity(occ: dict, sent_reps: list, tokens: list, cfg: ContextConfig) -> pd.DataFrame:
-    """occ: word -> [n, depth, d]; sent_reps: per sentence [depth, n_tok, d]; tokens: (ids, reps)."""
+def _similarity(occ: dict, intra: torch.Tensor, tokens: list, cfg: ContextConfig) -> pd.DataFrame:
+    """occ: word -> [n, depth, d]; intra: [sentence, depth] intra-sentence similarities;
+    tokens: per sentence (ids [n_tok], reps [depth, n_tok, d])."""
     ids = torch.cat([t for t, _ in tokens])
-    allreps = torch.cat([r for _, r in tokens], 1)  # [depth, n_tok, d]
+    aniso = SIM.anisotropy(torch.cat([r for _, r in tokens], 1), ids, seed=cfg.seed)  # [depth]
+    by_depth = [r.transpose(0, 1) for r in occ.values()]  # [depth, n, d] per word
+    ss = torch.stack([SIM.self_similarity(r) for r in by_depth], 1)  # [depth, word]
+    mev = torch.stack([SIM.max_explainable_variance(r) for r in by_depth], 1)
     rows = []
-    for d in range(allreps.shape[0]):
+    for d in range(ss.shape[0]):
         depth = d - 1
-        ss = torch.stack([SIM.self_similarity(r[:, d]) for r in occ.values()])
-        mev = torch.stack([SIM.max_explainable_variance(r[:, d]) for r in occ.values()])
-        aniso = SIM.anisotropy(allreps[d], ids, seed=cfg.seed)
-        intra = torch.stack([SIM.intra_sentence_similarity(s[d]) for s in sent_reps if s.shape[1] > 1])
-        rows.append(_ci_row(ss, cfg, depth=depth, metric="self_similarity"))
-        rows.append({"depth": depth, "metric": "anisotropy", "value": float(aniso), "n": ids.numel()})
-        rows.append(_ci_row(ss - aniso, cfg, depth=depth, metric="corrected_self_similarity"))
-        rows.append(_ci_row(intra, cfg, depth=depth, metric="intra_sentence"))
-        rows.append(_ci_row(mev, cfg, depth=depth, metric="max_explainable_variance"))
+        rows.append(_ci_row(ss[d], cfg, depth=depth, metric="self_similarity"))
+        rows.append({"depth": depth, "metric": "anisotropy", "value": float(aniso[d]), "n": ids.numel()})
+        rows.append(_ci_row(ss[d] - aniso[d], cfg, depth=depth, metric="corrected_self_similarity"))
+        rows.append(_ci_row(intra[:, d], cfg, depth=depth, metric="intra_sentence"))
+        rows.append(_ci_row(mev[d], cfg, depth=depth, metric="max_explainable_variance"))
     return pd.DataFrame(rows)
 
 
 def _senses(occ: dict, labels: dict, cfg: ContextConfig) -> tuple[pd.DataFrame, int | None]:
+    acc, base, sil, sig = [], [], [], []
+    for w, reps in occ.items():
+        by_depth = reps.transpose(0, 1)  # [depth, n, d]
+        acc.append(S.loo_centroid_accuracy(by_depth, labels[w]))
+        b, p = S.permutation_baseline(by_depth, labels[w], n_perm=cfg.n_perm, seed=cfg.seed)
+        base.append(b), sig.append(p < 0.05), sil.append(S.silhouette(by_depth, labels[w]))
+    acc_t, base_t, sil_t, sig_t = (torch.stack(x, 1) for x in (acc, base, sil, sig))  # [depth, word]
     rows, first = [], None
-    n_depth = next(iter(occ.values())).shape[1]
-    for d in range(n_depth):
-        acc, base, sil, sig = [], [], [], 0
-        for w, reps in occ.items():
-            a = S.loo_centroid_accuracy(reps[:, d], labels[w])
-            b, p = S.permutation_baseline(reps[:, d], labels[w], n_perm=cfg.n_perm, seed=cfg.seed)
-            acc.append(a), base.append(b), sil.append(S.silhouette(reps[:, d], labels[w]))
-            sig += int(p < 0.05)
-        acc_t, base_t = torch.stack(acc), torch.stack(base)
-        r = _ci_row(acc_t, cfg, depth=d - 1, metric="accuracy")
-        r["baseline"] = float(base_t.mean())
-        diff = _ci_row(acc_t - base_t, cfg, depth=d - 1, metric="margin")
+    for d in range(acc_t.shape[0]):
+        r = _ci_row(acc_t[d], cfg, depth=d - 1, metric="accuracy")
+        r["baseline"] = float(base_t[d].mean())
+        diff = _ci_row(acc_t[d] - base_t[d], cfg, depth=d - 1, metric="margin")
         r["margin_ci_low"], r["margin_ci_high"] = diff["ci_low"], diff["ci_high"]
-        r["silhouette"] = float(torch.stack(sil).mean())
-        r["n_beyond_chance"] = sig
+        r["silhouette"] = float(sil_t[d].mean())
+        r["n_beyond_chance"] = int(sig_t[d].sum())
         rows.append(r)
         if first is None and diff["ci_low"] > 0:
             first = d - 1
     return pd.DataFrame(rows), first
 
 
+def _batches(sentences: list[str], size: int) -> list[list[str]]:
+    """``sentences`` in batches of ``size``, each of sentences of similar length (less padding)."""
+    by_len = sorted(sentences, key=len)
+    return [by_len[i : i + size] for i in range(0, len(by_len), size)]
+
+
 def _collect(model, items, cfg: ContextConfig):
-    """Run every distinct sentence once; pooled word reps, sentence reps and token reps."""
+    """Run every distinct sentence once, ``cfg.batch_size`` to a forward: pooled word reps,
+    sentence reps, token reps, and the per-head and per-layer statistics of the first
+    ``cfg.attention_sentences`` sentences (each sentence's tensors dropped once read)."""
     weights = output_matrices(model)
-    cache, occ, labels_raw, sent_reps, tokens, states = {}, {}, {}, [], [], []
-    for it in items:
-        if it.sentence not in cache:
-            st = sentence_states(model, it.sentence, weights=weights)
-            cache[it.sentence] = st
+    order = {s: i for i, s in enumerate(dict.fromkeys(it.sentence for it in items))}
+    if not order:
+        raise ValueError("the sense set has no sentence left to run")
+    of_sentence: dict[str, list[int]] = {}
+    for n, it in enumerate(items):
+        of_sentence.setdefault(it.sentence, []).append(n)
+    reps_of, per_sentence, intra, per_head, per_layer, first = {}, {}, {}, {}, {}, None
+    for batch in _batches(list(order), cfg.batch_size):
+        for sentence, st in zip(batch, batch_states(model, batch, weights=weights)):
             rows = M.content_positions(st)
             reps = torch.cat([st.static[None], st.states], 0)[:, rows]  # [depth, n_tok, d]
-            sent_reps.append(reps)
-            tokens.append((st.tokens.input_ids[0].cpu()[rows], reps))
-            if len(states) < cfg.attention_sentences:
-                states.append(st)
-        st = cache[it.sentence]
-        pos = M.target_positions(st, it.start, it.end)
-        if not pos:
-            continue
-        static, layers = M.pooled(st, pos, cfg.pooling)
-        occ.setdefault(it.lemma, []).append(torch.cat([static[None], layers], 0))
-        labels_raw.setdefault(it.lemma, []).append(it.sense)
+            per_sentence[sentence] = (reps, st.tokens.input_ids[0].cpu()[rows])
+            if reps.shape[1] > 1:
+                intra[sentence] = SIM.intra_sentence_similarity(reps)  # [depth]
+            if order[sentence] < cfg.attention_sentences:
+                per_head[sentence], per_layer[sentence] = M.head_stats(st), M.layer_stats(st)
+                first = first or (st.scale, st.causal)
+            for n in of_sentence[sentence]:
+                pos = M.target_positions(st, items[n].start, items[n].end)
+                if pos:
+                    static, layers = M.pooled(st, pos, cfg.pooling)
+                    reps_of[n] = torch.cat([static[None], layers], 0)
+    occ, labels_raw = {}, {}
+    for n, it in enumerate(items):  # in the sense set's order (the permutations draw in it)
+        if n in reps_of:
+            occ.setdefault(it.lemma, []).append(reps_of[n])
+            labels_raw.setdefault(it.lemma, []).append(it.sense)
     occ = {w: torch.stack(v) for w, v in occ.items() if len(set(labels_raw[w])) > 1}
     labels = {w: torch.tensor([sorted(set(labels_raw[w])).index(s) for s in labels_raw[w]]) for w in occ}
-    return occ, labels, sent_reps, tokens, states, weights
+    in_order = sorted(order, key=order.get)
+    tokens = [(per_sentence[s][1], per_sentence[s][0]) for s in in_order]
+    intra_t = torch.stack([intra[s] for s in in_order if s in intra])  # [sentence, depth]
+    attn = sorted(per_head, key=order.get)
+    per = torch.stack([per_head[s] for s in attn])  # [sentence, layer, head, metric]
+    lay = torch.stack([per_layer[s] for s in attn])  # [sentence, layer, 2]
+    return occ, labels, intra_t, tokens, (per, lay, *first), weights
 
 
-def _heads(states, n_layers: int, cfg: ContextConfig) -> tuple[pd.DataFrame, torch.Tensor, pd.DataFrame]:
-    per = torch.stack([M.head_stats(st) for st in states])  # [sentence, layer, head, metric]
+def _heads(per: torch.Tensor, lay: torch.Tensor, scale: list[float], cfg: ContextConfig):
+    """The ``heads`` and ``layers`` frames from ``per [sentence, layer, head, metric]`` and
+    ``lay [sentence, layer, 2]`` (:func:`~.measures.head_stats`, :func:`~.measures.layer_stats`)."""
     n_s, n_l, n_h, n_m = per.shape
     flat = per.reshape(n_s, -1)
     lo, hi = bootstrap_ci(flat, n_boot=cfg.n_boot, seed=cfg.seed)
@@ -171,35 +207,32 @@ def _heads(states, n_layers: int, cfg: ContextConfig) -> tuple[pd.DataFrame, tor
             "n": n_s,
         }
     )
-    lay = torch.stack([M.layer_stats(st) for st in states])  # [sentence, layer, 2]
     layers = pd.DataFrame(
         {
-            "layer": range(n_layers),
+            "layer": range(n_l),
             "qk_std": lay[..., 0].mean(0).numpy(),
             "reversals": lay[..., 1].sum(0).numpy().astype(int),
-            "scale": states[0].scale,
+            "scale": scale,
         }
     )
-    return frame, per, layers
+    return frame, layers
 
 
 def run_context(model, cfg: ContextConfig | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
     """Run every contextualisation measurement on ``model`` (in-house backend); see the module doc."""
     cfg = cfg or ContextConfig()
     sset, items = _items(cfg)
-    occ, labels, sent_reps, tokens, states, weights = _collect(model, items, cfg)
+    occ, labels, intra, tokens, (per, lay, scale, causal), weights = _collect(model, items, cfg)
     if len(occ) < 1:
         raise ValueError(f"{sset.path}: no word with two senses left to measure (skipped: {sset.skipped})")
-    frames = {"similarity": _similarity(occ, sent_reps, tokens, cfg)}
+    frames = {"similarity": _similarity(occ, intra, tokens, cfg)}
     frames["senses"], first = _senses(occ, labels, cfg)
-    n_layers = len(states[0].pattern)
-    frames["heads"], per, frames["layers"] = _heads(states, n_layers, cfg)
+    frames["heads"], frames["layers"] = _heads(per, lay, scale, cfg)
     dist = {m: per[..., M.HEAD_METRICS.index(m)] for m in ("distance_raw", "distance_norm")}
     trends = {m.split("_")[1]: distance_trend(d, n_boot=cfg.n_boot, seed=cfg.seed) for m, d in dist.items()}
     if cfg.sentence is not None:
         frames["contributions"] = contributions_frame(model, cfg.sentence, cfg.word, cfg.pooling, cfg.piece, weights)
     scales = attention_scales(model)
-    causal = states[0].causal
     summary = {
         "config": asdict(cfg),
         "pooling": f"{cfg.pooling} of a word's tokenizer pieces",
@@ -210,8 +243,8 @@ def run_context(model, cfg: ContextConfig | None = None) -> tuple[dict[str, pd.D
         "sense_file": sset.path,
         "skipped_words": sset.skipped,
         "words": sorted(occ),
-        "n_sentences": len(sent_reps),
-        "n_attention_sentences": len(states),
+        "n_sentences": len(tokens),
+        "n_attention_sentences": per.shape[0],
         "senses_first_depth_beyond_chance": first,
         "distance_trend": trends,
         "scale": sorted({src for _, _, src in scales}),

@@ -3,7 +3,8 @@
 Its flags are the stage's config fields (``--<field-name>``; a field's ``metadata["help"]`` is the
 help, ``metadata={"cli": False}`` keeps it off), plus the report's common ones (``--out``,
 ``--seed``, ``--full``, ``--backend``, ``--dtype``, ``--device``). It runs the report with the
-stage and the stages it requires (``--only``), and writes the same folder as ``headscope report``.
+stage and the stages it requires (``--only``), writes the same folder as ``headscope report``,
+and prints what the stage's :meth:`~headscope.reports.stages.base.Stage.describe` says of its run.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def register(sub) -> None:
 
 def _runner(name: str, fields: list[str]):
     def run(args) -> int:
+        import json
         from pathlib import Path
 
         from headscope.reports.budget import emitter
@@ -129,6 +131,13 @@ def _runner(name: str, fields: list[str]):
             )
         if not args.quiet:
             print_summary(result.summary)
+        stage = STAGES[name]
+        run = json.loads(Path(result.paths["run_json"]).read_text(encoding="utf-8"))
+        text = stage.describe(
+            {k: v for k, v in result.frames.items() if k in stage.schemas}, run.get(stage.key()) or {}
+        )
+        if text:
+            print(text)
         return 0
 
     return run

@@ -133,3 +133,36 @@ def context_section(frames, meta) -> Section | None:
     if layers is not None:
         blocks.append(Table("context_layers", layer_table(heads, layers), "Attention by layer: raw vs norm-based"))
     return Section(id="context", title="From static to contextual", blocks=blocks)
+
+
+def _ranked(g: pd.DataFrame, top: int) -> str:
+    g = g[g["rank"] <= top].sort_values("rank")
+    return ", ".join(f"{c} {v:.2f}" for c, v in zip(g.context, g.value))
+
+
+def describe_context(frames, summary, *, top: int = 3) -> str | None:
+    """What ``headscope context`` prints: for ``--sentence``/``--word``, the ``top`` context words
+    of the word per layer by norm-based contribution and by rollout (raw and norm-based), as
+    shares of its row; else the verdicts by depth. None when the stage wrote nothing."""
+    c, sim = frames.get("context_contributions"), frames.get("context_similarity")
+    if c is not None and len(c):
+        cfg = summary.get("config", {})
+        lines = [
+            f"Context words of {cfg.get('word')!r} in {cfg.get('sentence')!r} (share of its row; top {top}):",
+            f"{'layer':>5}  {'norm-based':<36}  {'rollout, norm-based':<36}  rollout, raw",
+        ]
+        by = {m: dict(tuple(g.groupby("layer"))) for m, g in c.groupby("method")}
+        for layer in sorted(by["norm"]):
+            cells = [_ranked(by[m][layer], top) for m in ("norm", "rollout_norm", "rollout_raw")]
+            lines.append(f"{layer:>5}  {cells[0]:<36}  {cells[1]:<36}  {cells[2]}")
+        return "\n".join(lines)
+    if sim is None:
+        return None
+    ss = sim[sim.metric == "self_similarity"].set_index("depth").value
+    first = summary.get("senses_first_depth_beyond_chance")
+    lines = [
+        "self-similarity by depth: " + ", ".join(f"{_depth_label(int(d))} {v:.3f}" for d, v in ss.items()),
+        "senses first separate beyond chance at " + (_depth_label(first) if first is not None else "no depth"),
+    ]
+    lines += [f"{k}: {v['verdict']}" for k, v in summary.get("distance_trend", {}).items()]
+    return "\n".join(lines)

@@ -29,7 +29,8 @@ Design note
   :meth:`Stage.fitted` (its config with the batch sizes the plan fitted), :meth:`Stage.run`
   (the computation on ``ctx.model``, reading earlier stages' frames from ``ctx.frames``; returns
   a :class:`StageResult`), :meth:`Stage.section` (its part of the report from frames and meta
-  alone: no model), :meth:`Stage.leaves_out` (what quick mode leaves out of ``--full``).
+  alone: no model), :meth:`Stage.leaves_out` (what quick mode leaves out of ``--full``),
+  :meth:`Stage.describe` (what ``headscope <name>`` prints once the run is written).
 - **Absent, never fatal.** A stage that is turned off (``--skip``, ``--no-<stage>``, not in
   ``--only``), blocked (:meth:`Stage.blocker`), failing (an exception inside :meth:`Stage.run`),
   or whose requirement is absent ("needs roles, which failed: …") is recorded in run.json's
@@ -230,6 +231,11 @@ class Stage(Generic[C]):
     def leaves_out(self, ctx: RunContext, cfg: C) -> list[str]:
         """What its quick settings leave out of ``--full``, one ``"<stage>: ..."`` clause each."""
         return []
+
+    def describe(self, frames: Mapping[str, pd.DataFrame], summary: Mapping) -> str | None:
+        """What its derived subcommand (``headscope <name>``) prints on stdout once the run is
+        written, from its frames and summary alone; None: nothing."""
+        return None
 
     def merge(self, parts: Sequence[StageResult]) -> StageResult:
         """The result of the whole from results on disjoint parts of :attr:`unit`: each frame

@@ -5,15 +5,38 @@ contextual". ``headscope context MODEL --sentence ... --word ...`` is derived fr
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from headscope.analyses.context.run import ContextConfig
+from headscope.probes.budget import Shape
 from headscope.reports.stages.base import RunContext, Stage, StageAbsent, StageResult, WorkingSet
 
 _STAT = {"value": "float64", "ci_low": "float64", "ci_high": "float64", "n": "int64"}
 
 #: the quick report's share of the sense set (``--full``: all of it)
-QUICK = {"max_per_sense": 6, "n_perm": 20, "n_boot": 500}
+QUICK = {"max_per_sense": 5, "attention_sentences": 24, "n_perm": 20, "n_boot": 500}
+
+
+def context_working_set(shape: Shape, cfg: ContextConfig, n_sentences: int, longest: int) -> WorkingSet:
+    """One padded forward of ``cfg.batch_size`` sentences of up to ``longest`` tokens: every
+    layer's pattern and raw ``q·k`` kept (``kept_layers`` twice the layers, quadratic in length as
+    any pattern); besides them, linear in length: per sentence of the batch its residual stream
+    at every depth (captured, then stacked), its values repeated per query head and its attention
+    outputs, and, kept for the whole run, each sentence's content-token states at every depth
+    (the anisotropy baseline draws from all of them), spread over the batch's rows. The pair-wise
+    norm-based contributions are streamed in query chunks (no ``[query, key, d_model]`` tensor)."""
+    f32, t, d, L = 4, longest, shape.d_model, shape.n_layers
+    per_row = f32 * t * (2 * (L + 1) * d + L * shape.n_heads * shape.d_head + L * d)
+    kept = f32 * t * (L + 2) * d * -(-n_sentences // cfg.batch_size)  # [depth, pos, d_model] per sentence
+    return WorkingSet(
+        name="context",
+        batch_size=cfg.batch_size,
+        longest=longest,
+        kept_layers=2 * L,
+        logits="all" if shape.causal else "none",  # a decoder's forward unembeds every position
+        statistics=True,
+        cache_per_row=per_row + kept,
+    )
 
 
 class ContextStage(Stage[ContextConfig]):
@@ -24,7 +47,7 @@ class ContextStage(Stage[ContextConfig]):
     summary_key = "context_summary"
     place = 45
     warn_absent = False
-    default_on = False  # one forward per sentence today: over the 1.3x-roles price #41 sets, so asked for
+    default_on = True  # batched forwards: well under the 1.3x-roles price #41 sets
     schemas = {
         "context_similarity": {"depth": "int64", "metric": "object", **_STAT},
         "context_senses": {
@@ -50,10 +73,20 @@ class ContextStage(Stage[ContextConfig]):
     }
 
     def config(self, ctx: RunContext, given: ContextConfig | None = None) -> ContextConfig:
+        """The given config (``ValueError`` before anything loads when its ``word`` is not in its
+        ``sentence``: the sentence's words and pieces in one line), else the defaults; without
+        ``--full``, the fields left at their defaults take the quick settings."""
         if given is not None:
-            return given
-        cfg = ContextConfig(seed=ctx.seed)
-        return cfg if ctx.full else replace(cfg, **QUICK)
+            tokenizer = ctx.tokenizer or getattr(ctx.model, "tokenizer", None)
+            if given.sentence is not None and tokenizer is not None:
+                from headscope.analyses.context.contributions import check_target
+
+                check_target(tokenizer, given.sentence, given.word, given.pooling, given.piece)
+        cfg = given if given is not None else ContextConfig(seed=ctx.seed)
+        if ctx.full:
+            return cfg
+        defaults = {f.name: f.default for f in fields(ContextConfig)}
+        return replace(cfg, **{k: v for k, v in QUICK.items() if getattr(cfg, k) == defaults[k]})
 
     def blocker(self, ctx: RunContext, cfg: ContextConfig) -> str | None:
         net = getattr(ctx.model, "network", None)
@@ -66,7 +99,15 @@ class ContextStage(Stage[ContextConfig]):
         return backend != "inhouse" and "in-house transformer" in reason
 
     def plan(self, ctx: RunContext, cfg: ContextConfig) -> list[WorkingSet]:
-        return []  # one sentence at a time: patterns of a few dozen tokens
+        from headscope.analyses.context.run import run_sentences
+        from headscope.reports.stages.plans import longest_tokens
+
+        sentences = run_sentences(cfg)
+        return [context_working_set(ctx.shape, cfg, len(sentences), longest_tokens(sentences, ctx.tokenizer))]
+
+    def fitted(self, cfg: ContextConfig, batch_sizes) -> ContextConfig:
+        b = batch_sizes.get("context")
+        return replace(cfg, batch_size=b) if b is not None and b < cfg.batch_size else cfg
 
     def run(self, ctx: RunContext, cfg: ContextConfig) -> StageResult:
         from headscope.analyses.context.run import run_context
@@ -75,7 +116,9 @@ class ContextStage(Stage[ContextConfig]):
             frames, summary = run_context(ctx.model, cfg)
         except ValueError as e:  # a word not in its sentence, a sense file with nothing left: said, not fatal
             raise StageAbsent(f"the contextualisation stage could not run: {str(e).splitlines()[0]}") from e
-        return StageResult({f"context_{k}": v for k, v in frames.items()}, summary)
+        # the declared dtypes (strings as object, whatever pandas' default string dtype)
+        named = {f"context_{k}": v for k, v in frames.items()}
+        return StageResult({k: v.astype(dict(self.schemas[k])) for k, v in named.items()}, summary)
 
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.context import context_section
@@ -83,10 +126,20 @@ class ContextStage(Stage[ContextConfig]):
         s = context_section(frames, meta)
         return [] if s is None else [s]
 
+    def describe(self, frames, summary) -> str | None:
+        """The ranked context words of ``--word`` (per layer by norm-based contribution, and by
+        rollout), else the verdicts: self-similarity by depth, senses, distance by depth."""
+        from headscope.reports.sections.context import describe_context
+
+        return describe_context(frames, summary)
+
     def leaves_out(self, ctx: RunContext, cfg: ContextConfig) -> list[str]:
         if ctx.full:
             return []
-        return [f"context: {QUICK['max_per_sense']} sentences per sense, {QUICK['n_perm']} permutations"]
+        return [
+            f"context: {QUICK['max_per_sense']} sentences per sense, {QUICK['attention_sentences']} sentences of "
+            f"attention statistics, {QUICK['n_perm']} permutations"
+        ]
 
     def merge(self, parts):
         """Bootstrap intervals and the trend test are drawn over all sentences at once: the frames

@@ -28,8 +28,14 @@ def small_config(**kw) -> RunConfig:
         causal_config=CausalConfig(n_items=4, n_boot=50, n_perm=100),
         weights_config=WeightsConfig(draws=20, null=50),
         kv_config=KVStageConfig(tokens=64, role_items=2, role_tokens=64, causal_items=2),
-        **kw,
+        **{"configs": {"context": _small_context()}, **kw},
     )
+
+
+def _small_context():
+    from headscope.analyses.context import ContextConfig
+
+    return ContextConfig(max_words=3, max_per_sense=3, attention_sentences=4, n_boot=50, n_perm=10)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -78,7 +78,7 @@ def test_the_schemas_match_the_frames_of_real_runs(minilm_report, llama_report):
         "patching": "ran",
         "weights": "ran",
         "kv": "blocked",
-        "context": "off",  # opt-in: its own tests run it
+        "context": "ran",
     }
     assert llama_json["stages"]["kv"]["status"] == "ran"
     _check_schemas(mini.frames, STAGES.values())
@@ -208,16 +208,22 @@ def test_build_report_resolves_the_model_and_reads_its_config_once(monkeypatch, 
     assert run["memory"]["shape"]["n_layers"] == 6 and len(run["model_file"]["sha256"]) == 64
 
 
-def test_a_stage_off_by_default_runs_only_when_asked():
+class _OptIn(toy_stage.CountStage):
+    name = "opt_in"
+    default_on = False
+
+
+def test_a_stage_off_by_default_runs_only_when_asked(monkeypatch):
     from headscope.reports.stages.config import RunConfig
     from headscope.reports.stages.runner import turned_off
 
-    assert not registry.STAGES["context"].default_on
-    assert turned_off(RunConfig())["context"] == "off by default (--context or --only context runs it)"
-    assert "context" not in turned_off(RunConfig(on=("context",)))
-    assert "context" not in turned_off(RunConfig(only=("roles", "context")))
+    monkeypatch.setitem(STAGES, "opt_in", _OptIn())
+    assert turned_off(RunConfig())["opt_in"] == "off by default (--opt_in or --only opt_in runs it)"
+    assert "opt_in" not in turned_off(RunConfig(on=("opt_in",)))
+    assert "opt_in" not in turned_off(RunConfig(only=("roles", "opt_in")))
     assert "roles" not in turned_off(RunConfig())
-    args = build_parser().parse_args(["report", "--context"])
+    assert "context" not in turned_off(RunConfig())  # on by default since its batched forwards (#41)
+    args = build_parser().parse_args(["report", "--opt_in"])
     from headscope.reports.cli.report import stage_selection
 
-    assert stage_selection(args)["on"] == ("context",)
+    assert stage_selection(args)["on"] == ("opt_in",)
