@@ -178,6 +178,25 @@ def tokenizer(encoder: bool, vocab_size: int = 600):
     return AutoTokenizer.from_pretrained(where)
 
 
+def tiny_mpnet(tok, max_positions: int = 128):
+    """A tiny random MPNet encoder (``AutoConfig.for_model("mpnet")``: 2 layers, 4 heads, width 64,
+    seed 0, eager attention) over ``tok``'s vocabulary."""
+    from transformers import AutoConfig, AutoModel
+
+    cfg = AutoConfig.for_model(
+        "mpnet",
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        vocab_size=len(tok),
+        max_position_embeddings=max_positions,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    return AutoModel.from_config(cfg, attn_implementation="eager")
+
+
 def tiny_hf_model(model_type: str, *, seed: int = 0, **overrides):
     """``(model, tokenizer)``: a tiny random HF model of ``model_type`` (eager attention, eval, fp32)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM

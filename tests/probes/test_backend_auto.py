@@ -20,7 +20,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from tiny_models import tiny_model_dir, tokenizer
+from tiny_models import tiny_model_dir, tiny_mpnet, tokenizer
 
 from headscope.probes.errors import CheckpointError
 from headscope.probes.models.loading import load_model
@@ -44,21 +44,8 @@ def value_head_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mpnet_dir(tmp_path_factory):
     """A tiny random MPNet encoder (``AutoConfig.for_model("mpnet")``) with a WordPiece tokenizer."""
-    from transformers import AutoConfig, AutoModel
-
     tok = tokenizer(True)
-    cfg = AutoConfig.for_model(
-        "mpnet",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        max_position_embeddings=128,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = AutoModel.from_config(cfg, attn_implementation="eager")
+    model = tiny_mpnet(tok)
     d = tmp_path_factory.mktemp("mpnet") / "mpnet"
     model.save_pretrained(d)
     tok.save_pretrained(d)

