@@ -41,7 +41,20 @@ ROLE_COLUMNS = [
 
 STAT_COLUMNS = ["layer", "head", "metric", "value", "n"]
 
-IMPACT_COLUMNS = ["study", "layer", "head", "step", "fraction_pruned", "metric", "value", "spread", "seed", "n"]
+#: the pruning studies' columns and their dtypes (nullable ints: layer/head/seed are absent on some rows)
+IMPACT_DTYPES = {
+    "study": "str",
+    "layer": "Int64",
+    "head": "Int64",
+    "step": "int64",
+    "fraction_pruned": "float64",
+    "metric": "str",
+    "value": "float64",
+    "spread": "float64",
+    "seed": "Int64",
+    "n": "int64",
+}
+IMPACT_COLUMNS = list(IMPACT_DTYPES)
 
 EXAMPLE_COLUMNS = [
     "example",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import torch
 
-from headscope.analyses.frames import IMPACT_COLUMNS
+from headscope.analyses.frames import IMPACT_COLUMNS, IMPACT_DTYPES
 
 
 def bootstrap_se(
@@ -74,20 +74,7 @@ def impact_rows(
 def impact_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows -> frame with IMPACT_COLUMNS and stable dtypes (nullable ints for layer/head/seed)."""
     df = pd.DataFrame(rows, columns=IMPACT_COLUMNS)
-    return df.astype(
-        {
-            "study": "str",
-            "layer": "Int64",
-            "head": "Int64",
-            "step": "int64",
-            "fraction_pruned": "float64",
-            "metric": "str",
-            "value": "float64",
-            "spread": "float64",
-            "seed": "Int64",
-            "n": "int64",
-        }
-    )
+    return df.astype(IMPACT_DTYPES)
 
 
 def harm(metric, delta):

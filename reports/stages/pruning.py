@@ -11,22 +11,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from headscope.analyses.frames import IMPACT_DTYPES
 from headscope.analyses.pruning.study import PruneConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
 
 #: the columns of every pruning study's rows (baseline, ablation, importance, curves and their summary)
-_STUDY_ROWS = {
-    "study": "str",
-    "layer": "Int64",
-    "head": "Int64",
-    "step": "int64",
-    "fraction_pruned": "float64",
-    "metric": "str",
-    "value": "float64",
-    "spread": "float64",
-    "seed": "Int64",
-    "n": "int64",
-}
+_STUDY_ROWS = IMPACT_DTYPES
 
 
 class PruningStage(Stage[PruneConfig]):
