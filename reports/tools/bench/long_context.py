@@ -18,14 +18,12 @@ length. The targets (issue #27) are reported, never enforced:
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 import time
 
 import pandas as pd
+
+from headscope.reports.tools.bench.machine import run_child
 
 __all__ = [
     "LONG_COLUMNS",
@@ -145,17 +143,14 @@ def available_mb() -> float | None:
 
 
 def _run_child(model: str, n: int, path: str, seed: int, device: str, timeout) -> dict:
-    code = (
-        "import json; from headscope.reports.tools.bench.long_context import long_context_child; "
-        f"print('HEADSCOPE_LONG ' + json.dumps(long_context_child({model!r}, {int(n)}, {path!r}, {int(seed)}, {device!r})))"
+    return run_child(
+        "headscope.reports.tools.bench.long_context",
+        "long_context_child",
+        (model, int(n), path, int(seed), device),
+        tag="HEADSCOPE_LONG",
+        what=f"long-context run of {n} tokens ({path})",
+        timeout=timeout,
     )
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("HEADSCOPE_LONG ")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise RuntimeError(f"long-context run of {n} tokens ({path}) failed (exit {proc.returncode}): {tail}")
-    return json.loads(lines[-1].split(" ", 1)[1])
 
 
 def long_context_scaling(

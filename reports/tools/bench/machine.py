@@ -10,16 +10,18 @@ device(type='cpu')
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-__all__ = ["bf16_support", "check_device", "matmul_peak_gflops", "peak_rss_mb", "rss_mb", "sync"]
+__all__ = ["bf16_support", "check_device", "matmul_peak_gflops", "peak_rss_mb", "rss_mb", "run_child", "sync"]
 
 
 def rss_mb() -> float:
@@ -118,3 +120,17 @@ def bf16_support(device: str | torch.device = "cpu") -> tuple[bool, str]:
         f"{', '.join(isa) if isa else ('no avx512_bf16/amx_bf16' if x86 else 'not x86')}"
     )
     return native, why
+
+
+def run_child(module: str, func: str, args: tuple, *, tag: str, what: str, timeout: float | None) -> dict:
+    """``module.func(*args)`` (plain values; it returns a JSON-able dict) in a Python process of its
+    own, so what it measures is its own resident set; its result is the stdout line starting with
+    ``tag``. RuntimeError naming ``what``, the exit code and the child's last stderr line when it fails."""
+    code = f"import json; from {module} import {func}; print({tag!r} + ' ' + json.dumps({func}(*{args!r})))"
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{tag} ")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {tail}")
+    return json.loads(lines[-1].split(" ", 1)[1])

@@ -7,16 +7,12 @@ smallest's (target :data:`~headscope.reports.tools.bench.targets.MEMORY`).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
 
 import pandas as pd
 
 from headscope.probes.corpora.bench_sentences import generate_sentences
-from headscope.reports.tools.bench.machine import check_device, peak_rss_mb
+from headscope.reports.tools.bench.machine import check_device, peak_rss_mb, run_child
 
 __all__ = ["MEMORY_COLUMNS", "MEMORY_REDUCERS", "memory_child", "memory_scaling"]
 
@@ -102,17 +98,17 @@ def memory_scaling(
     check_device(device)
     rows = []
     for n in sizes:
-        code = (
-            "import json, sys; from headscope.reports.tools.bench.memory import memory_child; "
-            f"print('HEADSCOPE_MEMORY ' + json.dumps(memory_child({model!r}, {int(n)}, {reducer!r}, {int(batch_size)}, {int(seed)}, {device!r})))"
+        args = (model, int(n), reducer, int(batch_size), int(seed), device)
+        rows.append(
+            run_child(
+                "headscope.reports.tools.bench.memory",
+                "memory_child",
+                args,
+                tag="HEADSCOPE_MEMORY",
+                what=f"memory run of {n} sentences",
+                timeout=timeout,
+            )
         )
-        env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env)
-        lines = [l for l in proc.stdout.splitlines() if l.startswith("HEADSCOPE_MEMORY ")]
-        if proc.returncode != 0 or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise RuntimeError(f"memory run of {n} sentences failed (exit {proc.returncode}): {tail}")
-        rows.append(json.loads(lines[-1].split(" ", 1)[1]))
     frame = pd.DataFrame(rows, columns=MEMORY_COLUMNS)
     small, large = frame.loc[frame.n_sentences.idxmin()], frame.loc[frame.n_sentences.idxmax()]
     return frame, float(large.peak_rss_mb / small.peak_rss_mb)
