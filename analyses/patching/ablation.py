@@ -38,8 +38,8 @@ from headscope.analyses.patching.activation import (
     PatchConfig,
     RunMetrics,
     capture_z,
+    chosen_units,
     paired_runs,
-    patch_units,
     patched_metrics,
     subset_frame,
 )
@@ -113,7 +113,7 @@ def ablation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tu
     """Zero/mean/resample ablation (``cfg.ablations``) of every unit on the clean run ->
     (:data:`PATCH_COLUMNS` frame, one block per kind in ``cfg.ablations`` order; the
     clean/corrupted metrics)."""
-    units = patch_units(model.spec, cfg.unit)
+    units = chosen_units(model.spec, cfg)
     metric = metric_fn(task.metric)
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))

@@ -72,7 +72,10 @@ class PatchConfig:
     ``gradient``: attribution patching's ``"total"`` derivative (every later path) or
     ``"bypass_heads"`` (later heads cut; :mod:`~headscope.analyses.patching.attribution`);
     ``atp_fix``: AtP*'s corrections to the total-gradient estimate, ``"qk"``, ``"graddrop"``
-    or ``"both"`` (:data:`ATP_FIXES`, :mod:`~headscope.analyses.patching.atp_star`)."""
+    or ``"both"`` (:data:`ATP_FIXES`, :mod:`~headscope.analyses.patching.atp_star`);
+    ``heads``: the ``(layer, head)`` query heads activation and ablation patching patch,
+    a forward per unit each (``None``: every head; a KV-group unit is kept when it holds one
+    of them); attribution patching, one backward for all heads, always scores every one."""
 
     directions: tuple[str, ...] = ("denoising", "noising")
     unit: str = "head"
@@ -86,6 +89,7 @@ class PatchConfig:
     ablations: tuple[str, ...] = ("zero", "mean", "resample")
     gradient: str = "total"
     atp_fix: str = "none"
+    heads: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self):
         bad = [d for d in self.directions if d not in DIRECTIONS]
@@ -109,6 +113,25 @@ class PatchConfig:
                 f"atp_fix {self.atp_fix!r} corrects the total-gradient estimate of whole-sequence units; "
                 f"got gradient {self.gradient!r}, per_position {self.per_position}"
             )
+        if self.heads is not None:
+            if not self.heads or any(len(h) != 2 or min(h) < 0 for h in self.heads):
+                raise ValueError(f"heads must be a non-empty tuple of (layer, head) pairs >= 0; got {self.heads}")
+            object.__setattr__(self, "heads", tuple((int(l), int(h)) for l, h in self.heads))
+
+
+def chosen_units(spec, cfg: PatchConfig) -> list[list[tuple[int, int]]]:
+    """:func:`patch_units` of ``cfg.unit``, kept to those holding one of ``cfg.heads`` (all
+    when ``None``); a head outside the model is refused with the model's shape."""
+    units = patch_units(spec, cfg.unit)
+    if cfg.heads is None:
+        return units
+    outside = [h for h in cfg.heads if h[0] >= spec.n_layers or h[1] >= spec.n_heads]
+    if outside:
+        raise ValueError(
+            f"heads {outside} are outside the model ({spec.n_layers} layers of {spec.n_heads} query heads)"
+        )
+    wanted = set(cfg.heads)
+    return [u for u in units if wanted.intersection(u)]
 
 
 def patch_units(spec, unit: str = "head") -> list[list[tuple[int, int]]]:
@@ -318,7 +341,7 @@ def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> 
     """Activation patching of every unit in ``cfg.directions``: the :data:`PATCH_COLUMNS`
     frame (rows in unit order, one block per direction; per position: by position from
     the first to the last, then unit) and the clean/corrupted metrics."""
-    units = patch_units(model.spec, cfg.unit)
+    units = chosen_units(model.spec, cfg)
     metric = metric_fn(task.metric)
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))

@@ -495,36 +495,48 @@ def test_report_cli_refuses_a_foreign_out_folder_before_running(tmp_path, capsys
 
 # ----------------------------------------------------------------- the real run (MiniLM, quick)
 def real_report_dir(tmp_path_factory) -> Path:
-    """Build the MiniLM report once per test session (shared with test_browser.py through
-    the session's base temp folder). Lighter than the CLI default to keep the suite short:
-    80 text lines, the hand-written treebank, 12 pruning items, importance vs 2 random orders."""
+    """Build the MiniLM report once per test session, shared with test_browser.py and, under
+    xdist, by every worker (the session's folder above the workers' own, a lock while the first
+    one builds it). Lighter than the CLI default to keep the suite short: 80 text lines, the
+    hand-written treebank, 12 pruning items, importance vs 2 random orders."""
+    import fcntl
+    import os
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    out = root / "real-report-minilm-l6"
+    with open(root / "real-report-minilm-l6.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / "run.json").exists():
+            _build_real_report(out)
+    return out
+
+
+def _build_real_report(out: Path) -> None:
     from headscope.analyses.pruning.study import PruneConfig
     from headscope.analyses.roles.config import RolesConfig
     from headscope.data import path as data_path
     from headscope.probes.corpora import read_text
 
-    out = tmp_path_factory.getbasetemp() / "real-report-minilm-l6"
-    if not (out / "run.json").exists():
-        text = list(read_text(data_path("text/sentences.txt")).lines)[:80]
-        res = pipeline.build_report(
-            "minilm-l6",
-            out_dir=out,
-            quiet=True,
-            roles_config=RolesConfig(seed=0, n_boot=200),
-            prune_config=PruneConfig(
-                quick=True,
-                seed=0,
-                n_items=12,
-                ablation_modes=("zero",),
-                orders=("importance", "random"),
-                n_random_seeds=2,
-                role_draws=3,
-                studies=("ablation", "importance", "curves"),
-            ),
-            role_inputs={"text": text, "conllu": [data_path("syntax/handwritten.conllu")]},
-        )
-        (out.parent / "real-report-summary.json").write_text(json.dumps(res.summary, default=str))
-    return out
+    text = list(read_text(data_path("text/sentences.txt")).lines)[:80]
+    pipeline.build_report(
+        "minilm-l6",
+        out_dir=out,
+        quiet=True,
+        roles_config=RolesConfig(seed=0, n_boot=200),
+        prune_config=PruneConfig(
+            quick=True,
+            seed=0,
+            n_items=12,
+            ablation_modes=("zero",),
+            orders=("importance", "random"),
+            n_random_seeds=2,
+            role_draws=3,
+            studies=("ablation", "importance", "curves"),
+        ),
+        role_inputs={"text": text, "conllu": [data_path("syntax/handwritten.conllu")]},
+    )
 
 
 @pytest.fixture(scope="session")
