@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families lint gpu-check gpu-wheels
+.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -37,6 +37,11 @@ docs: bootstrap
 readme-picture: bootstrap
 	test -f runs/report-minilm-l6/report.html || .venv/bin/headscope report minilm-l6 --quiet
 	$(PY) docs/readme_picture.py runs/report-minilm-l6/report.html docs/_static/report.png
+
+# The columns and dtypes of every registered stage's frames (data/schemas/report_tables.json), which
+# load_run checks a report's tables against without importing the stages; a test fails while it is stale
+schemas: bootstrap
+	$(PY) -m headscope.reports.tools.stage_tables
 
 bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)

@@ -41,6 +41,7 @@ the column and what it must hold, e.g. ``roles.parquet: column 'score' must hold
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -120,14 +121,23 @@ def read_tables(paths: dict[str, Path]) -> dict[str, pd.DataFrame]:
 
 
 # ------------------------------------------------------------------ the tables' schema
-INT, INT_OR_EMPTY, NUMBER, BOOL, TEXT = "int", "int?", "number", "bool", "text"
+INT, INT_OR_EMPTY, NUMBER, BOOL, BOOL_OR_EMPTY, TEXT = "int", "int?", "number", "bool", "bool?", "text"
 #: what a column of each type holds, as the errors say it
 RULES = {
     INT: "integers",
     INT_OR_EMPTY: "integers or empty cells",
     NUMBER: "numbers (empty where there is none)",
     BOOL: "True or False",
+    BOOL_OR_EMPTY: "True, False or empty cells",
     TEXT: "text",
+}
+#: a stage's declared pandas dtype -> the type of its column (every other dtype: TEXT)
+DTYPE_TYPES = {
+    **dict.fromkeys(["int64", "int32", "int16", "int8"], INT),
+    **dict.fromkeys(["Int64", "Int32", "Int16", "Int8"], INT_OR_EMPTY),
+    **dict.fromkeys(["float64", "float32", "Float64"], NUMBER),
+    "bool": BOOL,
+    "boolean": BOOL_OR_EMPTY,
 }
 #: the type of every column headscope writes (by name; a table may override, see TableSchema)
 COLUMN_TYPES = {
@@ -207,6 +217,25 @@ def _schemas() -> dict[str, TableSchema]:
             ("role", "relation", "direction", "top_a", "top_b", "same_set", "same_order", "max_abs_delta")
             + ("verdicts_a", "verdicts_b", "n_a", "n_b"),
         ),
+        **{f"stage:{name}": schema for name, schema in stage_schemas().items()},
+    }
+
+
+@functools.cache
+def stage_schemas() -> dict[str, TableSchema]:
+    """Each report stage's frame -> its schema, from ``data/schemas/report_tables.json``: the
+    columns and dtypes the stage declares (written from the registry by ``make schemas``; read
+    here so that reading a folder imports no stage)."""
+    from headscope.data import path as data_path
+
+    tables = json.loads(data_path("schemas/report_tables.json").read_text(encoding="utf-8"))["tables"]
+    return {
+        name: TableSchema(
+            f"a {name} table (the {t['stage']} stage)",
+            tuple(t["columns"]),
+            types=tuple((c, DTYPE_TYPES.get(d, TEXT)) for c, d in t["columns"].items()),
+        )
+        for name, t in tables.items()
     }
 
 
@@ -233,6 +262,7 @@ TABLES = {
         "patching": "patch",
         "prune_prunable": "prunable",
         **{f"prune_{stem}": "impact" for stem in _IMPACT_STEMS},
+        # every other frame a registered stage writes: its declared columns (stage_schemas)
     },
     "diff": {name: name for name in ("role_changes", "importance_changes", "top_heads")},
 }
@@ -247,6 +277,8 @@ def schema_of(kind: str, stem: str, fmt: int = 2) -> TableSchema | None:
     """The schema ``load_run`` checks table ``stem`` of a ``kind`` folder of output format
     ``fmt`` against (None: a table it does not know, read as it is)."""
     name = TABLES.get(kind, {}).get(stem)
+    if name is None and kind == "report" and stem in stage_schemas():
+        name = f"stage:{stem}"
     if name is None:
         return None
     schema = _schemas()[name]
@@ -320,7 +352,7 @@ def check_schema(df: pd.DataFrame, path, schema: TableSchema) -> pd.DataFrame:
     out = df
     for c in (*schema.columns, *(c for c in schema.optional if c in df.columns)):
         s, kind = df[c], schema.type_of(c)
-        if kind == TEXT or len(s) == 0 or (kind != BOOL and kind != INT and s.isna().all()):
+        if kind == TEXT or len(s) == 0 or (kind not in (BOOL, INT) and s.isna().all()):
             if kind == TEXT and not csv and len(s):
                 other = [i for i, v in enumerate(s.to_numpy(dtype=object)) if not (_empty(v) or isinstance(v, str))]
                 if other:
@@ -329,8 +361,8 @@ def check_schema(df: pd.DataFrame, path, schema: TableSchema) -> pd.DataFrame:
                     )
             continue
         fail = f"{p}: column {c!r} must hold {RULES[kind]}; got"
-        if kind == BOOL:
-            if pd.api.types.is_bool_dtype(s) and not s.isna().any():
+        if kind in (BOOL, BOOL_OR_EMPTY):
+            if pd.api.types.is_bool_dtype(s) and (kind == BOOL_OR_EMPTY or not s.isna().any()):
                 continue
             flags = []
             for i, v in enumerate(s.to_numpy(dtype=object)):
@@ -338,10 +370,12 @@ def check_schema(df: pd.DataFrame, path, schema: TableSchema) -> pd.DataFrame:
                     flags.append(bool(v))
                 elif csv and isinstance(v, str) and v.strip().lower() in ("true", "false"):
                     flags.append(v.strip().lower() == "true")
+                elif kind == BOOL_OR_EMPTY and (_empty(v) or (csv and isinstance(v, str) and not v.strip())):
+                    flags.append(None)
                 else:
                     raise ValueError(f"{fail} {_cell(v)} in row {i + 1}")
             out = out if out is not df else df.copy()
-            out[c] = np.array(flags, dtype=bool)
+            out[c] = pd.array(flags, dtype="boolean") if kind == BOOL_OR_EMPTY else np.array(flags, dtype=bool)
             continue
         values, why = _as_numbers(s, csv)
         if why is not None:

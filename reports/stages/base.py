@@ -45,7 +45,8 @@ Design note
   while it ran).
 
 Adding a stage: its module (a ``Stage`` subclass and ``STAGE = ...``), its registry line, its
-test. Example (a toy stage)::
+test, and ``make schemas`` (its frames' columns into ``data/schemas/report_tables.json``, which
+:func:`~headscope.reports.runs.load_run` checks a report's tables against). Example (a toy stage)::
 
     @dataclass(frozen=True, kw_only=True)
     class CountConfig:

@@ -60,6 +60,17 @@ def run_order(names: Iterable[str] | None = None) -> list[Stage]:
     return [STAGES[n] for n in done]
 
 
+def table_dtypes() -> dict[str, dict]:
+    """Every frame a registered stage may write -> ``{"stage": name, "columns": {column: dtype}}``
+    (its ``schemas``), in registry order: what ``data/schemas/report_tables.json`` holds for
+    :func:`~headscope.reports.runs.load_run`, which reads a report without importing the stages.
+
+    >>> table_dtypes()["skipped"]
+    {'stage': 'roles', 'columns': {'analysis': 'str', 'reason': 'str', 'count': 'int64'}}
+    """
+    return {f: {"stage": s.name, "columns": dict(c)} for s in STAGES.values() for f, c in s.schemas.items()}
+
+
 def report_order() -> list[Stage]:
     """Every stage in the order its sections appear: by ``place``, then registry order."""
     return sorted(STAGES.values(), key=lambda s: s.place)

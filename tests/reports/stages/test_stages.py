@@ -87,6 +87,12 @@ def test_the_schemas_match_the_frames_of_real_runs(minilm_report, llama_report):
         assert set(rec) == {"status", "reason", "seconds", "estimate_mb", "peak_mb"}
     roles = mini_json["stages"]["roles"]
     assert roles["seconds"] > 0 and roles["peak_mb"] > 100 and roles["estimate_mb"] > 100
+    # load_run reads both folders back, every table checked against its stage's columns
+    from headscope.reports.runs import load_run, schema_of
+
+    for result in (mini, llama):
+        run = load_run(result.paths["run_json"].parent)
+        assert set(run.tables) == set(result.frames) and all(schema_of("report", t) for t in run.tables)
 
 
 def test_run_order_is_derived_from_requires():
