@@ -3,7 +3,7 @@
 One row per (layer, head, side, query_component, key_component): ``side`` is ``query`` (a query
 part summed over every key part; ``key_component`` empty), ``key`` (the reverse) or ``pair``;
 ``value`` is the mean contribution to the score difference (score units), ``share`` its fraction
-of the mean difference, ``rank`` 1 for the largest ``value`` of its side, ``n`` the items.
+of the mean difference, ``rank`` 1 for the largest ``share`` of its side, ``n`` the items.
 
 >>> import torch
 >>> from headscope.analyses.qk.attribution import Attribution
@@ -29,7 +29,7 @@ QK_COLUMNS = [
     "key_component",  # the same names; "" on query-side rows
     "value",  # mean contribution to score(attended) - baseline, in score units
     "share",  # value / mean difference
-    "rank",  # 1 = the largest value of its side
+    "rank",  # 1 = the largest share of its side (the largest value; the most negative where the difference is)
     "n",  # items averaged
 ]
 
@@ -42,7 +42,8 @@ def component_kind(name: str) -> str:
 
 
 def _rows(a: Attribution, side: str, values, qn, kn, total: float) -> list[dict]:
-    order = sorted(range(len(values)), key=lambda i: -float(values[i]))
+    sign = -1.0 if total < 0 else 1.0  # rank by share: what pushes the difference the way it goes
+    order = sorted(range(len(values)), key=lambda i: -sign * float(values[i]))
     return [
         {
             "layer": a.layer,
@@ -69,7 +70,7 @@ def qk_frame(a: Attribution, *, top_pairs: int = 20) -> pd.DataFrame:
     rows = _rows(a, "query", mean.sum(1).tolist(), names, empty, total)
     rows += _rows(a, "key", mean.sum(0).tolist(), empty, names, total)
     flat = mean.flatten()
-    top = flat.topk(min(top_pairs, flat.numel())).indices.tolist()
+    top = (flat if total >= 0 else -flat).topk(min(top_pairs, flat.numel())).indices.tolist()
     n = len(names)
     rows += _rows(
         a, "pair", [flat[i].item() for i in top], [names[i // n] for i in top], [names[i % n] for i in top], total

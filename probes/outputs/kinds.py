@@ -7,7 +7,7 @@ writes. A manifest starts with :func:`manifest_header`; :func:`output_kind_of` r
 >>> manifest_header("roles")
 {'output': {'kind': 'roles', 'format': 2}}
 >>> sorted(KINDS)
-['diff', 'kv', 'patch', 'prune', 'report', 'roles', 'weights']
+['diff', 'kv', 'patch', 'prune', 'qk', 'report', 'roles', 'weights']
 """
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ KINDS: dict[str, OutputKind] = {
         ("run.json", "patch.csv", "patch.parquet", "figures"),
         (("figures", ("*.png",)),),
     ),
+    "qk": OutputKind("qk", ("run.json",), (), ("run.json", "qk.csv", "qk.parquet")),
     "diff": OutputKind(
         "diff",
         ("diff.json",),

@@ -42,6 +42,7 @@ COMMAND_MODULES = [
     "headscope.reports.cli.roles",
     "headscope.reports.cli.prune",
     "headscope.reports.cli.patch",
+    "headscope.reports.cli.qk",
     "headscope.reports.cli.report",
     "headscope.reports.cli.diff",
     "headscope.reports.cli.weights",
