@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families lint gpu-check gpu-wheels
+.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -79,6 +79,12 @@ context: bootstrap
 # --update" reruns some families and keeps the other rows
 sweep: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope sweep --out data/sweep --page docs/guide/models.md $(SWEEP_FLAGS)
+
+# Why SmolLM2's induction head L18H6 attends where it does: its score difference at the induction position split
+# exactly over (query component, key component) pairs, 32 induction items (seed 0), one core, into
+# data/figures/qk_smollm2.json; tests/analyses/qk/test_qk_figures.py fails while docs/guide/qk.md quotes other values
+qk: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.qk_figures
 
 # The hf per-head weights checked against the forward on each text family's tiny random model (a few minutes on one
 # core) into data/figures/hf_weights_families.json; docs/guide/weights.md quotes its counts (tests/probes/test_hf_weights.py)
