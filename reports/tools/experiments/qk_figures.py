@@ -32,6 +32,7 @@ QUOTED = (
     "l18h6.L17H8",
     "l18h6.key_kinds",
     "l18h6.error",
+    "l18h6.difference",
     "runner_up.key_top",
     "earlier.path_k",
     "earlier.k_composition",
