@@ -5,17 +5,28 @@ minus a baseline over the other keys) split over (query component, key component
 
 from headscope.analyses.qk.attribution import BASELINES, Attribution, attribute, difference_pairs
 from headscope.analyses.qk.frames import QK_COLUMNS, qk_frame, qk_summary
-from headscope.analyses.qk.study import QKConfig, QKItem, QKResult, induction_items, qk_study, sentence_items
+from headscope.analyses.qk.study import (
+    TASK_ITEMS,
+    QKConfig,
+    QKItem,
+    QKResult,
+    duplicate_items,
+    induction_items,
+    qk_study,
+    sentence_items,
+)
 
 __all__ = [
     "BASELINES",
     "QK_COLUMNS",
+    "TASK_ITEMS",
     "Attribution",
     "QKConfig",
     "QKItem",
     "QKResult",
     "attribute",
     "difference_pairs",
+    "duplicate_items",
     "induction_items",
     "qk_frame",
     "qk_study",

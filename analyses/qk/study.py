@@ -28,7 +28,16 @@ from headscope.analyses.qk.attribution import BASELINES, Attribution, attribute
 from headscope.analyses.qk.frames import QK_COLUMNS, qk_frame, qk_summary
 from headscope.probes.qk_parts import FROZEN, head_parts, residual_run
 
-__all__ = ["QKConfig", "QKItem", "QKResult", "induction_items", "qk_study", "sentence_items"]
+__all__ = [
+    "TASK_ITEMS",
+    "QKConfig",
+    "QKItem",
+    "QKResult",
+    "duplicate_items",
+    "induction_items",
+    "qk_study",
+    "sentence_items",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +83,16 @@ def induction_items(task) -> list[QKItem]:
     """The induction task's clean items at the induction position: query the last token
     (``S[-2]`` of the second copy), key the answer ``S[-1]`` in the first copy."""
     return [QKItem(tuple(it.clean), len(it.clean) - 1, list(it.clean).index(it.answer)) for it in task.items]
+
+
+def duplicate_items(task) -> list[QKItem]:
+    """The duplicate-token task's clean items: query the repeated token (the last), key its
+    earlier copy."""
+    return [QKItem(tuple(it.clean), len(it.clean) - 1, list(it.clean).index(it.clean[-1])) for it in task.items]
+
+
+#: the tasks whose items say which key a head of the role attends: name -> (items from a Task)
+TASK_ITEMS = {"induction": induction_items, "duplicate_token": duplicate_items}
 
 
 def _find(tokens: list[str], want: str | int, before: int | None, what: str) -> int:

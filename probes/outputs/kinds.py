@@ -93,7 +93,9 @@ KINDS: dict[str, OutputKind] = {
         ("run.json", "patch.csv", "patch.parquet", "figures"),
         (("figures", ("*.png",)),),
     ),
-    "qk": OutputKind("qk", ("run.json",), (), ("run.json", "qk.csv", "qk.parquet")),
+    "qk": OutputKind(
+        "qk", ("run.json",), (), ("run.json", "qk.csv", "qk.parquet", "figures"), (("figures", ("*.png",)),)
+    ),
     "diff": OutputKind(
         "diff",
         ("diff.json",),

@@ -1,6 +1,6 @@
 """``headscope qk MODEL --head L.H [--task induction | --sentence S --query-token Q --key-token K]``:
 why a head attends where it does, its score difference split exactly over (query component, key
-component) pairs (:mod:`headscope.analyses.qk`); writes ``qk.csv``/``qk.parquet`` and ``run.json``."""
+component) pairs (:mod:`headscope.analyses.qk`); writes ``qk.csv``/``qk.parquet``, ``run.json`` and a bar figure per head under ``figures/``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from contextlib import nullcontext
 
 def register(sub) -> None:
     from headscope.analyses.qk.attribution import BASELINES
+    from headscope.analyses.qk.study import TASK_ITEMS
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
         add_backend,
@@ -18,6 +19,7 @@ def register(sub) -> None:
         add_dtype,
         batch_size,
         head,
+        int_at_least,
         int_in,
         positive_int,
         seed,
@@ -29,12 +31,15 @@ def register(sub) -> None:
     add_dtype(p)
     add_device(p)
     p.add_argument("--head", type=head, action="append", required=True, help="head LAYER.HEAD (repeatable)")
-    p.add_argument("--task", choices=["induction"], default=None, help="items: the induction task (default)")
     p.add_argument(
-        "--n-items", type=int_in(1, 100_000, "induction items"), default=16, help="induction items (default 16)"
+        "--task",
+        choices=sorted(TASK_ITEMS),
+        default=None,
+        help="items: induction (default; key: the token after the earlier copy) or duplicate_token (key: the copy)",
     )
-    p.add_argument("--seq-len", type=positive_int, default=10, help="induction: tokens per copy (default 10)")
-    p.add_argument("--seed", type=seed, default=0, help="induction items' seed (default 0)")
+    p.add_argument("--n-items", type=int_in(1, 100_000, "task items"), default=16, help="task items (default 16)")
+    p.add_argument("--seq-len", type=int_at_least(3), default=10, help="task: tokens per sequence (default 10)")
+    p.add_argument("--seed", type=seed, default=0, help="the task items' seed (default 0)")
     p.add_argument("--sentence", default=None, help="one sentence instead of a task")
     p.add_argument("--query-token", default=None, help="with --sentence: query token (text or index; default all)")
     p.add_argument("--key-token", default=None, help="with --sentence: attended key (default the head's argmax)")
@@ -62,9 +67,31 @@ def render_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def figures(frame, top: int = 8) -> dict[str, bytes]:
+    """``{"figures/qk_L{layer}H{head}.png": png}``: per head, the ``top`` key-side and query-side
+    shares of the score difference as bars (from the frame alone)."""
+    import matplotlib.pyplot as plt
+
+    from headscope.reports.figures import png_bytes, theme
+
+    out = {}
+    for (layer, h), f in frame.groupby(["layer", "head"]):
+        with theme():
+            fig, axes = plt.subplots(1, 2, figsize=(8, 0.3 * top + 1.2))
+            for ax, side, col in zip(axes, ("key", "query"), ("key_component", "query_component"), strict=True):
+                rows = f[f.side == side].sort_values("rank").head(top)[::-1]
+                ax.barh(rows[col], rows.share, color="#4c72b0")
+                ax.axvline(0, color="black", lw=0.6)
+                ax.set_title(f"{side} side")
+                ax.set_xlabel("share of the score difference")
+            fig.suptitle(f"L{layer}H{h}: what its attended key's score owes to each component")
+        out[f"figures/qk_L{layer}H{h}.png"] = png_bytes(fig)
+    return out
+
+
 def _items(args, model):
-    from headscope.analyses.patching.generated import induction_task
-    from headscope.analyses.qk.study import induction_items, sentence_items
+    from headscope.analyses.patching.generated import duplicate_token_task, induction_task
+    from headscope.analyses.qk.study import TASK_ITEMS, sentence_items
 
     if args.sentence is not None:
         if args.task is not None:
@@ -73,15 +100,17 @@ def _items(args, model):
         return items, f"sentence of {len(tokens)} tokens"
     if args.query_token is not None or args.key_token is not None:
         raise ValueError("--query-token and --key-token need --sentence")
-    task = induction_task(model.tokenizer, n_items=args.n_items, seq_len=args.seq_len, seed=args.seed)
-    return induction_items(task), f"induction task, {args.n_items} items of seq_len {args.seq_len}"
+    name = args.task or "induction"
+    make = induction_task if name == "induction" else duplicate_token_task
+    task = make(model.tokenizer, n_items=args.n_items, seq_len=args.seq_len, seed=args.seed)
+    return TASK_ITEMS[name](task), f"{name} task, {args.n_items} items of seq_len {args.seq_len}"
 
 
 def run(args) -> int:
     from headscope.analyses.qk.study import QKConfig, qk_study
     from headscope.analyses.run_json import model_record, write_run_json
     from headscope.probes.errors import ModelIncompatibleError
-    from headscope.probes.outputs.atomic import write_frame
+    from headscope.probes.outputs.atomic import atomic_write, write_frame
     from headscope.probes.outputs.folder import claim_output
     from headscope.probes.qk_parts import qk_refusal
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
@@ -112,6 +141,10 @@ def run(args) -> int:
         if folder is not None:
             with folder.staging() as tmp:
                 write_frame(result.frame, tmp / "qk")
+                (tmp / "figures").mkdir()
+                for rel, png in figures(result.frame).items():
+                    with atomic_write(tmp / rel, "wb", encoding=None) as f:
+                        f.write(png)
                 write_run_json(tmp, "qk", model_record(model), **summary)
     out = json.dumps(summary, indent=2, sort_keys=True, default=str) if args.json else render_summary(summary)
     print(out, file=sys.stdout)

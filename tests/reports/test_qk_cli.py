@@ -25,6 +25,7 @@ def test_qk_writes_tables_and_run_json(tmp_path, capsys):
     assert len(key) == 4 + 2 * 13 and abs(key.share.sum() - 1.0) < 1e-4  # embed pos type bias + 2 layers x 13
     top = key[key["rank"] == 1].iloc[0]
     assert (top.key_component, round(top.share, 6)) == (s["top_key"]["component"], round(s["top_key"]["share"], 6))
+    assert (out / "figures" / "qk_L2H0.png").read_bytes()[:4] == b"\x89PNG"
     run = json.loads((out / "run.json").read_text())
     assert run["output"]["kind"] == "qk" and run["heads"]["2.0"]["frozen"].startswith("every norm")
 

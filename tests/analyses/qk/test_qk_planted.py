@@ -53,3 +53,12 @@ def test_difference_of_a_single_key_pair():
     assert difference_pairs(q, k, torch.tensor([True, False, False]), 0, 1.0) is None
     with pytest.raises(ValueError, match="baseline"):
         difference_pairs(q, k, torch.tensor([True, True, True]), 0, 1.0, "median")
+
+
+def test_duplicate_token_items_point_at_the_earlier_copy(planted):
+    from headscope.analyses.patching.generated import duplicate_token_task
+    from headscope.analyses.qk import duplicate_items
+
+    items = duplicate_items(duplicate_token_task(planted.tokenizer, n_items=5, seq_len=8, first_at=3))
+    assert [(it.query, it.key) for it in items] == [(9, 3)] * 5  # [BOS] + 8 + the repeat; the copy at 3
+    assert all(it.ids[it.key] == it.ids[it.query] for it in items)
