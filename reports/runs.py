@@ -54,7 +54,7 @@ import pandas as pd
 from headscope.probes.outputs.kinds import KINDS, output_kind_of
 
 #: where each kind keeps its tables: at the top of the folder or under ``tables/``
-TABLE_DIRS = {"roles": "", "prune": "", "report": "tables", "diff": "tables", "patch": ""}
+TABLE_DIRS = {"roles": "", "prune": "", "report": "tables", "diff": "tables", "patch": "", "qk": ""}
 TABLE_SUFFIXES = (".parquet", ".csv")  # Parquet first: preferred over the CSV of the same stem
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from headscope.analyses.qk.frames import QK_COLUMNS
 from headscope.reports.cli.app import main
+from headscope.reports.runs import load_run
 from tests.cli_checks import cli_error
 
 
@@ -28,6 +29,8 @@ def test_qk_writes_tables_and_run_json(tmp_path, capsys):
     assert (out / "figures" / "qk_L2H0.png").read_bytes()[:4] == b"\x89PNG"
     run = json.loads((out / "run.json").read_text())
     assert run["output"]["kind"] == "qk" and run["heads"]["2.0"]["frozen"].startswith("every norm")
+    back = load_run(out)  # read back like every other output
+    assert back.kind == "qk" and len(back.tables["qk"]) == len(frame)
 
 
 def test_qk_on_a_sentence_names_query_and_key(capsys):
