@@ -209,6 +209,34 @@ def writing_induction(model: InHouseModel, strength: float = 4.0) -> InHouseMode
     return model
 
 
+def writing_successor(model: InHouseModel, words, *, head: tuple[int, int] = (1, 2), strength: float = 4.0):
+    """Make ``head`` (default the punctuation head (1, 2)) a successor head, in place: it attends
+    the current position, V reads the token block, O writes ``strength`` × the next word of
+    ``words`` (an ordinal chain over the planted vocabulary) into the token block, which the tied
+    unembedding reads; a word without a successor writes nothing. Returns ``model``.
+
+    >>> m = writing_successor(planted_model(), ["cat", "dog", "bird"])
+    >>> logits = m.module(torch.tensor([[VOCAB.index("[BOS]"), VOCAB.index("cat")]]))
+    >>> VOCAB[int(logits[0, -1].argmax())]
+    'dog'
+    """
+    v, pos, _ = _layout()
+    layer, h = head
+    attn = model.module.blocks[layer].attn
+    s = slice(h * D_HEAD, (h + 1) * D_HEAD)
+    ids = [VOCAB.index(w) for w in words]
+    with torch.no_grad():
+        for w in (attn.q_proj.weight[s], attn.k_proj.weight[s], attn.v_proj.weight[s], attn.o_proj.weight[:, s]):
+            w.zero_()
+        for i in range(N_POS):  # attend the current position
+            attn.q_proj.weight[s][i, pos + i] = SHARP
+            attn.k_proj.weight[s][i, pos + i] = 1.0
+        attn.v_proj.weight[s][:v, :v] = torch.eye(v)
+        for a, b in zip(ids, ids[1:]):
+            attn.o_proj.weight[:, s][b, a] = strength
+    return model
+
+
 def planted_sentences(n: int, *, seed: int = 0) -> list[str]:
     """``n`` sentences over the planted vocabulary (seeded), e.g. ``"the big cat saw a dog ,
     this bird sat on the table ."``: one or two clauses ``det [adj] noun verb [on] det
