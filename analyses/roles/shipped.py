@@ -22,6 +22,7 @@ from headscope.analyses.roles import (
     positional,
     rareword,
     special,
+    successor,
     syntactic,
 )
 from headscope.analyses.roles.base import register
@@ -34,6 +35,7 @@ MODULES = (
     pattern_stats,  # summary
     clustering,
     induction,
+    successor,
     syntactic,
     coreference,
 )

@@ -32,7 +32,14 @@ from headscope.analyses.roles.config import RolesConfig
 from headscope.analyses.roles.pipeline import run_role
 from headscope.probes.capture import stream
 from headscope.probes.corpora import CorefItem, DependencySentence
-from headscope.probes.models.inhouse.planted import RANDOM_HEADS, VOCAB, WORD_CLASSES, planted_model, planted_sentences
+from headscope.probes.models.inhouse.planted import (
+    RANDOM_HEADS,
+    VOCAB,
+    WORD_CLASSES,
+    planted_model,
+    planted_sentences,
+    writing_successor,
+)
 
 CFG = RolesConfig(n_boot=200, n_perm=500, induction_n_sequences=24)
 GROUPS = tuple(REGISTRY)  # every registered group, shipped or not, at collection time
@@ -46,6 +53,16 @@ def causal():
 @pytest.fixture(scope="module")
 def bidi():
     return planted_model(causal=False)
+
+
+@pytest.fixture(scope="module")
+def successor():
+    """The causal planted model with (1, 2) made a successor head over the nouns in order."""
+    return writing_successor(planted_model(causal=True), WORD_CLASSES["noun"])
+
+
+#: options a group needs on the planted vocabulary (successor: an ordinal chain of its words)
+PLANTED_OPTIONS = {"successor": {"sets": {"nouns": WORD_CLASSES["noun"]}}}
 
 
 # ---------------------------------------------------------------------------------- planted corpora
@@ -146,6 +163,7 @@ PLANTED = {
     "induction": lambda: Case("causal", None, {(0, 0, "previous-token"), (1, 1, "induction")}),
     "syntactic": lambda: Case("causal", planted_trees(60), {(0, 2, "syntactic", "det", "head->dep")}),
     "coreference": lambda: Case("causal", planted_coref(40), {(0, 2, "coreference")}),
+    "successor": lambda: Case("successor", None, {(1, 2, "successor")}, PLANTED_OPTIONS["successor"]),
 }
 
 
@@ -155,14 +173,15 @@ def _verdicts(frame: pd.DataFrame) -> set:
 
 
 @pytest.fixture(scope="module")
-def planted_outputs(causal, bidi):
+def planted_outputs(causal, bidi, successor):
     """``{group: (case, RoleOutput)}``, each group run once on its planted case."""
     cache = {}
+    models = {"causal": causal, "bidi": bidi, "successor": successor}
 
     def get(group):
         if group not in cache:
             case = PLANTED[group]()
-            model = causal if case.model == "causal" else bidi
+            model = models[case.model]
             cache[group] = case, run_role(group, model, case.items, CFG, **case.options)
         return cache[group]
 
@@ -262,7 +281,7 @@ def test_merge_of_two_halves_equals_one_pass(group, causal):
     rest ``b``; ``a.merge(b)`` finishes to ``whole``'s frame (and statistics)."""
     role = REGISTRY[group]
     cfg = RolesConfig(n_boot=50, n_perm=100, induction_n_sequences=12, batch_size=5)
-    ctx = RoleContext(causal, cfg, _items_for(group, causal) or [])
+    ctx = RoleContext(causal, cfg, _items_for(group, causal) or [], options=PLANTED_OPTIONS.get(group, {}))
     if role.corpus == "generated":
         ctx.items = role.items(ctx)
     whole, keep = role.reducer(ctx), _Keep()
