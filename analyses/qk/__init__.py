@@ -14,6 +14,7 @@ from headscope.analyses.qk.study import (
     induction_items,
     qk_study,
     sentence_items,
+    task_items,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "qk_study",
     "qk_summary",
     "sentence_items",
+    "task_items",
 ]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 import torch
 
+from headscope.analyses.patching.generated import duplicate_token_task, induction_task
 from headscope.analyses.qk.attribution import BASELINES, Attribution, attribute
 from headscope.analyses.qk.frames import QK_COLUMNS, qk_frame, qk_summary
 from headscope.probes.qk_parts import FROZEN, head_parts, residual_run
@@ -37,6 +38,7 @@ __all__ = [
     "induction_items",
     "qk_study",
     "sentence_items",
+    "task_items",
 ]
 
 
@@ -91,8 +93,19 @@ def duplicate_items(task) -> list[QKItem]:
     return [QKItem(tuple(it.clean), len(it.clean) - 1, list(it.clean).index(it.clean[-1])) for it in task.items]
 
 
-#: the tasks whose items say which key a head of the role attends: name -> (items from a Task)
-TASK_ITEMS = {"induction": induction_items, "duplicate_token": duplicate_items}
+#: the tasks whose items say which key a head of the role attends: name -> (its generator, its items)
+TASK_ITEMS = {
+    "induction": (induction_task, induction_items),
+    "duplicate_token": (duplicate_token_task, duplicate_items),
+}
+
+
+def task_items(name: str, tokenizer, *, n_items: int, seq_len: int, seed: int) -> list[QKItem]:
+    """The items of generated task ``name`` (:data:`TASK_ITEMS`); ``ValueError`` naming the tasks."""
+    if name not in TASK_ITEMS:
+        raise ValueError(f"task must be one of {sorted(TASK_ITEMS)}; got {name!r}")
+    make, items = TASK_ITEMS[name]
+    return items(make(tokenizer, n_items=n_items, seq_len=seq_len, seed=seed))
 
 
 def _find(tokens: list[str], want: str | int, before: int | None, what: str) -> int:

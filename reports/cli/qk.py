@@ -90,8 +90,7 @@ def figures(frame, top: int = 8) -> dict[str, bytes]:
 
 
 def _items(args, model):
-    from headscope.analyses.patching.generated import duplicate_token_task, induction_task
-    from headscope.analyses.qk.study import TASK_ITEMS, sentence_items
+    from headscope.analyses.qk.study import sentence_items, task_items
 
     if args.sentence is not None:
         if args.task is not None:
@@ -101,9 +100,8 @@ def _items(args, model):
     if args.query_token is not None or args.key_token is not None:
         raise ValueError("--query-token and --key-token need --sentence")
     name = args.task or "induction"
-    make = induction_task if name == "induction" else duplicate_token_task
-    task = make(model.tokenizer, n_items=args.n_items, seq_len=args.seq_len, seed=args.seed)
-    return TASK_ITEMS[name](task), f"{name} task, {args.n_items} items of seq_len {args.seq_len}"
+    items = task_items(name, model.tokenizer, n_items=args.n_items, seq_len=args.seq_len, seed=args.seed)
+    return items, f"{name} task, {args.n_items} items of seq_len {args.seq_len}"
 
 
 def run(args) -> int:

@@ -62,3 +62,12 @@ def test_duplicate_token_items_point_at_the_earlier_copy(planted):
     items = duplicate_items(duplicate_token_task(planted.tokenizer, n_items=5, seq_len=8, first_at=3))
     assert [(it.query, it.key) for it in items] == [(9, 3)] * 5  # [BOS] + 8 + the repeat; the copy at 3
     assert all(it.ids[it.key] == it.ids[it.query] for it in items)
+
+
+def test_task_items_by_name(planted):
+    from headscope.analyses.qk import task_items
+
+    items = task_items("duplicate_token", planted.tokenizer, n_items=2, seq_len=6, seed=1)
+    assert len(items) == 2 and all(it.ids[it.key] == it.ids[it.query] for it in items)
+    with pytest.raises(ValueError, match="task must be one of"):
+        task_items("ioi", planted.tokenizer, n_items=2, seq_len=6, seed=1)
