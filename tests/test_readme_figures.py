@@ -29,6 +29,7 @@ SECTIONS = {
     "figures/bench_smollm2_weights.json": "bench.md: # Benchmark (`headscope bench`)",
     "figures/context_minilm.json": "context.md: # From static to contextual",
     "figures/context_smollm2.json": "context.md: # From static to contextual",
+    "figures/qk_smollm2.json": "qk.md: # Why a head attends where it does (QK attribution)",
 }
 
 
