@@ -183,16 +183,19 @@ class SuccessorReducer(ItemValuesReducer):
                 self.refused = f"successor: {str(e).strip().splitlines()[0]}"
                 return
         n_l, n_h = len(cap.layers), self.model.spec.n_heads
-        hits = torch.zeros(len(cap.item_ids), n_l, n_h)
-        base = torch.zeros(len(cap.item_ids))
+        dev = cap["z", cap.layers[0]].device  # computed where the capture is, read back to the host
+        hits = torch.zeros(len(cap.item_ids), n_l, n_h, device="cpu")
+        base = torch.zeros(len(cap.item_ids), device="cpu")
         for b, item_id in enumerate(cap.item_ids):
             it = self.items[item_id]
-            pos, members = list(it.positions), torch.tensor([self._columns.index(m) for m in it.members])
-            target = torch.tensor([it.members.index(t) for t in it.targets])
+            pos = list(it.positions)
+            members = torch.tensor([self._columns.index(m) for m in it.members], device=dev)
+            target = torch.tensor([it.members.index(t) for t in it.targets], device=dev)
             for li, layer in enumerate(cap.layers):
-                z = cap["z", layer][b][:, pos].float().cpu()  # [head, n_pos, d_head]
-                logits = torch.einsum("hpe,hem->hpm", z, self._readout[layer][:, :, members])
-                hits[b, li] = (logits.argmax(-1) == target).float().mean(-1)
+                z = cap["z", layer][b][:, pos].float()  # [head, n_pos, d_head]
+                readout_m = self._readout[layer].to(dev)[:, :, members]  # [head, d_head, member]
+                logits = torch.einsum("hpe,hem->hpm", z, readout_m)
+                hits[b, li] = (logits.argmax(-1) == target).float().mean(-1).cpu()
             base[b] = 1.0 / len(it.members)
         self.values.add(ROLE, cap.item_ids, hits)
         self.values.add("baseline:" + ROLE, cap.item_ids, base)

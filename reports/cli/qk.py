@@ -14,14 +14,13 @@ def register(sub) -> None:
     from headscope.analyses.qk.study import TASK_ITEMS
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
+        MAX_SEQ_LEN,
         add_backend,
         add_device,
         add_dtype,
         batch_size,
         head,
-        int_at_least,
         int_in,
-        positive_int,
         seed,
     )
 
@@ -38,13 +37,20 @@ def register(sub) -> None:
         help="items: induction (default; key: the token after the earlier copy) or duplicate_token (key: the copy)",
     )
     p.add_argument("--n-items", type=int_in(1, 100_000, "task items"), default=16, help="task items (default 16)")
-    p.add_argument("--seq-len", type=int_at_least(3), default=10, help="task: tokens per sequence (default 10)")
+    p.add_argument(
+        "--seq-len",
+        type=int_in(3, MAX_SEQ_LEN, "tokens of a generated sequence"),
+        default=10,
+        help="task: tokens per sequence (default 10; within the model's context)",
+    )
     p.add_argument("--seed", type=seed, default=0, help="the task items' seed (default 0)")
     p.add_argument("--sentence", default=None, help="one sentence instead of a task")
     p.add_argument("--query-token", default=None, help="with --sentence: query token (text or index; default all)")
     p.add_argument("--key-token", default=None, help="with --sentence: attended key (default the head's argmax)")
     p.add_argument("--baseline", choices=BASELINES, default="mean", help="what the attended key is compared with")
-    p.add_argument("--top", type=positive_int, default=20, help="pairs kept per head (default 20)")
+    p.add_argument(
+        "--top", type=int_in(1, 1_000_000, "pairs kept per head"), default=20, help="pairs kept per head (default 20)"
+    )
     p.add_argument("--batch-size", type=batch_size, default=16, help="items per forward (default 16)")
     p.add_argument("--out", type=out_argument, default=None, help="folder for qk.csv/.parquet and run.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

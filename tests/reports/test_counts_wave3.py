@@ -402,6 +402,8 @@ HOSTILE = st.one_of(
     st.sampled_from([10**18, 2**63, 10**30, 2**32, 2**32 - 1, 65536, 65537, 1000, 1001, 168, 169, 100_000, 100_001]),
 )
 OUT_FLAG = {"roles", "prune", "patch", "report", "weights", "kv"}
+#: what a command needs besides the flag under test (diff: two runs; qk: a head)
+REQUIRED = {"diff": ["a", "b"], "qk": ["--head", "0.0"]}
 
 
 class _Hang(Exception):
@@ -441,7 +443,7 @@ def _cli_with_spy(argv) -> tuple[int, list[str], LoadSpy]:
 def test_every_count_flag_answers_in_one_line_and_absurd_values_before_any_model_loads(tmp_path_factory, flag, value):
     command, name, kind = flag
     out = tmp_path_factory.mktemp("o") / "o"
-    argv = [command, *(["a", "b"] if command == "diff" else []), f"{name}={value}"]
+    argv = [command, *REQUIRED.get(command, []), f"{name}={value}"]
     rc, lines, spy = _cli_with_spy([*argv, *(["--out", out] if command in OUT_FLAG else [])])
     low, high = kind.low, kind.high if kind.high is not None else CAPPED[(command, name)]
     notes = [line for line in lines if line.startswith("note: ")]
