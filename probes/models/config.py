@@ -36,6 +36,8 @@ __all__ = [
 
 #: activation names (HF ``ACT2FN`` spelling) the MLP knows
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "relu")
+#: the norms the in-house stack has ("none": a per-feature scale of ones, no normalisation)
+NORMS = ("layernorm", "rmsnorm", "none")
 
 
 #: the parameters of Llama 3's RoPE scaling (besides its rope_theta)
@@ -72,7 +74,7 @@ class ModelConfig:
     heads_kept: tuple[tuple[int, ...], ...] | None = None  # physical pruning: query heads kept per layer
     name: str = "in-house"
     # -- architectural options (None: the family's default) ---------------------------
-    norm: str | None = None  # "layernorm" | "rmsnorm"
+    norm: str | None = None  # "layernorm" | "rmsnorm" | "none" (no normalisation: compiled tracr models)
     rms_offset: bool | None = None  # RMSNorm scales by (1 + w) and starts at w = 0 (Gemma)
     post_norm: bool | None = None  # BERT: x = norm(x + sublayer(x)), embeddings normed; else pre-norm + final norm
     sandwich_norm: bool | None = None  # Gemma: pre-norm plus a norm on the attention and MLP outputs
@@ -126,8 +128,8 @@ class ModelConfig:
             self._default("embed_scale", math.sqrt(self.d_model))
         if self.positional not in ("learned", "rope", "none"):
             raise ValueError(f"positional must be 'learned', 'rope' or 'none'; got {self.positional!r}.")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ValueError(f"norm must be 'layernorm' or 'rmsnorm'; got {self.norm!r}.")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}; got {self.norm!r}.")
         if self.mlp not in ("plain", "gated"):
             raise ValueError(f"mlp must be 'plain' or 'gated'; got {self.mlp!r}.")
         if self.activation not in ACTIVATIONS:

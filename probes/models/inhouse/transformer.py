@@ -26,7 +26,7 @@ from headscope.probes.models.config import ModelConfig
 from headscope.probes.models.inhouse.attention import Attention, RMSNorm, additive_mask, rope_cos_sin
 from headscope.probes.models.inhouse.hooks import HookPoint, name_hook_points
 
-__all__ = ["MLP", "Block", "RMSNorm", "Transformer", "activation_fn", "make_norm", "soft_capped"]
+__all__ = ["MLP", "Block", "NoNorm", "RMSNorm", "Transformer", "activation_fn", "make_norm", "soft_capped"]
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
@@ -45,10 +45,25 @@ def activation_fn(name: str):
     }[name]
 
 
+class NoNorm(nn.Module):
+    """``norm="none"`` (compiled tracr models have no layer norm): no normalisation, only the
+    per-feature ``weight`` (ones) as a scale, so the weight readers fold it like any norm's."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
 def make_norm(cfg: ModelConfig, d: int) -> nn.Module:
-    """The family's norm over ``d`` features: LayerNorm, or RMSNorm (Gemma's ``(1 + w)`` when ``rms_offset``)."""
+    """The family's norm over ``d`` features: LayerNorm, RMSNorm (Gemma's ``(1 + w)`` when ``rms_offset``)
+    or :class:`NoNorm` (``norm="none"``)."""
     if cfg.norm == "layernorm":
         return nn.LayerNorm(d, eps=cfg.norm_eps)
+    if cfg.norm == "none":
+        return NoNorm(d)
     return RMSNorm(d, cfg.norm_eps, offset=cfg.rms_offset)
 
 
