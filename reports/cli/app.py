@@ -50,6 +50,7 @@ COMMAND_MODULES = [
     "headscope.reports.cli.bench",
     "headscope.reports.cli.doctor",
     "headscope.reports.cli.sweep",
+    "headscope.reports.cli.validate",
     "headscope.reports.cli.stages",  # a command per registered stage without one of its own
 ]
 

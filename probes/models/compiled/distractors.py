@@ -6,7 +6,9 @@ write seeded random values there) and adds three heads to every layer, none of w
 depends on:
 
 * ``random``: seeded random ``W_Q``/``W_K``/``W_V`` reading only the extra dimensions, ``W_O``
-  writing only there: a non-trivial, role-less pattern;
+  writing only there; ``W_Q``/``W_K`` scaled so that the logits have a standard deviation of about
+  :data:`RANDOM_LOGIT_STD` (as the planted models' random heads): a non-uniform pattern that a
+  role threshold should not pass;
 * ``previous-token``: ``W_Q``/``W_K`` read the program's ``indices`` dimensions (and BOS) so that
   each query attends the key one position back (the first token: BOS), with tracr's softmax
   coldness (a logit gap of 100); ``W_V``/``W_O`` random, on the extra dimensions only;
@@ -32,6 +34,7 @@ DISTRACTORS = (
     ("duplicate-token", "duplicate-token", "tokens", "k == q"),
 )
 COLDNESS = 100.0  # tracr's softmax_coldness: the logit of a match
+RANDOM_LOGIT_STD = 0.5
 
 
 def _copy_into(new: Transformer, old: Transformer) -> None:
@@ -105,8 +108,11 @@ def add_distractors(old: Transformer, export: dict, *, seed: int = 0) -> Transfo
             for k, (name, role, keys, relation) in enumerate(DISTRACTORS):
                 head = h + k
                 a = block.attn
-                for proj in (a.v_proj, *((a.q_proj, a.k_proj) if name == "random" else ())):
-                    proj.weight.view(H, dh, D)[head, :, d:] = torch.randn(dh, N_EXTRA, generator=gen)
+                a.v_proj.weight.view(H, dh, D)[head, :, d:] = torch.randn(dh, N_EXTRA, generator=gen)
+                if name == "random":  # logits q·k × scale of std ~RANDOM_LOGIT_STD on unit-variance inputs
+                    std = (RANDOM_LOGIT_STD / (cfg.query_scale * N_EXTRA * dh**0.5)) ** 0.5
+                    for proj in (a.q_proj, a.k_proj):
+                        proj.weight.view(H, dh, D)[head, :, d:] = std * torch.randn(dh, N_EXTRA, generator=gen)
                 a.o_proj.weight.view(D, H, dh)[d:, head] = torch.randn(N_EXTRA, dh, generator=gen) / dh**0.5
                 if name != "random":
                     _pattern(new, layer, head, name, export)

@@ -1,0 +1,1 @@
+"""Validation against known truth: compiled transformers (:mod:`.tracr`, issue #44)."""
