@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk lint gpu-check gpu-wheels
+.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -99,6 +99,13 @@ gpu-check:
 # Wheels a bare CUDA PyTorch image lacks, fetched here into the ignored .whl/ for .ci/gpu-check
 gpu-wheels:
 	python3 -m pip download --no-deps --only-binary=:all: -d .whl conllu
+
+# headscope's verdicts against compiled truth (issue #44): every tracr program at both settings, compiled once
+# (cached under ~/.cache/headscope/tracr; ~5 min on 2 cores the first time), into data/figures/validate_tracr.json;
+# tests/analyses/test_validate_tracr_figures.py reads it and docs/guide/compiled.md quotes it
+validate: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope validate tracr --out runs/validate-tracr --quiet
+	cp runs/validate-tracr/validate.json data/figures/validate_tracr.json
 
 lint: bootstrap
 	$(PY) -m ruff check --fix $(LINTED)
