@@ -184,12 +184,12 @@ def validate_model(cm, cfg: ValidateConfig = ValidateConfig()) -> tuple[pd.DataF
     table = cm.truth.copy()
     table.insert(0, "program", s.label)
     table["verdicts"] = [",".join(sorted(verdicts.get((int(r.layer), int(r.head)), []))) for r in table.itertuples()]
-    table["why"] = table.apply(_why, axis=1)
     for method in effects["method"].unique():
         e = effects[effects["method"] == method].set_index(["layer", "head"])["effect"].abs()
         table[f"effect:{method}"] = [
             float(e.get((int(r.layer), int(r.head)), float("nan"))) for r in table.itertuples()
         ]
+    table["why"] = table.apply(_why, axis=1)
     facts = {"program": s.label, "n_items": len(task.items), "n_unusable": task.n_unusable, "metric": task.metric}
     return table[[c for c in table.columns if c in HEAD_COLUMNS or c.startswith("effect:")]], facts
 

@@ -92,6 +92,22 @@ def _clean(x):
     return x
 
 
+def figures(roles, aurocs, checks) -> dict:
+    """The figures the docs quote, each ``{"value": ..., "text": ...}`` (docs/guide/compiled.md prints the text)."""
+    out: dict = {"roles": {}, "auroc": {}, "loader": {}}
+    for r in roles.itertuples():
+        text = f"{r.verdict}: precision {r.precision:.2f}, recall {r.recall:.2f} (tp {r.tp}, fp {r.fp}, fn {r.fn})"
+        out["roles"][r.verdict] = {"value": [r.precision, r.recall], "text": text}
+    if len(aurocs):
+        for method, g in aurocs.groupby("method", sort=False):
+            text = f"{method}: mean AUROC {g['auroc'].mean():.2f}, lowest {g['auroc'].min():.2f} ({len(g)} models)"
+            out["auroc"][method] = {"value": float(g["auroc"].mean()), "text": text}
+    worst = max(c["max_error"] for c in checks)
+    text = f"largest difference from tracr's forward: {worst:.1e} over {len(checks)} compiled models"
+    out["loader"]["max_error"] = {"value": worst, "text": text}
+    return out
+
+
 def summary(heads, roles, aurocs, checks, facts, cfg) -> dict:
     """``validate.json``: the run's tables and figures, the targets and whether each is met."""
     from dataclasses import asdict
@@ -111,6 +127,7 @@ def summary(heads, roles, aurocs, checks, facts, cfg) -> dict:
             "small_effect": SMALL_EFFECT,
             "targets": TARGETS,
             "targets_met": met,
+            "figures": figures(roles, aurocs, checks),
             "loader": checks,
             "runs": facts,
             "roles": roles.to_dict("records"),
