@@ -100,7 +100,7 @@ def _block_heads(block) -> list:
     return []
 
 
-def _graph_truth(graph, sink, craft_model, causal: bool) -> tuple[list[dict], list[dict]]:
+def _graph_truth(graph, sink, craft_model) -> tuple[list[dict], list[dict]]:
     """``(heads, mlps)`` of the assembled model, read off the compiler's graph (module docstring)."""
     import networkx as nx
     from tracr.compiler import assemble, nodes
@@ -217,7 +217,7 @@ def compile_export(setting: ProgramSetting, *, seed: int = 0) -> dict:
     t0 = time.perf_counter()
     assembled, graph, sink, craft_model = _compile(setting)
     seconds = time.perf_counter() - t0
-    heads, mlps = _graph_truth(graph, sink, craft_model, setting.causal)
+    heads, mlps = _graph_truth(graph, sink, craft_model)
     labels = list(assembled.residual_labels)
     enc = assembled.input_encoder
     categorical = hasattr(assembled.output_encoder, "encoding_map")
