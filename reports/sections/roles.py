@@ -12,6 +12,7 @@ import pandas as pd
 
 from headscope.reports import figures as F
 from headscope.reports.document import Figure, Note, Paragraph, Section, counted, head_name
+from headscope.reports.sections.known_truth import known_truth_sentence
 
 CAVEAT = (
     "Attention maps are clues, not proofs: where a head looks need not be what the model uses "
@@ -136,7 +137,7 @@ def roles_section(
             f"{counted(multi, 'holds', 'hold')} more than one. Heads per role: {common}."
         )
     )
-    s.blocks.append(Note(CAVEAT))
+    s.blocks.append(Note(f"{CAVEAT} {known_truth_sentence()}".strip()))
     s.blocks.append(Paragraph(statistics_sentence(roles, roles_config or {})))
     overlap = overlap_sentence(roles)
     if overlap:

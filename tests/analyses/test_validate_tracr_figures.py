@@ -66,3 +66,13 @@ def test_the_docs_quote_the_figures(doc):
     texts = [fig["text"] for group in doc["figures"].values() for fig in group.values()]
     missing = [t for t in texts if t not in page]
     assert texts and not missing, f"docs/guide/compiled.md lacks (run make validate, then quote): {missing}"
+
+
+def test_the_roles_caveat_says_how_often_each_verdict_is_right(doc):
+    from headscope.reports.sections.known_truth import known_truth_sentence
+
+    sentence = known_truth_sentence()
+    assert "docs/guide/compiled.md" in sentence
+    for r in doc["roles"]:
+        if r["tp"] + r["fn"]:
+            assert f"{r['verdict']} right in {r['tp']} of {r['tp'] + r['fp']} claims" in sentence
