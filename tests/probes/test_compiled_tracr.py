@@ -102,3 +102,15 @@ def test_validation_finds_the_compiled_previous_token_head(exports):
     assert row["effect:activation_denoising"] == pytest.approx(1.0, abs=1e-4)
     others = table[(table["layer"] != 0) | (table["head"] != 0)]
     assert others["effect:activation_denoising"].abs().max() < 1e-4  # distractors move nothing
+
+
+def test_weights_the_loader_does_not_read_are_one_line_naming_the_layer(exports):
+    from headscope.probes.errors import ModelIncompatibleError
+
+    export = dict(exports["hist"])
+    weights = dict(export["weights"])
+    up = weights["transformer/layer_0/mlp/linear_1"]
+    weights["transformer/layer_0/mlp/linear_1"] = torch.zeros(up.shape[0], up.shape[1] + 1)  # a wider hidden layer
+    export["weights"] = weights
+    with pytest.raises(ModelIncompatibleError, match=r"^layer 0: MLP shapes .* are not read"):
+        load_export(export)
