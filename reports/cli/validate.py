@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from pathlib import Path
 
 #: the issue's targets: precision and recall of the roles whose predicates map to a role, AUROC of activation patching
@@ -58,7 +57,6 @@ def _models(names, args, checks: list, say):
 
     for name in names:
         for s in settings(name):
-            t0 = time.perf_counter()
             export = cached_export(s, seed=SEED, use_cache=not args.no_cache)
             cm = load_export(export, seed=SEED)
             check = forward_error(cm)
@@ -70,7 +68,8 @@ def _models(names, args, checks: list, say):
                     "decoded_equal": check.decoded_equal,
                     "n_inputs": check.n_inputs,
                     "compile_seconds": round(float(export["compile_seconds"]), 2),
-                    "load_seconds": round(time.perf_counter() - t0, 2),
+                    "heads_used": [f"L{h['layer']}H{h['slot']} {h['node']}" for h in export["heads"] if h["used"]],
+                    "mlps_used": [m["node"] for m in export["mlps"] if m["used"]],
                     "n_layers": cm.model.spec.n_layers,
                     "n_heads": cm.model.spec.n_heads,
                 }

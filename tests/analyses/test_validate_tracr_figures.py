@@ -34,6 +34,9 @@ def test_every_program_loads_equal_to_tracr(doc):
     assert labels == {s.label for n in PROGRAMS for s in settings(n)}
     for c in doc["loader"]:
         assert c["max_error"] <= 1e-5 and c["decoded_equal"], c
+    used = {c["program"]: (c["heads_used"], c["mlps_used"]) for c in doc["loader"]}
+    assert used["shift_by-v3-n5"][0] == ["L0H0 shift_by(1)_1"] and not used["shift_by-v3-n5"][1]
+    assert len(used["hist-v3-n5"][1]) == 1  # SelectorWidth's MLP
     causal = {c["program"]: c["causal"] for c in doc["loader"]}
     assert causal["shift_by-v3-n5"] and not causal["hist-v3-n5"]
 
