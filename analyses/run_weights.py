@@ -1,6 +1,6 @@
 """The report's weights stage: circuits read from the weights alone
-(:mod:`headscope.analyses.circuits`), then joined with what the same run measured on text
-(:mod:`headscope.analyses.circuits.joins`): K-composition into the induction heads against the
+(:mod:`headscope.analyses.circuits.weights`), then joined with what the same run measured on text
+(:mod:`headscope.analyses.circuits.weights.joins`): K-composition into the induction heads against the
 previous-token heads of the roles, OV copying against the patching effect on the induction and
 duplicate-token tasks, and path patching through K (when the run's patching frame has it)
 against K-composition.
@@ -45,14 +45,18 @@ def weights_blocker(model) -> str | None:
 
 
 def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = WeightsConfig()):
-    """``(frames, summary)``: ``weights_heads`` (:data:`~headscope.analyses.circuits.frames.HEAD_COLUMNS`),
-    ``weights_composition`` (:data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`) and the
+    """``(frames, summary)``: ``weights_heads`` (:data:`~headscope.analyses.circuits.weights.frames.HEAD_COLUMNS`),
+    ``weights_composition`` (:data:`~headscope.analyses.circuits.weights.frames.COMPOSITION_COLUMNS`) and the
     joins ``join_k_composition``, ``join_copying`` and, where ``frames["patching"]`` holds path
     patching through K, ``join_path``; ``summary``: the weights' reading (folding, unembedding,
     method), the seconds of each part and the settings."""
-    from headscope.analyses.circuits.composition import composition_scores
-    from headscope.analyses.circuits.joins import copying_patching_join, k_composition_join, path_composition_join
-    from headscope.analyses.circuits.ov_qk import head_circuits
+    from headscope.analyses.circuits.weights.composition import composition_scores
+    from headscope.analyses.circuits.weights.joins import (
+        copying_patching_join,
+        k_composition_join,
+        path_composition_join,
+    )
+    from headscope.analyses.circuits.weights.ov_qk import head_circuits
     from headscope.probes.models.weights_provider import model_weights
 
     weights = model_weights(model)

@@ -1,5 +1,4 @@
-"""Circuits read from the weights alone (Elhage et al. 2021): per-head OV copying scores and
-OV/QK norms (:mod:`.ov_qk`), composition scores between heads of different layers
-(:mod:`.composition`), each against a Gaussian baseline (:mod:`.baselines`), as tidy frames
-(:mod:`.frames`). Weights come from :func:`headscope.probes.models.weights_provider.model_weights` (in-house or hf).
+"""Circuits, two ways: read from the weights alone (:mod:`.weights`: OV/QK circuits and composition
+between heads, Elhage et al. 2021) and found from edge attributions on a task (:mod:`.edges`: EAP and
+EAP-IG edge scores, circuits at budgets, exact edge patching, faithfulness).
 """

@@ -1,5 +1,5 @@
 """Head weights read lazily from a checkpoint on disk, one tensor at a time, without building the
-model: the weights-only analyses (:mod:`headscope.analyses.circuits`) then run on checkpoints
+model: the weights-only analyses (:mod:`headscope.analyses.circuits.weights`) then run on checkpoints
 larger than the machine's memory.
 
 * safetensors (``model.safetensors`` or shards with ``model.safetensors.index.json``): each read

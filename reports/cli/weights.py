@@ -2,9 +2,9 @@
 
 Writes into ``--out`` (default ``runs/weights-<model>``): ``heads.csv``/``.parquet`` (per-head
 OV copying score, OV/QK norms, the omitted QK positional share;
-:data:`~headscope.analyses.circuits.frames.HEAD_COLUMNS`), ``composition.csv``/``.parquet``
+:data:`~headscope.analyses.circuits.weights.frames.HEAD_COLUMNS`), ``composition.csv``/``.parquet``
 (every pair of heads in different layers through Q, K, V;
-:data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`), ``weights.md`` (a short
+:data:`~headscope.analyses.circuits.weights.frames.COMPOSITION_COLUMNS`), ``weights.md`` (a short
 summary) and ``run.json``. The weights are read lazily, one tensor at a time, from safetensors
 (sharded or not) or GGUF (:func:`~headscope.probes.models.lazy_weights.lazy_weights`): the model
 is never built, so a checkpoint larger than memory runs; a ``pytorch_model.bin`` checkpoint (or a
@@ -152,8 +152,8 @@ def held_budget(weights) -> int | None:
 
 
 def run(args) -> int:
-    from headscope.analyses.circuits.composition import composition_scores
-    from headscope.analyses.circuits.ov_qk import head_circuits
+    from headscope.analyses.circuits.weights.composition import composition_scores
+    from headscope.analyses.circuits.weights.ov_qk import head_circuits
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output
     from headscope.probes.outputs.kinds import manifest_header

@@ -1,6 +1,6 @@
 """The "From the weights" section: what the weights alone say about the heads (OV copying,
 K-composition) and whether it agrees with what the run measured on text — one table and one
-picture per join (:mod:`headscope.analyses.circuits.joins`).
+picture per join (:mod:`headscope.analyses.circuits.weights.joins`).
 """
 
 from __future__ import annotations

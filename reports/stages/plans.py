@@ -397,8 +397,8 @@ def weights_bytes(shape: Shape, wc) -> int:
     d_model]``) and a group of them as float64, one receiver layer's float64 side, the blocks of
     (un)embedding rows and Gaussian draws, the composition frame (five families of head pairs, ~100
     bytes a row with its columns' lists) and a null's comparison with every pair of a family."""
-    from headscope.analyses.circuits.composition import SENDER_GROUP_BYTES
-    from headscope.analyses.circuits.ov_qk import DRAW_BLOCK_BYTES, VOCAB_CHUNK_BYTES
+    from headscope.analyses.circuits.weights.composition import SENDER_GROUP_BYTES
+    from headscope.analyses.circuits.weights.ov_qk import DRAW_BLOCK_BYTES, VOCAB_CHUNK_BYTES
 
     L, h, kv, k, d = shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.d_head, shape.d_model
     senders = L * h * k * d * 4

@@ -1,5 +1,5 @@
 """Per-head weight matrices, read one layer at a time, for the weights-only circuit analyses
-(:mod:`headscope.analyses.circuits`), so analyses never reach into a model or a file.
+(:mod:`headscope.analyses.circuits.weights`), so analyses never reach into a model or a file.
 
 A :class:`ModelWeights` reads its tensors through a small :class:`TensorSource` by in-house
 name (``blocks.3.attn.q_proj.weight``): from a loaded in-house model (:func:`head_weights`) or

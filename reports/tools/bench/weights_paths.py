@@ -1,5 +1,5 @@
 """The weights-only paths: per-head circuits and composition read from the checkpoint alone
-(:mod:`headscope.analyses.circuits`, the weights read lazily by
+(:mod:`headscope.analyses.circuits.weights`, the weights read lazily by
 :func:`~headscope.probes.models.lazy_weights.lazy_weights`), and the large-checkpoint case.
 
 :func:`weights_heads`, :func:`weights_composition` and :func:`weights_all` are bench paths
@@ -57,8 +57,8 @@ def _open(bench: BenchState):
 
 
 def _weights_path(bench: BenchState, heads: bool, composition: bool) -> Prepared:
-    from headscope.analyses.circuits.composition import composition_scores
-    from headscope.analyses.circuits.ov_qk import head_circuits
+    from headscope.analyses.circuits.weights.composition import composition_scores
+    from headscope.analyses.circuits.weights.ov_qk import head_circuits
 
     weights = _open(bench)
     if weights.n_layers < 2 and composition:
@@ -198,7 +198,7 @@ def write_random_checkpoint(
 
 _CHILD = """
 import json, resource, sys, time
-from headscope.analyses.circuits.ov_qk import head_circuits
+from headscope.analyses.circuits.weights.ov_qk import head_circuits
 from headscope.probes.models.lazy_weights import lazy_weights
 
 def peak_mb():  # this image's own peak: ru_maxrss keeps the forking parent's across exec (Linux)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.circuits.joins import (
+from headscope.analyses.circuits.weights.joins import (
     COPY_JOIN_COLUMNS,
     K_JOIN_COLUMNS,
     PATH_JOIN_COLUMNS,
@@ -182,7 +182,7 @@ def test_the_stage_runs_on_hf_where_the_weights_pass_and_says_why_not_on_the_bri
 def test_the_null_is_the_same_for_any_block_size(mode, level):
     """The report draws the composition null in small blocks (its peak memory); the scores must be
     those of one draw. 16 numbers are randn's unit: blocks of 16 and of 48 draws, and one block."""
-    from headscope.analyses.circuits.composition import null_scores
+    from headscope.analyses.circuits.weights.composition import null_scores
 
     d_model, d_head, n = 24, 4, 100
     one = null_scores(d_model, d_head, mode, level, n, torch.Generator().manual_seed(3), block_bytes=1 << 30)

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from headscope.analyses.circuits.baselines import bh_adjust, empirical_p
-from headscope.analyses.circuits.frames import ABOVE, HEAD_COLUMNS, NO_CIRCUIT, NOT_ABOVE, OMITTED, tidy
+from headscope.analyses.circuits.weights.baselines import bh_adjust, empirical_p
+from headscope.analyses.circuits.weights.frames import ABOVE, HEAD_COLUMNS, NO_CIRCUIT, NOT_ABOVE, OMITTED, tidy
 
 #: vocabularies up to this size get the eigenvalues of the full ``[vocab, vocab]`` OV circuit
 FULL_VOCAB_MAX = 2048

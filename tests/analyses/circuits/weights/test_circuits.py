@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.circuits import ov_qk
-from headscope.analyses.circuits.composition import composition_scores
-from headscope.analyses.circuits.ov_qk import copying_score, head_circuits
+from headscope.analyses.circuits.weights import ov_qk
+from headscope.analyses.circuits.weights.composition import composition_scores
+from headscope.analyses.circuits.weights.ov_qk import copying_score, head_circuits
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.inhouse.head_weights import head_weights
 from headscope.probes.models.inhouse.planted import planted_model, writing_induction
@@ -248,7 +248,7 @@ def test_weights_command_writes_tables_and_summary(tmp_path, capsys):
 def test_r_factors_equal_the_reduced_qr_bit_for_bit(tiny_gqa):
     """The composition's R factors come from ``mode="r"`` QR, once per KV head (speed): the same
     bits as the reduced QR of every query head's expanded copy, so the scores do not move."""
-    from headscope.analyses.circuits.composition import _r_factor, sender_factors
+    from headscope.analyses.circuits.weights.composition import _r_factor, sender_factors
 
     model = tiny_gqa[0]
     lw = head_weights(model).layer(1)

@@ -1,8 +1,8 @@
 """Column names of the circuits frames, defined once.
 
-``heads`` (:func:`~headscope.analyses.circuits.ov_qk.head_circuits`): one row per
+``heads`` (:func:`~headscope.analyses.circuits.weights.ov_qk.head_circuits`): one row per
 ``(layer, head, statistic)``; ``composition``
-(:func:`~headscope.analyses.circuits.composition.composition_scores`): one row per
+(:func:`~headscope.analyses.circuits.weights.composition.composition_scores`): one row per
 ``(sender, receiver, mode, level)``.
 """
 

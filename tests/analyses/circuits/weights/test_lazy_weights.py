@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.circuits.composition import composition_scores
-from headscope.analyses.circuits.ov_qk import head_circuits
+from headscope.analyses.circuits.weights.composition import composition_scores
+from headscope.analyses.circuits.weights.ov_qk import head_circuits
 from headscope.probes.errors import CheckpointError
 from headscope.probes.models.inhouse.head_weights import head_weights
 from headscope.probes.models.lazy_weights import lazy_weights
@@ -115,8 +115,8 @@ def test_lazy_reader_refuses_a_pickle_checkpoint(tmp_path):
 
 _CHILD = r"""
 import gc, json, sys
-from headscope.analyses.circuits.composition import composition_scores
-from headscope.analyses.circuits.ov_qk import head_circuits
+from headscope.analyses.circuits.weights.composition import composition_scores
+from headscope.analyses.circuits.weights.ov_qk import head_circuits
 from headscope.probes.models.inhouse.head_weights import head_weights
 from headscope.probes.models.inhouse.planted import planted_model
 from headscope.probes.models.lazy_weights import lazy_weights
@@ -159,8 +159,8 @@ def test_peak_memory_of_a_sharded_checkpoint_stays_at_a_few_layers(tmp_path):
     Gaussian draws, and 16 MiB of slack; composition adds its held senders (two layers' worth here,
     and their float64 copy) and its null's three blocks. The whole model in float32 is several
     times larger, and so is any reader that holds every layer or the whole embedding."""
-    from headscope.analyses.circuits import composition as C
-    from headscope.analyses.circuits import ov_qk as O
+    from headscope.analyses.circuits.weights import composition as C
+    from headscope.analyses.circuits.weights import ov_qk as O
 
     shape = dict(n_layers=8, d_model=1024, n_heads=16, n_kv_heads=4, d_mlp=256, vocab_size=16384)
     folder = write_random_checkpoint(tmp_path / "ckpt", shard_bytes=24 << 20, **shape)

@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.analyses.circuits.baselines import bh_adjust, empirical_p
-from headscope.analyses.circuits.frames import ABOVE, COMPOSITION_COLUMNS, NOT_ABOVE
+from headscope.analyses.circuits.weights.baselines import bh_adjust, empirical_p
+from headscope.analyses.circuits.weights.frames import ABOVE, COMPOSITION_COLUMNS, NOT_ABOVE
 
 #: (mode, level) of every score family, in frame order
 FAMILIES = (("Q", "head"), ("K", "head"), ("K", "kv_group"), ("V", "head"), ("V", "kv_group"))
@@ -236,7 +236,7 @@ def composition_scores(
     :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`, read one layer at a time;
     with ``max_held_bytes``, the senders' factors are held that many bytes at a time, module doc;
     ``null_block_bytes``: the null's draws per block, :func:`null_scores`),
-    frame :data:`~headscope.analyses.circuits.frames.COMPOSITION_COLUMNS`, sorted by
+    frame :data:`~headscope.analyses.circuits.weights.frames.COMPOSITION_COLUMNS`, sorted by
     ``(mode, level)`` then pair. ``ValueError`` for ``n_null < 1`` or ``max_held_bytes < 1``.
 
     >>> from headscope.probes.models.inhouse.planted import planted_model
