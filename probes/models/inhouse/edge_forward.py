@@ -1,0 +1,243 @@
+"""The in-house forward written as a graph of senders and receivers, for edge circuits
+(:mod:`headscope.analyses.circuits.edges`).
+
+On a pre-norm stack (Llama, GPT-2 style: ``x = x + attn(ln1(x)); x = x + mlp(ln2(x))``) the
+residual stream entering any point is the sum of what every earlier *sender* wrote, plus
+constant biases (``b_O``). Senders, in order (:class:`EdgeLayout`): the input embeddings
+(token, learned positions), then per layer each query head's output ``W_O^h z_h`` and the
+MLP. Receivers: per layer each query head's **q** input, each KV head's **k** and **v** inputs
+(once per KV head: on GQA/MQA every query head of the group reads them, nothing is copied),
+the MLP's input, and finally the logits' input (before the final norm).
+
+:func:`graph_forward` computes every receiver's input on its own: with ``corrupted`` sender
+outputs and ``keep [sender, receiver]``, receiver ``r`` reads ``Σ_s keep·out_s + (1 - keep)·
+corrupted_s + biases``, where ``out_s`` is the sender's output in this very run (the exact edge
+patching of Hanna et al.'s EAP-IG ``evaluate_graph``). With ``grad_probes`` a zero tensor that
+requires grad is added to each group of receiver inputs, so one backward gives the gradient
+at every receiver's input (one gradient per receiver, not per edge). Post-norm (BERT) and
+sandwich-norm (Gemma) stacks do not decompose into sender sums: :func:`check_graph_model` refuses them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.inhouse.attention import (
+    additive_mask,
+    apply_rope,
+    attention_pattern,
+    repeat_kv,
+    rope_cos_sin,
+)
+from headscope.probes.models.inhouse.transformer import Transformer, soft_capped
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeLayout:
+    """Indices of senders and receivers of a model with ``n_layers`` layers of ``n_heads``
+    query heads and ``n_kv_heads`` KV heads (module docstring for the order).
+
+    >>> lay = EdgeLayout(n_layers=2, n_heads=4, n_kv_heads=2)
+    >>> lay.n_senders, lay.n_receivers, lay.head_sender(1, 2), lay.receivers_of(1)
+    (11, 19, 8, (9, 18))
+    """
+
+    n_layers: int = 1
+    n_heads: int = 1
+    n_kv_heads: int = 1
+
+    def __post_init__(self):
+        if min(self.n_layers, self.n_heads, self.n_kv_heads) < 1 or self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"layout needs n_layers, n_heads, n_kv_heads >= 1 with n_kv_heads dividing n_heads; got "
+                f"{self.n_layers}, {self.n_heads}, {self.n_kv_heads}"
+            )
+
+    @property
+    def per_layer_senders(self) -> int:
+        return self.n_heads + 1
+
+    @property
+    def per_layer_receivers(self) -> int:
+        return self.n_heads + 2 * self.n_kv_heads + 1
+
+    @property
+    def n_senders(self) -> int:
+        return 1 + self.n_layers * self.per_layer_senders
+
+    @property
+    def n_receivers(self) -> int:
+        return self.n_layers * self.per_layer_receivers + 1
+
+    def head_sender(self, layer: int, head: int) -> int:
+        return 1 + layer * self.per_layer_senders + head
+
+    def mlp_sender(self, layer: int) -> int:
+        return 1 + layer * self.per_layer_senders + self.n_heads
+
+    def receivers_of(self, layer: int) -> tuple[int, int]:
+        """``(start, stop)`` of layer ``layer``'s receivers: q per head, k per KV head, v per KV head, MLP."""
+        s = layer * self.per_layer_receivers
+        return s, s + self.per_layer_receivers
+
+    def q_receiver(self, layer: int, head: int) -> int:
+        return self.receivers_of(layer)[0] + head
+
+    def k_receiver(self, layer: int, kv_head: int) -> int:
+        return self.receivers_of(layer)[0] + self.n_heads + kv_head
+
+    def v_receiver(self, layer: int, kv_head: int) -> int:
+        return self.receivers_of(layer)[0] + self.n_heads + self.n_kv_heads + kv_head
+
+    def mlp_receiver(self, layer: int) -> int:
+        return self.receivers_of(layer)[1] - 1
+
+    @property
+    def logits_receiver(self) -> int:
+        return self.n_receivers - 1
+
+    def upstream(self, receiver: int) -> int:
+        """How many senders (the first ones) feed ``receiver``: attention receivers of layer l
+        read everything below layer l; the MLP of layer l also reads layer l's heads."""
+        if receiver == self.logits_receiver:
+            return self.n_senders
+        layer, offset = divmod(receiver, self.per_layer_receivers)
+        return self.mlp_sender(layer) if offset == self.per_layer_receivers - 1 else self.head_sender(layer, 0)
+
+    def valid(self) -> torch.Tensor:
+        """``[sender, receiver]`` bool: the edges of the graph (sender upstream of receiver)."""
+        out = torch.zeros(self.n_senders, self.n_receivers, dtype=torch.bool)
+        for r in range(self.n_receivers):
+            out[: self.upstream(r), r] = True
+        return out
+
+
+def check_graph_model(model) -> Transformer:
+    """The in-house network of ``model`` when its forward decomposes into senders and receivers;
+    :class:`ModelIncompatibleError` otherwise (another backend, post-norm or sandwich-norm, an
+    encoder, pruned heads, gates set)."""
+    net = getattr(model, "module", None)
+    if getattr(model, "backend", None) != "inhouse" or not isinstance(net, Transformer):
+        raise ModelIncompatibleError(
+            f"edge circuits need the in-house backend; got backend {getattr(model, 'backend', '?')!r}: "
+            "load with backend='inhouse' (--backend inhouse)"
+        )
+    cfg = net.cfg
+    why = (
+        "it is an encoder (no next-token logits)"
+        if cfg.encoder
+        else "it is post-norm: the residual is no sum of sender outputs"
+        if cfg.post_norm
+        else "its sandwich norms rescale each layer's summed output"
+        if cfg.sandwich_norm
+        else "its heads are pruned"
+        if cfg.heads_kept is not None
+        else "its head gates are set"
+        if any(not bool((b.attn.gate == 1).all()) for b in net.blocks)
+        else None
+    )
+    if why:
+        raise ModelIncompatibleError(f"edge circuits need a pre-norm decoder; {cfg.name!r}: {why}")
+    return net
+
+
+def _receiver_inputs(resid, outs, n_up, rs, keep, corrupted, probe):
+    """Inputs of receivers ``rs`` (a slice) ``[receiver, batch, pos, d_model]``: ``resid`` (the sum
+    of this run's first ``n_up`` senders and biases) for each, minus the corrupted edges' differences."""
+    n_r = rs.stop - rs.start
+    x = resid.unsqueeze(0).expand(n_r, *resid.shape)
+    if corrupted is not None:
+        drop = 1.0 - keep[:n_up, rs].to(resid.dtype)  # [sender, receiver]
+        used = drop.abs().sum(1) > 0
+        if bool(used.any()):
+            idx = used.nonzero()[:, 0]
+            diff = torch.stack([outs[i] for i in idx.tolist()]) - corrupted[idx]  # [sender, batch, pos, d_model]
+            x = x - torch.einsum("sr,sbpd->rbpd", drop[used], diff)
+    return x if probe is None else x + probe
+
+
+def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg):
+    """One layer's heads on their own receiver inputs -> ``[head, batch, pos, d_model]`` (``W_O^h z_h``)."""
+    attn, dh = block.attn, cfg.d_head
+    n_h, n_kv = attn.n_heads, attn.n_kv_heads
+
+    def proj(x, lin, n):  # [n, batch, pos, d_model] -> [batch, n, pos, d_head]
+        w = lin.weight.view(n, dh, -1)
+        y = torch.einsum("nbpd,ned->bnpe", block.ln1(x), w)
+        return y if lin.bias is None else y + lin.bias.view(1, n, 1, dh)
+
+    q, k, v = proj(x_q, attn.q_proj, n_h), proj(x_k, attn.k_proj, n_kv), proj(x_v, attn.v_proj, n_kv)
+    if attn.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    pattern = attention_pattern(q, k, mask, attn.kv_index, scale=attn.scale, softcap=attn.softcap)
+    z = torch.matmul(pattern, repeat_kv(v, attn.kv_index))  # [batch, head, pos, d_head]
+    w_o = attn.o_proj.weight.view(-1, n_h, dh)  # [d_model, head, d_head]
+    return torch.einsum("bhpe,dhe->hbpd", z, w_o)
+
+
+def graph_forward(
+    net: Transformer,
+    ids: torch.Tensor,
+    *,
+    embed: torch.Tensor | None = None,
+    corrupted: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+    grad_probes: bool = False,
+):
+    """The forward of a pre-norm decoder through its senders and receivers.
+
+    ``ids [batch, pos]`` (no padding); ``embed [batch, pos, d_model]`` replaces the input
+    embeddings (EAP-IG's interpolation); ``corrupted [sender, batch, pos, d_model]`` with ``keep
+    [sender, receiver]`` (1 = this run's value, 0 = corrupted; fractions interpolate) patches
+    edges. Returns ``(logits, outs, probes)``: the last position's ``logits [batch, vocab]`` (what
+    the patching metrics read), ``outs [sender, batch, pos, d_model]`` and ``probes [receiver,
+    batch, pos, d_model]`` or None; with ``grad_probes`` the probes are zero
+    leaves that require grad, added to each receiver's input.
+    """
+    cfg = net.cfg
+    lay = EdgeLayout(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
+    if (corrupted is None) != (keep is None):
+        raise ValueError("corrupted and keep are given together or not at all")
+    if keep is not None and tuple(keep.shape) != (lay.n_senders, lay.n_receivers):
+        raise ValueError(f"keep must be [sender={lay.n_senders}, receiver={lay.n_receivers}]; got {tuple(keep.shape)}")
+    x0, positions = net.embed_tokens(ids)
+    if embed is not None:
+        x0 = embed
+    probes = None
+    if grad_probes:
+        probes = torch.zeros(lay.n_receivers, *x0.shape, dtype=x0.dtype, device=x0.device, requires_grad=True)
+    outs, resid = [x0], x0
+    for layer, block in enumerate(net.blocks):
+        mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
+        rope = None
+        if cfg.positional == "rope":
+            rope = rope_cos_sin(positions, cfg.d_head, block.rope_theta, block.rope_scaling)
+        s, e = lay.receivers_of(layer)
+        att = slice(s, e - 1)
+        x = _receiver_inputs(resid, outs, len(outs), att, keep, corrupted, None if probes is None else probes[att])
+        n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
+        heads = _attention_senders(block, x[:n_h], x[n_h : n_h + n_kv], x[n_h + n_kv :], mask, rope, cfg)
+        outs.extend(heads.unbind(0))
+        resid = resid + heads.sum(0)
+        if block.attn.o_proj.bias is not None:
+            resid = resid + block.attn.o_proj.bias
+        mlp_in = _receiver_inputs(
+            resid, outs, len(outs), slice(e - 1, e), keep, corrupted, None if probes is None else probes[e - 1 : e]
+        )[0]
+        mlp_out = block.mlp(block.ln2(mlp_in))
+        outs.append(mlp_out)
+        resid = resid + mlp_out
+    r = lay.logits_receiver
+    final = _receiver_inputs(
+        resid, outs, len(outs), slice(r, r + 1), keep, corrupted, None if probes is None else probes[r : r + 1]
+    )[0]
+    logits = soft_capped(net.unembed(net.ln_final(final[:, -1])), cfg.final_softcap)
+    return logits, torch.stack(outs), probes
+
+
+__all__ = ["EdgeLayout", "check_graph_model", "graph_forward"]
