@@ -1,13 +1,13 @@
 """The kinds of output folder headscope writes, and how a folder says which kind it holds.
 
-Each command's folder (``report``, ``roles``, ``prune``, ``patch``, ``diff``, ``weights``, ``kv``) is an
+Each command's folder (``report``, ``roles``, ``prune``, ``patch``, ``diff``, ``weights``, ``kv``, ``circuit``) is an
 :class:`OutputKind` in :data:`KINDS`: the manifests that identify it and the names it
 writes. A manifest starts with :func:`manifest_header`; :func:`output_kind_of` reads it back.
 
 >>> manifest_header("roles")
 {'output': {'kind': 'roles', 'format': 2}}
 >>> sorted(KINDS)
-['diff', 'kv', 'patch', 'prune', 'qk', 'report', 'roles', 'weights']
+['circuit', 'diff', 'kv', 'patch', 'prune', 'qk', 'report', 'roles', 'weights']
 """
 
 from __future__ import annotations
@@ -112,6 +112,12 @@ KINDS: dict[str, OutputKind] = {
             "weights.md",
             *(f"{stem}.{ext}" for stem in ("heads", "composition") for ext in ("csv", "parquet")),
         ),
+    ),
+    "circuit": OutputKind(
+        "circuit",
+        ("run.json",),
+        (),
+        ("run.json", *(f"{stem}.{ext}" for stem in ("edges", "faithfulness") for ext in ("csv", "parquet"))),
     ),
     "kv": OutputKind(
         "kv",

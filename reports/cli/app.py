@@ -47,6 +47,7 @@ COMMAND_MODULES = [
     "headscope.reports.cli.diff",
     "headscope.reports.cli.weights",
     "headscope.reports.cli.kv",
+    "headscope.reports.cli.circuit",
     "headscope.reports.cli.bench",
     "headscope.reports.cli.doctor",
     "headscope.reports.cli.sweep",
