@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate lint gpu-check gpu-wheels
+.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate circuits lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -90,6 +90,12 @@ qk: bootstrap
 # core) into data/figures/hf_weights_families.json; docs/guide/weights.md quotes its counts (tests/probes/test_hf_weights.py)
 weights-families: bootstrap
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.hf_weights_families
+
+# SmolLM2-135M's induction circuit by EAP-IG (5 steps, 16 items) at MIB's budgets beside 5 random circuits each
+# (~15-20 min of one core) into data/figures/circuits_smollm2.json; docs/guide/circuits.md quotes it
+# (tests/analyses/circuits/edges/test_circuits_figures.py)
+circuits: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures
 
 # On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
 # GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.
