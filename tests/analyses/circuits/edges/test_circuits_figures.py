@@ -1,0 +1,65 @@
+"""The committed SmolLM2 circuit study (``make circuits``, data/figures/circuits_smollm2.json): its
+numbers hang together, and docs/guide/circuits.md quotes them as they are."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from headscope.analyses.circuits.edges.graph import MIB_BUDGETS, EdgeGraph, budget_edges
+from headscope.probes.models.inhouse.edge_forward import EdgeLayout
+from headscope.reports.tools.experiments.circuits_figures import HEADS, faithfulness_table
+
+ROOT = Path(__file__).resolve().parents[4]
+FIGURES = ROOT / "data" / "figures" / "circuits_smollm2.json"
+DOC = ROOT / "docs" / "guide" / "circuits.md"
+
+
+@pytest.fixture(scope="module")
+def figures() -> dict:
+    return json.loads(FIGURES.read_text())
+
+
+def test_the_study_covers_smollm2s_whole_graph_at_mibs_budgets(figures):
+    # SmolLM2-135M: 30 layers, 9 query heads, 3 KV heads
+    assert figures["n_edges_total"] == EdgeGraph.of(EdgeLayout(n_layers=30, n_heads=9, n_kv_heads=3)).n_edges
+    rows = figures["faithfulness"]
+    assert [r["budget"] for r in rows] == list(MIB_BUDGETS)
+    for r in rows:
+        assert r["n_edges"] == budget_edges(r["budget"], figures["n_edges_total"])
+        assert 0 <= r["n_edges_pruned"] <= r["n_edges"]
+        assert r["random_min"] <= r["random_mean"] <= r["random_max"]
+    full = rows[-1]
+    assert full["faithfulness"] == pytest.approx(1.0, abs=1e-4) and full["random_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert figures["m_full"] > figures["m_empty"]  # the corruption costs the clean answer log-probability
+    assert figures["task"]["n_items"] == 16 and figures["steps"] == 5 and figures["seeds"] == 5
+
+
+def test_heads_and_the_key_edge_are_read_off_the_same_run(figures):
+    assert set(figures["heads_in_circuit"]) == set(HEADS)
+    for budgets in figures["heads_in_circuit"].values():
+        assert set(budgets) <= set(MIB_BUDGETS)
+    k = figures["k_edge"]
+    assert k["edge"] == ["L16H0", "L18KV2", "k"] and 1 <= k["rank"] <= figures["n_edges_total"]
+    assert math.isfinite(k["exact_effect"]) and math.isfinite(k["score"])
+
+
+def test_the_guide_quotes_the_study(figures):
+    text = DOC.read_text()
+    assert faithfulness_table(figures) in text
+    assert f"CPR {figures['cpr']:.3f}" in text and f"CMD {figures['cmd']:.3f}" in text
+    assert f"random circuits' CPR {figures['random_cpr']:.3f}" in text
+    k = figures["k_edge"]
+    assert f"rank {k['rank']:,} of {figures['n_edges_total']:,}" in text
+    assert f"EAP-IG score {k['score']:.2f} against an\nexact effect {k['exact_effect']:.2f}" in text
+    assert f"`m(M)` {figures['m_full']:.2f}, `m(∅)` {figures['m_empty']:.2f}" in text
+    secs = figures["seconds"]
+    assert f"took {secs['scores']:.0f} s for the scores and {secs['faithfulness']:.0f} s" in text
+    best = max(figures["faithfulness"][:-1], key=lambda r: r["faithfulness"])
+    assert f"the best is\n{best['faithfulness']:.3f} at {best['budget']:g}" in text and best["faithfulness"] < 0.8
+    first = {h: min(b) for h, b in figures["heads_in_circuit"].items()}
+    assert first == {"L16H0": 0.001, "L18H6": 0.001, "L23H2": 0.001, "L23H7": 0.002, "L29H1": 0.002}
+    assert all(b == sorted(b) and b[-1] == 1.0 for b in figures["heads_in_circuit"].values())
