@@ -64,8 +64,8 @@ def receiver_gradients(net, ids, metric, answer, wrong, embed=None) -> torch.Ten
     independent rows: each item's own gradient), optionally with replaced input ``embed``."""
     with torch.enable_grad():
         logits, _, probes = graph_forward(net, ids, embed=embed, grad_probes=True)
-        (grad,) = torch.autograd.grad(metric(logits, answer, wrong).sum(), [probes])
-    return grad.detach()
+        grads = torch.autograd.grad(metric(logits, answer, wrong).sum(), probes)
+    return torch.cat(grads).detach()
 
 
 def _batch_scores(net, clean, corrupted, answer, wrong, metric, cfg: EdgeConfig) -> torch.Tensor:

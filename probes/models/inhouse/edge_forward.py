@@ -195,8 +195,9 @@ def graph_forward(
     embeddings (EAP-IG's interpolation); ``corrupted [sender, batch, pos, d_model]`` with ``keep
     [sender, receiver]`` (1 = this run's value, 0 = corrupted; fractions interpolate) patches
     edges. Returns ``(logits, outs, probes)``: the last position's ``logits [batch, vocab]`` (what
-    the patching metrics read), ``outs [sender, batch, pos, d_model]`` and ``probes [receiver,
-    batch, pos, d_model]`` or None; with ``grad_probes`` the probes are zero
+    the patching metrics read), ``outs [sender, batch, pos, d_model]`` and ``probes``: a list of
+    ``[receivers, batch, pos, d_model]`` tensors, one per group of receivers in receiver order
+    (concatenated, one per receiver), or None; with ``grad_probes`` the probes are zero
     leaves that require grad, added to each receiver's input.
     """
     cfg = net.cfg
@@ -208,9 +209,14 @@ def graph_forward(
     x0, positions = net.embed_tokens(ids)
     if embed is not None:
         x0 = embed
-    probes = None
-    if grad_probes:
-        probes = torch.zeros(lay.n_receivers, *x0.shape, dtype=x0.dtype, device=x0.device, requires_grad=True)
+    probes: list[torch.Tensor] | None = [] if grad_probes else None
+
+    def probe(n: int) -> torch.Tensor | None:  # a leaf of its own per group: its gradient is its size alone
+        if probes is None:
+            return None
+        probes.append(torch.zeros(n, *x0.shape, dtype=x0.dtype, device=x0.device, requires_grad=True))
+        return probes[-1]
+
     outs, resid = [x0], x0
     for layer, block in enumerate(net.blocks):
         mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
@@ -219,23 +225,19 @@ def graph_forward(
             rope = rope_cos_sin(positions, cfg.d_head, block.rope_theta, block.rope_scaling)
         s, e = lay.receivers_of(layer)
         att = slice(s, e - 1)
-        x = _receiver_inputs(resid, outs, len(outs), att, keep, corrupted, None if probes is None else probes[att])
+        x = _receiver_inputs(resid, outs, len(outs), att, keep, corrupted, probe(e - 1 - s))
         n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
         heads = _attention_senders(block, x[:n_h], x[n_h : n_h + n_kv], x[n_h + n_kv :], mask, rope, cfg)
         outs.extend(heads.unbind(0))
         resid = resid + heads.sum(0)
         if block.attn.o_proj.bias is not None:
             resid = resid + block.attn.o_proj.bias
-        mlp_in = _receiver_inputs(
-            resid, outs, len(outs), slice(e - 1, e), keep, corrupted, None if probes is None else probes[e - 1 : e]
-        )[0]
+        mlp_in = _receiver_inputs(resid, outs, len(outs), slice(e - 1, e), keep, corrupted, probe(1))[0]
         mlp_out = block.mlp(block.ln2(mlp_in))
         outs.append(mlp_out)
         resid = resid + mlp_out
     r = lay.logits_receiver
-    final = _receiver_inputs(
-        resid, outs, len(outs), slice(r, r + 1), keep, corrupted, None if probes is None else probes[r : r + 1]
-    )[0]
+    final = _receiver_inputs(resid, outs, len(outs), slice(r, r + 1), keep, corrupted, probe(1))[0]
     logits = soft_capped(net.unembed(net.ln_final(final[:, -1])), cfg.final_softcap)
     return logits, torch.stack(outs), probes
 

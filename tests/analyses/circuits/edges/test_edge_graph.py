@@ -77,7 +77,7 @@ def test_each_receivers_gradient_is_the_first_order_change(gqa):
     lay = EdgeLayout(n_layers=2, n_heads=4, n_kv_heads=2)
     with torch.enable_grad():
         logits, outs, probes = graph_forward(net, ids, grad_probes=True)
-        (grad,) = torch.autograd.grad(logits[0, 7], [probes])
+        grad = torch.cat(torch.autograd.grad(logits[0, 7], probes))  # [receiver, batch, pos, d_model]
     step = 1e-2
     for r in (lay.q_receiver(1, 0), lay.k_receiver(1, 1), lay.v_receiver(1, 1), lay.mlp_receiver(0)):
         keep = torch.ones(lay.n_senders, lay.n_receivers, dtype=torch.float64)
