@@ -144,18 +144,21 @@ def check_graph_model(model) -> Transformer:
     return net
 
 
-def _receiver_inputs(resid, outs, n_up, rs, keep, corrupted, probe):
+def _receiver_inputs(resid, diffs, n_up, rs, keep, probe):
     """Inputs of receivers ``rs`` (a slice) ``[receiver, batch, pos, d_model]``: ``resid`` (the sum
-    of this run's first ``n_up`` senders and biases) for each, minus the corrupted edges' differences."""
+    of this run's first ``n_up`` senders and biases) for each, minus ``(1 - keep)`` times each
+    sender's ``this run - corrupted`` difference (``diffs``: a list, or a buffer filled so far)."""
     n_r = rs.stop - rs.start
     x = resid.unsqueeze(0).expand(n_r, *resid.shape)
-    if corrupted is not None:
+    if keep is not None:
         drop = 1.0 - keep[:n_up, rs].to(resid.dtype)  # [sender, receiver]
         used = drop.abs().sum(1) > 0
-        if bool(used.any()):
-            idx = used.nonzero()[:, 0]
-            diff = torch.stack([outs[i] for i in idx.tolist()]) - corrupted[idx]  # [sender, batch, pos, d_model]
-            x = x - torch.einsum("sr,sbpd->rbpd", drop[used], diff)
+        if bool(used.all()) and torch.is_tensor(diffs):  # a dense drop: one product over the buffer
+            x = x - torch.einsum("sr,sbpd->rbpd", drop, diffs[:n_up])
+        elif bool(used.any()):
+            idx = used.nonzero()[:, 0].tolist()
+            diff = diffs[idx] if torch.is_tensor(diffs) else torch.stack([diffs[i] for i in idx])
+            x = x - torch.einsum("sr,sbpd->rbpd", drop[used], diff)  # [sender, batch, pos, d_model]
     return x if probe is None else x + probe
 
 
@@ -178,6 +181,28 @@ def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg):
     z = torch.matmul(pattern, repeat_kv(v, attn.kv_index))  # [batch, head, pos, d_head]
     w_o = attn.o_proj.weight.view(-1, n_h, dh)  # [d_model, head, d_head]
     return torch.einsum("bhpe,dhe->hbpd", z, w_o)
+
+
+class _Diffs:
+    """Each sender's ``this run - corrupted`` output, computed once when the sender is: in a buffer
+    ``[sender, batch, pos, d_model]`` without autograd (one product per receiver group reads
+    it), in a list under autograd (no in-place writes into what a backward needs)."""
+
+    def __init__(self, corrupted: torch.Tensor | None):
+        self.corrupted = corrupted
+        self.buffered = corrupted is not None and not torch.is_grad_enabled()
+        self.now = torch.empty_like(corrupted) if self.buffered else []
+
+    def add(self, outs: list[torch.Tensor], n: int) -> None:
+        """Record the last ``n`` senders of ``outs``."""
+        if self.corrupted is None:
+            return
+        start = len(outs) - n
+        new = torch.stack(outs[start:]) - self.corrupted[start : len(outs)]
+        if self.buffered:
+            self.now[start : len(outs)] = new
+        else:
+            self.now.extend(new.unbind(0))
 
 
 def graph_forward(
@@ -218,26 +243,28 @@ def graph_forward(
         return probes[-1]
 
     outs, resid = [x0], x0
+    diffs = _Diffs(corrupted)
+    diffs.add(outs, 1)
     for layer, block in enumerate(net.blocks):
         mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
         rope = None
         if cfg.positional == "rope":
             rope = rope_cos_sin(positions, cfg.d_head, block.rope_theta, block.rope_scaling)
         s, e = lay.receivers_of(layer)
-        att = slice(s, e - 1)
-        x = _receiver_inputs(resid, outs, len(outs), att, keep, corrupted, probe(e - 1 - s))
+        x = _receiver_inputs(resid, diffs.now, len(outs), slice(s, e - 1), keep, probe(e - 1 - s))
         n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
         heads = _attention_senders(block, x[:n_h], x[n_h : n_h + n_kv], x[n_h + n_kv :], mask, rope, cfg)
         outs.extend(heads.unbind(0))
+        diffs.add(outs, n_h)
         resid = resid + heads.sum(0)
         if block.attn.o_proj.bias is not None:
             resid = resid + block.attn.o_proj.bias
-        mlp_in = _receiver_inputs(resid, outs, len(outs), slice(e - 1, e), keep, corrupted, probe(1))[0]
-        mlp_out = block.mlp(block.ln2(mlp_in))
-        outs.append(mlp_out)
-        resid = resid + mlp_out
+        mlp_in = _receiver_inputs(resid, diffs.now, len(outs), slice(e - 1, e), keep, probe(1))[0]
+        outs.append(block.mlp(block.ln2(mlp_in)))
+        diffs.add(outs, 1)
+        resid = resid + outs[-1]
     r = lay.logits_receiver
-    final = _receiver_inputs(resid, outs, len(outs), slice(r, r + 1), keep, corrupted, probe(1))[0]
+    final = _receiver_inputs(resid, diffs.now, len(outs), slice(r, r + 1), keep, probe(1))[0]
     logits = soft_capped(net.unembed(net.ln_final(final[:, -1])), cfg.final_softcap)
     return logits, torch.stack(outs), probes
 
