@@ -118,7 +118,7 @@ class EdgeLayout:
 def check_graph_model(model) -> Transformer:
     """The in-house network of ``model`` when its forward decomposes into senders and receivers;
     :class:`ModelIncompatibleError` otherwise (another backend, post-norm or sandwich-norm, an
-    encoder, pruned heads, gates set)."""
+    encoder, pruned heads, gates or KV-cache windows set)."""
     net = getattr(model, "module", None)
     if getattr(model, "backend", None) != "inhouse" or not isinstance(net, Transformer):
         raise ModelIncompatibleError(
@@ -137,6 +137,8 @@ def check_graph_model(model) -> Transformer:
         if cfg.heads_kept is not None
         else "its head gates are set"
         if any(not bool((b.attn.gate == 1).all()) for b in net.blocks)
+        else "a KV-cache window is set"
+        if any(b.attn.kv_window for b in net.blocks)
         else None
     )
     if why:

@@ -119,6 +119,15 @@ def test_budgets_and_top_edges():
     assert top.sum() == 1 and top[g.edge_index("L0H1", "logits", "logits")]
 
 
-def test_refuses_a_post_norm_encoder():
+def test_refuses_what_the_graph_forward_would_not_reproduce(gqa):
     with pytest.raises(ModelIncompatibleError, match="pre-norm decoder.*encoder"):
         check_graph_model(_tiny("bert"))
+    with gqa.module.kv_windows_set({(1, 0): (1, 2)}):
+        with pytest.raises(ModelIncompatibleError, match="KV-cache window"):
+            check_graph_model(gqa)
+    mask = torch.ones(2, 4)
+    mask[1, 2] = 0.0
+    with gqa.module.gates_set(mask):
+        with pytest.raises(ModelIncompatibleError, match="gates"):
+            check_graph_model(gqa)
+    assert check_graph_model(gqa) is gqa.module  # both undone on exit
