@@ -43,7 +43,12 @@ def register(sub) -> None:
     add_dtype(p)
     add_device(p)
     p.add_argument("--task", default="induction", help=f"shipped task ({', '.join(TASKS)}) or a JSONL file")
-    p.add_argument("--method", choices=list(METHODS), default="eap-ig", help="edge scores (default eap-ig, inputs)")
+    p.add_argument(
+        "--method",
+        choices=list(METHODS),
+        default="eap-ig",
+        help="edge scores (default eap-ig: the inputs variant; eap-ig-activations: MIB's activations variant)",
+    )
     p.add_argument(
         "--budgets",
         nargs="+",
@@ -112,7 +117,7 @@ def circuit_study(model, task, *, method: str, steps: int, budgets, seeds: int, 
     top = [f"{r.sender}->{r.receiver}.{r.via}" for r in edges.head(10).itertuples()]
     summary = {
         "method": method,
-        "steps": steps if method == "eap-ig" else None,
+        "steps": None if method == "eap" else steps,
         "task": task.summary(),
         **summary,
         "top_edges": top,

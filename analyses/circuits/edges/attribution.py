@@ -9,8 +9,11 @@ For an edge ``s -> r`` (sender ``s``, receiver input ``r``; :mod:`.graph`) and o
   runs whose input embeddings are ``e(corrupted) + α (e(clean) - e(corrupted))`` with ``α = k /
   steps`` for ``k = 0 … steps - 1`` (exactly the reference repository's ``get_scores_eap_ig``,
   github.com/hannamw/EAP-IG at commit 795f5607b256; its default is 30 steps, ours
-  :data:`DEFAULT_STEPS`). MIB calls this variant "EAP-IG-inputs"; the activations variant
-  (interpolating each node's output) is not implemented here.
+  :data:`DEFAULT_STEPS`). MIB calls this variant "EAP-IG-inputs";
+* **EAP-IG-activations** (``"eap-ig-activations"``, MIB's name): the gradient averaged over runs in
+  which one node of the reference's list (the input, a layer's attention as a whole, an MLP) has its
+  output interpolated, ``α = k / steps`` for ``k = 1 … steps``, as ``get_scores_ig_activations``
+  does: ``(2 · layers + 1) · steps`` forward and backward passes.
 
 Scores are means over items (the reference sums over items and divides by their number).
 Sign: negative when corrupting the edge lowers the task's metric (the metric is higher on the
@@ -30,7 +33,7 @@ from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.tasks import check_decoder, metric_fn
 from headscope.probes.models.inhouse.edge_forward import EdgeLayout, check_graph_model, graph_forward
 
-METHODS = ("eap", "eap-ig")
+METHODS = ("eap", "eap-ig", "eap-ig-activations")
 #: EAP-IG's default number of interpolation steps (the reference repository uses 30; MIB's runs 5 to 30)
 DEFAULT_STEPS = 5
 
@@ -59,11 +62,12 @@ def model_graph(model) -> EdgeGraph:
     return EdgeGraph.of(EdgeLayout(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads))
 
 
-def receiver_gradients(net, ids, metric, answer, wrong, embed=None) -> torch.Tensor:
+def receiver_gradients(net, ids, metric, answer, wrong, embed=None, **patch) -> torch.Tensor:
     """``∂(Σ_items m)/∂x_r`` for every receiver ``[receiver, batch, pos, d_model]`` (items are
-    independent rows: each item's own gradient), optionally with replaced input ``embed``."""
+    independent rows: each item's own gradient), optionally with replaced input ``embed`` or
+    patched edges (``corrupted=``, ``keep=`` of :func:`graph_forward`)."""
     with torch.enable_grad():
-        logits, _, probes = graph_forward(net, ids, embed=embed, grad_probes=True)
+        logits, _, probes = graph_forward(net, ids, embed=embed, grad_probes=True, **patch)
         grads = torch.autograd.grad(metric(logits, answer, wrong).sum(), probes)
     return torch.cat(grads).detach()
 
@@ -76,14 +80,39 @@ def _batch_scores(net, clean, corrupted, answer, wrong, metric, cfg: EdgeConfig)
     diff = outs_x - outs_c  # [sender, batch, pos, d_model]
     if cfg.method == "eap":
         grad = receiver_gradients(net, clean, metric, answer, wrong)
-    else:
+    elif cfg.method == "eap-ig":
         grad = torch.zeros(0)
         e_c, e_x = outs_c[0], outs_x[0]
         for k in range(cfg.steps):
             g = receiver_gradients(net, clean, metric, answer, wrong, embed=e_x + (k / cfg.steps) * (e_c - e_x))
             grad = g if k == 0 else grad + g
         grad = grad / cfg.steps
+    else:
+        grad = _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, cfg.steps)
     return torch.einsum("sbpd,rbpd->sr", diff.float(), grad.float())
+
+
+def _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, steps: int) -> torch.Tensor:
+    """EAP-IG-activations' mean gradient: for each node of the reference (the input, each layer's
+    attention as a whole, each MLP) and ``α = k / steps``, ``k = 1 … steps``, every receiver reads
+    that node's output as the constant ``α·clean + (1 - α)·corrupted`` (no gradient through the
+    node, as the reference's hook replaces it), the rest of the run clean; the gradients of all
+    those runs averaged (the reference's ``get_scores_ig_activations``)."""
+    cfg = net.cfg
+    lay = EdgeLayout(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
+    nodes = [[0]]
+    for l in range(lay.n_layers):
+        nodes += [[lay.head_sender(l, h) for h in range(lay.n_heads)], [lay.mlp_sender(l)]]
+    grad, n = torch.zeros(0), 0
+    for senders in nodes:
+        keep = torch.ones(lay.n_senders, lay.n_receivers, dtype=outs_x.dtype, device=outs_x.device)
+        keep[senders] = 0.0  # every receiver reads the node's value from ``fixed``
+        for k in range(1, steps + 1):
+            fixed = outs_x.clone()
+            fixed[senders] = (k / steps) * outs_c[senders] + (1 - k / steps) * outs_x[senders]
+            g = receiver_gradients(net, clean, metric, answer, wrong, corrupted=fixed, keep=keep)
+            grad, n = (g if n == 0 else grad + g), n + 1
+    return grad / n
 
 
 def edge_scores(model, task: Task, cfg: EdgeConfig = EdgeConfig()) -> tuple[EdgeGraph, torch.Tensor]:

@@ -69,3 +69,17 @@ def test_bad_configs_and_models_are_refused(small):
 
     with pytest.raises(ModelIncompatibleError, match="in-house backend"):
         edge_scores(Other(), task)
+
+
+def test_one_step_of_eap_ig_activations_freezes_one_node_at_its_clean_value_per_run(small):
+    """With one step every run is the clean run with one node's output held constant (the input,
+    a layer's attention, an MLP: 2 · 2 + 1 = 5 runs), so the logits' gradient is EAP's in each,
+    and the last MLP's input loses its only path in exactly one run: 4/5 of EAP's."""
+    model, task = small
+    graph, eap = edge_scores(model, task, EdgeConfig(method="eap"))
+    _, act = edge_scores(model, task, EdgeConfig(method="eap-ig-activations", steps=1))
+    lay = graph.layout
+    logits, mlp1 = lay.logits_receiver, lay.mlp_receiver(1)
+    torch.testing.assert_close(act[:, logits], eap[:, logits], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(act[:, mlp1], eap[:, mlp1] * 4 / 5, rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(act, eap, atol=1e-6)

@@ -118,3 +118,8 @@ def test_eap_misses_the_saturated_key_edge_that_eap_ig_recovers(scored):
     assert abs(float(ig[k_edge])) > 0.01 * float(ig.abs().max())
     for e in PLANTED:
         assert torch.sign(ig[graph.edge_index(*e)]) == torch.sign(exact[graph.edge_index(*e)])
+
+
+def test_eap_ig_activations_also_ranks_the_planted_edges_first(planted, induction):
+    graph, act = edge_scores(planted, induction, EdgeConfig(method="eap-ig-activations", steps=5))
+    assert _top(graph, act, len(PLANTED)) == set(PLANTED)
