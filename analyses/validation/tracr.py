@@ -16,7 +16,8 @@ runs headscope's own analyses, unchanged and untuned:
 
 The per-head table (:data:`HEAD_COLUMNS`) joins the truth (role, used) with the verdicts and the
 effects; :func:`role_scores` pools precision and recall per verdict role, :func:`auroc_scores`
-ranks the heads of each program with >= 2 used heads by ``|effect|`` for used vs not used.
+ranks the heads of each program with >= 2 used heads by ``|effect|`` for used vs not used
+(the distractors; empty slots left out).
 """
 
 from __future__ import annotations
@@ -234,11 +235,12 @@ def auroc(scores: list[float], labels: list[bool]) -> float:
 
 def auroc_scores(table: pd.DataFrame) -> pd.DataFrame:
     """Per program with >= 2 used heads and per method: ``program``, ``method``, ``auroc``,
-    ``n_used``, ``n_unused`` (``|effect|`` ranks used vs not-used heads, distractors and empty
-    slots among the latter)."""
+    ``n_used``, ``n_unused`` (``|effect|`` ranks used heads against the not-used ones that have
+    weights, the distractors; tracr's empty slots, all zeros, have no effect for any method to
+    find and would only raise the figure, so they are left out)."""
     rows = []
     methods = [c.removeprefix("effect:") for c in table.columns if c.startswith("effect:")]
-    for program, t in table.groupby("program", sort=False):
+    for program, t in table[table["kind"] != "empty"].groupby("program", sort=False):
         used = t["used"].astype(bool).tolist()
         if sum(used) < 2:
             continue
