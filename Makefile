@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate circuits lint gpu-check gpu-wheels
+.PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate circuits eap-reference lint gpu-check gpu-wheels
 
 bootstrap:
 	@python3 .ci/bootstrap.py
@@ -96,6 +96,12 @@ weights-families: bootstrap
 # (tests/analyses/circuits/edges/test_circuits_figures.py)
 circuits: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures
+
+# The EAP-IG reference implementation's EAP and EAP-IG edge scores (github.com/hannamw/EAP-IG at 795f5607, vendored,
+# on transformer-lens's bridge) for a random 2-layer GPT-2 (~20 s) into data/figures/eap_reference.json
+# (tests/analyses/circuits/edges/test_eap_reference.py checks headscope's scores against them)
+eap-reference: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.eap_reference
 
 # On a machine with one CUDA GPU (no install needed there; see .ci/gpu-check): the gpu tests and the
 # GPU bench on a model with Llama-3.1-8B's shapes. GPU_CHECK_FLAGS=--dry-run runs it on the CPU.
