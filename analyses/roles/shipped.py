@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from headscope.analyses.roles import (
     clustering,
+    copy_suppression,
     coreference,
     induction,
     pattern_stats,
@@ -36,6 +37,7 @@ MODULES = (
     clustering,
     induction,
     successor,
+    copy_suppression,
     syntactic,
     coreference,
 )

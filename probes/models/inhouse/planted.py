@@ -237,6 +237,36 @@ def writing_successor(model: InHouseModel, words, *, head: tuple[int, int] = (1,
     return model
 
 
+def writing_copy_suppression(model: InHouseModel, *, head: tuple[int, int] = (1, 2), strength: float = 4.0):
+    """Make ``head`` (default the punctuation head (1, 2); a layer-1 head) a copy-suppression head
+    (McDougall et al. 2023), in place: its query matches keys whose previous token (written by the
+    previous-token head (0, 0)) is the query's own token, so after ``A B … A`` it attends the
+    earlier ``B``, the token the context predicts next; V reads the token block and O writes
+    ``-strength`` × that token into the token block, which the tied unembedding reads: it lowers
+    the predicted token's logit. Returns ``model``.
+
+    >>> m = writing_copy_suppression(planted_model())
+    >>> ids = [VOCAB.index(w) for w in ["[BOS]", "cat", "dog", "bird", "cat"]]
+    >>> logits = m.module(torch.tensor([ids]))
+    >>> VOCAB[int(logits[0, -1].argmin())]
+    'dog'
+    """
+    v, _, prev = _layout()
+    layer, h = head
+    if layer != 1:
+        raise ValueError(f"the copy-suppression head reads the previous-token head's output: layer 1; got {head}")
+    attn = model.module.blocks[layer].attn
+    s = slice(h * D_HEAD, (h + 1) * D_HEAD)
+    with torch.no_grad():
+        for w in (attn.q_proj.weight[s], attn.k_proj.weight[s], attn.v_proj.weight[s], attn.o_proj.weight[:, s]):
+            w.zero_()
+        attn.q_proj.weight[s][:v, :v] = SHARP * torch.eye(v)
+        attn.k_proj.weight[s][:v, prev : prev + v] = torch.eye(v)
+        attn.v_proj.weight[s][:v, :v] = torch.eye(v)
+        attn.o_proj.weight[:, s][:v, :v] = -strength * torch.eye(v)
+    return model
+
+
 def planted_sentences(n: int, *, seed: int = 0) -> list[str]:
     """``n`` sentences over the planted vocabulary (seeded), e.g. ``"the big cat saw a dog ,
     this bird sat on the table ."``: one or two clauses ``det [adj] noun verb [on] det

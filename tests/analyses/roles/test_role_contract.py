@@ -38,6 +38,7 @@ from headscope.probes.models.inhouse.planted import (
     WORD_CLASSES,
     planted_model,
     planted_sentences,
+    writing_copy_suppression,
     writing_successor,
 )
 
@@ -59,6 +60,12 @@ def bidi():
 def successor():
     """The causal planted model with (1, 2) made a successor head over the nouns in order."""
     return writing_successor(planted_model(causal=True), WORD_CLASSES["noun"])
+
+
+@pytest.fixture(scope="module")
+def copy_suppression():
+    """The causal planted model with (1, 2) made a copy-suppression head."""
+    return writing_copy_suppression(planted_model(causal=True))
 
 
 #: options a group needs on the planted vocabulary (successor: an ordinal chain of its words)
@@ -164,6 +171,7 @@ PLANTED = {
     "syntactic": lambda: Case("causal", planted_trees(60), {(0, 2, "syntactic", "det", "head->dep")}),
     "coreference": lambda: Case("causal", planted_coref(40), {(0, 2, "coreference")}),
     "successor": lambda: Case("successor", None, {(1, 2, "successor")}, PLANTED_OPTIONS["successor"]),
+    "copy-suppression": lambda: Case("copy_suppression", None, {(1, 2, "copy-suppression")}),
 }
 
 
@@ -173,10 +181,10 @@ def _verdicts(frame: pd.DataFrame) -> set:
 
 
 @pytest.fixture(scope="module")
-def planted_outputs(causal, bidi, successor):
+def planted_outputs(causal, bidi, successor, copy_suppression):
     """``{group: (case, RoleOutput)}``, each group run once on its planted case."""
     cache = {}
-    models = {"causal": causal, "bidi": bidi, "successor": successor}
+    models = {"causal": causal, "bidi": bidi, "successor": successor, "copy_suppression": copy_suppression}
 
     def get(group):
         if group not in cache:
