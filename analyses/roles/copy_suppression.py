@@ -68,7 +68,8 @@ OV_TOKENS = 256
 #: at most this many sequences (fewer where ``cfg.induction_n_sequences`` says so): the forward,
 #: which computes the unembedding, dominates the cost (SmolLM2: ~0.3 s per sequence on one core)
 MAX_SEQUENCES = 32
-#: how :attr:`ModelWeights.folding` starts where the norms' scales are folded (the in-house stack)
+#: how :attr:`~headscope.probes.models.inhouse.head_weights.ModelWeights.folding` starts where
+#: the norms' scales are folded (the in-house stack)
 FOLDED = "input-norm scales folded"
 #: the per-item statistics, besides the score
 ITEM_METRICS = ("attention_to_predicted", "direct_logit")
