@@ -316,14 +316,15 @@ def padded(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
 
 def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     """Run ``ctx.model`` over ``ctx.items`` (:func:`probe_items`), ``cfg.batch_size`` at a
-    time in order, into ``reducers``; ``progress(done, total)`` counts batches."""
+    time in order, into ``reducers``; ``progress(done, total)`` counts items (sequences), as
+    the text corpora's capture does."""
     ids, special, lengths = padded(ctx.items, pad_id(ctx.model.tokenizer))
     n = ids.shape[0]
     starts = list(range(0, n, ctx.cfg.batch_size))
     report = StreamReport(n_items=n, n_used=n, n_batches=len(starts), real_tokens=sum(lengths))
     chunk = ctx.cfg.query_chunk
     report.patterns = pattern_line(ctx.model, reducers, chunk, chunk_plan(ctx.model, reducers, ("pattern",), chunk)[1])
-    for bi, s in enumerate(starts):
+    for s in starts:
         e = min(s + ctx.cfg.batch_size, n)
         width = max(lengths[s:e])
         cap = capture_ids(
@@ -338,7 +339,7 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
         feed_capture(cap, reducers)
         report.padded_tokens += width * (e - s) - sum(lengths[s:e])
         if progress is not None:
-            progress(bi + 1, len(starts))
+            progress(e, n)
     return report
 
 

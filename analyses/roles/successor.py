@@ -237,12 +237,12 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     starts = list(range(0, len(items), size))
     report = StreamReport(n_items=len(items), n_used=len(items), n_batches=len(starts))
     report.real_tokens = sum(len(it.ids) for it in items)
-    for bi, s in enumerate(starts):
+    for s in starts:
         e = min(s + size, len(items))
         feed_capture(_capture(ctx.model, items[s:e], range(s, e)), reducers)
         report.padded_tokens += max(len(it.ids) for it in items[s:e]) * (e - s) - sum(len(it.ids) for it in items[s:e])
         if progress is not None:
-            progress(bi + 1, len(starts))
+            progress(e, len(items))
     return report
 
 

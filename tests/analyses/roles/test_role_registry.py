@@ -279,3 +279,20 @@ def test_verdict_overlap_counts_shared_heads():
     with pytest.raises(ValueError, match="'d' is not in the frame"):
         verdict_overlap(frame, ["a", "d"])
     assert verdict_overlap(frame.iloc[:0], []).empty
+
+
+def test_every_group_counts_its_progress_in_items_as_the_time_estimate_reads_it(smollm):
+    """The report's time estimate divides the first call's seconds by ``done`` and multiplies by the
+    run's items (:func:`~headscope.reports.stages.plans.roles_items`): a group counting batches
+    instead made a 15 s run say "~7 min". Every generated group counts sequences, up to its total."""
+    from headscope.reports.stages.plans import roles_items
+
+    cfg = RolesConfig(n_boot=10, n_perm=10, induction_n_sequences=5, batch_size=2)
+    groups = [g for g in SHIPPED if REGISTRY[g].generated is not None]
+    assert {"induction", "successor", "copy-suppression"} <= set(groups)
+    calls: list[tuple[str, int, int]] = []
+    head_roles(smollm, roles=groups, cfg=cfg, progress=lambda stage, done, total: calls.append((stage, done, total)))
+    for stage in {s for s, _, _ in calls}:
+        seen = [(d, t) for s, d, t in calls if s == stage]
+        assert seen[0][0] <= 2 and seen[-1][0] == seen[-1][1], (stage, seen)  # the first batch's items ... all
+    assert sum(t for s, d, t in calls if (d, t) == (t, t)) == roles_items(groups, {}, cfg)
