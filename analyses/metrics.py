@@ -23,6 +23,8 @@ name                     analysis  better     reads              per item
                                                                  to every distractor
 ``logprob``              patching  higher     ``logits_last``    ``log p(answer)`` at the last position
 ``logit_diff``           patching  higher     ``logits_last``    ``logit(answer) - logit(wrong)`` at the last position
+``greater_than``         patching  higher     ``logits_last``    ``P(YY' > YY) - P(YY' <= YY)`` over two-digit tokens
+``greater_than_tens``    patching  higher     ``logits_last``    ``P(tens > Y) - P(tens < Y)`` over digit tokens
 ``embedding_cosine``     patching  higher     ``embedding``      cosine of the sentence embedding (pooling, Dense)
                                                                  to the clean run's
 =======================  ========  =========  =================  ===============================================
@@ -38,7 +40,7 @@ Pruning builds the stateful scorer of a metric (its data, batches and loss) by n
 (and its CLI choices) iterates; :func:`get_metric` raises listing the valid names.
 
 >>> [m.name for m in metrics_for("patching").values()]
-['logprob', 'logit_diff', 'embedding_cosine']
+['logprob', 'logit_diff', 'greater_than', 'greater_than_tens', 'embedding_cosine']
 >>> get_metric("lm_loss").higher_is_better, get_metric("lm_loss").reads
 (False, 'logits')
 """
@@ -80,6 +82,8 @@ Embeddings = Float[Tensor, "*replica item d_model"]
 ScoredLogits = Float[Tensor, "n_scored vocab"]
 #: one token id per row (an answer, a wrong token)
 RowIds = Shaped[Tensor, "batch"]
+#: a row's candidate token ids in numeric order (greater-than: "00" … "99" or "0" … "9")
+Candidates = Shaped[Tensor, "batch n_cand"]
 #: one weight per item
 ItemWeights = Float[Tensor, "item"]
 #: a candidate's summed log-probability per item (``-inf`` where an item has fewer)
@@ -274,6 +278,55 @@ def embedding_cosine_metric(pooled: Pooled, reference: Pooled, wrong: RowIds | N
     return torch.nn.functional.cosine_similarity(pooled.float(), reference.to(pooled.device).float(), dim=-1)
 
 
+def _ordered_probs(
+    logits: LastLogits, answer: RowIds, candidates: Candidates | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p of each candidate [batch, n_cand] (float32), index of ``answer`` among its row's
+    candidates [batch])``; ``ValueError`` without candidates or when an answer is not among them."""
+    if candidates is None or candidates.dim() != 2:
+        raise ValueError(
+            "a greater-than metric needs the candidate ids [batch, n_cand] in numeric order as its third "
+            f"argument; got {None if candidates is None else tuple(candidates.shape)}"
+        )
+    lf = logits.float()
+    cand, answer = candidates.to(lf.device), answer.to(lf.device)
+    hit = cand == answer[:, None]
+    if not bool(hit.any(-1).all()):
+        raise ValueError("every answer of a greater-than metric must be one of its row's candidates")
+    return torch.softmax(lf, dim=-1).gather(-1, cand), hit.float().argmax(-1)
+
+
+def greater_than_metric(logits: LastLogits, answer: RowIds, candidates: Candidates | None = None) -> PerRow:
+    """Hanna et al. (2023)'s probability difference on a tokenizer with two-digit tokens:
+    ``sum p(yy) for yy > YY - sum p(yy) for yy <= YY`` over the 100 candidates ``candidates
+    [batch, 100]`` (the ids of ``"00"`` … ``"99"`` in numeric order), ``answer [batch]`` the id
+    of the clean year's own ``YY`` (the threshold) -> ``[batch]`` (float32).
+
+    >>> c = torch.tensor([[0, 1, 2]])                   # a 3-candidate toy: numbers 0, 1, 2
+    >>> round(greater_than_metric(torch.log(torch.tensor([[0.2, 0.3, 0.5]])), torch.tensor([1]), c).item(), 4)
+    0.0
+    """
+    p, idx = _ordered_probs(logits, answer, candidates)
+    k = torch.arange(p.shape[-1], device=p.device)[None, :]
+    return (p * (k > idx[:, None])).sum(-1) - (p * (k <= idx[:, None])).sum(-1)
+
+
+def greater_than_tens_metric(logits: LastLogits, answer: RowIds, candidates: Candidates | None = None) -> PerRow:
+    """Greater-than on a tokenizer that splits digits (no two-digit tokens): at the first digit
+    of the answer, ``P(tens digit > Y) - P(tens digit < Y)``, ``Y`` the tens digit of the
+    clean ``YY``; ``candidates [batch, 10]`` the ids of ``"0"`` … ``"9"``, ``answer [batch]``
+    the id of ``Y`` -> ``[batch]`` (float32). A tens digit equal to ``Y`` counts on neither
+    side: the ones digit that would decide it is not read.
+
+    >>> c = torch.tensor([[0, 1, 2]])
+    >>> round(greater_than_tens_metric(torch.log(torch.tensor([[0.2, 0.3, 0.5]])), torch.tensor([1]), c).item(), 4)
+    0.3
+    """
+    p, idx = _ordered_probs(logits, answer, candidates)
+    k = torch.arange(p.shape[-1], device=p.device)[None, :]
+    return (p * (k > idx[:, None])).sum(-1) - (p * (k < idx[:, None])).sum(-1)
+
+
 # ----------------------------------------------------------------------------- the registry
 
 #: what a metric reads from the model's output
@@ -393,6 +446,26 @@ _DEFINED = (
         analysis="patching",
     ),
     Metric(
+        name="greater_than",
+        fn=greater_than_metric,
+        definition="P(two-digit answer > YY) - P(two-digit answer <= YY) at the last position (Hanna et al. "
+        "2023; tokenizers with two-digit tokens)",
+        higher_is_better=True,
+        reads="logits_last",
+        model="decoder",
+        analysis="patching",
+    ),
+    Metric(
+        name="greater_than_tens",
+        fn=greater_than_tens_metric,
+        definition="P(tens digit > Y) - P(tens digit < Y) at the last position, Y the tens digit of YY "
+        "(greater-than on tokenizers that split digits)",
+        higher_is_better=True,
+        reads="logits_last",
+        model="decoder",
+        analysis="patching",
+    ),
+    Metric(
         name="embedding_cosine",
         fn=embedding_cosine_metric,
         definition="cosine similarity of the run's sentence embedding (the model's own pooling and Dense layers) "
@@ -436,7 +509,7 @@ def get_metric(name: str, analysis: str | None = None) -> Metric:
     >>> get_metric("bleu")
     Traceback (most recent call last):
     ...
-    ValueError: unknown metric 'bleu'; valid metrics: lm_loss, perplexity, coref_accuracy, cosine_to_unpruned, paraphrase_accuracy, logprob, logit_diff, embedding_cosine
+    ValueError: unknown metric 'bleu'; valid metrics: lm_loss, perplexity, coref_accuracy, cosine_to_unpruned, paraphrase_accuracy, logprob, logit_diff, greater_than, greater_than_tens, embedding_cosine
     """
     valid = METRICS if analysis is None else metrics_for(analysis)
     if name not in valid:

@@ -43,15 +43,22 @@ def counts_text(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {n}" for k, n in counts.items())
 
 
+#: patching metrics that read a third argument per item (:attr:`PairItem.wrong`): ``logit_diff``
+#: the wrong token's id, the greater-than metrics their candidate ids in numeric order
+READS_WRONG = frozenset({"logit_diff", "greater_than", "greater_than_tens"})
+
+
 @dataclass(frozen=True)
 class PairItem:
     """One minimal pair, tokenised: ``clean`` and ``corrupted`` ids of equal length, the
-    ``answer`` id (and ``wrong`` id for ``logit_diff``) read at the last position."""
+    ``answer`` id (and ``wrong`` id for ``logit_diff``) read at the last position. For the
+    greater-than metrics ``answer`` is the id of the clean year's own digits (the threshold)
+    and ``wrong`` the tuple of candidate ids in numeric order (``"00"`` … ``"99"`` or ``"0"`` … ``"9"``)."""
 
     clean: tuple[int, ...]
     corrupted: tuple[int, ...]
     answer: int
-    wrong: int | None = None
+    wrong: int | tuple[int, ...] | None = None
 
     def __post_init__(self):
         if len(self.clean) != len(self.corrupted) or not self.clean:
@@ -74,8 +81,8 @@ class Task:
 
     def __post_init__(self):
         get_metric(self.metric, "patching")  # ValueError listing the patching metrics
-        if self.metric == "logit_diff" and any(it.wrong is None for it in self.items):
-            raise ValueError(f"task {self.name!r}: the logit_diff metric needs a wrong token in every item")
+        if self.metric in READS_WRONG and any(it.wrong is None for it in self.items):
+            raise ValueError(f"task {self.name!r}: the {self.metric} metric needs a wrong token in every item")
 
     @property
     def n_unusable(self) -> int:
@@ -87,7 +94,7 @@ class Task:
 
     def batches(self, batch_size: int):
         """Yield ``(clean [batch, pos], corrupted [batch, pos], answer [batch], wrong [batch] | None,
-        item indices)`` of items of equal length (no padding), at most ``batch_size`` per batch,
+        item indices)`` (``wrong`` is ``[batch, n_cand]`` for the greater-than metrics) of items of equal length (no padding), at most ``batch_size`` per batch,
         in item order within each length."""
         by_len: dict[int, list[int]] = {}
         for i, it in enumerate(self.items):
@@ -100,9 +107,7 @@ class Task:
                 clean = torch.tensor([it.clean for it in its], dtype=torch.long)
                 corrupted = torch.tensor([it.corrupted for it in its], dtype=torch.long)
                 answer = torch.tensor([it.answer for it in its], dtype=torch.long)
-                wrong = (
-                    torch.tensor([it.wrong for it in its], dtype=torch.long) if self.metric == "logit_diff" else None
-                )
+                wrong = torch.tensor([it.wrong for it in its], dtype=torch.long) if self.metric in READS_WRONG else None
                 yield clean, corrupted, answer, wrong, rows
 
     def summary(self) -> dict:

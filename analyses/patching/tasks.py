@@ -24,6 +24,15 @@ Shipped tasks (:data:`TASKS`, built for the model's own tokenizer):
   repeated token, carried by a previous-token head writing ``x`` into the position of ``y`` and the
   head that reads it from the repeated ``x``), at most
   :data:`~headscope.analyses.patching.generated.MAX_GENERATED_ITEMS` items;
+* ``ioi`` (:mod:`~headscope.analyses.patching.ioi`, Wang et al. 2022): ``"When Mary and John
+  went to the store, John gave a drink to"`` -> ``" Mary"``, the project's templates in the
+  ABBA and BABA orders, names, places and objects that are single tokens in the model's
+  tokenizer; corrupted: the ABC corruption (three other names); metric ``logit_diff`` (IO
+  minus S); decoders only;
+* ``greater_than`` (:mod:`~headscope.analyses.patching.greater_than`, Hanna et al. 2023):
+  ``"The war lasted from the year 17YY to the year 17"``, corrupted ``YY = 01``; metric
+  ``greater_than`` (two-digit tokens: ``P(> YY) - P(<= YY)``) or ``greater_than_tens``
+  (tokenizers that split digits, as SmolLM2's: ``P(tens > Y) - P(tens < Y)``); decoders only;
 * ``agreement`` (``data/tasks/agreement.jsonl``, written by
   :func:`~headscope.analyses.patching.sentence_tasks.agreement_rows`):
   ``"The author of the books"`` / ``"The authors of the books"``, answer ``" is"``,
@@ -42,7 +51,7 @@ The names of those modules that callers in other areas (reports, the bench, thei
 from here are re-exported (:data:`__all__`); new code imports them from their modules.
 
 >>> sorted(TASKS)
-['agreement', 'coreference', 'duplicate_token', 'induction']
+['agreement', 'coreference', 'duplicate_token', 'greater_than', 'induction', 'ioi']
 """
 
 from __future__ import annotations
@@ -132,6 +141,18 @@ def _coreference(model, *, n_items=None, seed=0, **_):
     return task
 
 
+def _ioi(model, *, n_items=None, seed=0, **_):
+    from headscope.analyses.patching.ioi import ioi_task
+
+    return ioi_task(model, n_items=n_items or 16, seed=seed)
+
+
+def _greater_than(model, *, n_items=None, seed=0, **_):
+    from headscope.analyses.patching.greater_than import greater_than_task
+
+    return greater_than_task(model, n_items=n_items or 16, seed=seed)
+
+
 def _duplicate_token(model, *, n_items=None, seed=0, seq_len=10, **_):
     _check_fits(model, "duplicate_token", seq_len, per_token=1, extra=1)
     return duplicate_token_task(model.tokenizer, n_items=n_items or 16, seq_len=seq_len, seed=seed)
@@ -143,11 +164,18 @@ TASKS = {
     "agreement": _agreement,
     "coreference": _coreference,
     "duplicate_token": _duplicate_token,
+    "ioi": _ioi,
+    "greater_than": _greater_than,
 }
 
 
 #: tokens of a generated task's longest sequence, from its ``seq_len`` (the memory plan reads it)
-GENERATED_LONGEST = {"induction": lambda seq_len: 2 * seq_len + 2, "duplicate_token": lambda seq_len: seq_len + 3}
+GENERATED_LONGEST = {
+    "induction": lambda seq_len: 2 * seq_len + 2,
+    "duplicate_token": lambda seq_len: seq_len + 3,
+    "ioi": lambda seq_len: 40,  # the longest template with single-token words: ~20 tokens
+    "greater_than": lambda seq_len: 32,  # one token per digit: ~17 tokens
+}
 #: the shipped data file of each file task (under :mod:`headscope.data`)
 TASK_FILES = {"agreement": "tasks/agreement.jsonl", "coreference": "coref/coref.jsonl"}
 
@@ -159,8 +187,12 @@ def task_size(task: str) -> int | None:
     fewer usable (:attr:`Task.unusable`)."""
     from headscope.data import path
 
-    if task in ("induction", "duplicate_token"):
+    if task in ("induction", "duplicate_token", "ioi"):
         return None
+    if task == "greater_than":
+        from headscope.analyses.patching.greater_than import NOUNS, YEARS
+
+        return len(NOUNS) * len(YEARS)
     if task == "agreement":
         return len(read_task_jsonl(path("tasks/agreement.jsonl")))
     if task == "coreference":
