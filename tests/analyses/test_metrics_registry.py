@@ -61,6 +61,26 @@ HAND_CASES = {
     # logits (0, ln 3): p(1) = 3/4
     "logprob": ((torch.tensor([[0.0, LN3]]), torch.tensor([1])), ([math.log(3 / 4)],)),
     "logit_diff": ((torch.tensor([[1.0, 3.0, 0.5]]), torch.tensor([1]), torch.tensor([2])), ([2.5],)),
+    # p = (0.1, 0.2, 0.3, 0.4) over 4 candidates; row 0 in id order, threshold the number 1 (id 1):
+    # above 0.3 + 0.4, at or below 0.1 + 0.2 -> 0.4; row 1 lists the ids reversed (number k is id 3 - k),
+    # threshold id 2 = number 1: above ids 1, 0 (0.3), at or below ids 3, 2 (0.7) -> -0.4
+    "greater_than": (
+        (
+            torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]])),
+            torch.tensor([1, 2]),
+            torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]]),
+        ),
+        ([0.4, -0.4],),
+    ),
+    # the same, strictly below: row 0 above 0.7, below 0.1 -> 0.6; row 1 above 0.3, below 0.4 -> -0.1
+    "greater_than_tens": (
+        (
+            torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.1, 0.2, 0.3, 0.4]])),
+            torch.tensor([1, 2]),
+            torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]]),
+        ),
+        ([0.6, -0.1],),
+    ),
     # pooled (3, 4) against (1, 0): 3/5; (0, 2) against (0, 5): 1
     "embedding_cosine": (
         (torch.tensor([[3.0, 4.0], [0.0, 2.0]]), torch.tensor([[1.0, 0.0], [0.0, 5.0]])),
@@ -127,7 +147,9 @@ def test_metric_functions_leave_their_inputs_alone():
 def test_an_unknown_metric_lists_the_valid_ones():
     with pytest.raises(ValueError, match="unknown metric 'bleu'; valid metrics: lm_loss, perplexity"):
         get_metric("bleu")
-    with pytest.raises(ValueError, match="valid metrics: logprob, logit_diff, embedding_cosine$"):
+    with pytest.raises(
+        ValueError, match="valid metrics: logprob, logit_diff, greater_than, greater_than_tens, embedding_cosine$"
+    ):
         get_metric("lm_loss", "patching")
     with pytest.raises(ValueError, match="analysis must be one of"):
         metrics_for("roles")

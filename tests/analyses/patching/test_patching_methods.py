@@ -177,7 +177,7 @@ def test_every_shipped_task_is_registered_and_documented():
     from headscope.data import path
 
     readme = path("tasks/README.md").read_text()
-    assert set(TASKS) == {"induction", "agreement", "coreference", "duplicate_token"}
+    assert set(TASKS) == {"induction", "agreement", "coreference", "duplicate_token", "ioi", "greater_than"}
     assert all(f"`{name}`" in readme for name in TASKS)
 
 
