@@ -111,3 +111,25 @@ def test_greater_than_sign_on_smollm2(smollm):
     mean -0.71. Asserted: clean mean above 0.2, the corrupted mean below it by at least 0.5."""
     clean, corrupted = _metric_values(smollm, load_task(smollm, "greater_than", n_items=24))
     assert clean.mean() > 0.2 and clean.mean() - corrupted.mean() > 0.5
+
+
+def _two_digit_tokenizer():
+    """A word-level tokenizer that writes ``1732`` as ``17``, ``32`` (as GPT-2's BPE does)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from headscope.analyses.patching.greater_than import NOUNS
+
+    words = ["[UNK]", "The", "lasted", "from", "the", "year", "to", *NOUNS, *(f"{d:02d}" for d in range(100))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(dict.fromkeys(words))}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(r"\d\d"), behavior="isolated")]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+
+
+def test_a_two_digit_tokenizer_gets_the_papers_metric():
+    tok = _two_digit_tokenizer()
+    assert tok.convert_ids_to_tokens(tok("year 1732")["input_ids"]) == ["year", "17", "32"]
+    metric, cands = digit_mode(tok)
+    assert metric == "greater_than" and tok.convert_ids_to_tokens(cands) == [f"{d:02d}" for d in range(100)]
