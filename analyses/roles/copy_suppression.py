@@ -256,7 +256,7 @@ class CopySuppressionReducer(ItemValuesReducer):
             self.layers or (),
         )
 
-    def unembedding(self, tokens) -> torch.Tensor | None:
+    def w_u_columns(self, tokens) -> torch.Tensor | None:
         """``W_U[:, tokens]`` from the columns read (None where a token is not among them)."""
         if self._w_u is None or any(t not in self._col for t in tokens):
             return None
@@ -363,7 +363,7 @@ def finish(reducer: CopySuppressionReducer, report, ctx: RoleContext) -> RoleOut
     if reducer.folding is not None and not reducer.folding.startswith(FOLDED):
         notes.append(f"{ROLE}: the direct logits read W_U without the final norm's scale ({reducer.folding})")
     tokens = list(dict.fromkeys(t for it in ctx.items for t in it.columns))[:OV_TOKENS]
-    ov = ov_negative_copying(ctx.model, tokens, layers, reducer.unembedding(tokens))
+    ov = ov_negative_copying(ctx.model, tokens, layers, reducer.w_u_columns(tokens))
     if isinstance(ov, str):
         notes.append(f"{ROLE}: {ov}")
     else:
