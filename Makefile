@@ -91,11 +91,13 @@ qk: bootstrap
 weights-families: bootstrap
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.hf_weights_families
 
-# SmolLM2-135M's induction circuit by EAP-IG (5 steps, 16 items) at MIB's budgets beside 5 random circuits each
-# (~15-20 min of one core) into data/figures/circuits_smollm2.json; docs/guide/circuits.md quotes it
-# (tests/analyses/circuits/edges/test_circuits_figures.py)
+# SmolLM2-135M's induction (16 items), IOI (16) and greater-than (8) circuits by EAP-IG (5 steps) at MIB's budgets
+# beside 5 random circuits each (~15-20 min of one core for induction, ~4 and ~2 min for the others) into
+# data/figures/circuits_smollm2*.json; docs/guide/circuits.md quotes them (tests/analyses/circuits/edges/test_circuits_figures.py)
 circuits: bootstrap
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures --task induction
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures --task ioi
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures --task greater_than --n-items 8
 
 # The EAP-IG reference implementation's EAP and EAP-IG edge scores (github.com/hannamw/EAP-IG at 795f5607, vendored,
 # on transformer-lens's bridge) for a random 2-layer GPT-2 (~20 s) into data/figures/eap_reference.json

@@ -63,3 +63,21 @@ def test_the_guide_quotes_the_study(figures):
     first = {h: min(b) for h, b in figures["heads_in_circuit"].items()}
     assert first == {"L16H0": 0.001, "L18H6": 0.001, "L23H2": 0.001, "L23H7": 0.002, "L29H1": 0.002}
     assert all(b == sorted(b) and b[-1] == 1.0 for b in figures["heads_in_circuit"].values())
+
+
+@pytest.mark.parametrize("task", ["ioi", "greater_than"])
+def test_the_ioi_and_greater_than_studies_hang_together_and_the_guide_quotes_them(task):
+    """``make circuits``' other two studies (``circuits_smollm2_<task>.json``): MIB's budgets, the
+    whole graph at 1, the corruption costing the metric, and the guide's table and areas."""
+    from headscope.reports.tools.experiments.circuits_figures import figures_name
+
+    fig = json.loads((FIGURES.parent / figures_name(task)).read_text())
+    assert fig["task"]["name"] == task and fig["steps"] == 5 and fig["seeds"] == 5
+    assert "heads_in_circuit" not in fig and "k_edge" not in fig  # induction's own figures
+    rows = fig["faithfulness"]
+    assert [r["budget"] for r in rows] == list(MIB_BUDGETS)
+    assert all(r["n_edges"] == budget_edges(r["budget"], fig["n_edges_total"]) for r in rows)
+    assert rows[-1]["faithfulness"] == pytest.approx(1.0, abs=1e-4) and fig["m_full"] > fig["m_empty"]
+    text = DOC.read_text()
+    assert faithfulness_table(fig) in text
+    assert f"CPR {fig['cpr']:.3f}, CMD {fig['cmd']:.3f}; the random circuits' CPR {fig['random_cpr']:.3f}" in text
