@@ -32,11 +32,10 @@ from headscope.analyses.frames import roles_frame
 from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValuesReducer, check_layers
+from headscope.analyses.roles.sequences import feed_sequences
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import Capture, StreamReport, check_finite, on_model_device, run_batch
-from headscope.probes.capture import feed as feed_capture
+from headscope.probes.capture import Capture, StreamReport
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.tokens import collate, pad_id
 
 ROLE = "successor"
 SCORE_KIND = "share"
@@ -209,41 +208,9 @@ class SuccessorReducer(ItemValuesReducer):
         return self._by_role((ROLE,))
 
 
-def _capture(model, items: list[OrdinalItem], item_ids) -> Capture:
-    tok = model.tokenizer
-    rows = [
-        {
-            "ids": list(it.ids),
-            "text": "",
-            "words": [],
-            "tokens": tok.convert_ids_to_tokens(list(it.ids)),
-            "offsets": [(0, 0)] * len(it.ids),
-            "word_ids": [None] * len(it.ids),
-            "special": list(it.special),
-        }
-        for it in items
-    ]
-    batch = on_model_device(collate(rows, pad_id(tok)), model)
-    layers = tuple(range(model.spec.n_layers))
-    cap = Capture(tokens=batch, data=run_batch(model, batch, ("z",), layers, None), layers=layers, spec=model.spec)
-    cap.item_ids = list(item_ids)
-    check_finite(cap)
-    return cap
-
-
 def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     """Run ``ctx.model`` over ``ctx.items``, ``cfg.batch_size`` at a time, capturing ``z``."""
-    items, size = ctx.items, ctx.cfg.batch_size
-    starts = list(range(0, len(items), size))
-    report = StreamReport(n_items=len(items), n_used=len(items), n_batches=len(starts))
-    report.real_tokens = sum(len(it.ids) for it in items)
-    for s in starts:
-        e = min(s + size, len(items))
-        feed_capture(_capture(ctx.model, items[s:e], range(s, e)), reducers)
-        report.padded_tokens += max(len(it.ids) for it in items[s:e]) * (e - s) - sum(len(it.ids) for it in items[s:e])
-        if progress is not None:
-            progress(e, len(items))
-    return report
+    return feed_sequences(ctx, reducers, progress, kinds=("z",))
 
 
 def finish(reducer: SuccessorReducer, report, ctx: RoleContext) -> RoleOutput:
