@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(groups) == len(TASKS):
             figures[f"{name}.best"] = best_figures(groups)
         write(figures, args.out, seconds=time.perf_counter() - start)
-    print(f"wrote {args.out}", file=sys.stderr)
+    log.info("wrote %s", args.out)
     return 0
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from headscope.reports.tools.experiments.figures_doc import write_figures
+
+log = logging.getLogger(__name__)
 
 FIGURES = Path(__file__).resolve().parents[3] / "data" / "figures"
 MODEL = "smollm2-135m"
@@ -193,6 +196,8 @@ def write(figures: dict, out: Path, *, source: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(message)s")  # others' records as before: warnings and up
+    log.setLevel(logging.INFO)  # this script's "wrote ..." lines
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--from", dest="src", type=Path, help="a finished `headscope kv smollm2-135m --quick` folder")
     p.add_argument("--out", type=Path, default=FIGURES, help=f"the folder the JSON goes to (default {FIGURES})")
@@ -205,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         source = str(folder) if args.src else f"headscope kv {MODEL} --quick (seed 0)"
         out = args.out / "kv_smollm2.json"
         write(figures_from(*read(folder)), out, source=source)
-        print(f"wrote {out}", file=sys.stderr)
+        log.info("wrote %s", out)
     return 0
 
 

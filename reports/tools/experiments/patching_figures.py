@@ -152,6 +152,8 @@ def path_from_frames(frames: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(message)s")  # others' records as before: warnings and up
+    log.setLevel(logging.INFO)  # this script's "wrote ..." lines
     from headscope.probes.models.loading import load_model
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         "path": path_figures(model),
     }
     write(figures, args.out, seconds=time.perf_counter() - start)
-    print(f"wrote {args.out}", file=sys.stderr)
+    log.info("wrote %s", args.out)
     return 0
 
 

@@ -549,6 +549,8 @@ def _report(model: str, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(message)s")  # others' records as before: warnings and up
+    log.setLevel(logging.INFO)  # this script's "wrote ..." lines
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--from",
@@ -578,10 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             out = args.out / f"report_{key}.json"
             write(key, figures, out, source=source, seconds=None if args.src else time.perf_counter() - start)
             missing = [q for q in QUOTED[key] if q.split(".")[1] not in figures.get(q.split(".")[0], {})]
-            print(
-                f"wrote {out}" + (f"; missing (not in {source}): {', '.join(missing)}" if missing else ""),
-                file=sys.stderr,
-            )
+            log.info("wrote %s%s", out, f"; missing (not in {source}): {', '.join(missing)}" if missing else "")
     return 0
 
 

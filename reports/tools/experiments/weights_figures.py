@@ -15,6 +15,7 @@ previous-token heads) and ``join_copying`` (copying score against the patching e
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from pathlib import Path
 import pandas as pd
 
 from headscope.reports.tools.experiments.figures_doc import write_figures
+
+log = logging.getLogger(__name__)
 
 FIGURES = Path(__file__).resolve().parents[3] / "data" / "figures"
 MODELS = {"minilm": "minilm-l6", "smollm2": "smollm2-135m"}
@@ -94,6 +97,8 @@ def write(key: str, figures: dict, out: Path, *, source: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(message)s")  # others' records as before: warnings and up
+    log.setLevel(logging.INFO)  # this script's "wrote ..." lines
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--from", dest="src", type=Path, help="a folder holding <model>-report/ for each model")
     p.add_argument("--out", type=Path, default=FIGURES, help=f"the folder the JSONs go to (default {FIGURES})")
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             source = str(folder) if args.src else f"headscope report {MODELS[key]} (seed 0, shipped data)"
             out = args.out / f"weights_{key}.json"
             write(key, figures_from(read_tables(folder)), out, source=source)
-            print(f"wrote {out}", file=sys.stderr)
+            log.info("wrote %s", out)
     return 0
 
 
