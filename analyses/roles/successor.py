@@ -175,14 +175,14 @@ class SuccessorReducer(ItemValuesReducer):
         self.layers = check_layers(cap.layers, self.layers)
         if self.refused is not None:
             return
+        dev = cap["z", cap.layers[0]].device  # computed where the capture is, read back to the host
         if self._readout is None:
             try:
-                self._readout = readout(self.model, cap.layers, self._columns)
+                self._readout = {l: r.to(dev) for l, r in readout(self.model, cap.layers, self._columns).items()}
             except ModelIncompatibleError as e:
                 self.refused = f"successor: {str(e).strip().splitlines()[0]}"
                 return
         n_l, n_h = len(cap.layers), self.model.spec.n_heads
-        dev = cap["z", cap.layers[0]].device  # computed where the capture is, read back to the host
         hits = torch.zeros(len(cap.item_ids), n_l, n_h, device="cpu")
         base = torch.zeros(len(cap.item_ids), device="cpu")
         for b, item_id in enumerate(cap.item_ids):
@@ -192,7 +192,7 @@ class SuccessorReducer(ItemValuesReducer):
             target = torch.tensor([it.members.index(t) for t in it.targets], device=dev)
             for li, layer in enumerate(cap.layers):
                 z = cap["z", layer][b][:, pos].float()  # [head, n_pos, d_head]
-                readout_m = self._readout[layer].to(dev)[:, :, members]  # [head, d_head, member]
+                readout_m = self._readout[layer][:, :, members]  # [head, d_head, member]
                 logits = torch.einsum("hpe,hem->hpm", z, readout_m)
                 hits[b, li] = (logits.argmax(-1) == target).float().mean(-1).cpu()
             base[b] = 1.0 / len(it.members)
