@@ -73,6 +73,8 @@ class LayerProjections:
     paths: dict
     fused: str | None = None
     n_kv: int = 0
+    #: what sits between the projections and the output projection (:func:`_extras`)
+    extras: dict = dataclasses.field(default_factory=dict)
 
 
 def _ancestors(block: nn.Module, target: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -122,7 +124,10 @@ def find_projections(
     q, k, v = (_named(attn, names, dm) for names in (Q_NAMES, K_NAMES, V_NAMES))
     if len(q) == len(k) == len(v) == 1:
         (qp, qm), (kp, km), (vp, vm) = q[0], k[0], v[0]
-        if linear_shape(qm)[1] != h * d or linear_shape(km)[1] % d or linear_shape(km)[1] != linear_shape(vm)[1]:
+        extras = _extras(attn, dm, h, d)
+        if linear_shape(qm)[1] == 2 * h * d and "gate" not in extras:  # Qwen3-Next: per head [query | gate]
+            extras["gate"] = {"module": "q_proj rows", "width": h * d, "in_q": True}
+        if linear_shape(qm)[1] != h * d * (2 if extras.get("gate", {}).get("in_q") else 1) or linear_shape(km)[1] % d or linear_shape(km)[1] != linear_shape(vm)[1]:
             raise ModelIncompatibleError(
                 f"{where}: projections {qp}/{kp}/{vp} give {linear_shape(qm)[1]}/{linear_shape(km)[1]}/"
                 f"{linear_shape(vm)[1]} features, not {h} heads × {d} and a whole number of KV heads"
@@ -131,7 +136,7 @@ def find_projections(
         if h % n_kv:
             raise ModelIncompatibleError(f"{where}: {n_kv} KV heads do not divide {h} query heads")
         paths = {n: ".".join(x for x in (where, r) if x) for n, r in (("q", qp), ("k", kp), ("v", vp))}
-        return LayerProjections(attn, qm, km, vm, o, paths, None, n_kv)
+        return LayerProjections(attn, qm, km, vm, o, paths, None, n_kv, extras)
     kv_counts = tuple(dict.fromkeys((spec.n_kv_heads, *(c for c in range(h, 0, -1) if h % c == 0))))
     for where_f, holder in _ancestors(block, o)[:-1]:  # noqa: B007 - the nearest holding o and a fused map, below the
         fused = [  # block (DeBERTa's in_proj sits in attention.self, beside attention.output.dense)
@@ -158,7 +163,36 @@ def find_projections(
     chosen = layout or FUSED_LAYOUTS[0]
     if chosen == "head,(q,k,v)" and n_kv != h:
         raise ModelIncompatibleError(f"{path}: layout {chosen} needs as many KV heads as heads; got {n_kv} of {h}")
-    return LayerProjections(attn, m, m, m, o, {"qkv": path}, chosen, n_kv)
+    return LayerProjections(attn, m, m, m, o, {"qkv": path}, chosen, n_kv, _extras(attn, dm, h, d))
+
+
+#: output gates by module name: ``act(x W_gate (+ gate_bias))`` multiplies each head's output
+GATE_NAMES = ("gate_proj", "g_proj", "o_gate", "gate")
+#: norms on V (Gemma 3n, Gemma 4) and on the heads' joined output before the output projection (BitNet)
+V_NORM_NAMES = ("v_norm",)
+Z_NORM_NAMES = ("attn_sub_norm", "o_norm", "sub_norm")
+
+
+def _extras(attn: nn.Module, dm: int, h: int, d: int) -> dict:
+    """What sits between ``x W_V`` and the output projection's input, from the attention module: an
+    output gate (a linear map of ``d_model`` onto ``heads`` or ``heads × d_head`` features, its
+    activation chosen by the check), a norm on V, a norm on the heads' joined output, a constant
+    scale on V (MiMo-V2's ``v_scale``)."""
+    out: dict = {}
+    for name in GATE_NAMES:
+        m = getattr(attn, name, None)
+        if isinstance(m, nn.Module) and (linear_shape(m) or (0, 0))[0] == dm and linear_shape(m)[1] in (h, h * d):
+            out["gate"] = {"module": name, "width": linear_shape(m)[1], "in_q": False}
+            break
+    for key, names in (("v_norm", V_NORM_NAMES), ("z_norm", Z_NORM_NAMES)):
+        for name in names:
+            if isinstance(getattr(attn, name, None), nn.Module):
+                out[key] = name
+                break
+    vs = getattr(attn, "v_scale", None)
+    if isinstance(vs, (int, float)) and not isinstance(vs, bool) and float(vs) != 1.0:
+        out["v_scale"] = float(vs)
+    return out
 
 
 def _split_fused(w: torch.Tensor, layout: str, h: int, n_kv: int, d: int):
@@ -182,6 +216,13 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
     if p.fused is None:
         for name, mod in (("q", p.q), ("k", p.k), ("v", p.v)):
             out[f"{name}_proj.weight"], out[f"{name}_proj.bias"] = _linear(mod)
+        gate = p.extras.get("gate")
+        if gate and gate["in_q"]:  # rows per head: [query d_head | gate d_head]
+            h, d = spec.n_heads, spec.d_head
+            w, b = out["q_proj.weight"].view(h, 2, d, -1), out["q_proj.bias"]
+            out["q_proj.weight"], out["gate.weight"] = (w[:, i].reshape(h * d, -1).contiguous() for i in (0, 1))
+            if b is not None:
+                out["q_proj.bias"], out["gate.bias"] = (b.view(h, 2, d)[:, i].reshape(-1).contiguous() for i in (0, 1))
     else:
         w, b = _linear(p.q)
         parts = _split_fused(w, p.fused, spec.n_heads, p.n_kv, spec.d_head)
@@ -196,6 +237,17 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
         for name, wt, bt in zip("qkv", parts, biases, strict=True):
             out[f"{name}_proj.weight"] = wt.contiguous()
             out[f"{name}_proj.bias"] = None if bt is None else bt.contiguous()
+    gate = p.extras.get("gate")
+    if gate and not gate["in_q"]:
+        out["gate.weight"], out["gate.bias"] = _linear(getattr(p.attn, gate["module"]))
+        extra = getattr(p.attn, "gate_bias", None)  # Beam: one learned bias per head, added to its gate
+        if isinstance(extra, torch.Tensor):
+            per = extra.detach().float().cpu().repeat_interleave(gate["width"] // extra.numel())
+            out["gate.bias"] = per if out["gate.bias"] is None else out["gate.bias"] + per
+    if "v_scale" in p.extras:  # a constant on V: folded into W_V and b_V (exact)
+        out["v_proj.weight"] = out["v_proj.weight"] * p.extras["v_scale"]
+        if out["v_proj.bias"] is not None:
+            out["v_proj.bias"] = out["v_proj.bias"] * p.extras["v_scale"]
     out["o_proj.weight"], out["o_proj.bias"] = _linear(p.o)
     return out
 
@@ -312,6 +364,9 @@ class HFModelWeights(ModelWeights):
         self.scales = scales  # the candidates the check chooses among
         self.scale: float | None = scales[0] if len(scales) == 1 else None
         self.check: dict = {}
+        #: what the matrices hold frozen at the forward's own values (one line each; empty: nothing,
+        #: the matrices alone give each head's output): per-position norm scales, output gates
+        self.frozen: list[str] = []
 
     @property
     def folding(self) -> str:
@@ -440,6 +495,38 @@ def _config_reason(hf_config, table: dict) -> str | None:
     return None
 
 
+def _frozen(extras: dict, scores: dict) -> list[str]:
+    """In words, what the checked matrices hold frozen at the forward's values (:attr:`HFModelWeights.frozen`)."""
+    out = []
+    if "v_scale" in extras:
+        out.append(f"(exact, not frozen) V's constant scale {extras['v_scale']:g} folded into W_V and b_V")
+    if "v_norm" in extras:
+        out.append(
+            f"V-norm ({extras['v_norm']}): each KV head's value x W_V is divided by its own RMS at each position: "
+            "a per-position, per-KV-head scale frozen at the forward's value (times the norm's weight, if any)"
+        )
+    gate = extras.get("gate")
+    if gate:
+        act = "/".join(scores.get("gate_activation") or ["?"])
+        where = "the second d_head rows of each head in q_proj" if gate["in_q"] else gate["module"]
+        per = "per feature" if gate["width"] != scores.get("n_heads_width", -1) else "per head"
+        out.append(
+            f"output gate {act}(x W_gate) from {where} ({gate['width']} features, {per if gate['width'] else ''}) "
+            "multiplies each head's output before W_O: an input-dependent diagonal frozen at its clean value"
+        )
+    if "z_norm" in extras:
+        out.append(
+            f"output sub-norm ({extras['z_norm']}): the heads' joined output is RMS-normalised before W_O: a "
+            "per-position scale across all heads frozen at the forward's value (its weight is a diagonal before W_O)"
+        )
+    if "output scaled" in (scores.get("sink_mode") or []):
+        out.append(
+            "attention sink as output scaling: the pattern returned has no sink column; each head's output is "
+            "scaled by sigmoid(logsumexp(scores) - sink), recomputed from W_Q, W_K (exact, not frozen)"
+        )
+    return out
+
+
 def hf_weights(model) -> HFModelWeights:
     """The checked :class:`HFModelWeights` of an hf-backend model: projections found from the
     module tree (:func:`find_projections`; a fused map read with each of :data:`FUSED_LAYOUTS`
@@ -481,6 +568,7 @@ def hf_weights(model) -> HFModelWeights:
             weights.norm = record.get("norm", weights.norm)
             weights.scale = record["scores"]["scale"]
             weights.check = {**record, "layout": chosen or "separate", **projections[0].paths}
+            weights.frozen = _frozen(projections[0].extras, record["scores"])
             return weights
         tried.append(f"{chosen or 'separate projections'}: {record['reason']}")
     where = ", ".join(f"{k} {v}" for k, v in first.paths.items())

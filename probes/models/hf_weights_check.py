@@ -187,7 +187,12 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
                     if bias is not None:
                         sc = sc + bias[1]
                     sc = sc.masked_fill(pattern == 0, float("-inf"))
-                    out[scale, rot_name, order] = _softmax(sc, sinks)
+                    out[scale, rot_name, order, "joined" if sinks is not None else ""] = (_softmax(sc, sinks), None)
+                    if sinks is not None:  # Granite's SWA: the pattern returned without the sink, the output
+                        # scaled by the mass the sink leaves, sigmoid(logsumexp(scores) - sink)
+                        lse = torch.logsumexp(sc, dim=-1)
+                        factor = torch.sigmoid(lse - sinks.float().reshape(1, -1, 1)).nan_to_num(0.0)
+                        out[scale, rot_name, order, "output scaled"] = (_softmax(sc, None), factor[..., None])
     return out, {"bias": bias[0] if bias else None, "softcap": float(cap) if cap else None, "sinks": sinks is not None}
 
 
@@ -250,8 +255,12 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
     worst: dict[str, float] = {}
     chosen: list = []
     reason = None
+    acts: set = set()
+    sink_modes: set = set()
     for l, p in enumerate(projections):
         errs, best, used = _layer_errors(weights, weights.layer(l), p, kept, out, l)
+        acts.add(used.pop("gate_activation"))
+        sink_modes.add(used.pop("sink_mode"))
         chosen.append(best)
         for part, e in errs.items():
             worst[part] = max(worst.get(part, 0.0), e)
@@ -262,6 +271,8 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
     rotary = sorted({c[1] for c in chosen if c is not None and c[1] != "none"})
     orders = sorted({c[2] for c in chosen if c is not None and c[2]})
     scores = {**used, "scale": scale, "rotary": rotary, "qk_norm": orders}
+    scores["gate_activation"] = sorted(a for a in acts if a)
+    scores["sink_mode"] = sorted(m for m in sink_modes if m)
     if rotary:
         pe = next(kept[l, "args"]["position_embeddings"] for l in range(len(chosen)) if chosen[l][1] != "none")
         scores["rotary_features"] = int(pe[0].shape[-1])
@@ -277,23 +288,65 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
     }
 
 
+#: activations an output gate may apply, the check choosing (AFMoE, Beam, LFM3, Qwen3-Next: sigmoid; Laguna: softplus)
+GATE_ACTS = {"sigmoid": torch.sigmoid, "softplus": torch.nn.functional.softplus}
+
+
+def _gate(weights, lw, p, x: torch.Tensor) -> torch.Tensor | None:
+    """The output gate's pre-activation ``[batch, head, pos, d_head or 1]`` at ``x``, or None without a gate."""
+    gate = p.extras.get("gate")
+    if not gate:
+        return None
+    w = weights._src._layer(lw.layer)["gate.weight"]
+    b = weights._src._layer(lw.layer).get("gate.bias")
+    g = x.float() @ w.T + (b if b is not None else 0.0)
+    return _heads(g, len(lw.heads))
+
+
+def _heads_output(weights, lw, p, kept, l, pattern, x_v, x_q, factor):
+    """``{activation: z [batch, head, pos, d_head]}``: ``pattern × V`` from the matrices, V through the
+    module's own V-norm, scaled by the sink's share, gated, through the joined-output norm (the
+    per-position scales and gates are the forward's own at this input: what the weights hold frozen)."""
+    v = _project(x_v, lw.W_V, lw.b_V)
+    if "v_norm" in p.extras:
+        with torch.inference_mode():
+            v = getattr(p.attn, p.extras["v_norm"])(v).float()
+    pv = torch.einsum("bhqk,bhkd->bhqd", pattern, v[:, lw.kv_index])
+    if factor is not None:
+        pv = pv * factor
+    g = _gate(weights, lw, p, x_q)
+    outs = {"": pv} if g is None else {name: pv * act(g) for name, act in GATE_ACTS.items()}
+    if "z_norm" in p.extras:
+        norm = getattr(p.attn, p.extras["z_norm"])
+        with torch.inference_mode():
+            for name, t in outs.items():
+                b, h, q, d = t.shape
+                outs[name] = _heads(norm(t.transpose(1, 2).reshape(b, q, h * d)).float(), h)
+    return outs
+
+
 def _layer_errors(weights, lw, p, kept, out, l):
     """``(errors by part, the scores variant that fits best, what the scores used)`` of layer ``l``."""
     pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
     x_q = kept[l, "q_in"]
     x_k, x_v = (kept[l, "k_in"], kept[l, "v_in"]) if not p.fused else (x_q, x_q)
-    v = _project(x_v, lw.W_V, lw.b_V)[:, lw.kv_index]
-    errs = {
-        "z": _rel(torch.einsum("bhqk,bhkd->bhqd", pattern, v), z),
-        "out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o),
-    }
+    errs = {"out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o)}
     if not p.fused:
-        errs["q"] = _rel(_project(x_q, lw.W_Q, lw.b_Q), _heads(kept[l, "q_out"], lw.W_Q.shape[0]))
+        q_out = kept[l, "q_out"]
+        if p.extras.get("gate", {}).get("in_q"):  # [query | gate] per head: the query half
+            q_out = q_out.reshape(*q_out.shape[:-1], len(lw.heads), 2, -1)[..., 0, :].flatten(-2)
+        errs["q"] = _rel(_project(x_q, lw.W_Q, lw.b_Q), _heads(q_out, lw.W_Q.shape[0]))
         errs["k"] = _rel(_project(x_k, lw.W_K, lw.b_K), _heads(kept[l, "k_out"], lw.W_K.shape[0]))
     variants, used = _scores_variants(weights, lw, kept, l, x_q, x_k, p.attn, pattern)
-    fits = {key: _rel(rec, pattern) for key, rec in variants.items()}
+    fits = {key: _rel(rec, pattern) for key, (rec, _) in variants.items()}
     best = min(fits, key=fits.get) if fits else None
     errs["pattern"] = fits[best] if best is not None else float("inf")
+    factor = variants[best][1] if best is not None else None
+    zs = _heads_output(weights, lw, p, kept, l, pattern, x_v, x_q, factor)
+    z_errs = {name: _rel(t, z) for name, t in zs.items()}
+    act = min(z_errs, key=z_errs.get)
+    errs["z"] = z_errs[act]
+    used = {**used, "gate_activation": act or None, "sink_mode": best[3] if best is not None else None}
     return errs, best, used
 
 
