@@ -179,6 +179,9 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
                         q, k = rotate(q, k)
                 except (RuntimeError, TypeError, ValueError):
                     continue
+                qs = kept[l, "args"].get("attention_scaling")  # Beam's NoPE layers: a per-position query scale
+                if torch.is_tensor(qs):
+                    q = q.float() * qs.float()
                 raw = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()[:, lw.kv_index])
                 for scale in weights.scales:
                     sc = raw * scale
