@@ -527,6 +527,24 @@ def _frozen(extras: dict, scores: dict) -> list[str]:
     return out
 
 
+def _mla(model, layout) -> HFModelWeights | None:
+    """The checked weights of an MLA model (:mod:`~headscope.probes.models.hf_weights_mla`), None where
+    its attention is not MLA."""
+    from headscope.probes.models.hf_weights_mla import is_mla, mla_weights
+
+    attns = [_ancestors(b, o)[0][1] for b, o in zip(layout.blocks, layout.attn_out, strict=True)]
+    if not all(is_mla(a) for a in attns):
+        return None
+    names = {id(m): name for name, m in model.hf.named_modules()}
+    projections = [
+        LayerProjections(a, a.kv_b_proj, a.kv_b_proj, a.kv_b_proj, o, {"mla": names.get(id(a), "")})
+        for a, o in zip(attns, layout.attn_out, strict=True)
+    ]
+    pos, pad = _pos_embed(model.hf)
+    base = _build(model, projections, pos, pad)
+    return mla_weights(model, attns, HFModelWeights, base.cfg, base.source)
+
+
 def hf_weights(model) -> HFModelWeights:
     """The checked :class:`HFModelWeights` of an hf-backend model: projections found from the
     module tree (:func:`find_projections`; a fused map read with each of :data:`FUSED_LAYOUTS`
@@ -539,6 +557,9 @@ def hf_weights(model) -> HFModelWeights:
     layout = model.layout
     spec = model.spec
     config = getattr(model.hf, "config", None)
+    mla = _mla(model, layout)
+    if mla is not None:
+        return mla
     no_meaning = _config_reason(config, NO_PER_HEAD)
     if no_meaning is not None:
         raise ModelIncompatibleError(no_meaning)
