@@ -49,6 +49,17 @@ def is_mla(attn: nn.Module) -> bool:
     return all(isinstance(getattr(attn, n, None), nn.Module) for n in MLA_MODULES)
 
 
+def mla_refusal(attn: nn.Module) -> str | None:
+    """Why an MLA module's per-head weights are not read (one line), or None."""
+    has = lambda n: isinstance(getattr(attn, n, None), nn.Module)  # noqa: E731
+    if not (has("q_proj") or (has("q_a_proj") and has("q_a_layernorm") and has("q_b_proj"))):
+        return (
+            f"MLA {type(attn).__name__}: its query is neither q_proj nor q_a_proj -> q_a_layernorm -> q_b_proj "
+            "(read up from the shared latent another way): per-head W_Q not read"
+        )
+    return None
+
+
 def _w(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     b = getattr(mod, "bias", None)
     return mod.weight.detach().float().cpu(), (b.detach().float().cpu() if isinstance(b, torch.Tensor) else None)
@@ -72,6 +83,7 @@ def layer_tensors(attn: nn.Module, n_heads: int) -> dict:
     rank, dn, dr, dv = _dims(attn, n_heads)
     h = n_heads
     sq, skv = _const(attn, "mla_scale_q_lora"), _const(attn, "mla_scale_kv_lora")  # LongCat-Flash's constants
+    skv *= _const(attn, "kv_lora_scale")  # Dots: the normalised latents rescaled before kv_b_proj / q_b_proj
     a_w, a_b = _w(attn.kv_a_proj_with_mqa)
     W_dkv, W_kr = a_w[:rank], a_w[rank:]
     b_dkv, b_kr = (a_b[:rank], a_b[rank:]) if a_b is not None else (None, None)
@@ -85,12 +97,17 @@ def layer_tensors(attn: nn.Module, n_heads: int) -> dict:
     W_V = torch.einsum("hvr,r,rm->hmv", W_uv, g, W_dkv)
     b_K_c = torch.einsum("hnr,r,r->hn", W_uk, g, b_dkv) if b_dkv is not None else torch.zeros(h, dn)
     b_V = torch.einsum("hvr,r,r->hv", W_uv, g, b_dkv) if b_dkv is not None else None
+    kr_norm = getattr(attn, "k_rope_only_layernorm", None)  # Dots: an RMSNorm on the shared rotary key
+    if isinstance(kr_norm, nn.Module):
+        g_kr = kr_norm.weight.detach().float().cpu()
+        W_kr = W_kr * g_kr[:, None]
+        b_kr = b_kr * g_kr if b_kr is not None else None
     W_K = torch.cat([W_K_c, W_kr.T[None].expand(h, -1, -1)], dim=-1)
     b_K = torch.cat([b_K_c, (b_kr if b_kr is not None else torch.zeros(dr))[None].expand(h, -1)], dim=-1)
     q_lora = isinstance(getattr(attn, "q_a_proj", None), nn.Module)
     if q_lora:
         qa_w, qa_b = _w(attn.q_a_proj)
-        gq = attn.q_a_layernorm.weight.detach().float().cpu()
+        gq = attn.q_a_layernorm.weight.detach().float().cpu() * _const(attn, "q_lora_scale")
         qb_w, qb_b = _w(attn.q_b_proj)
         if qb_b is not None:
             raise ModelIncompatibleError("MLA: q_b_proj has a bias (not scaled by the latent norm): not read")
@@ -115,6 +132,7 @@ def layer_tensors(attn: nn.Module, n_heads: int) -> dict:
         "q_lora": q_lora,
         "dims": (rank, dn, dr, dv),
         "q_scale": sq,
+        "k_rope_norm": isinstance(kr_norm, nn.Module),
     }
 
 
@@ -123,6 +141,9 @@ def mla_weights(model, attns: list[nn.Module], base_cls, shape, source):
     subclass of ``base_cls`` (:class:`~headscope.probes.models.hf_weights.HFModelWeights`); raises
     :class:`ModelIncompatibleError` naming the part and layer that failed."""
     h = model.spec.n_heads
+    why = mla_refusal(attns[0])
+    if why is not None:
+        raise ModelIncompatibleError(why)
 
     class _MLA(base_cls):
         def layer(self, layer: int) -> LayerWeights:
@@ -163,13 +184,25 @@ def mla_weights(model, attns: list[nn.Module], base_cls, shape, source):
         if rot
         else "no position information in attention (NoPE MLA)"
     )
-    weights.frozen = [FROZEN_KV] + ([FROZEN_Q] if layer_tensors(attns[0], h)["q_lora"] else [])
+    t0 = layer_tensors(attns[0], h)
+    weights.frozen = [FROZEN_KV] + ([FROZEN_Q] if t0["q_lora"] else [])
+    if t0["k_rope_norm"]:
+        weights.frozen.append(
+            "k_rope_only_layernorm's per-position 1/RMS of the shared rotary key, frozen at the clean forward's value"
+        )
+    if _gate_of(attns[0], model.spec.d_model, h, t0["dims"][3]) is not None:
+        weights.frozen.append(
+            "output gate sigmoid(x W_gate) multiplies each head's output before W_O: an input-dependent diagonal "
+            "frozen at its clean value"
+        )
+    if torch.is_tensor(getattr(attns[0], "sinks", None)):
+        weights.frozen.append("(exact) a learned sink logit per head joins each softmax (rows sum to less than 1)")
     return weights
 
 
 def _hooks(attns, kept):
     handles = []
-    names = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", *MLA_MODULES)
+    names = ("q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "k_rope_only_layernorm", *MLA_MODULES)
 
     def io(l, name):
         def hook(m, a, o):
@@ -219,8 +252,16 @@ def _rotations(attn):
     return out
 
 
+def _gate_of(attn, dm: int, h: int, dv: int):
+    """``(W_gate [width, d_model], bias or None)`` of the attention's sigmoid output gate, or None."""
+    from headscope.probes.models.hf_weights import _extras, _linear
+
+    gate = _extras(attn, dm, h, dv).get("gate")
+    return _linear(getattr(attn, gate["module"])) if gate else None
+
+
 def _check(model, weights, attns) -> dict:
-    from headscope.probes.models.hf_weights_check import CHECK_TEXT
+    from headscope.probes.models.hf_weights_check import CHECK_TEXT, _heads, _softmax
 
     h = model.spec.n_heads
     kept: dict = {}
@@ -241,6 +282,9 @@ def _check(model, weights, attns) -> dict:
         lw = weights.layer(l)
         rank, dn, dr, dv = t["dims"]
         x = kept[l, "kv_a_proj_with_mqa_in"]
+        gate = _gate_of(attn, x.shape[-1], h, dv)
+        sinks = getattr(attn, "sinks", None)
+        sinks = sinks.detach().float() if torch.is_tensor(sinks) and sinks.numel() == h else None
         g = attn.kv_a_layernorm.weight.detach().float()
         r_kv = _norm_scale(kept[l, "kv_a_layernorm_in"], kept[l, "kv_a_layernorm_out"], g)[:, None]  # [b,1,p,1]
 
@@ -259,16 +303,26 @@ def _check(model, weights, attns) -> dict:
         q_model = q_model.view(b_, p_, h, dn + dr).transpose(1, 2) * t["q_scale"]
         k = proj(lw.W_K, lw.b_K)
         k_c, k_r = k[..., :dn] * r_kv, k[..., dn:]
+        k_r_model = kept[l, "kv_a_proj_with_mqa_out"][..., rank:]
+        if t["k_rope_norm"]:
+            n = attn.k_rope_only_layernorm
+            k_in, k_out = kept[l, "k_rope_only_layernorm_in"], kept[l, "k_rope_only_layernorm_out"]
+            k_r = k_r * _norm_scale(k_in.reshape(b_ := x.shape[0], -1, dr), k_out.reshape(b_, -1, dr),
+                                    n.weight.detach().float())[:, None]
+            k_r_model = k_out.reshape(b_, -1, dr)
         v = proj(lw.W_V, lw.b_V) * r_kv
         kvb = kept[l, "kv_b_proj_out"].view(b_, p_, h, dn + dv).transpose(1, 2)
         errs = {
             "q": _rel(q, q_model),
             "k": _rel(k_c, kvb[..., :dn]),
-            "k_rope": _rel(k_r[:, 0], kept[l, "kv_a_proj_with_mqa_out"][..., rank:]),
+            "k_rope": _rel(k_r[:, 0], k_r_model),
             "v": _rel(v, kvb[..., dn:]),
         }
         pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
-        errs["z"] = _rel(torch.einsum("bhqk,bhkd->bhqd", pattern, v), z)
+        pv = torch.einsum("bhqk,bhkd->bhqd", pattern, v)
+        if gate is not None:
+            pv = pv * torch.sigmoid(_heads(x @ gate[0].T + (gate[1] if gate[1] is not None else 0.0), h))
+        errs["z"] = _rel(pv, z)
         errs["out"] = _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o)
         fits = {}
         pe = kept.get((l, "pe"))
@@ -282,7 +336,7 @@ def _check(model, weights, attns) -> dict:
             kk = torch.cat([k_c, k_rr.float().expand(-1, h, -1, -1)], -1)
             sc = torch.einsum("bhqd,bhkd->bhqk", qq, kk) * weights.scales[0]
             sc = sc.masked_fill(pattern == 0, float("-inf"))
-            fits[name] = _rel(torch.softmax(sc, -1).nan_to_num(0.0), pattern)
+            fits[name] = _rel(_softmax(sc, sinks), pattern)
         best = min(fits, key=fits.get) if fits else None
         errs["pattern"] = fits[best] if best else float("inf")
         if best and best != "none":
