@@ -52,6 +52,11 @@ def is_mla(attn: nn.Module) -> bool:
 def mla_refusal(attn: nn.Module) -> str | None:
     """Why an MLA module's per-head weights are not read (one line), or None."""
     has = lambda n: isinstance(getattr(attn, n, None), nn.Module)  # noqa: E731
+    if has("q_gate_proj"):
+        return (
+            f"MLA {type(attn).__name__}: each query is q_gate_proj over [norm(q latent), q latent], the sum of a "
+            "norm-scaled and an unscaled map of the residual: no single per-head W_Q, even with the norm's scale frozen"
+        )
     if not (has("q_proj") or (has("q_a_proj") and has("q_a_layernorm") and has("q_b_proj"))):
         return (
             f"MLA {type(attn).__name__}: its query is neither q_proj nor q_a_proj -> q_a_layernorm -> q_b_proj "
