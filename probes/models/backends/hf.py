@@ -314,7 +314,9 @@ class HFReference(ResumableForward, BackendCommon):
                 if "out" in qs:
                     handles.append(
                         self.layout.attn_out[l].register_forward_hook(
-                            lambda m, a, o, l=l: out.__setitem__(("out", l), bm(o).detach())
+                            lambda m, a, o, l=l: out.__setitem__(  # I-BERT's QuantLinear: (output, scale)
+                                ("out", l), bm(o[0] if isinstance(o, tuple) else o).detach()
+                            )
                         )
                     )
                 if "resid_post" in qs:
