@@ -128,13 +128,28 @@ def _family_rotary(attn):
     return fn if callable(fn) else None
 
 
-def _rotations(attn, pe):
-    """``[(name, rotate(q, k) -> (q, k))]``: the family's own rotary function, then rotate-half; none without ``pe``."""
-    if not (isinstance(pe, tuple) and len(pe) == 2 and all(torch.is_tensor(t) for t in pe)):
-        return [("none", lambda q, k: (q, k))]
+def _rotations(attn, args: dict):
+    """``[(name, rotate(q, k) -> (q, k))]``: the family's own rotary function, then rotate-half, on the
+    ``position_embeddings`` the module receives; RoFormer's ``sinusoidal_pos`` through the module's own
+    ``apply_rotary_position_embeddings``; none without either."""
     out = [("none", lambda q, k: (q, k))]  # a layer may skip the rotary it is handed (SmolLM3's NoPE layers)
+    sp = args.get("sinusoidal_pos")
+    own = getattr(attn, "apply_rotary_position_embeddings", None)
+    if torch.is_tensor(sp) and callable(own):
+        out.append(("the module's apply_rotary_position_embeddings", lambda q, k: tuple(own(sp, q, k)[:2])))
+    pe = args.get("position_embeddings")
+    if not (isinstance(pe, tuple) and len(pe) == 2 and all(torch.is_tensor(t) for t in pe)):
+        return out
     fn = _family_rotary(attn)
-    if fn is not None:
+    if fn is not None and list(inspect.signature(fn).parameters)[:3] == ["tensor", "sin", "cos"]:
+        r = 2 * pe[0].shape[-1]  # GPT-J, CodeGen: interleaved pairs on the first rotary_dim features, [b, p, h, d]
+
+        def pairs(t):
+            t = t.transpose(1, 2)
+            return torch.cat([fn(t[..., :r], *pe), t[..., r:]], dim=-1).transpose(1, 2).float()
+
+        out.append(("the family's apply_rotary_pos_emb (interleaved pairs)", lambda q, k: (pairs(q), pairs(k))))
+    elif fn is not None:
         out.append(("the family's apply_rotary_pos_emb", lambda q, k: tuple(t.float() for t in fn(q, k, *pe)[:2])))
     out.append(("rotate-half", lambda q, k: (_rotate(q, *pe), _rotate(k, *pe))))
     return out
@@ -167,7 +182,7 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
     sinks = sinks.detach() if torch.is_tensor(sinks) and sinks.numel() == pattern.shape[1] else None
     out = {}
     with torch.inference_mode():
-        for rot_name, rotate in _rotations(attn, kept[l, "args"].get("position_embeddings")):
+        for rot_name, rotate in _rotations(attn, kept[l, "args"]):
             orders = ("norm, then rotary", "rotary, then norm") if _has_qk_norm(attn) else ("",)
             for order in orders:
                 try:
