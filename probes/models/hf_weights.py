@@ -43,8 +43,9 @@ K_NAMES = ("k_proj", "k", "key", "k_lin", "wk", "key_proj", "Wk")
 V_NAMES = ("v_proj", "v", "value", "v_lin", "wv", "value_proj", "Wv")
 #: row layouts of a fused QKV map: ``q|k|v`` (GPT-2, Phi-3, GPT-BigCode, Falcon with multi-query),
 #: ``head,(q,k,v)`` (BLOOM, GPT-NeoX, Falcon's classic layout), ``group,(q…,k,v)`` (Falcon's new
-#: decoder architecture: each KV group's queries, then its key and value)
-FUSED_LAYOUTS = ("q|k|v", "head,(q,k,v)", "group,(q…,k,v)")
+#: decoder architecture: each KV group's queries, then its key and value), ``mp,(q,v,k)`` (CodeGen: the rows in
+#: ``mp_num`` blocks, each its share of the heads' queries, values, then keys)
+FUSED_LAYOUTS = ("q|k|v", "head,(q,k,v)", "group,(q…,k,v)", "mp,(q,v,k)")
 
 
 def _linear(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -161,8 +162,10 @@ def find_projections(
     rel, m, n_kv = fused[0]
     path = ".".join(p for p in (where, rel) if p)
     chosen = layout or FUSED_LAYOUTS[0]
-    if chosen == "head,(q,k,v)" and n_kv != h:
+    if chosen in ("head,(q,k,v)", "mp,(q,v,k)") and n_kv != h:
         raise ModelIncompatibleError(f"{path}: layout {chosen} needs as many KV heads as heads; got {n_kv} of {h}")
+    if chosen == "mp,(q,v,k)" and not isinstance(getattr(attn, "mp_num", None), int):
+        raise ModelIncompatibleError(f"{path}: layout {chosen} needs the attention's mp_num (CodeGen's); none")
     return LayerProjections(attn, m, m, m, o, {"qkv": path}, chosen, n_kv, _extras(attn, dm, h, d))
 
 
@@ -195,9 +198,12 @@ def _extras(attn: nn.Module, dm: int, h: int, d: int) -> dict:
     return out
 
 
-def _split_fused(w: torch.Tensor, layout: str, h: int, n_kv: int, d: int):
+def _split_fused(w: torch.Tensor, layout: str, h: int, n_kv: int, d: int, mp: int | None = None):
     """``(q [h·d, …], k [n_kv·d, …], v [n_kv·d, …])`` rows of a fused map's weight ``[out, in]`` or bias ``[out]``."""
     rest = w.shape[1:]
+    if layout == "mp,(q,v,k)":
+        t = w.reshape(mp, 3, h * d // mp, *rest)
+        return t[:, 0].reshape(h * d, *rest), t[:, 2].reshape(h * d, *rest), t[:, 1].reshape(h * d, *rest)
     if layout == "q|k|v":
         return w[: h * d], w[h * d : (h + n_kv) * d], w[(h + n_kv) * d :]
     if layout == "head,(q,k,v)":
@@ -225,8 +231,9 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
                 out["q_proj.bias"], out["gate.bias"] = (b.view(h, 2, d)[:, i].reshape(-1).contiguous() for i in (0, 1))
     else:
         w, b = _linear(p.q)
-        parts = _split_fused(w, p.fused, spec.n_heads, p.n_kv, spec.d_head)
-        biases = _split_fused(b, p.fused, spec.n_heads, p.n_kv, spec.d_head) if b is not None else (None,) * 3
+        mp = getattr(p.attn, "mp_num", None)
+        parts = _split_fused(w, p.fused, spec.n_heads, p.n_kv, spec.d_head, mp)
+        biases = _split_fused(b, p.fused, spec.n_heads, p.n_kv, spec.d_head, mp) if b is not None else (None,) * 3
         extra = {n: getattr(p.attn, f"{n}_bias", None) for n in "qkv"}  # DeBERTa adds q_bias, v_bias after in_proj
         biases = tuple(
             bt

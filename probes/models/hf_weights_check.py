@@ -134,7 +134,9 @@ def _rotations(attn, args: dict):
     ``apply_rotary_position_embeddings``; none without either."""
     out = [("none", lambda q, k: (q, k))]  # a layer may skip the rotary it is handed (SmolLM3's NoPE layers)
     sp = args.get("sinusoidal_pos")
-    own = getattr(attn, "apply_rotary_position_embeddings", None)
+    own = next(  # on BERT-style attention, the self-attention module inside it holds it
+        (f for m in attn.modules() if callable(f := getattr(m, "apply_rotary_position_embeddings", None))), None
+    )
     if torch.is_tensor(sp) and callable(own):
         out.append(("the module's apply_rotary_position_embeddings", lambda q, k: tuple(own(sp, q, k)[:2])))
     pe = args.get("position_embeddings")
@@ -292,8 +294,15 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
     scores["gate_activation"] = sorted(a for a in acts if a)
     scores["sink_mode"] = sorted(m for m in sink_modes if m)
     if rotary:
-        pe = next(kept[l, "args"]["position_embeddings"] for l in range(len(chosen)) if chosen[l][1] != "none")
-        scores["rotary_features"] = int(pe[0].shape[-1])
+        l0 = next(l for l in range(len(chosen)) if chosen[l][1] != "none")
+        pe, sp = kept[l0, "args"].get("position_embeddings"), kept[l0, "args"].get("sinusoidal_pos")
+        scores["rotary_features"] = (
+            int(sp.shape[-1])  # RoFormer: all of each head's features
+            if "sinusoidal" in chosen[l0][1] or "position_embeddings" in chosen[l0][1]
+            else 2 * int(pe[0].shape[-1])  # GPT-J: sin and cos hold one value per pair
+            if "pairs" in chosen[l0][1]
+            else int(pe[0].shape[-1])
+        )
         scores["layers_without_rotary"] = [l for l, c in enumerate(chosen) if c is not None and c[1] == "none"]
     norm = _preceding_norm(kept, kept[0, "q_in"], tol)
     return {
