@@ -422,7 +422,8 @@ def attention_scales(attn: nn.Module, hf_config, d_head: int) -> tuple[float, ..
     for name in ("scaling", "scale", "inv_norm_factor"):
         v = getattr(attn, name, None)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return (float(v),)
+            # its square where the module scales both q and k by it (OpenAI's privacy filter: d_head ** -0.25 each)
+            return (float(v), float(v) ** 2) if float(v) != 1.0 else (1.0,)
     nf = getattr(attn, "norm_factor", None)
     if isinstance(nf, (int, float)) and nf:
         return (1.0 / float(nf),)

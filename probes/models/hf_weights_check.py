@@ -140,6 +140,13 @@ def _rotations(attn, args: dict):
     if torch.is_tensor(sp) and callable(own):
         out.append(("the module's apply_rotary_position_embeddings", lambda q, k: tuple(own(sp, q, k)[:2])))
     pe = args.get("position_embeddings")
+    rot = getattr(attn, "rotary_emb", None)  # RecurrentGemma: its own rotary embedding, from position_ids
+    if pe is None and isinstance(rot, torch.nn.Module) and torch.is_tensor(args.get("position_ids")):
+        try:
+            with torch.inference_mode():
+                pe = tuple(rot(torch.zeros(1), args["position_ids"]))
+        except (RuntimeError, TypeError, ValueError):
+            pe = None
     if not (isinstance(pe, tuple) and len(pe) == 2 and all(torch.is_tensor(t) for t in pe)):
         return out
     fn = _family_rotary(attn)
@@ -296,6 +303,10 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
     if rotary:
         l0 = next(l for l in range(len(chosen)) if chosen[l][1] != "none")
         pe, sp = kept[l0, "args"].get("position_embeddings"), kept[l0, "args"].get("sinusoidal_pos")
+        rot = getattr(projections[l0].attn, "rotary_emb", None)
+        if pe is None and rot is not None:
+            with torch.inference_mode():
+                pe = tuple(rot(torch.zeros(1), kept[l0, "args"]["position_ids"]))
         scores["rotary_features"] = (
             int(sp.shape[-1])  # RoFormer: all of each head's features
             if "sinusoidal" in chosen[l0][1] or "position_embeddings" in chosen[l0][1]
