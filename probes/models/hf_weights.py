@@ -464,6 +464,11 @@ def _positions(learned: bool, used: dict) -> tuple[str, str]:
             parts.append(f"no rotary in layers {', '.join(map(str, used['layers_without_rotary']))}")
     if used.get("bias") == "alibi":
         parts.append("ALiBi bias added to the scores")
+    elif used.get("bias") == "dynamic mask":
+        parts.append(
+            "Doge's dynamic mask: a per-key bias exp(A · softplus(V W_dt)), recomputed from W_V, added to the "
+            "scores (the scores are not bilinear in the residual)"
+        )
     elif used.get("bias"):
         parts.append("a relative position bias added to the scores")
     if used.get("qk_norm"):

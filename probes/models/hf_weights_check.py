@@ -180,12 +180,32 @@ def _score_bias(kept, l, pattern):
     return None
 
 
+def _dynamic_mask(attn, lw, kept, l, x_q):
+    """Doge's dynamic mask, recomputed from the matrices' V: each key's bias ``exp(A · softplus(V W_dt))``
+    added to every query's score (the module's own ``prepare_dynamic_mask``), as ``("dynamic mask", bias)``."""
+    if not (callable(getattr(attn, "prepare_dynamic_mask", None)) and isinstance(getattr(attn, "dt_proj", None), torch.nn.Module)):
+        return None
+    x_v = kept.get((l, "v_in"), x_q)
+    v = _project(x_v, lw.W_V, lw.b_V)  # [batch, kv_head, pos, d_head]
+    b, n, p, d = v.shape
+    with torch.inference_mode():
+        dt = attn.dt_proj(v.transpose(1, 2).reshape(b, p, n * d))
+        dt = torch.exp(attn.A * torch.nn.functional.softplus(dt)).transpose(-1, -2)
+        m = attn.prepare_dynamic_mask(
+            hidden_states=x_q,
+            dt_states=dt,
+            keep_window_size=attn.keep_window_size,
+            attention_mask=kept[l, "args"].get("attention_mask"),
+        ).float()
+    return "dynamic mask", m[:, lw.kv_index] if m.shape[1] != len(lw.heads) else m
+
+
 def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
     """``{(scale, rotary, order): recomputed pattern}``: the pattern from ``lw``'s Q/K matrices under each
     candidate scale (:attr:`scales`), rotary function and QK-norm order (before or after rotary)."""
     q0 = _project(x_q, lw.W_Q, lw.b_Q)
     k0 = _project(x_k, lw.W_K, lw.b_K)  # per KV head (OLMo 2 normalises all of k's features at once)
-    bias = _score_bias(kept, l, pattern)
+    bias = _score_bias(kept, l, pattern) or _dynamic_mask(attn, lw, kept, l, x_q)
     cap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
     sinks = getattr(attn, "sinks", None)
     sinks = sinks.detach() if torch.is_tensor(sinks) and sinks.numel() == pattern.shape[1] else None
