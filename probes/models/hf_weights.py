@@ -464,6 +464,11 @@ def _positions(learned: bool, used: dict) -> tuple[str, str]:
             parts.append(f"no rotary in layers {', '.join(map(str, used['layers_without_rotary']))}")
     if used.get("bias") == "alibi":
         parts.append("ALiBi bias added to the scores")
+    elif used.get("bias") == "layout scores":
+        parts.append(
+            "LiLT's layout stream: its own scores (layout_query · layout_key of the bbox embeddings) added to "
+            "each text head's scores, a bias from another input"
+        )
     elif used.get("bias") == "dynamic mask":
         parts.append(
             "Doge's dynamic mask: a per-key bias exp(A · softplus(V W_dt)), recomputed from W_V, added to the "

@@ -180,6 +180,21 @@ def _score_bias(kept, l, pattern):
     return None
 
 
+def _layout_scores(attn, kept, l):
+    """LiLT: the layout stream's own scores ``(layout_inputs W_LQ) · (layout_inputs W_LK) / sqrt(d_head / r)``,
+    added to every text head's scores, from the module's own layout projections, as ``("layout scores", bias)``."""
+    own = next((m for m in attn.modules() if hasattr(m, "layout_query") and hasattr(m, "layout_key")), None)
+    li = kept[l, "args"].get("layout_inputs")
+    if own is None or not torch.is_tensor(li):
+        return None
+    r = own.channel_shrink_ratio
+    with torch.inference_mode():
+        lq = own.transpose_for_scores(own.layout_query(li), r=r)
+        lk = own.transpose_for_scores(own.layout_key(li), r=r)
+        bias = torch.matmul(lq, lk.transpose(-1, -2)).float() / (own.attention_head_size // r) ** 0.5
+    return "layout scores", bias
+
+
 def _dynamic_mask(attn, lw, kept, l, x_q):
     """Doge's dynamic mask, recomputed from the matrices' V: each key's bias ``exp(A · softplus(V W_dt))``
     added to every query's score (the module's own ``prepare_dynamic_mask``), as ``("dynamic mask", bias)``."""
@@ -205,7 +220,7 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
     candidate scale (:attr:`scales`), rotary function and QK-norm order (before or after rotary)."""
     q0 = _project(x_q, lw.W_Q, lw.b_Q)
     k0 = _project(x_k, lw.W_K, lw.b_K)  # per KV head (OLMo 2 normalises all of k's features at once)
-    bias = _score_bias(kept, l, pattern) or _dynamic_mask(attn, lw, kept, l, x_q)
+    bias = _score_bias(kept, l, pattern) or _dynamic_mask(attn, lw, kept, l, x_q) or _layout_scores(attn, kept, l)
     cap = getattr(getattr(attn, "config", None), "attn_logit_softcapping", None)
     sinks = getattr(attn, "sinks", None)
     sinks = sinks.detach() if torch.is_tensor(sinks) and sinks.numel() == pattern.shape[1] else None
