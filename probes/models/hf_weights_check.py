@@ -50,8 +50,8 @@ def _capture_hooks(projections, kept: dict):
 
     def keep_io(l, which):
         def hook(m, a, o):
-            kept[l, which + "_in"] = a[0].detach()
-            kept[l, which + "_out"] = (o[0] if isinstance(o, tuple) else o).detach()
+            kept[l, which + "_in"] = a[0].detach().clone()  # Longformer scales its q in place afterwards
+            kept[l, which + "_out"] = (o[0] if isinstance(o, tuple) else o).detach().clone()
 
         return hook
 
@@ -398,9 +398,20 @@ def _heads_output(weights, lw, p, kept, l, pattern, x_v, x_q, factor):
     return outs
 
 
+def _batch_first(t: torch.Tensor, batch: int, n_pos: int) -> torch.Tensor:
+    """A hooked ``[batch, pos, …]`` tensor from one the module ran position-first (Longformer's
+    ``[pos, batch, …]``), at the input's positions (Longformer pads them to a whole number of windows)."""
+    if t.dim() >= 3 and t.shape[0] != batch and t.shape[1] == batch:
+        t = t.transpose(0, 1)
+    return t[:, :n_pos] if t.dim() >= 3 and t.shape[1] > n_pos else t
+
+
 def _layer_errors(weights, lw, p, kept, out, l):
     """``(errors by part, the scores variant that fits best, what the scores used)`` of layer ``l``."""
     pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
+    for key in ("q_in", "k_in", "v_in", "q_out", "k_out"):
+        if (l, key) in kept:
+            kept[l, key] = _batch_first(kept[l, key], pattern.shape[0], pattern.shape[-1])
     x_q = kept[l, "q_in"]
     x_k, x_v = (kept[l, "k_in"], kept[l, "v_in"]) if not p.fused else (x_q, x_q)
     errs = {"out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o)}
