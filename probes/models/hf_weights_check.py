@@ -34,7 +34,12 @@ CHECK_TEXT = (
     "and the dog watched it from the door."
 )
 #: the attention module's QK-norm modules, by name (Qwen3 and OLMo 2; Cohere, StableLM; HunYuan)
-QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"), ("query_layernorm", "key_layernorm"))
+QK_NORMS = (
+    ("q_norm", "k_norm"),
+    ("q_layernorm", "k_layernorm"),
+    ("query_layernorm", "key_layernorm"),
+    ("qk_norm", "qk_norm"),  # Llama 4: one weightless RMSNorm for both
+)
 #: names of the attention module's arguments that carry a bias added to the scores
 _BIAS_ARGS = ("position_bias", "alibi")
 
@@ -140,6 +145,13 @@ def _rotations(attn, args: dict):
     if torch.is_tensor(sp) and callable(own):
         out.append(("the module's apply_rotary_position_embeddings", lambda q, k: tuple(own(sp, q, k)[:2])))
     pe = args.get("position_embeddings")
+    fn = getattr(inspect.getmodule(type(attn)), "apply_rotary_emb", None)
+    if torch.is_tensor(pe) and pe.is_complex() and callable(fn):  # Llama 4: complex frequencies, [b, p, h, d]
+        def cplx(q, k):
+            qr, kr = fn(q.transpose(1, 2), k.transpose(1, 2), pe)
+            return qr.transpose(1, 2).float(), kr.transpose(1, 2).float()
+
+        return [*out, ("the family's apply_rotary_emb (complex)", cplx)]
     rot = getattr(attn, "rotary_emb", None)  # RecurrentGemma: its own rotary embedding, from position_ids
     if pe is None and isinstance(rot, torch.nn.Module) and torch.is_tensor(args.get("position_ids")):
         try:
@@ -241,6 +253,10 @@ def _scores_variants(weights, lw, kept, l, x_q, x_k, attn, pattern):
                 qs = kept[l, "args"].get("attention_scaling")  # Beam's NoPE layers: a per-position query scale
                 if torch.is_tensor(qs):
                     q = q.float() * qs.float()
+                if getattr(attn, "attn_temperature_tuning", False) and not getattr(attn, "use_rope", True):
+                    pos = torch.arange(q.shape[-2], dtype=torch.float32)  # Llama 4's NoPE layers
+                    t = torch.log1p(torch.floor((pos + 1.0) / attn.floor_scale)) * attn.attn_scale + 1.0
+                    q = q.float() * t[:, None]
                 raw = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()[:, lw.kv_index])
                 for scale in weights.scales:
                     sc = raw * scale
@@ -346,7 +362,7 @@ def check_weights(model, weights, projections, *, text: str = CHECK_TEXT, blocks
             int(sp.shape[-1])  # RoFormer: all of each head's features
             if "sinusoidal" in chosen[l0][1] or "position_embeddings" in chosen[l0][1]
             else 2 * int(pe[0].shape[-1])  # GPT-J: sin and cos hold one value per pair
-            if "pairs" in chosen[l0][1]
+            if "pairs" in chosen[l0][1] or "complex" in chosen[l0][1]
             else int(pe[0].shape[-1])
         )
         scores["layers_without_rotary"] = [l for l, c in enumerate(chosen) if c is not None and c[1] == "none"]
