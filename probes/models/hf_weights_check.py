@@ -81,6 +81,7 @@ def _capture_hooks(projections, kept: dict):
         mods = {"q": p.q} if p.fused else {"q": p.q, "k": p.k, "v": p.v}
         for which, m in mods.items():
             handles.append(m.register_forward_hook(keep_io(l, which)))
+        kept[l, "attn"] = p.attn
         handles.append(p.attn.register_forward_pre_hook(keep_args(l), with_kwargs=True))
         handles.append(p.attn.register_forward_hook(keep_returned(l)))
     return handles
@@ -189,7 +190,23 @@ def _score_bias(kept, l, pattern):
     returned = kept.get((l, "returned_bias"))
     if torch.is_tensor(returned) and returned.dim() == 4 and returned.shape[-1] == n_k:
         return "position_bias", returned.float()[..., -n_q:, :]
-    return None
+    return _own_bias(kept[l, "attn"], n_q, n_k)
+
+
+def _own_bias(attn, n_q: int, n_k: int):
+    """UMT5: each layer's own relative position bias (``compute_bias``), neither received nor returned."""
+    own = next(
+        (m for m in attn.modules() if getattr(m, "has_relative_attention_bias", False) and callable(getattr(m, "compute_bias", None))),
+        None,
+    )
+    if own is None:
+        return None
+    try:
+        with torch.inference_mode():
+            bias = own.compute_bias(n_q, n_k)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+    return "position_bias", bias.float()
 
 
 def _layout_scores(attn, kept, l):
