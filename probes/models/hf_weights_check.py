@@ -189,7 +189,9 @@ def _score_bias(kept, l, pattern):
             return name, bias[..., -n_q:, :n_k] if bias.shape[-2] > 1 else bias[..., :n_k]
     returned = kept.get((l, "returned_bias"))
     if torch.is_tensor(returned) and returned.dim() == 4 and returned.shape[-1] == n_k:
-        return "position_bias", returned.float()[..., -n_q:, :]
+        returned = returned.float()[..., -n_q:, :]
+        if returned.shape != pattern.shape or _rel(returned, pattern) > 0:  # GPT-NeoX-Japanese returns its weights there
+            return "position_bias", returned
     return _own_bias(kept[l, "attn"], n_q, n_k)
 
 
