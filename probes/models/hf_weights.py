@@ -495,6 +495,61 @@ NO_PER_HEAD = {
         "per-head QK/OV composition has no exact meaning here: refused"
     ),
 }
+#: embeddings with no per-token W_E, by a config key the family is known by
+NO_W_E = {
+    "trigram_input": "MobileBERT: each position's input is one linear map of the concatenated embeddings of the "
+    "token and its two neighbours (trigram input), so no per-token W_E reaches the residual stream",
+    "num_hash_functions": "CANINE: characters are embedded by hashing each codepoint into several bucket tables "
+    "(concatenated), then downsampled by a strided convolution over positions before the deep stack: no "
+    "per-token W_E reaches the heads' residual stream",
+}
+
+
+def _embedding_width(hf) -> int | None:
+    w = getattr(input_embeddings(hf), "weight", None)
+    return int(w.shape[1]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
+
+
+def structural_refusal(block: nn.Module, o: nn.Module, spec, prefix: str = "") -> str | None:
+    """Why a layer's attention has no per-position per-head weights, read from its modules (one line), or
+    None: a short convolution over positions on its keys or values (Inkling, Zaya), a value read partly from
+    the previous position (Zaya), projections reading the residual stream concatenated with another input
+    (Zamba's shared block: ``[hidden, original embeddings]``)."""
+    chain = _ancestors(block, o)
+    for where, attn in chain[:-1] or chain:  # the nearest holder of a conv below the block (Inkling 2's o_proj is
+        convs = [  # a module of its own inside self_attn, its convolutions inside k_proj / v_proj)
+            rel
+            for rel, m in attn.named_modules()
+            if rel
+            and (
+                (isinstance(m, nn.Conv1d) and m.kernel_size[0] > 1)
+                or ("ShortConvolution" in type(m).__name__ and "ShortConvolution" not in type(attn).__name__)
+            )
+        ]
+        if convs:
+            break
+    where = ".".join(p for p in (prefix, where) if p)
+    if convs:
+        delayed = " and a value half read from the previous position (v_proj_delayed)" if hasattr(attn, "v_proj_delayed") else ""
+        return (
+            f"{where}: queries, keys or values pass through a short causal convolution over positions "
+            f"({', '.join(convs[:3])}){delayed}: a position's q/k/v mixes several positions' projections, so no "
+            "per-position W_Q/W_K/W_V exists"
+        )
+    wide = [
+        rel
+        for rel, m in attn.named_modules()
+        if rel.split(".")[-1] in Q_NAMES + K_NAMES + V_NAMES and (linear_shape(m) or (0,))[0] == 2 * spec.d_model
+    ]
+    if wide:
+        return (
+            f"{where}: the projections ({', '.join(wide[:3])}) read {2 * spec.d_model} features, the residual stream "
+            "concatenated with the original embeddings (a shared attention block): W_Q/W_K/W_V act on that pair, "
+            "not on the residual stream alone"
+        )
+    return None
+
+
 #: why the check may fail, by a config key the family is known by (appended to the check's reason)
 HINTS = {
     "pos_att_type": "DeBERTa's disentangled attention adds content-to-position and position-to-content "
@@ -589,6 +644,18 @@ def hf_weights(model) -> HFModelWeights:
     pos, pad = _pos_embed(model.hf)
     names = {id(m): name for name, m in model.hf.named_modules()}
     prefixes = [names.get(id(b), "") for b in layout.blocks]
+    for b, o, pre in zip(layout.blocks, layout.attn_out, prefixes, strict=True):
+        why = structural_refusal(b, o, spec, pre)
+        if why is not None:
+            raise ModelIncompatibleError(why)
+    if "lsh" in (getattr(config, "attn_layers", None) or []):
+        raise ModelIncompatibleError(
+            "Reformer: its LSH layers share one query_key projection and attend within buckets of positions hashed "
+            "by angle (chunked, each query never scored against itself): no dense pattern from W_Q, W_K"
+        )
+    why = _config_reason(config, NO_W_E) if _embedding_width(model.hf) != spec.d_model else None
+    if why is not None:
+        raise ModelIncompatibleError(why)
     first = find_projections(layout.blocks[0], layout.attn_out[0], spec, prefix=prefixes[0])
     tried = []
     for chosen in FUSED_LAYOUTS if first.fused else (None,):
