@@ -38,7 +38,7 @@ from headscope.probes.models.inhouse.head_weights import LayerWeights, ModelWeig
 __all__ = ["FUSED_LAYOUTS", "HFModelWeights", "HFSource", "LayerProjections", "find_projections", "hf_weights"]
 
 #: last pieces of the module names of separate projections
-Q_NAMES = ("q_proj", "q", "query", "q_lin", "wq", "query_proj", "Wq")
+Q_NAMES = ("q_proj", "q", "query", "q_lin", "wq", "query_proj", "Wq", "q_gate_proj")
 K_NAMES = ("k_proj", "k", "key", "k_lin", "wk", "key_proj", "Wk")
 V_NAMES = ("v_proj", "v", "value", "v_lin", "wv", "value_proj", "Wv")
 #: row layouts of a fused QKV map: ``q|k|v`` (GPT-2, Phi-3, GPT-BigCode, Falcon with multi-query),
@@ -127,7 +127,7 @@ def find_projections(
         (qp, qm), (kp, km), (vp, vm) = q[0], k[0], v[0]
         extras = _extras(attn, dm, h, d)
         if linear_shape(qm)[1] == 2 * h * d and "gate" not in extras:  # Qwen3-Next: per head [query | gate]
-            extras["gate"] = {"module": "q_proj rows", "width": h * d, "in_q": True}
+            extras["gate"] = {"module": "the query projection's rows", "width": h * d, "in_q": True}
         if linear_shape(qm)[1] != h * d * (2 if extras.get("gate", {}).get("in_q") else 1) or linear_shape(km)[1] % d or linear_shape(km)[1] != linear_shape(vm)[1]:
             raise ModelIncompatibleError(
                 f"{where}: projections {qp}/{kp}/{vp} give {linear_shape(qm)[1]}/{linear_shape(km)[1]}/"
@@ -568,7 +568,7 @@ def _config_reason(hf_config, table: dict) -> str | None:
     return None
 
 
-def _frozen(extras: dict, scores: dict) -> list[str]:
+def _frozen(extras: dict, scores: dict, n_heads: int = 0, q_path: str = "q_proj") -> list[str]:
     """In words, what the checked matrices hold frozen at the forward's values (:attr:`HFModelWeights.frozen`)."""
     out = []
     if "v_scale" in extras:
@@ -581,10 +581,10 @@ def _frozen(extras: dict, scores: dict) -> list[str]:
     gate = extras.get("gate")
     if gate:
         act = "/".join(scores.get("gate_activation") or ["?"])
-        where = "the second d_head rows of each head in q_proj" if gate["in_q"] else gate["module"]
-        per = "per feature" if gate["width"] != scores.get("n_heads_width", -1) else "per head"
+        where = f"the second d_head rows of each head in {q_path.rpartition('.')[2]}" if gate["in_q"] else gate["module"]
+        per = "one per head" if gate["width"] == n_heads else "one per feature"
         out.append(
-            f"output gate {act}(x W_gate) from {where} ({gate['width']} features, {per if gate['width'] else ''}) "
+            f"output gate {act}(x W_gate) from {where} ({gate['width']} gates, {per}) "
             "multiplies each head's output before W_O: an input-dependent diagonal frozen at its clean value"
         )
     if "z_norm" in extras:
@@ -674,7 +674,9 @@ def hf_weights(model) -> HFModelWeights:
             weights.norm = record.get("norm", weights.norm)
             weights.scale = record["scores"]["scale"]
             weights.check = {**record, "layout": chosen or "separate", **projections[0].paths}
-            weights.frozen = _frozen(projections[0].extras, record["scores"])
+            weights.frozen = _frozen(
+                projections[0].extras, record["scores"], spec.n_heads, projections[0].paths.get("q", "q_proj")
+            )
             return weights
         tried.append(f"{chosen or 'separate projections'}: {record['reason']}")
     where = ", ".join(f"{k} {v}" for k, v in first.paths.items())

@@ -63,6 +63,67 @@ def test_weights_reproduce_the_forward(family):
     assert lw.W_O.shape == (spec.n_heads, spec.d_head, spec.d_model)
 
 
+#: family -> what its weights must state they hold frozen (or compute exactly) for the check to pass
+FROZEN = {
+    "afmoe": "output gate sigmoid",  # gate_proj, one gate per feature
+    "laguna": "output gate softplus",  # the check chooses the activation
+    "qwen3_next": "q_proj",  # the gate is each head's second d_head rows of q_proj
+    "gemma3n_text": "V-norm",
+    "bitnet": "sub-norm",
+    "granite_swa": "sink as output scaling",
+}
+
+
+@pytest.mark.parametrize("family", sorted(FROZEN))
+def test_gated_and_normed_heads_pass_with_what_is_frozen_stated(family):
+    model = _hf(family)
+    w = model_weights(model)
+    assert max(w.check["errors"].values()) <= 1e-5 and {"z", "out", "pattern", "q", "k"} <= set(w.check["errors"])
+    assert any(FROZEN[family] in line for line in w.frozen), w.frozen
+
+
+def test_without_its_output_gate_afmoe_fails_the_check():
+    """The gate is what makes pattern × V equal the heads' output: the same matrices with it left out fail."""
+    import dataclasses
+
+    from headscope.probes.models.hf_weights import _build
+
+    model = _hf("afmoe")
+    lay = model.layout
+    proj = [find_projections(b, o, model.spec) for b, o in zip(lay.blocks, lay.attn_out)]
+    assert all("gate" in p.extras for p in proj)
+    bare = [dataclasses.replace(p, extras={}) for p in proj]
+    record = check_weights(model, _build(model, bare, None, None), bare)
+    assert not record["passed"] and "heads' output z" in record["reason"] and record["errors"]["z"] > 1e-2
+    assert record["errors"]["pattern"] <= 1e-5  # Q and K are untouched by the gate
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "minicpm3"])
+def test_mla_heads_through_the_frozen_latent_norms(family):
+    """MLA: each head's content key and value are W_DKV · diag(g) · W_UK[h] / W_UV[h] times the latent
+    norm's per-position scale (frozen from the forward); the rotary key part is one for all heads."""
+    model = _hf(family)
+    w = model_weights(model)
+    cfg = model.hf.config
+    dn, dr, dv, h = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, model.spec.n_heads
+    assert max(w.check["errors"].values()) <= 1e-5 and {"q", "k", "k_rope", "v", "z", "out", "pattern"} <= set(
+        w.check["errors"]
+    )
+    lw = w.layer(0)
+    assert lw.W_Q.shape == lw.W_K.shape == (h, model.spec.d_model, dn + dr)
+    assert lw.W_V.shape == (h, model.spec.d_model, dv) and lw.W_O.shape == (h, dv, model.spec.d_model)
+    assert lw.kv_index.tolist() == list(range(h))
+    shared = w.rope_key(0)
+    assert all(torch.equal(lw.W_K[i, :, dn:], shared) for i in range(h))  # one rotary key for every head
+    assert any("kv_a_layernorm" in f for f in w.frozen) and "rotary" in w.positions
+    assert (any("q_a_layernorm" in f for f in w.frozen)) == (cfg.q_lora_rank is not None)
+
+
+def test_convolved_values_are_refused_in_one_line():
+    why = weights_refusal(_hf("inkling_text"))
+    assert "short causal convolution over positions" in why and "v_sconv" in why and "\n" not in why
+
+
 def test_a_wrong_fused_layout_fails_the_check():
     """GPT-2's c_attn is [q | k | v]: read as BLOOM's [head, (q, k, v)] the check says where it fails."""
     model = _hf("gpt2")
@@ -177,7 +238,8 @@ def test_family_counts_in_the_docs_are_the_committed_study():
         "mpnet",
         "t5",
     }
-    assert rows["deepseek_v3"]["reason"].startswith("MLA")
+    assert rows["deepseek_v3"]["status"] == "pass" and any("kv_a_layernorm" in f for f in rows["deepseek_v3"]["frozen"])
+    assert rows["axk2"]["reason"].startswith("MLA")
     doc = " ".join((root / "docs" / "guide" / "weights.md").read_text().split())
     quoted = (
         f"{counts['pass']} of {study['checked']} families pass the check, {counts.get('refused', 0)} are refused "

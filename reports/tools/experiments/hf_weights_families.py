@@ -6,8 +6,9 @@ the hf backend and its weights read and checked against its forward
 ``python -m headscope.reports.tools.experiments.hf_weights_families`` (``make weights-families``;
 ``--families a,b``: those alone, merged into the file) writes ``data/figures/hf_weights_families.json``:
 per family ``status`` (``pass``; ``refused``: the weights' reason; ``no model``: the tiny model does
-not build or load on hf, so no stage of the sweep runs there either), ``layout``, ``positions``, the
-worst relative ``errors`` per part and ``reason``; ``counts`` per status. One core, a few seconds a family.
+not build or load on hf, so no stage of the sweep runs there either), ``layout``, ``positions``, what the
+matrices hold ``frozen`` at the forward's values (norm scales, output gates), the worst relative
+``errors`` per part and ``reason``; ``counts`` per status. One core, a few seconds a family.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def check_family(model_type: str, root: Path) -> dict:
         "layout": w.check["layout"],
         "positions": w.positions,
         "norm": w.norm,
+        "frozen": list(getattr(w, "frozen", [])),
         "errors": {k: float(f"{v:.3g}") for k, v in w.check["errors"].items()},
     }
 
