@@ -256,6 +256,9 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
         if out["v_proj.bias"] is not None:
             out["v_proj.bias"] = out["v_proj.bias"] * p.extras["v_scale"]
     out["o_proj.weight"], out["o_proj.bias"] = _linear(p.o)
+    if "heads_part" in p.extras:  # W_O: the heads' columns; the other mixer's are its own term
+        out["other_mixer.weight"] = out["o_proj.weight"][:, p.extras["heads_part"] :].contiguous()
+        out["o_proj.weight"] = out["o_proj.weight"][:, : p.extras["heads_part"]].contiguous()
     return out
 
 
@@ -295,7 +298,10 @@ class HFSource:
         if not isinstance(getattr(emb, "weight", None), torch.Tensor) or emb.weight.dim() != 2:
             raise ModelIncompatibleError(f"{type(emb).__name__}: no token embedding matrix [vocab, d_model] to read")
         self._t = {"embed.weight": emb.weight}
-        out = model._output_embedding() if hasattr(model, "_output_embedding") else None
+        try:
+            out = model._output_embedding() if hasattr(model, "_output_embedding") else None
+        except AttributeError:  # FSMT's encoder has no get_output_embeddings
+            out = None
         if out is not None and getattr(out, "weight", None) is not None and out.weight is not emb.weight:
             self._t["unembed.weight"] = out.weight
         if pos_embed is not None:
@@ -592,6 +598,12 @@ def _frozen(extras: dict, scores: dict, n_heads: int = 0, q_path: str = "q_proj"
             f"output sub-norm ({extras['z_norm']}): the heads' joined output is RMS-normalised before W_O: a "
             "per-position scale across all heads frozen at the forward's value (its weight is a diagonal before W_O)"
         )
+    if "heads_part" in extras:
+        out.append(
+            f"(exact) the output projection also reads another mixer's {'features'} (ConvBERT's span-based "
+            f"convolution) after the heads' first {extras['heads_part']}: W_O holds the heads' columns, and the "
+            "other mixer's term is the forward's own, not a head's"
+        )
     if "output scaled" in (scores.get("sink_mode") or []):
         out.append(
             "attention sink as output scaling: the pattern returned has no sink column; each head's output is "
@@ -636,18 +648,27 @@ def hf_weights(model) -> HFModelWeights:
     no_meaning = _config_reason(config, NO_PER_HEAD)
     if no_meaning is not None:
         raise ModelIncompatibleError(no_meaning)
-    if layout.heads is not None or layout.turn is not None:
+    if layout.turn not in (None, (0, 1)):  # FSMT's time-major layers are read turned back (the check does)
         raise ModelIncompatibleError(
-            f"{layout.attn_out_name}: the heads share the projection's input with another mixer, or run "
-            "turned axes: per-head weights are not read there"
+            f"{layout.attn_out_name}: the heads run turned axes {layout.turn}: per-head weights are not read there"
         )
     pos, pad = _pos_embed(model.hf)
     names = {id(m): name for name, m in model.hf.named_modules()}
     prefixes = [names.get(id(b), "") for b in layout.blocks]
-    for b, o, pre in zip(layout.blocks, layout.attn_out, prefixes, strict=True):
-        why = structural_refusal(b, o, spec, pre)
-        if why is not None:
-            raise ModelIncompatibleError(why)
+    try:
+        return _checked(model, layout, spec, config, pos, pad, prefixes)
+    except ModelIncompatibleError:
+        for b, o, pre in zip(layout.blocks, layout.attn_out, prefixes, strict=True):
+            why = structural_refusal(b, o, spec, pre)  # the check failed or the projections were not found:
+            if why is not None:  # the reason in the module tree, where there is one
+                raise ModelIncompatibleError(why) from None
+        raise
+
+
+def _checked(model, layout, spec, config, pos, pad, prefixes) -> HFModelWeights:
+    """:func:`hf_weights` past the refusals by design: the projections found and checked."""
+    from headscope.probes.models.hf_weights_check import check_weights
+
     if "lsh" in (getattr(config, "attn_layers", None) or []):
         raise ModelIncompatibleError(
             "Reformer: its LSH layers share one query_key projection and attend within buckets of positions hashed "
@@ -667,6 +688,8 @@ def hf_weights(model) -> HFModelWeights:
         except ModelIncompatibleError as e:  # a layout this map cannot hold: the next
             tried.append(f"{chosen}: {e}")
             continue
+        if layout.heads is not None:  # ConvBERT: the output projection also reads another mixer's features
+            projections = [dataclasses.replace(p, extras={**p.extras, "heads_part": layout.heads}) for p in projections]
         weights = _build(model, projections, pos, pad)
         record = check_weights(model, weights, projections, blocks=layout.blocks)
         if record["passed"]:

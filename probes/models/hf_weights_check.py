@@ -79,6 +79,8 @@ def _capture_hooks(projections, kept: dict):
 
     for l, p in enumerate(projections):
         mods = {"q": p.q} if p.fused else {"q": p.q, "k": p.k, "v": p.v}
+        if "heads_part" in p.extras:
+            mods["o"] = p.o
         for which, m in mods.items():
             handles.append(m.register_forward_hook(keep_io(l, which)))
         kept[l, "attn"] = p.attn
@@ -449,6 +451,9 @@ def _layer_errors(weights, lw, p, kept, out, l):
             kept[l, key] = _batch_first(kept[l, key], pattern.shape[0], pattern.shape[-1])
     x_q = kept[l, "q_in"]
     x_k, x_v = (kept[l, "k_in"], kept[l, "v_in"]) if not p.fused else (x_q, x_q)
+    if "heads_part" in p.extras:  # ConvBERT: the other mixer's term of the output projection, from the forward
+        rest = _batch_first(kept[l, "o_in"], pattern.shape[0], pattern.shape[-1])[..., p.extras["heads_part"] :]
+        o = o - rest.float() @ weights._src._layer(l)["other_mixer.weight"].T
     errs = {"out": _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o)}
     if not p.fused:
         q_out = kept[l, "q_out"]
