@@ -91,6 +91,12 @@ qk: bootstrap
 weights-families: bootstrap
 	OMP_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.hf_weights_families
 
+# docs/guide/models.md's table (and data/sweep/sweep.md) rendered again from the committed data/sweep/sweep.csv and
+# data/figures/hf_weights_families.json (its per-head weights column), nothing run
+.PHONY: sweep-table
+sweep-table: bootstrap
+	.venv/bin/headscope sweep --render --out data/sweep --page docs/guide/models.md
+
 # SmolLM2-135M's induction (16 items), IOI (16) and greater-than (8) circuits by EAP-IG (5 steps) at MIB's budgets
 # beside 5 random circuits each (~15-20 min of one core for induction, ~4 and ~2 min for the others) into
 # data/figures/circuits_smollm2*.json; docs/guide/circuits.md quotes them (tests/analyses/circuits/edges/test_circuits_figures.py)

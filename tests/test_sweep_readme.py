@@ -34,3 +34,22 @@ def test_the_rendering_names_every_built_family_once_with_its_outcome():
     for r in rows:
         if r["built"] == "ok":
             assert table.count(f"`{r['family']}`") == (1 if all(r[s] == "ok" for s in CHECKS) else 2), r["family"]
+
+
+def test_the_weights_column_is_the_committed_weights_study():
+    """Each row's per-head weights cell counts its families that pass the committed weights study
+    (``make weights-families``), and every built family without weights is listed with its reason."""
+    from headscope.reports.tools.sweep.table import weights_study
+
+    rows, study = read_sweep(SWEEP), weights_study()
+    table = render(rows)
+    inhouse = [r["family"] for r in rows if r["backend"] == "inhouse" and all(r[s] == "ok" for s in CHECKS)]
+    passing = sum(study[f]["status"] == "pass" for f in inhouse if f in study)
+    checked = sum(f in study for f in inhouse)
+    assert f"| in-house | all: {', '.join(CHECKS)} | {passing} of {checked} |" in table
+    for r in rows:
+        f = r["family"]
+        if r["built"] == "ok" and f in study and study[f]["status"] != "pass":
+            assert f"| {f} | {study[f]['status']} | " in table, f
+    assert "| llama | " not in table  # a family with weights is not in the list of those without
+    assert render(rows, weights={}).count("per-head weights") == 1  # no study: the column says "-"

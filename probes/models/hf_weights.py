@@ -495,10 +495,8 @@ def _positions(learned: bool, used: dict) -> tuple[str, str]:
 #: attention whose per-head weights have no meaning as x W matrices, by a config key it is known by
 NO_PER_HEAD = {
     "kv_lora_rank": (
-        "MLA (multi-head latent attention): every head's key and value are read up from one shared low-rank "
-        "latent (kv_a_proj_with_mqa, an RMSNorm, then kv_b_proj), with a rotary key part shared by all heads; "
-        "a per-head W_K = W_kv_a · W_kv_b[head] would hold only if the norm between them were linear, so "
-        "per-head QK/OV composition has no exact meaning here: refused"
+        "MLA (multi-head latent attention) whose latent projections are not kv_a_proj_with_mqa, kv_a_layernorm "
+        "and kv_b_proj by name: the per-head maps through the shared latent are not read"
     ),
 }
 #: embeddings with no per-token W_E, by a config key the family is known by

@@ -43,6 +43,12 @@ def register(sub) -> None:
         default=None,
         help="also write the table between the sweep-table markers of FILE (make sweep: docs/guide/models.md)",
     )
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: render DIR/sweep.md (and --page) again from DIR/sweep.csv and the committed "
+        "per-head weights study (after make weights-families)",
+    )
     p.add_argument("--quiet", action="store_true", help="no line per family")
     p.set_defaults(func=run)
 
@@ -85,13 +91,31 @@ def _target(out: Path, name: str) -> Path:
     return path
 
 
+def _render_only(out: Path, page: str | None) -> int:
+    """``--render``: sweep.md and the page rendered again from the committed sweep.csv, nothing run."""
+    from headscope.reports.tools.sweep.run import read_sweep
+    from headscope.reports.tools.sweep.table import render, update_readme
+
+    csv_path = out / "sweep.csv"
+    if not csv_path.is_file():
+        raise ValueError(f"--render: {csv_path} not found (expected the sweep.csv of an earlier sweep)")
+    rows = read_sweep(csv_path)
+    if page is not None:
+        update_readme(Path(page), rows)
+    (out / "sweep.md").write_text(render(rows), encoding="utf-8")
+    print(f"rendered {out / 'sweep.md'}" + (f" and {page}" if page else "") + f" from {csv_path}")
+    return 0
+
+
 def run(args) -> int:
     from headscope.reports.cli.app import main
     from headscope.reports.tools.sweep.run import CHECKS, read_sweep, sweep, write_sweep
     from headscope.reports.tools.sweep.table import counts, readme_block, render, update_readme
 
-    families = families_of(args)
     out = Path(args.out)
+    if args.render:
+        return _render_only(out, args.page)
+    families = families_of(args)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: is a file; give a folder")
     csv_path, md_path = _target(out, "sweep.csv"), _target(out, "sweep.md")

@@ -4,7 +4,9 @@ fails while they differ; ``make sweep`` writes both).
 
 The table groups the families that pass every check (:data:`~.run.CHECKS`; the rendered table
 still calls them stages) by the backend ``--backend auto`` chose, then the families that pass only
-some checks by what they pass; below it, in collapsed lists, each failing family with its first
+some checks by what they pass, with how many of each group have checked per-head weights on the hf
+backend (the committed ``data/figures/hf_weights_families.json``, ``make weights-families``; the
+families without, and why, in a collapsed list); below it, in collapsed lists, each failing family with its first
 failing check and reason, and the text families that could not be
 built from a tiny config, with why.
 
@@ -16,12 +18,24 @@ transformers 5.0: 1 model types of the registry swept, 1 text families built fro
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 
 from headscope.reports.tools.sweep.run import CHECKS
 
-__all__ = ["BEGIN", "END", "counts", "readme_block", "render", "summary", "update_readme"]
+#: the committed study of per-head weights per family (``make weights-families``), read into the table
+WEIGHTS_STUDY = Path(__file__).resolve().parents[3] / "data" / "figures" / "hf_weights_families.json"
+
+
+def weights_study(path: Path = WEIGHTS_STUDY) -> dict[str, dict]:
+    """``{family: row}`` of the committed per-head weights study, ``{}`` where there is none."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))["families"]
+    except (OSError, ValueError, KeyError):
+        return {}
+
+__all__ = ["BEGIN", "END", "counts", "readme_block", "render", "summary", "update_readme", "weights_study"]
 
 #: the markers around the generated table in README.md
 BEGIN = "<!-- sweep-table: generated from data/sweep/sweep.csv by `make sweep`; do not edit by hand -->"
@@ -62,8 +76,19 @@ def _first_failure(row: dict) -> tuple[str, str]:
     return check, row[check]
 
 
-def render(rows: list[dict]) -> str:
-    """The Markdown of ``rows`` (see the module): one summary line, the table, the collapsed lists."""
+def _weights_cell(families: list[str], weights: dict[str, dict]) -> str:
+    """How many of ``families`` have checked per-head weights (the study's ``pass``), of those it checked."""
+    seen = [f for f in families if f in weights]
+    if not seen:
+        return "-"
+    return f"{sum(weights[f]['status'] == 'pass' for f in seen)} of {len(seen)}"
+
+
+def render(rows: list[dict], weights: dict[str, dict] | None = None) -> str:
+    """The Markdown of ``rows`` (see the module): one summary line, the table, the collapsed lists;
+    ``weights``: the per-head weights study per family (default: the committed one,
+    :func:`weights_study`), its column and its list of the families without weights."""
+    weights = weights_study() if weights is None else weights
     built = [r for r in rows if r["built"] == "ok"]
     by_backend: dict[str, list[str]] = defaultdict(list)
     partial: dict[tuple[str, ...], list[str]] = defaultdict(list)
@@ -73,16 +98,33 @@ def render(rows: list[dict]) -> str:
         else:
             passed = tuple(s for s in CHECKS if r[s] == "ok")
             partial[passed].append(f"{r['family']} ({BACKEND_NAMES.get(r['backend'], r['backend'])})")
-    lines = [summary(rows), "", "| backend `auto` chose | stages that run | families |", "|---|---|---|"]
+    head = "| backend `auto` chose | stages that run | per-head weights (hf, checked) | families |"
+    lines = [summary(rows), "", head, "|---|---|---|---|"]
     for backend in ("inhouse", "hf", "bridge"):
         if by_backend.get(backend):
             name = BACKEND_NAMES[backend]
-            lines.append(f"| {name} | all: {', '.join(CHECKS)} | {_names(by_backend[backend])} |")
+            cell = _weights_cell(by_backend[backend], weights)
+            lines.append(f"| {name} | all: {', '.join(CHECKS)} | {cell} | {_names(by_backend[backend])} |")
     for passed in sorted(partial, key=lambda p: (-len(p), p)):
         checks = f"only {', '.join(passed)}" if passed else "none"
         backends = ", ".join(sorted({f.split(" ", 1)[1][1:-1] for f in partial[passed]}))
         names = ", ".join(f"`{f.split(' ')[0]}` {f.split(' ', 1)[1]}" for f in sorted(partial[passed]))
-        lines.append(f"| {backends} | {checks} | {names} |")
+        cell = _weights_cell([f.split(" ")[0] for f in partial[passed]], weights)
+        lines.append(f"| {backends} | {checks} | {cell} | {names} |")
+    without = sorted(
+        r["family"] for r in built if r["family"] in weights and weights[r["family"]]["status"] != "pass"
+    )
+    if without:
+        lines += [
+            "",
+            f"<details><summary>{len(without)} of these families without per-head weights, and why "
+            "(data/figures/hf_weights_families.json, `make weights-families`)</summary>",
+            "",
+            "| family | weights | reason |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {f} | {weights[f]['status']} | {_cell(weights[f]['reason'])} |" for f in without]
+        lines += ["", "</details>"]
     failing = [r for r in built if not _ok(r)]
     if failing:
         lines += ["", f"<details><summary>{len(failing)} families that fail a stage, and why</summary>", ""]

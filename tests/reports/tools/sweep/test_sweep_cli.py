@@ -40,3 +40,25 @@ def test_a_file_in_out_that_is_not_a_sweeps_is_left_alone(capsys, tmp_path):
     assert "sweep.csv is there and is not a headscope sweep's" in capsys.readouterr().err
     assert (tmp_path / "sweep.csv").read_text(encoding="utf-8") == "my,own\n1,2\n"
     assert COLUMNS[0] == "family"
+
+
+def test_render_rewrites_the_table_from_a_committed_sweep_without_running(capsys, tmp_path):
+    """``--render``: sweep.md and the page from DIR/sweep.csv (and the committed weights study), nothing run;
+    without a sweep.csv, one line and exit 2."""
+    import shutil
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[4] / "data" / "sweep" / "sweep.csv"
+    out = tmp_path / "s"
+    out.mkdir()
+    shutil.copy(committed, out / "sweep.csv")
+    page = tmp_path / "models.md"
+    page.write_text(f"# x\n\n{BEGIN}\nold\n{END}\n", encoding="utf-8")
+    assert main(["sweep", "--render", "--out", str(out), "--page", str(page)]) == 0
+    expected = render(read_sweep(out / "sweep.csv"))
+    assert (out / "sweep.md").read_text(encoding="utf-8") == expected and expected in page.read_text(encoding="utf-8")
+    assert "per-head weights (hf, checked)" in expected
+    capsys.readouterr()
+    assert main(["sweep", "--render", "--out", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sweep.csv not found" in err[0]
