@@ -390,8 +390,9 @@ class HFModelWeights(ModelWeights):
         pass
 
     def reading(self) -> dict[str, str]:
-        """:meth:`ModelWeights.reading`, with the position scheme and the attention scale."""
-        return {**super().reading(), "positions": self.positions, "scale": f"{self.scale:.6g}"}
+        """:meth:`ModelWeights.reading`, with the position scheme, the attention scale and what is frozen."""
+        frozen = "; ".join(self.frozen) or "nothing: the matrices alone give each head's output"
+        return {**super().reading(), "positions": self.positions, "scale": f"{self.scale:.6g}", "frozen": frozen}
 
     def layer(self, layer: int) -> LayerWeights:
         lw = super().layer(layer)

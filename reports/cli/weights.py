@@ -138,7 +138,12 @@ def _checked(weights) -> dict:
     from headscope.analyses.run_weights import _check_record
 
     reading = weights.reading()
-    return {"positions": reading["positions"], "scale": reading["scale"], "check": _check_record(check)}
+    return {
+        "positions": reading["positions"],
+        "scale": reading["scale"],
+        "frozen": reading.get("frozen", ""),
+        "check": _check_record(check),
+    }
 
 
 def held_budget(weights) -> int | None:

@@ -213,6 +213,7 @@ def test_weights_command_on_an_mpnet_sentence_transformers_folder(tmp_path):
     assert len(k_pairs) == 4 * 4 and set(k_pairs.receiver_layer) == {1}  # every sender of layer 0, every receiver
     assert run["reader"].startswith("transformers model") and max(run["check"]["errors"].values()) <= 1e-5
     assert "relative position bias" in run["positions"] and "post-norm" in run["folding"]
+    assert run["frozen"].startswith("nothing")  # MPNet: no gate or norm between the projections and W_O
 
 
 def test_refusal_raises_one_line():
