@@ -181,6 +181,7 @@ def mla_weights(model, attns: list[nn.Module], base_cls, shape, source):
         raise ModelIncompatibleError(f"MLA per-head weights fail the check: {record['reason']}")
     weights.check = {**record, "layout": "MLA (low-rank latent Q/KV)"}
     weights.scale = weights.scales[0]
+    weights.norm = record["norm"]
     rot = record["scores"]["rotary"]
     weights.positional = "rope" if rot else "none"
     weights.positions = (
@@ -357,7 +358,7 @@ def _check(model, weights, attns) -> dict:
         "errors": worst,
         "tolerance": tol,
         "scores": {"scale": weights.scales[0], "rotary": sorted(rot_used), "rotary_features": rot_features},
-        "norm": "the output of the norm before attention (MLA: the projections' input)",
+        "norm": "the input of kv_a_proj_with_mqa and the query projection (the output of the norm before attention)",
     }
 
 
