@@ -33,6 +33,7 @@ from torch import nn
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.head_check import input_embeddings
 from headscope.probes.models.hf_layout import linear_shape
+from headscope.probes.models.hf_weights_extras import extras_of, frozen_lines, linear_weights, positions_in_words
 from headscope.probes.models.inhouse.head_weights import LayerWeights, ModelWeights
 
 __all__ = ["FUSED_LAYOUTS", "HFModelWeights", "HFSource", "LayerProjections", "find_projections", "hf_weights"]
@@ -48,19 +49,6 @@ V_NAMES = ("v_proj", "v", "value", "v_lin", "wv", "value_proj", "Wv")
 FUSED_LAYOUTS = ("q|k|v", "head,(q,k,v)", "group,(q…,k,v)", "mp,(q,v,k)")
 
 
-def _linear(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(weight [out, in], bias [out] or None)`` of a linear map, float32 CPU copies (GPT-2's
-    ``Conv1D`` holds ``[in, out]``: transposed; a 1×1 ``nn.Conv1d`` squeezed)."""
-    w = mod.weight.detach()
-    if type(mod).__name__ == "Conv1D":
-        w = w.T
-    elif isinstance(mod, nn.Conv1d):
-        w = w[:, :, 0]
-    b = getattr(mod, "bias", None)
-    b = b.detach().float().cpu().clone() if isinstance(b, torch.Tensor) else None
-    return w.float().cpu().clone(), b
-
-
 @dataclass(frozen=True)
 class LayerProjections:
     """One layer's projection modules: ``q``/``k``/``v`` (the same module where fused), ``o``, the
@@ -74,7 +62,7 @@ class LayerProjections:
     paths: dict
     fused: str | None = None
     n_kv: int = 0
-    #: what sits between the projections and the output projection (:func:`_extras`)
+    #: what sits between the projections and the output projection (:func:`~.hf_weights_extras.extras_of`)
     extras: dict = dataclasses.field(default_factory=dict)
 
 
@@ -125,10 +113,14 @@ def find_projections(
     q, k, v = (_named(attn, names, dm) for names in (Q_NAMES, K_NAMES, V_NAMES))
     if len(q) == len(k) == len(v) == 1:
         (qp, qm), (kp, km), (vp, vm) = q[0], k[0], v[0]
-        extras = _extras(attn, dm, h, d)
+        extras = extras_of(attn, dm, h, d)
         if linear_shape(qm)[1] == 2 * h * d and "gate" not in extras:  # Qwen3-Next: per head [query | gate]
             extras["gate"] = {"module": "the query projection's rows", "width": h * d, "in_q": True}
-        if linear_shape(qm)[1] != h * d * (2 if extras.get("gate", {}).get("in_q") else 1) or linear_shape(km)[1] % d or linear_shape(km)[1] != linear_shape(vm)[1]:
+        if (
+            linear_shape(qm)[1] != h * d * (2 if extras.get("gate", {}).get("in_q") else 1)
+            or linear_shape(km)[1] % d
+            or linear_shape(km)[1] != linear_shape(vm)[1]
+        ):
             raise ModelIncompatibleError(
                 f"{where}: projections {qp}/{kp}/{vp} give {linear_shape(qm)[1]}/{linear_shape(km)[1]}/"
                 f"{linear_shape(vm)[1]} features, not {h} heads × {d} and a whole number of KV heads"
@@ -166,36 +158,7 @@ def find_projections(
         raise ModelIncompatibleError(f"{path}: layout {chosen} needs as many KV heads as heads; got {n_kv} of {h}")
     if chosen == "mp,(q,v,k)" and not isinstance(getattr(attn, "mp_num", None), int):
         raise ModelIncompatibleError(f"{path}: layout {chosen} needs the attention's mp_num (CodeGen's); none")
-    return LayerProjections(attn, m, m, m, o, {"qkv": path}, chosen, n_kv, _extras(attn, dm, h, d))
-
-
-#: output gates by module name: ``act(x W_gate (+ gate_bias))`` multiplies each head's output
-GATE_NAMES = ("gate_proj", "g_proj", "o_gate", "gate")
-#: norms on V (Gemma 3n, Gemma 4) and on the heads' joined output before the output projection (BitNet)
-V_NORM_NAMES = ("v_norm",)
-Z_NORM_NAMES = ("attn_sub_norm", "o_norm", "sub_norm")
-
-
-def _extras(attn: nn.Module, dm: int, h: int, d: int) -> dict:
-    """What sits between ``x W_V`` and the output projection's input, from the attention module: an
-    output gate (a linear map of ``d_model`` onto ``heads`` or ``heads × d_head`` features, its
-    activation chosen by the check), a norm on V, a norm on the heads' joined output, a constant
-    scale on V (MiMo-V2's ``v_scale``)."""
-    out: dict = {}
-    for name in GATE_NAMES:
-        m = getattr(attn, name, None)
-        if isinstance(m, nn.Module) and (linear_shape(m) or (0, 0))[0] == dm and linear_shape(m)[1] in (h, h * d):
-            out["gate"] = {"module": name, "width": linear_shape(m)[1], "in_q": False}
-            break
-    for key, names in (("v_norm", V_NORM_NAMES), ("z_norm", Z_NORM_NAMES)):
-        for name in names:
-            if isinstance(getattr(attn, name, None), nn.Module):
-                out[key] = name
-                break
-    vs = getattr(attn, "v_scale", None)
-    if isinstance(vs, (int, float)) and not isinstance(vs, bool) and float(vs) != 1.0:
-        out["v_scale"] = float(vs)
-    return out
+    return LayerProjections(attn, m, m, m, o, {"qkv": path}, chosen, n_kv, extras_of(attn, dm, h, d))
 
 
 def _split_fused(w: torch.Tensor, layout: str, h: int, n_kv: int, d: int, mp: int | None = None):
@@ -221,7 +184,7 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
     out: dict[str, torch.Tensor | None] = {}
     if p.fused is None:
         for name, mod in (("q", p.q), ("k", p.k), ("v", p.v)):
-            out[f"{name}_proj.weight"], out[f"{name}_proj.bias"] = _linear(mod)
+            out[f"{name}_proj.weight"], out[f"{name}_proj.bias"] = linear_weights(mod)
         gate = p.extras.get("gate")
         if gate and gate["in_q"]:  # rows per head: [query d_head | gate d_head]
             h, d = spec.n_heads, spec.d_head
@@ -230,7 +193,7 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
             if b is not None:
                 out["q_proj.bias"], out["gate.bias"] = (b.view(h, 2, d)[:, i].reshape(-1).contiguous() for i in (0, 1))
     else:
-        w, b = _linear(p.q)
+        w, b = linear_weights(p.q)
         mp = getattr(p.attn, "mp_num", None)
         parts = _split_fused(w, p.fused, spec.n_heads, p.n_kv, spec.d_head, mp)
         biases = _split_fused(b, p.fused, spec.n_heads, p.n_kv, spec.d_head, mp) if b is not None else (None,) * 3
@@ -246,7 +209,7 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
             out[f"{name}_proj.bias"] = None if bt is None else bt.contiguous()
     gate = p.extras.get("gate")
     if gate and not gate["in_q"]:
-        out["gate.weight"], out["gate.bias"] = _linear(getattr(p.attn, gate["module"]))
+        out["gate.weight"], out["gate.bias"] = linear_weights(getattr(p.attn, gate["module"]))
         extra = getattr(p.attn, "gate_bias", None)  # Beam: one learned bias per head, added to its gate
         if isinstance(extra, torch.Tensor):
             per = extra.detach().float().cpu().repeat_interleave(gate["width"] // extra.numel())
@@ -255,7 +218,7 @@ def projection_tensors(p: LayerProjections, spec) -> dict[str, torch.Tensor | No
         out["v_proj.weight"] = out["v_proj.weight"] * p.extras["v_scale"]
         if out["v_proj.bias"] is not None:
             out["v_proj.bias"] = out["v_proj.bias"] * p.extras["v_scale"]
-    out["o_proj.weight"], out["o_proj.bias"] = _linear(p.o)
+    out["o_proj.weight"], out["o_proj.bias"] = linear_weights(p.o)
     if "heads_part" in p.extras:  # W_O: the heads' columns; the other mixer's are its own term
         out["other_mixer.weight"] = out["o_proj.weight"][:, p.extras["heads_part"] :].contiguous()
         out["o_proj.weight"] = out["o_proj.weight"][:, : p.extras["heads_part"]].contiguous()
@@ -361,7 +324,7 @@ def _embedding_map(hf, width: int, d_model: int) -> torch.Tensor | None:
             f"embeddings of width {width} reach d_model {d_model} through {len(maps)} linear maps "
             f"({', '.join(n for n, _ in maps) or 'none'}); W_E not read"
         )
-    return _linear(maps[0][1])[0]
+    return linear_weights(maps[0][1])[0]
 
 
 class HFModelWeights(ModelWeights):
@@ -459,40 +422,6 @@ def _build(model, projections, pos, pad) -> HFModelWeights:
     return HFModelWeights(shape, source, norm="not found", positions=shape.positional, scales=scales)
 
 
-def _positions(learned: bool, used: dict) -> tuple[str, str]:
-    """``(ModelWeights.positional, in words)`` from what the check used."""
-    parts = []
-    if learned:
-        parts.append("learned absolute positions (W_pos)")
-    if used.get("rotary"):
-        how = " or ".join(used["rotary"])
-        parts.append(f"rotary on q and k ({how}, {used.get('rotary_features')} features per head)")
-        if used.get("layers_without_rotary"):
-            parts.append(f"no rotary in layers {', '.join(map(str, used['layers_without_rotary']))}")
-    if used.get("bias") == "alibi":
-        parts.append("ALiBi bias added to the scores")
-    elif used.get("bias") == "layout scores":
-        parts.append(
-            "LiLT's layout stream: its own scores (layout_query · layout_key of the bbox embeddings) added to "
-            "each text head's scores, a bias from another input"
-        )
-    elif used.get("bias") == "dynamic mask":
-        parts.append(
-            "Doge's dynamic mask: a per-key bias exp(A · softplus(V W_dt)), recomputed from W_V, added to the "
-            "scores (the scores are not bilinear in the residual)"
-        )
-    elif used.get("bias"):
-        parts.append("a relative position bias added to the scores")
-    if used.get("qk_norm"):
-        parts.append(f"QK-norm ({' / '.join(used['qk_norm'])}; scores not bilinear in the residual)")
-    if used.get("sinks"):
-        parts.append("attention sinks: a learned logit per head joins each softmax (the rows sum to less than 1)")
-    if used.get("softcap"):
-        parts.append(f"scores soft-capped at {used['softcap']:g}")
-    kind = "rope" if used.get("rotary") else "learned" if learned else used.get("bias") or "none"
-    return kind, "; ".join(parts) or "no position information in attention"
-
-
 #: attention whose per-head weights have no meaning as x W matrices, by a config key it is known by
 NO_PER_HEAD = {
     "kv_lora_rank": (
@@ -511,8 +440,7 @@ NO_W_E = {
 
 
 def _embedding_width(hf) -> int | None:
-    w = getattr(input_embeddings(hf), "weight", None)
-    return int(w.shape[1]) if isinstance(w, torch.Tensor) and w.dim() == 2 else None
+    return int(w.shape[1]) if isinstance(w := getattr(input_embeddings(hf), "weight", None), torch.Tensor) else None
 
 
 def structural_refusal(block: nn.Module, o: nn.Module, spec, prefix: str = "") -> str | None:
@@ -521,7 +449,7 @@ def structural_refusal(block: nn.Module, o: nn.Module, spec, prefix: str = "") -
     the previous position (Zaya), projections reading the residual stream concatenated with another input
     (Zamba's shared block: ``[hidden, original embeddings]``)."""
     chain = _ancestors(block, o)
-    for where, attn in chain[:-1] or chain:  # the nearest holder of a conv below the block (Inkling 2's o_proj is
+    for where, attn in chain[:-1] or chain:  # noqa: B007 - the nearest holder of a conv below the block (Inkling 2's o_proj is
         convs = [  # a module of its own inside self_attn, its convolutions inside k_proj / v_proj)
             rel
             for rel, m in attn.named_modules()
@@ -535,7 +463,11 @@ def structural_refusal(block: nn.Module, o: nn.Module, spec, prefix: str = "") -
             break
     where = ".".join(p for p in (prefix, where) if p)
     if convs:
-        delayed = " and a value half read from the previous position (v_proj_delayed)" if hasattr(attn, "v_proj_delayed") else ""
+        delayed = (
+            " and a value half read from the previous position (v_proj_delayed)"
+            if hasattr(attn, "v_proj_delayed")
+            else ""
+        )
         return (
             f"{where}: queries, keys or values pass through a short causal convolution over positions "
             f"({', '.join(convs[:3])}){delayed}: a position's q/k/v mixes several positions' projections, so no "
@@ -573,44 +505,6 @@ def _config_reason(hf_config, table: dict) -> str | None:
     return None
 
 
-def _frozen(extras: dict, scores: dict, n_heads: int = 0, q_path: str = "q_proj") -> list[str]:
-    """In words, what the checked matrices hold frozen at the forward's values (:attr:`HFModelWeights.frozen`)."""
-    out = []
-    if "v_scale" in extras:
-        out.append(f"(exact, not frozen) V's constant scale {extras['v_scale']:g} folded into W_V and b_V")
-    if "v_norm" in extras:
-        out.append(
-            f"V-norm ({extras['v_norm']}): each KV head's value x W_V is divided by its own RMS at each position: "
-            "a per-position, per-KV-head scale frozen at the forward's value (times the norm's weight, if any)"
-        )
-    gate = extras.get("gate")
-    if gate:
-        act = "/".join(scores.get("gate_activation") or ["?"])
-        where = f"the second d_head rows of each head in {q_path.rpartition('.')[2]}" if gate["in_q"] else gate["module"]
-        per = "one per head" if gate["width"] == n_heads else "one per feature"
-        out.append(
-            f"output gate {act}(x W_gate) from {where} ({gate['width']} gates, {per}) "
-            "multiplies each head's output before W_O: an input-dependent diagonal frozen at its clean value"
-        )
-    if "z_norm" in extras:
-        out.append(
-            f"output sub-norm ({extras['z_norm']}): the heads' joined output is RMS-normalised before W_O: a "
-            "per-position scale across all heads frozen at the forward's value (its weight is a diagonal before W_O)"
-        )
-    if "heads_part" in extras:
-        out.append(
-            f"(exact) the output projection also reads another mixer's {'features'} (ConvBERT's span-based "
-            f"convolution) after the heads' first {extras['heads_part']}: W_O holds the heads' columns, and the "
-            "other mixer's term is the forward's own, not a head's"
-        )
-    if "output scaled" in (scores.get("sink_mode") or []):
-        out.append(
-            "attention sink as output scaling: the pattern returned has no sink column; each head's output is "
-            "scaled by sigmoid(logsumexp(scores) - sink), recomputed from W_Q, W_K (exact, not frozen)"
-        )
-    return out
-
-
 def _mla(model, layout) -> HFModelWeights | None:
     """The checked weights of an MLA model (:mod:`~headscope.probes.models.hf_weights_mla`), None where
     its attention is not MLA."""
@@ -636,8 +530,6 @@ def hf_weights(model) -> HFModelWeights:
     :func:`~headscope.probes.models.hf_weights_check.check_weights` (its record is the weights'
     ``check``). Raises :class:`ModelIncompatibleError` naming the module not understood or the
     check that failed."""
-    from headscope.probes.models.hf_weights_check import check_weights
-
     layout = model.layout
     spec = model.spec
     config = getattr(model.hf, "config", None)
@@ -692,11 +584,11 @@ def _checked(model, layout, spec, config, pos, pad, prefixes) -> HFModelWeights:
         weights = _build(model, projections, pos, pad)
         record = check_weights(model, weights, projections, blocks=layout.blocks)
         if record["passed"]:
-            weights.positional, weights.positions = _positions(pos is not None, record["scores"])
+            weights.positional, weights.positions = positions_in_words(pos is not None, record["scores"])
             weights.norm = record.get("norm", weights.norm)
             weights.scale = record["scores"]["scale"]
             weights.check = {**record, "layout": chosen or "separate", **projections[0].paths}
-            weights.frozen = _frozen(
+            weights.frozen = frozen_lines(
                 projections[0].extras, record["scores"], spec.n_heads, projections[0].paths.get("q", "q_proj")
             )
             return weights

@@ -150,6 +150,7 @@ def _rotations(attn, args: dict):
     pe = args.get("position_embeddings")
     fn = getattr(inspect.getmodule(type(attn)), "apply_rotary_emb", None)
     if torch.is_tensor(pe) and pe.is_complex() and callable(fn):  # Llama 4: complex frequencies, [b, p, h, d]
+
         def cplx(q, k):
             qr, kr = fn(q.transpose(1, 2), k.transpose(1, 2), pe)
             return qr.transpose(1, 2).float(), kr.transpose(1, 2).float()
@@ -192,7 +193,9 @@ def _score_bias(kept, l, pattern):
     returned = kept.get((l, "returned_bias"))
     if torch.is_tensor(returned) and returned.dim() == 4 and returned.shape[-1] == n_k:
         returned = returned.float()[..., -n_q:, :]
-        if returned.shape != pattern.shape or _rel(returned, pattern) > 0:  # GPT-NeoX-Japanese returns its weights there
+        if (
+            returned.shape != pattern.shape or _rel(returned, pattern) > 0
+        ):  # GPT-NeoX-Japanese returns its weights there
             return "position_bias", returned
     return _own_bias(kept[l, "attn"], n_q, n_k)
 
@@ -200,7 +203,11 @@ def _score_bias(kept, l, pattern):
 def _own_bias(attn, n_q: int, n_k: int):
     """UMT5: each layer's own relative position bias (``compute_bias``), neither received nor returned."""
     own = next(
-        (m for m in attn.modules() if getattr(m, "has_relative_attention_bias", False) and callable(getattr(m, "compute_bias", None))),
+        (
+            m
+            for m in attn.modules()
+            if getattr(m, "has_relative_attention_bias", False) and callable(getattr(m, "compute_bias", None))
+        ),
         None,
     )
     if own is None:
@@ -231,7 +238,10 @@ def _layout_scores(attn, kept, l):
 def _dynamic_mask(attn, lw, kept, l, x_q):
     """Doge's dynamic mask, recomputed from the matrices' V: each key's bias ``exp(A · softplus(V W_dt))``
     added to every query's score (the module's own ``prepare_dynamic_mask``), as ``("dynamic mask", bias)``."""
-    if not (callable(getattr(attn, "prepare_dynamic_mask", None)) and isinstance(getattr(attn, "dt_proj", None), torch.nn.Module)):
+    if not (
+        callable(getattr(attn, "prepare_dynamic_mask", None))
+        and isinstance(getattr(attn, "dt_proj", None), torch.nn.Module)
+    ):
         return None
     x_v = kept.get((l, "v_in"), x_q)
     v = _project(x_v, lw.W_V, lw.b_V)  # [batch, kv_head, pos, d_head]

@@ -260,16 +260,17 @@ def _rotations(attn):
 
 def _gate_of(attn, dm: int, h: int, dv: int):
     """``(W_gate [width, d_model], bias or None)`` of the attention's sigmoid output gate, or None."""
-    from headscope.probes.models.hf_weights import _extras, _linear
+    from headscope.probes.models.hf_weights_extras import extras_of, linear_weights
 
-    gate = _extras(attn, dm, h, dv).get("gate")
-    return _linear(getattr(attn, gate["module"])) if gate else None
+    gate = extras_of(attn, dm, h, dv).get("gate")
+    return linear_weights(getattr(attn, gate["module"])) if gate else None
 
 
 def _check(model, weights, attns) -> dict:
-    from headscope.probes.models.hf_weights_check import CHECK_TEXT, _heads, _softmax
+    """Run the check text and compare, layer by layer, what ``weights`` compute with the forward's own
+    (see the module doc); the record :func:`~headscope.probes.models.hf_weights_check.check_weights` gives."""
+    from headscope.probes.models.hf_weights_check import CHECK_TEXT
 
-    h = model.spec.n_heads
     kept: dict = {}
     batch = model.encode(texts=[CHECK_TEXT])
     handles = _hooks(attns, kept)
@@ -284,70 +285,10 @@ def _check(model, weights, attns) -> dict:
     rot_used: set = set()
     rot_features = 0
     for l, attn in enumerate(attns):
-        t = layer_tensors(attn, h)
-        lw = weights.layer(l)
-        rank, dn, dr, dv = t["dims"]
-        x = kept[l, "kv_a_proj_with_mqa_in"]
-        gate = _gate_of(attn, x.shape[-1], h, dv)
-        sinks = getattr(attn, "sinks", None)
-        sinks = sinks.detach().float() if torch.is_tensor(sinks) and sinks.numel() == h else None
-        g = attn.kv_a_layernorm.weight.detach().float()
-        r_kv = _norm_scale(kept[l, "kv_a_layernorm_in"], kept[l, "kv_a_layernorm_out"], g)[:, None]  # [b,1,p,1]
-
-        def proj(W, b):
-            y = torch.einsum("bpm,hmd->bhpd", x, W)
-            return y + b[None, :, None, :] if b is not None else y
-
-        q = proj(lw.W_Q, lw.b_Q)
-        if t["q_lora"]:
-            gq = attn.q_a_layernorm.weight.detach().float()
-            q = q * _norm_scale(kept[l, "q_a_layernorm_in"], kept[l, "q_a_layernorm_out"], gq)[:, None]
-            q_model = kept[l, "q_b_proj_out"]
-        else:
-            q_model = kept[l, "q_proj_out"]
-        b_, p_ = x.shape[:2]
-        q_model = q_model.view(b_, p_, h, dn + dr).transpose(1, 2) * t["q_scale"]
-        k = proj(lw.W_K, lw.b_K)
-        k_c, k_r = k[..., :dn] * r_kv, k[..., dn:]
-        k_r_model = kept[l, "kv_a_proj_with_mqa_out"][..., rank:]
-        if t["k_rope_norm"]:
-            n = attn.k_rope_only_layernorm
-            k_in, k_out = kept[l, "k_rope_only_layernorm_in"], kept[l, "k_rope_only_layernorm_out"]
-            k_r = k_r * _norm_scale(k_in.reshape(b_ := x.shape[0], -1, dr), k_out.reshape(b_, -1, dr),
-                                    n.weight.detach().float())[:, None]
-            k_r_model = k_out.reshape(b_, -1, dr)
-        v = proj(lw.W_V, lw.b_V) * r_kv
-        kvb = kept[l, "kv_b_proj_out"].view(b_, p_, h, dn + dv).transpose(1, 2)
-        errs = {
-            "q": _rel(q, q_model),
-            "k": _rel(k_c, kvb[..., :dn]),
-            "k_rope": _rel(k_r[:, 0], k_r_model),
-            "v": _rel(v, kvb[..., dn:]),
-        }
-        pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
-        pv = torch.einsum("bhqk,bhkd->bhqd", pattern, v)
-        if gate is not None:
-            pv = pv * torch.sigmoid(_heads(x @ gate[0].T + (gate[1] if gate[1] is not None else 0.0), h))
-        errs["z"] = _rel(pv, z)
-        errs["out"] = _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o)
-        fits = {}
-        pe = kept.get((l, "pe"))
-        for name, rotate in _rotations(attn):
-            try:
-                with torch.inference_mode():
-                    q_r, k_rr = rotate(q[..., dn:], k_r[:, :1], pe)
-            except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
-                continue
-            qq = torch.cat([q[..., :dn], q_r.float()], -1)
-            kk = torch.cat([k_c, k_rr.float().expand(-1, h, -1, -1)], -1)
-            sc = torch.einsum("bhqd,bhkd->bhqk", qq, kk) * weights.scales[0]
-            sc = sc.masked_fill(pattern == 0, float("-inf"))
-            fits[name] = _rel(_softmax(sc, sinks), pattern)
-        best = min(fits, key=fits.get) if fits else None
-        errs["pattern"] = fits[best] if best else float("inf")
+        errs, best = _layer_errors(model, weights, attn, kept, out, l)
         if best and best != "none":
             rot_used.add(best)
-            rot_features = dr
+            rot_features = int(attn.config.qk_rope_head_dim)
         for part, e in errs.items():
             worst[part] = max(worst.get(part, 0.0), e)
             if reason is None and not e <= tol:
@@ -360,6 +301,78 @@ def _check(model, weights, attns) -> dict:
         "scores": {"scale": weights.scales[0], "rotary": sorted(rot_used), "rotary_features": rot_features},
         "norm": "the input of kv_a_proj_with_mqa and the query projection (the output of the norm before attention)",
     }
+
+
+def _qkv(attn, lw, t, kept, l, h):
+    """Layer ``l``'s ``(q, content k, rotary k, v)`` from the matrices, the latent norms' scales taken from
+    the forward, and the forward's own ``(q, kv_b_proj's output, rotary k)`` to compare them with."""
+    rank, dn, dr, dv = t["dims"]
+    x = kept[l, "kv_a_proj_with_mqa_in"]
+    b_, p_ = x.shape[:2]
+    g = attn.kv_a_layernorm.weight.detach().float()
+    r_kv = _norm_scale(kept[l, "kv_a_layernorm_in"], kept[l, "kv_a_layernorm_out"], g)[:, None]  # [b, 1, p, 1]
+
+    def proj(W, b):
+        y = torch.einsum("bpm,hmd->bhpd", x, W)
+        return y + b[None, :, None, :] if b is not None else y
+
+    q = proj(lw.W_Q, lw.b_Q)
+    if t["q_lora"]:
+        gq = attn.q_a_layernorm.weight.detach().float()
+        q = q * _norm_scale(kept[l, "q_a_layernorm_in"], kept[l, "q_a_layernorm_out"], gq)[:, None]
+    q_model = kept[l, "q_b_proj_out" if t["q_lora"] else "q_proj_out"]
+    q_model = q_model.view(b_, p_, h, dn + dr).transpose(1, 2) * t["q_scale"]
+    k = proj(lw.W_K, lw.b_K)
+    k_c, k_r = k[..., :dn] * r_kv, k[..., dn:]
+    k_r_model = kept[l, "kv_a_proj_with_mqa_out"][..., rank:]
+    if t["k_rope_norm"]:  # Dots: the shared rotary key's own norm, its scale from the forward too
+        k_in = kept[l, "k_rope_only_layernorm_in"].reshape(b_, -1, dr)
+        k_r_model = kept[l, "k_rope_only_layernorm_out"].reshape(b_, -1, dr)
+        k_r = k_r * _norm_scale(k_in, k_r_model, attn.k_rope_only_layernorm.weight.detach().float())[:, None]
+    v = proj(lw.W_V, lw.b_V) * r_kv
+    kvb = kept[l, "kv_b_proj_out"].view(b_, p_, h, dn + dv).transpose(1, 2)
+    return (q, k_c, k_r, v), (q_model, kvb, k_r_model)
+
+
+def _layer_errors(model, weights, attn, kept, out, l):
+    """``(relative error by part, the rotary that fits best)`` of MLA layer ``l``."""
+    from headscope.probes.models.hf_weights_check import _heads, _softmax
+
+    h = model.spec.n_heads
+    t = layer_tensors(attn, h)
+    lw = weights.layer(l)
+    dn, dv = t["dims"][1], t["dims"][3]
+    (q, k_c, k_r, v), (q_model, kvb, k_r_model) = _qkv(attn, lw, t, kept, l, h)
+    x = kept[l, "kv_a_proj_with_mqa_in"]
+    errs = {
+        "q": _rel(q, q_model),
+        "k": _rel(k_c, kvb[..., :dn]),
+        "k_rope": _rel(k_r[:, 0], k_r_model),
+        "v": _rel(v, kvb[..., dn:]),
+    }
+    pattern, z, o = out["pattern", l].float(), out["z", l].float(), out["out", l].float()
+    pv = torch.einsum("bhqk,bhkd->bhqd", pattern, v)
+    gate = _gate_of(attn, x.shape[-1], h, dv)
+    if gate is not None:
+        pv = pv * torch.sigmoid(_heads(x @ gate[0].T + (gate[1] if gate[1] is not None else 0.0), h))
+    errs["z"] = _rel(pv, z)
+    errs["out"] = _rel(torch.einsum("bhpd,hdm->bpm", z, lw.W_O) + (lw.b_O if lw.b_O is not None else 0.0), o)
+    sinks = getattr(attn, "sinks", None)
+    sinks = sinks.detach().float() if torch.is_tensor(sinks) and sinks.numel() == h else None
+    fits = {}
+    for name, rotate in _rotations(attn):
+        try:
+            with torch.inference_mode():
+                q_r, k_rr = rotate(q[..., dn:], k_r[:, :1], kept.get((l, "pe")))
+        except (RuntimeError, TypeError, ValueError, AttributeError, IndexError):
+            continue
+        qq = torch.cat([q[..., :dn], q_r.float()], -1)
+        kk = torch.cat([k_c, k_rr.float().expand(-1, h, -1, -1)], -1)
+        sc = torch.einsum("bhqd,bhkd->bhqk", qq, kk) * weights.scales[0]
+        fits[name] = _rel(_softmax(sc.masked_fill(pattern == 0, float("-inf")), sinks), pattern)
+    best = min(fits, key=fits.get) if fits else None
+    errs["pattern"] = fits[best] if best else float("inf")
+    return errs, best
 
 
 _PARTS = {

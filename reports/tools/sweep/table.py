@@ -35,6 +35,7 @@ def weights_study(path: Path = WEIGHTS_STUDY) -> dict[str, dict]:
     except (OSError, ValueError, KeyError):
         return {}
 
+
 __all__ = ["BEGIN", "END", "counts", "readme_block", "render", "summary", "update_readme", "weights_study"]
 
 #: the markers around the generated table in README.md
@@ -111,9 +112,7 @@ def render(rows: list[dict], weights: dict[str, dict] | None = None) -> str:
         names = ", ".join(f"`{f.split(' ')[0]}` {f.split(' ', 1)[1]}" for f in sorted(partial[passed]))
         cell = _weights_cell([f.split(" ")[0] for f in partial[passed]], weights)
         lines.append(f"| {backends} | {checks} | {cell} | {names} |")
-    without = sorted(
-        r["family"] for r in built if r["family"] in weights and weights[r["family"]]["status"] != "pass"
-    )
+    without = sorted(r["family"] for r in built if r["family"] in weights and weights[r["family"]]["status"] != "pass")
     if without:
         lines += [
             "",
