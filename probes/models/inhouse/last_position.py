@@ -1,0 +1,136 @@
+"""Re-run only each row's last position of a forward, from a layer on, with the earlier positions'
+keys and values kept: what patching a head's output at the last position costs when nothing before
+it changes (a causal model: the earlier positions never see the last).
+
+:func:`prefix_run` runs the in-house decoder once over a right-padded batch and keeps, per layer,
+the keys and values its attention read ``[batch, kv_head, pos, d_head]`` (after QK-norm and RoPE),
+the residual entering the layer at each row's last real position ``[batch, d_model]`` and the heads'
+``z`` there ``[batch, head, d_head]``, with the last position's logits. :func:`last_position_logits`
+then runs rows of that batch from layer ``start`` on at their last position only, the query reading
+the kept keys and its own new key and value, ``z_fn`` changing layer ``start``'s ``z``: the logits
+the full forward with the same change would give (checked in tests to float32 rounding), at the
+cost of one position. Pre-norm and sandwich-norm causal decoders; a post-norm model, a KV window
+or an encoder is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from headscope.probes.errors import ModelIncompatibleError
+from headscope.probes.models.inhouse.attention import apply_rope, attention_pattern, repeat_kv, rope_cos_sin
+from headscope.probes.models.inhouse.hooks import hooks
+from headscope.probes.models.inhouse.transformer import Transformer, soft_capped
+
+
+@dataclass
+class PrefixRun:
+    """One forward's state for re-running its rows' last positions (module docstring)."""
+
+    keys: list[torch.Tensor]  # per layer [batch, kv_head, pos, d_head]
+    values: list[torch.Tensor]  # per layer [batch, kv_head, pos, d_head]
+    resid: list[torch.Tensor]  # per layer, entering it at the last position [batch, d_model]
+    z_last: list[torch.Tensor]  # per layer [batch, head, d_head]
+    logits: torch.Tensor  # [batch, vocab] at the last position
+    last: torch.Tensor  # [batch] the last real position of each row
+    attention_mask: torch.Tensor  # [batch, pos]
+
+
+def check_network(network) -> Transformer:
+    """``network`` if :func:`last_position_logits` can run it; ``ModelIncompatibleError`` (one line) otherwise."""
+    if not isinstance(network, Transformer):
+        raise ModelIncompatibleError("re-running the last position needs the in-house backend (--backend inhouse)")
+    cfg = network.cfg
+    if cfg.encoder or not cfg.causal or cfg.post_norm:
+        raise ModelIncompatibleError("re-running the last position needs a pre-norm causal decoder")
+    if any(b.attn.kv_window for b in network.blocks) or any(len(b.heads) != cfg.n_heads for b in network.blocks):
+        raise ModelIncompatibleError("re-running the last position needs every head and no KV window")
+    return network
+
+
+def prefix_run(network: Transformer, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PrefixRun:
+    """One forward of a right-padded batch, keeping what :func:`last_position_logits` reads."""
+    check_network(network)
+    n = len(network.blocks)
+    rope = network.cfg.positional == "rope"
+    last = attention_mask.sum(1) - 1
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    got: dict = {}
+
+    def keep(key):
+        return lambda t, name: got.__setitem__(key, t.detach())
+
+    pairs = []
+    for l, b in enumerate(network.blocks):
+        pairs += [
+            (b.hook_resid_pre, keep(("resid", l))),
+            (b.attn.hook_k_rot if rope else b.attn.hook_k, keep(("k", l))),
+            (b.attn.hook_v, keep(("v", l))),
+            (b.attn.hook_z, keep(("z", l))),
+        ]
+    with torch.inference_mode(), hooks(pairs):
+        logits = network(input_ids, attention_mask)
+    return PrefixRun(
+        keys=[got["k", l] for l in range(n)],
+        values=[got["v", l] for l in range(n)],
+        resid=[got["resid", l][rows, last] for l in range(n)],
+        z_last=[got["z", l][rows, :, last] for l in range(n)],
+        logits=logits[rows, last].float(),
+        last=last,
+        attention_mask=attention_mask,
+    )
+
+
+def last_position_logits(
+    network: Transformer,
+    run: PrefixRun,
+    rows: torch.Tensor,
+    start: int,
+    z_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Logits ``[len(rows), vocab]`` (float32) at the last position of the batch rows ``rows`` (a row
+    may repeat: one replica per change), run from layer ``start`` on; ``z_fn(z [R, head, d_head]) -> z``
+    changes layer ``start``'s heads' output there (None: unchanged, the forward's own logits)."""
+    check_network(network)
+    cfg = network.cfg
+    x = run.resid[start][rows]  # [R, d_model]
+    pos = run.last[rows]
+    r = torch.arange(len(rows), device=x.device)
+    keys_at = torch.arange(run.attention_mask.shape[1], device=x.device)[None, :]
+    real = run.attention_mask[rows].bool() & (keys_at <= pos[:, None])  # [R, key]
+    with torch.inference_mode():
+        for l in range(start, len(network.blocks)):
+            block = network.blocks[l]
+            attn = block.attn
+            h = block.ln1(x)[:, None]  # [R, 1, d_model]
+            q = attn._split(attn.q_proj(h), attn.n_heads)  # [R, head, 1, d_head]
+            k = attn._split(attn.k_proj(h), attn.n_kv_heads)
+            v = attn._split(attn.v_proj(h), attn.n_kv_heads)
+            if attn.qk_norm:
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            if cfg.positional == "rope":
+                cos, sin = rope_cos_sin(pos[:, None], cfg.d_head, block.rope_theta, block.rope_scaling)
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            keys, values = run.keys[l][rows].clone(), run.values[l][rows].clone()
+            keys[r, :, pos], values[r, :, pos] = k[:, :, 0], v[:, :, 0]
+            allowed = real if block.window is None else real & (pos[:, None] - keys_at < block.window)
+            mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+            mask = mask.masked_fill(~allowed, torch.finfo(q.dtype).min)[:, None, None, :]
+            pattern = attention_pattern(q, keys, mask, attn.kv_index, scale=attn.scale, softcap=attn.softcap)
+            z = torch.matmul(pattern, repeat_kv(values, attn.kv_index))[:, :, 0]  # [R, head, d_head]
+            if l == start and z_fn is not None:
+                z = z_fn(z)
+            if not bool((attn.gate == 1).all()):
+                gate = attn.gate.to(z.dtype)[None, :, None]
+                z = gate * z + (1 - gate) * attn.ablation_value.to(z.dtype)[None]
+            out = attn.o_proj(z.reshape(len(rows), -1))
+            if block.sandwich_norm:
+                x = x + block.ln1_post(out)
+                x = x + block.ln2_post(block.mlp(block.ln2(x)))
+            else:
+                x = x + out
+                x = x + block.mlp(block.ln2(x))
+        return soft_capped(network.unembed(network.ln_final(x)), cfg.final_softcap).float()
