@@ -18,6 +18,7 @@ from headscope.analyses.roles import (
     clustering,
     copy_suppression,
     coreference,
+    function_vector,
     induction,
     pattern_stats,
     positional,
@@ -38,6 +39,7 @@ MODULES = (
     induction,
     successor,
     copy_suppression,
+    function_vector,
     syntactic,
     coreference,
 )

@@ -6,8 +6,9 @@ it changes (a causal model: the earlier positions never see the last).
 the keys and values its attention read ``[batch, kv_head, pos, d_head]`` (after QK-norm and RoPE),
 the residual entering the layer at each row's last real position ``[batch, d_model]`` and the heads'
 ``z`` there ``[batch, head, d_head]``, with the last position's logits. :func:`last_position_logits`
-then runs rows of that batch from layer ``start`` on at their last position only, the query reading
-the kept keys and its own new key and value, ``z_fn`` changing layer ``start``'s ``z``: the logits
+then runs the rows of that batch (``replicas`` times over, one replica per change) from layer
+``start`` on at their last position only, the query reading the kept keys and its own new key and
+value, ``z_fn`` changing layer ``start``'s ``z``: the logits
 the full forward with the same change would give (checked in tests to float32 rounding), at the
 cost of one position. Pre-norm and sandwich-norm causal decoders; a post-norm model, a KV window
 or an encoder is refused.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from headscope.probes.errors import ModelIncompatibleError
-from headscope.probes.models.inhouse.attention import apply_rope, attention_pattern, repeat_kv, rope_cos_sin
+from headscope.probes.models.inhouse.attention import apply_rope, rope_cos_sin
 from headscope.probes.models.inhouse.hooks import hooks
 from headscope.probes.models.inhouse.transformer import Transformer, soft_capped
 
@@ -87,46 +88,59 @@ def prefix_run(network: Transformer, input_ids: torch.Tensor, attention_mask: to
 def last_position_logits(
     network: Transformer,
     run: PrefixRun,
-    rows: torch.Tensor,
     start: int,
     z_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    replicas: int = 1,
 ) -> torch.Tensor:
-    """Logits ``[len(rows), vocab]`` (float32) at the last position of the batch rows ``rows`` (a row
-    may repeat: one replica per change), run from layer ``start`` on; ``z_fn(z [R, head, d_head]) -> z``
-    changes layer ``start``'s heads' output there (None: unchanged, the forward's own logits)."""
+    """Logits ``[replicas × batch, vocab]`` (float32) at the last position of every row of ``run``'s
+    batch, ``replicas`` times over (row ``r × batch + i`` is replica ``r`` of row ``i``), run from
+    layer ``start`` on; ``z_fn(z [replicas × batch, head, d_head]) -> z`` changes layer ``start``'s
+    heads' output there (None: unchanged, the forward's own logits). The kept keys and values are
+    read once for every replica (never copied per replica)."""
     check_network(network)
     cfg = network.cfg
-    x = run.resid[start][rows]  # [R, d_model]
-    pos = run.last[rows]
-    r = torch.arange(len(rows), device=x.device)
+    b = run.last.shape[0]
+    x = run.resid[start].repeat(replicas, 1)  # [R, d_model]
+    pos, rb = run.last, torch.arange(b, device=x.device)
     keys_at = torch.arange(run.attention_mask.shape[1], device=x.device)[None, :]
-    real = run.attention_mask[rows].bool() & (keys_at <= pos[:, None])  # [R, key]
+    real = run.attention_mask.bool() & (keys_at <= pos[:, None])  # [b, key]
     with torch.inference_mode():
         for l in range(start, len(network.blocks)):
             block = network.blocks[l]
             attn = block.attn
             h = block.ln1(x)[:, None]  # [R, 1, d_model]
             q = attn._split(attn.q_proj(h), attn.n_heads)  # [R, head, 1, d_head]
-            k = attn._split(attn.k_proj(h), attn.n_kv_heads)
+            k = attn._split(attn.k_proj(h), attn.n_kv_heads)  # [R, kv_head, 1, d_head]
             v = attn._split(attn.v_proj(h), attn.n_kv_heads)
             if attn.qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
             if cfg.positional == "rope":
-                cos, sin = rope_cos_sin(pos[:, None], cfg.d_head, block.rope_theta, block.rope_scaling)
+                cos, sin = rope_cos_sin(pos.repeat(replicas)[:, None], cfg.d_head, block.rope_theta, block.rope_scaling)
                 q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            keys, values = run.keys[l][rows].clone(), run.values[l][rows].clone()
-            keys[r, :, pos], values[r, :, pos] = k[:, :, 0], v[:, :, 0]
+            kv = attn.kv_index.to(x.device)
+            q = q[:, :, 0].view(replicas, b, attn.n_heads, -1)  # [rep, b, head, d_head]
+            k_new = k[:, kv, 0].view(replicas, b, attn.n_heads, -1)
+            v_new = v[:, kv, 0].view(replicas, b, attn.n_heads, -1)
+            keys, values = run.keys[l][:, kv], run.values[l][:, kv]  # [b, head, key, d_head]
+            scores = torch.einsum("rbhd,bhkd->rbhk", q, keys)
+            own = (q * k_new).sum(-1, keepdim=True)  # [rep, b, head, 1]: the query's own new key
+            at = pos[None, :, None, None].expand(replicas, b, attn.n_heads, 1)
+            scores = scores.scatter(-1, at, own) * (q.shape[-1] ** -0.5 if attn.scale is None else attn.scale)
+            if attn.softcap is not None:
+                scores = torch.tanh(scores / attn.softcap) * attn.softcap
             allowed = real if block.window is None else real & (pos[:, None] - keys_at < block.window)
             mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
-            mask = mask.masked_fill(~allowed, torch.finfo(q.dtype).min)[:, None, None, :]
-            pattern = attention_pattern(q, keys, mask, attn.kv_index, scale=attn.scale, softcap=attn.softcap)
-            z = torch.matmul(pattern, repeat_kv(values, attn.kv_index))[:, :, 0]  # [R, head, d_head]
+            mask = mask.masked_fill(~allowed, torch.finfo(q.dtype).min)[None, :, None, :]
+            pattern = torch.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
+            z = torch.einsum("rbhk,bhkd->rbhd", pattern, values)
+            z = z + pattern.gather(-1, at) * (v_new - values[rb, :, pos][None])  # the own value, new
+            z = z.reshape(replicas * b, attn.n_heads, -1)
             if l == start and z_fn is not None:
                 z = z_fn(z)
             if not bool((attn.gate == 1).all()):
                 gate = attn.gate.to(z.dtype)[None, :, None]
                 z = gate * z + (1 - gate) * attn.ablation_value.to(z.dtype)[None]
-            out = attn.o_proj(z.reshape(len(rows), -1))
+            out = attn.o_proj(z.reshape(replicas * b, -1))
             if block.sandwich_norm:
                 x = x + block.ln1_post(out)
                 x = x + block.ln2_post(block.mlp(block.ln2(x)))

@@ -288,3 +288,65 @@ def planted_sentences(n: int, *, seed: int = 0) -> list[str]:
         words.append(rng.choice([".", ".", "!", "?"]))
         out.append(" ".join(words))
     return out
+
+
+#: the free residual dimensions :func:`writing_function_vector` writes: a demonstration's "this pair
+#: follows the task" mark, and the function-vector head's output
+TASK_DIM, FV_DIM = 2 * len(VOCAB) + N_POS, 2 * len(VOCAB) + N_POS + 1
+#: the planted function-vector task's template: ``"x y , "`` per demonstration, then ``"x"``
+FV_TEMPLATE = ("{x} {y} , ", "{x}")
+
+
+def writing_function_vector(model: InHouseModel, pairs, *, head: tuple[int, int] = (1, 2), strength: float = 4.0):
+    """Make ``head`` (default the punctuation head (1, 2); a layer-1 head) a function-vector head
+    (Todd et al. 2024) for the task ``pairs`` (``(input word, output word)`` over the planted
+    vocabulary, inputs distinct), in place, with the MLPs that detect and execute the task:
+
+    * layer 0's MLP marks a demonstration: at a token ``y`` whose previous token (written by the
+      previous-token head (0, 0)) is ``x`` with ``(x, y)`` in ``pairs``, it writes 1 into
+      :data:`TASK_DIM` (one gated unit per pair: ``silu(prev_x) · token_y``; a shuffled label gives 0);
+    * ``head`` attends the marked positions (a constant query, the key reads :data:`TASK_DIM`), reads
+      the mark and writes it into :data:`FV_DIM`: its output at the last position is the function
+      vector, ~1 after demonstrations of the task, 0 without any (it then attends evenly to unmarked
+      positions);
+    * layer 1's MLP executes the task where :data:`FV_DIM` is on: one unit per pair,
+      ``silu(fv) · token_x`` writing ``strength`` × ``y`` into the token block (read by the tied
+      unembedding).
+
+    So after demonstrations (:data:`FV_TEMPLATE`, ``"x y , … x_q"``) the model predicts ``y_q``;
+    with the labels shuffled it predicts no ``y_q``, unless ``head``'s mean output is patched in.
+    Returns ``model``.
+
+    >>> pairs = [("cat", "dog"), ("dog", "bird"), ("bird", "cat")]
+    >>> m = writing_function_vector(planted_model(), pairs)
+    >>> ids = m.tokenizer("cat dog , dog bird , bird")["input_ids"]
+    >>> VOCAB[int(m.module(torch.tensor([ids]))[0, -1].argmax())]
+    'cat'
+    """
+    v, pos, prev = _layout()
+    layer, h = head
+    if layer != 1:
+        raise ValueError(f"the function-vector head reads layer 0's task marks: a layer-1 head; got {head}")
+    ids = [(VOCAB.index(x), VOCAB.index(y)) for x, y in pairs]
+    if len(ids) > D_MODEL // 4 or len({x for x, _ in ids}) != len(ids):
+        raise ValueError(f"function-vector pairs: at most {D_MODEL // 4}, inputs distinct; got {pairs}")
+    mlp0, mlp1 = model.module.blocks[0].mlp, model.module.blocks[1].mlp
+    attn = model.module.blocks[layer].attn
+    s = slice(h * D_HEAD, (h + 1) * D_HEAD)
+    # ln2 scales a residual of norm^2 3 (token, position, previous token) by sqrt(128 / 3) ~ 6.53:
+    # a matching unit's silu(6.53) · 6.53 ~ 42.6, so 1 / 42.6 writes a mark of ~1
+    with torch.no_grad():
+        for w in (attn.q_proj.weight[s], attn.k_proj.weight[s], attn.v_proj.weight[s], attn.o_proj.weight[:, s]):
+            w.zero_()
+        for i, (x, y) in enumerate(ids):
+            mlp0.gate.weight[i, prev + x] = 1.0
+            mlp0.up.weight[i, y] = 1.0
+            mlp0.down.weight[TASK_DIM, i] = 1.0 / 42.6
+            mlp1.gate.weight[i, FV_DIM] = 1.0
+            mlp1.up.weight[i, x] = 1.0
+            mlp1.down.weight[y, i] = strength / 32.0  # silu(5.66) · 5.66 ~ 32 at a residual of norm^2 4
+        attn.q_proj.weight[s][0, pos : pos + N_POS] = SHARP
+        attn.k_proj.weight[s][0, TASK_DIM] = 1.0
+        attn.v_proj.weight[s][0, TASK_DIM] = 1.0
+        attn.o_proj.weight[:, s][FV_DIM, 0] = 1.15  # the mark reads ~0.87 through ln1's scale
+    return model

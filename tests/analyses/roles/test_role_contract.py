@@ -33,12 +33,14 @@ from headscope.analyses.roles.pipeline import run_role
 from headscope.probes.capture import stream
 from headscope.probes.corpora import CorefItem, DependencySentence
 from headscope.probes.models.inhouse.planted import (
+    FV_TEMPLATE,
     RANDOM_HEADS,
     VOCAB,
     WORD_CLASSES,
     planted_model,
     planted_sentences,
     writing_copy_suppression,
+    writing_function_vector,
     writing_successor,
 )
 
@@ -68,8 +70,22 @@ def copy_suppression():
     return writing_copy_suppression(planted_model(causal=True))
 
 
-#: options a group needs on the planted vocabulary (successor: an ordinal chain of its words)
-PLANTED_OPTIONS = {"successor": {"sets": {"nouns": WORD_CLASSES["noun"]}}}
+#: the planted function-vector task: each noun to the next one (cyclic)
+FV_PAIRS = list(zip(WORD_CLASSES["noun"], WORD_CLASSES["noun"][1:] + WORD_CLASSES["noun"][:1]))
+
+
+@pytest.fixture(scope="module")
+def function_vector():
+    """The causal planted model with (1, 2) made a function-vector head for :data:`FV_PAIRS`."""
+    return writing_function_vector(planted_model(causal=True), FV_PAIRS)
+
+
+#: options a group needs on the planted vocabulary (successor: an ordinal chain of its words;
+#: function-vector: a task over its words, in a template of its words, halves of 5 pairs)
+PLANTED_OPTIONS = {
+    "successor": {"sets": {"nouns": WORD_CLASSES["noun"]}},
+    "function-vector": {"tasks": {"next-noun": FV_PAIRS}, "template": FV_TEMPLATE, "n_demos": 4, "n_prompts": 12},
+}
 
 
 # ---------------------------------------------------------------------------------- planted corpora
@@ -172,6 +188,9 @@ PLANTED = {
     "coreference": lambda: Case("causal", planted_coref(40), {(0, 2, "coreference")}),
     "successor": lambda: Case("successor", None, {(1, 2, "successor")}, PLANTED_OPTIONS["successor"]),
     "copy-suppression": lambda: Case("copy_suppression", None, {(1, 2, "copy-suppression")}),
+    "function-vector": lambda: Case(
+        "function_vector", None, {(1, 2, "function-vector")}, PLANTED_OPTIONS["function-vector"]
+    ),
 }
 
 
@@ -181,10 +200,16 @@ def _verdicts(frame: pd.DataFrame) -> set:
 
 
 @pytest.fixture(scope="module")
-def planted_outputs(causal, bidi, successor, copy_suppression):
+def planted_outputs(causal, bidi, successor, copy_suppression, function_vector):
     """``{group: (case, RoleOutput)}``, each group run once on its planted case."""
     cache = {}
-    models = {"causal": causal, "bidi": bidi, "successor": successor, "copy_suppression": copy_suppression}
+    models = {
+        "causal": causal,
+        "bidi": bidi,
+        "successor": successor,
+        "copy_suppression": copy_suppression,
+        "function_vector": function_vector,
+    }
 
     def get(group):
         if group not in cache:
