@@ -86,6 +86,13 @@ sweep: bootstrap
 qk: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.qk_figures
 
+# SmolLM2-135M's function-vector heads (6 tasks x 8 prompts, every head) and the function vector of its top 10
+# heads added to zero-shot prompts (~5 min of one core) into data/figures/function_vectors_smollm2.json;
+# docs/guide/roles.md quotes it (tests/analyses/roles/test_function_vector_figures.py)
+.PHONY: function-vectors
+function-vectors: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.function_vectors
+
 # The hf per-head weights checked against the forward on each text family's tiny random model (a few minutes on one
 # core) into data/figures/hf_weights_families.json; docs/guide/weights.md quotes its counts (tests/probes/test_hf_weights.py)
 weights-families: bootstrap

@@ -26,7 +26,7 @@ numbers per task). Verdict: ``margin >= THRESHOLD`` and the adjusted p (paired p
 prompts) below ``cfg.alpha``.
 
 Decoders on the in-house backend only: an encoder (no answer to read) or another backend gets no
-rows, with a note. ``extra["tasks"]``: per task, the pairs kept and dropped (by reason), answers
+rows, with a note. ``skipped`` counts the pairs each task dropped, by reason; ``extra["tasks"]``: per task, the pairs kept and dropped (by reason), answers
 scored by their first token, the mean prompts' accuracy (the model doing the task in context) and
 the scored prompts' accuracy without a patch. Options: ``tasks`` (``{name: [(x, y), ...]}``,
 default :data:`~headscope.analyses.roles.icl_tasks.TASKS`), ``template`` (``(demonstration,
@@ -369,10 +369,14 @@ def finish(reducer: FunctionVectorReducer, report, ctx: RoleContext) -> RoleOutp
         for n, t in tasks.items()
         if t.get("runs") is False
     ]
+    skipped = Counter(report.skipped)  # the pairs each task could not score, by reason (skipped.json)
+    for name, t in tasks.items():
+        for reason, n in t.get("dropped", {}).items():
+            skipped[f"pairs of {name}: {reason}"] += n
     return RoleOutput(
         frame=roles_frame(rows),
         stats=stats_frame(metrics, layers) if metrics else pd.DataFrame(),
-        skipped=Counter(report.skipped),
+        skipped=skipped,
         n_items=report.n_used,
         extra={"notes": notes, "tasks": tasks},
     )

@@ -144,6 +144,7 @@ def test_smollm2_does_antonyms_in_context_and_its_leading_heads(smollm):
     cie = _stat(out, "cie").sort_values(ascending=False)
     assert cie.index[0] in {(14, 1), (20, 0), (20, 5), (21, 1)}
     assert len(out.frame) == 3 * 9 and not out.frame.verdict.any()
+    assert dict(out.skipped) == {}  # every antonym pair scores in SmolLM2's tokenizer
 
 
 def test_an_encoder_gives_no_rows_and_says_why(minilm):
@@ -159,5 +160,7 @@ def test_empty_or_unscorable_items_are_refused():
         run_role(ROLE, model, None, CFG, tasks={"x": [("cat", "zebra")] * 3 + PAIRS[:4]}, n_demos=4)
     table = task_table(RoleContext(model, CFG, options={"tasks": {"x": [("cat", "zebra"), ("yak", "dog")]}}))
     assert table["x"]["dropped"] == {"answer unknown": 1, "input unknown": 1} and not table["x"]["runs"]
+    out = run_role(ROLE, planted_model(), None, CFG, **{**OPTIONS, "tasks": {"t": PAIRS + [("cat", "zebra")]}})
+    assert dict(out.skipped) == {"pairs of t: answer unknown": 1}  # counted, in skipped.json
     with pytest.raises(ValueError, match="at least 2"):
         run_role(ROLE, model, None, CFG, n_prompts=1)
