@@ -210,6 +210,19 @@ def headline(data: dict) -> str:
     )
 
 
+def role_line(data: dict) -> str:
+    """The docs' sentence on the role's verdicts over SmolLM2's heads."""
+    r, top = data["role"], data["top_heads"]
+    b = r["best"]
+    return (
+        f"{r['verdicts']} head{'' if r['verdicts'] == 1 else 's'} of SmolLM2 {'gets' if r['verdicts'] == 1 else 'get'} "
+        f"the verdict; the best is {b['head']}: the answer's probability "
+        f"{b['score']:.3f} with its mean output against {b['baseline']:.3f} with the control's (margin "
+        f"{b['margin']:.3f}, adjusted p {b['p_value']:.4f}; its indirect effect {top[0]['cie']:.3f}, the next head's "
+        f"{top[1]['cie']:.3f})"
+    )
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n-prompts", type=int, default=8)
@@ -219,7 +232,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     data = measure(args.n_prompts, args.top_k)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
-    log.info("wrote %s\n%s\n%s", args.out, markdown_table(data), headline(data))
+    log.info("wrote %s\n%s\n%s\n%s", args.out, markdown_table(data), headline(data), role_line(data))
 
 
 if __name__ == "__main__":
