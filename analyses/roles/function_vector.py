@@ -156,7 +156,8 @@ def _prompt(tok, half, q: int, n_demos: int, template, gen, shuffled: bool) -> l
 
 def probe_items(ctx: RoleContext) -> list[ICLItem]:
     """The role's items (module docstring), grouped by task; ``ValueError`` for an empty ``items``
-    option or no task with enough usable pairs; ``[]`` for a model without logits."""
+    option or given ``tasks`` of which none has enough usable pairs; ``[]`` for a model without logits
+    or a tokenizer that scores none of the shipped tasks (``finish`` says so in a note)."""
     given = ctx.options.get("items")
     if given is not None:
         items = list(given)
@@ -180,11 +181,13 @@ def probe_items(ctx: RoleContext) -> list[ICLItem]:
             mean_ids = _prompt(tok, [p for p, _ in a], ia, n_demos, template, gen, shuffled=False)
             ids = _prompt(tok, [p for p, _ in b], ib, n_demos, template, gen, shuffled=True)
             items.append(ICLItem(name, tuple(ids), b[ib][1], tuple(mean_ids), a[ia][1]))
-    if not items:
-        raise ValueError(
-            f"{ROLE}: no task has {2 * (n_demos + 1)} pairs this tokenizer can score (two halves of n_demos + 1)"
-        )
+    if not items and "tasks" in ctx.options:  # tasks the caller gave: refused; the shipped ones: a note
+        raise ValueError(f"{ROLE}: {_too_few(n_demos)}")
     return items
+
+
+def _too_few(n_demos: int) -> str:
+    return f"no task has {2 * (n_demos + 1)} pairs this tokenizer can score (two halves of n_demos + 1)"
 
 
 def _batch(ids_list, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -346,7 +349,7 @@ def finish(reducer: FunctionVectorReducer, report, ctx: RoleContext) -> RoleOutp
     """A filled reducer -> :class:`RoleOutput` (no rows, with the reason, for an encoder or another backend)."""
     why = _no_logits(ctx.model) or reducer.refused
     if why is None and not ctx.items:
-        why = f"{ROLE}: no item"
+        why = f"{ROLE}: {_too_few(_options(ctx)[2])}"
     if why is not None:
         return RoleOutput(frame=roles_frame([]), n_items=0, extra={"notes": [why]})
     values, base, layers = reducer.result()

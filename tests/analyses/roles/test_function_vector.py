@@ -158,6 +158,10 @@ def test_empty_or_unscorable_items_are_refused():
         run_role(ROLE, model, [], CFG)
     with pytest.raises(ValueError, match="no task has 10 pairs"):
         run_role(ROLE, model, None, CFG, tasks={"x": [("cat", "zebra")] * 3 + PAIRS[:4]}, n_demos=4)
+    out = run_role(ROLE, model, None, CFG)  # the shipped tasks: no English word in the planted vocabulary
+    assert out.frame.empty and out.extra["notes"] == [
+        f"{ROLE}: no task has 22 pairs this tokenizer can score (two halves of n_demos + 1)"
+    ]
     table = task_table(RoleContext(model, CFG, options={"tasks": {"x": [("cat", "zebra"), ("yak", "dog")]}}))
     assert table["x"]["dropped"] == {"answer unknown": 1, "input unknown": 1} and not table["x"]["runs"]
     out = run_role(ROLE, planted_model(), None, CFG, **{**OPTIONS, "tasks": {"t": PAIRS + [("cat", "zebra")]}})
