@@ -52,7 +52,8 @@ def function_vector(model, prompts, heads) -> torch.Tensor:
     for l, h in heads:
         zh = torch.zeros(1, model.spec.n_heads, 1, model.spec.d_head)
         zh[0, h, 0] = mean[l, h]
-        fv += head_write(model.network, l, zh.to(model.device))[0, 0].float().cpu()
+        with torch.no_grad():
+            fv += head_write(model.network, l, zh.to(model.device))[0, 0].float().cpu()
     return fv
 
 
