@@ -345,14 +345,15 @@ def _with_batch(cfg, budget: Budget):
     return cfg
 
 
-def roles_timer(progress, groups, inputs: dict, cfg, quiet: bool):
-    """``progress`` wrapped to print the estimated time of the run once its first batch is timed."""
+def roles_timer(progress, groups, inputs: dict, cfg, quiet: bool, spec=None):
+    """``progress`` wrapped to print the estimated time of the run once its first batch is timed
+    (``spec``: the loaded model's shape, for the groups whose work depends on it)."""
     emit = emitter(quiet)
     if emit is None:
         return progress
     from headscope.probes.timing import TimeEstimate
 
-    return TimeEstimate(roles_items(groups, inputs, cfg), emit, inner=progress)
+    return TimeEstimate(roles_items(groups, inputs, cfg, spec), emit, inner=progress)
 
 
 def prune_start(args, cfg, device):

@@ -125,8 +125,48 @@ def path_patching(
     """Path patching of each sender (default: every head below the receiver) into the
     receiver's ``via`` input, read by the receiver alone or by its KV group (``reads``; see
     the module docstring) -> (frame, metrics of the runs)."""
+    delta, run, senders, read_by = path_deltas(
+        model, task, receiver=receiver, via=via, senders=senders, direction=direction, reads=reads, cfg=cfg
+    )
+    lr, hr = receiver
+    frame = effect_frame(
+        delta,
+        run.gap,
+        [[sd] for sd in senders],
+        method=f"path_{via}_{direction}",
+        alpha=cfg.alpha,
+        n_boot=cfg.n_boot,
+        n_perm=cfg.n_perm,
+        seed=cfg.seed,
+        extra={"receiver": f"{lr}.{hr}", "receiver_reads": read_by},
+    )
+    return frame, run
+
+
+def path_deltas(
+    model,
+    task: Task,
+    *,
+    receiver: tuple[int, int],
+    via: str = "k",
+    senders: list[tuple[int, int]] | None = None,
+    direction: str = "noising",
+    reads: str = "head",
+    cfg: PatchConfig = PatchConfig(),
+    also: tuple[int, ...] = (),
+    progress=None,
+) -> tuple[torch.Tensor, RunMetrics, list[tuple[int, int]], str]:
+    """The per-item effects behind :func:`path_patching`: ``(delta [item, sender], runs, senders,
+    whose read)``. ``also``: more query heads of the receiver's layer patched together with it
+    (``via="q"`` only: a sender's path into the queries of several heads at once, e.g. the name
+    movers of IOI); ``progress(done, total)`` counts senders × batches."""
     senders = check_path(model, receiver, via, senders)
     point, slot, read_by = _receiver_slot(model.spec, receiver, via, direction, reads)
+    slots = [slot, *(int(h) for h in also if int(h) != slot)]
+    if also and via != "q":
+        raise ValueError(f"more receivers (also) are patched through their queries only; got via {via!r}")
+    if any(not 0 <= h < model.spec.n_heads for h in slots):
+        raise ValueError(f"also: heads of layer {receiver[0]} lie in 0..{model.spec.n_heads - 1}; got {list(also)}")
     metric = metric_fn(task.metric)
     points = model.hook_points
     spec = model.spec
@@ -135,6 +175,8 @@ def path_patching(
     run = RunMetrics(torch.empty(n), torch.empty(n))
     delta = torch.empty(n, len(senders))
     layers = sorted({l for l, _ in senders})
+    n_batches = sum(1 for _ in task.batches(cfg.batch_size))
+    done = 0
     for pb in paired_runs(model, task, cfg, metric, run):
         clean, corrupted, answer, wrong, rows = pb.clean, pb.corrupted, pb.answer, pb.wrong, pb.rows
         z_c, z_x, m_c, m_x = pb.z_clean, pb.z_corrupted, pb.m_clean, pb.m_corrupted
@@ -169,22 +211,14 @@ def path_patching(
 
             def swap(t, name, new=new):
                 out = t.clone()
-                out[:, slot] = new[:, slot]
+                out[:, slots] = new[:, slots]
                 return out
 
             with torch.inference_mode(), hooks([(points[point], swap)]):
                 logits = readout(model, ids, start_at_layer=lr, resid=target_pre.repeat(r, 1, 1))
             m = metric(logits, tile(answer, r), tile(wrong, r)).view(r, b).T.cpu()
             delta[rows, s : s + r] = (m_target[:, None] - m) if direction == "noising" else (m - m_target[:, None])
-    frame = effect_frame(
-        delta,
-        run.gap,
-        [[sd] for sd in senders],
-        method=f"path_{via}_{direction}",
-        alpha=cfg.alpha,
-        n_boot=cfg.n_boot,
-        n_perm=cfg.n_perm,
-        seed=cfg.seed,
-        extra={"receiver": f"{lr}.{hr}", "receiver_reads": read_by},
-    )
-    return frame, run
+            done += r
+            if progress is not None:
+                progress(done, len(senders) * n_batches)
+    return delta, run, senders, read_by

@@ -83,6 +83,9 @@ class Role:
     #: a role on generated inputs: ``(longest tokens, items)`` of its sequences under a ``RolesConfig``,
     #: for the memory plan and the time estimate (None: it reads a corpus, measured there)
     generated: Callable[[Any], tuple[int, int]] | None = None
+    #: where one of its items costs more than one forward: ``work(cfg, spec, n_items=None)`` -> the
+    #: forwards of one item it runs (the time estimate's unit), from the config and the model's shape
+    work: Callable[..., int] | None = None
     #: its rows are per relation (dozens of them): examples and summaries pick relations with a verdict
     per_relation: bool = False
     #: what the report adds under the patching result of its ``task`` ("" for nothing)

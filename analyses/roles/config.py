@@ -67,6 +67,9 @@ class RolesConfig:
     # induction sequences
     induction_seq_len: int = 20
     induction_n_sequences: int = 64
+    # IOI roles (analyses.roles.ioi): items of the IOI task; S-inhibition heads by path patching (costly: opt-in)
+    ioi_n_items: int = 32
+    ioi_s_inhibition: bool = False
     # running
     batch_size: int = 32
     #: query rows per pattern piece where the backend hands over Q and K (the pattern is never
@@ -107,6 +110,8 @@ class RolesConfig:
             raise ValueError(
                 f"The 'query_chunk' parameter of RolesConfig must be a positive int or None; got {self.query_chunk!r}."
             )
+        if not isinstance(self.ioi_n_items, int) or isinstance(self.ioi_n_items, bool) or self.ioi_n_items < 1:
+            raise ValueError(f"The 'ioi_n_items' parameter of RolesConfig must be a positive int; got {self.ioi_n_items!r}.")
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")
 

@@ -20,6 +20,7 @@ from headscope.analyses.roles import (
     coreference,
     function_vector,
     induction,
+    ioi,
     pattern_stats,
     positional,
     rareword,
@@ -40,6 +41,7 @@ MODULES = (
     successor,
     copy_suppression,
     function_vector,
+    ioi,
     syntactic,
     coreference,
 )

@@ -102,6 +102,12 @@ def register(sub) -> None:
     p.add_argument(
         "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
     )
+    p.add_argument(
+        "--s-inhibition",
+        action="store_true",
+        help="IOI roles: also find the S-inhibition heads by path patching into the name movers' queries "
+        "(about one forward per head below the name movers per IOI item: minutes on a CPU)",
+    )
     p.add_argument("--batch-size", type=batch_size, default=None, help="items per forward pass (default 32)")
     p.add_argument("--top", type=listed, default=3, help="heads shown per role")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
@@ -119,6 +125,8 @@ def _config(args):
     from headscope.analyses.roles.config import RolesConfig
 
     kw = {"seed": args.seed, "full_labels": args.full_labels, "correction": args.correction, "family": args.family}
+    if getattr(args, "s_inhibition", False):
+        kw["ioi_s_inhibition"] = True
     if args.margin is not None:
         kw["margin"] = args.margin
     if args.batch_size is not None:
@@ -269,7 +277,7 @@ def _analyse(args, model, cfg, groups, inputs: dict):
             text=inputs.get("text"),
             roles=groups,
             cfg=cfg,
-            progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet),
+            progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet, model.spec),
         )
 
 

@@ -159,8 +159,10 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
     return out
 
 
-def roles_items(groups, inputs: dict, cfg) -> int:
-    """Items the role ``groups`` will run (for the time estimate)."""
+def roles_items(groups, inputs: dict, cfg, spec=None) -> int:
+    """Items the role ``groups`` will run (for the time estimate); a group whose items cost more
+    than a forward each (:attr:`~headscope.analyses.roles.base.Role.work`) counts its forwards,
+    from the model's shape ``spec`` where it is known."""
     from headscope.analyses.roles.base import REGISTRY
 
     corpora = {REGISTRY[g].corpus for g in groups}
@@ -171,7 +173,12 @@ def roles_items(groups, inputs: dict, cfg) -> int:
         n += sum(len(getattr(c, "sentences", [c])) for c in inputs.get("conllu") or [])
     if "coref" in corpora and inputs.get("coref") is not None:
         n += len(getattr(inputs["coref"], "items", inputs["coref"]))
-    n += sum(REGISTRY[g].generated(cfg)[1] for g in groups if REGISTRY[g].generated is not None)
+    for g in groups:
+        role = REGISTRY[g]
+        if role.work is not None:
+            n += role.work(cfg, spec)
+        elif role.generated is not None:
+            n += role.generated(cfg)[1]
     return n
 
 

@@ -135,7 +135,7 @@ def _timer(ctx: RunContext, cfg: RolesConfig):
 
     groups = check_roles(ctx.role_groups)
     names = {name for name, _corpus, _gs in _stages(groups)}
-    n = roles_items(groups, role_corpora(groups, ctx.inputs), cfg)
+    n = roles_items(groups, role_corpora(groups, ctx.inputs), cfg, getattr(ctx.model, "spec", None))
     return TimeEstimate(n, ctx.notice, inner=ctx.progress, unit="items of the role analyses", stages=names)
 
 

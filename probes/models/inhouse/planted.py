@@ -350,3 +350,79 @@ def writing_function_vector(model: InHouseModel, pairs, *, head: tuple[int, int]
         attn.v_proj.weight[s][0, TASK_DIM] = 1.0
         attn.o_proj.weight[:, s][FV_DIM, 0] = 1.15  # the mark reads ~0.87 through ln1's scale
     return model
+#: where the planted IOI circuit's S-inhibition head writes the nouns seen so far (one dim per noun)
+NAMES_BLOCK = 2 * len(VOCAB) + N_POS
+
+
+def writing_ioi(
+    model: InHouseModel,
+    *,
+    mover: tuple[int, int] = (1, 2),
+    inhibitor: tuple[int, int] = (0, 2),
+    strength: float = 4.0,
+) -> InHouseModel:
+    """Plant an IOI circuit (Wang et al. 2022) over the nouns as names, in place; returns ``model``.
+
+    * ``inhibitor`` (a layer-0 head; default the noun->det head (0, 2)) is an **S-inhibition** head:
+      every query attends the nouns before it uniformly and writes their mean one-hot into the
+      residual's free block (:data:`NAMES_BLOCK`, one dim per noun). At the end of an IOI prompt
+      (IO once, S twice) that block holds IO at 1/3 and S at 2/3.
+    * ``mover`` (a layer-1 head; default the punctuation head (1, 2)) is a **name mover**: its
+      query matches noun keys (score 60) minus 90 × the key's share in that block (IO: 30, S: 0,
+      any other token 0), so it attends IO; V reads the token block and O writes ``strength`` × the
+      attended token there, which the tied unembedding reads: it raises ``logit(IO) - logit(S)``.
+
+    No other head writes into the token block, so the mover's direct effect is the whole logit
+    difference; on the ABC corruption (three other nouns, once each) it attends them evenly and
+    moves neither IO nor S. The inhibitor's corrupted output, patched into the mover's query, makes
+    it attend S twice as much as IO: the S-inhibition ground truth of path patching.
+
+    >>> m = writing_ioi(planted_model())
+    >>> ids = [VOCAB.index(w) for w in ["[BOS]", "cat", "and", "dog", "sat", "on", "dog", "in"]]
+    >>> logits = m.module(torch.tensor([ids]))[0, -1]
+    >>> float(logits[VOCAB.index("cat")] - logits[VOCAB.index("dog")]) > 5
+    True
+    """
+    v, pos, _prev = _layout()
+    nouns = _ids("noun")
+    if NAMES_BLOCK + len(nouns) > D_MODEL:
+        raise ValueError(f"the names block needs {NAMES_BLOCK + len(nouns)} dims; d_model is {D_MODEL}")
+    (li, hi), (lm, hm) = inhibitor, mover
+    if li != 0 or lm != 1:
+        raise ValueError(f"the inhibitor is a layer-0 head and the mover a layer-1 head; got {inhibitor}, {mover}")
+
+    def weights(layer, h):
+        a = model.module.blocks[layer].attn
+        s = slice(h * D_HEAD, (h + 1) * D_HEAD)
+        return a.q_proj.weight[s], a.k_proj.weight[s], a.v_proj.weight[s], a.o_proj.weight[:, s]
+
+    with torch.no_grad():
+        wq, wk, wv, wo = weights(li, hi)
+        for w in (wq, wk, wv, wo):
+            w.zero_()
+        wq[0, pos : pos + N_POS] = 8 * 30.0  # every query: nouns score 30, the rest 0
+        for i, n in enumerate(nouns):
+            wk[0, n] = 1.0
+            wv[i, n] = 1.0
+            wo[NAMES_BLOCK + i, i] = 1.0
+        wq, wk, wv, wo = weights(lm, hm)
+        for w in (wq, wk, wv, wo):
+            w.zero_()
+        wq[0, pos : pos + N_POS] = 8 * 60.0
+        for i, n in enumerate(nouns):
+            wk[0, n] = 1.0
+            wq[1 + i, NAMES_BLOCK + i] = -8 * 90.0
+            wk[1 + i, n] = 1.0
+        wv[:v, :v] = torch.eye(v)
+        wo[:v, :v] = strength * torch.eye(v)
+    return model
+
+
+def planted_ioi_task(model: InHouseModel, *, n_items: int = 16, seed: int = 0):
+    """The IOI task (:func:`~headscope.analyses.patching.ioi.ioi_rows`, ABC corruption) over the planted
+    vocabulary: the nouns are the names, an adjective the place and the object (the templates' other
+    words are ``[UNK]``), tokenised for ``model`` (a planted model)."""
+    from headscope.analyses.patching.ioi import ioi_rows, tokenize_ioi
+
+    rows = ioi_rows(WORD_CLASSES["noun"], ["big"], ["red"], n_items=n_items, seed=seed)
+    return tokenize_ioi(model, rows, source=f"planted IOI (seed={seed}; nouns as names)")

@@ -37,10 +37,12 @@ from headscope.probes.models.inhouse.planted import (
     RANDOM_HEADS,
     VOCAB,
     WORD_CLASSES,
+    planted_ioi_task,
     planted_model,
     planted_sentences,
     writing_copy_suppression,
     writing_function_vector,
+    writing_ioi,
     writing_successor,
 )
 
@@ -80,11 +82,19 @@ def function_vector():
     return writing_function_vector(planted_model(causal=True), FV_PAIRS)
 
 
+@pytest.fixture(scope="module")
+def ioi():
+    """The causal planted model with an IOI circuit: (0, 2) S-inhibition, (1, 2) a name mover."""
+    return writing_ioi(planted_model(causal=True))
+
+
 #: options a group needs on the planted vocabulary (successor: an ordinal chain of its words;
-#: function-vector: a task over its words, in a template of its words, halves of 5 pairs)
+#: function-vector: a task over its words, in a template of its words, halves of 5 pairs; ioi: the
+#: IOI task over the planted nouns as names, tokenised by the planted tokenizer every planted model shares)
 PLANTED_OPTIONS = {
     "successor": {"sets": {"nouns": WORD_CLASSES["noun"]}},
     "function-vector": {"tasks": {"next-noun": FV_PAIRS}, "template": FV_TEMPLATE, "n_demos": 4, "n_prompts": 12},
+    "ioi": {"items": planted_ioi_task(planted_model(), n_items=16).items},
 }
 
 
@@ -191,6 +201,7 @@ PLANTED = {
     "function-vector": lambda: Case(
         "function_vector", None, {(1, 2, "function-vector")}, PLANTED_OPTIONS["function-vector"]
     ),
+    "ioi": lambda: Case("ioi", PLANTED_OPTIONS["ioi"]["items"], {(1, 2, "ioi:name-mover")}),
 }
 
 
@@ -200,7 +211,7 @@ def _verdicts(frame: pd.DataFrame) -> set:
 
 
 @pytest.fixture(scope="module")
-def planted_outputs(causal, bidi, successor, copy_suppression, function_vector):
+def planted_outputs(causal, bidi, successor, copy_suppression, function_vector, ioi):
     """``{group: (case, RoleOutput)}``, each group run once on its planted case."""
     cache = {}
     models = {
@@ -209,6 +220,7 @@ def planted_outputs(causal, bidi, successor, copy_suppression, function_vector):
         "successor": successor,
         "copy_suppression": copy_suppression,
         "function_vector": function_vector,
+        "ioi": ioi,
     }
 
     def get(group):
