@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from headscope.reports import figures as F
-from headscope.reports.document import Figure, Note, Paragraph, Section, counted, head_name
+from headscope.reports.document import Figure, Note, Paragraph, Section, Table, counted, head_name
 from headscope.reports.sections.known_truth import known_truth_sentence
 
 CAVEAT = (
@@ -158,3 +158,27 @@ def roles_section(
         )
     )
     return s
+
+
+def qk_drivers_blocks(drivers: pd.DataFrame | None) -> list:
+    """What drives the attention of each task role's top head (the stage's ``qk_drivers`` table:
+    exact QK attribution over up to 16 items of the role's task): one sentence per role and the
+    table; nothing where there is no row."""
+    if drivers is None or drivers.empty:
+        return []
+    from headscope.analyses.qk.roles import driver_sentences
+
+    text = (
+        "Why the top head of each role attends where it does (exact QK attribution: the attended key's score minus "
+        "the mean of the other keys, split over the components that write the query and the key, norms frozen at "
+        "their clean scale): " + " ".join(driver_sentences(drivers))
+    )
+    table = drivers.assign(head=[head_name(l, h) for l, h in zip(drivers["layer"], drivers["head"])])
+    return [
+        Paragraph(text),
+        Table(
+            name="qk_drivers",
+            frame=table[["role", "head", "side", "rank", "component", "share", "n"]].round({"share": 3}),
+            caption="Top query-side and key-side components of each role's top head, as shares of its score difference",
+        ),
+    ]

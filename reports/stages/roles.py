@@ -9,6 +9,7 @@ roles overview with the head view, one subsection per role, and the attention st
 from __future__ import annotations
 
 import logging
+import time
 
 from headscope.analyses.roles.config import RolesConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
@@ -74,6 +75,16 @@ class RolesStage(Stage[RolesConfig]):
             "pair_accuracy": "float64",
         },
         "skipped": {"analysis": "str", "reason": "str", "count": "int64"},
+        "qk_drivers": {
+            "role": "str",
+            "layer": "int64",
+            "head": "int64",
+            "side": "str",
+            "rank": "int64",
+            "component": "str",
+            "share": "float64",
+            "n": "int64",
+        },
     }
 
     def config(self, ctx: RunContext, given: RolesConfig | None = None) -> RolesConfig:
@@ -106,12 +117,15 @@ class RolesStage(Stage[RolesConfig]):
             "skipped": skipped_frame(rr.skipped),
         }
         timings = {f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()}
+        t0 = time.perf_counter()
+        frames["qk_drivers"] = _qk_drivers(ctx, rr.frame, cfg.seed)
+        timings["roles.qk_drivers"] = round(time.perf_counter() - t0, 3)
         return StageResult(frames, {}, timings, dict(rr.n_items))
 
     def section(self, frames, meta) -> list:
         from headscope.reports.head_view import head_view_block
         from headscope.reports.sections.role_detail import role_sections
-        from headscope.reports.sections.roles import roles_section
+        from headscope.reports.sections.roles import qk_drivers_blocks, roles_section
         from headscope.reports.sections.stats import stats_section
 
         roles, n_layers, n_heads = frames.get("roles"), int(meta["layers"]), int(meta["heads"])
@@ -119,10 +133,25 @@ class RolesStage(Stage[RolesConfig]):
         if roles is not None and not roles.empty:
             rc = (meta.get("config") or {}).get("roles") or {}
             out.append(roles_section(roles, n_layers, n_heads, meta["model"], rc, frames.get("coref_pairs")))
+            out[-1].blocks += qk_drivers_blocks(frames.get("qk_drivers"))
             out[-1].blocks.append(head_view_block(frames, n_layers, n_heads))
             out += role_sections(roles, frames.get("examples"), frames.get("roles_vs_importance"), meta.get("top", 3))
         stats = stats_section(frames.get("stats"), frames.get("clusters"))
         return out + ([stats] if stats else [])
+
+
+def _qk_drivers(ctx: RunContext, roles, seed: int):
+    """What drives the attention of each task role's top head (:func:`~headscope.analyses.qk.roles.role_drivers`):
+    one forward per batch of up to 16 items of the role's task; a model it cannot split gives no rows (logged)."""
+    from headscope.analyses.qk.roles import drivers_frame, role_drivers
+
+    try:
+        frame, notes = role_drivers(ctx.model, roles, seed=seed)
+    except Exception as e:  # the roles table is written whatever the attribution does
+        frame, notes = drivers_frame(), [f"QK drivers: {str(e).strip().splitlines()[0]}"]
+    for note in notes:
+        log.info("%s", note)
+    return frame.reset_index(drop=True)
 
 
 def _timer(ctx: RunContext, cfg: RolesConfig):

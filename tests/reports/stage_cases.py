@@ -23,7 +23,7 @@ from headscope.reports.stages.quick import QUICK_PRUNING
 def small_config(**kw) -> RunConfig:
     """Every stage on, each with small settings."""
     return RunConfig(
-        roles_config=RolesConfig(n_boot=50, n_perm=100, n_perm_max=200, induction_n_sequences=8),
+        roles_config=RolesConfig(n_boot=50, n_perm=100, n_perm_max=200, induction_n_sequences=8, ioi_n_items=8),
         prune_config=PruneConfig(**QUICK_PRUNING, n_items=6, role_draws=2),
         causal_config=CausalConfig(n_items=4, n_boot=50, n_perm=100),
         weights_config=WeightsConfig(draws=20, null=50),
