@@ -151,3 +151,15 @@ def test_ioi_heads_joins_the_other_verdicts(smollm_ioi):
 def test_head_roles_runs_the_group_with_the_others(ioi_model, task):
     res = head_roles(ioi_model, roles=["ioi"], cfg=CFG, options={"ioi": {"items": task}}, examples=False)
     assert set(res.frame.role) == {"ioi:name-mover", "ioi:negative-name-mover"} and res.n_items["ioi"] == 16
+
+
+def test_roles_s_inhibition_flag_reaches_the_config_and_the_estimate(ioi_model):
+    from headscope.reports.cli.app import build_parser
+    from headscope.reports.cli.roles import _config
+    from headscope.reports.stages.plans import roles_items
+
+    on = _config(build_parser().parse_args(["roles", "smollm2-135m", "--roles", "ioi", "--s-inhibition"]))
+    off = _config(build_parser().parse_args(["roles", "smollm2-135m", "--roles", "ioi"]))
+    assert on.ioi_s_inhibition and not off.ioi_s_inhibition
+    assert roles_items(["ioi"], {}, off, ioi_model.spec) == 32
+    assert roles_items(["ioi"], {}, on, ioi_model.spec) == work(on, ioi_model.spec) > 32
