@@ -111,7 +111,9 @@ class RolesConfig:
                 f"The 'query_chunk' parameter of RolesConfig must be a positive int or None; got {self.query_chunk!r}."
             )
         if not isinstance(self.ioi_n_items, int) or isinstance(self.ioi_n_items, bool) or self.ioi_n_items < 1:
-            raise ValueError(f"The 'ioi_n_items' parameter of RolesConfig must be a positive int; got {self.ioi_n_items!r}.")
+            raise ValueError(
+                f"The 'ioi_n_items' parameter of RolesConfig must be a positive int; got {self.ioi_n_items!r}."
+            )
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")
 

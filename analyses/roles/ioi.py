@@ -389,7 +389,6 @@ ROLE_DEF = Role(
     items=probe_items,
     feed=feed,
     options=("items",),
-    task="ioi",
     generated=lambda cfg: (40, cfg.ioi_n_items),
     work=work,
     description=(

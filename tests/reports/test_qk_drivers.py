@@ -19,7 +19,9 @@ def _roles(rows):
 
 def test_the_induction_heads_keys_are_driven_by_the_planted_previous_token_head():
     m = writing_induction(planted_model())
-    roles = _roles([(1, 1, "induction", 0.9, True), (0, 0, "previous-token", 0.95, True), (1, 3, "induction", 0.95, False)])
+    roles = _roles(
+        [(1, 1, "induction", 0.9, True), (0, 0, "previous-token", 0.95, True), (1, 3, "induction", 0.95, False)]
+    )
     assert top_heads(roles) == {"induction": (1, 1), "previous-token": (0, 0)}
     frame, notes = role_drivers(m, roles, n_items=8)
     assert list(frame.columns) == DRIVER_COLUMNS and not notes
@@ -38,4 +40,3 @@ def test_a_task_the_model_cannot_build_is_a_note_and_no_role_no_rows(minilm):
     assert frame.empty and notes and notes[0].startswith("ioi:name-mover: no ioi items")
     empty, none = role_drivers(minilm, _roles([(1, 2, "successor", 1.0, True)]))
     assert empty.empty and none == [] and qk_drivers_blocks(empty) == []
-
