@@ -137,3 +137,10 @@ validate: bootstrap
 lint: bootstrap
 	$(PY) -m ruff check --fix $(LINTED)
 	$(PY) -m ruff format $(LINTED)
+
+# The IOI roles on SmolLM2 (name movers, negative name movers, S-inhibition by path patching; ~5 min on one core)
+# and the new roles' top heads beside them, into data/figures/ioi_smollm2.json; tests/analyses/roles/test_ioi_figures.py
+# fails while docs/guide/roles.md quotes other values
+.PHONY: ioi-roles
+ioi-roles: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.ioi_figures
