@@ -217,7 +217,8 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     """The direct-effect pass: each batch of equal-length items, clean and corrupted, one forward
     each, into ``reducers`` as :class:`IOIBatch` es; ``progress(done, total)`` counts items of
     that pass, the time estimate's unit (:func:`work`: with S-inhibition the total is larger, and the
-    path patching in :func:`finish` counts on up to it)."""
+    path patching in :func:`finish` counts on up to it from ``report.progress``, ``(progress, done,
+    total)``)."""
     items = ctx.items
     report = StreamReport(n_items=len(items), n_used=len(items), n_batches=0)
     report.real_tokens = 2 * sum(len(it.clean) for it in items)
@@ -235,7 +236,7 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
         done += len(rows)
         if progress is not None:
             progress(done, total)
-    ctx.options = {**ctx.options, "_progress": progress, "_done": done, "_total": total}
+    report.progress = (progress, done, total)  # finish's path patching counts on from here
     return report
 
 
@@ -265,7 +266,7 @@ def work(cfg, spec, n_items: int | None = None) -> int:
     return total
 
 
-def _s_inhibition(ctx: RoleContext, rows: list[dict], notes: list[str]) -> tuple[list[dict], dict]:
+def _s_inhibition(ctx: RoleContext, rows: list[dict], notes: list[str], counted) -> tuple[list[dict], dict]:
     """The ``ioi:s-inhibition`` rows (module docstring), and what was patched into."""
     from headscope.analyses.patching.activation import PatchConfig
     from headscope.analyses.patching.path import path_deltas
@@ -282,8 +283,7 @@ def _s_inhibition(ctx: RoleContext, rows: list[dict], notes: list[str]) -> tuple
     if len(movers) > len(heads):
         others = ", ".join(f"L{r['layer']}H{r['head']}" for r in movers if r["layer"] != layer)
         notes.append(f"{S_INHIBITION}: patched into the name movers of layer {layer} only (not {others})")
-    progress, done = ctx.options.get("_progress"), ctx.options.get("_done", 0)
-    total = ctx.options.get("_total")
+    progress, done, total = counted
     step = None
     if progress is not None:
         step = lambda d, t: progress(done + round((total - done) * d / max(t, 1)), total)  # noqa: E731
@@ -345,7 +345,8 @@ def finish(reducer: IOIReducer, report, ctx: RoleContext) -> RoleOutput:
         "corrupted_logit_diff": float(v["logit_diff_corrupted"].mean()),
     }
     if ctx.cfg.ioi_s_inhibition:
-        s_rows, patched = _s_inhibition(ctx, rows, notes)
+        counted = getattr(report, "progress", (None, 0, 0))  # feed's progress callable and its count
+        s_rows, patched = _s_inhibition(ctx, rows, notes, counted)
         rows += s_rows
         extra["s_inhibition"] = patched
     else:
