@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["TimeEstimate"]
+__all__ = ["REFERENCE_N", "TimeEstimate", "reference_rate"]
 
 
 class TimeEstimate:
@@ -53,6 +53,41 @@ class TimeEstimate:
             )
         if self.inner is not None:
             self.inner(stage, done, total)
+
+
+#: the side of the square float32 matmul :func:`reference_rate` times (4 MiB a matrix: in cache on no CPU,
+#: so it is memory-bound about as much as a forward's projections are)
+REFERENCE_N = 512
+
+
+def reference_rate(seconds: float = 0.3, trials: int = 6) -> float:
+    """This machine's float32 matmul rate, in GFLOP/s: the fastest of ``trials`` runs of
+    ``REFERENCE_N``-square products, ``seconds`` in all, with torch's threads as set. The fastest,
+    not the mean: it is what the cores give this process when they are its own (another process's
+    burst slows a trial, never speeds one), as the time factors were measured. The time estimates
+    divide by it (:mod:`headscope.reports.stages.clock`), so a factor measured on one machine reads
+    on another at that machine's rate.
+
+    >>> reference_rate(0.02) > 0
+    True
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(REFERENCE_N, REFERENCE_N, generator=g)
+    b = torch.randn(REFERENCE_N, REFERENCE_N, generator=g)
+    torch.mm(a, b)  # warm: threads started, kernels chosen
+    best = 0.0
+    for _ in range(trials):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            n += 1
+            took = time.perf_counter() - t0
+            if took >= seconds / trials:
+                break
+        best = max(best, 2 * REFERENCE_N**3 * n / took / 1e9)
+    return best
 
 
 def _duration(s: float) -> str:

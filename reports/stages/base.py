@@ -26,7 +26,8 @@ Design note
   run's seed, ``--full`` and the model's shape), :meth:`Stage.blocker` (why it cannot run on this
   model or these inputs, one line, or None), :meth:`Stage.plan` (the memory working sets of its
   forwards, from ``ctx.shape`` and ``ctx.tokenizer``; no model is loaded yet),
-  :meth:`Stage.fitted` (its config with the batch sizes the plan fitted), :meth:`Stage.run`
+  :meth:`Stage.fitted` (its config with the batch sizes the plan fitted), :meth:`Stage.work` (GFLOP
+  of its work, from which :meth:`Stage.seconds` estimates its time), :meth:`Stage.run`
   (the computation on ``ctx.model``, reading earlier stages' frames from ``ctx.frames``; returns
   a :class:`StageResult`), :meth:`Stage.section` (its part of the report from frames and meta
   alone: no model), :meth:`Stage.leaves_out` (what quick mode leaves out of ``--full``),
@@ -125,6 +126,9 @@ class RunContext:
     progress: Callable | None = None
     notice: Callable | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: stage name -> the working sets its :meth:`Stage.plan` returned for the memory plan (its
+    #: :meth:`Stage.work` reads their lengths instead of counting the corpora twice)
+    plans: dict[str, list] = field(default_factory=dict)
 
     @property
     def context(self) -> int | None:
@@ -214,9 +218,17 @@ class Stage(Generic[C]):
         (``batch_sizes``: working set name -> batch; only those :meth:`plan` returned)."""
         return cfg
 
-    def seconds(self, ctx: RunContext, cfg: C) -> float | None:
-        """An estimate of its seconds where cheap to tell, else None."""
+    def work(self, ctx: RunContext, cfg: C) -> float | None:
+        """GFLOP of its work with these settings, from ``ctx.shape`` (never None here) and its settings
+        (:mod:`~headscope.reports.stages.clock`: what its loop scales with); None: not known."""
         return None
+
+    def seconds(self, ctx: RunContext, cfg: C) -> float | None:
+        """Its estimated seconds: :meth:`work` times its calibrated factor over this machine's matmul
+        rate (:func:`~headscope.reports.stages.clock.seconds`); None when not known."""
+        from headscope.reports.stages.clock import seconds
+
+        return None if ctx.shape is None else seconds(self.name, self.work(ctx, cfg))
 
     # ----------------------------------------------------------------- the run and its report
     def run(self, ctx: RunContext, cfg: C) -> StageResult:

@@ -63,6 +63,16 @@ class PatchingStage(Stage[CausalConfig]):
         patch = PatchConfig(batch_size=cfg.batch_size, max_rows=cfg.max_rows)
         return patch_stages(ctx.shape, patch, longest=longest)
 
+    def work(self, ctx: RunContext, cfg: CausalConfig) -> float:
+        """Its row budget per task (every patched sequence is a row of a forward), each a forward
+        of the tasks' longest sequence."""
+        from headscope.reports.stages.clock import token_gflop
+        from headscope.reports.stages.plans import report_tasks
+
+        tasks = report_tasks()
+        t = max(w.longest for w in ctx.plans.get(self.name) or self.plan(ctx, cfg))
+        return len(tasks) * cfg.row_budget * t * token_gflop(ctx.shape, t)
+
     def fitted(self, cfg: CausalConfig, batch_sizes) -> CausalConfig:
         from headscope.reports.stages.plans import apply_patch
 

@@ -399,6 +399,12 @@ def weights_stage(shape: Shape, wc) -> WorkingSet:
     return WorkingSet(name="weights", batch_size=1, longest=1, logits="none", cache_per_row=weights_bytes(shape, wc))
 
 
+#: float64 blocks of Gaussian draws a composition null holds at once
+#: (:func:`~headscope.analyses.circuits.weights.composition.null_scores`: ``P``, the receiver's first
+#: factor, its last factor and the copy LAPACK's QR makes of it)
+NULL_BLOCKS = 4
+
+
 def weights_bytes(shape: Shape, wc) -> int:
     """Bytes the weights stage holds at once: every layer's sender factors (float32 ``[head, d_head,
     d_model]``) and a group of them as float64, one receiver layer's float64 side, the blocks of
@@ -416,7 +422,7 @@ def weights_bytes(shape: Shape, wc) -> int:
     blocks = (
         2 * min(VOCAB_CHUNK_BYTES, max(1, shape.vocab_size) * d * 4)
         + min(DRAW_BLOCK_BYTES, wc.draws * d * k * 8)
-        + 3 * min(wc.null_block_bytes, wc.null * d * k * 8)
+        + NULL_BLOCKS * min(wc.null_block_bytes, wc.null * d * k * 8)
         + 2 * d * d * 8
     )
     return senders + min(SENDER_GROUP_BYTES, 2 * senders) + receiver + frame + compare + blocks

@@ -245,7 +245,8 @@ def plan_memory(ctx: RunContext, cfgs: dict, on: list, extra: dict) -> tuple[Bud
     sets = []
     if ctx.shape is not None and not memory.on_gpu(ctx.device):
         for s in on:
-            for w in s.plan(ctx, cfgs[s.name]):
+            ctx.plans[s.name] = s.plan(ctx, cfgs[s.name])
+            for w in ctx.plans[s.name]:
                 owner[w.name] = s.name
                 sets.append(w)
     held = extra["held"]
@@ -305,9 +306,29 @@ def _run_one(ctx: RunContext, stage, cfg, record: dict) -> StageResult | None:
     return result
 
 
-def run_stages(ctx: RunContext, cfgs: dict, off: dict[str, str], estimates: dict[str, float]) -> tuple[dict, dict]:
+def time_estimates(ctx: RunContext, cfgs: dict, names) -> dict[str, float | None]:
+    """``{stage: estimated seconds or None}`` of the stages ``names`` in run order
+    (:meth:`~headscope.reports.stages.base.Stage.seconds`; a stage whose work cannot be told is None)."""
+    out: dict[str, float | None] = {}
+    for s in registry.run_order(names):
+        try:
+            out[s.name] = s.seconds(ctx, cfgs[s.name])
+        except Exception as e:  # noqa: BLE001 - an estimate never stops a run; the stage says what is wrong when it runs
+            log.info("no time estimate for the %s stage: %s: %s", s.name, type(e).__name__, e)
+            out[s.name] = None
+    return out
+
+
+def run_stages(
+    ctx: RunContext,
+    cfgs: dict,
+    off: dict[str, str],
+    estimates: dict[str, float],
+    seconds: dict[str, float | None] | None = None,
+) -> tuple[dict, dict]:
     """Ask every stage's blocker (before any runs), then run them in order -> ``(status, counts)``:
-    run.json's ``stages`` and the role analyses' ``n_items``."""
+    run.json's ``stages`` (with ``estimate_s`` from ``seconds``, the time estimates) and the role
+    analyses' ``n_items``."""
     order = registry.run_order()
     status = {s.name: {"status": "off", "reason": off[s.name]} for s in order if s.name in off}
     # an opt-in stage not asked for is no absence: run.json's ``stages`` says "off", ``absent`` keeps to what was wanted
@@ -337,6 +358,9 @@ def run_stages(ctx: RunContext, cfgs: dict, off: dict[str, str], estimates: dict
         status[s.name].setdefault("peak_mb", None)
         planned = status[s.name]["status"] == "ran" or status[s.name].get("peak_mb") is not None
         status[s.name]["estimate_mb"] = estimates.get(s.name, estimates.get("*") if planned else None)
+        est_s = (seconds or {}).get(s.name)
+        ran = status[s.name]["status"] not in ("off", "blocked")
+        status[s.name]["estimate_s"] = None if est_s is None or not ran else round(est_s, 1)
     return {s.name: status[s.name] for s in order}, counts
 
 
@@ -379,13 +403,18 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     from headscope.analyses.run_json import model_record, versions
     from headscope.reports import budget as memory
 
+    from headscope.reports.stages.clock import describe, rate
+
     ctx, budget, cfgs, off = plan_report(model, config, progress=progress, notice=notice)
     stages = list(registry.STAGES.values())
+    seconds = time_estimates(ctx, cfgs, [n for n in registry.STAGES if n not in off])
+    if notice is not None and any(seconds.values()) and (line := describe(seconds, rate())) is not None:
+        notice(line)
     if ctx.model is None:
         load_into(ctx, model, config)
     for r in getattr(ctx.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
         notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
-    status, counts = run_stages(ctx, cfgs, off, _estimates(budget))
+    status, counts = run_stages(ctx, cfgs, off, _estimates(budget), seconds)
     meta = {
         **model_record(ctx.model),
         "model": ctx.card.get("name", ctx.name),

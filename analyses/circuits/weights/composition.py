@@ -141,10 +141,12 @@ def null_scores(
                 else:  # uniform_ steps the stream exactly as randn does (one 64-bit draw per number)
                     skip[: m * numel].uniform_(generator=gen)
         end = gen.get_state()
+        del skip  # only the stepping reads it: not held beside the blocks below
     out = []
     for j, (_a, m) in enumerate(blocks):
 
-        def g(i, j=j, m=m):  # block j of matrix i, each dropped once used: three blocks are held at most
+        def g(i, j=j, m=m):  # block j of matrix i, each dropped once used: four blocks are held at most
+            # (P, XR's first factor, the last factor and the copy its QR makes)
             if starts[i][j] is not None:
                 gen.set_state(starts[i][j])
             return torch.randn((m, *shapes[i]), generator=gen, dtype=torch.float64)

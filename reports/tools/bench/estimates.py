@@ -142,6 +142,85 @@ def shape_dir(name: str) -> Path:
     return out
 
 
+#: the GGUF calibration shape: Qwen2-0.5B's sizes (494 M parameters, a 151,936-entry vocabulary)
+QWEN05 = dict(
+    n_layers=24, d_model=896, n_heads=14, n_kv_heads=2, d_head=64, d_mlp=4864, vocab=151936, rope_theta=1e6, eps=1e-6
+)
+
+
+def qwen05_gguf() -> Path:
+    """A GGUF of Qwen2-0.5B's shape (:data:`QWEN05`), written once under the cache with the ``gguf``
+    package: random F16 weights (normal, std 0.02, seed 0; norms 1), tied embeddings, q/k/v biases,
+    and SmolLM2-135M's byte-level BPE tokenizer with its vocabulary padded to 151,936 entries
+    (tokens no merge reaches), so texts tokenize as a real byte-level BPE tokenizes them. ~1 GB."""
+    import gguf
+    import numpy as np
+
+    from headscope.probes.models.checkpoints import cache_dir, resolve
+
+    out = cache_dir() / "calibration" / "qwen2-0.5b-shape-f16.gguf"
+    if out.exists():
+        return out
+    q = QWEN05
+    smol = gguf.GGUFReader(str(resolve("smollm2-135m").path))
+
+    def field(name):
+        v = smol.fields[name].contents()
+        return v.tolist() if hasattr(v, "tolist") else v
+
+    tokens = field("tokenizer.ggml.tokens")
+    types = field("tokenizer.ggml.token_type")
+    pad = q["vocab"] - len(tokens)
+    tokens, types = tokens + [f"<|unused{i}|>" for i in range(pad)], types + [1] * pad
+    tmp = out.with_suffix(".part")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(tmp), "qwen2")
+    w.add_name("qwen2-0.5b-shape")
+    w.add_context_length(32768)
+    w.add_block_count(q["n_layers"])
+    w.add_embedding_length(q["d_model"])
+    w.add_feed_forward_length(q["d_mlp"])
+    w.add_head_count(q["n_heads"])
+    w.add_head_count_kv(q["n_kv_heads"])
+    w.add_layer_norm_rms_eps(q["eps"])
+    w.add_rope_freq_base(q["rope_theta"])
+    w.add_vocab_size(q["vocab"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(field("tokenizer.ggml.merges"))
+    for key in ("bos", "eos", "padding"):
+        getattr(w, f"add_{'pad' if key == 'padding' else key}_token_id")(int(field(f"tokenizer.ggml.{key}_token_id")))
+    w.add_add_bos_token(False)
+    rng = np.random.default_rng(0)
+    d, k, f = q["d_model"], q["d_head"], q["d_mlp"]
+
+    def normal(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+
+    w.add_tensor("token_embd.weight", normal(q["vocab"], d))
+    w.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
+    for i in range(q["n_layers"]):
+        b = f"blk.{i}"
+        w.add_tensor(f"{b}.attn_norm.weight", np.ones(d, dtype=np.float32))
+        w.add_tensor(f"{b}.ffn_norm.weight", np.ones(d, dtype=np.float32))
+        for name, rows in (("attn_q", q["n_heads"] * k), ("attn_k", q["n_kv_heads"] * k), ("attn_v", q["n_kv_heads"] * k)):
+            w.add_tensor(f"{b}.{name}.weight", normal(rows, d))
+            w.add_tensor(f"{b}.{name}.bias", (rng.standard_normal(rows, dtype=np.float32) * 0.02))
+        w.add_tensor(f"{b}.attn_output.weight", normal(d, q["n_heads"] * k))
+        w.add_tensor(f"{b}.ffn_gate.weight", normal(f, d))
+        w.add_tensor(f"{b}.ffn_up.weight", normal(f, d))
+        w.add_tensor(f"{b}.ffn_down.weight", normal(d, f))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tmp.rename(out)
+    return out
+
+
 def _scaled(cfg, case: Case, stage: str):
     """``cfg`` with its batch sizes times ``case.batch`` (at least 1) and the case's item subset."""
     names = {f.name for f in fields(cfg)}
@@ -270,6 +349,103 @@ def rows_from_run(case: Case, run: dict) -> list[dict]:
     return rows
 
 
+def measure_report(model: str, out: Path) -> dict:
+    """A default report of ``model`` run in this process (:func:`~headscope.reports.pipeline.build_report`,
+    as ``headscope report MODEL`` runs it; the folder written to ``out``), with this machine's
+    reference rate (:func:`~headscope.probes.timing.reference_rate`) measured just before it and
+    just after, glibc's allocator tuned as the ``headscope`` command tunes it -> {"model", "rate_before", "rate_after", "threads", "run"}`` (``run``: its run.json)."""
+    import torch
+
+    from headscope.probes.allocator import tune_allocator
+    from headscope.probes.timing import reference_rate
+    from headscope.reports.pipeline import build_report
+
+    tune_allocator()  # as the headscope command does
+    before = reference_rate()
+    build_report(model, out_dir=out, quiet=True)
+    after = reference_rate()
+    run = json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
+    return {"model": model, "rate_before": before, "rate_after": after, "threads": torch.get_num_threads(), "run": run}
+
+
+#: the default reports (``headscope report MODEL``) the time factors are fitted on, whose per-stage and
+#: whole-run memory the band holds too
+REPORT_MODELS = ("minilm-l6", "smollm2-135m")
+#: a stage's time estimate may be this many times over or under its measured seconds
+TIME_BAND = 1.5
+
+
+def report_case(model: str) -> str:
+    """The case name of ``model``'s default report in the calibration JSON."""
+    return f"{model}/fp32/default report"
+
+
+def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
+    """``(memory rows, time rows)`` of one :func:`measure_report` result: each stage's estimate
+    planned again here (before any load) against the peak its run.json measured; per stage that
+    ran, its work (:meth:`~headscope.reports.stages.base.Stage.work`, GFLOP), its seconds and the
+    reference rate the run measured (the geometric mean of the rates before and after it)."""
+    import math
+
+    from headscope.reports.stages import registry
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.runner import plan_report
+
+    model, run, name = measured["model"], measured["run"], report_case(measured["model"])
+    memory = [r | {"case": name} for r in rows_from_run(Case(model), run)]
+    ctx, _budget, cfgs, _off = plan_report(model, RunConfig())
+    rate = math.sqrt(measured["rate_before"] * measured["rate_after"])
+    times = []
+    for stage, rec in run["stages"].items():
+        if rec["status"] != "ran" or stage not in registry.STAGES:
+            continue
+        work = registry.STAGES[stage].work(ctx, cfgs[stage])
+        times.append(
+            {
+                "case": name,
+                "model": model,
+                "stage": stage,
+                "seconds": rec["seconds"],
+                "work_gflop": None if work is None else round(work, 3),
+                "rate": round(rate, 2),
+                "threads": measured["threads"],
+            }
+        )
+    return memory, times
+
+
+def time_section(rows: list[dict]) -> dict:
+    """The JSON's ``time``: the factors fitted on ``rows`` (:func:`~headscope.reports.stages.clock.fit_factors`)
+    and each row with the estimate those factors give at its rate, and estimate / measured."""
+    from headscope.reports.stages.clock import fit_factors
+
+    factors = fit_factors([r | {"work": r["work_gflop"]} for r in rows])
+    out = []
+    for r in rows:
+        f = factors.get(r["stage"])
+        est = None if f is None or not r["work_gflop"] else r["work_gflop"] * f / r["rate"]
+        ratio = None if est is None or not r["seconds"] else round(est / r["seconds"], 3)
+        out.append(r | {"estimate_s": None if est is None else round(est, 1), "ratio": ratio})
+    return {"band": TIME_BAND, "factors": factors, "rows": out}
+
+
+def calibrate_reports(measured: list[dict], doc_path: Path) -> dict:
+    """Put the default reports ``measured`` (:func:`measure_report` results) into the calibration
+    JSON at ``doc_path``: their memory rows replace any earlier default-report rows, their time rows
+    make its ``time`` section -> the document written."""
+    doc = json.loads(Path(doc_path).read_text(encoding="utf-8"))
+    names = {report_case(m["model"]) for m in measured}
+    mem, times = [], []
+    for m in measured:
+        a, b = report_rows(m)
+        mem += a
+        times += b
+    doc["rows"] = [r for r in doc["rows"] if r["case"] not in names] + mem
+    doc["time"] = time_section(times)
+    Path(doc_path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return doc
+
+
 def _child(case: Case, timeout: float) -> list[dict]:
     """:func:`run_case` in a child process of its own (its own resident set)."""
     code = (
@@ -284,6 +460,24 @@ def _child(case: Case, timeout: float) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _report_child(model: str, progress=None, timeout: float = 3600) -> dict:
+    """:func:`measure_report` of ``model`` in a child process of its own, on one thread
+    (``OMP_NUM_THREADS=1``, as the committed factors were measured), its folder in a temporary directory."""
+    import os
+    import tempfile
+
+    if progress:
+        progress(report_case(model))
+    with tempfile.TemporaryDirectory() as tmp:
+        code = (
+            "import json,sys; from headscope.reports.tools.bench.estimates import measure_report; "
+            "json.dump(measure_report(sys.argv[1], sys.argv[2] + '/report'), open(sys.argv[2] + '/m.json', 'w'))"
+        )
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        subprocess.run([sys.executable, "-c", code, model, tmp], check=True, timeout=timeout, env=env)
+        return json.loads((Path(tmp) / "m.json").read_text(encoding="utf-8"))
+
+
 def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, progress=None) -> list[dict]:
     """Run every case (each in its own process) -> the rows; written as JSON to ``out`` (None: not
     written) with the band and the machine."""
@@ -295,12 +489,15 @@ def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, pr
             progress(c.name)
         rows.extend(_child(c, timeout))
     if out is not None:
+        kept = json.loads(Path(out).read_text(encoding="utf-8")) if Path(out).exists() else {}
         doc = {
             "band": list(BAND),
             "small_mb": SMALL_MB,
             "cpus": os.cpu_count(),
             "cases": [asdict(c) | {"name": c.name} for c in cases],
-            "rows": rows,
+            # the default reports' rows and time section stay (:func:`calibrate_reports` writes them)
+            "rows": rows + [r for r in kept.get("rows", []) if r["case"].endswith("/default report")],
+            **({"time": kept["time"]} if "time" in kept else {}),
         }
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return rows
@@ -353,11 +550,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m headscope.reports.tools.bench.estimates")
     p.add_argument("--out", default="data/figures/estimates.json")
     p.add_argument("--page", default="docs/guide/estimates.md")
-    p.add_argument("--cases", default=None, help="comma-separated models (default: every case)")
+    p.add_argument("--cases", default=None, help="comma-separated models (default: every case; none: no case)")
+    p.add_argument(
+        "--reports", default=",".join(REPORT_MODELS), help="default reports to measure (none: keep the JSON's)"
+    )
+    p.add_argument("--measured", default=None, help="comma-separated measure_report JSON files instead of --reports")
     args = p.parse_args(argv)
     keep = None if args.cases is None else set(args.cases.split(","))
     cases = [c for c in CASES if keep is None or c.model in keep]
-    calibrate(cases, Path(args.out), progress=lambda name: print(f"estimates: {name}", file=sys.stderr, flush=True))
+    say = lambda name: print(f"estimates: {name}", file=sys.stderr, flush=True)  # noqa: E731
+    if cases:
+        calibrate(cases, Path(args.out), progress=say)
+    if args.measured:
+        measured = [json.loads(Path(f).read_text(encoding="utf-8")) for f in args.measured.split(",")]
+    else:
+        measured = [_report_child(m, say) for m in args.reports.split(",") if m and m != "none"]
+    if measured:
+        calibrate_reports(measured, Path(args.out))
     write_page(json.loads(Path(args.out).read_text(encoding="utf-8")), Path(args.page))
     return 0
 
