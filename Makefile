@@ -47,8 +47,9 @@ bench: bootstrap
 	.venv/bin/headscope bench $(MODEL)
 
 # Every registered stage's memory estimate against its measured peak (issue #38) on MiniLM-L6, SmolLM2-135M and
-# random-weight shapes (long vocabulary, d_head 256), two batch sizes, fp32 and bf16, into data/figures/estimates.json
-# (~15 min on 2 cores); tests/test_estimates_calibration.py holds each stage to the band
+# random-weight shapes (long vocabulary, d_head 256), two batch sizes, fp32 and bf16, then the default reports of
+# MiniLM-L6 and SmolLM2 on one thread (each stage's memory and seconds; the time factors are fitted on them), into
+# data/figures/estimates.json (~40 min on 2 cores); tests/test_estimates_calibration.py holds each stage to the bands
 estimates: bootstrap
 	nice -n 10 $(PY) -m headscope.reports.tools.bench.estimates --out data/figures/estimates.json --page docs/guide/estimates.md
 

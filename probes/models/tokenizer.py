@@ -44,6 +44,21 @@ def load_tokenizer(directory: Path, *, trust_remote_code: bool = False):
     return tok
 
 
+def gguf_tokenizer(path: Path):
+    """The tokenizer a GGUF file's metadata holds (``tokenizer.ggml.*``), built by transformers from
+    the metadata alone: no tensor is read or dequantised. For counting lengths before the load
+    (the memory plan and the time estimate); None when the file holds none it can build."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    try:
+        with quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception:  # noqa: BLE001 - lengths are then bounded by bytes, as before; the load reports what is wrong
+        return None
+
+
 def check_tokenizer_vocab(tokenizer, vocab_size: int, where) -> None:
     """Refuse a tokenizer whose ordinary vocabulary reaches past the model's embedding
     (``vocab_size`` rows). Ids past it that are only *added* tokens (a pad token added

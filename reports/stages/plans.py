@@ -87,6 +87,10 @@ def _model_shape(model, dtype: str):
             tokenizer = load_tokenizer(folder)
         except Exception as e:  # noqa: BLE001 - lengths are then bounded by bytes; the load reports the error
             log.info("tokenizer of %s not read for the memory estimate (%s); lengths bounded by bytes", model, e)
+    if tokenizer is None and convert:  # a GGUF not converted yet: its metadata's tokenizer counts the lengths
+        from headscope.probes.models.tokenizer import gguf_tokenizer
+
+        tokenizer = gguf_tokenizer(source.path)
     return Shape.from_hf_config(hf, dtype=dtype, where=str(source.path)), convert, tokenizer
 
 

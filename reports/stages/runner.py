@@ -142,6 +142,10 @@ def _shape(source, hf: dict, dtype: str):
             tokenizer = load_tokenizer(folder)
         except Exception as e:  # noqa: BLE001 - lengths are then bounded by bytes; the load reports the error
             log.info("tokenizer of %s not read for the memory estimate (%s); lengths bounded by bytes", source.name, e)
+    if tokenizer is None and source.kind == "gguf":  # not converted yet: its metadata's tokenizer counts the lengths
+        from headscope.probes.models.tokenizer import gguf_tokenizer
+
+        tokenizer = gguf_tokenizer(source.path)
     return shape, source.kind == "gguf" and folder is None, tokenizer
 
 
@@ -282,7 +286,7 @@ def _run_one(ctx: RunContext, stage, cfg, record: dict) -> StageResult | None:
     """Run ``stage`` into ``ctx`` (frames, summary, timings, counts); on :class:`StageAbsent` or an
     exception, record it absent and return None."""
     with RssWindow() as rss:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             with timed(ctx.timings, stage.name, None if stage.reports_progress else ctx.progress):
                 result = stage.run(ctx, cfg)
@@ -297,6 +301,7 @@ def _run_one(ctx: RunContext, stage, cfg, record: dict) -> StageResult | None:
             log.warning("the %s stage failed: %s: %s", stage.name, type(e).__name__, msg, exc_info=log.isEnabledFor(10))
             result = None
     record["seconds"] = round(time.perf_counter() - t0, 3)
+    record["cpu_s"] = round(time.process_time() - c0, 3)  # on one thread: its seconds on a core of its own
     record["peak_mb"] = round(rss.peak / 2**20, 1)
     if result is not None:
         ctx.frames.update(result.frames)
@@ -355,6 +360,7 @@ def run_stages(
             counts.update(result.counts)
     for s in order:
         status[s.name].setdefault("seconds", None)
+        status[s.name].setdefault("cpu_s", None)
         status[s.name].setdefault("peak_mb", None)
         planned = status[s.name]["status"] == "ran" or status[s.name].get("peak_mb") is not None
         status[s.name]["estimate_mb"] = estimates.get(s.name, estimates.get("*") if planned else None)

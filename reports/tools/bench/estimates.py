@@ -354,6 +354,8 @@ def measure_report(model: str, out: Path) -> dict:
     as ``headscope report MODEL`` runs it; the folder written to ``out``), with this machine's
     reference rate (:func:`~headscope.probes.timing.reference_rate`) measured just before it and
     just after, glibc's allocator tuned as the ``headscope`` command tunes it -> {"model", "rate_before", "rate_after", "threads", "run"}`` (``run``: its run.json)."""
+    import time
+
     import torch
 
     from headscope.probes.allocator import tune_allocator
@@ -361,11 +363,19 @@ def measure_report(model: str, out: Path) -> dict:
     from headscope.reports.pipeline import build_report
 
     tune_allocator()  # as the headscope command does
-    before = reference_rate()
-    build_report(model, out_dir=out, quiet=True)
-    after = reference_rate()
+    before, cpu_before = reference_rate(), reference_rate(clock=time.process_time)
+    build_report(str(shape_dir(model)) if model in SHAPES else model, out_dir=out, quiet=True)
+    after, cpu_after = reference_rate(), reference_rate(clock=time.process_time)
     run = json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
-    return {"model": model, "rate_before": before, "rate_after": after, "threads": torch.get_num_threads(), "run": run}
+    return {
+        "model": model,
+        "rate_before": before,
+        "rate_after": after,
+        "cpu_rate_before": cpu_before,
+        "cpu_rate_after": cpu_after,
+        "threads": torch.get_num_threads(),
+        "run": run,
+    }
 
 
 #: the default reports (``headscope report MODEL``) the time factors are fitted on, whose per-stage and
@@ -384,7 +394,9 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
     """``(memory rows, time rows)`` of one :func:`measure_report` result: each stage's estimate
     planned again here (before any load) against the peak its run.json measured; per stage that
     ran, its work (:meth:`~headscope.reports.stages.base.Stage.work`, GFLOP), its seconds and the
-    reference rate the run measured (the geometric mean of the rates before and after it)."""
+    reference rate the run measured (the geometric mean of the rates before and after it). On one
+    thread the seconds are the stage's CPU seconds and the rate the CPU-clock one: a core of its
+    own, whatever else the shared machine runs (its wall seconds are kept as ``wall_s``)."""
     import math
 
     from headscope.reports.stages import registry
@@ -393,8 +405,13 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
 
     model, run, name = measured["model"], measured["run"], report_case(measured["model"])
     memory = [r | {"case": name} for r in rows_from_run(Case(model), run)]
-    ctx, _budget, cfgs, _off = plan_report(model, RunConfig())
-    rate = math.sqrt(measured["rate_before"] * measured["rate_after"])
+    ctx, _budget, cfgs, _off = plan_report(str(shape_dir(model)) if model in SHAPES else model, RunConfig())
+    cpu = measured["threads"] == 1 and "cpu_rate_before" in measured
+    rate = math.sqrt(
+        measured["cpu_rate_before"] * measured["cpu_rate_after"]
+        if cpu
+        else measured["rate_before"] * measured["rate_after"]
+    )
     times = []
     for stage, rec in run["stages"].items():
         if rec["status"] != "ran" or stage not in registry.STAGES:
@@ -405,7 +422,9 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
                 "case": name,
                 "model": model,
                 "stage": stage,
-                "seconds": rec["seconds"],
+                "seconds": rec["cpu_s"] if cpu else rec["seconds"],
+                "wall_s": rec["seconds"],
+                "clock": "cpu" if cpu else "wall",
                 "work_gflop": None if work is None else round(work, 3),
                 "rate": round(rate, 2),
                 "threads": measured["threads"],
@@ -530,7 +549,28 @@ def render_table(doc: dict) -> str:
             f"Largest under-estimate: {lo['error']:+.1%} ({lo['case']}, {lo['stage']}); largest over-estimate: "
             f"{hi['error']:+.1%} ({hi['case']}, {hi['stage']}).",
         ]
-    return "\n".join(lines)
+    return "\n".join(lines + _time_lines(doc.get("time")))
+
+
+def _time_lines(time_doc: dict | None) -> list[str]:
+    """The time table of a calibration document: per default report and stage, its work, the
+    estimate its factor gives at the measured rate, the measured seconds, their ratio."""
+    if not time_doc:
+        return []
+    lines = [
+        "",
+        "| case | stage | work GFLOP | factor | rate GFLOP/s | estimate s | measured s | estimate / measured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in time_doc["rows"]:
+        f = time_doc["factors"].get(r["stage"])
+        est = "-" if r["estimate_s"] is None else f"{r['estimate_s']:.1f}"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        lines.append(
+            f"| {r['case']} | {r['stage']} | {r['work_gflop']:.1f} | {f if f is not None else '-'} | {r['rate']:.1f} "
+            f"| {est} | {r['seconds']:.1f} | {ratio} |"
+        )
+    return lines
 
 
 def write_page(doc: dict, page: Path) -> None:
