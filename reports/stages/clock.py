@@ -23,7 +23,7 @@ committed JSON, never by a timed test.
 >>> from headscope.probes.budget import Shape
 >>> s = Shape(n_layers=2, n_heads=4, n_kv_heads=4, d_model=64, d_head=16, d_mlp=256, vocab_size=1000,
 ...           n_params=200_000, causal=False)
->>> round(token_gflop(s, 10) * 1e6)  # 2 x the 136,000 non-embedding parameters, plus attention
+>>> round(token_gflop(s, 10) * 1e9)  # FLOP: 2 x the 136,000 non-embedding parameters, plus attention
 277120
 """
 
@@ -99,8 +99,8 @@ def describe(estimates: dict[str, float | None], at_rate: float) -> str | None:
     """The line printed before a run: ``estimated time: roles ~40 s, pruning ~3 min, ... (~5 min in
     all at this machine's 64 GFLOP/s matmul rate)``; None when no stage has an estimate.
 
-    >>> describe({"roles": 39.6, "pruning": 185.0, "kv": None}, 64.2)
-    'estimated time: roles ~40 s, pruning ~3 min (~4 min in all at this machine's 64 GFLOP/s matmul rate)'
+    >>> print(describe({"roles": 39.6, "pruning": 185.0, "kv": None}, 64.2))
+    estimated time: roles ~40 s, pruning ~3 min (~4 min in all at this machine's 64 GFLOP/s matmul rate)
     """
     known = {k: v for k, v in estimates.items() if v}  # None: not known; 0: no work (a stage of decoders on an encoder)
     if not known:
