@@ -7,9 +7,9 @@ stages that run forwards; the weights' products for the weights stage). Work alo
 a forward also pays for Python, the hooks, softmaxes and the statistics, and those differ by
 stage. :data:`FACTORS` holds, per stage, how many GFLOP of the reference matmul
 (:func:`~headscope.probes.timing.reference_rate`, a float32 512-square ``torch.mm``) one GFLOP of
-the stage's work costs, fitted by ``make estimates`` from the default reports of MiniLM-L6 and
-SmolLM2-135M (``data/figures/estimates.json``'s ``time`` rows; the geometric mean of
-``seconds × rate / work`` over the two). So
+the stage's work costs, fitted by ``make estimates`` from the default reports of
+:data:`~headscope.reports.tools.bench.estimates.REPORT_MODELS` (``data/figures/estimates.json``'s
+``time`` rows; the geometric mean of ``seconds × rate / work`` over them). So
 
     seconds = work × factor / rate
 
@@ -18,7 +18,8 @@ load (:func:`rate`): a factor measured on one machine reads on another at that m
 rate. It does not follow what the rate leaves out (a machine whose memory is slower than its
 matmul suggests, other processes taking the cores after the rate was read), so the estimate is
 a guide, held to 1.5× of the measured stage time on the calibration reports by a test reading the
-committed JSON, never by a timed test.
+committed JSON, never by a timed test. A stage's work that is 0 (the KV stage on an encoder) has no
+time.
 
 >>> from headscope.probes.budget import Shape
 >>> s = Shape(n_layers=2, n_heads=4, n_kv_heads=4, d_model=64, d_head=16, d_mlp=256, vocab_size=1000,
@@ -39,7 +40,14 @@ __all__ = ["FACTORS", "describe", "fit_factors", "rate", "seconds", "token_gflop
 #: stage -> reference-matmul GFLOP per GFLOP of the stage's work (:meth:`~.base.Stage.work`), fitted by
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
-FACTORS: dict[str, float] = {}
+FACTORS: dict[str, float] = {
+    "context": 1.537,
+    "patching": 0.2313,
+    "pruning": 1.368,
+    "roles": 1.06,
+    "weights": 16.37,
+    "kv": 1.182,
+}
 
 
 def token_gflop(shape: Shape, tokens: int, *, logits: bool = False) -> float:

@@ -13,6 +13,12 @@ from headscope.analyses.run_patching import CausalConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
 
 
+#: a patched row's cost beside its forward, in GFLOP of work: its hooks' reads and writes, its metric
+#: and its share of the statistics. Set from the calibration's patching rows, where it dominates (MiniLM-L6
+#: and a 2-layer Qwen2 shape take 6-7 ms a row on one core whatever their forward's FLOPs), not fitted
+PATCH_ROW_GFLOP = 2.0
+
+
 class PatchingStage(Stage[CausalConfig]):
     name = "patching"
     Config = CausalConfig
@@ -64,14 +70,16 @@ class PatchingStage(Stage[CausalConfig]):
         return patch_stages(ctx.shape, patch, longest=longest)
 
     def work(self, ctx: RunContext, cfg: CausalConfig) -> float:
-        """Its row budget per task (every patched sequence is a row of a forward), each a forward
-        of the tasks' longest sequence."""
+        """Its patched rows (items per task × heads × tasks, :meth:`CausalConfig.items_per_task`),
+        each a forward of the tasks' longest sequence plus :data:`PATCH_ROW_GFLOP`."""
         from headscope.reports.stages.clock import token_gflop
         from headscope.reports.stages.plans import report_tasks
 
-        tasks = report_tasks()
+        s, tasks = ctx.shape, report_tasks()
+        heads = s.n_layers * s.n_heads
+        rows = cfg.items_per_task(n_heads=heads, n_tasks=len(tasks), full=ctx.full) * heads * len(tasks)
         t = max(w.longest for w in ctx.plans.get(self.name) or self.plan(ctx, cfg))
-        return len(tasks) * cfg.row_budget * t * token_gflop(ctx.shape, t)
+        return rows * (t * token_gflop(s, t) + PATCH_ROW_GFLOP)
 
     def fitted(self, cfg: CausalConfig, batch_sizes) -> CausalConfig:
         from headscope.reports.stages.plans import apply_patch

@@ -84,9 +84,12 @@ def test_the_schemas_match_the_frames_of_real_runs(minilm_report, llama_report):
     _check_schemas(mini.frames, STAGES.values())
     _check_schemas(llama.frames, STAGES.values())
     for rec in mini_json["stages"].values():
-        assert set(rec) == {"status", "reason", "seconds", "estimate_mb", "peak_mb"}
+        assert set(rec) == {"status", "reason", "seconds", "estimate_mb", "peak_mb", "estimate_s"}
     roles = mini_json["stages"]["roles"]
     assert roles["seconds"] > 0 and roles["peak_mb"] > 100 and roles["estimate_mb"] > 100
+    # every stage that ran has a time estimate (#38); a blocked one has none
+    assert all(r["estimate_s"] > 0 for r in mini_json["stages"].values() if r["status"] == "ran")
+    assert mini_json["stages"]["kv"]["estimate_s"] is None
     # load_run reads both folders back, every table checked against its stage's columns
     from headscope.reports.runs import load_run, schema_of
 
