@@ -84,7 +84,7 @@ def test_the_schemas_match_the_frames_of_real_runs(minilm_report, llama_report):
     _check_schemas(mini.frames, STAGES.values())
     _check_schemas(llama.frames, STAGES.values())
     for rec in mini_json["stages"].values():
-        assert set(rec) == {"status", "reason", "seconds", "estimate_mb", "peak_mb", "estimate_s"}
+        assert set(rec) == {"status", "reason", "seconds", "cpu_s", "estimate_mb", "peak_mb", "estimate_s"}
     roles = mini_json["stages"]["roles"]
     assert roles["seconds"] > 0 and roles["peak_mb"] > 100 and roles["estimate_mb"] > 100
     # every stage that ran has a time estimate (#38); a blocked one has none
