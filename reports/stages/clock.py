@@ -41,12 +41,12 @@ __all__ = ["FACTORS", "describe", "fit_factors", "rate", "seconds", "token_gflop
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
 FACTORS: dict[str, float] = {
-    "context": 1.537,
-    "patching": 0.2313,
-    "pruning": 1.368,
-    "roles": 1.06,
-    "weights": 16.37,
-    "kv": 1.182,
+    "context": 1.167,
+    "patching": 0.2158,
+    "pruning": 0.9938,
+    "roles": 0.8086,
+    "weights": 12.53,
+    "kv": 0.862,
 }
 
 
