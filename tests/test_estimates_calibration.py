@@ -136,7 +136,9 @@ def test_every_registered_stage_has_a_time_factor_fitted_by_the_calibration():
     assert {report_case(m) for m in REPORT_MODELS} == {r["case"] for r in TIME["rows"]}
 
 
-@pytest.mark.parametrize("row", _rows_with_open_marked(TIME["rows"], TIME_OPEN), ids=lambda r: f"{r['case']}:{r['stage']}")
+@pytest.mark.parametrize(
+    "row", _rows_with_open_marked(TIME["rows"], TIME_OPEN), ids=lambda r: f"{r['case']}:{r['stage']}"
+)
 def test_each_stage_time_estimate_is_within_the_time_band(row):
     """Each stage's estimated seconds (its work x its factor / the rate measured with the run) within
     1.5x of the seconds it took, read from the JSON: never a timed test."""

@@ -12,7 +12,6 @@ from dataclasses import replace
 from headscope.analyses.run_patching import CausalConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
 
-
 #: a patched row's cost beside its forward, in GFLOP of work: its hooks' reads and writes, its metric
 #: and its share of the statistics. Set from the calibration's patching rows, where it dominates (MiniLM-L6
 #: and a 2-layer Qwen2 shape take 6-7 ms a row on one core whatever their forward's FLOPs), not fitted

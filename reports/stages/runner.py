@@ -408,7 +408,6 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     time and the peak; ``meta`` holds what run.json and the report's sections read."""
     from headscope.analyses.run_json import model_record, versions
     from headscope.reports import budget as memory
-
     from headscope.reports.stages.clock import describe, rate
 
     ctx, budget, cfgs, off = plan_report(model, config, progress=progress, notice=notice)

@@ -206,7 +206,11 @@ def qwen05_gguf() -> Path:
         b = f"blk.{i}"
         w.add_tensor(f"{b}.attn_norm.weight", np.ones(d, dtype=np.float32))
         w.add_tensor(f"{b}.ffn_norm.weight", np.ones(d, dtype=np.float32))
-        for name, rows in (("attn_q", q["n_heads"] * k), ("attn_k", q["n_kv_heads"] * k), ("attn_v", q["n_kv_heads"] * k)):
+        for name, rows in (
+            ("attn_q", q["n_heads"] * k),
+            ("attn_k", q["n_kv_heads"] * k),
+            ("attn_v", q["n_kv_heads"] * k),
+        ):
             w.add_tensor(f"{b}.{name}.weight", normal(rows, d))
             w.add_tensor(f"{b}.{name}.bias", (rng.standard_normal(rows, dtype=np.float32) * 0.02))
         w.add_tensor(f"{b}.attn_output.weight", normal(d, q["n_heads"] * k))
