@@ -65,8 +65,9 @@ OPEN = {
         "block and the residue each stage holds dominate a model this small)"
     ),
     ("llama-dhead256/fp32/default report", "weights"): (
-        "the weights stage at d_head 256 holds ~700 MiB the plan does not count (not yet traced: the "
-        "null's float64 blocks are d_model x d_head^2 per draw, the suspects)"
+        "the weights stage at d_head 256 grows ~720 MiB inside the composition null's block loop "
+        "(null_scores), where ~5 blocks of 16 MiB are live: heap glibc keeps between the float64 blocks "
+        "(under its 32 MiB mmap threshold) is the suspect, not yet confirmed or fixed"
     ),
     ("llama-dhead256/fp32/default report", WHOLE): "its peak is the weights stage's, under-estimated (above)",
 }
