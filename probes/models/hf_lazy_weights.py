@@ -1,0 +1,235 @@
+"""Per-head weights of an HF folder whose family the in-house stack does not build (GPT-NeoX, OLMo 2,
+MPNet, …), read one layer at a time from its safetensors files (sharded or not): the whole model is
+never loaded.
+
+The model's skeleton is built on the meta device (accelerate's ``init_empty_weights``: no memory)
+to find its stack of blocks and where each parameter lives. For layer ``l`` a **one-layer model of
+the same config** is built on the meta device and filled from the checkpoint (its block from the
+checkpoint's block ``l``, the embeddings and final norm as stored; each tensor read by
+``safe_open(file).get_tensor(name)``, the name matched with or without the checkpoint's
+base-model prefix such as ``model.``); the existing per-head reader
+(:func:`~headscope.probes.models.hf_weights.hf_weights`) then finds its projections from the module
+tree and checks them on it, and the one-layer model is freed. One layer (and the embeddings) is held
+at a time.
+
+**What the check covers here.** The check is :mod:`~headscope.probes.models.hf_weights_check`'s,
+but *per module on embedding-level inputs*: layer ``l``'s attention is fed the real check text's
+input embeddings (through the layer's own preceding norm, with the position ids / rotary
+embeddings the model hands it), not the residual stream the full model would give it at depth
+``l``. pattern × V × W_O, x·W_Q, x·W_K and the recomputed pattern must equal the module's own
+to 1e-5 relative (float32). A layer that fails raises
+:class:`~headscope.probes.errors.ModelIncompatibleError` when it is read.
+
+A tensor a layer needs that the checkpoint lacks: :class:`~headscope.probes.errors.CheckpointError`,
+one line naming the tensor and the file (the index, or the single ``model.safetensors``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+
+import torch
+
+from headscope.probes.errors import CheckpointError, ModelIncompatibleError
+from headscope.probes.models.hf_weights import HFModelWeights, _pos_embed, _Shape
+
+__all__ = ["LazyHFSource", "hf_lazy_weights"]
+
+
+def _blocks_path(model: torch.nn.Module, n_layers: int) -> str:
+    """The module path of the model's stack of ``n_layers`` blocks (the shortest such ``ModuleList``)."""
+    lists = [n for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and n]
+    if not lists:
+        raise ModelIncompatibleError(f"no stack of {n_layers} blocks (a ModuleList) found in {type(model).__name__}")
+    return min(lists, key=lambda n: n.count("."))
+
+
+def _one_layer_config(config, layer: int, n_layers: int):
+    """``config`` of a one-layer model holding block ``layer`` (per-layer lists such as ``layer_types`` sliced)."""
+    one = copy.deepcopy(config)
+    for key, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == n_layers and n_layers > 1 and key != "architectures":
+            setattr(one, key, type(value)(value[layer : layer + 1]))
+    one.num_hidden_layers = 1
+    one._attn_implementation = "eager"
+    return one
+
+
+class _Checkpoint:
+    """The checkpoint's tensor names resolved for a model's parameter names (its base-model prefix
+    added or dropped), each read as float32."""
+
+    def __init__(self, files, prefix: str):
+        self.files, self.prefix = files, prefix
+
+    def name(self, param: str) -> str | None:
+        for cand in (param, self.prefix + param, param.removeprefix(self.prefix)):
+            if cand in self.files.shape:
+                return cand
+        return None
+
+    def read(self, param: str) -> torch.Tensor:
+        name = self.name(param)
+        if name is None:
+            raise CheckpointError(
+                f"{self.files.where}: tensor {param!r} (or {self.prefix + param!r}) is not in the checkpoint"
+            )
+        return self.files.read(name).float()
+
+
+class LazyHFSource:
+    """A :class:`~headscope.probes.models.inhouse.head_weights.TensorSource` over an HF folder: one
+    layer's projections at a time from a checked one-layer model, the embeddings read from the files."""
+
+    def __init__(self, directory, config, arch, tokenizer, name: str):
+        from accelerate import init_empty_weights
+        from transformers import AutoModel
+
+        from headscope.probes.models.lazy_weights import _Safetensors
+        from headscope.probes.models.quiet import quiet_transformers
+
+        self.files = _Safetensors(directory)
+        self.config, self.arch, self.tokenizer, self.name = config, arch, tokenizer, name
+        self.n_layers = int(config.num_hidden_layers)
+        with quiet_transformers(), init_empty_weights(include_buffers=True):
+            skeleton = AutoModel.from_config(copy.deepcopy(config), attn_implementation="eager")
+        self.blocks = _blocks_path(skeleton, self.n_layers)
+        prefix = getattr(skeleton, "base_model_prefix", "") or ""
+        self.ckpt = _Checkpoint(self.files, prefix + "." if prefix else "")
+        emb = skeleton.get_input_embeddings()
+        params = {id(p): n for n, p in skeleton.named_parameters()}
+        self._names = {"embed.weight": params[id(emb.weight)]}
+        pos, _ = _pos_embed(skeleton)
+        if pos is not None:
+            self._names["pos_embed.weight"] = params[id(pos.weight)]
+        out = self.ckpt.name("lm_head.weight")  # a decoder's untied unembedding, stored beside the base model
+        if out is not None and not getattr(config, "tie_word_embeddings", False):
+            self._names["unembed.weight"] = "lm_head.weight"
+        del skeleton
+        self.bytes_read = 0
+        self.checks: dict[int, dict] = {}
+        self._held: tuple[int, HFModelWeights] | None = None
+        self.description = f"safetensors, one layer at a time (per-module check): {self.files.where}"
+
+    def _param_to_checkpoint(self, param: str, layer: int) -> str:
+        head = self.blocks + ".0."
+        return self.blocks + f".{layer}." + param[len(head) :] if param.startswith(head) else param
+
+    def one_layer(self, layer: int) -> HFModelWeights:
+        """Layer ``layer``'s checked weights, from a one-layer model filled from the checkpoint (held until the next layer)."""
+        if self._held is not None and self._held[0] == layer:
+            return self._held[1]
+        from accelerate import init_empty_weights
+        from transformers import AutoModel
+
+        from headscope.probes.models.arch import arch_from_hf_config
+        from headscope.probes.models.backends.hf import HFReference
+        from headscope.probes.models.hf_weights import hf_weights
+        from headscope.probes.models.quiet import quiet_transformers
+        from headscope.probes.models.backends.protocol import spec_from_arch
+
+        self._held = None
+        gc.collect()
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"layer {layer} of {self.n_layers}")
+        cfg = _one_layer_config(self.config, layer, self.n_layers)
+        with quiet_transformers(), init_empty_weights(include_buffers=False):
+            model = AutoModel.from_config(cfg, attn_implementation="eager")
+        state = {}
+        for param, p in model.named_parameters():
+            t = self.ckpt.read(self._param_to_checkpoint(param, layer))
+            if tuple(t.shape) != tuple(p.shape):
+                raise CheckpointError(
+                    f"{self.files.where}: tensor {self.ckpt.name(self._param_to_checkpoint(param, layer))!r} has "
+                    f"shape {tuple(t.shape)}, the config gives {tuple(p.shape)}"
+                )
+            state[param] = t
+            self.bytes_read += t.numel() * 4
+        model.load_state_dict(state, strict=False, assign=True)
+        del state
+        model.eval()
+        arch = arch_from_hf_config(cfg.to_dict(), self.name)
+        wrapped = HFReference(model, self.tokenizer, spec_from_arch(arch, self.name, "hf"), vocab_size=arch.vocab_size)
+        try:
+            w = hf_weights(wrapped)
+        except ModelIncompatibleError as e:
+            raise ModelIncompatibleError(f"layer {layer}: {str(e).strip().splitlines()[0]}") from None
+        self.checks[layer] = w.check
+        w.source._layer(0)  # the layer's split tensors, kept; the one-layer model's embeddings dropped
+        w.source._t = {}
+        self._held = (layer, w)
+        return w
+
+    def _split(self, name: str) -> tuple[int, str] | None:
+        parts = name.split(".")
+        if len(parts) == 5 and parts[0] == "blocks" and parts[2] == "attn":
+            return int(parts[1]), ".".join(parts[3:])
+        return None
+
+    def has(self, name: str) -> bool:
+        at = self._split(name)
+        if at is None:
+            return name in self._names
+        return self.one_layer(at[0]).source._layer(0).get(at[1]) is not None
+
+    def tensor(self, name: str) -> torch.Tensor:
+        at = self._split(name)
+        if at is not None:
+            t = self.one_layer(at[0]).source._layer(0).get(at[1])
+            if t is None:
+                raise KeyError(name)
+            return t.clone()
+        t = self.ckpt.read(self._names[name])
+        self.bytes_read += t.numel() * 4
+        return t
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        param = self._names[name]
+        t = self.files.read_rows(self.ckpt.name(param), start, stop).float()
+        self.bytes_read += t.numel() * 4
+        return t
+
+    def layout(self, layer: int) -> tuple[tuple[int, ...], list[int]]:
+        return self.one_layer(layer).source.layout(0)
+
+
+def hf_lazy_weights(model) -> HFModelWeights:
+    """The per-head weights of ``model`` (a path or :class:`~headscope.probes.models.checkpoints.ModelSource`:
+    an HF folder with safetensors), read one layer at a time and checked per module on
+    embedding-level inputs (see the module doc). :class:`CheckpointError` for a folder without
+    safetensors or a missing tensor; :class:`ModelIncompatibleError` where a layer's projections
+    are not understood or fail the check."""
+    from transformers import AutoConfig
+
+    from headscope.probes.models.arch import arch_from_hf_config
+    from headscope.probes.models.checkpoints import hf_dir, read_hf_config, resolve
+    from headscope.probes.models.quiet import quiet_transformers
+    from headscope.probes.models.tokenizer import load_tokenizer
+
+    source = resolve(model)
+    directory = hf_dir(source)
+    hf = read_hf_config(source)
+    arch = arch_from_hf_config(hf, str(directory / "config.json"))
+    with quiet_transformers():
+        config = AutoConfig.from_pretrained(str(directory))
+    src = LazyHFSource(directory, config, arch, load_tokenizer(directory), source.name)
+    first = src.one_layer(0)
+    shape = _Shape(**{**dataclasses.asdict(first.cfg), "name": source.name, "n_layers": src.n_layers})
+    shape = dataclasses.replace(
+        shape,
+        vocab_size=int(src.files.shape[src.ckpt.name(src._names["embed.weight"])][0]),
+        tie_embeddings="unembed.weight" not in src._names,
+    )
+    weights = _LazyHFModelWeights(shape, src, norm=first.norm, positions=first.positions, scales=(first.scale,))
+    weights.positional, weights.check, weights.frozen = first.positional, first.check, first.frozen
+    return weights
+
+
+class _LazyHFModelWeights(HFModelWeights):
+    """:class:`HFModelWeights` whose layers come from :class:`LazyHFSource` (its ``checks`` per layer read)."""
+
+    @property
+    def checks(self) -> dict[int, dict]:
+        return self._src.checks
