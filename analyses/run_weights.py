@@ -91,4 +91,5 @@ def _check_record(check: dict) -> dict:
         "layout": check.get("layout"),
         "tolerance": check.get("tolerance"),
         "errors": {k: float(f"{v:.3g}") for k, v in check.get("errors", {}).items()},
+        **({"scope": check["scope"]} if "scope" in check else {}),  # the lazy hf reader's: per module
     }

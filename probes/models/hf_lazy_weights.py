@@ -223,13 +223,36 @@ def hf_lazy_weights(model) -> HFModelWeights:
         tie_embeddings="unembed.weight" not in src._names,
     )
     weights = _LazyHFModelWeights(shape, src, norm=first.norm, positions=first.positions, scales=(first.scale,))
-    weights.positional, weights.check, weights.frozen = first.positional, first.check, first.frozen
+    weights.positional, weights.frozen = first.positional, first.frozen
     return weights
 
 
+#: what the lazy reader's check covers (run.json's ``check.scope``)
+SCOPE = "per module on embedding-level inputs: each layer's attention alone, fed the check text's input embeddings"
+
+
 class _LazyHFModelWeights(HFModelWeights):
-    """:class:`HFModelWeights` whose layers come from :class:`LazyHFSource` (its ``checks`` per layer read)."""
+    """:class:`HFModelWeights` whose layers come from :class:`LazyHFSource`; :attr:`check` is the
+    record of every layer checked so far (the worst error of each part over them)."""
 
     @property
-    def checks(self) -> dict[int, dict]:
-        return self._src.checks
+    def check(self) -> dict:
+        checks = self._src.checks
+        if not checks:
+            return {}
+        first = checks[min(checks)]
+        errors: dict[str, float] = {}
+        for record in checks.values():
+            for part, e in record.get("errors", {}).items():
+                errors[part] = max(errors.get(part, 0.0), e)
+        return {
+            **first,
+            "errors": errors,
+            "passed": all(r.get("passed") for r in checks.values()),
+            "layers_checked": sorted(checks),
+            "scope": SCOPE,
+        }
+
+    @check.setter
+    def check(self, value: dict) -> None:  # HFModelWeights.__init__ sets an empty one; the layers read decide
+        pass

@@ -8,9 +8,12 @@ OV copying score, OV/QK norms, the omitted QK positional share;
 summary) and ``run.json``. The weights are read lazily, one tensor at a time, from safetensors
 (sharded or not) or GGUF (:func:`~headscope.probes.models.lazy_weights.lazy_weights`): the model
 is never built, so a checkpoint larger than memory runs; a ``pytorch_model.bin`` checkpoint (or a
-GGUF architecture the lazy reader does not follow) loads on the in-house backend instead, and a
-family the in-house stack does not build (MPNet, Falcon, BLOOM, …) on the hf backend, its matrices
-checked against its forward (:mod:`~headscope.probes.models.hf_weights_check`).
+GGUF architecture the lazy reader does not follow) loads on the in-house backend instead. A
+safetensors folder of a family the in-house stack does not build (MPNet, GPT-NeoX, OLMo 2, …) is
+always read one layer at a time (:func:`~headscope.probes.models.hf_lazy_weights.hf_lazy_weights`:
+each layer's matrices checked per module, on embedding-level inputs); where that reader refuses it,
+and for such a family without safetensors, the model loads on the hf backend, its matrices checked
+against its forward (:mod:`~headscope.probes.models.hf_weights_check`).
 ``run.json`` says which (``reader``) and how many bytes were read.
 """
 
@@ -105,9 +108,11 @@ _HEAD_COLS = ["layer", "head", "kv_head", "value", "baseline_mean", "p_adjusted"
 
 def open_weights(model: str):
     """The model's :class:`~headscope.probes.models.inhouse.head_weights.ModelWeights`: read
-    lazily where the checkpoint is of an in-house family, else from the model loaded on the
-    in-house backend, else (a family the in-house stack does not build: MPNet, Falcon, …) from the
-    model loaded on the hf backend, where its matrices pass the check against its forward
+    lazily where the checkpoint is of an in-house family; one layer at a time where it is a
+    safetensors folder of another family (:func:`~headscope.probes.models.hf_lazy_weights.hf_lazy_weights`,
+    checked per module); else from the model loaded on the in-house backend, else (a family the
+    in-house stack does not build: MPNet, Falcon, …) from the model loaded on the hf backend, where
+    its matrices pass the check against its forward
     (:func:`~headscope.probes.models.weights_provider.model_weights`)."""
     from headscope.probes.errors import ModelIncompatibleError
     from headscope.probes.models.checkpoints import resolve
@@ -121,13 +126,26 @@ def open_weights(model: str):
         try:
             return lazy_weights(source)
         except ModelIncompatibleError:
-            pass
+            if source.kind == "hf-dir" and not _inhouse_type(source):
+                from headscope.probes.models.hf_lazy_weights import hf_lazy_weights
+
+                try:  # a family the in-house stack does not build: one layer at a time, checked per module
+                    return hf_lazy_weights(source)
+                except ModelIncompatibleError:
+                    pass  # the whole model on the hf backend, checked by its forward
     try:
         return head_weights(load_model(source, backend="inhouse"))
     except ModelIncompatibleError:
         if source.kind == "gguf":
             raise
     return model_weights(load_model(source, backend="hf"))
+
+
+def _inhouse_type(source) -> bool:
+    from headscope.probes.models.checkpoints import read_hf_config
+    from headscope.probes.models.families import INHOUSE_MODEL_TYPES
+
+    return read_hf_config(source).get("model_type") in INHOUSE_MODEL_TYPES
 
 
 def _checked(weights) -> dict:
