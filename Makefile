@@ -94,6 +94,12 @@ qk: bootstrap
 function-vectors: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.function_vectors
 
+# The peak memory of reading a non-in-house hf folder one layer at a time (a 24-layer random OLMo 2, ~1 minute on one
+# core) into data/figures/hf_lazy_weights.json; docs/guide/weights.md quotes it (tests/test_readme_figures.py)
+.PHONY: hf-lazy-peak
+hf-lazy-peak: bootstrap
+	OMP_NUM_THREADS=1 $(PY) -m headscope.reports.tools.experiments.hf_lazy_peak
+
 # The hf per-head weights checked against the forward on each text family's tiny random model (a few minutes on one
 # core) into data/figures/hf_weights_families.json; docs/guide/weights.md quotes its counts (tests/probes/test_hf_weights.py)
 weights-families: bootstrap

@@ -24,6 +24,7 @@ SECTIONS = {
     "figures/report_smollm2.json": "findings.md: # What the default report finds",
     "figures/weights_minilm.json": "weights.md: # From the weights",
     "figures/weights_smollm2.json": "weights.md: # From the weights",
+    "figures/hf_lazy_weights.json": "weights.md: # From the weights",
     "figures/kv_smollm2.json": "long-context.md: # Long context and the KV cache",
     "figures/bench_weights.json": "bench.md: # Benchmark (`headscope bench`)",
     "figures/bench_smollm2_weights.json": "bench.md: # Benchmark (`headscope bench`)",

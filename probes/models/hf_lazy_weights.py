@@ -38,12 +38,22 @@ from headscope.probes.models.hf_weights import HFModelWeights, _pos_embed, _Shap
 __all__ = ["LazyHFSource", "hf_lazy_weights"]
 
 
-def _blocks_path(model: torch.nn.Module, n_layers: int) -> str:
-    """The module path of the model's stack of ``n_layers`` blocks (the shortest such ``ModuleList``)."""
-    lists = [n for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_layers and n]
-    if not lists:
-        raise ModelIncompatibleError(f"no stack of {n_layers} blocks (a ModuleList) found in {type(model).__name__}")
-    return min(lists, key=lambda n: n.count("."))
+def _blocks_path(model: torch.nn.Module, spec, n_layers: int) -> str:
+    """The module path of the model's one stack of ``n_layers`` blocks (the hf layout's own search);
+    :class:`ModelIncompatibleError` where there is none, or where the stack is not one attention layer
+    per block (a hybrid stack with recurrent layers, several attention modules per block): those are
+    read whole."""
+    from headscope.probes.models.hf_layout import _block_list, attention_blocks, attention_sublayers
+
+    found = _block_list(model, n_layers)
+    if found is None:
+        raise ModelIncompatibleError(f"no one stack of {n_layers} blocks found in {type(model).__name__}")
+    if attention_blocks(model, spec, n_layers) is not None or attention_sublayers(model, n_layers) is not None:
+        raise ModelIncompatibleError(
+            f"{found[0]}: not one attention layer per block (a hybrid stack, or several attention modules a block); "
+            "not read one layer at a time"
+        )
+    return found[0]
 
 
 def _one_layer_config(config, layer: int, n_layers: int):
@@ -93,9 +103,16 @@ class LazyHFSource:
         self.files = _Safetensors(directory)
         self.config, self.arch, self.tokenizer, self.name = config, arch, tokenizer, name
         self.n_layers = int(config.num_hidden_layers)
-        with quiet_transformers(), init_empty_weights(include_buffers=True):
-            skeleton = AutoModel.from_config(copy.deepcopy(config), attn_implementation="eager")
-        self.blocks = _blocks_path(skeleton, self.n_layers)
+        try:
+            with quiet_transformers(), init_empty_weights(include_buffers=True):
+                skeleton = AutoModel.from_config(copy.deepcopy(config), attn_implementation="eager")
+        except Exception as e:  # noqa: BLE001 - transformers builds no model of this config: read whole instead
+            raise ModelIncompatibleError(
+                f"no skeleton of this config on the meta device ({type(e).__name__}: {str(e).strip()[:160]})"
+            ) from None
+        from headscope.probes.models.backends.protocol import spec_from_arch
+
+        self.blocks = _blocks_path(skeleton, spec_from_arch(arch, name, "hf"), self.n_layers)
         prefix = getattr(skeleton, "base_model_prefix", "") or ""
         self.ckpt = _Checkpoint(self.files, prefix + "." if prefix else "")
         emb = skeleton.get_input_embeddings()
@@ -126,17 +143,22 @@ class LazyHFSource:
 
         from headscope.probes.models.arch import arch_from_hf_config
         from headscope.probes.models.backends.hf import HFReference
+        from headscope.probes.models.backends.protocol import spec_from_arch
         from headscope.probes.models.hf_weights import hf_weights
         from headscope.probes.models.quiet import quiet_transformers
-        from headscope.probes.models.backends.protocol import spec_from_arch
 
         self._held = None
         gc.collect()
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"layer {layer} of {self.n_layers}")
         cfg = _one_layer_config(self.config, layer, self.n_layers)
-        with quiet_transformers(), init_empty_weights(include_buffers=False):
-            model = AutoModel.from_config(cfg, attn_implementation="eager")
+        try:
+            with quiet_transformers(), init_empty_weights(include_buffers=False):
+                model = AutoModel.from_config(cfg, attn_implementation="eager")
+        except Exception as e:  # noqa: BLE001 - a config that builds no one-layer model: read whole instead
+            raise ModelIncompatibleError(
+                f"layer {layer}: no one-layer model of this config ({type(e).__name__}: {str(e).strip()[:160]})"
+            ) from None
         state = {}
         for param, p in model.named_parameters():
             t = self.ckpt.read(self._param_to_checkpoint(param, layer))
@@ -154,8 +176,12 @@ class LazyHFSource:
         wrapped = HFReference(model, self.tokenizer, spec_from_arch(arch, self.name, "hf"), vocab_size=arch.vocab_size)
         try:
             w = hf_weights(wrapped)
-        except ModelIncompatibleError as e:
-            raise ModelIncompatibleError(f"layer {layer}: {str(e).strip().splitlines()[0]}") from None
+        except (ModelIncompatibleError, CheckpointError) as e:
+            raise type(e)(f"layer {layer}: {str(e).strip().splitlines()[0]}") from None
+        except Exception as e:  # noqa: BLE001 - a module tree the reader cannot walk, as weights_provider says
+            raise ModelIncompatibleError(
+                f"layer {layer}: per-head weights could not be read ({type(e).__name__}: {str(e).strip()[:160]})"
+            ) from None
         self.checks[layer] = w.check
         w.source._layer(0)  # the layer's split tensors, kept; the one-layer model's embeddings dropped
         w.source._t = {}

@@ -4,9 +4,6 @@ the full-model provider, a peak memory of a few layers, and a missing tensor ref
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +14,7 @@ from headscope.probes.errors import CheckpointError
 from headscope.probes.models.hf_lazy_weights import SCOPE, hf_lazy_weights
 from headscope.probes.models.loading import load_model
 from headscope.probes.models.weights_provider import model_weights
+from headscope.reports.tools.experiments.hf_lazy_peak import OUT, measure_peak, write_random_hf_checkpoint
 from tests.tiny_models import tiny_hf_model, tiny_mpnet, tokenizer
 
 
@@ -116,91 +114,26 @@ def test_a_missing_tensor_is_one_line_naming_it_and_the_file(tmp_path, capsys):
     assert not (tmp_path / "w" / "run.json").exists()
 
 
-def write_random_hf_checkpoint(directory: Path, model_type: str, *, shard_bytes: int, **config) -> Path:
-    """A random-weight bf16 checkpoint of ``model_type`` (names and shapes from its causal LM built on
-    the meta device), written one shard at a time (never the whole model in memory), with a tokenizer."""
-    from accelerate import init_empty_weights
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    tok = tokenizer(False)
-    ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    cfg = AutoConfig.for_model(model_type, vocab_size=len(tok), **ids, **config)
-    with init_empty_weights():
-        shapes = [(n, tuple(t.shape)) for n, t in AutoModelForCausalLM.from_config(cfg).state_dict().items()]
-    shards, current, size = [], [], 0
-    for name, s in shapes:
-        n = 2 * int(torch.Size(s).numel())
-        if current and size + n > shard_bytes:
-            shards.append(current)
-            current, size = [], 0
-        current.append((name, s))
-        size += n
-    shards.append(current)
-    gen = torch.Generator().manual_seed(0)
-    weight_map = {}
-    directory.mkdir(parents=True)
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        state = {
-            name: ((1 + 0.1 * torch.randn(s, generator=gen)) if len(s) == 1 else 0.02 * torch.randn(s, generator=gen))
-            .to(torch.bfloat16)
-            for name, s in shard
-        }
-        weight_map.update(dict.fromkeys(state, fname))
-        save_file(state, str(directory / fname), metadata={"format": "pt"})
-        del state
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    cfg.save_pretrained(directory)
-    tok.save_pretrained(directory)
-    return directory
-
-
-_CHILD = r"""
-import gc, json, sys
-from headscope.probes.models.hf_lazy_weights import hf_lazy_weights
-
-def kib(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024
-
-w = hf_lazy_weights(sys.argv[1])  # layer 0 read and checked: every library and kernel loaded
-w.layer(0), w.W_E
-gc.collect()
-base = kib("VmRSS")
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # VmHWM := VmRSS: the peak from here on
-for layer in range(w.n_layers):
-    lw = w.layer(layer)
-    del lw
-print(json.dumps({"grew": kib("VmHWM") - base, "bytes_read": w.source.bytes_read, "passed": w.check["passed"]}))
-"""
-
-
-@pytest.mark.slow  # a 24-layer, ~90 MB bf16 checkpoint written and read layer by layer in a child
+@pytest.mark.slow  # a 24-layer, ~90 MB bf16 checkpoint written and read layer by layer in a child (~40 s)
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux's /proc/self/clear_refs")
 def test_peak_memory_of_a_lazy_hf_read_stays_at_a_few_layers(tmp_path):
     """Peak RSS growth over reading every layer of a 24-layer OLMo 2 checkpoint, measured in a fresh
-    process from its RSS after layer 0 (the libraries loaded; glibc made to return every block over
-    64 KiB on free, as the in-house lazy test does). The bound: two one-layer models in float32 (the
-    one being filled and the tensors read into it) and 16 MiB of slack; the whole model in float32 is
-    several times larger. Measured: ~14 MB grown for an 11.7 MB one-layer model (254 MB whole)."""
-    shape = dict(
-        hidden_size=512, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=8, intermediate_size=1024
-    )
-    folder = write_random_hf_checkpoint(tmp_path / "ckpt", "olmo2", shard_bytes=8 << 20, **shape)
+    process from its RSS after layer 0 (:func:`~headscope.reports.tools.experiments.hf_lazy_peak.measure_peak`).
+    The bound: two one-layer models in float32 (the one being filled and the tensors read into it)
+    and 16 MiB of slack; the whole model in float32 is several times larger. The figures the docs
+    quote (``make hf-lazy-peak``) are of the same shape and within the same bound."""
+    from headscope.reports.tools.experiments.hf_lazy_peak import SHAPE, figures, sizes
+
+    folder = write_random_hf_checkpoint(tmp_path / "ckpt", "olmo2", shard_bytes=8 << 20, **SHAPE)
     assert len(list(folder.glob("*.safetensors"))) >= 8
-    d, f, vocab = shape["hidden_size"], shape["intermediate_size"], len(tokenizer(False))
-    layer = 4 * (4 * d * d + 3 * d * f + 4 * d)  # float32: attention, MLP, norms (QK-norm, two post-norms)
-    one_layer_model = layer + 4 * (vocab * d + d)  # and the embeddings and final norm
-    whole = shape["num_hidden_layers"] * layer + 4 * 2 * vocab * d
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-c", _CHILD, str(folder)], capture_output=True, text=True, env=env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    got = json.loads(res.stdout.strip().splitlines()[-1])
-    bound = 2 * one_layer_model + (16 << 20)
-    print(json.dumps({**got, "bound": bound, "whole": whole, "one_layer_model": one_layer_model}))
-    assert got["passed"] and got["grew"] <= bound, (got, bound)
-    assert whole >= 2.5 * bound  # a reader holding every layer would fail
-    assert got["bytes_read"] >= shape["num_hidden_layers"] * layer  # every layer was read
+    got = measure_peak(folder)
+    s = sizes()
+    bound = 2 * s["one_layer_model"] + (16 << 20)
+    assert got["passed"] and got["layers_checked"] == SHAPE["num_hidden_layers"]
+    assert got["grew"] <= bound, (got, bound)
+    assert s["whole"] >= 2.5 * bound  # a reader holding every layer would fail
+    assert got["bytes_read"] >= SHAPE["num_hidden_layers"] * s["layer"]  # every layer was read
+    doc = json.loads(OUT.read_text())
+    assert doc["shape"] == SHAPE and doc["passed"]
+    assert doc["figures"]["hf_lazy"]["whole"] == figures(got)["figures"]["hf_lazy"]["whole"]
+    assert doc["figures"]["hf_lazy"]["peak_grew"]["value"] <= bound
