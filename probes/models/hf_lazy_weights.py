@@ -5,12 +5,12 @@ never loaded.
 The model's skeleton is built on the meta device (accelerate's ``init_empty_weights``: no memory)
 to find its stack of blocks and where each parameter lives. For layer ``l`` a **one-layer model of
 the same config** is built on the meta device and filled from the checkpoint (its block from the
-checkpoint's block ``l``, the embeddings and final norm as stored; each tensor read by
+checkpoint's block ``l``, the final norm as stored, and of the input embedding only the rows of the
+check text's tokens, the rest zero pages never written (no memory); each tensor read by
 ``safe_open(file).get_tensor(name)``, the name matched with or without the checkpoint's
 base-model prefix such as ``model.``); the existing per-head reader
 (:func:`~headscope.probes.models.hf_weights.hf_weights`) then finds its projections from the module
-tree and checks them on it, and the one-layer model is freed. One layer (and the embeddings) is held
-at a time.
+tree and checks them on it, and the one-layer model is freed. One layer is held at a time.
 
 **What the check covers here.** The check is :mod:`~headscope.probes.models.hf_weights_check`'s,
 but *per module on embedding-level inputs*: layer ``l``'s attention is fed the real check text's
@@ -54,6 +54,16 @@ def _blocks_path(model: torch.nn.Module, spec, n_layers: int) -> str:
             "not read one layer at a time"
         )
     return found[0]
+
+
+def _zero_pages(shape: tuple[int, ...]) -> torch.Tensor:
+    """A float32 tensor of zeros on an anonymous memory mapping: the kernel gives its pages on first
+    write, so rows never written take no memory (the tensor keeps the mapping alive)."""
+    import math
+    import mmap
+
+    n = max(1, math.prod(shape)) * 4
+    return torch.frombuffer(mmap.mmap(-1, n), dtype=torch.float32, count=math.prod(shape)).view(shape)
 
 
 def _one_layer_config(config, layer: int, n_layers: int):
@@ -125,6 +135,13 @@ class LazyHFSource:
         if out is not None and not getattr(config, "tie_word_embeddings", False):
             self._names["unembed.weight"] = "lm_head.weight"
         del skeleton
+        from headscope.probes.models.hf_weights_check import CHECK_TEXT
+        from headscope.probes.tokens import encode
+
+        spec = spec_from_arch(arch, name, "hf")
+        batch = encode(tokenizer, [CHECK_TEXT], None, max_positions=spec.max_positions, vocab_size=arch.vocab_size)
+        #: the token ids the check runs (the only embedding rows the one-layer models hold)
+        self._check_ids = sorted({int(i) for i in batch.input_ids.flatten()})
         self.bytes_read = 0
         self.checks: dict[int, dict] = {}
         self._held: tuple[int, HFModelWeights] | None = None
@@ -160,7 +177,11 @@ class LazyHFSource:
                 f"layer {layer}: no one-layer model of this config ({type(e).__name__}: {str(e).strip()[:160]})"
             ) from None
         state = {}
+        embed = next(n for n, p in model.named_parameters() if p is model.get_input_embeddings().weight)
         for param, p in model.named_parameters():
+            if param == embed:  # the check text's rows alone: the rest is never read (its pages never touched)
+                state[param] = self._embedding_rows(tuple(p.shape))
+                continue
             t = self.ckpt.read(self._param_to_checkpoint(param, layer))
             if tuple(t.shape) != tuple(p.shape):
                 raise CheckpointError(
@@ -187,6 +208,19 @@ class LazyHFSource:
         w.source._t = {}
         self._held = (layer, w)
         return w
+
+    def _embedding_rows(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The input embedding ``[vocab, E]`` holding only the rows of the check text's tokens (read
+        from the file one row each); the other rows are zero pages of an anonymous mapping
+        (:func:`_zero_pages`), never written, so they take no memory."""
+        name = self.ckpt.name(self._names["embed.weight"])
+        if name is None:
+            self.ckpt.read(self._names["embed.weight"])  # the one-line refusal naming it
+        table = _zero_pages(shape)
+        for i in self._check_ids:
+            table[i] = self.files.read_rows(name, i, i + 1)[0].float()
+            self.bytes_read += table.shape[1] * 4
+        return table
 
     def _split(self, name: str) -> tuple[int, str] | None:
         parts = name.split(".")

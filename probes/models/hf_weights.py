@@ -411,7 +411,7 @@ def _build(model, projections, pos, pad) -> HFModelWeights:
         n_heads=spec.n_heads,
         d_model=spec.d_model,
         d_head=spec.d_head,
-        vocab_size=int(source.tensor("embed.weight").shape[0]),
+        vocab_size=int(source._t["embed.weight"].shape[0]),  # its shape, not a copy of the whole table
         positional="learned" if pos is not None else "none",
         encoder=not spec.causal,
         tie_embeddings="unembed.weight" not in source._t,

@@ -24,23 +24,27 @@ OUT = Path(__file__).resolve().parents[3] / "data" / "figures" / "hf_lazy_weight
 SHAPE = dict(
     hidden_size=512, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=8, intermediate_size=1024
 )
-#: the tokenizer's vocabulary (the random model's)
-VOCAB = 600
+#: the tokenizer's vocabulary, and the embedding's rows (a table larger than a layer: the reader holds
+#: only the check text's rows of it)
+TOKENIZER_VOCAB, VOCAB = 600, 16384
 
 
-def write_random_hf_checkpoint(directory: Path, model_type: str, *, shard_bytes: int, **config) -> Path:
+def write_random_hf_checkpoint(
+    directory: Path, model_type: str, *, shard_bytes: int, vocab_size: int | None = None, **config
+) -> Path:
     """A random-weight bf16 checkpoint of ``model_type`` (names and shapes from its causal LM built on the
-    meta device) written one shard at a time, never the whole model in memory, with a small tokenizer;
-    weights N(0, 0.02²), 1-D tensors 1 + N(0, 0.1²). Returns ``directory``."""
+    meta device) written one shard at a time, never the whole model in memory, with a small tokenizer
+    (``vocab_size``: the embedding's rows, default the tokenizer's); weights N(0, 0.02²), 1-D tensors
+    1 + N(0, 0.1²). Returns ``directory``."""
     from accelerate import init_empty_weights
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from headscope.reports.tools.sweep.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(False, VOCAB)
+    tok = train_tokenizer(False, TOKENIZER_VOCAB)
     ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    cfg = AutoConfig.for_model(model_type, vocab_size=len(tok), **ids, **config)
+    cfg = AutoConfig.for_model(model_type, vocab_size=vocab_size or len(tok), **ids, **config)
     with init_empty_weights():
         shapes = [(n, tuple(t.shape)) for n, t in AutoModelForCausalLM.from_config(cfg).state_dict().items()]
     shards, current, size = [], [], 0
@@ -108,8 +112,9 @@ def measure_peak(folder: Path) -> dict:
 
 
 def sizes(shape: dict = SHAPE) -> dict:
-    """Float32 bytes of one layer, of the one-layer model the reader builds (the layer, the embeddings
-    and final norm) and of the whole model (every layer, the embedding and unembedding), of an OLMo 2 ``shape``."""
+    """Float32 bytes of one layer, of a one-layer model (the layer, the whole embedding and the final
+    norm: what a reader filling every embedding row would hold) and of the whole model (every layer,
+    the embedding and unembedding), of an OLMo 2 ``shape``."""
     d, f, n = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
     layer = 4 * (4 * d * d + 3 * d * f + 4 * d)  # attention, MLP, QK-norms and the two post-norms
     return {"layer": layer, "one_layer_model": layer + 4 * (VOCAB * d + d), "whole": n * layer + 4 * 2 * VOCAB * d}
@@ -128,18 +133,19 @@ def figures(got: dict, shape: dict = SHAPE) -> dict:
             "hf_lazy": {
                 "layers": {"value": shape["num_hidden_layers"], "text": f"{shape['num_hidden_layers']}-layer"},
                 "peak_grew": mb(got["grew"]),
+                "layer": mb(s["layer"]),
                 "one_layer_model": mb(s["one_layer_model"]),
                 "whole": mb(s["whole"]),
             }
         },
-        "quoted": ["hf_lazy.layers", "hf_lazy.peak_grew", "hf_lazy.one_layer_model", "hf_lazy.whole"],
+        "quoted": ["hf_lazy.layers", "hf_lazy.peak_grew", "hf_lazy.layer", "hf_lazy.one_layer_model", "hf_lazy.whole"],
         "passed": got["passed"],
     }
 
 
 def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="headscope-hf-lazy-") as tmp:
-        folder = write_random_hf_checkpoint(Path(tmp) / "ckpt", "olmo2", shard_bytes=8 << 20, **SHAPE)
+        folder = write_random_hf_checkpoint(Path(tmp) / "ckpt", "olmo2", shard_bytes=8 << 20, vocab_size=VOCAB, **SHAPE)
         doc = figures(measure_peak(folder))
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps(doc["figures"]), file=sys.stderr)
