@@ -107,8 +107,11 @@ class LazyHFSource:
         from accelerate import init_empty_weights
         from transformers import AutoModel
 
+        from headscope.probes.models.backends.protocol import spec_from_arch
+        from headscope.probes.models.hf_weights_check import CHECK_TEXT
         from headscope.probes.models.lazy_weights import _Safetensors
         from headscope.probes.models.quiet import quiet_transformers
+        from headscope.probes.tokens import encode
 
         self.files = _Safetensors(directory)
         self.config, self.arch, self.tokenizer, self.name = config, arch, tokenizer, name
@@ -120,9 +123,8 @@ class LazyHFSource:
             raise ModelIncompatibleError(
                 f"no skeleton of this config on the meta device ({type(e).__name__}: {str(e).strip()[:160]})"
             ) from None
-        from headscope.probes.models.backends.protocol import spec_from_arch
-
-        self.blocks = _blocks_path(skeleton, spec_from_arch(arch, name, "hf"), self.n_layers)
+        spec = spec_from_arch(arch, name, "hf")
+        self.blocks = _blocks_path(skeleton, spec, self.n_layers)
         prefix = getattr(skeleton, "base_model_prefix", "") or ""
         self.ckpt = _Checkpoint(self.files, prefix + "." if prefix else "")
         emb = skeleton.get_input_embeddings()
@@ -135,10 +137,6 @@ class LazyHFSource:
         if out is not None and not getattr(config, "tie_word_embeddings", False):
             self._names["unembed.weight"] = "lm_head.weight"
         del skeleton
-        from headscope.probes.models.hf_weights_check import CHECK_TEXT
-        from headscope.probes.tokens import encode
-
-        spec = spec_from_arch(arch, name, "hf")
         batch = encode(tokenizer, [CHECK_TEXT], None, max_positions=spec.max_positions, vocab_size=arch.vocab_size)
         #: the token ids the check runs (the only embedding rows the one-layer models hold)
         self._check_ids = sorted({int(i) for i in batch.input_ids.flatten()})
