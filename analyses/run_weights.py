@@ -44,24 +44,41 @@ def weights_blocker(model) -> str | None:
     return None if why is None else f"no per-head weights on backend {model.backend}: {why}"
 
 
-def run_weights(model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = WeightsConfig()):
+def weights_head_rows(model, cfg: WeightsConfig, layers) -> pd.DataFrame:
+    """The per-head rows of ``layers`` before the adjustment over all heads
+    (:func:`~headscope.analyses.circuits.weights.ov_qk.head_rows`): one shard of a run sharded by layer;
+    :func:`run_weights` given the rows of every layer (``heads=``) finishes the run."""
+    from headscope.analyses.circuits.weights.ov_qk import head_rows
+    from headscope.probes.models.weights_provider import model_weights
+
+    return head_rows(model_weights(model), n_draws=cfg.draws, seed=cfg.seed, layers=layers)
+
+
+def run_weights(
+    model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = WeightsConfig(), *, heads: pd.DataFrame | None = None
+):
     """``(frames, summary)``: ``weights_heads`` (:data:`~headscope.analyses.circuits.weights.frames.HEAD_COLUMNS`),
     ``weights_composition`` (:data:`~headscope.analyses.circuits.weights.frames.COMPOSITION_COLUMNS`) and the
     joins ``join_k_composition``, ``join_copying`` and, where ``frames["patching"]`` holds path
     patching through K, ``join_path``; ``summary``: the weights' reading (folding, unembedding,
-    method), the seconds of each part and the settings."""
+    method), the seconds of each part and the settings. ``heads``: the per-head rows of every layer
+    computed elsewhere (:func:`weights_head_rows` on shards, concatenated in layer order): only their
+    adjustment over all heads runs here, with the same result as computing them here."""
     from headscope.analyses.circuits.weights.composition import composition_scores
     from headscope.analyses.circuits.weights.joins import (
         copying_patching_join,
         k_composition_join,
         path_composition_join,
     )
-    from headscope.analyses.circuits.weights.ov_qk import head_circuits
+    from headscope.analyses.circuits.weights.ov_qk import head_circuits, head_verdicts
     from headscope.probes.models.weights_provider import model_weights
 
     weights = model_weights(model)
     t0 = time.perf_counter()
-    heads = head_circuits(weights, n_draws=cfg.draws, seed=cfg.seed)
+    if heads is None:
+        heads = head_circuits(weights, n_draws=cfg.draws, seed=cfg.seed)
+    else:
+        heads = head_verdicts(weights, heads)
     t1 = time.perf_counter()
     comp = composition_scores(weights, n_null=cfg.null, seed=cfg.seed, null_block_bytes=cfg.null_block_bytes)
     t2 = time.perf_counter()

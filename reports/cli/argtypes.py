@@ -121,6 +121,44 @@ def add_device(parser, *, device_map: bool = False) -> None:
         )
 
 
+def add_ray(parser) -> None:
+    """``--ray``, ``--workers N`` and ``--ray-address ADDR`` of every command that runs report
+    stages: the stages that shard run on Ray workers (:mod:`~headscope.reports.stages.sharded`);
+    :func:`ray_config` reads them. Without ``--ray`` nothing imports Ray."""
+    parser.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the stages that shard (docs: guide/ray) on Ray workers and merge them exactly "
+        "(needs pip install 'headscope[ray]')",
+    )
+    parser.add_argument(
+        "--workers",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="Ray workers, each loading the model once (default: one per CPU of the cluster; with --ray)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join an existing Ray cluster (HOST:PORT, ray://HOST:PORT or auto; default: start a local one; with --ray)",
+    )
+
+
+def ray_config(args):
+    """The :class:`~headscope.reports.stages.sharded.RayConfig` of ``--ray`` (None without it;
+    ``--workers`` or ``--ray-address`` without ``--ray`` refused in one line)."""
+    if not args.ray:
+        given = [f for f, v in (("--workers", args.workers), ("--ray-address", args.ray_address)) if v is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --ray; add --ray or leave them out")
+        return None
+    from headscope.reports.stages.sharded import RayConfig
+
+    return RayConfig(workers=args.workers, address=args.ray_address)
+
+
 def add_dtype(parser, default: str = "fp32") -> None:
     """The one ``--dtype`` flag: fp32 (default), bf16 or fp16 weights and activations
     (softmax and norms in fp32, as HF does)."""

@@ -11,7 +11,7 @@ import argparse
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, seed
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, add_ray, seed
 
     p = sub.add_parser("report", help="what every head does and what pruning costs: HTML + Markdown + tables")
     p.add_argument("model", nargs="?", default=None, help="shipped name, directory or .gguf (default: minilm-l6)")
@@ -19,6 +19,7 @@ def register(sub) -> None:
     add_backend(p)
     add_dtype(p)
     add_device(p, device_map=True)
+    add_ray(p)
     p.add_argument("--full", action="store_true", help="every pruning study to 100%% (default: quick, up to 50%%)")
     add_stage_switches(p)
     p.add_argument(
@@ -81,7 +82,7 @@ def model_name(args) -> str:
 
 def run(args) -> int:
     from headscope.reports.budget import emitter
-    from headscope.reports.cli.argtypes import resolve_device
+    from headscope.reports.cli.argtypes import ray_config, resolve_device
     from headscope.reports.cli.terminal import StageProgress, print_summary
     from headscope.reports.pipeline import build_report
     from headscope.reports.stages.config import RunConfig
@@ -96,6 +97,7 @@ def run(args) -> int:
         dtype=args.dtype,
         device=None if args.device_map else resolve_device(args.device),
         device_map=args.device_map,
+        ray=ray_config(args),
     )
     with StageProgress(quiet=args.quiet or args.json) as progress:
         result = build_report(

@@ -2,7 +2,8 @@
 
 Its flags are the stage's config fields (``--<field-name>``; a field's ``metadata["help"]`` is the
 help, ``metadata={"cli": False}`` keeps it off), plus the report's common ones (``--out``,
-``--seed``, ``--full``, ``--backend``, ``--dtype``, ``--device``). It runs the report with the
+``--seed``, ``--full``, ``--backend``, ``--dtype``, ``--device``, ``--ray``, ``--workers``,
+``--ray-address``). It runs the report with the
 stage and the stages it requires (``--only``), writes the same folder as ``headscope report``,
 and prints what the stage's :meth:`~headscope.reports.stages.base.Stage.describe` says of its run.
 """
@@ -82,7 +83,7 @@ def _needs(name: str) -> tuple[str, ...]:
 def register(sub) -> None:
     """A subcommand per registered stage with no hand-written command (:attr:`Stage.command`)."""
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, seed
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, add_ray, seed
     from headscope.reports.stages.registry import STAGES
 
     for name, stage in STAGES.items():
@@ -93,6 +94,7 @@ def register(sub) -> None:
         add_backend(p)
         add_dtype(p)
         add_device(p)
+        add_ray(p)
         p.add_argument("--full", action="store_true", help="the stages' full settings (default: quick)")
         p.add_argument("--out", type=out_argument, default=None, metavar="DIR", help=f"default: runs/{name}-<model>")
         p.add_argument("--seed", type=seed, default=0, help="seed for every random draw (default 0)")
@@ -107,7 +109,7 @@ def _runner(name: str, fields: list[str]):
         from pathlib import Path
 
         from headscope.reports.budget import emitter
-        from headscope.reports.cli.argtypes import resolve_device
+        from headscope.reports.cli.argtypes import ray_config, resolve_device
         from headscope.reports.cli.terminal import StageProgress, print_summary
         from headscope.reports.pipeline import build_report
         from headscope.reports.stages.config import RunConfig
@@ -123,6 +125,7 @@ def _runner(name: str, fields: list[str]):
             trust_remote_code=args.trust_remote_code,
             only=_needs(name),
             configs={name: cfg} if cfg is not None else {},
+            ray=ray_config(args),
         )
         out = args.out or Path("runs") / f"{name}-{Path(str(args.model)).name}"
         with StageProgress(quiet=args.quiet) as progress:

@@ -103,7 +103,8 @@ class RunContext:
     ``role_groups``: the role groups asked (None: every registered one).
     ``frames`` / ``summaries`` / ``absent``: what the stages run so far wrote (frame name ->
     frame; stage name -> summary; stage name -> why absent). ``progress(stage, done, total)``
-    and ``notice(line)``: the terminal's, or None."""
+    and ``notice(line)``: the terminal's, or None. ``shards``: the run's
+    :class:`~headscope.reports.stages.sharded.ShardPool` under ``--ray`` (None: every stage in process)."""
 
     name: str
     source: object | None = None
@@ -129,6 +130,7 @@ class RunContext:
     #: stage name -> the working sets its :meth:`Stage.plan` returned for the memory plan (its
     #: :meth:`Stage.work` reads their lengths instead of counting the corpora twice)
     plans: dict[str, list] = field(default_factory=dict)
+    shards: object | None = None
 
     @property
     def context(self) -> int | None:
@@ -249,6 +251,24 @@ class Stage(Generic[C]):
         """What its derived subcommand (``headscope <name>``) prints on stdout once the run is
         written, from its frames and summary alone; None: nothing."""
         return None
+
+    # ----------------------------------------------------------------- a sharded run (--ray)
+    def split(self, ctx: RunContext, cfg: C, n: int) -> list | None:
+        """At most ``n`` disjoint parts of :attr:`unit` (picklable values, in order) for
+        :meth:`run_part` on workers (:mod:`~headscope.reports.stages.sharded`), or None: the stage
+        is not sharded yet and runs whole in the driver. Default: None."""
+        return None
+
+    def run_part(self, ctx: RunContext, cfg: C, part) -> StageResult:
+        """The computation on one part from :meth:`split`, on a worker's own ``ctx.model``: per-unit
+        values only (statistics over all units belong in :meth:`finish`)."""
+        raise NotImplementedError(f"stage {self.name!r} is not sharded")
+
+    def finish(self, ctx: RunContext, cfg: C, merged: StageResult) -> StageResult:
+        """The stage's result from :meth:`merge` of its parts, in the driver: what needs every unit
+        (multiple-comparison adjustment, bootstrap, permutation nulls) runs here, on the collected
+        values, so the result does not depend on the sharding. Default: ``merged``."""
+        return merged
 
     def merge(self, parts: Sequence[StageResult]) -> StageResult:
         """The result of the whole from results on disjoint parts of :attr:`unit`: each frame

@@ -18,6 +18,7 @@ from headscope.analyses.pruning.study import PruneConfig
 from headscope.analyses.roles.config import RolesConfig
 from headscope.analyses.run_patching import CausalConfig
 from headscope.analyses.run_weights import WeightsConfig
+from headscope.reports.stages.sharded import RayConfig
 
 if TYPE_CHECKING:
     import torch
@@ -54,6 +55,7 @@ class RunConfig:
     those stages' settings, ``configs``: any stage's by name (None / absent: the stage's defaults for
     ``seed`` and ``full``). ``role_groups``: a subset of the registered role groups (default all);
     ``role_inputs``: ``text`` / ``conllu`` / ``coref`` for the role analyses (default: the shipped corpora).
+    ``ray``: run the stages that shard on Ray workers (:mod:`~headscope.reports.stages.sharded`; None: in process).
 
     >>> RunConfig(backend="onnx")
     Traceback (most recent call last):
@@ -84,6 +86,7 @@ class RunConfig:
     off: tuple[str, ...] = ()
     on: tuple[str, ...] = ()
     configs: Mapping[str, object] = field(default_factory=dict, compare=False)
+    ray: RayConfig | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.backend not in BACKEND_CHOICES:

@@ -289,7 +289,9 @@ def _run_one(ctx: RunContext, stage, cfg, record: dict) -> StageResult | None:
         t0, c0 = time.perf_counter(), time.process_time()
         try:
             with timed(ctx.timings, stage.name, None if stage.reports_progress else ctx.progress):
-                result = stage.run(ctx, cfg)
+                result = _sharded(ctx, stage, cfg, record) if ctx.shards is not None else None
+                if result is None:
+                    result = stage.run(ctx, cfg)
         except StageAbsent as e:
             ctx.absent[stage.name], record["status"] = str(e), "absent"
             log.warning("%s", e)
@@ -322,6 +324,17 @@ def time_estimates(ctx: RunContext, cfgs: dict, names) -> dict[str, float | None
             log.info("no time estimate for the %s stage: %s: %s", s.name, type(e).__name__, e)
             out[s.name] = None
     return out
+
+
+def _sharded(ctx: RunContext, stage, cfg, record: dict) -> StageResult | None:
+    """``stage`` run in parts on the run's Ray workers and merged (run.json's ``shards``: how many
+    parts), or None where it does not shard (yet): it then runs whole here."""
+    parts = stage.split(ctx, cfg, ctx.shards.workers)
+    if parts is None:
+        log.info("the %s stage does not shard yet: it runs in the driver", stage.name)
+        return None
+    record["shards"] = len(parts)
+    return ctx.shards.run(ctx, stage, cfg, parts)
 
 
 def run_stages(
@@ -410,16 +423,24 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     from headscope.reports import budget as memory
     from headscope.reports.stages.clock import describe, rate
 
-    ctx, budget, cfgs, off = plan_report(model, config, progress=progress, notice=notice)
-    stages = list(registry.STAGES.values())
-    seconds = time_estimates(ctx, cfgs, [n for n in registry.STAGES if n not in off])
-    if notice is not None and any(seconds.values()) and (line := describe(seconds, rate())) is not None:
-        notice(line)
-    if ctx.model is None:
-        load_into(ctx, model, config)
-    for r in getattr(ctx.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
-        notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
-    status, counts = run_stages(ctx, cfgs, off, _estimates(budget), seconds)
+    pool = _pool(model, config)  # before anything loads: a bad --ray-address or --workers is refused at once
+    try:
+        ctx, budget, cfgs, off = plan_report(model, config, progress=progress, notice=notice)
+        ctx.shards = pool
+        stages = list(registry.STAGES.values())
+        seconds = time_estimates(ctx, cfgs, [n for n in registry.STAGES if n not in off])
+        if notice is not None and any(seconds.values()) and (line := describe(seconds, rate())) is not None:
+            notice(line)
+        if ctx.model is None:
+            load_into(ctx, model, config)
+        if pool is not None:  # the workers load what the driver loaded (no second --backend auto probe)
+            pool.load["backend"] = ctx.model.backend
+        for r in getattr(ctx.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
+            notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
+        status, counts = run_stages(ctx, cfgs, off, _estimates(budget), seconds)
+    finally:
+        if pool is not None:
+            pool.close()
     meta = {
         **model_record(ctx.model),
         "model": ctx.card.get("name", ctx.name),
@@ -441,6 +462,19 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     }
     meta["prune_metric"] = (meta.get("prune_summary") or {}).get("metric")
     return dict(ctx.frames), ctx.card, ctx.card_text, meta
+
+
+def _pool(model, config: RunConfig):
+    """The run's :class:`~headscope.reports.stages.sharded.ShardPool`, connected, under ``config.ray``;
+    else None (Ray is not imported)."""
+    if config.ray is None:
+        return None
+    if not isinstance(model, (str, os.PathLike)):
+        raise ValueError("--ray: the workers load the model by name or path; give MODEL as a name or path, not a model object")
+    from headscope.reports.stages.sharded import ShardPool
+
+    load = {"model": str(model), "backend": config.backend, "dtype": config.dtype, "trust_remote_code": config.trust_remote_code}
+    return ShardPool(config.ray, load).connect()
 
 
 def _leaves_out(ctx: RunContext, cfgs: dict, status: dict) -> str:

@@ -139,6 +139,26 @@ class WeightsStage(Stage[WeightsConfig]):
         frames, summary = run_weights(ctx.model, ctx.frames, cfg)
         return StageResult(frames, summary)
 
+    def split(self, ctx: RunContext, cfg: WeightsConfig, n: int) -> list[tuple[int, ...]]:
+        """The model's layers in ``n`` contiguous runs (fewer when it has fewer layers): each
+        shard computes its heads' rows against the model's null (same seed), the adjustment over
+        all heads, the composition scores (their nulls are drawn over every pair from one
+        generator) and the joins run once after the merge (:meth:`finish`)."""
+        from headscope.reports.stages.sharded import contiguous
+
+        return contiguous(int(ctx.model.spec.n_layers), n)
+
+    def run_part(self, ctx: RunContext, cfg: WeightsConfig, part: tuple[int, ...]) -> StageResult:
+        from headscope.analyses.run_weights import weights_head_rows
+
+        return StageResult({"head_rows": weights_head_rows(ctx.model, cfg, part)})
+
+    def finish(self, ctx: RunContext, cfg: WeightsConfig, merged: StageResult) -> StageResult:
+        from headscope.analyses.run_weights import run_weights
+
+        frames, summary = run_weights(ctx.model, ctx.frames, cfg, heads=merged.frames["head_rows"])
+        return StageResult(frames, summary)
+
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.weights import weights_section
 

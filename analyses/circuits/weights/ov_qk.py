@@ -220,22 +220,39 @@ def head_circuits(weights, *, n_draws: int = 200, seed: int = 0, alpha: float = 
     ``verdict``: ``above baseline`` where the BH-adjusted p is ≤ ``alpha``, ``no circuit`` where
     the statistic is undefined (a zero OV circuit; no pure QK term), ``omitted`` for
     ``qk_positional_share`` without learned positions (reason in ``note``).
-    ``ValueError`` for ``n_draws < 1``."""
+    ``ValueError`` for ``n_draws < 1``. The same as :func:`head_verdicts` of the
+    :func:`head_rows` of every layer (a sharded run computes the rows by layer, then the verdicts)."""
+    return head_verdicts(weights, head_rows(weights, n_draws=n_draws, seed=seed), alpha=alpha)
+
+
+def head_rows(weights, *, n_draws: int = 200, seed: int = 0, layers=None) -> pd.DataFrame:
+    """The per-head rows of :func:`head_circuits` for ``layers`` (None: all), before the
+    multiple-comparison adjustment: ``p_adjusted`` and ``verdict`` empty. Each head's value and
+    p-value depend on its layer and on the null (drawn from ``seed`` for the whole model) alone,
+    so the rows of disjoint layer sets, concatenated in layer order, are those of all layers."""
     if n_draws < 1:
         raise ValueError(f"n_draws must be >= 1; got {n_draws}")
     emb = _embeddings(weights)  # [d_model, d_model] summaries, once per model
     nulls = _gaussian_nulls(weights, emb, n_draws, torch.Generator().manual_seed(seed))
+    wanted = range(weights.n_layers) if layers is None else sorted(set(layers))
     rows: list[dict] = []
-    for lw in weights.layers():
+    for layer in wanted:
+        lw = weights.layer(layer)
         rows += _layer_rows(lw, _layer_stats(lw, emb, nulls), n_draws)
-    df = tidy(rows, HEAD_COLUMNS)
+    return tidy(rows, HEAD_COLUMNS)
+
+
+def head_verdicts(weights, rows: pd.DataFrame, *, alpha: float = 0.05) -> pd.DataFrame:
+    """:func:`head_rows` of every layer (concatenated in layer order) -> :func:`head_circuits`'
+    frame: the BH adjustment over all heads per statistic, the verdicts, the omitted rows."""
+    df = tidy(rows.to_dict("records"), HEAD_COLUMNS)
     df["p_adjusted"] = float("nan")
     for _statistic, idx in df.groupby("statistic", observed=True).groups.items():
         df.loc[idx, "p_adjusted"] = bh_adjust(torch.tensor(df.loc[idx, "p_value"].to_numpy())).numpy()
     verdict = df["p_adjusted"].le(alpha).map({True: ABOVE, False: NOT_ABOVE})
     verdict[df["value"].isna()] = NO_CIRCUIT
     df["verdict"] = verdict
-    if emb.C_P is None:
+    if weights.positional != "learned":  # no C_P (see _embeddings): no clean positional split
         df = pd.concat([df, _omitted_rows(weights, df)], ignore_index=True)
     return tidy(df.to_dict("records"), HEAD_COLUMNS)
 

@@ -1,0 +1,300 @@
+"""Stages sharded over Ray workers (``--ray``), merged exactly.
+
+A :class:`ShardPool` joins a Ray cluster (``--ray-address``) or starts a local one, and on the
+first stage that shards starts ``--workers`` actors (:class:`StageWorker`), each of which loads
+the model **once, by its name or path** (the MODEL argument, resolved on the worker: a shipped
+name, a folder or a ``.gguf`` on a path every node shares), never pickled per task. A stage that
+shards (:meth:`~headscope.reports.stages.base.Stage.split` returns parts of its
+:attr:`~headscope.reports.stages.base.Stage.unit`) has each part run by
+:meth:`~headscope.reports.stages.base.Stage.run_part` on a worker; the driver merges the parts in
+order (:meth:`~headscope.reports.stages.base.Stage.merge`) and finishes what needs every unit
+(:meth:`~headscope.reports.stages.base.Stage.finish`: adjustments, bootstrap, nulls), so the
+tables do not depend on how the units were cut. A stage that does not shard yet runs whole in
+the driver, as without ``--ray``.
+
+Threads: each worker asks Ray for ``threads`` CPUs and sets torch's (and BLAS's) threads to them,
+``threads = cluster CPUs // workers`` (at most a node's CPUs), so workers x threads <= cores.
+Faults: a part whose worker dies (or that raises) is run once more (the actor is restarted by Ray,
+loading the model again); a part failing twice fails the stage with the part named, and the runner
+records the stage as failed while the other stages still run.
+
+Nothing here imports Ray at module level: without ``--ray`` Ray is never imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from headscope.reports.stages.base import RunContext, Stage, StageResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RAY_HINT", "RayConfig", "ShardPool", "StageWorker", "contiguous", "import_ray"]
+
+RAY_HINT = "pip install 'headscope[ray]'"
+#: the environment a worker is given from the driver's (offline switches, caches)
+_ENV_PASSED = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HEADSCOPE_CACHE", "XDG_CACHE_HOME", "TOKENIZERS_PARALLELISM")
+#: the Ray client's port when ``ray://HOST`` names none, and a cluster head's GCS port
+_CLIENT_PORT, _GCS_PORT = 10001, 6379
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """``--ray``: ``workers`` (None: one per CPU of the cluster), ``address`` (``--ray-address``:
+    ``HOST:PORT`` of a cluster's head, ``ray://HOST:PORT``, or ``auto``; None: start a local
+    cluster), ``connect_timeout``: seconds to reach ``address`` before giving up."""
+
+    workers: int | None = None
+    address: str | None = None
+    connect_timeout: float = 5.0
+
+    def __post_init__(self):
+        if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
+            raise ValueError(f"--workers must be an integer >= 1; got {self.workers!r}")
+
+
+def import_ray():
+    """The ``ray`` module, or a ``ValueError`` (one line at the CLI, exit 2) naming the extra."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(f"--ray needs Ray, which is not installed: {RAY_HINT}") from None
+    return ray
+
+
+def contiguous(n_units: int, n: int) -> list[tuple[int, ...]]:
+    """``range(n_units)`` in at most ``n`` contiguous runs, sizes differing by at most one.
+
+    >>> contiguous(6, 4)
+    [(0, 1), (2, 3), (4,), (5,)]
+    >>> contiguous(2, 3)
+    [(0,), (1,)]
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1; got {n}")
+    base, extra = divmod(n_units, n)
+    out, start = [], 0
+    for s in range(n):
+        stop = start + base + (s < extra)
+        if stop > start:
+            out.append(tuple(range(start, stop)))
+        start = stop
+    return out
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` that ``address`` must answer on, or None for ``auto``.
+
+    >>> _host_port("10.0.0.5:6379"), _host_port("ray://head"), _host_port("auto")
+    (('10.0.0.5', 6379), ('head', 10001), None)
+    """
+    if address == "auto":
+        return None
+    client = address.startswith("ray://")
+    rest = address.removeprefix("ray://")
+    host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    if not host:
+        raise ValueError(f"--ray-address {address!r}: expected HOST:PORT, ray://HOST[:PORT] or auto")
+    try:
+        return host, int(port) if port else (_CLIENT_PORT if client else _GCS_PORT)
+    except ValueError:
+        raise ValueError(f"--ray-address {address!r}: the port {port!r} is not a number") from None
+
+
+def _reachable(address: str, timeout: float) -> None:
+    """Raise ``ValueError`` (address and error, one line) unless ``address`` accepts a connection
+    within ``timeout`` seconds: an unreachable cluster is refused before Ray waits on it."""
+    hp = _host_port(address)
+    if hp is None:
+        return
+    try:
+        socket.create_connection(hp, timeout=timeout).close()
+    except OSError as e:
+        raise ValueError(f"--ray-address {address}: cannot reach the Ray cluster: {e.strerror or e}") from None
+
+
+class StageWorker:
+    """One Ray actor: the model loaded once (by name or path, ``load``: ``model``, ``backend``,
+    ``dtype``, ``trust_remote_code``), ``threads`` torch threads; runs stages' parts on it."""
+
+    def __init__(self, load: dict, threads: int, env: dict):
+        os.environ.update(env)
+        import torch
+
+        torch.set_num_threads(threads)
+        from headscope.probes.models import checkpoints
+        from headscope.probes.models.loading import load_model
+
+        source = checkpoints.resolve(load["model"])
+        model = load_model(source, load["backend"], dtype=load["dtype"], trust_remote_code=load["trust_remote_code"])
+        self.ctx = RunContext(name=load["model"], source=source, model=model, tokenizer=model.tokenizer)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run_part(self, stage: str, cfg, part, frames: dict, run: dict) -> StageResult:
+        from headscope.reports.stages.registry import STAGES
+
+        self.ctx.frames, self.ctx.full, self.ctx.seed = dict(frames), run["full"], run["seed"]
+        return STAGES[stage].run_part(self.ctx, cfg, part)
+
+
+class ShardPool:
+    """Ray workers for one report run: :meth:`connect` (before the model loads: a bad address or
+    a count the cluster cannot host is refused in one line), :meth:`run` (a stage's parts),
+    :meth:`close` (the actors killed; a local cluster it started shut down)."""
+
+    def __init__(self, config: RayConfig, load: dict):
+        self.config, self.load = config, dict(load)
+        self.ray = None
+        self.workers = 0
+        self.threads = 1
+        self._actors: list = []
+        self._started = False
+
+    # ------------------------------------------------------------------ the cluster
+    def connect(self) -> ShardPool:
+        cfg = self.config
+        if cfg.address is not None:  # before Ray loads: an unreachable address is refused in seconds
+            _reachable(cfg.address, cfg.connect_timeout)
+        ray = import_ray()
+        if not ray.is_initialized():  # a process that started Ray itself (a notebook, a test) keeps its cluster
+            if cfg.address is not None:
+                # Ray retries an address that answers but is no cluster once a second, 20 times by
+                # default: its own switch bounds that to connect_timeout; its C++ retry warnings (one a
+                # second, on fd 2) are held back and shown only if it joins: a failure is one line
+                knobs = {"RAY_gcs_server_port_wait_time_s": str(max(1, int(cfg.connect_timeout)))}
+                saved = {k: os.environ.get(k) for k in knobs}
+                os.environ.update(knobs)
+                try:
+                    with _held_stderr():
+                        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+                except Exception as e:  # noqa: BLE001 - Ray's own: one line naming the address
+                    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise ValueError(f"--ray-address {cfg.address}: cannot join the Ray cluster: {msg}") from None
+                finally:
+                    for k, v in saved.items():
+                        if v is None:
+                            os.environ.pop(k, None)
+                        else:
+                            os.environ[k] = v
+            else:
+                cores = os.cpu_count() or 1
+                if cfg.workers is not None and cfg.workers > cores:
+                    raise ValueError(f"--workers {cfg.workers}: this machine hosts at most {cores} (one per core)")
+                ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+                self._started = True
+        self.ray = ray
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        node_cpus = max((int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")), default=cpus)
+        where = cfg.address or "the local Ray cluster"
+        if cfg.workers is not None and cfg.workers > cpus:
+            self.close()
+            raise ValueError(f"--workers {cfg.workers}: {where} hosts at most {cpus} (one CPU each)")
+        self.workers = cfg.workers or max(1, cpus)
+        self.threads = max(1, min(cpus // self.workers, node_cpus))
+        return self
+
+    def _start_actors(self) -> None:
+        if self._actors:
+            return
+        ray = self.ray
+        env = {k: os.environ[k] for k in _ENV_PASSED if k in os.environ}
+        threads = str(self.threads)
+        env_vars = {**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
+        actor = ray.remote(num_cpus=self.threads, max_restarts=2, max_task_retries=0)(StageWorker)
+        self._actors = [
+            actor.options(runtime_env={"env_vars": env_vars}).remote(self.load, self.threads, env)
+            for _ in range(self.workers)
+        ]
+
+    def pids(self) -> list[int]:
+        """The workers' process ids (started if they were not)."""
+        self._start_actors()
+        return self.ray.get([a.pid.remote() for a in self._actors])
+
+    # ------------------------------------------------------------------ a stage
+    def run(self, ctx: RunContext, stage: Stage, cfg, parts: Sequence) -> StageResult:
+        """``stage``'s ``parts`` on the workers (round robin), each tried at most twice; the
+        parts' results merged in order, then finished in the driver."""
+        ray = self.ray
+        self._start_actors()
+        t0 = time.perf_counter()
+        frames = ray.put({k: v for k, v in ctx.frames.items()})  # once, into the object store
+        run = {"full": ctx.full, "seed": ctx.seed}
+
+        def submit(i: int, attempt: int):
+            actor = self._actors[(i + attempt) % len(self._actors)]
+            return actor.run_part.remote(stage.name, cfg, parts[i], frames, run)
+
+        pending = {i: submit(i, 0) for i in range(len(parts))}
+        results: dict[int, StageResult] = {}
+        for attempt in (0, 1):
+            retry = {}
+            for i, ref in pending.items():
+                try:
+                    results[i] = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    why = _first_line(e)
+                    if attempt:
+                        raise RuntimeError(f"the {stage.name} shard {_name(stage, parts[i])} failed twice: {why}") from None
+                    log.warning("the %s shard %s failed (%s); running it again", stage.name, _name(stage, parts[i]), why)
+                    retry[i] = submit(i, 1)
+            pending = retry
+        merged = stage.merge([results[i] for i in range(len(parts))])
+        log.info("%s: %d shards on %d workers in %.1f s", stage.name, len(parts), len(self._actors), time.perf_counter() - t0)
+        return stage.finish(ctx, cfg, merged)
+
+    def close(self) -> None:
+        ray = self.ray
+        if ray is None:
+            return
+        for a in self._actors:
+            ray.kill(a)
+        self._actors = []
+        if self._started:
+            ray.shutdown()
+            self._started = False
+
+
+@contextlib.contextmanager
+def _held_stderr():
+    """File descriptor 2 (where Ray's C++ logs) into a temporary file for the ``with`` body; what
+    it caught is written back to stderr only when the body succeeds."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            os.close(saved)
+            raise
+        os.dup2(saved, 2)
+        os.close(saved)
+        held.seek(0)
+        sys.stderr.write(held.read().decode(errors="replace"))
+
+
+def _name(stage: Stage, part) -> str:
+    """A part as its unit and values: ``layers 0-2``, ``items 3``."""
+    if isinstance(part, tuple) and part and all(isinstance(x, int) for x in part):
+        span = str(part[0]) if len(part) == 1 else f"{part[0]}-{part[-1]}"
+        if list(part) != list(range(part[0], part[-1] + 1)):
+            span = ",".join(map(str, part))
+        return f"({stage.unit} {span})"
+    return f"({stage.unit} {part!r})"
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [x for x in str(e).strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else type(e).__name__

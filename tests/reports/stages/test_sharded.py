@@ -1,0 +1,98 @@
+"""Stages sharded on Ray workers (:mod:`headscope.reports.stages.sharded`): the weights stage cut
+by layers on a local 2-worker cluster equals the single-process run; a worker killed mid-shard has
+its shard run again with the same result; a shard failing twice fails its stage, named.
+
+One local cluster per test session (``num_cpus=2``: the workers get one thread each), one pool of
+two workers (each loads MiniLM once); skipped where Ray is not installed (the ``ray`` extra)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from headscope.analyses.run_weights import WeightsConfig  # noqa: E402
+from headscope.reports.stages.base import RunContext  # noqa: E402
+from headscope.reports.stages.registry import STAGES  # noqa: E402
+from headscope.reports.stages.sharded import RayConfig, ShardPool  # noqa: E402
+
+#: small nulls: the same code paths as the defaults, a fraction of the time
+CFG = WeightsConfig(draws=20, null=50)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pool(ray_cluster):
+    load = {"model": "minilm-l6", "backend": "inhouse", "dtype": "fp32", "trust_remote_code": False}
+    p = ShardPool(RayConfig(workers=2), load).connect()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def single(minilm):
+    """The weights stage of MiniLM in this process."""
+    ctx = RunContext(name="minilm-l6", model=minilm)
+    return ctx, STAGES["weights"].run(ctx, CFG)
+
+
+def test_weights_sharded_by_layers_equals_single_process(pool, single):
+    ctx, whole = single
+    stage = STAGES["weights"]
+    parts = stage.split(ctx, CFG, pool.workers)
+    assert parts == [(0, 1, 2), (3, 4, 5)] and pool.threads == 1  # 2 workers x 1 thread on 2 CPUs
+    sharded = pool.run(ctx, stage, CFG, parts)
+    assert set(sharded.frames) == set(whole.frames)
+    for name, frame in whole.frames.items():  # exact: each head's p-value depends on its layer and the null alone
+        assert sharded.frames[name].equals(frame), name
+    heads = sharded.frames["weights_heads"]
+    assert sorted(heads.layer.unique()) == list(range(6)) and len(heads) == len(whole.frames["weights_heads"]) > 0
+    # the adjustment runs after the merge, over every head: one shard's own adjustment would differ
+    alone = stage.finish(ctx, CFG, stage.run_part(ctx, CFG, parts[0])).frames["weights_heads"]
+    joined = heads.merge(alone, on=["layer", "head", "statistic"], suffixes=("", "_alone"))
+    assert joined.p_value.equals(joined.p_value_alone)
+    assert not joined.p_adjusted.equals(joined.p_adjusted_alone)
+
+
+def test_a_worker_killed_mid_shard_has_it_run_again(pool, single, caplog):
+    ctx, whole = single
+    stage, cfg = STAGES["weights"], WeightsConfig(draws=400, null=50)  # a shard long enough to be killed in
+    expected = stage.run(ctx, cfg).frames["weights_heads"]
+    pids = pool.pids()
+    out = {}
+    runner = threading.Thread(target=lambda: out.update(r=pool.run(ctx, stage, cfg, stage.split(ctx, cfg, 2))))
+    with caplog.at_level(logging.WARNING, logger="headscope.reports.stages.sharded"):
+        runner.start()
+        time.sleep(1.5)  # both shards started on their workers
+        os.kill(pids[0], signal.SIGKILL)
+        runner.join(timeout=300)
+    assert "r" in out, "the sharded run did not finish"
+    assert any("failed" in r.message and "running it again" in r.message for r in caplog.records)
+    assert out["r"].frames["weights_heads"].equals(expected)
+    assert pool.pids()[0] != pids[0]  # Ray restarted the killed worker (it loaded the model again)
+
+
+def test_a_shard_failing_twice_fails_its_stage_with_the_shard_named(pool, minilm):
+    from headscope.reports.stages.runner import _run_one
+
+    ctx = RunContext(name="minilm-l6", model=minilm, shards=pool)
+    record = {}
+    result = _run_one(ctx, STAGES["weights"], WeightsConfig(draws=0), record)  # every shard raises
+    assert result is None and record["status"] == "failed" and record["shards"] == 2
+    assert "the weights shard (layers 0-2) failed twice" in ctx.absent["weights"]
+    assert "n_draws must be >= 1" in ctx.absent["weights"]
