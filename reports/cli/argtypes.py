@@ -121,6 +121,10 @@ def add_device(parser, *, device_map: bool = False) -> None:
         )
 
 
+#: ``--workers``: past this, a count is refused before Ray starts (the cluster's CPUs bound it further)
+MAX_RAY_WORKERS = 4096
+
+
 def add_ray(parser) -> None:
     """``--ray``, ``--workers N`` and ``--ray-address ADDR`` of every command that runs report
     stages: the stages that shard run on Ray workers (:mod:`~headscope.reports.stages.sharded`);
@@ -133,7 +137,7 @@ def add_ray(parser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=positive_int,
+        type=int_in(1, MAX_RAY_WORKERS, "Ray workers"),
         default=None,
         metavar="N",
         help="Ray workers, each loading the model once (default: one per CPU of the cluster; with --ray)",
