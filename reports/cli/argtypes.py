@@ -156,7 +156,9 @@ def ray_config(args):
     if not args.ray:
         given = [f for f, v in (("--workers", args.workers), ("--ray-address", args.ray_address)) if v is not None]
         if given:
-            raise ValueError(f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --ray; add --ray or leave them out")
+            raise ValueError(
+                f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --ray; add --ray or leave them out"
+            )
         return None
     from headscope.reports.stages.sharded import RayConfig
 

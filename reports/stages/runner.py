@@ -470,10 +470,17 @@ def _pool(model, config: RunConfig):
     if config.ray is None:
         return None
     if not isinstance(model, (str, os.PathLike)):
-        raise ValueError("--ray: the workers load the model by name or path; give MODEL as a name or path, not a model object")
+        raise ValueError(
+            "--ray: the workers load the model by name or path; give MODEL as a name or path, not a model object"
+        )
     from headscope.reports.stages.sharded import ShardPool
 
-    load = {"model": str(model), "backend": config.backend, "dtype": config.dtype, "trust_remote_code": config.trust_remote_code}
+    load = {
+        "model": str(model),
+        "backend": config.backend,
+        "dtype": config.dtype,
+        "trust_remote_code": config.trust_remote_code,
+    }
     return ShardPool(config.ray, load).connect()
 
 

@@ -176,7 +176,12 @@ class ShardPool:
                 os.environ.update(knobs)
                 try:
                     with _held_stderr():
-                        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+                        ray.init(
+                            address=cfg.address,
+                            include_dashboard=False,
+                            log_to_driver=False,
+                            logging_level=logging.WARNING,
+                        )
                 except Exception as e:  # noqa: BLE001 - Ray's own: one line naming the address
                     msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                     raise ValueError(f"--ray-address {cfg.address}: cannot join the Ray cluster: {msg}") from None
@@ -216,10 +221,21 @@ class ShardPool:
             for _ in range(self.workers)
         ]
 
-    def pids(self) -> list[int]:
-        """The workers' process ids (started if they were not)."""
+    def pids(self, wait: float = 120.0) -> list[int]:
+        """The workers' process ids (started if they were not); a worker Ray is restarting (it
+        loads the model again) is waited for, up to ``wait`` seconds."""
         self._start_actors()
-        return self.ray.get([a.pid.remote() for a in self._actors])
+        out, deadline = [], time.monotonic() + wait
+        for a in self._actors:
+            while True:
+                try:
+                    out.append(self.ray.get(a.pid.remote()))
+                    break
+                except self.ray.exceptions.RayActorError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        return out
 
     # ------------------------------------------------------------------ a stage
     def run(self, ctx: RunContext, stage: Stage, cfg, parts: Sequence) -> StageResult:
@@ -245,12 +261,18 @@ class ShardPool:
                 except ray.exceptions.RayError as e:
                     why = _first_line(e)
                     if attempt:
-                        raise RuntimeError(f"the {stage.name} shard {_name(stage, parts[i])} failed twice: {why}") from None
-                    log.warning("the %s shard %s failed (%s); running it again", stage.name, _name(stage, parts[i]), why)
+                        raise RuntimeError(
+                            f"the {stage.name} shard {_name(stage, parts[i])} failed twice: {why}"
+                        ) from None
+                    log.warning(
+                        "the %s shard %s failed (%s); running it again", stage.name, _name(stage, parts[i]), why
+                    )
                     retry[i] = submit(i, 1)
             pending = retry
         merged = stage.merge([results[i] for i in range(len(parts))])
-        log.info("%s: %d shards on %d workers in %.1f s", stage.name, len(parts), len(self._actors), time.perf_counter() - t0)
+        log.info(
+            "%s: %d shards on %d workers in %.1f s", stage.name, len(parts), len(self._actors), time.perf_counter() - t0
+        )
         return stage.finish(ctx, cfg, merged)
 
     def close(self) -> None:
