@@ -144,3 +144,13 @@ def tokenize_ioi(model, rows: list[tuple[int, dict]], *, source: str = "") -> Ta
 
     keys = ("clean", "corrupted", "answer", "wrong")
     return tokenize_rows(model, [(k, {c: r[c] for c in keys}) for k, r in rows], name="ioi", source=source)
+
+
+def planted_ioi_task(model, *, n_items: int = 16, seed: int = 0):
+    """The IOI task (:func:`ioi_rows`, ABC corruption) over the planted
+    vocabulary: the nouns are the names, an adjective the place and the object (the templates' other
+    words are ``[UNK]``), tokenised for ``model`` (a planted model)."""
+    from headscope.probes.models.inhouse.planted import WORD_CLASSES
+
+    rows = ioi_rows(WORD_CLASSES["noun"], ["big"], ["red"], n_items=n_items, seed=seed)
+    return tokenize_ioi(model, rows, source=f"planted IOI (seed={seed}; nouns as names)")

@@ -90,6 +90,9 @@ class Role:
     per_relation: bool = False
     #: what the report adds under the patching result of its ``task`` ("" for nothing)
     task_note: str = ""
+    #: it runs when no groups are named (False: only when asked by name, ``--roles <name>``: a group
+    #: whose cost is minutes of CPU on a small model)
+    default: bool = True
 
     def __post_init__(self):
         if self.corpus not in CORPORA:

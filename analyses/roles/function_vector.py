@@ -405,6 +405,7 @@ ROLE_DEF = Role(
     feed=feed,
     options=("tasks", "template", "n_demos", "n_prompts", "layers", "items"),
     generated=_generated,
+    default=False,  # ~2 x 270 last-position re-runs per prompt on SmolLM2: minutes of CPU; asked by name
     description=(
         "function-vector heads (Todd et al. 2024): the head's mean output at the last position of clean "
         "in-context prompts of a task (antonyms, capitals, capitalisation, next letter, English-French, "

@@ -135,16 +135,17 @@ class RolesResult:
 
 
 def check_roles(roles) -> tuple[str, ...]:
-    """``roles`` (None = all, a name, or names) -> the role groups in pipeline order
-    (registration order, :data:`~headscope.analyses.roles.base.REGISTRY`). Raises
-    ``ValueError`` naming the valid groups for an unknown one.
+    """``roles`` (None = every group run by default, a name, or names) -> the role groups in pipeline
+    order (registration order, :data:`~headscope.analyses.roles.base.REGISTRY`; a group with
+    ``default=False`` runs only when named). Raises ``ValueError`` naming the valid groups for an
+    unknown one.
 
     >>> check_roles(["syntactic", "positional"])
     ('positional', 'syntactic')
     """
     groups = tuple(REGISTRY)
     if roles is None:
-        return groups
+        return tuple(g for g in groups if REGISTRY[g].default)
     if isinstance(roles, str):
         roles = [roles]
     bad = [r for r in roles if r not in REGISTRY]

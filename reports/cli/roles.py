@@ -44,6 +44,7 @@ def register(sub) -> None:
     )
 
     verdicts = ", ".join(name for name, role in REGISTRY.items() if role.score_kind != "none")
+    opt_in = [name for name, role in REGISTRY.items() if not role.default]
     p = sub.add_parser("roles", help=f"classify every head: {verdicts}")
     p.add_argument(
         "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
@@ -73,7 +74,8 @@ def register(sub) -> None:
     p.add_argument(
         "--roles",
         metavar="LIST",
-        help=f"comma-separated role groups to run (default: all): {','.join(REGISTRY)}",
+        help=f"comma-separated role groups to run (default: all but {','.join(opt_in)}, which run only when "
+        f"named): {','.join(REGISTRY)}",
     )
     p.add_argument("--out", type=out_argument, metavar="DIR", help="output folder (default: runs/roles-<model>)")
     p.add_argument(
@@ -99,6 +101,16 @@ def register(sub) -> None:
         help="what one correction covers: every head of one role/relation/direction (default), or every row of "
         "the run (all heads x all roles)",
     )
+    _add_group_flags(p)
+    p.add_argument("--batch-size", type=batch_size, default=None, help="items per forward pass (default 32)")
+    p.add_argument("--top", type=listed, default=3, help="heads shown per role")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
+    p.set_defaults(func=run)
+
+
+def _add_group_flags(p) -> None:
+    """The flags one role group reads (syntactic labels, IOI's S-inhibition)."""
     p.add_argument(
         "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
     )
@@ -108,11 +120,6 @@ def register(sub) -> None:
         help="IOI roles: also find the S-inhibition heads by path patching into the name movers' queries "
         "(about one forward per head below the name movers per IOI item: minutes on a CPU)",
     )
-    p.add_argument("--batch-size", type=batch_size, default=None, help="items per forward pass (default 32)")
-    p.add_argument("--top", type=listed, default=3, help="heads shown per role")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
-    p.set_defaults(func=run)
 
 
 def default_out(model: str) -> Path:
@@ -244,7 +251,8 @@ def _print_text(result, records, out: Path) -> None:
 
 
 def _groups(args) -> tuple[str, ...]:
-    """The role groups ``--roles`` names, checked (default: every registered group)."""
+    """The role groups ``--roles`` names, checked (default: every group run by default)."""
+    from headscope.analyses.roles import REGISTRY
     from headscope.analyses.roles.pipeline import check_roles
 
     wanted = None
@@ -252,7 +260,7 @@ def _groups(args) -> tuple[str, ...]:
         wanted = [g.strip() for g in args.roles.split(",") if g.strip()]
         if not wanted:
             raise ValueError(
-                f"--roles: no role group given (got {args.roles!r}); choose from {','.join(check_roles(None))} "
+                f"--roles: no role group given (got {args.roles!r}); choose from {','.join(REGISTRY)} "
                 "or leave --roles out for all"
             )
     return check_roles(wanted)

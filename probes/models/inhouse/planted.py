@@ -350,6 +350,8 @@ def writing_function_vector(model: InHouseModel, pairs, *, head: tuple[int, int]
         attn.v_proj.weight[s][0, TASK_DIM] = 1.0
         attn.o_proj.weight[:, s][FV_DIM, 0] = 1.15  # the mark reads ~0.87 through ln1's scale
     return model
+
+
 #: where the planted IOI circuit's S-inhibition head writes the nouns seen so far (one dim per noun)
 NAMES_BLOCK = 2 * len(VOCAB) + N_POS
 
@@ -416,13 +418,3 @@ def writing_ioi(
         wv[:v, :v] = torch.eye(v)
         wo[:v, :v] = strength * torch.eye(v)
     return model
-
-
-def planted_ioi_task(model: InHouseModel, *, n_items: int = 16, seed: int = 0):
-    """The IOI task (:func:`~headscope.analyses.patching.ioi.ioi_rows`, ABC corruption) over the planted
-    vocabulary: the nouns are the names, an adjective the place and the object (the templates' other
-    words are ``[UNK]``), tokenised for ``model`` (a planted model)."""
-    from headscope.analyses.patching.ioi import ioi_rows, tokenize_ioi
-
-    rows = ioi_rows(WORD_CLASSES["noun"], ["big"], ["red"], n_items=n_items, seed=seed)
-    return tokenize_ioi(model, rows, source=f"planted IOI (seed={seed}; nouns as names)")

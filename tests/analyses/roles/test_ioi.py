@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headscope.analyses.patching.ioi import planted_ioi_task
 from headscope.analyses.patching.path import path_deltas
 from headscope.analyses.roles.config import RolesConfig
-from headscope.analyses.roles.ioi import direct_effects, ioi_heads, item_hits, work
+from headscope.analyses.roles.ioi import ioi_heads, item_hits, work
 from headscope.analyses.roles.pipeline import head_roles, run_role
-from headscope.probes.models.inhouse.planted import planted_ioi_task, planted_model, writing_ioi
+from headscope.probes.direct_effects import direct_effects
+from headscope.probes.models.inhouse.planted import planted_model, writing_ioi
 
 CFG = RolesConfig(n_boot=200, n_perm=500, batch_size=8)
 

@@ -27,6 +27,7 @@ import pandas as pd
 import pytest
 
 from headscope.analyses.frames import ROLE_COLUMNS
+from headscope.analyses.patching.ioi import planted_ioi_task
 from headscope.analyses.roles.base import REGISTRY, RoleContext
 from headscope.analyses.roles.config import RolesConfig
 from headscope.analyses.roles.pipeline import run_role
@@ -37,7 +38,6 @@ from headscope.probes.models.inhouse.planted import (
     RANDOM_HEADS,
     VOCAB,
     WORD_CLASSES,
-    planted_ioi_task,
     planted_model,
     planted_sentences,
     writing_copy_suppression,
