@@ -76,6 +76,13 @@ REMEDIES = {
         "gradients": "use --method activation (no gradients)",
     },
 }
+REMEDIES["circuit"] = {
+    **_COMMON,
+    "cache": "each item holds one gradient per receiver input and every sender's output: use a shorter --seq-len "
+    "or a smaller model",
+    "gradients": "use a shorter --seq-len or --dtype bf16",
+    "logits": "use --dtype bf16",
+}
 REMEDIES["report"] = {**REMEDIES["prune"], **REMEDIES["roles"], "gradients": "use --no-patching or a smaller model"}
 
 
@@ -222,6 +229,7 @@ PRELOAD = {
     "roles": ("scipy.stats", "sklearn.cluster", "sklearn.manifold", "pyarrow.parquet"),
     "prune": ("scipy.stats", "pyarrow.parquet"),
     "patch": ("scipy.stats", "pyarrow.parquet", "matplotlib.pyplot"),
+    "circuit": ("pyarrow.parquet",),
     "report": ("scipy.stats", "sklearn.cluster", "sklearn.manifold", "pyarrow.parquet", "matplotlib.pyplot"),
 }
 
@@ -405,6 +413,30 @@ def patch_refine(budget: Budget, task, cfg, asked):
     longest = max([len(getattr(it, "clean", ())) for it in getattr(task, "items", ())] or [1])
     budget = budget.refine(patch_stages(budget.shape, asked.patch, longest=longest, methods=asked.methods))
     return budget, replace(asked, patch=apply_patch(asked.patch, budget.estimate.batch_sizes))
+
+
+def circuit_start(args, device, n_items: int):
+    """``headscope circuit``: the plan before the model loads (:func:`~headscope.reports.stages.plans.circuit_stages`:
+    one gradient per receiver input and every sender's output per item) -> ``(budget, batch size that
+    fits)``; a model too large even for one item is refused in one line with the plan's numbers."""
+    from headscope.reports.stages.plans import circuit_stages
+
+    budget, _tok = start(
+        "circuit",
+        args.model,
+        backend="inhouse",
+        dtype=args.dtype,
+        device=device,
+        stages_of=lambda shape, tok: circuit_stages(
+            shape,
+            batch_size=args.batch_size,
+            longest=task_longest(args.task, args.seq_len, tok),
+            n_items=n_items,
+        ),
+        emit=emitter(False, "note: "),
+        uniform=True,
+    )
+    return budget, budget.smallest_batch(args.batch_size)
 
 
 def parts_timer(progress, stage: str, total: int | None, quiet: bool, unit: str):

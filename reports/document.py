@@ -41,10 +41,14 @@ class Pre:
 
 @dataclass
 class Figure:
+    """A picture: ``png`` bytes, or ``svg`` markup drawn in Python (inline in the HTML, a
+    ``figures/<name>.svg`` file beside the Markdown; ``png`` then empty)."""
+
     name: str  # file stem under figures/ (Markdown) — unique in a document
     png: bytes
     alt: str
     caption: str
+    svg: str = ""
 
 
 @dataclass

@@ -76,6 +76,11 @@ def _block_html(b: Block) -> str:
     if isinstance(b, Pre):
         return f"<pre>{_html.escape(b.text)}</pre>"
     if isinstance(b, Figure):
+        if b.svg:  # drawn in Python: inline, its <title> holds the alt text
+            return (
+                f'<figure id="fig-{_html.escape(b.name)}">{b.svg}'
+                f"<figcaption>{_html.escape(b.caption)}</figcaption></figure>"
+            )
         return (
             f'<figure id="fig-{_html.escape(b.name)}"><img src="{F.data_uri(b.png)}" alt="{_html.escape(b.alt, quote=True)}">'
             f"<figcaption>{_html.escape(b.caption)}</figcaption></figure>"

@@ -80,7 +80,7 @@ def table_markdown(t: Table) -> str:
 
 
 def render_markdown(doc: Document, figure_dir: str = "figures") -> tuple[str, dict[str, bytes]]:
-    """``(markdown text, {relative path: PNG bytes})``; the caller writes the files.
+    """``(markdown text, {relative path: PNG or SVG bytes})``; the caller writes the files.
     Every string of ``doc`` goes through :func:`escape` (a :class:`Pre` block is fenced)."""
     files: dict[str, bytes] = {}
     out = [f"# {escape(doc.title)}", ""]
@@ -98,8 +98,8 @@ def render_markdown(doc: Document, figure_dir: str = "figures") -> tuple[str, di
             elif isinstance(b, Figure):
                 if not re.fullmatch(r"[A-Za-z0-9_-]+", b.name):
                     raise ValueError(f"figure name must be a slug ([A-Za-z0-9_-]+: a file stem); got {b.name!r}")
-                path = f"{figure_dir}/{b.name}.png"
-                files[path] = b.png
+                path = f"{figure_dir}/{b.name}.{'svg' if b.svg else 'png'}"
+                files[path] = b.svg.encode() if b.svg else b.png
                 alt = escape(b.alt.replace("[", "(").replace("]", ")"))
                 out += [f"![{alt}]({path})", "", f"*{escape(b.caption)}*"]
             elif isinstance(b, Table):

@@ -4,7 +4,8 @@ an edge circuit (:mod:`headscope.analyses.circuits.edges`).
 Scores every edge of the model's graph (EAP or EAP-IG), keeps the top edges at each budget
 (fractions of all edges; default MIB's), prunes dangling nodes, evaluates each circuit by exact
 edge patching beside random circuits of the same size, and writes ``edges.csv``/``.parquet``
-(:data:`~headscope.analyses.circuits.edges.frames.EDGE_COLUMNS`), ``faithfulness.csv``/``.parquet``
+(:data:`~headscope.analyses.circuits.edges.study.STUDY_EDGE_COLUMNS`: with ``kept_at``, the smallest budget
+whose pruned circuit holds the edge), ``faithfulness.csv``/``.parquet``
 (:data:`~headscope.analyses.circuits.edges.evaluate.FAITHFULNESS_COLUMNS`) and ``run.json``.
 In-house backend, pre-norm decoders (Llama, GPT-2 style).
 """
@@ -15,6 +16,10 @@ import json
 import sys
 import warnings
 from contextlib import nullcontext
+
+
+#: items the memory plan assumes when ``--n-items`` is not given (the shipped tasks' defaults are 16 to 32)
+PLANNED_ITEMS = 32
 
 
 def _budget(text: str) -> float:
@@ -103,37 +108,18 @@ def render_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def circuit_study(model, task, *, method: str, steps: int, budgets, seeds: int, batch_size: int):
-    """``(edges frame, faithfulness frame, summary)`` of one run (the command's work, without I/O)."""
-    from headscope.analyses.circuits.edges.attribution import EdgeConfig, edge_scores
-    from headscope.analyses.circuits.edges.evaluate import PatchedBatches, faithfulness_frame
-    from headscope.analyses.circuits.edges.frames import edges_frame
-
-    cfg = EdgeConfig(method=method, steps=steps, batch_size=batch_size)
-    graph, scores = edge_scores(model, task, cfg)
-    edges = edges_frame(graph, scores, method)
-    patched = PatchedBatches.of(model, task, batch_size)
-    faith, summary = faithfulness_frame(patched, graph, scores, sorted(budgets), seeds=seeds)
-    top = [f"{r.sender}->{r.receiver}.{r.via}" for r in edges.head(10).itertuples()]
-    summary = {
-        "method": method,
-        "steps": None if method == "eap" else steps,
-        "task": task.summary(),
-        **summary,
-        "top_edges": top,
-        "faithfulness": faith.to_dict("records"),
-    }
-    return edges, faith, summary
-
-
 def run(args) -> int:
+    from headscope.analyses.circuits.edges.study import circuit_study
     from headscope.analyses.patching.tasks import load_task
     from headscope.analyses.run_json import model_record, write_run_json
     from headscope.probes.outputs.atomic import write_frame
     from headscope.probes.outputs.folder import claim_output
+    from headscope.reports import budget as memory
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)  # checked before anything loads
+    # the memory plan, from the model's config alone: refused in one line when one item cannot fit
+    budget, batch_size = memory.circuit_start(args, device, args.n_items or PLANNED_ITEMS)
     with claim_output(args.out, "circuit") if args.out else nullcontext() as folder:
         model = load_from_args(args, device)
         with warnings.catch_warnings():  # unusable items are said below in one line
@@ -148,13 +134,14 @@ def run(args) -> int:
             steps=args.steps,
             budgets=args.budgets,
             seeds=args.seeds,
-            batch_size=args.batch_size,
+            batch_size=batch_size,
         )
-        summary = {"model": model.spec.name, "backend": model.backend, **summary}
+        used = memory.finish(budget)
+        summary = {"model": model.spec.name, "backend": model.backend, **summary, "batch_size": batch_size}
         if folder is not None:
             with folder.staging() as tmp:
                 write_frame(edges, tmp / "edges")
                 write_frame(faith, tmp / "faithfulness")
-                write_run_json(tmp, "circuit", model_record(model), **summary)
+                write_run_json(tmp, "circuit", model_record(model), **summary, memory=used)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str) if args.json else render_summary(summary))
     return 0

@@ -6,7 +6,7 @@ Registry order is the order of the report's sections (with :attr:`~.base.Stage.p
 ties in the run order, which :func:`run_order` derives from each stage's ``requires`` and ``after``.
 
 >>> list(STAGES)
-['roles', 'pruning', 'patching', 'weights', 'kv', 'context']
+['roles', 'pruning', 'patching', 'weights', 'kv', 'context', 'circuits']
 >>> [s.name for s in run_order(["kv", "patching", "roles"])]
 ['roles', 'patching', 'kv']
 """
@@ -25,6 +25,7 @@ _MODULES = (
     "headscope.reports.stages.weights",
     "headscope.reports.stages.kv",
     "headscope.reports.stages.context",
+    "headscope.reports.stages.circuits",
 )
 
 #: stage name -> stage, in registry order

@@ -21,15 +21,21 @@ from headscope.reports.stages.quick import QUICK_PRUNING
 
 
 def small_config(**kw) -> RunConfig:
-    """Every stage on, each with small settings."""
+    """Every stage on (the circuits stage, off by default, too), each with small settings."""
     return RunConfig(
         roles_config=RolesConfig(n_boot=50, n_perm=100, n_perm_max=200, induction_n_sequences=8, ioi_n_items=8),
         prune_config=PruneConfig(**QUICK_PRUNING, n_items=6, role_draws=2),
         causal_config=CausalConfig(n_items=4, n_boot=50, n_perm=100),
         weights_config=WeightsConfig(draws=20, null=50),
         kv_config=KVStageConfig(tokens=64, role_items=2, role_tokens=64, causal_items=2),
-        **{"configs": {"context": _small_context()}, **kw},
+        **{"on": ("circuits",), "configs": {"context": _small_context(), "circuits": _small_circuits()}, **kw},
     )
+
+
+def _small_circuits():
+    from headscope.analyses.circuits.edges.study import CircuitsConfig
+
+    return CircuitsConfig(n_items=4, seq_len=4, steps=2, seeds=2)
 
 
 def _small_context():

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from headscope.analyses.circuits.edges.evaluate import FAITHFULNESS_COLUMNS
-from headscope.analyses.circuits.edges.frames import EDGE_COLUMNS
+from headscope.analyses.circuits.edges.study import STUDY_EDGE_COLUMNS
 from headscope.reports.cli.app import main
 from tests.tiny_models import tiny_model_dir
 
@@ -26,7 +26,7 @@ def test_circuit_writes_edges_and_faithfulness(llama_dir, tmp_path, capsys):
     assert main(args) == 0
     edges = pd.read_parquet(out / "edges.parquet")
     faith = pd.read_csv(out / "faithfulness.csv")
-    assert list(edges.columns) == list(EDGE_COLUMNS) and list(faith.columns) == list(FAITHFULNESS_COLUMNS)
+    assert list(edges.columns) == list(STUDY_EDGE_COLUMNS) and list(faith.columns) == list(FAITHFULNESS_COLUMNS)
     # 2 layers, 4 query heads, 2 KV heads: 8 attention receivers per layer
     assert len(edges) == 8 + 5 + 8 * 6 + 10 + 11 and edges["rank"].tolist() == list(range(1, len(edges) + 1))
     assert set(edges["via"]) == {"q", "k", "v", "mlp", "logits"}
@@ -57,3 +57,33 @@ def test_items_of_unequal_lengths_are_skipped_and_counted(llama_dir, tmp_path, c
     err = capsys.readouterr().err
     assert "item 1 (line 2) skipped: clean has 4 tokens, corrupted 5" in err
     assert "1 items skipped (length_mismatch 1), 2 used" in err
+
+
+def test_a_model_too_large_for_one_gradient_per_receiver_is_refused_before_loading(tmp_path, monkeypatch, capsys):
+    """A config with no weights (48 layers of 64 heads, d_model 512: 3,121 senders, 9,265 receivers): its
+    weights fit, one item's gradients and sender outputs do not; refused from the plan, nothing loaded."""
+    from headscope.probes.budget import rss_bytes
+
+    cfg = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 48,
+        "hidden_size": 512,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "head_dim": 8,
+        "intermediate_size": 512,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": True,
+    }
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setenv("HEADSCOPE_MEMORY_LIMIT", str(rss_bytes() + (2 << 30)))  # 2 GiB over what the process holds
+    out = tmp_path / "run"
+    assert main(["circuit", str(tmp_path / "big"), "--n-items", "8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "circuit needs ~" in err[0] and "circuit scores forward passes at batch size 1" in err[0]
+    # one item: (3 x 3,121 + 9 x 9,265) values x 22 tokens x 512 x 4 bytes = 3.89 GiB of the plan's "cache"
+    assert "cache 3.89 GiB" in err[0] and "one gradient per receiver input" in err[0]
+    assert not out.exists()

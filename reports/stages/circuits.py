@@ -1,0 +1,107 @@
+"""The circuits stage: an edge circuit of the model on one patching task (induction by default),
+scored by EAP-IG, its faithfulness at a few of MIB's budgets beside random circuits, and the
+circuit at one budget drawn (:func:`~headscope.analyses.circuits.edges.study.run_circuits`).
+
+Writes ``circuit_edges`` and ``circuit_faithfulness``; its summary is run.json's
+``circuits_summary``. Its report part is "Circuits". Off by default (``--circuits`` or
+``--only ...,circuits``): on SmolLM2-135M it adds about a minute of one core (docs/guide/circuits.md).
+Blocked, with the reason, on encoders (the task reads next-token logits) and on models whose
+forward is no sum of sender outputs (another backend, post-norm, sandwich norms, pruned or gated heads).
+"""
+
+from __future__ import annotations
+
+from headscope.analyses.circuits.edges.study import CircuitsConfig
+from headscope.reports.stages.base import RunContext, Stage, StageAbsent, StageResult, WorkingSet
+
+
+class CircuitsStage(Stage[CircuitsConfig]):
+    name = "circuits"
+    Config = CircuitsConfig
+    command = "circuit"
+    help = "an edge circuit (EAP-IG) on the induction task: faithfulness at budgets beside random circuits"
+    unit = "items"
+    summary_key = "circuits_summary"
+    default_on = False
+    warn_absent = False
+    schemas = {
+        "circuit_edges": {
+            "sender": "category",
+            "receiver": "category",
+            "via": "category",
+            "score": "float64",
+            "rank": "int64",
+            "method": "category",
+            "kept_at": "float64",
+        },
+        "circuit_faithfulness": {
+            "budget": "float64",
+            "n_edges": "int64",
+            "n_edges_pruned": "int64",
+            "metric": "float64",
+            "faithfulness": "float64",
+            "random_mean": "float64",
+            "random_std": "float64",
+            "random_min": "float64",
+            "random_max": "float64",
+            "n_seeds": "int64",
+        },
+    }
+
+    def blocker(self, ctx: RunContext, cfg: CircuitsConfig) -> str | None:
+        from headscope.probes.errors import ModelIncompatibleError
+        from headscope.probes.models.inhouse.edge_forward import check_graph_model
+
+        spec = getattr(ctx.model, "spec", None)
+        if spec is not None and not getattr(spec, "causal", True):
+            return f"edge circuits need next-token logits; {spec.name} is an encoder"
+        try:
+            check_graph_model(ctx.model)
+        except ModelIncompatibleError as e:
+            return str(e).splitlines()[0]
+        return None
+
+    def by_design(self, reason: str, backend: str | None) -> bool:
+        """Edge circuits need a forward that is a sum of sender outputs: the in-house pre-norm decoders."""
+        return "edge circuits need" in reason
+
+    def plan(self, ctx: RunContext, cfg: CircuitsConfig) -> list[WorkingSet]:
+        from headscope.reports.stages.plans import circuit_stages, task_longest
+
+        if not ctx.shape.causal:
+            return []
+        longest = task_longest(cfg.task, cfg.seq_len, ctx.tokenizer)
+        return circuit_stages(ctx.shape, batch_size=cfg.batch_size, longest=longest, n_items=cfg.n_items)
+
+    def fitted(self, cfg: CircuitsConfig, batch_sizes) -> CircuitsConfig:
+        from dataclasses import replace
+
+        b = min([batch_sizes.get(n, cfg.batch_size) for n in ("circuit scores", "circuit evaluation")])
+        return cfg if b >= cfg.batch_size else replace(cfg, batch_size=b)
+
+    def run(self, ctx: RunContext, cfg: CircuitsConfig) -> StageResult:
+        from headscope.analyses.circuits.edges.study import run_circuits
+
+        try:
+            frames, summary = run_circuits(ctx.model, cfg)
+        except ValueError as e:  # a task the model's tokenizer cannot give, or one that does not move the metric
+            raise StageAbsent(f"the circuits stage could not run: {str(e).splitlines()[0]}") from e
+        return StageResult(frames, summary)
+
+    def section(self, frames, meta) -> list:
+        from headscope.reports.sections.circuits import circuits_section
+
+        absent = (meta.get("absent") or {}).get(self.name)
+        if ((meta.get("stages") or {}).get(self.name) or {}).get("status") == "off":
+            return []  # turned off (by default, --skip, --no-circuits, not in --only): nothing to say
+        s = circuits_section(frames, meta, meta.get(self.key()), absent)
+        return [] if s is None else [s]
+
+    def describe(self, frames, summary) -> str | None:
+        if not summary:
+            return None
+        rows = ", ".join(f"{r['budget']:g}: {r['faithfulness']:.3f}" for r in summary.get("faithfulness", []))
+        return f"circuits: faithfulness by budget {rows}; CPR {summary['cpr']:.3f} (random {summary['random_cpr']:.3f})"
+
+
+STAGE = CircuitsStage()
