@@ -16,7 +16,7 @@ import json
 import sys
 import warnings
 from contextlib import nullcontext
-
+from pathlib import Path
 
 #: items the memory plan assumes when ``--n-items`` is not given (the shipped tasks' defaults are 16 to 32)
 PLANNED_ITEMS = 32
@@ -72,6 +72,20 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed, default=0, help="seed of generated items")
     p.add_argument("--batch-size", type=batch_size, default=16, help="items per forward (default 16)")
     p.add_argument("--out", type=out_argument, default=None, help="folder for edges/faithfulness tables, run.json")
+    p.add_argument(
+        "--mib",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also write every edge's score in the JSON format of MIB's circuit track (in_graph: --mib-budget's circuit)",
+    )
+    p.add_argument(
+        "--mib-budget",
+        type=_budget,
+        default=None,
+        help="the budget whose circuit the MIB file marks in_graph (one of --budgets; default: the smallest "
+        "reaching faithfulness 0.8, else the most faithful below 1)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run, backend="inhouse")  # edge circuits run on the in-house stack
 
@@ -108,6 +122,19 @@ def render_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _write_mib(path: Path, model, edges, faith, asked: float | None) -> dict:
+    """Write the MIB export (:mod:`headscope.analyses.circuits.edges.mib`) -> its record for run.json."""
+    from headscope.analyses.circuits.edges.attribution import model_graph
+    from headscope.analyses.circuits.edges.mib import MIB_FORMAT_SOURCE, mib_from_edges, write_mib
+    from headscope.analyses.circuits.edges.study import figure_budget
+
+    b = figure_budget(faith, asked)
+    b = 1.0 if b is None else b
+    doc = mib_from_edges(edges, model_graph(model), d_model=model.spec.d_model, budget=b)
+    write_mib(path, doc)
+    return {"path": str(path), "in_graph_budget": b, "n_edges": len(doc["edges"]), "format": MIB_FORMAT_SOURCE}
+
+
 def run(args) -> int:
     from headscope.analyses.circuits.edges.study import circuit_study
     from headscope.analyses.patching.tasks import load_task
@@ -118,6 +145,12 @@ def run(args) -> int:
     from headscope.reports.cli.argtypes import load_from_args, resolve_device
 
     device = resolve_device(args.device)  # checked before anything loads
+    if args.mib_budget is not None and args.mib_budget not in args.budgets:
+        raise ValueError(
+            f"--mib-budget {args.mib_budget:g} is not one of --budgets ({', '.join(map(str, args.budgets))})"
+        )
+    if args.mib is not None and (args.mib.is_dir() or not args.mib.parent.is_dir()):
+        raise FileNotFoundError(f"--mib {args.mib}: expected a file in an existing folder")
     # the memory plan, from the model's config alone: refused in one line when one item cannot fit
     budget, batch_size = memory.circuit_start(args, device, args.n_items or PLANNED_ITEMS)
     with claim_output(args.out, "circuit") if args.out else nullcontext() as folder:
@@ -137,6 +170,8 @@ def run(args) -> int:
             batch_size=batch_size,
         )
         used = memory.finish(budget)
+        if args.mib is not None:
+            summary["mib"] = _write_mib(args.mib, model, edges, faith, args.mib_budget)
         summary = {"model": model.spec.name, "backend": model.backend, **summary, "batch_size": batch_size}
         if folder is not None:
             with folder.staging() as tmp:

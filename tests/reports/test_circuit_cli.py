@@ -23,6 +23,7 @@ def test_circuit_writes_edges_and_faithfulness(llama_dir, tmp_path, capsys):
     out = tmp_path / "run"
     args = ["circuit", str(llama_dir), "--task", "induction", "--n-items", "4", "--seq-len", "4"]
     args += ["--budgets", "1", "0.1", "--steps", "2", "--seeds", "2", "--out", str(out)]
+    args += ["--mib", str(tmp_path / "mib.json"), "--mib-budget", "0.1"]
     assert main(args) == 0
     edges = pd.read_parquet(out / "edges.parquet")
     faith = pd.read_csv(out / "faithfulness.csv")
@@ -35,6 +36,58 @@ def test_circuit_writes_edges_and_faithfulness(llama_dir, tmp_path, capsys):
     run = json.loads((out / "run.json").read_text())
     assert run["method"] == "eap-ig" and run["steps"] == 2 and run["n_edges_total"] == len(edges)
     assert "CPR" in capsys.readouterr().out
+    _check_mib_export(tmp_path / "mib.json", edges, run)
+
+
+def _check_mib_export(path, edges, run):
+    """The MIB file read back by a reader written from MIB's format (names, grammar, counts): q, MLP
+    and logits edges carry headscope's scores; each KV head's k/v edge became one edge per query head
+    of its group (2 here), whose scores sum to it; in_graph marks the 0.1 circuit."""
+    from headscope.analyses.circuits.edges.mib import mib_edge_count, read_mib
+
+    cfg, nodes, mib = read_mib(json.loads(path.read_text()))
+    assert cfg == {"n_layers": 2, "n_heads": 4, "parallel_attn_mlp": False, "d_model": cfg["d_model"]}
+    # layer 0: 12 q/k/v inputs x 1 sender, MLP0 5; layer 1: 12 x 6, MLP1 10; the logits 11
+    assert len(mib) == mib_edge_count(2, 4) == 12 * 1 + 5 + 12 * 6 + 10 + 11
+    assert run["mib"]["in_graph_budget"] == 0.1 and run["mib"]["n_edges"] == len(mib)
+
+    def mib_name(name):
+        return name.replace("MLP", "m") if name.startswith("MLP") else "a{}.h{}".format(*name[1:].split("H"))
+
+    kept = 0
+    for e in edges.itertuples():
+        src = e.sender if e.sender == "input" else mib_name(e.sender)
+        if e.via in ("k", "v"):
+            layer, g = (int(x) for x in e.receiver[1:].split("KV"))
+            copies = [f"{src}->a{layer}.h{h}<{e.via}>" for h in (2 * g, 2 * g + 1)]
+        else:
+            dst = e.receiver if e.via == "logits" else mib_name(e.receiver)
+            copies = [f"{src}->{dst}" + ("<q>" if e.via == "q" else "")]
+        assert sum(mib[c][0] for c in copies) == pytest.approx(e.score, rel=1e-6, abs=1e-12)
+        assert all(mib[c][1] == (e.kept_at <= 0.1) for c in copies)
+        kept += len(copies) * bool(e.kept_at <= 0.1)
+    assert sum(v[1] for v in mib.values()) == kept and nodes["input"] and set(nodes) >= {"a1.h3", "m1", "logits"}
+
+
+def test_the_mib_reader_refuses_a_broken_document():
+    from headscope.analyses.circuits.edges.mib import read_mib
+
+    cfg = {"n_layers": 1, "n_heads": 1, "parallel_attn_mlp": False, "d_model": 4}
+    nodes = {n: {"in_graph": True} for n in ("input", "a0.h0", "m0", "logits")}
+    good = ["input->a0.h0<q>", "input->a0.h0<k>", "input->a0.h0<v>", "input->m0", "a0.h0->m0"]
+    good += ["input->logits", "a0.h0->logits", "m0->logits"]
+    doc = {"cfg": cfg, "nodes": nodes, "edges": {e: {"score": 0.0, "in_graph": True} for e in good}}
+    assert len(read_mib(doc)[2]) == 8
+    for bad, match in (
+        ("a0.h0->input", "does not read"),
+        ("m0->a0.h0<q>", "not upstream"),
+        ("a0.h0->m0<q>", "does not"),
+    ):
+        broken = {**doc, "edges": {**doc["edges"], bad: {"score": 0.0, "in_graph": False}}}
+        with pytest.raises(ValueError, match=match):
+            read_mib(broken)
+    with pytest.raises(ValueError, match="has 8 edges; got 7"):
+        read_mib({**doc, "edges": dict(list(doc["edges"].items())[:7])})
 
 
 @pytest.mark.parametrize("budget", ["1.5", "-0.1"])
