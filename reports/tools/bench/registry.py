@@ -48,6 +48,10 @@ path                            what runs
 ``patch_one_forward_per_head``  the naive way: the clean and corrupted runs, then one full
                                 forward of the batch per head with that head patched (measured,
                                 not estimated: ``n_heads`` forwards)
+``eap_ig``                      EAP-IG edge scores (5 steps) of every edge of the model's graph on
+                                the patching batch (:mod:`~headscope.analyses.circuits.edges`)
+``eap_ig_forward_backward``     its price: 6 forward + backward passes of the model's own forward,
+                                same batch, the backward reaching every head's ``z``
 ``weights_heads``               per-head circuits from the weights alone (OV copying, OV/QK norms,
                                 QK positional share, Gaussian baselines), read lazily
 ``weights_composition``         Q/K/V composition of every pair of heads with the Gaussian nulls
@@ -64,6 +68,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from headscope.reports.tools.bench import capture_paths as cap
+from headscope.reports.tools.bench import circuit_paths as circ
 from headscope.reports.tools.bench import patching_paths as patch
 from headscope.reports.tools.bench import pruning_paths as prune
 from headscope.reports.tools.bench import weights_paths as wts
@@ -122,6 +127,10 @@ PATHS: dict[str, BenchPath] = {
     ),
     "patch_one_forward_per_head": BenchPath(
         "activation patching, one full forward per head (naive)", patch.patch_one_forward_per_head
+    ),
+    "eap_ig": BenchPath("EAP-IG (5 steps) scores of every edge, the patching batch", circ.eap_ig),
+    "eap_ig_forward_backward": BenchPath(
+        "6 x forward + backward of the same batch (EAP-IG's price)", circ.eap_ig_forward_backward
     ),
     "weights_heads": BenchPath("per-head circuits from the weights (copying, norms, baselines)", wts.weights_heads),
     "weights_composition": BenchPath("composition of every pair of heads from the weights", wts.weights_composition),

@@ -114,6 +114,14 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         False,
         "time ratio; every head, the same batch, both with the clean/corrupted runs and statistics",
     ),
+    RatioTarget(
+        "EAP-IG(5) / 6 x (forward+backward) <= 1.3",
+        "eap_ig",
+        "eap_ig_forward_backward",
+        1.3,
+        False,
+        "time ratio; every edge's score against (steps + 1) forward + backward passes of the same batch (#42)",
+    ),
 )
 
 SECONDS_TARGETS: tuple[SecondsTarget, ...] = (
