@@ -48,6 +48,24 @@ class CircuitsStage(Stage[CircuitsConfig]):
         },
     }
 
+    def config(self, ctx: RunContext, given: CircuitsConfig | None = None) -> CircuitsConfig:
+        """The given settings, else the quick ones; ``--full``: MIB's ten budgets, 16 items, 5 random circuits."""
+        if given is not None:
+            return given
+        if not ctx.full:
+            return CircuitsConfig(seed=ctx.seed)
+        from headscope.analyses.circuits.edges.graph import MIB_BUDGETS
+
+        return CircuitsConfig(seed=ctx.seed, n_items=16, budgets=MIB_BUDGETS, seeds=5)
+
+    def leaves_out(self, ctx: RunContext, cfg: CircuitsConfig) -> list[str]:
+        if ctx.full or cfg != CircuitsConfig(seed=ctx.seed):
+            return []
+        return [
+            f"circuits: {cfg.n_items} items, {len(cfg.budgets)} of MIB's 10 budgets, {cfg.seeds} random circuits each "
+            "(--full: 16 items, all 10 budgets, 5 random circuits)"
+        ]
+
     def blocker(self, ctx: RunContext, cfg: CircuitsConfig) -> str | None:
         from headscope.probes.errors import ModelIncompatibleError
         from headscope.probes.models.inhouse.edge_forward import check_graph_model

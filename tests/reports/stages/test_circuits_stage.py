@@ -95,3 +95,20 @@ def test_the_plan_sizes_one_gradient_per_receiver_input():
     per_item = (EDGE_PER_SENDER * 301 + EDGE_PER_RECEIVER * 481) * 19 * 576 * 4  # SmolLM2: 301 senders, 481 receivers
     assert scores.cache_per_row == per_item and scores.grad
     assert evaluation.cache_per_row == (2 * 301 + 9 + 6 + 1) * 19 * 576 * 4 and not evaluation.grad
+
+
+def test_quick_settings_say_what_full_adds():
+    from headscope.analyses.circuits.edges.graph import MIB_BUDGETS
+
+    stage = STAGES["circuits"]
+    quick = stage.config(RunContext(name="m", seed=3))
+    assert quick == CircuitsConfig(seed=3) and len(quick.budgets) == 6 and quick.n_items == 8
+    assert stage.leaves_out(RunContext(name="m", seed=3), quick) == [
+        "circuits: 8 items, 6 of MIB's 10 budgets, 3 random circuits each "
+        "(--full: 16 items, all 10 budgets, 5 random circuits)"
+    ]
+    full = stage.config(RunContext(name="m", full=True))
+    assert full.budgets == MIB_BUDGETS and full.n_items == 16 and full.seeds == 5
+    assert stage.leaves_out(RunContext(name="m", full=True), full) == []
+    with pytest.raises(ValueError, match="budget"):
+        CircuitsConfig(budgets=(0.1, 1.5))
