@@ -8,6 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
+.PHONY: circuit-ranks circuit-variants
 .PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate circuits eap-reference lint gpu-check gpu-wheels
 
 bootstrap:
@@ -118,6 +119,17 @@ circuits: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures --task induction
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures --task ioi
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuits_figures --task greater_than --n-items 8
+
+# EAP-IG scores of SmolLM2-135M's induction edges (8 items, 5 steps) against the exact single-edge effects of the top 200
+# (~10 min of two cores) into data/figures/circuits_smollm2_ranks.json; docs/guide/circuits.md quotes it
+# (tests/analyses/circuits/edges/test_circuit_ranks.py)
+circuit-ranks: bootstrap
+	OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuit_ranks
+
+# SmolLM2-135M's induction faithfulness with the edges ranked by signed score and scored with 20 steps, beside
+# |score| at 5 steps (8 items, budgets 0.02-0.5) into data/figures/circuits_smollm2_variants.json (not yet run)
+circuit-variants: bootstrap
+	OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuit_variants
 
 # The EAP-IG reference implementation's EAP and EAP-IG edge scores (github.com/hannamw/EAP-IG at 795f5607, vendored,
 # on transformer-lens's bridge) for a random 2-layer GPT-2 (~20 s) into data/figures/eap_reference.json
