@@ -109,6 +109,21 @@ def ioi_rows(names, places, objects, *, n_items: int = 16, seed: int = 0) -> lis
     return rows
 
 
+def ioi_words(model) -> tuple[list[str], list[str], list[str]]:
+    """``(names, places, objects)`` that ``model``'s tokenizer writes as single tokens (with the leading
+    space); ``ValueError`` (the task's one-line refusal) when fewer than :data:`MIN_NAMES` names, or no
+    place or object, are."""
+    tok = model.tokenizer
+    names = single_token_words(tok, NAMES)
+    places, objects = single_token_words(tok, PLACES), single_token_words(tok, OBJECTS)
+    if len(names) < MIN_NAMES or not places or not objects:
+        raise ValueError(
+            f"task ioi: {model.spec.name!r}'s tokenizer has {len(names)} of {len(NAMES)} names as single tokens "
+            f"(needs {MIN_NAMES}), {len(places)} places and {len(objects)} objects (needs 1 each)"
+        )
+    return names, places, objects
+
+
 def ioi_task(model, *, n_items: int = 16, seed: int = 0) -> Task:
     """The IOI task for ``model`` (a decoder): :func:`ioi_rows` of the single-token names,
     places and objects (:func:`single_token_words`), tokenised by
@@ -119,14 +134,7 @@ def ioi_task(model, *, n_items: int = 16, seed: int = 0) -> Task:
     from headscope.analyses.patching.tasks import check_decoder
 
     check_decoder(model)
-    tok = model.tokenizer
-    names = single_token_words(tok, NAMES)
-    places, objects = single_token_words(tok, PLACES), single_token_words(tok, OBJECTS)
-    if len(names) < MIN_NAMES or not places or not objects:
-        raise ValueError(
-            f"task ioi: {model.spec.name!r}'s tokenizer has {len(names)} of {len(NAMES)} names as single tokens "
-            f"(needs {MIN_NAMES}), {len(places)} places and {len(objects)} objects (needs 1 each)"
-        )
+    names, places, objects = ioi_words(model)
     rows = ioi_rows(names, places, objects, n_items=n_items, seed=seed)
     source = (
         f"generated (seed={seed}; {len(TEMPLATES)} templates x {ORDERS}; {len(names)} single-token names, "

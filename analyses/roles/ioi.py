@@ -120,11 +120,23 @@ def probe_items(ctx: RoleContext) -> list:
         if not items or not all(isinstance(it, PairItem) and isinstance(it.wrong, int) for it in items):
             raise ValueError(f"{GROUP}: items must be a non-empty list of PairItem with a wrong token (IO and S)")
         return items
-    if _no_rows(ctx.model) is not None:
+    if _no_rows(ctx.model) is not None or _tokenizer_reason(ctx) is not None:
         return []
     from headscope.analyses.patching.tasks import load_task
 
     return list(load_task(ctx.model, "ioi", n_items=ctx.cfg.ioi_n_items, seed=ctx.cfg.seed).items)
+
+
+def _tokenizer_reason(ctx: RoleContext) -> str | None:
+    """Why the model's tokenizer cannot write the IOI task (too few names, places or objects that are
+    single tokens: the task's one-line refusal), or None: such a model gets no rows and a note."""
+    from headscope.analyses.patching.ioi import ioi_words
+
+    try:
+        ioi_words(ctx.model)
+    except ValueError as e:
+        return f"{GROUP}: {e}"
+    return None
 
 
 def _task(items):
@@ -265,7 +277,7 @@ def finish(reducer: IOIReducer, report, ctx: RoleContext) -> RoleOutput:
     """A filled reducer -> :class:`RoleOutput` (no rows, with the reason, for a model without them)."""
     why = _no_rows(ctx.model)
     if why is None and not ctx.items:
-        why = f"{GROUP}: no item"
+        why = (_tokenizer_reason(ctx) if "items" not in ctx.options else None) or f"{GROUP}: no item"
     if why is not None:
         return RoleOutput(frame=roles_frame([]), n_items=0, extra={"notes": [why]})
     v = reducer.result()
