@@ -166,7 +166,12 @@ def test_help_lists_the_registered_role_groups(capsys, monkeypatch):
     try:
         register(Role("toy-verdict", "text", "share", finish, finish))
         register(Role("toy-stats", "text", "none", finish, finish))
-        assert f"(default: all): {','.join(REGISTRY)}" in help_of("roles")
+        opt_in = ",".join(name for name, role in REGISTRY.items() if not role.default)
+        assert opt_in == "function-vector"  # minutes of CPU: run only when named
+        from headscope.analyses.roles.pipeline import check_roles
+
+        assert "function-vector" not in check_roles(None) and check_roles(["function-vector"]) == ("function-vector",)
+        assert f"(default: all but {opt_in}, which run only when named): {','.join(REGISTRY)}" in help_of("roles")
         assert ",toy-verdict,toy-stats" in help_of("roles")
         top = help_of()
         verdicts = [name for name, role in REGISTRY.items() if role.score_kind != "none"]
