@@ -13,8 +13,6 @@ A model the edge graph refuses (an encoder, another backend, post-norm) skips bo
 
 from __future__ import annotations
 
-import torch
-
 from headscope.reports.tools.bench import patching_paths as patch
 from headscope.reports.tools.bench.state import BenchState, PathSkipped, Prepared
 
@@ -51,26 +49,12 @@ def eap_ig(bench: BenchState) -> Prepared:
 
 
 def eap_ig_forward_backward(bench: BenchState) -> Prepared:
-    from headscope.analyses.patching.activation import readout
-
     model, task = _task(bench)
     ids = next(task.batches(len(task.items)))[0]  # the clean inputs, where EAP-IG's runs start
 
-    def forward_backward():
-        leaves = []
-
-        def leaf(z):  # z: [batch, head, pos, d_head] of one layer, made a leaf to take its gradient
-            z = z.detach().requires_grad_(True)
-            leaves.append(z)
-            return z
-
-        with torch.enable_grad(), model.head_hooks({l: leaf for l in range(model.spec.n_layers)}):
-            out = readout(model, ids).float()
-            torch.autograd.grad(out.logsumexp(-1).sum(), leaves)
-
     def one_pass():
         for _ in range(STEPS + 1):
-            forward_backward()
+            patch.forward_backward(model, ids)
 
     note = patch._note(bench, task) + f"; {STEPS + 1} x (forward + backward); gflop counted 2x forward each"
     return Prepared(one_pass, one_pass, patch._gflop(bench, task, 2 * (STEPS + 1)), note)

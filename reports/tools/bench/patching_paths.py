@@ -16,7 +16,14 @@ import torch
 from headscope.reports.tools.bench.counts import model_gflop
 from headscope.reports.tools.bench.state import BenchState, PathSkipped, Prepared
 
-__all__ = ["PATCHING", "patch_activation", "patch_attribution", "patch_forward_backward", "patch_one_forward_per_head"]
+__all__ = [
+    "PATCHING",
+    "forward_backward",
+    "patch_activation",
+    "patch_attribution",
+    "patch_forward_backward",
+    "patch_one_forward_per_head",
+]
 
 #: the patching paths' task and statistics: ``items`` induction items of ``seq_len`` tokens
 #: (twice, plus BOS) in one batch, denoising, the report's patching statistics
@@ -72,24 +79,30 @@ def patch_attribution(bench: BenchState) -> Prepared:
 
 
 def patch_forward_backward(bench: BenchState) -> Prepared:
-    from headscope.analyses.patching.activation import readout
-
     model, task, _ = _task(bench)
     ids = next(task.batches(len(task.items)))[1]  # the corrupted inputs, where attribution takes its gradient
 
     def one_pass():
-        leaves = []
-
-        def leaf(z):  # z: [batch, head, pos, d_head] of one layer, made a leaf to take its gradient
-            z = z.detach().requires_grad_(True)
-            leaves.append(z)
-            return z
-
-        with torch.enable_grad(), model.head_hooks({l: leaf for l in range(model.spec.n_layers)}):
-            out = readout(model, ids).float()
-            torch.autograd.grad(out.logsumexp(-1).sum(), leaves)
+        forward_backward(model, ids)
 
     return Prepared(one_pass, one_pass, _gflop(bench, task, 2), _note(bench, task) + "; gflop counted 2x forward")
+
+
+def forward_backward(model, ids) -> None:
+    """One forward of ``ids`` and one backward reaching every head's output ``z`` (each layer's
+    ``z`` made a leaf): the price attribution patching and EAP-IG are held against."""
+    from headscope.analyses.patching.activation import readout
+
+    leaves = []
+
+    def leaf(z):  # z: [batch, head, pos, d_head] of one layer, made a leaf to take its gradient
+        z = z.detach().requires_grad_(True)
+        leaves.append(z)
+        return z
+
+    with torch.enable_grad(), model.head_hooks({l: leaf for l in range(model.spec.n_layers)}):
+        out = readout(model, ids).float()
+        torch.autograd.grad(out.logsumexp(-1).sum(), leaves)
 
 
 def patch_activation(bench: BenchState) -> Prepared:

@@ -11,6 +11,7 @@ one core) writes ``data/figures/hf_lazy_weights.json``; docs/guide/weights.md qu
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 OUT = Path(__file__).resolve().parents[3] / "data" / "figures" / "hf_lazy_weights.json"
 #: the measured checkpoint: OLMo 2 (not in-house: QK-norm, post-norms), 24 layers
@@ -144,12 +147,14 @@ def figures(got: dict, shape: dict = SHAPE) -> dict:
 
 
 def main(argv=None) -> int:
+    logging.basicConfig(format="%(message)s")  # others' records as before: warnings and up
+    log.setLevel(logging.INFO)  # this script's own lines
     with tempfile.TemporaryDirectory(prefix="headscope-hf-lazy-") as tmp:
         folder = write_random_hf_checkpoint(Path(tmp) / "ckpt", "olmo2", shard_bytes=8 << 20, vocab_size=VOCAB, **SHAPE)
         doc = figures(measure_peak(folder))
     OUT.write_text(json.dumps(doc, indent=1) + "\n")
-    print(json.dumps(doc["figures"]), file=sys.stderr)
-    print(f"wrote {OUT}", file=sys.stderr)
+    log.info("%s", json.dumps(doc["figures"]))
+    log.info("wrote %s", OUT)
     return 0
 
 
