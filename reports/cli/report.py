@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub) -> None:
@@ -14,7 +15,19 @@ def register(sub) -> None:
     from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, add_ray, seed
 
     p = sub.add_parser("report", help="what every head does and what pruning costs: HTML + Markdown + tables")
-    p.add_argument("model", nargs="?", default=None, help="shipped name, directory or .gguf (default: minilm-l6)")
+    p.add_argument(
+        "model",
+        nargs="*",
+        default=None,
+        help="shipped name, directory or .gguf (default: minilm-l6); several checkpoints, or a folder of "
+        "checkpoint-<step> folders, run one report each and write a comparison (docs: guide/checkpoints)",
+    )
+    p.add_argument(
+        "--checkpoints",
+        default=None,
+        metavar="FILE",
+        help="a text file of checkpoints, one path a line: one report each and a comparison across them",
+    )
     p.add_argument("--model", dest="model_opt", default=None, metavar="NAME", help="same as the positional MODEL")
     add_backend(p)
     add_dtype(p)
@@ -73,11 +86,22 @@ def stage_selection(args) -> dict:
 
 
 def model_name(args) -> str:
-    if args.model and args.model_opt and args.model != args.model_opt:
+    given = args.model[0] if isinstance(args.model, list) and args.model else args.model or None
+    if given and args.model_opt and given != args.model_opt:
         raise ValueError(
-            f"MODEL given twice with different values ({args.model!r} and --model {args.model_opt!r}); give one"
+            f"MODEL given twice with different values ({given!r} and --model {args.model_opt!r}); give one"
         )
-    return args.model or args.model_opt or "minilm-l6"
+    return given or args.model_opt or "minilm-l6"
+
+
+def _many(args) -> bool:
+    """Whether the arguments name several checkpoints (or a list file, or a folder of checkpoint-<step> folders)."""
+    from pathlib import Path
+
+    from headscope.reports.checkpoint_inputs import step_folders
+
+    models = args.model if isinstance(args.model, list) else [m for m in [args.model] if m]
+    return args.checkpoints is not None or len(models) > 1 or (len(models) == 1 and bool(step_folders(Path(models[0]))))
 
 
 def run(args) -> int:
@@ -87,7 +111,8 @@ def run(args) -> int:
     from headscope.reports.pipeline import build_report
     from headscope.reports.stages.config import RunConfig
 
-    name = model_name(args)
+    many = _many(args)
+    name = None if many else model_name(args)
     config = RunConfig(
         backend=args.backend,
         full=args.full,
@@ -99,6 +124,8 @@ def run(args) -> int:
         device_map=args.device_map,
         ray=ray_config(args),
     )
+    if many:
+        return run_checkpoints(args, config)
     with StageProgress(quiet=args.quiet or args.json) as progress:
         result = build_report(
             name,
@@ -113,3 +140,41 @@ def run(args) -> int:
     elif not args.quiet:
         print_summary(result.summary)
     return 0
+
+
+def run_checkpoints(args, config) -> int:
+    """``headscope report CKPT1 CKPT2 …``: every checkpoint checked before any job runs (one line,
+    exit 2), one report each under ``--out``, the comparison beside them; exit 1 when a report failed."""
+    import json
+
+    from headscope.reports.checkpoint_inputs import read_checkpoints
+    from headscope.reports.checkpoint_report import check_out, compare_checkpoints, summary_lines
+
+    if args.model_opt:
+        raise ValueError("--model names one model; give the checkpoints as arguments or with --checkpoints")
+    checkpoints = read_checkpoints(args.model or [], args.checkpoints)
+    out = args.out or "runs/report-checkpoints"
+    check_out(out, checkpoints)
+    quiet = args.quiet or args.json
+    result = compare_checkpoints(
+        checkpoints, config, out, ray=config.ray, notice=None if quiet else lambda line: print(line, flush=True)
+    )
+    if args.json:
+        runs = result.frames["checkpoint_runs"]
+        json.dump(
+            {
+                "out_dir": str(result.paths["out_dir"]),
+                "comparison": str(result.paths["html"]),
+                "checkpoints": runs.astype(object).where(runs.notna(), None).to_dict("records"),
+                "failed": len(result.failed),
+                "notes": result.notes,
+            },
+            sys.stdout,
+            indent=2,
+            default=str,
+        )
+        sys.stdout.write("\n")
+    elif not args.quiet:
+        for line in summary_lines(result):
+            print(line)
+    return 1 if result.failed else 0
