@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
 from headscope.reports.diff import IMPORTANCE_CHANGE_COLUMNS, ROLE_CHANGE_COLUMNS, compare, role_key
@@ -209,8 +208,8 @@ def emergence(heads: pd.DataFrame) -> pd.DataFrame:
 
 
 def changed_roles(heads: pd.DataFrame, k: int = 8) -> list[str]:
-    """The roles to draw: those whose share of heads changes most across checkpoints (at most ``k``),
-    roles held by some head first."""
+    """The roles to draw: those some head holds in some checkpoint, the ones whose share of heads
+    changes most across checkpoints first (at most ``k``)."""
     if heads.empty:
         return []
     share = heads.groupby(["role", "checkpoint"], sort=False)["verdict"].mean().unstack()
@@ -219,4 +218,4 @@ def changed_roles(heads: pd.DataFrame, k: int = 8) -> list[str]:
     order = pd.DataFrame({"spread": spread, "held": held}).sort_values(
         ["held", "spread"], ascending=[False, False], kind="stable"
     )
-    return [r for r in order.index[:k] if np.isfinite(order.loc[r, "spread"])]
+    return list(order.index[order["held"]][:k])

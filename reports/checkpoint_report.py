@@ -27,7 +27,7 @@ from headscope.reports import checkpoint_compare as C
 from headscope.reports.checkpoint_inputs import Checkpoint
 from headscope.reports.document import Document, Figure, Note, Paragraph, Section, Table, counted
 
-__all__ = ["CheckpointsResult", "check_out", "compare_checkpoints", "summary_lines"]
+__all__ = ["CheckpointsResult", "check_out", "compare_checkpoints", "compare_results", "summary_lines"]
 
 MANIFEST = "comparison.json"
 KIND = {"kind": "checkpoints", "format": 1}
@@ -94,6 +94,12 @@ def compare_checkpoints(
 
     out = check_out(out, checkpoints)
     results = run_jobs(checkpoints, config, out, ray=ray, notice=notice)
+    return compare_results(checkpoints, results, out, top=top)
+
+
+def compare_results(checkpoints: list[Checkpoint], results, out, *, top: int = 3) -> CheckpointsResult:
+    """The comparison of the jobs' ``results`` (their report folders under ``out``), written into ``out``."""
+    out = Path(out)
     runs, failed = C.read_runs(results)
     heads = C.head_table(checkpoints, runs)
     rc, ic, notes = C.pair_changes(checkpoints, runs, top=top)
@@ -169,13 +175,15 @@ def emergence_figure(em: pd.DataFrame, roles: list[str], axis: list[tuple[str, s
         for ax in list(axes.flat)[len(roles) :]:
             ax.axis("off")
         sm = plt.cm.ScalarMappable(cmap="Blues", norm=plt.Normalize(0, 1))
+        fig.subplots_adjust(hspace=0.7, wspace=0.5)
         fig.colorbar(sm, ax=axes.ravel().tolist(), shrink=0.6, label="share of the layer's heads holding the role")
         fig.suptitle("How roles emerge over training: heads holding each role, per layer and step")
     return fig
 
 
 def importance_figure(heads: pd.DataFrame, axis: list[tuple[str, str]]):
-    """Per head matched by position (rows ``L<l>H<h>``) × checkpoint: the head's importance."""
+    """One layer × head heatmap per checkpoint matched by position (the reference's size): each
+    head's importance, on one colour scale, panels in step order."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -185,18 +193,33 @@ def importance_figure(heads: pd.DataFrame, axis: list[tuple[str, str]]):
     if d.empty:
         return None
     d = d.drop_duplicates(["checkpoint", "layer", "head"])
-    mat = d.pivot_table(index=["layer", "head"], columns="checkpoint", values="importance")
-    mat = mat.reindex(columns=[a for a, _ in axis if a in set(d["checkpoint"])])
-    mat.index = [f"L{int(layer)}H{int(head)}" for layer, head in mat.index]
+    shown = [(a, t) for a, t in axis if a in set(d["checkpoint"])]
+    n_layers, n_heads = int(d["n_layers"].iloc[0]), int(d["n_heads"].iloc[0])
+    vmax = max(float(d["importance"].max()), 1e-12)
+    cols = min(4, len(shown))
+    rows = math.ceil(len(shown) / cols)
     with F.theme():
-        fig, ax = plt.subplots(figsize=(2.4 + 0.5 * mat.shape[1], 1.0 + 0.13 * mat.shape[0]))
-        sns.heatmap(mat, ax=ax, cmap="magma_r", cbar_kws={"label": str(d["importance_metric"].iloc[0])})
-        ticks = dict(axis)
-        ax.set_xticks([i + 0.5 for i in range(mat.shape[1])], [ticks[c] for c in mat.columns], rotation=90)
-        ax.set_yticks([i + 0.5 for i in range(mat.shape[0])], list(mat.index), fontsize=4)
-        ax.set_xlabel("step")
-        ax.set_ylabel("head")
-        ax.set_title("Importance per head by step (heads matched by position)", fontsize=9)
+        fig, axes = plt.subplots(
+            rows,
+            cols,
+            figsize=(1.2 + (0.25 * n_heads + 0.6) * cols, 0.8 + (0.28 * n_layers + 0.9) * rows),
+            squeeze=False,
+        )
+        for ax, (label, tick) in zip(axes.flat, shown):
+            mat = d[d["checkpoint"] == label].pivot_table(index="layer", columns="head", values="importance")
+            mat = mat.reindex(index=range(n_layers), columns=range(n_heads))
+            sns.heatmap(mat, ax=ax, cmap="magma_r", vmin=0, vmax=vmax, square=True, cbar=False)
+            for layer, head in zip(*(mat.to_numpy() == 0).nonzero()):  # removing it changes nothing
+                ax.text(head + 0.5, layer + 0.5, "×", ha="center", va="center", fontsize=8, color="black")
+            ax.tick_params(length=0, labelsize=6, labelrotation=0)
+            ax.set_xlabel("head", fontsize=7)
+            ax.set_ylabel("layer", fontsize=7)
+            ax.set_title(f"step {tick}" if tick != label else label, fontsize=8)
+        for ax in list(axes.flat)[len(shown) :]:
+            ax.axis("off")
+        sm = plt.cm.ScalarMappable(cmap="magma_r", norm=plt.Normalize(0, vmax))
+        fig.colorbar(sm, ax=axes.ravel().tolist(), shrink=0.6, label=str(d["importance_metric"].iloc[0]))
+        fig.suptitle("Importance per head by step (heads matched by position; ×: importance 0)")
     return fig
 
 
@@ -266,7 +289,8 @@ def build_section(frames, checkpoints, runs, failed: dict[str, str], notes: list
             if not rc.empty:
                 blocks.append(Table("role_counts", rc, "Heads holding each role, per checkpoint."))
     ic = frames["checkpoint_importance_changes"]
-    moved = ic[ic["delta"].notna() & (ic["delta"] != 0)] if not ic.empty else ic
+    per_head = ic["metric"].astype(str).str.startswith(tuple(p for _, p in C.IMPORTANCE_SOURCES))
+    moved = ic[per_head & ic["delta"].notna() & (ic["delta"] != 0)] if not ic.empty else ic
     if not moved.empty:
         top = moved.reindex(moved["delta"].abs().sort_values(ascending=False, kind="stable").index).head(10)
         blocks.append(
@@ -286,7 +310,7 @@ _EMERGENCE_CAPTION = (
 )
 _IMPORTANCE_CAPTION = (
     "Each head's importance (how far removing it alone moves the report's metric) per checkpoint, "
-    "for the checkpoints of the reference's size; a head whose importance falls to 0 no longer contributes."
+    "for the checkpoints of the reference's size; × marks a head whose importance is 0: removing it changes nothing."
 )
 
 
