@@ -163,3 +163,10 @@ lint: bootstrap
 .PHONY: ioi-roles
 ioi-roles: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.ioi_figures
+
+# The example of docs/guide/checkpoints.md: headscope report on two MiniLM checkpoints (one with two heads' W_O
+# zeroed) and a random model of another size (~4 min on one core) into data/figures/checkpoints_minilm.json and
+# docs/_static/checkpoints_*.png; tests/reports/test_checkpoints.py checks the page quotes it
+.PHONY: checkpoints
+checkpoints: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.checkpoint_figures

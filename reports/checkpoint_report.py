@@ -224,11 +224,12 @@ def importance_figure(heads: pd.DataFrame, axis: list[tuple[str, str]]):
 
 
 def role_counts(heads: pd.DataFrame, axis) -> pd.DataFrame:
-    """Heads holding each role (rows) per checkpoint (columns, in order)."""
+    """Heads holding each role (rows: the roles some head holds somewhere) per checkpoint (columns, in order)."""
     if heads.empty:
         return pd.DataFrame()
     c = heads.groupby(["role", "checkpoint"], sort=True)["verdict"].sum().unstack(fill_value=0).astype(int)
-    return c.reindex(columns=[a for a, _ in axis]).reset_index()
+    c = c.reindex(columns=[a for a, _ in axis], fill_value=0)
+    return c[c.sum(axis=1) > 0].reset_index()
 
 
 def _matching_text(heads: pd.DataFrame, runs, ref: str | None) -> str:
@@ -287,7 +288,9 @@ def build_section(frames, checkpoints, runs, failed: dict[str, str], notes: list
         if name == "role_emergence":
             rc = role_counts(heads, axis)
             if not rc.empty:
-                blocks.append(Table("role_counts", rc, "Heads holding each role, per checkpoint."))
+                blocks.append(
+                    Table("role_counts", rc, "Heads holding each role, per checkpoint (roles no head holds left out).")
+                )
     ic = frames["checkpoint_importance_changes"]
     per_head = ic["metric"].astype(str).str.startswith(tuple(p for _, p in C.IMPORTANCE_SOURCES))
     moved = ic[per_head & ic["delta"].notna() & (ic["delta"] != 0)] if not ic.empty else ic

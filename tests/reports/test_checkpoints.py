@@ -11,45 +11,29 @@ report fails, the others run). One command runs them all, with small stage setti
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
+from headscope.data import path
 from headscope.reports import checkpoint_report
 from headscope.reports.checkpoint_inputs import read_checkpoints, step_of, unique_labels
 from headscope.reports.cli.app import main
+from headscope.reports.tools.experiments.checkpoint_figures import PLANTED, write_example_checkpoints
 
-PLANTED = [(1, 3), (4, 7)]  # heads whose W_O is zeroed in checkpoint-200
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "checkpoints.md"
 
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
     """``root/out/checkpoint-{100,200}`` (MiniLM, and MiniLM with :data:`PLANTED` silenced),
-    ``root/tiny`` (random 3 × 4 BERT) and ``root/broken`` (a corrupt weights file)."""
-    from transformers import AutoModel, AutoTokenizer, BertConfig, BertModel
-
-    from headscope.probes.models.checkpoints import resolve
-
-    root = tmp_path_factory.mktemp("ckpts")
-    src = resolve("minilm-l6").path
-    model, tok = AutoModel.from_pretrained(src), AutoTokenizer.from_pretrained(src)
-    for step in (100, 200):
-        if step == 200:
-            d = model.config.hidden_size // model.config.num_attention_heads
-            with torch.no_grad():
-                for layer, head in PLANTED:
-                    model.encoder.layer[layer].attention.output.dense.weight[:, head * d : (head + 1) * d] = 0
-        model.save_pretrained(root / "out" / f"checkpoint-{step}")
-        tok.save_pretrained(root / "out" / f"checkpoint-{step}")
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=tok.vocab_size, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
-    BertModel(cfg).save_pretrained(root / "tiny")
-    tok.save_pretrained(root / "tiny")
-    (root / "broken").mkdir()
-    (root / "broken" / "config.json").write_text((root / "tiny" / "config.json").read_text())
-    tok.save_pretrained(root / "broken")
+    ``root/tiny`` (random 3 × 4 BERT) and ``root/broken`` (a corrupt weights file): the docs'
+    example checkpoints (:func:`write_example_checkpoints`) and one that cannot load."""
+    root = write_example_checkpoints(tmp_path_factory.mktemp("ckpts"))
+    shutil.copytree(root / "tiny", root / "broken")
     (root / "broken" / "model.safetensors").write_bytes(b"\x00" * 64)
     return root
 
@@ -213,3 +197,37 @@ def test_checkpoint_lists_and_step_folders(ckpts, tmp_path):
     (tmp_path / "none.txt").write_text("# nothing yet\n")
     with pytest.raises(ValueError, match="lists no checkpoint"):
         read_checkpoints([], tmp_path / "none.txt")
+
+
+def test_the_docs_quote_the_regenerated_example():
+    """docs/guide/checkpoints.md quotes data/figures/checkpoints_minilm.json (make checkpoints), and
+    the planted difference holds in it: the zeroed heads' importance is 0 at step 200 only."""
+    doc = json.loads(path("figures/checkpoints_minilm.json").read_text(encoding="utf-8"))
+    page = GUIDE.read_text(encoding="utf-8")
+    figs = {f"{g}.{n}": f for g, group in doc["figures"].items() for n, f in group.items()}
+    missing = {n: figs[n]["text"] for n in doc["quoted"] if figs[n]["text"] not in page}
+    assert not missing, f"docs/guide/checkpoints.md lacks (run make checkpoints): {missing}"
+    for layer, head in PLANTED:
+        before, after = figs[f"planted.L{layer}H{head}"]["value"]
+        assert before > 1e-4 and after == 0.0
+    assert figs["roles.upstream"]["value"] == 0.0 and figs["matching.tiny"]["value"] == {"0": 1, "1": 3, "2": 5}
+
+
+@pytest.mark.slow  # a local Ray cluster: ~40 s on a loaded 2-core machine
+def test_on_ray_the_jobs_write_what_they_write_in_one_process(ckpts, tmp_path):
+    """Two checkpoints and a broken one as Ray tasks on two workers: the same tables as one
+    process, the broken one counted."""
+    pytest.importorskip("ray")
+    from headscope.analyses.roles.pipeline import default_text
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.sharded import RayConfig
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:24]), encoding="utf-8")
+    cks = read_checkpoints([str(ckpts / "tiny"), str(ckpts / "broken")])
+    cfg = _small(RunConfig(only=("roles", "pruning")), text)
+    one = checkpoint_report.compare_checkpoints(cks, cfg, tmp_path / "one")
+    ray = checkpoint_report.compare_checkpoints(cks, cfg, tmp_path / "ray", ray=RayConfig(workers=2))
+    assert one.failed.keys() == ray.failed.keys() == {"broken"}
+    for name in ("checkpoint_heads", "role_emergence"):
+        assert ray.frames[name].equals(one.frames[name]), name
