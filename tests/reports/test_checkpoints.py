@@ -39,7 +39,7 @@ def ckpts(tmp_path_factory):
 
 
 def _small(config, text):
-    """The report's stages made small: the positional roles on 24 lines, single-head zero ablation on 6 items."""
+    """The report's stages made small: the positional roles on 12 lines, single-head zero ablation on 4 items."""
     from headscope.analyses.pruning.study import PruneConfig
     from headscope.analyses.roles.config import RolesConfig
 
@@ -48,7 +48,7 @@ def _small(config, text):
         role_groups=("positional",),
         role_inputs={"text": str(text)},
         roles_config=RolesConfig(n_boot=50, n_perm=100, n_perm_max=200),
-        prune_config=PruneConfig(quick=True, studies=("ablation",), ablation_modes=("zero",), n_items=6, n_boot=20),
+        prune_config=PruneConfig(quick=True, studies=("ablation",), ablation_modes=("zero",), n_items=4, n_boot=20),
     )
 
 
@@ -62,7 +62,7 @@ def compared(ckpts, tmp_path_factory):
     from headscope.analyses.roles.pipeline import default_text
 
     text = tmp_path_factory.mktemp("text") / "text.txt"
-    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:24]), encoding="utf-8")
+    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:12]), encoding="utf-8")
     out = ckpts / "compared"
     orig = checkpoint_report.compare_checkpoints
     mp = pytest.MonkeyPatch()
@@ -223,7 +223,7 @@ def test_on_ray_the_jobs_write_what_they_write_in_one_process(ckpts, tmp_path):
     from headscope.reports.stages.sharded import RayConfig
 
     text = tmp_path / "text.txt"
-    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:24]), encoding="utf-8")
+    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:12]), encoding="utf-8")
     cks = read_checkpoints([str(ckpts / "tiny"), str(ckpts / "broken")])
     cfg = _small(RunConfig(only=("roles", "pruning")), text)
     one = checkpoint_report.compare_checkpoints(cks, cfg, tmp_path / "one")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,8 +112,6 @@ def figures(out: Path, seconds: float) -> dict:
 
 
 def main() -> None:
-    from headscope.reports.cli.app import main as headscope
-
     with tempfile.TemporaryDirectory() as tmp:
         root = write_example_checkpoints(Path(tmp))
         out = root / "compared"
@@ -126,7 +126,7 @@ def main() -> None:
             "--out",
             str(out),
         ]
-        code = headscope(argv)
+        code = subprocess.run([sys.executable, "-m", "headscope.reports.cli", *argv], check=False).returncode
         seconds = time.perf_counter() - t0
         if code != 0:
             raise SystemExit(f"headscope {' '.join(argv)} exited {code}")
