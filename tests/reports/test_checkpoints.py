@@ -174,6 +174,27 @@ def test_a_foreign_out_folder_is_refused_before_any_job(ckpts, tmp_path, capsys)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
+def test_a_bad_line_in_a_checkpoint_list_is_named(ckpts, tmp_path, capsys):
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"{ckpts / 'tiny'}\n{ckpts / 'tiny' / 'config.json'}\n")
+    assert main(["report", "--checkpoints", str(listing), "--out", str(tmp_path / "never")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "config.json: a config file, not a checkpoint" in err
+    assert not (tmp_path / "never").exists()
+
+
+def test_a_rerun_may_replace_its_comparison_and_nothing_else(compared):
+    _, _, out = compared
+    cks = read_checkpoints([str(out.parent / "out"), str(out.parent / "tiny"), str(out.parent / "broken")])
+    assert checkpoint_report.check_out(out, cks) == out  # an earlier comparison and its reports: replaced
+    (out / "mine.txt").write_text("x")
+    try:
+        with pytest.raises(ValueError, match="mine.txt, which headscope did not write"):
+            checkpoint_report.check_out(out, cks)
+    finally:
+        (out / "mine.txt").unlink()
+
+
 def test_checkpoint_lists_and_step_folders(ckpts, tmp_path):
     for step in (1000, 20, 300):  # ordered by step number, not by name
         (tmp_path / "run" / f"checkpoint-{step}").mkdir(parents=True)
