@@ -70,6 +70,10 @@ class RolesConfig:
     # IOI roles (analyses.roles.ioi): items of the IOI task; S-inhibition heads by path patching (costly: opt-in)
     ioi_n_items: int = 32
     ioi_s_inhibition: bool = False
+    # function-vector heads (analyses.roles.function_vector): mean and scored prompts per task (Todd et al.'s
+    # statistics on more prompts: `headscope roles --fv-prompts 8`; each prompt costs ~2 re-runs of the last
+    # position per head: SmolLM2 ~2 s of one core)
+    fv_prompts: int = 5
     # running
     batch_size: int = 32
     #: query rows per pattern piece where the backend hands over Q and K (the pattern is never
@@ -113,6 +117,10 @@ class RolesConfig:
         if not isinstance(self.ioi_n_items, int) or isinstance(self.ioi_n_items, bool) or self.ioi_n_items < 1:
             raise ValueError(
                 f"The 'ioi_n_items' parameter of RolesConfig must be a positive int; got {self.ioi_n_items!r}."
+            )
+        if not isinstance(self.fv_prompts, int) or isinstance(self.fv_prompts, bool) or self.fv_prompts < 2:
+            raise ValueError(
+                f"The 'fv_prompts' parameter of RolesConfig must be an int >= 2; got {self.fv_prompts!r}."
             )
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")

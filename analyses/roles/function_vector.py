@@ -62,8 +62,8 @@ SCORE_KIND = "share"
 THRESHOLD = 0.05
 #: demonstrations per prompt (Todd et al.: 10)
 N_DEMOS = 10
-#: mean prompts and scored prompts per task (SmolLM2: ~2.5 s of one core per task and prompt pair)
-N_PROMPTS = 8
+#: rows (patched replicas × prompts) one re-run of the last position holds at most (its logits: rows × vocab)
+MAX_ROWS = 512
 #: the longest prompt's tokens the time estimate plans for (SmolLM2: 80-110 at 10 demonstrations)
 LONGEST = 128
 
@@ -92,9 +92,10 @@ def derangement(n: int, gen: torch.Generator) -> list[int]:
 
 
 def default_prompts(cfg) -> int:
-    """Prompts per task without the ``n_prompts`` option: :data:`N_PROMPTS`, fewer (at least 2) where
-    ``cfg.induction_n_sequences`` (the generated roles' sequences) shared by the tasks is smaller."""
-    return max(2, min(N_PROMPTS, cfg.induction_n_sequences // len(TASKS)))
+    """Prompts per task without the ``n_prompts`` option: ``cfg.fv_prompts`` (default 5; SmolLM2: ~2 s
+    of one core per prompt and its mean prompt), fewer (at least 2) where ``cfg.induction_n_sequences``
+    (the generated roles' sequences) shared by the tasks is smaller."""
+    return max(2, min(cfg.fv_prompts, cfg.induction_n_sequences // len(TASKS)))
 
 
 def _no_logits(model) -> str | None:
@@ -219,33 +220,74 @@ def task_means(model, prompts, chunk: int) -> tuple[torch.Tensor, torch.Tensor, 
     return z.sum(0), z, runs
 
 
-def patched_probs(model, run, answers: torch.Tensor, means: torch.Tensor, layers) -> torch.Tensor:
-    """``[b, layer, head]``: the answer's probability at the last position of the prompts of ``run``
-    with head ``h``'s ``z`` there set to ``means[b, layer, h]`` (``means [b, layer, head, d_head]``)."""
+def patched_probs(model, run, answers: torch.Tensor, sources, layers, max_rows: int = MAX_ROWS) -> torch.Tensor:
+    """``[source, b, layer, head]``: the answer's probability at the last position of the prompts of
+    ``run`` with head ``h``'s ``z`` there set to ``sources[s][b, layer, h]`` (each ``[b, layer, head,
+    d_head]``). One re-run of the last position per layer serves every source and head (one replica
+    each), at most ``max_rows`` rows (replicas × prompts) at a time."""
     from headscope.probes.models.inhouse.last_position import last_position_logits
 
-    b, n_h = len(answers), means.shape[2]
-    rows = torch.arange(b, device=answers.device).repeat(n_h)  # replica h: row h * b + i, item i with head h patched
-    heads = torch.arange(n_h, device=answers.device).repeat_interleave(b)
-    out = torch.zeros(b, len(layers), n_h)
-    for li, layer in enumerate(layers):
-        m = means[:, li].to(answers.device)  # [b, head, d_head]
+    dev = answers.device
+    k, b, n_h = len(sources), len(answers), sources[0].shape[2]
+    stacked = torch.stack([s.to(dev) for s in sources])  # [source, b, layer, head, d_head]
+    per_call = max(1, max_rows // b)  # replicas per re-run
+    out = torch.zeros(k * n_h, b, len(layers))  # replica r = s * n_h + h
+    for r0 in range(0, k * n_h, per_call):
+        reps = torch.arange(r0, min(r0 + per_call, k * n_h), device=dev)
+        rows = torch.arange(b, device=dev).repeat(len(reps))  # replica j: rows j * b + i, prompt i
+        src, heads = (reps // n_h).repeat_interleave(b), (reps % n_h).repeat_interleave(b)
+        for li, layer in enumerate(layers):
+            m = stacked[:, :, li]  # [source, b, head, d_head]
 
-        def z_fn(z, m=m):
-            z = z.clone()
-            z[torch.arange(len(rows)), heads] = m[rows, heads].to(z.dtype)
-            return z
+            def z_fn(z, m=m):
+                z = z.clone()
+                z[torch.arange(len(rows), device=dev), heads] = m[src, rows, heads].to(z.dtype)
+                return z
 
-        logits = last_position_logits(model.network, run, layer, z_fn, replicas=n_h)
-        out[:, li] = _prob(logits, answers[rows]).view(n_h, b).T.cpu()
-    return out
+            logits = last_position_logits(model.network, run, layer, z_fn, replicas=len(reps))
+            out[reps.cpu(), :, li] = _prob(logits, answers[rows]).view(len(reps), b).cpu()
+    return out.view(k, n_h, b, len(layers)).permute(0, 2, 3, 1)
+
+
+def task_groups(items: list[ICLItem], size: int) -> list[list[str]]:
+    """The tasks of ``items`` in order, in consecutive groups whose scored prompts together number at
+    most ``size`` (a task with more forms a group alone): one group's prompts are patched together."""
+    groups: list[list[str]] = []
+    n = 0
+    for task, k in Counter(it.task for it in items).items():
+        if not groups or n + k > size:
+            groups.append([])
+            n = 0
+        groups[-1].append(task)
+        n += k
+    return groups
+
+
+def _group_data(model, its: list[ICLItem], size: int):
+    """For the scored prompts ``its`` of some tasks: ``(mean [row, layer, head, d_head]`` (each row's
+    task mean over its mean prompts), ``control`` (the leave-one-out mean over the row's task's other
+    shuffled prompts), the in-context hits of the mean prompts ``[row]``, the shuffled prompts'
+    :class:`PrefixRun` s)."""
+    _, m_z, mean_runs = task_means(model, [list(it.mean_ids) for it in its], size)
+    icl_hit = torch.cat([r.logits.argmax(-1).cpu() for r in mean_runs]) == torch.tensor([it.mean_answer for it in its])
+    _, s_z, runs = task_means(model, [list(it.ids) for it in its], size)
+    mean, control = torch.empty_like(m_z), torch.empty_like(s_z)
+    for task in dict.fromkeys(it.task for it in its):
+        rows = [i for i, it in enumerate(its) if it.task == task]
+        if len(rows) < 2:
+            raise ValueError(f"{ROLE}: task {task!r} has {len(rows)} item; the control's mean needs at least 2")
+        mean[rows] = m_z[rows].mean(0)
+        control[rows] = (s_z[rows].sum(0)[None] - s_z[rows]) / (len(rows) - 1)
+    return mean, control, icl_hit, runs
 
 
 def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
-    """Per task: the mean prompts' and the scored prompts' forwards, then each layer's heads patched
-    at the scored prompts' last position (module docstring); one capture per ``cfg.batch_size``
-    scored prompts, holding ``("patched", layer)`` and ``("control", layer)`` ``[batch, head]``, and
-    ``("shuffled", None)``, ``("icl", None)``, ``("shuffled_hit", None)`` ``[batch]``."""
+    """Per group of tasks (:func:`task_groups`, ``cfg.batch_size`` scored prompts): the mean prompts'
+    and the scored prompts' forwards, then each layer's heads patched at the scored prompts' last
+    position with the task's mean output and with the control's, in one re-run per layer (module
+    docstring); one capture per ``cfg.batch_size`` scored prompts, holding ``("patched", layer)`` and
+    ``("control", layer)`` ``[batch, head]``, and ``("shuffled", None)``, ``("icl", None)``,
+    ``("shuffled_hit", None)`` ``[batch]``."""
     items, size = ctx.items, ctx.cfg.batch_size
     report = StreamReport(n_items=len(items), n_used=len(items), n_batches=0)
     report.real_tokens = sum(len(it.ids) + len(it.mean_ids) for it in items)
@@ -263,23 +305,14 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     layers = _layers(ctx)
     dev = ctx.model.device
     done = 0
-    for task in dict.fromkeys(it.task for it in items):
-        idx = [i for i, it in enumerate(items) if it.task == task]
+    for group in task_groups(items, size):
+        idx = [i for i, it in enumerate(items) if it.task in group]
         its = [items[i] for i in idx]
-        if len(its) < 2:
-            raise ValueError(f"{ROLE}: task {task!r} has {len(its)} item; the control's mean needs at least 2")
-        total, _, mean_runs = task_means(ctx.model, [list(it.mean_ids) for it in its], size)
-        icl_hit = torch.cat([r.logits.argmax(-1).cpu() for r in mean_runs]) == torch.tensor(
-            [it.mean_answer for it in its]
-        )
-        mean = total / len(its)  # [layer, head, d_head]
-        s_total, s_z, runs = task_means(ctx.model, [list(it.ids) for it in its], size)
+        mean, control, icl_hit, runs = _group_data(ctx.model, its, size)
         for c, run in enumerate(runs):
             lo, hi = c * size, min((c + 1) * size, len(its))
             answers = torch.tensor([it.answer for it in its[lo:hi]], device=dev)
-            control = (s_total[None] - s_z[lo:hi]) / (len(its) - 1)  # leave-one-out [b, layer, head, d_head]
-            patched = patched_probs(ctx.model, run, answers, mean[None].expand_as(control), layers)
-            ctrl = patched_probs(ctx.model, run, answers, control, layers)
+            patched, ctrl = patched_probs(ctx.model, run, answers, [mean[lo:hi], control[lo:hi]], layers)
             data = {("patched", l): patched[:, li] for li, l in enumerate(layers)}
             data.update({("control", l): ctrl[:, li] for li, l in enumerate(layers)})
             data[("shuffled", None)] = _prob(run.logits, answers).cpu()
@@ -405,7 +438,6 @@ ROLE_DEF = Role(
     feed=feed,
     options=("tasks", "template", "n_demos", "n_prompts", "layers", "items"),
     generated=_generated,
-    default=False,  # ~2 x 270 last-position re-runs per prompt on SmolLM2: minutes of CPU; asked by name
     description=(
         "function-vector heads (Todd et al. 2024): the head's mean output at the last position of clean "
         "in-context prompts of a task (antonyms, capitals, capitalisation, next letter, English-French, "

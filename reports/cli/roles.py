@@ -74,8 +74,9 @@ def register(sub) -> None:
     p.add_argument(
         "--roles",
         metavar="LIST",
-        help=f"comma-separated role groups to run (default: all but {','.join(opt_in)}, which run only when "
-        f"named): {','.join(REGISTRY)}",
+        help="comma-separated role groups to run (default: "
+        + (f"all but {','.join(opt_in)}, which run only when named" if opt_in else "all")
+        + f"): {','.join(REGISTRY)}",
     )
     p.add_argument("--out", type=out_argument, metavar="DIR", help="output folder (default: runs/roles-<model>)")
     p.add_argument(
@@ -120,6 +121,14 @@ def _add_group_flags(p) -> None:
         help="IOI roles: also find the S-inhibition heads by path patching into the name movers' queries "
         "(about one forward per head below the name movers per IOI item: minutes on a CPU)",
     )
+    p.add_argument(
+        "--fv-prompts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="function-vector heads: mean and scored prompts per task (default 5, at least 2; the study in the "
+        "roles guide uses 8; each costs about two re-runs of the last position per head)",
+    )
 
 
 def default_out(model: str) -> Path:
@@ -134,6 +143,8 @@ def _config(args):
     kw = {"seed": args.seed, "full_labels": args.full_labels, "correction": args.correction, "family": args.family}
     if getattr(args, "s_inhibition", False):
         kw["ioi_s_inhibition"] = True
+    if getattr(args, "fv_prompts", None) is not None:
+        kw["fv_prompts"] = args.fv_prompts
     if args.margin is not None:
         kw["margin"] = args.margin
     if args.batch_size is not None:

@@ -143,6 +143,16 @@ def test_cli_unknown_role_group(capsys):
     assert "unknown role group 'syntax'" in capsys.readouterr().err
 
 
+def test_fv_prompts_flag_reaches_the_config_and_fewer_than_two_are_refused(capsys):
+    from headscope.reports.cli.app import build_parser
+    from headscope.reports.cli.roles import _config
+
+    assert _config(build_parser().parse_args(["roles", "smollm2-135m", "--fv-prompts", "8"])).fv_prompts == 8
+    assert _config(build_parser().parse_args(["roles", "smollm2-135m"])).fv_prompts == 5
+    assert main(["roles", "smollm2-135m", "--fv-prompts", "1"]) == 2
+    assert "'fv_prompts' parameter of RolesConfig must be an int >= 2; got 1" in capsys.readouterr().err
+
+
 def test_default_out_dir():
     assert default_out("minilm-l6") == Path("runs/roles-minilm-l6")
     assert default_out("/models/SmolLM2 135M.gguf") == Path("runs/roles-SmolLM2_135M")
@@ -163,21 +173,24 @@ def test_help_lists_the_registered_role_groups(capsys, monkeypatch):
         return capsys.readouterr().out
 
     assert "positional,special,rare-word" in help_of("roles")
+    from headscope.analyses.roles.pipeline import check_roles
+
+    assert not [name for name, role in REGISTRY.items() if not role.default]  # every shipped group runs by default
+    assert "function-vector" in check_roles(None) and "(default: all): " in help_of("roles")
     try:
         register(Role("toy-verdict", "text", "share", finish, finish))
         register(Role("toy-stats", "text", "none", finish, finish))
-        opt_in = ",".join(name for name, role in REGISTRY.items() if not role.default)
-        assert opt_in == "function-vector"  # minutes of CPU: run only when named
-        from headscope.analyses.roles.pipeline import check_roles
-
-        assert "function-vector" not in check_roles(None) and check_roles(["function-vector"]) == ("function-vector",)
-        assert f"(default: all but {opt_in}, which run only when named): {','.join(REGISTRY)}" in help_of("roles")
-        assert ",toy-verdict,toy-stats" in help_of("roles")
+        register(Role("toy-costly", "text", "share", finish, finish, default=False))  # minutes of CPU: only when named
+        assert "toy-costly" not in check_roles(None) and check_roles(["toy-costly"]) == ("toy-costly",)
+        roles_help = help_of("roles")
+        assert f"(default: all but toy-costly, which run only when named): {','.join(REGISTRY)}" in roles_help
+        assert ",toy-verdict,toy-stats" in roles_help
         top = help_of()
         verdicts = [name for name, role in REGISTRY.items() if role.score_kind != "none"]
-        assert f"classify every head: {', '.join(verdicts)}" in top and verdicts[-1] == "toy-verdict"
+        assert f"classify every head: {', '.join(verdicts)}" in top and verdicts[-1] == "toy-costly"
         assert "toy-stats" not in top  # a group without verdicts classifies nothing
     finally:
         unregister("toy-verdict")
         unregister("toy-stats")
+        unregister("toy-costly")
     assert "toy-verdict" not in help_of("roles")

@@ -53,7 +53,8 @@ def check_network(network) -> Transformer:
 
 
 def prefix_run(network: Transformer, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PrefixRun:
-    """One forward of a right-padded batch, keeping what :func:`last_position_logits` reads."""
+    """One forward of a right-padded batch, keeping what :func:`last_position_logits` reads (the
+    unembedding computed at each row's last position only)."""
     check_network(network)
     n = len(network.blocks)
     rope = network.cfg.positional == "rope"
@@ -72,14 +73,19 @@ def prefix_run(network: Transformer, input_ids: torch.Tensor, attention_mask: to
             (b.attn.hook_v, keep(("v", l))),
             (b.attn.hook_z, keep(("z", l))),
         ]
-    with torch.inference_mode(), hooks(pairs):
-        logits = network(input_ids, attention_mask)
+    # the unembedding reads each row's last position only (the logits nobody reads are never computed)
+    handle = network.unembed.register_forward_pre_hook(lambda mod, args: (args[0][rows, last],))
+    try:
+        with torch.inference_mode(), hooks(pairs):
+            logits = network(input_ids, attention_mask)  # [batch, vocab]
+    finally:
+        handle.remove()
     return PrefixRun(
         keys=[got["k", l] for l in range(n)],
         values=[got["v", l] for l in range(n)],
         resid=[got["resid", l][rows, last] for l in range(n)],
         z_last=[got["z", l][rows, :, last] for l in range(n)],
-        logits=logits[rows, last].float(),
+        logits=logits.float(),
         last=last,
         attention_mask=attention_mask,
     )

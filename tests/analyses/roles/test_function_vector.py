@@ -10,7 +10,15 @@ import torch
 
 from headscope.analyses.roles.base import REGISTRY, RoleContext, register
 from headscope.analyses.roles.config import RolesConfig
-from headscope.analyses.roles.function_vector import ROLE_DEF, derangement, probe_items, task_table
+from headscope.analyses.roles.function_vector import (
+    ROLE_DEF,
+    _group_data,
+    derangement,
+    patched_probs,
+    probe_items,
+    task_groups,
+    task_table,
+)
 from headscope.analyses.roles.icl_tasks import TASKS, prompt_text, task_pairs
 from headscope.analyses.roles.pipeline import run_role
 from headscope.probes.models.inhouse.last_position import last_position_logits, prefix_run
@@ -84,6 +92,24 @@ def test_shuffled_prompts_keep_no_label_and_hold_out_the_scored_answers():
         assert (query, pair_of[query]) not in mean_pairs  # the held-out pair is in no mean prompt
     assert sorted(derangement(5, torch.Generator().manual_seed(1))) == list(range(5))
     assert all(i != p for i, p in enumerate(derangement(7, torch.Generator().manual_seed(2))))
+
+
+def test_patches_in_one_rerun_equal_patches_a_few_at_a_time_and_tasks_group_to_the_batch():
+    """The mean and control patches of every head go through one re-run per layer (replicas), split
+    into calls of at most ``max_rows`` rows: one row per call gives the same probabilities."""
+    model = writing_function_vector(planted_model(), PAIRS)
+    items = probe_items(RoleContext(model, CFG, options=OPTIONS))[:4]
+    mean, control, _, runs = _group_data(model, items, 4)
+    answers = torch.tensor([it.answer for it in items])
+    one = patched_probs(model, runs[0], answers, [mean, control], (0, 1))
+    many = patched_probs(model, runs[0], answers, [mean, control], (0, 1), max_rows=1)
+    assert one.shape == (2, 4, 2, 4)
+    torch.testing.assert_close(one, many, atol=1e-6, rtol=0)
+    assert (one[0, :, 1, 2] > 0.99).all() and (one[1, :, 1, 2] < 0.01).all()  # (1, 2): the mean brings it back
+    tasks = [it.task for it in items]
+    assert task_groups(items, 4) == [["next-noun"]] and tasks == ["next-noun"] * 4
+    fake = [type("I", (), {"task": t})() for t in "aaabbcccc"]
+    assert task_groups(fake, 5) == [["a", "b"], ["c"]] and task_groups(fake, 2) == [["a"], ["b"], ["c"]]
 
 
 def test_the_last_position_rerun_equals_the_full_forward(smollm):
