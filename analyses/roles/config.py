@@ -119,9 +119,7 @@ class RolesConfig:
                 f"The 'ioi_n_items' parameter of RolesConfig must be a positive int; got {self.ioi_n_items!r}."
             )
         if not isinstance(self.fv_prompts, int) or isinstance(self.fv_prompts, bool) or self.fv_prompts < 2:
-            raise ValueError(
-                f"The 'fv_prompts' parameter of RolesConfig must be an int >= 2; got {self.fv_prompts!r}."
-            )
+            raise ValueError(f"The 'fv_prompts' parameter of RolesConfig must be an int >= 2; got {self.fv_prompts!r}.")
         if self.n_boot < 1 or self.n_perm < 1 or self.batch_size < 1:
             raise ValueError("n_boot, n_perm and batch_size must be >= 1")
 

@@ -236,12 +236,13 @@ def patched_probs(model, run, answers: torch.Tensor, sources, layers, max_rows: 
         reps = torch.arange(r0, min(r0 + per_call, k * n_h), device=dev)
         rows = torch.arange(b, device=dev).repeat(len(reps))  # replica j: rows j * b + i, prompt i
         src, heads = (reps // n_h).repeat_interleave(b), (reps % n_h).repeat_interleave(b)
+        at = torch.arange(len(rows), device=dev)
         for li, layer in enumerate(layers):
-            m = stacked[:, :, li]  # [source, b, head, d_head]
+            new = stacked[:, :, li][src, rows, heads]  # [replica rows, d_head]
 
-            def z_fn(z, m=m):
+            def z_fn(z, new=new, at=at, heads=heads):
                 z = z.clone()
-                z[torch.arange(len(rows), device=dev), heads] = m[src, rows, heads].to(z.dtype)
+                z[at, heads] = new.to(z.dtype)
                 return z
 
             logits = last_position_logits(model.network, run, layer, z_fn, replicas=len(reps))
