@@ -12,6 +12,10 @@ scored positions (a shuffled sequence, so the successor is rarely the next token
 map the token, not predict the text). Baseline: a uniform pick among the set's members
 (``1 / members``). Verdict: score ``>= THRESHOLD`` and the adjusted p below ``cfg.alpha``.
 
+Rows ``successor:ov`` score the same from the weights (:mod:`.successor_ov`): per ordinal token with a
+successor, whether the head's effective OV circuit ``W_U W_OV MLP0(W_E)`` puts the successor first
+among the set's members (Gould et al.'s succession score), one item per token, the same baseline.
+
 The role reads the logits: an encoder (no unembedding) or a backend without per-head weights
 gives no rows, with a note saying why. Options: ``sets`` (``{name: [words in order]}``, default
 :data:`ORDINAL_SETS`), ``items`` (:class:`OrdinalItem` s to use instead). Sizes:
@@ -112,14 +116,10 @@ def probe_items(ctx: RoleContext) -> list[OrdinalItem]:
         return items
     if _no_logits(ctx.model) is not None:
         return []
+    from headscope.analyses.roles.successor_ov import chains as ordinal_chains
+
     tok, cfg = ctx.model.tokenizer, ctx.cfg
-    chains = []
-    for words in ctx.options.get("sets", ORDINAL_SETS).values():
-        ids = single_token_ids(tok, words)
-        succ = successor_map(ids)
-        members = tuple(dict.fromkeys(i for i in ids if i is not None))
-        if len(succ) >= 2 and len(members) >= 3:
-            chains.append((members, succ))
+    chains = ordinal_chains(tok, ctx.options.get("sets", ORDINAL_SETS))
     if not chains:
         raise ValueError("successor: no ordinal set has two consecutive pairs of single tokens in this tokenizer")
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -145,7 +145,15 @@ def probe_items(ctx: RoleContext) -> list[OrdinalItem]:
 
 
 def _no_logits(model) -> str | None:
-    if not model.spec.causal or getattr(model, "unembedding", None) is None:
+    """Why the model has no logits to read (None: it has). The unembedding's weights are what is read,
+    so an hf decoder whose rows cannot be unembedded alone still has them (its output embedding)."""
+    out = getattr(model, "unembedding", None)
+    if out is None and model.spec.causal and hasattr(model, "_output_embedding"):
+        try:
+            out = model._output_embedding()
+        except AttributeError:
+            out = None
+    if not model.spec.causal or out is None:
         return "successor: no unembedding (an encoder): successor heads are read through the logits"
     return None
 
@@ -231,7 +239,37 @@ def finish(reducer: SuccessorReducer, report, ctx: RoleContext) -> RoleOutput:
         threshold_kind="absolute",
         threshold=THRESHOLD,
     )
-    return RoleOutput(frame=roles_frame(rows), skipped=Counter(report.skipped), n_items=report.n_used, extra={})
+    notes: list[str] = []
+    rows += _ov_rows(ctx, layers, notes)
+    return RoleOutput(
+        frame=roles_frame(rows), skipped=Counter(report.skipped), n_items=report.n_used, extra={"notes": notes}
+    )
+
+
+def _ov_rows(ctx: RoleContext, layers, notes: list[str]) -> list[dict]:
+    """The ``successor:ov`` rows (:mod:`.successor_ov`: the effective OV circuit on the ordinal tokens),
+    or none with a note saying why."""
+    from headscope.analyses.roles import successor_ov as ov
+
+    if ctx.options.get("items") is not None:
+        chain_list = ov.chains_of_items(ctx.items)
+    else:
+        chain_list = ov.chains(ctx.model.tokenizer, ctx.options.get("sets", ORDINAL_SETS))
+    try:
+        hits, base, _ = ov.ov_hits(ctx.model, chain_list, layers)
+    except (ModelIncompatibleError, ValueError) as e:
+        notes.append(f"{ov.ROLE}: {str(e).strip().splitlines()[0]}")
+        return []
+    return layered_rows(
+        hits,
+        base,
+        layers,
+        role=ov.ROLE,
+        score_kind="hit",
+        cfg=ctx.cfg,
+        threshold_kind="absolute",
+        threshold=ov.THRESHOLD,
+    )
 
 
 def _reducer(ctx: RoleContext) -> SuccessorReducer:
@@ -251,7 +289,9 @@ ROLE_DEF = Role(
     description=(
         "successor heads (Gould et al. 2023): on shuffled members of ordinal sets (numbers, days, months, "
         "letters), the share of positions where the head's direct logits over the set's members put the "
-        "successor of the token there first, against a uniform pick among the members (1 / members). Options: "
+        "successor of the token there first, against a uniform pick among the members (1 / members); rows "
+        "successor:ov: the same from the weights, the effective OV circuit W_U W_OV MLP0(W_E) on each ordinal "
+        "token alone (Gould et al.'s score), one item per token. Options: "
         "sets ({name: [words in order]}), items (OrdinalItem sequences to use instead)."
     ),
 )

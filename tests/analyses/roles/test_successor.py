@@ -29,7 +29,8 @@ def successor_model():
 
 def test_the_planted_successor_head_is_found(successor_model):
     out = run_role("successor", successor_model, None, CFG, sets={"nouns": NOUNS})
-    f = out.frame.set_index(["layer", "head"])
+    assert set(out.frame.role) == {"successor", "successor:ov"}  # the weights' rows: test_successor_ov.py
+    f = out.frame[out.frame.role == "successor"].set_index(["layer", "head"])
     assert set(f.index[f.verdict]) == {(1, 2)}
     assert f.score[(1, 2)] == 1.0 and f.baseline[(1, 2)] == pytest.approx(1 / len(NOUNS))
     assert not any(f.verdict[h] for h in RANDOM_HEADS) and out.n_items == 16
