@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from headscope.analyses.roles.icl_tasks import TASKS
-from headscope.reports.tools.experiments.function_vectors import LAYERS, OUT, headline, markdown_table
+from headscope.reports.tools.experiments.function_vectors import (
+    LAYERS,
+    OUT,
+    default_line,
+    headline,
+    markdown_table,
+    role_line,
+)
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "guide" / "roles.md"
 
@@ -22,7 +29,8 @@ def data():
 def test_the_docs_quote_the_figures(data):
     text = DOC.read_text()
     assert markdown_table(data) in text
-    assert headline(data) in " ".join(text.split())
+    flat = " ".join(text.split())
+    assert headline(data) in flat and role_line(data) in flat and default_line(data) in flat
 
 
 def test_the_figures_hold_together(data):
@@ -36,3 +44,14 @@ def test_the_figures_hold_together(data):
     assert data["best_gain"] == max(t["gain"] for t in data["tasks"].values())
     cie = [h["cie"] for h in data["top_heads"]]
     assert cie == sorted(cie, reverse=True)
+
+
+def test_the_default_run_finds_the_studys_head_at_fewer_prompts(data):
+    """``headscope roles`` runs the role at ``RolesConfig().fv_prompts`` prompts per task: cheaper than the
+    study's count, and the study's one verdict (SmolLM2's L20H5) is its verdict too."""
+    from headscope.analyses.roles.config import RolesConfig
+
+    d, study = data["default_run"], data["role"]
+    assert d["n_prompts"] == RolesConfig().fv_prompts < data["settings"]["n_prompts"]
+    assert d["n_items"] == d["n_prompts"] * len(TASKS) and d["cpu_seconds"] < study["cpu_seconds"]
+    assert d["verdicts"] == [study["best"]["head"]] == [d["best"]["head"]] and study["verdicts"] == 1
