@@ -88,12 +88,19 @@ sweep: bootstrap
 qk: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.qk_figures
 
-# SmolLM2-135M's function-vector heads (6 tasks x 8 prompts, every head) and the function vector of its top 10
-# heads added to zero-shot prompts (~5 min of one core) into data/figures/function_vectors_smollm2.json;
+# SmolLM2-135M's function-vector heads (6 tasks x 8 prompts, every head; and the default 5) and the function vector
+# of its top 10 heads added to zero-shot prompts (~6 min of one core) into data/figures/function_vectors_smollm2.json;
 # docs/guide/roles.md quotes it (tests/analyses/roles/test_function_vector_figures.py)
 .PHONY: function-vectors
 function-vectors: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.function_vectors
+
+# SmolLM2-135M's successor heads by the effective OV circuit (weights) and on text, in-house and hf backends
+# (~1 min of one core) into data/figures/successor_ov_smollm2.json; docs/guide/roles.md quotes it
+# (tests/analyses/roles/test_successor_ov.py)
+.PHONY: successor-ov
+successor-ov: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.successor_ov
 
 # The peak memory of reading a non-in-house hf folder one layer at a time (a 24-layer random OLMo 2, ~1 minute on one
 # core) into data/figures/hf_lazy_weights.json; docs/guide/weights.md quotes it (tests/test_readme_figures.py)

@@ -1,8 +1,11 @@
 """The successor role's weights score (headscope.analyses.roles.successor_ov, rows ``successor:ov``):
 the planted successor head is the one verdict; a random-weight model gets none; the hf backend reads
-the same values as the in-house one on a random Llama."""
+the same values as the in-house one on a random Llama; SmolLM2's figures are quoted in the guide."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +17,11 @@ from headscope.analyses.roles.pipeline import run_role
 from headscope.analyses.roles.successor import probe_items
 from headscope.probes.models.inhouse.planted import RANDOM_HEADS, WORD_CLASSES, planted_model, writing_successor
 from headscope.probes.ov_inputs import extended_embeddings, ov_values
+from headscope.reports.tools.experiments.successor_ov import OUT, summary
 
 NOUNS = WORD_CLASSES["noun"]
 CFG = RolesConfig(n_boot=200, n_perm=500, induction_n_sequences=8, batch_size=8)
+DOC = Path(__file__).resolve().parents[3] / "docs" / "guide" / "roles.md"
 
 
 def _ov(out):
@@ -64,3 +69,18 @@ def test_the_hf_backend_reads_the_in_house_values_on_a_random_llama(tmp_path):
         out = run_role("successor", model, None, CFG)
         f = _ov(out)
         assert len(f) == 8 and not f.verdict.any(), out.extra
+
+
+@pytest.fixture(scope="module")
+def data():
+    return json.loads(OUT.read_text())
+
+
+def test_smollm2s_figures_hold_together_and_the_guide_quotes_them(data):
+    for backend in ("inhouse", "hf"):
+        d = data[backend]
+        scores = [t["score"] for t in d["top_ov"]]
+        assert scores == sorted(scores, reverse=True) and d["notes"] == []
+        assert d["tokens"] == sum(s["tokens"] for s in d["per_set"].values())
+        assert d["verdicts"]["successor:ov"] == 0 or d["top_ov"][0]["verdict"]
+    assert summary(data) in " ".join(DOC.read_text().split())
