@@ -230,7 +230,8 @@ def patched_probs(model, run, answers: torch.Tensor, sources, layers, max_rows: 
     dev = answers.device
     k, b, n_h = len(sources), len(answers), sources[0].shape[2]
     stacked = torch.stack([s.to(dev) for s in sources])  # [source, b, layer, head, d_head]
-    per_call = max(1, max_rows // b)  # replicas per re-run
+    n_calls = -(-k * n_h // max(1, max_rows // b))
+    per_call = -(-k * n_h // n_calls)  # replicas per re-run, as even as the calls allow
     out = torch.zeros(k * n_h, b, len(layers))  # replica r = s * n_h + h
     for r0 in range(0, k * n_h, per_call):
         reps = torch.arange(r0, min(r0 + per_call, k * n_h), device=dev)
