@@ -66,6 +66,9 @@ N_DEMOS = 10
 MAX_ROWS = 512
 #: the longest prompt's tokens the time estimate plans for (SmolLM2: 80-110 at 10 demonstrations)
 LONGEST = 128
+#: a replica's layer-position of the patched re-runs against one of a prompt's forward (the unembedding each
+#: replica reads per layer patched, small batches): measured on SmolLM2-135M (69 s of one core for 30 items)
+REPLICA_COST = 2.0
 
 
 @dataclass(frozen=True)
@@ -289,7 +292,7 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     position with the task's mean output and with the control's, in one re-run per layer (module
     docstring); one capture per ``cfg.batch_size`` scored prompts, holding ``("patched", layer)`` and
     ``("control", layer)`` ``[batch, head]``, and ``("shuffled", None)``, ``("icl", None)``,
-    ``("shuffled_hit", None)`` ``[batch]``."""
+    ``("shuffled_hit", None)`` ``[batch]``; ``progress(done, total)`` counts :func:`work`."""
     items, size = ctx.items, ctx.cfg.batch_size
     report = StreamReport(n_items=len(items), n_used=len(items), n_batches=0)
     report.real_tokens = sum(len(it.ids) + len(it.mean_ids) for it in items)
@@ -305,8 +308,8 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
                 r.refused = f"{ROLE}: {str(e).strip().splitlines()[0]}"
         return report
     layers = _layers(ctx)
-    dev = ctx.model.device
-    done = 0
+    dev, spec = ctx.model.device, ctx.model.spec
+    total, done = work(ctx.cfg, spec, len(items)), 0
     for group in task_groups(items, size):
         idx = [i for i, it in enumerate(items) if it.task in group]
         its = [items[i] for i in idx]
@@ -325,7 +328,7 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
             report.n_batches += 1
             done += hi - lo
             if progress is not None:
-                progress(done, len(items))
+                progress(work(ctx.cfg, spec, done), total)
     return report
 
 
@@ -420,13 +423,25 @@ def finish(reducer: FunctionVectorReducer, report, ctx: RoleContext) -> RoleOutp
     )
 
 
+def work(cfg, spec, n_items: int | None = None) -> int:
+    """The group's work in forwards of one prompt (the time estimate's unit): per scored prompt, its
+    forward and its mean prompt's, and where the model's shape ``spec`` is known the patched re-runs:
+    ``2 × heads`` replicas of the last position from each layer on, ``layers × (layers + 1) / 2``
+    layer-positions each, against a forward's ``layers ×`` :data:`LONGEST`, at :data:`REPLICA_COST`."""
+    n = default_prompts(cfg) * len(TASKS) if n_items is None else n_items
+    if spec is None:
+        return n
+    layers, heads = spec.n_layers, spec.n_heads
+    return round(n * (2 + REPLICA_COST * 2 * heads * (layers + 1) / (2 * LONGEST)))
+
+
 def _reducer(ctx: RoleContext) -> FunctionVectorReducer:
     return FunctionVectorReducer(ctx.items)
 
 
 def _generated(cfg) -> tuple[int, int]:
-    """``(longest tokens, items)``: the scored prompts of every task, the unit ``feed`` counts its
-    progress in (each also runs a mean prompt and a last position per head and layer)."""
+    """``(longest tokens, items)``: the scored prompts of every task (each also runs a mean prompt and a
+    last position per head and layer: :func:`work` counts what they cost)."""
     return LONGEST, default_prompts(cfg) * len(TASKS)
 
 
@@ -440,6 +455,7 @@ ROLE_DEF = Role(
     feed=feed,
     options=("tasks", "template", "n_demos", "n_prompts", "layers", "items"),
     generated=_generated,
+    work=work,
     description=(
         "function-vector heads (Todd et al. 2024): the head's mean output at the last position of clean "
         "in-context prompts of a task (antonyms, capitals, capitalisation, next letter, English-French, "
