@@ -459,7 +459,8 @@ ROLE_DEF = Role(
     description=(
         "function-vector heads (Todd et al. 2024): the head's mean output at the last position of clean "
         "in-context prompts of a task (antonyms, capitals, capitalisation, next letter, English-French, "
-        "present-past; 10 demonstrations) patched into held-out prompts whose labels are shuffled: the answer's "
+        "present-past; 10 demonstrations; 5 prompts per task, --fv-prompts N) patched into held-out prompts whose "
+        "labels are shuffled: the answer's "
         "probability, against the same patch with its mean output over the other shuffled prompts (no task); "
         "margin = indirect effect beyond that control. Statistics: Todd et al.'s causal indirect effect, over all "
         "and per task. Options: tasks, template, n_demos, n_prompts, layers, items."
