@@ -310,6 +310,36 @@ class StreamReport:
         return self.padded_tokens / max(self.real_tokens, 1)
 
 
+def in_part(part: tuple[int, int] | None, batch: int) -> bool:
+    """Whether batch number ``batch`` (0-based, over the whole corpus) belongs to ``part``
+    ``(k, n)``: every ``n``-th batch from the ``k``-th (None: every batch). A sharded run
+    (``--ray``) has each worker run one part of the same batches, so each batch, and each item's
+    values, is the one a single process computes.
+
+    >>> [b for b in range(7) if in_part((1, 3), b)], in_part(None, 5)
+    ([1, 4], True)
+    """
+    return part is None or batch % part[1] == part[0]
+
+
+def merge_reports(reports: Sequence[StreamReport]) -> StreamReport:
+    """The report of a whole corpus from its parts' (:func:`in_part`, in part order): what each
+    part ran (``n_used``, ``n_batches``, real and padded tokens) added, what every part saw alike
+    (``n_items``, the skipped items, ``patterns``, any attribute a role's feed set) from the first.
+    Raises ``ValueError`` for no reports."""
+    if not reports:
+        raise ValueError("merge_reports needs at least one report; got none")
+    import copy
+
+    out = copy.copy(reports[0])
+    for r in reports[1:]:
+        out.n_used += r.n_used
+        out.n_batches += r.n_batches
+        out.real_tokens += r.real_tokens
+        out.padded_tokens += r.padded_tokens
+    return out
+
+
 def buckets(
     lengths: list[int], max_batch: int, max_tokens: int | None = None, max_cells: int | None = None
 ) -> list[list[int]]:
@@ -355,6 +385,7 @@ def stream(
     progress=None,
     window: int | None = None,
     query_chunk: int | None = None,
+    part: tuple[int, int] | None = None,
 ) -> StreamReport:
     """Feed a corpus through ``model`` batch by batch into ``reducers``.
 
@@ -375,6 +406,11 @@ def stream(
     pieces (:func:`chunk_plan`), no pattern is stored: each layer's is recomputed
     ``query_chunk`` query rows at a time and reduced at once (:func:`feed`);
     ``report.patterns`` says which path ran and, for stored patterns, why.
+
+    ``part``: ``(k, n)`` runs only the batches :func:`in_part` gives it (every item is still
+    read, tokenised and counted, so the batches are those of the whole run; ``n_used``,
+    ``n_batches`` and the tokens count its own batches): :func:`merge_reports` and the reducers'
+    ``merge`` of the ``n`` parts give the whole run's.
 
     On a CUDA device the free memory bounds each batch instead (:func:`memory_limits`,
     :func:`max_batch`), and an item that cannot fit alone raises :class:`MemoryBudgetError`;
@@ -409,6 +445,7 @@ def stream(
         words=words,
         progress=progress,
         total=total,
+        part=part,
     )
     chunk = [first]
     for item in it:
@@ -439,6 +476,8 @@ class _StreamRun:
     words: bool  # items are word lists, not texts
     progress: Callable | None
     total: int | None  # items in the corpus, None when unknown
+    part: tuple[int, int] | None = None  # (k, n): run every n-th batch from the k-th (None: all)
+    seen: list = field(default_factory=lambda: [0])  # batches cut so far, over every window
 
 
 #: batches on a GPU hold at most this many items, whatever the memory allows
@@ -510,6 +549,10 @@ def _stream_window(run: _StreamRun, chunk: list, report: StreamReport) -> None:
     lengths = [len(t["ids"]) for t in toks]
     limits = memory_limits(run, max(lengths, default=1)) or (run.batch_size, run.max_tokens, run.max_cells)
     for group in buckets(lengths, *limits):
+        b, run.seen[0] = run.seen[0], run.seen[0] + 1
+        if not in_part(run.part, b):
+            done += len(group)
+            continue
         batch = on_model_device(collate([toks[j] for j in group], run.pad), model)
         data = run_batch(model, batch, run.quantities, run.layers, run.chunks)
         cap = Capture(

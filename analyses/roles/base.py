@@ -64,6 +64,9 @@ class RoleContext:
     #: the per-run options of this group (names from :attr:`Role.options`); roles read
     #: them with ``ctx.options.get(name, default)``
     options: dict = field(default_factory=dict)
+    #: a sharded run's part ``(k, n)``: a feed that honours it (:attr:`Role.shards`) runs only its
+    #: batches (:func:`~headscope.probes.capture.in_part`); None: every batch
+    part: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,9 @@ class Role:
     #: it runs when no groups are named (False: only when asked by name, ``--roles <name>``: a group
     #: whose cost is minutes of CPU on a small model)
     default: bool = True
+    #: its ``feed`` honours ``ctx.part`` (a corpus role always does: the pipeline's stream runs the
+    #: part); False: a sharded run feeds it whole on the first part only
+    shards: bool = False
 
     def __post_init__(self):
         if self.corpus not in CORPORA:

@@ -52,6 +52,7 @@ from headscope.probes.capture import (
     StreamReport,
     check_finite,
     chunk_plan,
+    in_part,
     on_model_device,
     pattern_line,
     run_batch,
@@ -316,16 +317,18 @@ def padded(seqs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
 
 def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     """Run ``ctx.model`` over ``ctx.items`` (:func:`probe_items`), ``cfg.batch_size`` at a
-    time in order, into ``reducers``; ``progress(done, total)`` counts items (sequences), as
+    time in order (under ``ctx.part`` only its batches), into ``reducers``; ``progress(done, total)`` counts items (sequences), as
     the text corpora's capture does."""
     ids, special, lengths = padded(ctx.items, pad_id(ctx.model.tokenizer))
     n = ids.shape[0]
     starts = list(range(0, n, ctx.cfg.batch_size))
-    report = StreamReport(n_items=n, n_used=n, n_batches=len(starts), real_tokens=sum(lengths))
+    starts = [s for b, s in enumerate(starts) if in_part(ctx.part, b)]  # a sharded run's part: its batches
+    ends = [min(s + ctx.cfg.batch_size, n) for s in starts]
+    report = StreamReport(n_items=n, n_used=sum(e - s for s, e in zip(starts, ends)), n_batches=len(starts))
+    report.real_tokens = sum(sum(lengths[s:e]) for s, e in zip(starts, ends))
     chunk = ctx.cfg.query_chunk
     report.patterns = pattern_line(ctx.model, reducers, chunk, chunk_plan(ctx.model, reducers, ("pattern",), chunk)[1])
-    for s in starts:
-        e = min(s + ctx.cfg.batch_size, n)
+    for s, e in zip(starts, ends):
         width = max(lengths[s:e])
         cap = capture_ids(
             model=ctx.model,
@@ -396,6 +399,7 @@ ROLE_DEF = Role(
     finish=finish,
     items=probe_items,
     feed=feed,
+    shards=True,
     options=("items", "vocab_ids", "exclude_bos", "exclude_current_token"),
     task="induction",
     task_note=ATTENTION_VS_EFFECT,

@@ -207,19 +207,41 @@ def _run_stage(model, corpus: str, roles: list[Role], items, cfg: RolesConfig, o
     """Run ``roles`` (all of ``corpus``) and finish them -> ``{group: RoleOutput}``; ``modes``
     (a dict) gets the stage's ``StreamReport.patterns`` under the stage's first group."""
     modes = {} if modes is None else modes
+    ctxs = _contexts(model, corpus, roles, items, cfg, options)
+    filled = _fill(corpus, roles, ctxs, cfg, progress)
+    modes[roles[0].name] = getattr(filled[roles[0].name][1], "patterns", "materialised")
+    return {r.name: r.finish(*filled[r.name], ctxs[r.name]) for r in roles}
+
+
+def _contexts(model, corpus: str, roles: list[Role], items, cfg: RolesConfig, options: dict, part=None) -> dict:
+    """``{group: RoleContext}`` of one stage's ``roles``: ``items`` of ``corpus``, or a generated
+    group's own (``role.items``); ``part``: a sharded run's ``(k, n)`` (None: every batch)."""
     if corpus == "generated":
         (role,) = roles
-        ctx = RoleContext(model, cfg, options=options.get(role.name, {}))
+        ctx = RoleContext(model, cfg, options=options.get(role.name, {}), part=part)
         ctx.items = role.items(ctx)
+        return {role.name: ctx}
+    return {r.name: RoleContext(model, cfg, items, options.get(r.name, {}), part) for r in roles}
+
+
+def _fill(corpus: str, roles: list[Role], ctxs: dict, cfg: RolesConfig, progress) -> dict:
+    """One stage's pass: ``{group: (filled reducer, StreamReport)}`` (the corpus groups share
+    the report of their one stream). Under a part (``ctx.part``) only its batches run; a
+    generated group whose feed does not shard (:attr:`Role.shards`) runs whole on part 0 and
+    is None on the others."""
+    if corpus == "generated":
+        (role,) = roles
+        ctx = ctxs[role.name]
+        if ctx.part is not None and not role.shards and ctx.part[0] != 0:
+            return {role.name: None}
         red = role.reducer(ctx)
-        report = role.feed(ctx, [red], progress)
-        modes[role.name] = getattr(report, "patterns", "materialised")
-        return {role.name: role.finish(red, report, ctx)}
-    ctxs = [RoleContext(model, cfg, items, options.get(r.name, {})) for r in roles]
-    reducers = [r.reducer(c) for r, c in zip(roles, ctxs)]
+        return {role.name: (red, role.feed(ctx, [red], progress))}
+    reducers = [r.reducer(ctxs[r.name]) for r in roles]
+    first = ctxs[roles[0].name]
     words = corpus != "text"  # dependency sentences and coreference items stream as word lists
+    items = first.items
     report = stream(
-        model,
+        first.model,
         [list(it.words) for it in items] if words else items,
         reducers,
         quantities=("pattern",),
@@ -227,9 +249,9 @@ def _run_stage(model, corpus: str, roles: list[Role], items, cfg: RolesConfig, o
         words=True if words else None,
         progress=progress,
         query_chunk=cfg.query_chunk,
+        part=first.part,
     )
-    modes[roles[0].name] = report.patterns
-    return {r.name: r.finish(red, report, c) for r, red, c in zip(roles, reducers, ctxs)}
+    return {r.name: (red, report) for r, red in zip(roles, reducers)}
 
 
 def _stage_progress(progress, stage):

@@ -8,7 +8,7 @@ real and padded tokens, and reports progress in items, as the text corpora's cap
 
 from __future__ import annotations
 
-from headscope.probes.capture import Capture, StreamReport, check_finite, on_model_device, run_batch
+from headscope.probes.capture import Capture, StreamReport, check_finite, in_part, on_model_device, run_batch
 from headscope.probes.capture import feed as feed_capture
 from headscope.probes.tokens import collate, pad_id
 
@@ -38,14 +38,15 @@ def capture_sequences(model, items, item_ids, kinds: tuple[str, ...]) -> Capture
 
 
 def feed_sequences(ctx, reducers, progress=None, *, kinds: tuple[str, ...] = ("z",)) -> StreamReport:
-    """Run ``ctx.model`` over ``ctx.items``, ``ctx.cfg.batch_size`` at a time, into ``reducers``;
+    """Run ``ctx.model`` over ``ctx.items``, ``ctx.cfg.batch_size`` at a time, into ``reducers``
+    (under ``ctx.part``, a sharded run's, only its batches: :func:`~headscope.probes.capture.in_part`);
     ``progress(done, total)`` counts items."""
     items, size = ctx.items, ctx.cfg.batch_size
-    starts = list(range(0, len(items), size))
-    report = StreamReport(n_items=len(items), n_used=len(items), n_batches=len(starts))
-    report.real_tokens = sum(len(it.ids) for it in items)
-    for s in starts:
-        e = min(s + size, len(items))
+    starts = [s for b, s in enumerate(range(0, len(items), size)) if in_part(ctx.part, b)]  # a sharded run's part
+    ends = [min(s + size, len(items)) for s in starts]
+    report = StreamReport(n_items=len(items), n_used=sum(e - s for s, e in zip(starts, ends)), n_batches=len(starts))
+    report.real_tokens = sum(len(it.ids) for s, e in zip(starts, ends) for it in items[s:e])
+    for s, e in zip(starts, ends):
         feed_capture(capture_sequences(ctx.model, items[s:e], range(s, e), kinds), reducers)
         report.padded_tokens += max(len(it.ids) for it in items[s:e]) * (e - s) - sum(len(it.ids) for it in items[s:e])
         if progress is not None:
