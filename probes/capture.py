@@ -323,8 +323,8 @@ def in_part(part: tuple[int, int] | None, batch: int) -> bool:
 
 
 def merge_reports(reports: Sequence[StreamReport]) -> StreamReport:
-    """The report of a whole corpus from its parts' (:func:`in_part`, in part order): what each
-    part ran (``n_used``, ``n_batches``, real and padded tokens) added, what every part saw alike
+    """The report of a whole corpus from its parts' (:func:`in_part`, in part order; each part
+    reads, tokenises and counts every item, and cuts the whole run's batches): what each part ran (``n_used``, ``n_batches``, real and padded tokens) added, what every part saw alike
     (``n_items``, the skipped items, ``patterns``, any attribute a role's feed set) from the first.
     Raises ``ValueError`` for no reports."""
     if not reports:
@@ -395,22 +395,15 @@ def stream(
     512)``), each window cut into length-bucketed batches of at most ``batch_size``
     items, ``max_tokens`` tokens and ``max_cells`` attention cells per head (rows ×
     length²), so memory does not grow with the corpus, nor with its longest items,
-    while padding stays small. (A window's batches run from short to long, each
-    allocating larger tensors than the last; short windows let the next window reuse
-    that memory: ``headscope bench --memory`` measures it.) Items that are empty, too long for the
-    context, or fail to tokenise are skipped and counted in the returned
-    :class:`StreamReport` (never dropped silently). ``progress(done, total)`` counts
-    items (``total`` is None for an iterable without a length).
+    while padding stays small (:func:`_stream_window`). Items that are empty, too long for the
+    context, or fail to tokenise are skipped and counted in the returned :class:`StreamReport`
+    (never dropped silently). ``progress(done, total)`` counts items (``total`` is None for an
+    iterable without a length).
 
-    ``query_chunk``: where the backend hands over Q and K and every reducer takes pattern
-    pieces (:func:`chunk_plan`), no pattern is stored: each layer's is recomputed
-    ``query_chunk`` query rows at a time and reduced at once (:func:`feed`);
-    ``report.patterns`` says which path ran and, for stored patterns, why.
-
-    ``part``: ``(k, n)`` runs only the batches :func:`in_part` gives it (every item is still
-    read, tokenised and counted, so the batches are those of the whole run; ``n_used``,
-    ``n_batches`` and the tokens count its own batches): :func:`merge_reports` and the reducers'
-    ``merge`` of the ``n`` parts give the whole run's.
+    ``query_chunk``: where the backend hands over Q and K and every reducer takes pattern pieces
+    (:func:`chunk_plan`), no pattern is stored: each layer's is recomputed ``query_chunk`` query
+    rows at a time and reduced at once (:func:`feed`); ``report.patterns`` says which path ran
+    and, for stored patterns, why. ``part`` ``(k, n)``: only the batches :func:`in_part` gives it.
 
     On a CUDA device the free memory bounds each batch instead (:func:`memory_limits`,
     :func:`max_batch`), and an item that cannot fit alone raises :class:`MemoryBudgetError`;
@@ -513,7 +506,9 @@ def memory_limits(run: _StreamRun, longest: int) -> tuple[int, int, int] | None:
 
 def _stream_window(run: _StreamRun, chunk: list, report: StreamReport) -> None:
     """Tokenise one window of items (indices continue from ``report.n_items``), bucket it
-    by length and feed its batches to the reducers."""
+    by length and feed its batches to the reducers. (A window's batches run from short to long,
+    each allocating larger tensors than the last; short windows let the next window reuse that
+    memory: ``headscope bench --memory`` measures it.)"""
     model, words = run.model, run.words
     start = report.n_items
     report.n_items += len(chunk)

@@ -118,22 +118,36 @@ class RolesStage(Stage[RolesConfig]):
 
     def run(self, ctx: RunContext, cfg: RolesConfig) -> StageResult:
         from headscope.analyses.roles.pipeline import head_roles
-        from headscope.reports.stages.frames import examples_frame, skipped_frame
 
         rr = head_roles(ctx.model, cfg=cfg, progress=_timer(ctx, cfg), roles=ctx.role_groups, **(ctx.inputs or {}))
-        frames = {
-            "roles": rr.frame.reset_index(drop=True),
-            "stats": rr.stats.reset_index(drop=True),
-            "examples": examples_frame(rr.examples),
-            "clusters": rr.clusters.reset_index(drop=True),
-            "coref_pairs": rr.coref_pairs.reset_index(drop=True),
-            "skipped": skipped_frame(rr.skipped),
-        }
-        timings = {f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()}
-        t0 = time.perf_counter()
-        frames["qk_drivers"] = _qk_drivers(ctx, rr.frame, cfg.seed)
-        timings["roles.qk_drivers"] = round(time.perf_counter() - t0, 3)
-        return StageResult(frames, {}, timings, dict(rr.n_items))
+        return _result(ctx, cfg, rr)
+
+    def split(self, ctx: RunContext, cfg: RolesConfig, n: int) -> list:
+        """``n`` interleaved parts of every role group's batches (:class:`~headscope.reports.stages.sharded.Interleaved`):
+        each worker reads and buckets the corpora as one process does and runs every ``n``-th
+        batch, so each item's values are the single run's; the verdicts, intervals and p-values,
+        the examples and the QK drivers run after the merge (:meth:`finish`)."""
+        from headscope.reports.stages.sharded import Interleaved
+
+        return [Interleaved(k, n) for k in range(n)]
+
+    def run_part(self, ctx: RunContext, cfg: RolesConfig, part) -> StageResult:
+        from headscope.analyses.roles.parts import fill_roles
+
+        filled = fill_roles(ctx.model, cfg=cfg, roles=ctx.role_groups, inputs=ctx.inputs, part=(part.k, part.n))
+        return StageResult({}, {"filled": filled})  # the filled reducers: merged and finished in the driver
+
+    def merge(self, parts) -> StageResult:
+        from headscope.analyses.roles.parts import merge_filled
+
+        return StageResult({}, {"filled": merge_filled([p.summary["filled"] for p in parts])})
+
+    def finish(self, ctx: RunContext, cfg: RolesConfig, merged: StageResult) -> StageResult:
+        from headscope.analyses.roles.parts import finish_filled
+
+        filled = merged.summary["filled"]
+        rr = finish_filled(ctx.model, filled, cfg=cfg, roles=ctx.role_groups, inputs=ctx.inputs)
+        return _result(ctx, cfg, rr)
 
     def section(self, frames, meta) -> list:
         from headscope.reports.head_view import head_view_block
@@ -151,6 +165,26 @@ class RolesStage(Stage[RolesConfig]):
             out += role_sections(roles, frames.get("examples"), frames.get("roles_vs_importance"), meta.get("top", 3))
         stats = stats_section(frames.get("stats"), frames.get("clusters"))
         return out + ([stats] if stats else [])
+
+
+def _result(ctx: RunContext, cfg: RolesConfig, rr) -> StageResult:
+    """The stage's frames, timings and counts from a :class:`~headscope.analyses.roles.pipeline.RolesResult`
+    (the QK drivers computed here, on ``ctx.model``)."""
+    from headscope.reports.stages.frames import examples_frame, skipped_frame
+
+    frames = {
+        "roles": rr.frame.reset_index(drop=True),
+        "stats": rr.stats.reset_index(drop=True),
+        "examples": examples_frame(rr.examples),
+        "clusters": rr.clusters.reset_index(drop=True),
+        "coref_pairs": rr.coref_pairs.reset_index(drop=True),
+        "skipped": skipped_frame(rr.skipped),
+    }
+    timings = {f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()}
+    t0 = time.perf_counter()
+    frames["qk_drivers"] = _qk_drivers(ctx, rr.frame, cfg.seed)
+    timings["roles.qk_drivers"] = round(time.perf_counter() - t0, 3)
+    return StageResult(frames, {}, timings, dict(rr.n_items))
 
 
 def _qk_drivers(ctx: RunContext, roles, seed: int):

@@ -37,7 +37,7 @@ from headscope.reports.stages.base import RunContext, Stage, StageResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RAY_HINT", "RayConfig", "ShardPool", "StageWorker", "contiguous", "import_ray"]
+__all__ = ["RAY_HINT", "Interleaved", "RayConfig", "ShardPool", "StageWorker", "contiguous", "import_ray"]
 
 RAY_HINT = "pip install 'headscope[ray]'"
 #: the environment a worker is given from the driver's (offline switches, caches)
@@ -88,6 +88,22 @@ def contiguous(n_units: int, n: int) -> list[tuple[int, ...]]:
             out.append(tuple(range(start, stop)))
         start = stop
     return out
+
+
+@dataclass(frozen=True)
+class Interleaved:
+    """Part ``k`` of ``n`` of a stage's batches: every ``n``-th batch from the ``k``-th
+    (:func:`~headscope.probes.capture.in_part`), where the batches are cut as one process cuts them.
+
+    >>> Interleaved(1, 3)
+    batches 1, 4, 7, ...
+    """
+
+    k: int
+    n: int
+
+    def __repr__(self) -> str:
+        return f"batches {self.k}, {self.k + self.n}, {self.k + 2 * self.n}, ..."
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -144,6 +160,7 @@ class StageWorker:
         from headscope.reports.stages.registry import STAGES
 
         self.ctx.frames, self.ctx.full, self.ctx.seed = dict(frames), run["full"], run["seed"]
+        self.ctx.inputs, self.ctx.role_groups = dict(run["inputs"]), run["role_groups"]
         return STAGES[stage].run_part(self.ctx, cfg, part)
 
 
@@ -245,7 +262,7 @@ class ShardPool:
         self._start_actors()
         t0 = time.perf_counter()
         frames = ray.put({k: v for k, v in ctx.frames.items()})  # once, into the object store
-        run = {"full": ctx.full, "seed": ctx.seed}
+        run = {"full": ctx.full, "seed": ctx.seed, "inputs": dict(ctx.inputs or {}), "role_groups": ctx.role_groups}
 
         def submit(i: int, attempt: int):
             actor = self._actors[(i + attempt) % len(self._actors)]

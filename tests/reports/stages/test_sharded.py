@@ -2,8 +2,8 @@
 by layers on a local 2-worker cluster equals the single-process run; a worker killed mid-shard has
 its shard run again with the same result; a shard failing twice fails its stage, named.
 
-One local cluster per test session (``num_cpus=2``: the workers get one thread each), one pool of
-two workers (each loads MiniLM once); skipped where Ray is not installed (the ``ray`` extra)."""
+The local cluster and the pool of two MiniLM workers (``minilm_pool``) (one thread each) are conftest.py's, shared
+with the other sharded-stage tests; skipped where Ray is not installed (the ``ray`` extra)."""
 
 from __future__ import annotations
 
@@ -20,28 +20,9 @@ ray = pytest.importorskip("ray")
 from headscope.analyses.run_weights import WeightsConfig  # noqa: E402
 from headscope.reports.stages.base import RunContext  # noqa: E402
 from headscope.reports.stages.registry import STAGES  # noqa: E402
-from headscope.reports.stages.sharded import RayConfig, ShardPool  # noqa: E402
 
 #: small nulls: the same code paths as the defaults, a fraction of the time
 CFG = WeightsConfig(draws=20, null=50)
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="session")
-def pool(ray_cluster):
-    load = {"model": "minilm-l6", "backend": "inhouse", "dtype": "fp32", "trust_remote_code": False}
-    p = ShardPool(RayConfig(workers=2), load).connect()
-    yield p
-    p.close()
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +32,12 @@ def single(minilm):
     return ctx, STAGES["weights"].run(ctx, CFG)
 
 
-def test_weights_sharded_by_layers_equals_single_process(pool, single):
+def test_weights_sharded_by_layers_equals_single_process(minilm_pool, single):
     ctx, whole = single
     stage = STAGES["weights"]
-    parts = stage.split(ctx, CFG, pool.workers)
-    assert parts == [(0, 1, 2), (3, 4, 5)] and pool.threads == 1  # 2 workers x 1 thread on 2 CPUs
-    sharded = pool.run(ctx, stage, CFG, parts)
+    parts = stage.split(ctx, CFG, minilm_pool.workers)
+    assert parts == [(0, 1, 2), (3, 4, 5)] and minilm_pool.threads == 1  # 2 workers x 1 thread on 2 CPUs
+    sharded = minilm_pool.run(ctx, stage, CFG, parts)
     assert set(sharded.frames) == set(whole.frames)
     for name, frame in whole.frames.items():  # exact: each head's p-value depends on its layer and the null alone
         assert sharded.frames[name].equals(frame), name
@@ -69,13 +50,13 @@ def test_weights_sharded_by_layers_equals_single_process(pool, single):
     assert not joined.p_adjusted.equals(joined.p_adjusted_alone)
 
 
-def test_a_worker_killed_mid_shard_has_it_run_again(pool, single, caplog):
+def test_a_worker_killed_mid_shard_has_it_run_again(minilm_pool, single, caplog):
     ctx, whole = single
     stage, cfg = STAGES["weights"], WeightsConfig(draws=400, null=50)  # a shard long enough to be killed in
     expected = stage.run(ctx, cfg).frames["weights_heads"]
-    pids = pool.pids()
+    pids = minilm_pool.pids()
     out = {}
-    runner = threading.Thread(target=lambda: out.update(r=pool.run(ctx, stage, cfg, stage.split(ctx, cfg, 2))))
+    runner = threading.Thread(target=lambda: out.update(r=minilm_pool.run(ctx, stage, cfg, stage.split(ctx, cfg, 2))))
     with caplog.at_level(logging.WARNING, logger="headscope.reports.stages.sharded"):
         runner.start()
         time.sleep(1.5)  # both shards started on their workers
@@ -84,13 +65,13 @@ def test_a_worker_killed_mid_shard_has_it_run_again(pool, single, caplog):
     assert "r" in out, "the sharded run did not finish"
     assert any("failed" in r.message and "running it again" in r.message for r in caplog.records)
     assert out["r"].frames["weights_heads"].equals(expected)
-    assert pool.pids()[0] != pids[0]  # Ray restarted the killed worker (it loaded the model again)
+    assert minilm_pool.pids()[0] != pids[0]  # Ray restarted the killed worker (it loaded the model again)
 
 
-def test_a_shard_failing_twice_fails_its_stage_with_the_shard_named(pool, minilm):
+def test_a_shard_failing_twice_fails_its_stage_with_the_shard_named(minilm_pool, minilm):
     from headscope.reports.stages.runner import _run_one
 
-    ctx = RunContext(name="minilm-l6", model=minilm, shards=pool)
+    ctx = RunContext(name="minilm-l6", model=minilm, shards=minilm_pool)
     record = {}
     result = _run_one(ctx, STAGES["weights"], WeightsConfig(draws=0), record)  # every shard raises
     assert result is None and record["status"] == "failed" and record["shards"] == 2
