@@ -160,39 +160,23 @@ def patching_blocker(model) -> str | None:
     return None
 
 
-def run_patching(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool) -> tuple[pd.DataFrame, dict]:
+def run_patching(
+    model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool, activation: dict | None = None
+) -> tuple[pd.DataFrame, dict]:
     """Activation (denoising) + attribution patching on the task of each role of ``roles``
     that has one -> ``(frame, summary)``: the frame is ``task`` + the patching frame's columns
     (:data:`~headscope.analyses.patching.frames.PATCH_COLUMNS`, ``p_raw``, ``unit``) of every
     task; the summary holds ``roles`` (:func:`causal_roles` records), ``tasks`` (each task's
     ``patching_study`` summary + ``warnings``), ``refused`` (task -> reason), ``n_items``,
     ``unit``, ``method``, ``top_k``, ``seconds``. A task the model refuses is recorded in
-    ``refused``, never raised."""
-    from headscope.analyses.patching.activation import PatchConfig
+    ``refused``, never raised. ``activation``: ``{task: (frame, run metrics)}`` of activation
+    patching computed already (a sharded run, :mod:`~headscope.analyses.patching.parts`)."""
     from headscope.analyses.patching.frames import PATCH_COLUMNS
-    from headscope.analyses.patching.study import StudyConfig, patching_study
+    from headscope.analyses.patching.study import patching_study
     from headscope.analyses.patching.tasks import load_task
     from headscope.probes.errors import HeadscopeError
 
-    todo = causal_roles(roles)
-    tasks = list(dict.fromkeys(todo["task"]))
-    unit = cfg.unit_for(model.spec, full=full)
-    per_layer = len(model.spec.kv_groups()) if unit == "kv_group" else model.spec.n_heads
-    n_items = cfg.items_per_task(n_heads=model.spec.n_layers * per_layer, n_tasks=max(1, len(tasks)), full=full)
-    study = StudyConfig(
-        methods=("activation", "attribution"),
-        patch=PatchConfig(
-            directions=("denoising",),
-            unit=unit,
-            batch_size=cfg.batch_size,
-            max_rows=cfg.max_rows,
-            alpha=cfg.alpha,
-            n_boot=cfg.n_boot,
-            n_perm=cfg.n_perm,
-            seed=cfg.seed,
-        ),
-        top_k=cfg.top_k,
-    )
+    todo, tasks, unit, n_items, study = patching_plan(model, roles, cfg, full=full)
     frames, summaries, refused, seconds = [], {}, {}, {}
     for t in tasks:
         t0 = time.perf_counter()
@@ -200,7 +184,7 @@ def run_patching(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool) -
             with warnings.catch_warnings(record=True) as caught:  # unusable items, a task without a gap
                 warnings.simplefilter("always")
                 task = load_task(model, t, n_items=n_items, seed=cfg.seed)
-                res = patching_study(model, task, study)
+                res = patching_study(model, task, study, (activation or {}).get(t))
         except (HeadscopeError, ValueError) as e:
             refused[t] = str(e)
             log.warning("patching task %s refused: %s", t, e)
@@ -224,3 +208,30 @@ def run_patching(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool) -
         "seconds": seconds,
     }
     return frame, summary
+
+
+def patching_plan(model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool):
+    """What :func:`run_patching` runs: ``(roles to test, tasks, unit, items per task, StudyConfig)``."""
+    from headscope.analyses.patching.activation import PatchConfig
+    from headscope.analyses.patching.study import StudyConfig
+
+    todo = causal_roles(roles)
+    tasks = list(dict.fromkeys(todo["task"]))
+    unit = cfg.unit_for(model.spec, full=full)
+    per_layer = len(model.spec.kv_groups()) if unit == "kv_group" else model.spec.n_heads
+    n_items = cfg.items_per_task(n_heads=model.spec.n_layers * per_layer, n_tasks=max(1, len(tasks)), full=full)
+    study = StudyConfig(
+        methods=("activation", "attribution"),
+        patch=PatchConfig(
+            directions=("denoising",),
+            unit=unit,
+            batch_size=cfg.batch_size,
+            max_rows=cfg.max_rows,
+            alpha=cfg.alpha,
+            n_boot=cfg.n_boot,
+            n_perm=cfg.n_perm,
+            seed=cfg.seed,
+        ),
+        top_k=cfg.top_k,
+    )
+    return todo, tasks, unit, n_items, study

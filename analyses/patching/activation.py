@@ -257,17 +257,21 @@ def patched_metrics(
     wrong,
     max_rows: int,
     positions: list[int] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The metric ``[batch, n_units]`` of the ``target`` ids ``[batch, pos]`` with each unit's
     heads patched from ``source_z``; ``ceil(n_units B / max_rows)`` forwards. ``positions``:
-    per unit, the one position (``0 .. pos-1``) patched (default: all positions)."""
+    per unit, the one position (``0 .. pos-1``) patched (default: all positions). ``part``
+    ``(k, n)`` (a sharded run): only every ``n``-th forward's units from the ``k``-th, the others NaN."""
     n_layers, n_heads = model.spec.n_layers, model.spec.n_heads
     b, t = target.shape
     per = max(1, max_rows // b)
-    out = torch.empty(b, len(units))
+    out = torch.full((b, len(units)), float("nan"))
     prefix: dict[int, torch.Tensor] = {}
     resumable = bool(getattr(model, "resumable", False))
-    for s in range(0, len(units), per):
+    for c, s in enumerate(range(0, len(units), per)):
+        if part is not None and c % part[1] != part[0]:
+            continue
         chunk = units[s : s + per]
         r = len(chunk)
         masks = torch.zeros(r, n_layers, n_heads) if positions is None else torch.zeros(r, n_layers, n_heads, t)
@@ -342,21 +346,54 @@ def activation_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> 
     frame (rows in unit order, one block per direction; per position: by position from
     the first to the last, then unit) and the clean/corrupted metrics."""
     units = chosen_units(model.spec, cfg)
+    if cfg.per_position:
+        metric, n = metric_fn(task.metric), len(task.items)
+        run = RunMetrics(torch.empty(n), torch.empty(n))
+        return per_position_patching(model, task, cfg, units, metric, run), run
+    delta, run = activation_deltas(model, task, cfg)
+    return direction_frames(delta, run, units, cfg, "activation"), run
+
+
+def activation_deltas(
+    model, task: Task, cfg: PatchConfig, part: tuple[int, int] | None = None
+) -> tuple[dict[str, torch.Tensor], RunMetrics]:
+    """``({direction: [n_items, n_units]} effects, the runs' metrics)`` of activation patching
+    every unit of :func:`chosen_units` (not per position). ``part`` ``(k, n)``: only the units of
+    every ``n``-th patched forward (:func:`patched_metrics`), the others NaN: :func:`merge_deltas`
+    of the ``n`` parts is the whole run's, each value from the same forward."""
+    units = chosen_units(model.spec, cfg)
     metric = metric_fn(task.metric)
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
-    if cfg.per_position:
-        return per_position_patching(model, task, cfg, units, metric, run), run
     delta = {d: torch.empty(n, len(units)) for d in cfg.directions}
     for b in paired_runs(model, task, cfg, metric, run):
         if "denoising" in delta:
-            patched = patched_metrics(model, b.corrupted, b.z_clean, units, metric, b.answer, b.wrong, cfg.max_rows)
+            args = (b.answer, b.wrong, cfg.max_rows, None, part)
+            patched = patched_metrics(model, b.corrupted, b.z_clean, units, metric, *args)
             delta["denoising"][b.rows] = patched - b.m_corrupted[:, None]
         if "noising" in delta:
-            patched = patched_metrics(model, b.clean, b.z_corrupted, units, metric, b.answer, b.wrong, cfg.max_rows)
+            args = (b.answer, b.wrong, cfg.max_rows, None, part)
+            patched = patched_metrics(model, b.clean, b.z_corrupted, units, metric, *args)
             delta["noising"][b.rows] = b.m_clean[:, None] - patched
         log.info("activation patching: %d/%d items", max(b.rows) + 1, n)
-    return direction_frames(delta, run, units, cfg, "activation"), run
+    return delta, run
+
+
+def merge_deltas(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The parts' :func:`activation_deltas` in one: each cell from the part that computed it
+    (the one not NaN there). Raises ``ValueError`` for no parts.
+
+    >>> nan = float("nan")
+    >>> merge_deltas([{"d": torch.tensor([[1.0, nan]])}, {"d": torch.tensor([[nan, 2.0]])}])["d"].tolist()
+    [[1.0, 2.0]]
+    """
+    if not parts:
+        raise ValueError("merge_deltas needs at least one part; got none")
+    out = {d: v.clone() for d, v in parts[0].items()}
+    for p in parts[1:]:
+        for d, v in p.items():
+            out[d] = torch.where(torch.isnan(out[d]), v, out[d])
+    return out
 
 
 def per_position_patching(model, task: Task, cfg: PatchConfig, units, metric, run: RunMetrics) -> pd.DataFrame:

@@ -17,7 +17,13 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from headscope.analyses.patching.ablation import ablation_patching
-from headscope.analyses.patching.activation import PatchConfig, activation_patching, measures
+from headscope.analyses.patching.activation import (
+    PatchConfig,
+    activation_patching,
+    chosen_units,
+    direction_frames,
+    measures,
+)
 from headscope.analyses.patching.attribution import attribution_patching
 from headscope.analyses.patching.frames import agreement, top_heads
 from headscope.analyses.patching.items import Task
@@ -81,9 +87,11 @@ def _top_units(frame: pd.DataFrame, k: int) -> list[str]:
     return [f"L{int(r.layer)}H{int(r.head)}@{int(r.position)}" for r in f.head(k).itertuples()]
 
 
-def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> PatchResult:
+def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig(), activation=None) -> PatchResult:
     """Run ``cfg.methods`` on ``task`` -> :class:`PatchResult` (one frame, a summary with the
-    clean/corrupted metric, the top heads per method, agreement and timings)."""
+    clean/corrupted metric, the top heads per method, agreement and timings). ``activation``:
+    activation patching's ``(effects, run metrics)`` (:func:`~headscope.analyses.patching.activation.activation_deltas`)
+    computed already, by a sharded run's parts: its frame and statistics are made here."""
     if "path" in cfg.methods:  # refused (backend, heads) before any long run
         for via in cfg.vias:
             check_path(model, cfg.receiver, via, None if cfg.senders is None else list(cfg.senders))
@@ -91,7 +99,11 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig()) -> Patch
     run = None
     if "activation" in cfg.methods:
         t = time.perf_counter()
-        f, run = activation_patching(model, task, cfg.patch)
+        if activation is None:
+            f, run = activation_patching(model, task, cfg.patch)
+        else:
+            run = activation[1]
+            f = direction_frames(activation[0], run, chosen_units(model.spec, cfg.patch), cfg.patch, "activation")
         frames.append(f)
         timings["activation"] = round(time.perf_counter() - t, 2)
     if "attribution" in cfg.methods:

@@ -94,6 +94,33 @@ class PatchingStage(Stage[CausalConfig]):
         frame, summary = run_patching(ctx.model, ctx.frames["roles"], cfg, full=ctx.full)
         return StageResult({"patching": frame}, summary)
 
+    def split(self, ctx: RunContext, cfg: CausalConfig, n: int) -> list:
+        """``n`` interleaved parts of activation patching's patched forwards (each patching a run of
+        units, heads or KV groups, as one process does): the effects of every unit are merged, then
+        the frames, intervals, p-values and the adjustment over all units, and attribution
+        patching, run in the driver (:meth:`finish`)."""
+        from headscope.reports.stages.sharded import Interleaved
+
+        return [Interleaved(k, n) for k in range(n)]
+
+    def run_part(self, ctx: RunContext, cfg: CausalConfig, part) -> StageResult:
+        from headscope.analyses.patching.parts import activation_part
+
+        done = activation_part(ctx.model, ctx.frames["roles"], cfg, full=ctx.full, part=(part.k, part.n))
+        return StageResult({}, {"activation": done})  # per-unit effects: merged and finished in the driver
+
+    def merge(self, parts) -> StageResult:
+        from headscope.analyses.patching.parts import merge_activation
+
+        return StageResult({}, {"activation": merge_activation([p.summary["activation"] for p in parts])})
+
+    def finish(self, ctx: RunContext, cfg: CausalConfig, merged: StageResult) -> StageResult:
+        from headscope.analyses.run_patching import run_patching
+
+        activation = merged.summary["activation"]
+        frame, summary = run_patching(ctx.model, ctx.frames["roles"], cfg, full=ctx.full, activation=activation)
+        return StageResult({"patching": frame}, summary)
+
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.causal import causal_sections
 
