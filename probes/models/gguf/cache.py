@@ -16,6 +16,7 @@ import torch
 
 from headscope.probes.errors import CheckpointError, UnknownGGUFArchitectureError
 from headscope.probes.models.arch import check_hf_config
+from headscope.probes.models.cachelock import cache_lock, drop_leftovers
 from headscope.probes.models.families import GGUF_RECORDS
 from headscope.probes.models.gguf.metadata import EQUAL_PER_LAYER, GGUF_ARCHITECTURES, gguf_hf_config
 from headscope.probes.models.quiet import quiet_transformers
@@ -36,12 +37,26 @@ def gguf_as_hf_dir(path: Path) -> Path:
     path = Path(path)
     digest = file_sha256(path)[:16]
     out = cache_dir() / "gguf" / digest
-    if (out / "model.safetensors").exists() and (out / "config.json").exists():
-        settle_cached_config(out / "config.json", path)
-        return out
-    meta = gguf_meta_config(path)
-    check_hf_config(meta, str(path))
-    check_weight_memory(meta, str(path))
+    if not _cached(out):
+        meta = gguf_meta_config(path)  # refused on its metadata before anything is written
+        check_hf_config(meta, str(path))
+        check_weight_memory(meta, str(path))
+        with cache_lock(out):  # one process dequantises; another asking at once waits, then reads it
+            if not _cached(out):
+                drop_leftovers(out)
+                _dequantise(path, out, digest, meta)
+                return out
+    settle_cached_config(out / "config.json", path)
+    return out
+
+
+def _cached(out: Path) -> bool:
+    return (out / "model.safetensors").exists() and (out / "config.json").exists()
+
+
+def _dequantise(path: Path, out: Path, digest: str, meta: dict) -> None:
+    """Dequantise ``path`` (``meta``: its checked metadata config) into ``out``: a temporary
+    folder, renamed into place once written (under :func:`~headscope.probes.models.cachelock.cache_lock`)."""
     log.info("dequantising %s to float32 (once; cached in %s)", path.name, out)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -84,13 +99,7 @@ def gguf_as_hf_dir(path: Path) -> Path:
         del state["lm_head.weight"]
     save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source_sha256": digest})
     tok.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process won the race
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    os.replace(tmp, out)
 
 
 @contextlib.contextmanager
