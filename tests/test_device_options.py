@@ -19,7 +19,6 @@ from headscope.probes.models.backends.protocol import placement
 from headscope.probes.models.loading import load_model
 from headscope.reports.cli.app import main
 from headscope.reports.cli.argtypes import resolve_device
-from headscope.reports.tools.experiments.distributed import actor_options, n_actors
 from tests.tiny_models import tiny_hf_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,22 +185,6 @@ def test_oom_item_is_one_line_on_the_cli(monkeypatch, capsys, tmp_path):
     code = main(["roles", "minilm-l6", "--roles", "positional", "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("headscope: error: one item of") and "\n" not in err
-
-
-# ----------------------------------------------------------------------------- Ray
-
-
-def test_ray_actor_options_ask_for_gpus_on_cuda_only():
-    assert actor_options("cpu") == {"num_cpus": 1}
-    assert actor_options("cuda") == {"num_cpus": 1, "num_gpus": 1.0}
-    assert actor_options("cuda:0", 0.5) == {"num_cpus": 1, "num_gpus": 0.5}
-    with pytest.raises(ValueError, match=r"gpus_per_worker must be in \(0, 1\]"):
-        actor_options("cuda", 1.5)
-    with pytest.raises(ValueError, match="goes with a CUDA device"):
-        actor_options("cpu", 0.5)
-    assert n_actors(10, {"CPU": 64, "GPU": 4}, actor_options("cuda")) == 4
-    assert n_actors(10, {"CPU": 64, "GPU": 4}, actor_options("cuda", 0.5)) == 8
-    assert n_actors(3, {"CPU": 64}, actor_options("cpu")) == 3
 
 
 # ----------------------------------------------------------------------------- the GPU check

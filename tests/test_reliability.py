@@ -32,7 +32,7 @@ from headscope.probes.models.inhouse.hooks import hooks
 from headscope.probes.models.inhouse.transformer import Transformer
 from headscope.probes.models.loading import load_model
 from headscope.probes.outputs.atomic import write_frame
-from headscope.reports.tools.experiments.distributed import AttentionMassReducer
+from headscope.reports.tools.bench.reducers import AttentionMassReducer
 
 # ----------------------------------------------------------------------------- checkpoints
 

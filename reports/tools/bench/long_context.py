@@ -73,7 +73,7 @@ def long_context_child(model: str, n_tokens: int, path: str, seed: int = 0, devi
     from headscope.probes.chunked import QUERY_CHUNK
     from headscope.probes.models.loading import load_model
     from headscope.reports.tools.bench.machine import peak_rss_mb
-    from headscope.reports.tools.experiments.distributed import on_device
+    from headscope.reports.tools.bench.reducers import on_device
 
     if path not in PATHS:
         raise ValueError(f"unknown long-context path {path!r}; valid: {', '.join(PATHS)}")

@@ -39,7 +39,7 @@ def memory_child(model: str, n: int, reducer: str, batch_size: int, seed: int, d
     from headscope.probes.allocator import tune_allocator
     from headscope.probes.capture import stream
     from headscope.probes.models.loading import load_model
-    from headscope.reports.tools.experiments.distributed import AttentionMassReducer, NoOpReducer, on_device
+    from headscope.reports.tools.bench.reducers import AttentionMassReducer, NoOpReducer, on_device
 
     tune_allocator()  # as the headscope command does
     reducers = {"noop": NoOpReducer, "mass": AttentionMassReducer}

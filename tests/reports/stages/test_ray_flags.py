@@ -37,8 +37,8 @@ def test_without_ray_flag_nothing_imports_ray():
 
 
 def test_only_the_sharded_runner_imports_ray_and_only_inside_functions():
-    """The package's runtime imports of Ray: inside functions of the sharded runner (and the
-    experiments' reducer it replaces), never at module level."""
+    """The package's runtime imports of Ray: inside functions of the sharded runner, never at
+    module level."""
     found = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT)
@@ -53,7 +53,7 @@ def test_only_the_sharded_runner_imports_ray_and_only_inside_functions():
             if any(n == "ray" or n.startswith("ray.") for n in names):
                 found.append((str(rel), id(node) in top))
     assert found and all(not at_top for _, at_top in found), found
-    assert {f for f, _ in found} <= {"reports/stages/sharded.py", "reports/tools/experiments/distributed.py"}, found
+    assert {f for f, _ in found} == {"reports/stages/sharded.py"}, found
 
 
 def test_ray_flag_without_ray_installed_is_one_line_naming_the_extra(tmp_path):
