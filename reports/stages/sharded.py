@@ -14,6 +14,10 @@ the driver, as without ``--ray``.
 
 Threads: each worker asks Ray for ``threads`` CPUs and sets torch's (and BLAS's) threads to them,
 ``threads = cluster CPUs // workers`` (at most a node's CPUs), so workers x threads <= cores.
+Memory: where the run has a memory plan (``ctx.shape`` and the stages' working sets), each worker
+also asks Ray for the plan's peak (:func:`worker_memory`: the weights, loaded, and the largest
+working set), so Ray places no more workers on a node than its memory holds; a cluster whose
+memory cannot host one is refused in one line.
 Faults: a part whose worker dies (or that raises) is run once more (the actor is restarted by Ray,
 loading the model again); a part failing twice fails the stage with the part named, and the runner
 records the stage as failed while the other stages still run.
@@ -37,7 +41,16 @@ from headscope.reports.stages.base import RunContext, Stage, StageResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RAY_HINT", "Interleaved", "RayConfig", "ShardPool", "StageWorker", "contiguous", "import_ray"]
+__all__ = [
+    "RAY_HINT",
+    "Interleaved",
+    "RayConfig",
+    "ShardPool",
+    "StageWorker",
+    "contiguous",
+    "import_ray",
+    "worker_memory",
+]
 
 RAY_HINT = "pip install 'headscope[ray]'"
 #: the environment a worker is given from the driver's (offline switches, caches)
@@ -104,6 +117,19 @@ class Interleaved:
 
     def __repr__(self) -> str:
         return f"batches {self.k}, {self.k + self.n}, {self.k + 2 * self.n}, ..."
+
+
+def worker_memory(ctx: RunContext) -> int | None:
+    """Bytes one worker holds at its peak, from the run's memory plan: the model's weights as a
+    worker loads them and the largest working set of the stages planned (``ctx.plans``), by
+    :func:`~headscope.probes.budget.estimate`; None where the run has no plan (no ``ctx.shape``,
+    a model held by a notebook, a GPU run)."""
+    sets = [w for ws in ctx.plans.values() for w in ws]
+    if ctx.shape is None or not sets:
+        return None
+    from headscope.probes.budget import estimate
+
+    return int(estimate(ctx.shape, sets, load=True, trimmed=True).total)
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -174,6 +200,7 @@ class ShardPool:
         self.ray = None
         self.workers = 0
         self.threads = 1
+        self.memory: int | None = None  # bytes each worker asked Ray for (None: none)
         self._actors: list = []
         self._started = False
 
@@ -225,14 +252,26 @@ class ShardPool:
         self.threads = max(1, min(cpus // self.workers, node_cpus))
         return self
 
-    def _start_actors(self) -> None:
+    def _start_actors(self, memory: int | None = None) -> None:
+        """The workers, each asking Ray for ``threads`` CPUs and ``memory`` bytes (None: none asked);
+        ``ValueError`` when the cluster's memory cannot host one."""
         if self._actors:
             return
         ray = self.ray
         env = {k: os.environ[k] for k in _ENV_PASSED if k in os.environ}
         threads = str(self.threads)
         env_vars = {**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
-        actor = ray.remote(num_cpus=self.threads, max_restarts=2, max_task_retries=0)(StageWorker)
+        asks = {"num_cpus": self.threads}
+        if memory:
+            node = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
+            if node and memory > node:
+                raise ValueError(
+                    f"each Ray worker needs about {memory / 2**30:.1f} GiB (the run's memory plan); "
+                    f"the largest node of {self.config.address or 'the local cluster'} has {node / 2**30:.1f} GiB"
+                )
+            asks["memory"] = int(memory)
+        self.memory = memory
+        actor = ray.remote(**asks, max_restarts=2, max_task_retries=0)(StageWorker)
         self._actors = [
             actor.options(runtime_env={"env_vars": env_vars}).remote(self.load, self.threads, env)
             for _ in range(self.workers)
@@ -259,7 +298,7 @@ class ShardPool:
         """``stage``'s ``parts`` on the workers (round robin), each tried at most twice; the
         parts' results merged in order, then finished in the driver."""
         ray = self.ray
-        self._start_actors()
+        self._start_actors(worker_memory(ctx))
         t0 = time.perf_counter()
         frames = ray.put({k: v for k, v in ctx.frames.items()})  # once, into the object store
         run = {"full": ctx.full, "seed": ctx.seed, "inputs": dict(ctx.inputs or {}), "role_groups": ctx.role_groups}

@@ -77,3 +77,22 @@ def test_a_shard_failing_twice_fails_its_stage_with_the_shard_named(minilm_pool,
     assert result is None and record["status"] == "failed" and record["shards"] == 2
     assert "the weights shard (layers 0-2) failed twice" in ctx.absent["weights"]
     assert "n_draws must be >= 1" in ctx.absent["weights"]
+
+
+def test_each_worker_asks_for_the_memory_of_the_run_plan(ray_cluster, minilm):
+    """A worker's memory is the plan's peak (the weights loaded and the largest working set); a
+    cluster whose nodes cannot hold one worker is refused in one line, before any actor starts."""
+    from headscope.reports.stages.plans import shape_of_model
+    from headscope.reports.stages.sharded import RayConfig, ShardPool, worker_memory
+
+    ctx = RunContext(name="minilm-l6", model=minilm, shape=shape_of_model(minilm, "fp32"))
+    assert worker_memory(ctx) is None  # no plan yet
+    roles = STAGES["roles"]
+    ctx.plans["roles"] = roles.plan(ctx, roles.config(ctx))
+    need = worker_memory(ctx)
+    weights = ctx.shape.n_params * 4  # float32
+    assert weights < need < 4 * 2**30
+    pool = ShardPool(RayConfig(workers=1), {"model": "minilm-l6"}).connect()  # joins the session's cluster
+    with pytest.raises(ValueError, match=r"each Ray worker needs about .* GiB .* the largest node .* has"):
+        pool._start_actors(memory=2**50)
+    assert pool._actors == []
