@@ -21,6 +21,9 @@ path                            what runs
                                 tokenising, word alignment, bucketing and the capture, the
                                 same work ``roles`` does before any statistic
 ``roles``                       ``analyses.roles.head_roles`` text roles over the same sentences
+``roles_ray2``                  the roles stage's text groups on the same sentences, sharded over
+                                two Ray workers (:mod:`~headscope.reports.tools.bench.ray_paths`);
+                                the note: tables equal to one process, and its seconds
 ``ablation_separate``           zero-ablating every head alone, one full forward per head
 ``ablation_batched``            the same, as ``single_head_ablation`` runs it: every head's mask
                                 in one call, replicas of a batch each running the layers from its
@@ -71,6 +74,7 @@ from headscope.reports.tools.bench import capture_paths as cap
 from headscope.reports.tools.bench import circuit_paths as circ
 from headscope.reports.tools.bench import patching_paths as patch
 from headscope.reports.tools.bench import pruning_paths as prune
+from headscope.reports.tools.bench import ray_paths
 from headscope.reports.tools.bench import weights_paths as wts
 from headscope.reports.tools.bench.state import BenchState, Prepared
 
@@ -98,6 +102,9 @@ PATHS: dict[str, BenchPath] = {
         "capture of all patterns from raw text (probes.capture.stream, no reducer)", cap.capture_stream
     ),
     "roles": BenchPath("all text role statistics (analyses.roles.head_roles)", cap.roles),
+    "roles_ray2": BenchPath(
+        "the roles stage's text groups sharded over 2 Ray workers (--ray --workers 2)", ray_paths.roles_ray2
+    ),
     "ablation_separate": BenchPath("single-head ablation of every head, a forward each", prune.ablation_separate),
     "ablation_batched": BenchPath(
         "single-head ablation of every head, per-layer replicas, shared prefix", prune.ablation_batched
