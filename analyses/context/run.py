@@ -145,33 +145,65 @@ def _batches(sentences: list[str], size: int) -> list[list[str]]:
     return [by_len[i : i + size] for i in range(0, len(by_len), size)]
 
 
-def _collect(model, items, cfg: ContextConfig):
-    """Run every distinct sentence once, ``cfg.batch_size`` to a forward: pooled word reps,
-    sentence reps, token reps, and the per-head and per-layer statistics of the first
-    ``cfg.attention_sentences`` sentences (each sentence's tensors dropped once read)."""
+def collect(model, items, cfg: ContextConfig, part: tuple[int, int] | None = None) -> dict:
+    """Run every distinct sentence once, ``cfg.batch_size`` to a forward -> the per-sentence and
+    per-item values (``reps_of`` item -> pooled word reps, ``per_sentence`` -> (reps, ids),
+    ``intra``, ``per_head``, ``per_layer`` of the first ``cfg.attention_sentences`` sentences,
+    ``first``: their scale and causality); each sentence's tensors dropped once read. ``part``
+    ``(k, n)`` (a sharded run): only every ``n``-th batch from the ``k``-th; :func:`merge_collected`
+    of the parts is the whole run's, each value from the same batch."""
     weights = output_matrices(model)
-    order = {s: i for i, s in enumerate(dict.fromkeys(it.sentence for it in items))}
-    if not order:
-        raise ValueError("the sense set has no sentence left to run")
+    order = _order(items)
     of_sentence: dict[str, list[int]] = {}
     for n, it in enumerate(items):
         of_sentence.setdefault(it.sentence, []).append(n)
-    reps_of, per_sentence, intra, per_head, per_layer, first = {}, {}, {}, {}, {}, None
-    for batch in _batches(list(order), cfg.batch_size):
+    raw = {"reps_of": {}, "per_sentence": {}, "intra": {}, "per_head": {}, "per_layer": {}, "first": None}
+    for b, batch in enumerate(_batches(list(order), cfg.batch_size)):
+        if part is not None and b % part[1] != part[0]:
+            continue
         for sentence, st in zip(batch, batch_states(model, batch, weights=weights)):
             rows = M.content_positions(st)
             reps = torch.cat([st.static[None], st.states], 0)[:, rows]  # [depth, n_tok, d]
-            per_sentence[sentence] = (reps, st.tokens.input_ids[0].cpu()[rows])
+            raw["per_sentence"][sentence] = (reps, st.tokens.input_ids[0].cpu()[rows])
             if reps.shape[1] > 1:
-                intra[sentence] = SIM.intra_sentence_similarity(reps)  # [depth]
+                raw["intra"][sentence] = SIM.intra_sentence_similarity(reps)  # [depth]
             if order[sentence] < cfg.attention_sentences:
-                per_head[sentence], per_layer[sentence] = M.head_stats(st), M.layer_stats(st)
-                first = first or (st.scale, st.causal)
+                raw["per_head"][sentence], raw["per_layer"][sentence] = M.head_stats(st), M.layer_stats(st)
+                raw["first"] = raw["first"] or (st.scale, st.causal)
             for n in of_sentence[sentence]:
                 pos = M.target_positions(st, items[n].start, items[n].end)
                 if pos:
                     static, layers = M.pooled(st, pos, cfg.pooling)
-                    reps_of[n] = torch.cat([static[None], layers], 0)
+                    raw["reps_of"][n] = torch.cat([static[None], layers], 0)
+    return raw
+
+
+def collect_part(model, cfg: ContextConfig, part: tuple[int, int]) -> dict:
+    """:func:`collect` of part ``part`` of the sense set ``cfg`` reads (a sharded run's worker)."""
+    _sset, items = _items(cfg)
+    return collect(model, items, cfg, part)
+
+
+def merge_collected(parts: list[dict]) -> dict:
+    """The parts' :func:`collect` in one (each sentence's and item's values from the part that ran it)."""
+    out = {k: {} for k in ("reps_of", "per_sentence", "intra", "per_head", "per_layer")}
+    for p in parts:
+        for k in out:
+            out[k].update(p[k])
+    out["first"] = next((p["first"] for p in parts if p["first"] is not None), None)
+    return out
+
+
+def _order(items) -> dict[str, int]:
+    order = {s: i for i, s in enumerate(dict.fromkeys(it.sentence for it in items))}
+    if not order:
+        raise ValueError("the sense set has no sentence left to run")
+    return order
+
+
+def _collected(items, raw: dict):
+    """:func:`collect`'s values -> ``(occ, labels, intra, tokens, (per, lay, scale, causal))``."""
+    order, reps_of = _order(items), raw["reps_of"]
     occ, labels_raw = {}, {}
     for n, it in enumerate(items):  # in the sense set's order (the permutations draw in it)
         if n in reps_of:
@@ -180,12 +212,13 @@ def _collect(model, items, cfg: ContextConfig):
     occ = {w: torch.stack(v) for w, v in occ.items() if len(set(labels_raw[w])) > 1}
     labels = {w: torch.tensor([sorted(set(labels_raw[w])).index(s) for s in labels_raw[w]]) for w in occ}
     in_order = sorted(order, key=order.get)
+    per_sentence, intra = raw["per_sentence"], raw["intra"]
     tokens = [(per_sentence[s][1], per_sentence[s][0]) for s in in_order]
     intra_t = torch.stack([intra[s] for s in in_order if s in intra])  # [sentence, depth]
-    attn = sorted(per_head, key=order.get)
-    per = torch.stack([per_head[s] for s in attn])  # [sentence, layer, head, metric]
-    lay = torch.stack([per_layer[s] for s in attn])  # [sentence, layer, 2]
-    return occ, labels, intra_t, tokens, (per, lay, *first), weights
+    attn = sorted(raw["per_head"], key=order.get)
+    per = torch.stack([raw["per_head"][s] for s in attn])  # [sentence, layer, head, metric]
+    lay = torch.stack([raw["per_layer"][s] for s in attn])  # [sentence, layer, 2]
+    return occ, labels, intra_t, tokens, (per, lay, *raw["first"])
 
 
 def _heads(per: torch.Tensor, lay: torch.Tensor, scale: list[float], cfg: ContextConfig):
@@ -218,11 +251,16 @@ def _heads(per: torch.Tensor, lay: torch.Tensor, scale: list[float], cfg: Contex
     return frame, layers
 
 
-def run_context(model, cfg: ContextConfig | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
-    """Run every contextualisation measurement on ``model`` (in-house backend); see the module doc."""
+def run_context(
+    model, cfg: ContextConfig | None = None, collected: dict | None = None
+) -> tuple[dict[str, pd.DataFrame], dict]:
+    """Run every contextualisation measurement on ``model`` (in-house backend); see the module doc.
+    ``collected``: the forwards' values already run (a sharded run's :func:`merge_collected`)."""
     cfg = cfg or ContextConfig()
     sset, items = _items(cfg)
-    occ, labels, intra, tokens, (per, lay, scale, causal), weights = _collect(model, items, cfg)
+    raw = collect(model, items, cfg) if collected is None else collected
+    occ, labels, intra, tokens, (per, lay, scale, causal) = _collected(items, raw)
+    weights = output_matrices(model)
     if len(occ) < 1:
         raise ValueError(f"{sset.path}: no word with two senses left to measure (skipped: {sset.skipped})")
     frames = {"similarity": _similarity(occ, intra, tokens, cfg)}

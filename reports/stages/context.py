@@ -121,15 +121,41 @@ class ContextStage(Stage[ContextConfig]):
         return replace(cfg, batch_size=b) if b is not None and b < cfg.batch_size else cfg
 
     def run(self, ctx: RunContext, cfg: ContextConfig) -> StageResult:
+        return self._frames(ctx, cfg, None)
+
+    def _frames(self, ctx: RunContext, cfg: ContextConfig, collected: dict | None) -> StageResult:
         from headscope.analyses.context.run import run_context
 
         try:
-            frames, summary = run_context(ctx.model, cfg)
+            frames, summary = run_context(ctx.model, cfg, collected)
         except ValueError as e:  # a word not in its sentence, a sense file with nothing left: said, not fatal
             raise StageAbsent(f"the contextualisation stage could not run: {str(e).splitlines()[0]}") from e
         # the declared dtypes (strings as object, whatever pandas' default string dtype)
         named = {f"context_{k}": v for k, v in frames.items()}
         return StageResult({k: v.astype(dict(self.schemas[k])) for k, v in named.items()}, summary)
+
+    def split(self, ctx: RunContext, cfg: ContextConfig, n: int) -> list:
+        """``n`` interleaved parts of the sense set's batches of sentences (cut as one process cuts
+        them): each sentence's states, word reps and head statistics come back; the similarity,
+        sense probes, permutations, bootstrap and trends run after the merge (:meth:`finish`)."""
+        from headscope.reports.stages.sharded import Interleaved
+
+        return [Interleaved(k, n) for k in range(n)]
+
+    def run_part(self, ctx: RunContext, cfg: ContextConfig, part) -> StageResult:
+        from headscope.analyses.context.run import collect_part
+
+        return StageResult({}, {"collected": collect_part(ctx.model, cfg, (part.k, part.n))})
+
+    def merge(self, parts) -> StageResult:
+        """The parts' collected values in one; the bootstrap intervals and the trend test are drawn
+        over all sentences at once, in :meth:`finish`."""
+        from headscope.analyses.context.run import merge_collected
+
+        return StageResult({}, {"collected": merge_collected([p.summary["collected"] for p in parts])})
+
+    def finish(self, ctx: RunContext, cfg: ContextConfig, merged: StageResult) -> StageResult:
+        return self._frames(ctx, cfg, merged.summary["collected"])
 
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.context import context_section
@@ -151,13 +177,6 @@ class ContextStage(Stage[ContextConfig]):
             f"context: {QUICK['max_per_sense']} sentences per sense, {QUICK['attention_sentences']} sentences of "
             f"attention statistics, {QUICK['n_perm']} permutations"
         ]
-
-    def merge(self, parts):
-        """Bootstrap intervals and the trend test are drawn over all sentences at once: the frames
-        of parts do not combine into the whole's. One part is returned as it is."""
-        if len(parts) == 1:
-            return parts[0]
-        raise ValueError("stage 'context': its intervals are drawn over all sentences; run it on the whole")
 
 
 STAGE = ContextStage()
