@@ -177,6 +177,7 @@ ioi-roles: bootstrap
 .PHONY: checkpoints
 checkpoints: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.checkpoint_figures
+
 # The bench's Ray row (issue #45): the roles stage's text groups on MiniLM-L6 in one process and over two Ray workers
 # of one thread each (wall, and whether every table equals the single run), into data/figures/ray_bench.json
 .PHONY: ray-bench
