@@ -73,23 +73,63 @@ def receiver_gradients(net, ids, metric, answer, wrong, embed=None, **patch) -> 
 
 
 def _batch_scores(net, clean, corrupted, answer, wrong, metric, cfg: EdgeConfig) -> torch.Tensor:
-    """Σ over the batch's items of the edge scores ``[sender, receiver]``."""
+    """Σ over the batch's items of the edge scores ``[sender, receiver]`` (arbitrary off the graph's edges)."""
     with torch.no_grad():
-        _, outs_x, _ = graph_forward(net, corrupted)
         _, outs_c, _ = graph_forward(net, clean)
-    diff = outs_x - outs_c  # [sender, batch, pos, d_model]
-    if cfg.method == "eap":
-        grad = receiver_gradients(net, clean, metric, answer, wrong)
-    elif cfg.method == "eap-ig":
-        grad = torch.zeros(0)
-        e_c, e_x = outs_c[0], outs_x[0]
-        for k in range(cfg.steps):
-            g = receiver_gradients(net, clean, metric, answer, wrong, embed=e_x + (k / cfg.steps) * (e_c - e_x))
-            grad = g if k == 0 else grad + g
-        grad = grad / cfg.steps
+    if cfg.method == "eap-ig":
+        grad, outs_x = _ig_gradients(net, clean, corrupted, metric, answer, wrong, cfg.steps)
     else:
-        grad = _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, cfg.steps)
-    return torch.einsum("sbpd,rbpd->sr", diff.float(), grad.float())
+        with torch.no_grad():
+            _, outs_x, _ = graph_forward(net, corrupted)
+        if cfg.method == "eap":
+            grad = receiver_gradients(net, clean, metric, answer, wrong)
+        else:
+            grad = _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, cfg.steps)
+    return _upstream_products(outs_x - outs_c, grad, net.cfg)
+
+
+def _ig_gradients(net, clean, corrupted, metric, answer, wrong, steps: int):
+    """``(mean gradient [receiver, batch, pos, d_model], outs_x)`` of EAP-IG's inputs variant: run
+    ``k`` reads the input embeddings ``e_x + (k / steps)(e_c - e_x)``; run 0 is the corrupted run
+    itself, which also gives the corrupted sender outputs ``outs_x``. The other runs keep no
+    sender output (``senders=False``); each run's gradients are added in place."""
+    with torch.no_grad():
+        e_c, e_x = net.embed_tokens(clean)[0], net.embed_tokens(corrupted)[0]
+    total = outs_x = None
+    for k in range(steps):
+        with torch.enable_grad():
+            if k == 0:
+                logits, outs_x, probes = graph_forward(net, corrupted, grad_probes=True)
+            else:
+                embed = e_x + (k / steps) * (e_c - e_x)
+                logits, _, probes = graph_forward(net, clean, embed=embed, grad_probes=True, senders=False)
+            grads = torch.autograd.grad(metric(logits, answer, wrong).sum(), probes)
+        if total is None:
+            total = torch.cat(grads)
+            continue
+        start = 0
+        for g in grads:  # [receivers of a group, batch, pos, d_model]
+            total[start : start + len(g)] += g
+            start += len(g)
+    return total / steps, outs_x.detach()
+
+
+def _upstream_products(diff: torch.Tensor, grad: torch.Tensor, cfg) -> torch.Tensor:
+    """``Σ_{batch, pos, d_model} diff[s] · grad[r]`` as ``[sender, receiver]`` float32, computed
+    for the senders upstream of each receiver only (one product per layer: layer ``l``'s
+    attention receivers and the MLP receiver below them read the senders below layer ``l``);
+    the other entries are 0 or the MLP receiver's own MLP (no edge)."""
+    lay = EdgeLayout(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
+    d, g = diff.flatten(1).float(), grad.flatten(1).float()  # [sender, item-values], [receiver, item-values]
+    out = torch.zeros(lay.n_senders, lay.n_receivers, device=d.device)
+    start = 0
+    for layer in range(lay.n_layers + 1):
+        top = layer < lay.n_layers
+        stop = lay.mlp_receiver(layer) if top else lay.n_receivers
+        n_up = lay.head_sender(layer, 0) if top else lay.n_senders
+        out[:n_up, start:stop] = d[:n_up] @ g[start:stop].T
+        start = stop
+    return out
 
 
 def _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, steps: int) -> torch.Tensor:

@@ -12,9 +12,10 @@ the MLP's input, and finally the logits' input (before the final norm).
 :func:`graph_forward` computes every receiver's input on its own: with ``corrupted`` sender
 outputs and ``keep [sender, receiver]``, receiver ``r`` reads ``Σ_s keep·out_s + (1 - keep)·
 corrupted_s + biases``, where ``out_s`` is the sender's output in this very run (the exact edge
-patching of Hanna et al.'s EAP-IG ``evaluate_graph``). With ``grad_probes`` a zero tensor that
-requires grad is added to each group of receiver inputs, so one backward gives the gradient
-at every receiver's input (one gradient per receiver, not per edge). Post-norm (BERT) and
+patching of Hanna et al.'s EAP-IG ``evaluate_graph``). With ``grad_probes`` each group of receiver
+inputs (a layer's q, its k, its v, an MLP's input, the logits') is returned as a probe, so one
+backward (``torch.autograd.grad`` with the probes as inputs) gives the gradient at every
+receiver's input (one gradient per receiver, not per edge). Post-norm (BERT) and
 sandwich-norm (Gemma) stacks do not decompose into sender sums: :func:`check_graph_model` refuses them.
 """
 
@@ -146,12 +147,12 @@ def check_graph_model(model) -> Transformer:
     return net
 
 
-def _receiver_inputs(resid, diffs, n_up, rs, keep, probe):
+def _receiver_inputs(resid, diffs, n_up, rs, keep):
     """Inputs of receivers ``rs`` (a slice) ``[receiver, batch, pos, d_model]``: ``resid`` (the sum
     of this run's first ``n_up`` senders and biases) for each, minus ``(1 - keep)`` times each
     sender's ``this run - corrupted`` difference (``diffs``: a list, or a buffer filled so far)."""
     n_r = rs.stop - rs.start
-    x = resid.unsqueeze(0).expand(n_r, *resid.shape)
+    x = resid.unsqueeze(0)  # broadcast over the receivers
     if keep is not None:
         drop = 1.0 - keep[:n_up, rs].to(resid.dtype)  # [sender, receiver]
         used = drop.abs().sum(1) > 0
@@ -161,11 +162,14 @@ def _receiver_inputs(resid, diffs, n_up, rs, keep, probe):
             idx = used.nonzero()[:, 0].tolist()
             diff = diffs[idx] if torch.is_tensor(diffs) else torch.stack([diffs[i] for i in idx])
             x = x - torch.einsum("sr,sbpd->rbpd", drop[used], diff)  # [sender, batch, pos, d_model]
-    return x if probe is None else x + probe
+    # contiguous: an expanded (stride-0) input would make the norms' outputs and every op after them strided
+    return x.expand(n_r, *resid.shape).contiguous()
 
 
-def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg):
-    """One layer's heads on their own receiver inputs -> ``[head, batch, pos, d_model]`` (``W_O^h z_h``)."""
+def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = True):
+    """One layer's heads on their own receiver inputs -> ``[head, batch, pos, d_model]`` (``W_O^h z_h``),
+    or without ``per_head`` their sum ``[batch, pos, d_model]`` (one product with ``W_O``: no
+    per-head output is written)."""
     attn, dh = block.attn, cfg.d_head
     n_h, n_kv = attn.n_heads, attn.n_kv_heads
 
@@ -181,6 +185,8 @@ def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg):
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     pattern = attention_pattern(q, k, mask, attn.kv_index, scale=attn.scale, softcap=attn.softcap)
     z = torch.matmul(pattern, repeat_kv(v, attn.kv_index))  # [batch, head, pos, d_head]
+    if not per_head:  # [batch, pos, head * d_head] @ W_O^T, heads in W_O's column order
+        return torch.matmul(z.transpose(1, 2).flatten(2), attn.o_proj.weight.t())
     w_o = attn.o_proj.weight.view(-1, n_h, dh)  # [d_model, head, d_head]
     return torch.einsum("bhpe,dhe->hbpd", z, w_o)
 
@@ -215,6 +221,7 @@ def graph_forward(
     corrupted: torch.Tensor | None = None,
     keep: torch.Tensor | None = None,
     grad_probes: bool = False,
+    senders: bool = True,
 ):
     """The forward of a pre-norm decoder through its senders and receivers.
 
@@ -224,8 +231,11 @@ def graph_forward(
     edges. Returns ``(logits, outs, probes)``: the last position's ``logits [batch, vocab]`` (what
     the patching metrics read), ``outs [sender, batch, pos, d_model]`` and ``probes``: a list of
     ``[receivers, batch, pos, d_model]`` tensors, one per group of receivers in receiver order
-    (concatenated, one per receiver), or None; with ``grad_probes`` the probes are zero
-    leaves that require grad, added to each receiver's input.
+    (concatenated, one per receiver), or None; with ``grad_probes`` the probes are the
+    receivers' inputs themselves (no copy: without patching each is ``resid`` expanded), whose
+    gradients ``torch.autograd.grad`` takes. Without ``senders`` (only
+    without ``corrupted``) ``outs`` is None and no sender's output is kept: a layer's heads
+    write their sum (EAP-IG's gradient runs, which read the probes alone).
     """
     cfg = net.cfg
     lay = EdgeLayout(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
@@ -233,42 +243,52 @@ def graph_forward(
         raise ValueError("corrupted and keep are given together or not at all")
     if keep is not None and tuple(keep.shape) != (lay.n_senders, lay.n_receivers):
         raise ValueError(f"keep must be [sender={lay.n_senders}, receiver={lay.n_receivers}]; got {tuple(keep.shape)}")
+    if not senders and corrupted is not None:
+        raise ValueError("patched edges (corrupted=) read every sender's output: senders=False needs corrupted=None")
     x0, positions = net.embed_tokens(ids)
     if embed is not None:
         x0 = embed
     probes: list[torch.Tensor] | None = [] if grad_probes else None
+    if grad_probes and not x0.requires_grad:  # the graph the probes' gradients run back through starts here
+        x0 = x0.detach().requires_grad_(True)
 
-    def probe(n: int) -> torch.Tensor | None:  # a leaf of its own per group: its gradient is its size alone
-        if probes is None:
-            return None
-        probes.append(torch.zeros(n, *x0.shape, dtype=x0.dtype, device=x0.device, requires_grad=True))
-        return probes[-1]
+    def inputs(rs: slice) -> torch.Tensor:  # receivers rs' inputs [receiver, batch, pos, d_model], kept as probes
+        x = _receiver_inputs(resid, diffs.now, len(outs), rs, keep)
+        if probes is not None:
+            probes.append(x)
+        return x
 
     outs, resid = [x0], x0
     diffs = _Diffs(corrupted)
     diffs.add(outs, 1)
+    n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
     for layer, block in enumerate(net.blocks):
         mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
         rope = None
         if cfg.positional == "rope":
             rope = rope_cos_sin(positions, cfg.d_head, block.rope_theta, block.rope_scaling)
-        s, e = lay.receivers_of(layer)
-        x = _receiver_inputs(resid, diffs.now, len(outs), slice(s, e - 1), keep, probe(e - 1 - s))
-        n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
-        heads = _attention_senders(block, x[:n_h], x[n_h : n_h + n_kv], x[n_h + n_kv :], mask, rope, cfg)
-        outs.extend(heads.unbind(0))
-        diffs.add(outs, n_h)
-        resid = resid + heads.sum(0)
+        q = lay.q_receiver(layer, 0)  # q per head, k per KV head, v per KV head: a probe each (no slicing)
+        x_q, x_k, x_v = (
+            inputs(slice(q + a, q + b)) for a, b in ((0, n_h), (n_h, n_h + n_kv), (n_h + n_kv, n_h + 2 * n_kv))
+        )
+        heads = _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, senders)
+        if senders:
+            outs.extend(heads.unbind(0))
+            diffs.add(outs, n_h)
+            heads = heads.sum(0)
+        resid = resid + heads
         if block.attn.o_proj.bias is not None:
             resid = resid + block.attn.o_proj.bias
-        mlp_in = _receiver_inputs(resid, diffs.now, len(outs), slice(e - 1, e), keep, probe(1))[0]
-        outs.append(block.mlp(block.ln2(mlp_in)))
-        diffs.add(outs, 1)
-        resid = resid + outs[-1]
+        m = lay.mlp_receiver(layer)
+        mlp = block.mlp(block.ln2(inputs(slice(m, m + 1)).squeeze(0)))
+        if senders:
+            outs.append(mlp)
+            diffs.add(outs, 1)
+        resid = resid + mlp
     r = lay.logits_receiver
-    final = _receiver_inputs(resid, diffs.now, len(outs), slice(r, r + 1), keep, probe(1))[0]
+    final = inputs(slice(r, r + 1)).squeeze(0)
     logits = soft_capped(net.unembed(net.ln_final(final[:, -1])), cfg.final_softcap)
-    return logits, torch.stack(outs), probes
+    return logits, torch.stack(outs) if senders else None, probes
 
 
 __all__ = ["EdgeLayout", "check_graph_model", "graph_forward"]
