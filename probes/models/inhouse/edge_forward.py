@@ -162,14 +162,50 @@ def _receiver_inputs(resid, diffs, n_up, rs, keep):
             idx = used.nonzero()[:, 0].tolist()
             diff = diffs[idx] if torch.is_tensor(diffs) else torch.stack([diffs[i] for i in idx])
             x = x - torch.einsum("sr,sbpd->rbpd", drop[used], diff)  # [sender, batch, pos, d_model]
+    if keep is None:  # one tensor read by every receiver (:class:`_SharedInputProjections`), never copied
+        return x.expand(n_r, *resid.shape)
     # contiguous: an expanded (stride-0) input would make the norms' outputs and every op after them strided
     return x.expand(n_r, *resid.shape).contiguous()
 
 
-def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = True):
+class _SharedInputProjections(torch.autograd.Function):
+    """A layer's q, k, v when every receiver reads the same input (no patched edge): the norm
+    once, one product per projection, as the model's own forward. Backward gives each receiver
+    its own input gradient ``[receiver, batch, pos, d_model]``: its head's slice of the
+    projection, then the norm's vector-Jacobian product batched over receivers. The inputs
+    ``x_q, x_k, x_v`` are one tensor expanded (never copied); the weights get no gradient."""
+
+    @staticmethod
+    def forward(ctx, x_q, x_k, x_v, norm, lins, d_head):
+        x = x_q[0]  # [batch, pos, d_model], what every receiver reads
+        y = norm(x)
+        ctx.save_for_backward(x)
+        ctx.norm, ctx.lins, ctx.d_head = norm, lins, d_head
+        b, p = x.shape[:2]
+        return tuple(
+            torch.nn.functional.linear(y, lin.weight, lin.bias).view(b, p, n, d_head).transpose(1, 2)
+            for lin, n in zip(lins, (len(x_q), len(x_k), len(x_v)))
+        )  # each [batch, n, pos, d_head]
+
+    @staticmethod
+    def backward(ctx, *grads):  # each [batch, n, pos, d_head] or None
+        (x,) = ctx.saved_tensors
+        g_y = []
+        for g, lin in zip(grads, ctx.lins):
+            n = lin.weight.shape[0] // ctx.d_head
+            g = torch.zeros(x.shape[0], n, x.shape[1], ctx.d_head, dtype=x.dtype, device=x.device) if g is None else g
+            g_y.append(torch.einsum("bnpe,ned->nbpd", g, lin.weight.view(n, ctx.d_head, -1)))
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_(True)
+            (g_x,) = torch.autograd.grad(ctx.norm(leaf), leaf, torch.cat(g_y), is_grads_batched=True)
+        return (*g_x.split([len(g) for g in g_y]), None, None, None)
+
+
+def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = True, shared: bool = False):
     """One layer's heads on their own receiver inputs -> ``[head, batch, pos, d_model]`` (``W_O^h z_h``),
     or without ``per_head`` their sum ``[batch, pos, d_model]`` (one product with ``W_O``: no
-    per-head output is written)."""
+    per-head output is written). ``shared``: every receiver's input is the same tensor
+    (:class:`_SharedInputProjections`)."""
     attn, dh = block.attn, cfg.d_head
     n_h, n_kv = attn.n_heads, attn.n_kv_heads
 
@@ -178,7 +214,11 @@ def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = T
         y = torch.einsum("nbpd,ned->bnpe", block.ln1(x), w)
         return y if lin.bias is None else y + lin.bias.view(1, n, 1, dh)
 
-    q, k, v = proj(x_q, attn.q_proj, n_h), proj(x_k, attn.k_proj, n_kv), proj(x_v, attn.v_proj, n_kv)
+    if shared:
+        lins = (attn.q_proj, attn.k_proj, attn.v_proj)
+        q, k, v = _SharedInputProjections.apply(x_q, x_k, x_v, block.ln1, lins, dh)
+    else:
+        q, k, v = proj(x_q, attn.q_proj, n_h), proj(x_k, attn.k_proj, n_kv), proj(x_v, attn.v_proj, n_kv)
     if attn.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     if rope is not None:
@@ -233,7 +273,7 @@ def graph_forward(
     ``[receivers, batch, pos, d_model]`` tensors, one per group of receivers in receiver order
     (concatenated, one per receiver), or None; with ``grad_probes`` the probes are the
     receivers' inputs themselves (no copy: without patching each is ``resid`` expanded), whose
-    gradients ``torch.autograd.grad`` takes. Without ``senders`` (only
+    gradients ``torch.autograd.grad`` takes (the q, k, v weights get none). Without ``senders`` (only
     without ``corrupted``) ``outs`` is None and no sender's output is kept: a layer's heads
     write their sum (EAP-IG's gradient runs, which read the probes alone).
     """
@@ -262,6 +302,7 @@ def graph_forward(
     diffs = _Diffs(corrupted)
     diffs.add(outs, 1)
     n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
+    shared = keep is None  # every receiver of a layer reads the residual: the norm once
     for layer, block in enumerate(net.blocks):
         mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
         rope = None
@@ -271,7 +312,7 @@ def graph_forward(
         x_q, x_k, x_v = (
             inputs(slice(q + a, q + b)) for a, b in ((0, n_h), (n_h, n_h + n_kv), (n_h + n_kv, n_h + 2 * n_kv))
         )
-        heads = _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, senders)
+        heads = _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, senders, shared)
         if senders:
             outs.extend(heads.unbind(0))
             diffs.add(outs, n_h)
