@@ -27,6 +27,7 @@ import torch
 
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.inhouse.attention import (
+    RMSNorm,
     additive_mask,
     apply_rope,
     attention_pattern,
@@ -190,15 +191,56 @@ class _SharedInputProjections(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):  # each [batch, n, pos, d_head] or None
         (x,) = ctx.saved_tensors
-        g_y = []
+        folded = _norm_folding(ctx.norm, x)
+        if folded is None:  # another norm: its vector-Jacobian product by autograd, batched over receivers
+            g_y = [_head_slices(g, lin, ctx.d_head, x) for g, lin in zip(grads, ctx.lins)]
+            with torch.enable_grad():
+                leaf = x.detach().requires_grad_(True)
+                (g_x,) = torch.autograd.grad(ctx.norm(leaf), leaf, torch.cat(g_y), is_grads_batched=True)
+            return (*g_x.split([len(g) for g in g_y]), None, None, None)
+        r, xh, w, centre = folded  # [batch, pos, 1], [batch, pos, d_model], [d_model], bool
+        out = []
         for g, lin in zip(grads, ctx.lins):
             n = lin.weight.shape[0] // ctx.d_head
-            g = torch.zeros(x.shape[0], n, x.shape[1], ctx.d_head, dtype=x.dtype, device=x.device) if g is None else g
-            g_y.append(torch.einsum("bnpe,ned->nbpd", g, lin.weight.view(n, ctx.d_head, -1)))
-        with torch.enable_grad():
-            leaf = x.detach().requires_grad_(True)
-            (g_x,) = torch.autograd.grad(ctx.norm(leaf), leaf, torch.cat(g_y), is_grads_batched=True)
-        return (*g_x.split([len(g) for g in g_y]), None, None, None)
+            m = lin.weight.view(n, ctx.d_head, -1).to(xh.dtype) * w  # [n, d_head, d_model]: W_n diag(w)
+            if centre:  # LayerNorm: the mean over d_model taken out of the weights
+                m = m - m.mean(-1, keepdim=True)
+            if g is None:
+                out.append(torch.zeros(n, *x.shape, dtype=x.dtype, device=x.device))
+                continue
+            g = g.to(xh.dtype)
+            u = torch.einsum("bpd,ned->bnpe", xh, m)  # x̂ through the folded weights
+            c = (g * u).sum(-1) / xh.shape[-1]  # [batch, n, pos]: mean(g_w x̂)
+            g_x = torch.einsum("bnpe,ned->nbpd", g * r.unsqueeze(1), m)
+            g_x.addcmul_(c.transpose(0, 1).unsqueeze(-1), r * xh, value=-1.0)  # - r x̂ mean(g_w x̂)
+            out.append(g_x.to(x.dtype))
+        return (*out, None, None, None)
+
+
+def _head_slices(g, lin, d_head, x) -> torch.Tensor:
+    """``g [batch, n, pos, d_head]`` (None: zeros) -> each head's ``[n, batch, pos, d_model]`` at the projection's input."""
+    n = lin.weight.shape[0] // d_head
+    if g is None:
+        return torch.zeros(n, *x.shape, dtype=x.dtype, device=x.device)
+    return torch.einsum("bnpe,ned->nbpd", g, lin.weight.view(n, d_head, -1))
+
+
+def _norm_folding(norm, x: torch.Tensor):
+    """``(r, x̂, w, centre)`` of RMSNorm or LayerNorm at ``x [batch, pos, d_model]``: the inverse
+    scale ``r``, the normalised input ``x̂``, the effective weight ``w`` and whether the mean is
+    taken out (LayerNorm). The gradient at the input is then ``r (g_w - x̂ mean(g_w x̂))`` with
+    ``g_w = g · w`` centred over ``d_model`` for LayerNorm. None for any other norm."""
+    if isinstance(norm, RMSNorm):
+        xf = x.float()
+        r = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.eps)
+        return r, xf * r, (1.0 + norm.weight.float()) if norm.offset else norm.weight.float(), False
+    if isinstance(norm, torch.nn.LayerNorm) and len(norm.normalized_shape) == 1:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        xc = xf - xf.mean(-1, keepdim=True)
+        r = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + norm.eps)
+        w = torch.ones_like(xf[0, 0]) if norm.weight is None else norm.weight.to(xf.dtype)
+        return r, xc * r, w, True
+    return None
 
 
 def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = True, shared: bool = False):
