@@ -85,7 +85,7 @@ def _batch_scores(net, clean, corrupted, answer, wrong, metric, cfg: EdgeConfig)
             grad = receiver_gradients(net, clean, metric, answer, wrong)
         else:
             grad = _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, cfg.steps)
-    return _upstream_products(outs_x - outs_c, grad, net.cfg)
+    return _upstream_products(outs_x.sub_(outs_c), grad, net.cfg)  # outs_x is this batch's own: the difference in place
 
 
 def _ig_gradients(net, clean, corrupted, metric, answer, wrong, steps: int):

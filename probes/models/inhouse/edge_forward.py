@@ -243,11 +243,12 @@ def _norm_folding(norm, x: torch.Tensor):
     return None
 
 
-def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = True, shared: bool = False):
+def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head=True, shared=False, record=None):
     """One layer's heads on their own receiver inputs -> ``[head, batch, pos, d_model]`` (``W_O^h z_h``),
     or without ``per_head`` their sum ``[batch, pos, d_model]`` (one product with ``W_O``: no
     per-head output is written). ``shared``: every receiver's input is the same tensor
-    (:class:`_SharedInputProjections`)."""
+    (:class:`_SharedInputProjections`). ``record``: a ``[head, batch, pos, d_model]`` buffer the
+    heads' outputs are also written into, without autograd."""
     attn, dh = block.attn, cfg.d_head
     n_h, n_kv = attn.n_heads, attn.n_kv_heads
 
@@ -267,9 +268,13 @@ def _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, per_head: bool = T
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     pattern = attention_pattern(q, k, mask, attn.kv_index, scale=attn.scale, softcap=attn.softcap)
     z = torch.matmul(pattern, repeat_kv(v, attn.kv_index))  # [batch, head, pos, d_head]
+    w_o = attn.o_proj.weight.view(-1, n_h, dh)  # [d_model, head, d_head]
+    if record is not None:  # each head's output, off the autograd graph, into [head, batch, pos, d_model]
+        with torch.no_grad():
+            zh = z.detach().transpose(0, 1).flatten(1, 2)  # [head, batch * pos, d_head]
+            torch.bmm(zh, w_o.permute(1, 2, 0), out=record.view(n_h, -1, record.shape[-1]))
     if not per_head:  # [batch, pos, head * d_head] @ W_O^T, heads in W_O's column order
         return torch.matmul(z.transpose(1, 2).flatten(2), attn.o_proj.weight.t())
-    w_o = attn.o_proj.weight.view(-1, n_h, dh)  # [d_model, head, d_head]
     return torch.einsum("bhpe,dhe->hbpd", z, w_o)
 
 
@@ -311,7 +316,8 @@ def graph_forward(
     embeddings (EAP-IG's interpolation); ``corrupted [sender, batch, pos, d_model]`` with ``keep
     [sender, receiver]`` (1 = this run's value, 0 = corrupted; fractions interpolate) patches
     edges. Returns ``(logits, outs, probes)``: the last position's ``logits [batch, vocab]`` (what
-    the patching metrics read), ``outs [sender, batch, pos, d_model]`` and ``probes``: a list of
+    the patching metrics read), ``outs [sender, batch, pos, d_model]`` (without patching: a buffer
+    with no autograd history) and ``probes``: a list of
     ``[receivers, batch, pos, d_model]`` tensors, one per group of receivers in receiver order
     (concatenated, one per receiver), or None; with ``grad_probes`` the probes are the
     receivers' inputs themselves (no copy: without patching each is ``resid`` expanded), whose
@@ -345,6 +351,10 @@ def graph_forward(
     diffs.add(outs, 1)
     n_h, n_kv = cfg.n_heads, cfg.n_kv_heads
     shared = keep is None  # every receiver of a layer reads the residual: the norm once
+    # without patching, the senders' outputs go straight into one buffer, off the autograd graph
+    record = torch.empty(lay.n_senders, *x0.shape, dtype=x0.dtype, device=x0.device) if senders and shared else None
+    if record is not None:
+        record[0] = x0.detach()
     for layer, block in enumerate(net.blocks):
         mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
         rope = None
@@ -354,8 +364,10 @@ def graph_forward(
         x_q, x_k, x_v = (
             inputs(slice(q + a, q + b)) for a, b in ((0, n_h), (n_h, n_h + n_kv), (n_h + n_kv, n_h + 2 * n_kv))
         )
-        heads = _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, senders, shared)
-        if senders:
+        h0 = lay.head_sender(layer, 0)
+        rec = None if record is None else record[h0 : h0 + n_h]
+        heads = _attention_senders(block, x_q, x_k, x_v, mask, rope, cfg, senders and rec is None, shared, rec)
+        if senders and rec is None:
             outs.extend(heads.unbind(0))
             diffs.add(outs, n_h)
             heads = heads.sum(0)
@@ -364,14 +376,16 @@ def graph_forward(
             resid = resid + block.attn.o_proj.bias
         m = lay.mlp_receiver(layer)
         mlp = block.mlp(block.ln2(inputs(slice(m, m + 1)).squeeze(0)))
-        if senders:
+        if record is not None:
+            record[lay.mlp_sender(layer)] = mlp.detach()
+        elif senders:
             outs.append(mlp)
             diffs.add(outs, 1)
         resid = resid + mlp
     r = lay.logits_receiver
     final = inputs(slice(r, r + 1)).squeeze(0)
     logits = soft_capped(net.unembed(net.ln_final(final[:, -1])), cfg.final_softcap)
-    return logits, torch.stack(outs) if senders else None, probes
+    return logits, record if record is not None else torch.stack(outs) if senders else None, probes
 
 
 __all__ = ["EdgeLayout", "check_graph_model", "graph_forward"]
