@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: circuit-ranks circuit-variants
+.PHONY: circuit-ranks circuit-variants circuit-bench
 .PHONY: schemas bootstrap report test test-fast docs readme-picture bench estimates figures context sweep weights-families qk validate circuits eap-reference lint gpu-check gpu-wheels
 
 bootstrap:
@@ -134,9 +134,17 @@ circuit-ranks: bootstrap
 	OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuit_ranks
 
 # SmolLM2-135M's induction faithfulness with the edges ranked by signed score and scored with 20 steps, beside
-# |score| at 5 steps (8 items, budgets 0.02-0.5) into data/figures/circuits_smollm2_variants.json (not yet run)
+# |score| at 5 steps (8 items, budgets 0.02-0.5, 5 random circuits each; ~10 min of one core) into
+# data/figures/circuits_smollm2_variants.json; docs/guide/circuits.md quotes it (test_circuits_figures.py)
 circuit-variants: bootstrap
 	OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 nice -n 10 $(PY) -m headscope.reports.tools.experiments.circuit_variants
+
+# EAP-IG's price in the bench, run twice (one thread, ~3 min each) into data/figures/bench_smollm2_eap_ig.json;
+# docs/guide/circuits.md quotes it (tests/reports/tools/bench/test_bench_circuits.py checks the target)
+circuit-bench: bootstrap
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope bench smollm2-135m --repeats 5 --paths eap_ig eap_ig_forward_backward --json > /tmp/headscope-eap-bench-1.json
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/headscope bench smollm2-135m --repeats 5 --paths eap_ig eap_ig_forward_backward --json > /tmp/headscope-eap-bench-2.json
+	$(PY) -m headscope.reports.tools.bench.circuit_paths --record data/figures/bench_smollm2_eap_ig.json /tmp/headscope-eap-bench-1.json /tmp/headscope-eap-bench-2.json
 
 # The EAP-IG reference implementation's EAP and EAP-IG edge scores (github.com/hannamw/EAP-IG at 795f5607, vendored,
 # on transformer-lens's bridge) for a random 2-layer GPT-2 (~20 s) into data/figures/eap_reference.json

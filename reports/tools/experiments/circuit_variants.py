@@ -10,8 +10,8 @@ edges (8 items) and evaluates the top edges at a few budgets by exact edge patch
 * ``steps20``: EAP-IG with 20 steps, ranked by ``|score|``.
 
 Writes ``data/figures/circuits_smollm2_variants.json`` (settings, ``m_full``/``m_empty``, each
-variant's faithfulness per budget). Not yet run for the committed figures (it needs ~10 min of two
-quiet cores); checked on a tiny random Llama only.
+variant's faithfulness per budget, 5 random circuits per budget as the baseline, and which of the
+patching heads :data:`HEADS` each variant's most faithful circuit holds); ~10 min of one core.
 """
 
 from __future__ import annotations
@@ -24,14 +24,36 @@ from pathlib import Path
 
 import torch
 
-from headscope.reports.tools.experiments.circuits_figures import FIGURES, MODEL
+from headscope.reports.tools.experiments.circuits_figures import FIGURES, HEADS, MODEL, _heads_in
 
 OUT = FIGURES / "circuits_smollm2_variants.json"
 BUDGETS = (0.02, 0.1, 0.2, 0.5)
 log = logging.getLogger(__name__)
 
 
-def variant_study(model, task, *, budgets, batch_size: int) -> dict:
+def _random_rows(patched, graph, budgets, m_full: float, m_empty: float, seeds: int) -> list[dict]:
+    """Per budget, the faithfulness of ``seeds`` random circuits of as many edges (pruned):
+    mean, std, min, max (the baseline of ``make circuits``)."""
+    from headscope.analyses.circuits.edges.evaluate import faithfulness
+    from headscope.analyses.circuits.edges.graph import budget_edges, random_circuit
+
+    rows = []
+    for b in budgets:
+        n = budget_edges(b, graph.n_edges)
+        f = torch.tensor(
+            [
+                faithfulness(patched.metric_of(graph.prune(random_circuit(graph, n, s))), m_full, m_empty)
+                for s in range(seeds)
+            ],
+            dtype=torch.float64,
+        )
+        rows.append(
+            {"budget": b, "mean": float(f.mean()), "std": float(f.std()), "min": float(f.min()), "max": float(f.max())}
+        )
+    return rows
+
+
+def variant_study(model, task, *, budgets, batch_size: int, seeds: int = 5) -> dict:
     from headscope.analyses.circuits.edges.attribution import EdgeConfig, edge_scores
     from headscope.analyses.circuits.edges.evaluate import PatchedBatches, faithfulness
     from headscope.analyses.circuits.edges.graph import budget_edges, top_circuit
@@ -47,23 +69,54 @@ def variant_study(model, task, *, budgets, batch_size: int) -> dict:
     signed = torch.where(s5 < 0, -s5, torch.zeros(()) - 1e-30 * s5.abs())
     variants = {"abs": s5, "signed": signed, "steps20": s20}
     t1 = time.perf_counter()
-    out = {}
+    out, heads = {}, {}
     for name, scores in variants.items():
-        rows = []
+        rows, kept = [], {}
         for b in budgets:
             circuit = graph.prune(top_circuit(graph, scores, budget_edges(b, graph.n_edges)))
             f = faithfulness(patched.metric_of(circuit), m_full, m_empty)
             rows.append({"budget": b, "n_edges_pruned": int(circuit.sum()), "faithfulness": f})
+            kept[b] = sorted(_heads_in(graph, circuit) & set(HEADS))
         out[name] = rows
+        best = max(rows, key=lambda r: r["faithfulness"])["budget"]
+        heads[name] = {"budget": best, "heads": kept[best]}
     return {
+        "random": _random_rows(patched, graph, budgets, m_full, m_empty, seeds),
+        "heads_at_best": heads,
         "model": model.spec.name,
         "task": task.summary(),
         "n_edges_total": graph.n_edges,
         "m_full": m_full,
         "m_empty": m_empty,
         "variants": out,
+        "seeds": seeds,
         "seconds": {"scores": round(t_scores, 1), "faithfulness": round(time.perf_counter() - t1, 1)},
     }
+
+
+#: the variants' column heads in the guide's table
+LABELS = {
+    "abs": "by absolute score, 5 steps",
+    "signed": "by signed score, 5 steps",
+    "steps20": "by absolute score, 20 steps",
+}
+
+
+def variants_table(doc: dict) -> str:
+    """The Markdown table docs/guide/circuits.md quotes: per budget, each variant's faithfulness
+    (edges kept after pruning) and the random circuits' ``mean ± std [min, max]``."""
+    names = list(doc["variants"])
+    lines = [
+        "| budget | " + " | ".join(LABELS.get(n, n) for n in names) + " | random circuits |",
+        "|---:|" + "---:|" * len(names) + "---|",
+    ]
+    for i, rand in enumerate(doc["random"]):
+        cells = [
+            f"{doc['variants'][n][i]['faithfulness']:.3f} ({doc['variants'][n][i]['n_edges_pruned']:,})" for n in names
+        ]
+        r = f"{rand['mean']:.3f} ± {rand['std']:.3f} [{rand['min']:.3f}, {rand['max']:.3f}]"
+        lines.append(f"| {rand['budget']:g} | " + " | ".join(cells) + f" | {r} |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
