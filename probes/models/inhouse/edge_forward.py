@@ -300,6 +300,37 @@ class _Diffs:
             self.now.extend(new.unbind(0))
 
 
+def _check_patch(lay: EdgeLayout, corrupted, keep, senders: bool) -> None:
+    """``ValueError`` for patching arguments :func:`graph_forward` cannot take."""
+    if (corrupted is None) != (keep is None):
+        raise ValueError("corrupted and keep are given together or not at all")
+    if keep is not None and tuple(keep.shape) != (lay.n_senders, lay.n_receivers):
+        raise ValueError(f"keep must be [sender={lay.n_senders}, receiver={lay.n_receivers}]; got {tuple(keep.shape)}")
+    if not senders and corrupted is not None:
+        raise ValueError("patched edges (corrupted=) read every sender's output: senders=False needs corrupted=None")
+
+
+class _LayerInputs:
+    """Each layer's additive mask and RoPE ``(cos, sin)``, computed once per window and per RoPE
+    setting (most stacks have one of each)."""
+
+    def __init__(self, net: Transformer, ids: torch.Tensor, positions: torch.Tensor, dtype):
+        self.cfg, self.ids, self.positions, self.dtype = net.cfg, ids, positions, dtype
+        self.masks, self.ropes = {}, {}
+
+    def of(self, block):
+        cfg = self.cfg
+        if block.window not in self.masks:
+            ones = torch.ones_like(self.ids)
+            self.masks[block.window] = additive_mask(ones, cfg.causal, dtype=self.dtype, window=block.window)
+        if cfg.positional != "rope":
+            return self.masks[block.window], None
+        key = (block.rope_theta, repr(block.rope_scaling))
+        if key not in self.ropes:
+            self.ropes[key] = rope_cos_sin(self.positions, cfg.d_head, block.rope_theta, block.rope_scaling)
+        return self.masks[block.window], self.ropes[key]
+
+
 def graph_forward(
     net: Transformer,
     ids: torch.Tensor,
@@ -327,12 +358,7 @@ def graph_forward(
     """
     cfg = net.cfg
     lay = EdgeLayout(n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads)
-    if (corrupted is None) != (keep is None):
-        raise ValueError("corrupted and keep are given together or not at all")
-    if keep is not None and tuple(keep.shape) != (lay.n_senders, lay.n_receivers):
-        raise ValueError(f"keep must be [sender={lay.n_senders}, receiver={lay.n_receivers}]; got {tuple(keep.shape)}")
-    if not senders and corrupted is not None:
-        raise ValueError("patched edges (corrupted=) read every sender's output: senders=False needs corrupted=None")
+    _check_patch(lay, corrupted, keep, senders)
     x0, positions = net.embed_tokens(ids)
     if embed is not None:
         x0 = embed
@@ -355,11 +381,9 @@ def graph_forward(
     record = torch.empty(lay.n_senders, *x0.shape, dtype=x0.dtype, device=x0.device) if senders and shared else None
     if record is not None:
         record[0] = x0.detach()
+    layer_inputs = _LayerInputs(net, ids, positions, x0.dtype)
     for layer, block in enumerate(net.blocks):
-        mask = additive_mask(torch.ones_like(ids), cfg.causal, dtype=x0.dtype, window=block.window)
-        rope = None
-        if cfg.positional == "rope":
-            rope = rope_cos_sin(positions, cfg.d_head, block.rope_theta, block.rope_scaling)
+        mask, rope = layer_inputs.of(block)
         q = lay.q_receiver(layer, 0)  # q per head, k per KV head, v per KV head: a probe each (no slicing)
         x_q, x_k, x_v = (
             inputs(slice(q + a, q + b)) for a, b in ((0, n_h), (n_h, n_h + n_kv), (n_h + n_kv, n_h + 2 * n_kv))
