@@ -320,22 +320,14 @@ _IMPORTANCE_CAPTION = (
 def write_comparison(frames, checkpoints, runs, failed, notes, out: Path) -> dict[str, Path]:
     """Write the tables, figures, comparison.html, comparison.md and comparison.json into ``out``
     (each file atomically; the per-checkpoint folders are the jobs')."""
-    from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
-    from headscope.reports.html import render_html
-    from headscope.reports.markdown import render_markdown
+    from headscope.probes.outputs.atomic import write_frame, write_json
+    from headscope.reports.html import write_document
 
     doc = build_section(frames, checkpoints, runs, failed, notes)
     out.mkdir(parents=True, exist_ok=True)
     for name, df in frames.items():
         write_frame(df, out / "tables" / name)
-    md, files = render_markdown(doc)
-    for rel, data in files.items():
-        with atomic_write(out / rel, "wb") as f:
-            f.write(data)
-    with atomic_write(out / "comparison.md") as f:
-        f.write(md)
-    with atomic_write(out / "comparison.html") as f:
-        f.write(render_html(doc))
+    figures = write_document(doc, out, "comparison")
     ref = C.reference(runs)
     run_rows = frames["checkpoint_runs"].astype(object).where(frames["checkpoint_runs"].notna(), None)
     write_json(
@@ -355,7 +347,7 @@ def write_comparison(frames, checkpoints, runs, failed, notes, out: Path) -> dic
             "failed": len(failed),
             "reference": ref,
             "matching": {k: sorted(set(v)) for k, v in frames["checkpoint_heads"].groupby("matching")["checkpoint"]},
-            "figures": sorted(files),
+            "figures": figures,
             "tables": sorted(frames),
             "notes": notes,
         },

@@ -115,3 +115,21 @@ def render_html(doc: Document) -> str:
         parts.append("</section>")
     parts.append("</main></body></html>\n")
     return "\n".join(p for p in parts if p)
+
+
+def write_document(doc: Document, folder, stem: str) -> list[str]:
+    """Write ``doc`` into ``folder`` as ``<stem>.md`` (its figures under ``figures/``) and
+    ``<stem>.html``, each file atomically; the one writer of the report and the checkpoints'
+    comparison. Returns the figures' paths relative to ``folder``."""
+    from headscope.probes.outputs.atomic import atomic_write
+    from headscope.reports.markdown import render_markdown
+
+    md, files = render_markdown(doc)
+    for rel, data in files.items():
+        with atomic_write(folder / rel, "wb") as f:
+            f.write(data)
+    with atomic_write(folder / f"{stem}.md") as f:
+        f.write(md)
+    with atomic_write(folder / f"{stem}.html") as f:
+        f.write(render_html(doc))
+    return sorted(files)

@@ -36,12 +36,11 @@ import pandas as pd
 from headscope.analyses.run_json import run_json, versions
 from headscope.analyses.run_patching import CAUSAL_METHOD
 from headscope.probes.budget import peak_rss_bytes
-from headscope.probes.outputs.atomic import atomic_write, write_frame, write_json
+from headscope.probes.outputs.atomic import write_frame, write_json
 from headscope.probes.outputs.folder import claim_output
 from headscope.probes.outputs.swap import recover as recover_out  # noqa: F401 - kept for callers of the old name
 from headscope.reports import figures as F
-from headscope.reports.html import render_html
-from headscope.reports.markdown import render_markdown
+from headscope.reports.html import write_document
 from headscope.reports.sections import build_document
 from headscope.reports.sections.pruning import curves_frame
 from headscope.reports.sections.role_detail import top_heads
@@ -160,14 +159,7 @@ def write_report(
                 progress("write", 0, None)
             t0 = time.perf_counter()
             _write_tables(frames, tmp / "tables")
-            md, files = render_markdown(doc)
-            for rel, png in files.items():
-                with atomic_write(tmp / rel, "wb") as f:
-                    f.write(png)
-            with atomic_write(tmp / "report.md") as f:
-                f.write(md)
-            with atomic_write(tmp / "report.html") as f:
-                f.write(render_html(doc))
+            write_document(doc, tmp, "report")
             timings["write"] = round(time.perf_counter() - t0, 3)  # run.json, written last, records it
             write_json(_report_json(frames, card, meta), tmp / "run.json")
             if progress:
