@@ -18,6 +18,7 @@ import pytest
 
 from headscope.analyses import run_json
 from headscope.analyses.frames import EXAMPLE_COLUMNS, IMPACT_COLUMNS, ROLE_COLUMNS, STAT_COLUMNS, roles_frame
+from headscope.reports import html as report_html
 from headscope.reports import pipeline
 from headscope.reports.stages import frames as run_frames
 from headscope.reports.stages import runner
@@ -353,14 +354,14 @@ def test_failed_write_leaves_no_folder_and_keeps_the_old_one(tmp_path, minilm_ca
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(pipeline, "render_html", boom)
+    monkeypatch.setattr(report_html, "render_html", boom)
     with pytest.raises(RuntimeError, match="disk on fire"):
         pipeline.write_report(frames, card=card, card_text=text, meta=_meta(), out_dir=out)
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no <out>, no leftover tmp
     monkeypatch.undo()
     pipeline.write_report(frames, card=card, card_text=text, meta=_meta(seed=1), out_dir=out)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    monkeypatch.setattr(pipeline, "render_html", boom)
+    monkeypatch.setattr(report_html, "render_html", boom)
     with pytest.raises(RuntimeError):
         pipeline.write_report(frames, card=card, card_text=text, meta=_meta(seed=2), out_dir=out)
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
