@@ -252,6 +252,13 @@ def _sliding(hf: dict, mtype: str, n_layers: int, where: str = "config") -> tupl
     return per_layer if any(per_layer) else None
 
 
+#: model types whose config counts no layers because they are no single stack of layers over the tokens: why
+_NO_LAYER_STACK = {
+    "funnel": "Funnel Transformer: each block after the first attends from positions mean-pooled by 2, "
+    "so no pattern past its first block is over the tokens",
+}
+
+
 def _core_sizes(hf: dict, family, where: str) -> tuple[dict, int, int, int]:
     """``(hf, layers, d_model, heads)``: the config under the family's own names (and, for an
     encoder-decoder holding its sizes in its parts, T5Gemma, its encoder's), its three sizes; a
@@ -270,9 +277,10 @@ def _core_sizes(hf: dict, family, where: str) -> tuple[dict, int, int, int]:
     facts = {"layer count": "layers", "hidden size": "d_model", "head count": "heads"}
     lacks = [f"{what} ({', '.join(_KEYS[facts[what]][:3])}, …)" for what, v in sizes.items() if not v]
     if lacks:  # Funnel: its layers in pooling blocks (block_sizes), no count
+        why = _NO_LAYER_STACK.get(hf.get("model_type"))
         raise ModelIncompatibleError(
             f"config of {where!r} has no layer/head/hidden-size fields (model_type {hf.get('model_type')!r}): "
-            f"no {' and no '.join(lacks)}"
+            f"no {' and no '.join(lacks)}" + (f"; {why}" if why else "")
         )
     return hf, sizes["layer count"], sizes["hidden size"], sizes["head count"]
 

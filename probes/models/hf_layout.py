@@ -181,8 +181,8 @@ def linear_shape(mod: nn.Module) -> tuple[int, int] | None:
     w = getattr(mod, "weight", None)
     if w is not None and type(mod).__name__ == "Conv1D" and w.dim() == 2:
         return int(w.shape[0]), int(w.shape[1])
-    if isinstance(mod, nn.Conv1d) and mod.kernel_size == (1,) and mod.groups == 1:  # SqueezeBERT's, channels first
-        return mod.in_channels, mod.out_channels
+    if isinstance(mod, nn.Conv1d) and mod.kernel_size == (1,) and mod.stride == (1,) and mod.padding == (0,):
+        return mod.in_channels, mod.out_channels  # SqueezeBERT's, channels first (grouped: a block-diagonal map)
     return None
 
 
@@ -290,6 +290,29 @@ def attention_of_layers(attentions, layers, n_blocks: int):
     if layers is None or attentions is None or len(attentions) != n_blocks:
         return attentions
     return tuple(attentions[i] for i in layers)
+
+
+#: attention modules (by class name) whose ``output_attentions`` entry is their masked, scaled scores before the
+#: softmax, and the key of their output dict holding them: SqueezeBERT's ``forward`` returns ``attention_score``
+#: and multiplies V by ``self.softmax(attention_score)`` (dropout only in training)
+RETURNS_SCORES = {"SqueezeBertSelfAttention": "attention_score"}
+
+
+def softmax_returned_scores(model: nn.Module) -> int:
+    """Hook each attention module of ``model`` listed in :data:`RETURNS_SCORES` so that what it returns for
+    ``output_attentions`` is the softmax of its scores over the keys, the pattern its forward multiplies V
+    by (the same ``softmax(dim=-1)``, so equal bit for bit); the number of modules hooked."""
+
+    def softmaxed(module, args, output):
+        key = RETURNS_SCORES[type(module).__name__]
+        if isinstance(output, dict) and torch.is_tensor(output.get(key)):
+            return {**output, key: torch.softmax(output[key], dim=-1)}
+        return output
+
+    hooked = [m for m in model.modules() if type(m).__name__ in RETURNS_SCORES]
+    for m in hooked:
+        m.register_forward_hook(softmaxed)
+    return len(hooked)
 
 
 def unbanded(attentions, window):

@@ -84,12 +84,14 @@ def _owner(holder: nn.Module, rel: str) -> nn.Module:
 
 def _attention_of(block: nn.Module, o: nn.Module, spec) -> tuple[str, nn.Module]:
     """The nearest module holding ``o`` and the query projection (BERT's ``attention``: ``self.query`` beside
-    ``output.dense``); the nearest holding ``o`` where none holds a query by name (a fused map)."""
+    ``output.dense``), else the block's one module holding a query, beside ``o`` (SqueezeBERT); the nearest
+    holding ``o`` where none holds a query by name (a fused map)."""
     chain = _ancestors(block, o)
     for where, attn in chain:
         if where and _named(attn, Q_NAMES, spec.d_model):
             return where, attn
-    return chain[0]
+    q = [rel.rpartition(".")[0] for rel, _ in _named(block, Q_NAMES, spec.d_model)]  # SqueezeBERT's `attention`
+    return (q[0], block.get_submodule(q[0])) if len(q) == 1 and q[0] else chain[0]  # beside `post_attention`
 
 
 def _named(attn: nn.Module, names, want_in: int) -> list[tuple[str, nn.Module]]:
@@ -539,10 +541,6 @@ def hf_weights(model) -> HFModelWeights:
     no_meaning = _config_reason(config, NO_PER_HEAD)
     if no_meaning is not None:
         raise ModelIncompatibleError(no_meaning)
-    if layout.turn not in (None, (0, 1)):  # FSMT's time-major layers are read turned back (the check does)
-        raise ModelIncompatibleError(
-            f"{layout.attn_out_name}: the heads run turned axes {layout.turn}: per-head weights are not read there"
-        )
     pos, pad = _pos_embed(model.hf)
     names = {id(m): name for name, m in model.hf.named_modules()}
     prefixes = [names.get(id(b), "") for b in layout.blocks]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from torch import nn
 
 from headscope.probes.models.head_check import TOLERANCE
 
@@ -55,8 +56,10 @@ def _capture_hooks(projections, kept: dict):
 
     def keep_io(l, which):
         def hook(m, a, o):
-            kept[l, which + "_in"] = a[0].detach().clone()  # Longformer scales its q in place afterwards
-            kept[l, which + "_out"] = (o[0] if isinstance(o, tuple) else o).detach().clone()
+            x, y = a[0].detach().clone(), (o[0] if isinstance(o, tuple) else o).detach().clone()  # Longformer scales
+            if isinstance(m, nn.Conv1d):  # a 1×1 convolution runs channels first (SqueezeBERT): [batch, pos, features]
+                x, y = x.transpose(1, 2), y.transpose(1, 2)
+            kept[l, which + "_in"], kept[l, which + "_out"] = x, y  # its q in place afterwards: cloned
 
         return hook
 

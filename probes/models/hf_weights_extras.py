@@ -24,12 +24,12 @@ __all__ = [
 
 def linear_weights(mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(weight [out, in], bias [out] or None)`` of a linear map, float32 CPU copies (GPT-2's
-    ``Conv1D`` holds ``[in, out]``: transposed; a 1×1 ``nn.Conv1d`` squeezed)."""
+    ``Conv1D`` holds ``[in, out]``: transposed; a 1×1 ``nn.Conv1d`` squeezed, a grouped one block-diagonal)."""
     w = mod.weight.detach()
     if type(mod).__name__ == "Conv1D":
         w = w.T
-    elif isinstance(mod, nn.Conv1d):
-        w = w[:, :, 0]
+    elif isinstance(mod, nn.Conv1d):  # 1×1: [out, in / groups, 1]; grouped, the block-diagonal [out, in]
+        w = torch.block_diag(*w[:, :, 0].chunk(mod.groups, dim=0))
     b = getattr(mod, "bias", None)
     b = b.detach().float().cpu().clone() if isinstance(b, torch.Tensor) else None
     return w.float().cpu().clone(), b

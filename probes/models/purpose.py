@@ -32,8 +32,10 @@ PURPOSES = ("lm", "embedding")
 #: the metric kind (:data:`headscope.analyses.metrics.MODELS`) each purpose is scored by
 METRIC_KIND = {"lm": "decoder", "embedding": "encoder"}
 
-#: tensor-name endings of a causal LM's own output head, and of an encoder's masked-LM head
-_LM_HEADS = ("lm_head.weight", "embed_out.weight", "output.weight")
+#: tensor-name endings of a causal LM's own output head (the first two; the others whole names: GGUF-style
+#: ``output.weight``, DeepSeek-V4's original ``head.weight``, which transformers saves it as and renames to
+#: ``lm_head.weight`` on loading), and of an encoder's masked-LM head
+_LM_HEADS = ("lm_head.weight", "embed_out.weight", "output.weight", "head.weight")
 _MLM_HEADS = ("cls.predictions.", "lm_head.dense.", "lm_head.decoder.", "vocab_projector.", "generator_lm_head.")
 
 

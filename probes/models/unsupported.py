@@ -28,7 +28,6 @@ ATTENTION_KINDS = {
     "jetmoe": "mixture of attention heads: each token's queries and output projection are its top-k experts'",
     "led": "sliding-window attention with its own global query/key/value projections: several maps take heads × "
     "d_head to d_model and its V runs time-major over positions padded to the window, so none can be checked",
-    "squeezebert": "output_attentions returns its pre-softmax scores (attention_score), not the softmax pattern",
     "longt5": "local / transient-global attention: scores over key blocks, no [query, key] pattern",
     "mra": "multi-resolution approximate attention: no softmax pattern is computed",
     "nystromformer": "Nyström approximation of softmax attention: no exact pattern times V",

@@ -28,7 +28,11 @@ FAMILIES = {
     "bert": ("separate", "learned"),  # post-norm, query/key/value beside output.dense
 }
 #: families the in-house tests do not build, from the sweep's tiny configs
-SWEEP_FAMILIES = {"bloom": ("head,(q,k,v)", "ALiBi"), "mpnet": ("separate", "relative position bias")}
+SWEEP_FAMILIES = {
+    "bloom": ("head,(q,k,v)", "ALiBi"),
+    "mpnet": ("separate", "relative position bias"),
+    "squeezebert": ("separate", "learned"),  # grouped 1×1 convolutions, channels first, scores softmaxed
+}
 
 
 def _hf(model_type: str):
@@ -117,6 +121,38 @@ def test_mla_heads_through_the_frozen_latent_norms(family):
     assert all(torch.equal(lw.W_K[i, :, dn:], shared) for i in range(h))  # one rotary key for every head
     assert any("kv_a_layernorm" in f for f in w.frozen) and "rotary" in w.positions
     assert (any("q_a_layernorm" in f for f in w.frozen)) == (cfg.q_lora_rank is not None)
+
+
+def test_squeezebert_patterns_are_the_softmax_of_the_scores_it_returns_and_its_grouped_maps_block_diagonal():
+    """SqueezeBERT returns its pre-softmax scores for output_attentions: the hf backend's patterns are their
+    softmax (rows sum to 1; the weights check above recomputes them from W_Q, W_K to 1e-5); its query, key and
+    value are 1×1 convolutions in 4 groups, so head h's W_Q reads only the features of group h."""
+    model = _hf("squeezebert")
+    batch = model.encode(["The cat sat on the mat.", "Heads."])
+    pattern = model.run(batch, ("pattern",))["pattern", 0]
+    keep = batch.attention_mask.bool()
+    assert pattern.min() >= 0 and torch.allclose(pattern.sum(-1).transpose(1, 2)[keep], torch.tensor(1.0))
+    assert model.hf.config.q_groups == model.spec.n_heads == 4
+    w_q, d = model_weights(model).layer(0).W_Q, model.spec.d_head
+    for h in range(4):
+        outside = torch.cat([w_q[h, : h * d], w_q[h, (h + 1) * d :]])
+        assert outside.abs().max() == 0 and w_q[h, h * d : (h + 1) * d].abs().max() > 0
+
+
+def test_deepseek_v4_saved_with_its_original_names_loads_with_its_lm_head(tmp_path):
+    """transformers saves DeepSeek-V4 under its original tensor names (``head.weight`` for the LM head, renamed
+    back on loading): it is read as a causal LM with its head, so it loads (the base model alone lost its final
+    norm, 'norm.weight' missing) and is refused by structure, naming its grouped output projection."""
+    from headscope.probes.models.arch import arch_from_hf_config
+    from headscope.probes.models.purpose import lm_head_absent
+    from headscope.reports.tools.sweep.tiny_config import save_tiny
+
+    _, folder = save_tiny("deepseek_v4", tmp_path / "dsv4")
+    arch = arch_from_hf_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
+    assert not arch.tie_embeddings and not lm_head_absent(folder, arch)
+    model = load_model(str(folder), backend="hf")
+    with pytest.raises(ModelIncompatibleError, match="grouped low-rank output projection"):
+        model.layout  # noqa: B018
 
 
 def test_convolved_values_are_refused_in_one_line():

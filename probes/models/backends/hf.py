@@ -68,11 +68,12 @@ class HFReference(ResumableForward, BackendCommon):
         between the attention layers: :func:`~headscope.probes.models.hf_layout.attention_blocks`),
         analyse the attention layers alone (``spec.n_layers`` is their count; ``head_modules`` says
         which blocks they are and which blocks hold none); off for the bridge, which reads every block."""
-        from headscope.probes.models.hf_layout import attention_blocks, attention_sublayers
+        from headscope.probes.models.hf_layout import attention_blocks, attention_sublayers, softmax_returned_scores
 
         self.hf = hf_model.eval()
         if hybrid:  # not for the bridge, which wraps the model as transformers builds it
             unshare_layer_groups(self.hf, spec)
+            softmax_returned_scores(self.hf)  # SqueezeBERT returns its scores: the pattern is their softmax
         self.tokenizer = tokenizer
         self._n_blocks = spec.n_layers
         self._attention_blocks = attention_blocks(self.hf, spec, spec.n_layers) if hybrid else None

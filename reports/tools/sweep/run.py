@@ -186,7 +186,7 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     import torch
     import transformers
 
-    from headscope.probes.models.hf_layout import attention_of_layers, unbanded
+    from headscope.probes.models.hf_layout import attention_of_layers, softmax_returned_scores, unbanded
     from headscope.probes.models.loading import load_model
     from headscope.reports.tools.sweep.tiny_config import KINDS
 
@@ -207,6 +207,7 @@ def _pattern_check(folder: Path, kind: str, row: dict) -> str:
     hf = getattr(transformers, KINDS[kind]).from_pretrained(str(folder), attn_implementation="eager").eval()
     if saved.get("is_encoder_decoder"):  # an encoder-decoder: its encoder's self-attention, as the hf backend reads it
         hf = hf.get_encoder()
+    softmax_returned_scores(hf)  # where HF returns pre-softmax scores (SqueezeBERT), the softmax its forward takes
     with torch.no_grad():
         extra = {"use_cache": False} if kind == "decoder" else {}  # no cache: a plain forward, as the hf backend runs
         out = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_attentions=True, **extra)

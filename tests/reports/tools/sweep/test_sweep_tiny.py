@@ -163,12 +163,13 @@ def test_an_encoder_whose_output_is_wider_than_d_model_is_pruned(tmp_path, capsy
 
 def test_a_config_without_a_layer_count_says_which_size_it_lacks():
     """Funnel builds now; its layers sit in pooling blocks (block_sizes) with no count: the reader's
-    refusal names the missing size, not only "no layer/head/hidden-size fields"."""
+    refusal names the missing size, not only "no layer/head/hidden-size fields", and why it has none."""
     from headscope.probes.errors import ModelIncompatibleError
     from headscope.probes.models.arch import arch_from_hf_config
 
     cfg, _ = _build("funnel")
-    with pytest.raises(ModelIncompatibleError, match=r"no layer count \(num_hidden_layers, n_layer, n_layers, …\)$"):
+    lacks = r"no layer count \(num_hidden_layers, n_layer, n_layers, …\); Funnel .* mean-pooled by 2"
+    with pytest.raises(ModelIncompatibleError, match=lacks):
         arch_from_hf_config(cfg.to_dict(), "funnel/config.json")
 
 
