@@ -53,3 +53,17 @@ def test_the_weights_column_is_the_committed_weights_study():
             assert f"| {f} | {study[f]['status']} | " in table, f
     assert "| llama | " not in table  # a family with weights is not in the list of those without
     assert render(rows, weights={}).count("per-head weights") == 1  # no study: the column says "-"
+
+
+def test_a_sweep_of_two_transformers_versions_says_which_rows_are_whose():
+    from headscope.reports.tools.sweep.table import summary, weights_line
+
+    row = dict(family="llama", kind="decoder", built="ok", backend="inhouse", rejected="")
+    row.update(dict.fromkeys(CHECKS, "ok"))
+    rows = [{**row, "transformers": "5.25.0"}, {**row, "family": "bert", "transformers": "5.24.0"}]
+    rows.append({**row, "family": "gpt2", "transformers": "5.25.0"})
+    assert summary(rows).startswith("transformers 5.25.0 (2 rows) and 5.24.0 (1 rows): 3 model types")
+    weights = {"llama": {"status": "pass"}, "bert": {"status": "refused", "reason": "x"}}
+    line = weights_line(rows, weights, "5.25.0")
+    assert line.startswith("1 of these 3 text families") and "(transformers 5.25.0)" in line
+    assert "(transformers" not in weights_line(rows[:1], weights, "5.25.0")

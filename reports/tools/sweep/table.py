@@ -36,7 +36,27 @@ def weights_study(path: Path = WEIGHTS_STUDY) -> dict[str, dict]:
         return {}
 
 
-__all__ = ["BEGIN", "END", "counts", "readme_block", "render", "summary", "update_readme", "weights_study"]
+def study_version(path: Path = WEIGHTS_STUDY) -> str | None:
+    """The transformers version the committed weights study ran on, None where there is none."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8")).get("transformers")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+__all__ = [
+    "BEGIN",
+    "END",
+    "counts",
+    "readme_block",
+    "render",
+    "study_version",
+    "summary",
+    "update_readme",
+    "weights_count",
+    "weights_line",
+    "weights_study",
+]
 
 #: the markers around the generated table in README.md
 BEGIN = "<!-- sweep-table: generated from data/sweep/sweep.csv by `make sweep`; do not edit by hand -->"
@@ -54,13 +74,36 @@ def counts(rows: list[dict]) -> tuple[int, int, int]:
     return len(rows), len(built), sum(_ok(r) for r in built)
 
 
+def weights_count(rows: list[dict], weights: dict[str, dict]) -> tuple[int, int]:
+    """``(P, M)``: text families built from a tiny config whose per-head weights pass the study's check
+    (``weights``, :func:`weights_study`), and all built (the table's weights column summed)."""
+    built = [r["family"] for r in rows if r["built"] == "ok"]
+    return sum(weights.get(f, {}).get("status") == "pass" for f in built), len(built)
+
+
 def summary(rows: list[dict]) -> str:
     n, m, k = counts(rows)
-    version = next((r["transformers"] for r in rows), "?")
+    versions: dict[str, int] = defaultdict(int)
+    for r in rows:
+        versions[r["transformers"]] += 1
+    version = next(iter(versions), "?")
+    if len(versions) > 1:  # a sweep rerun in parts on another transformers: which rows are whose
+        version = " and ".join(f"{v} ({c} rows)" for v, c in sorted(versions.items(), key=lambda vc: -vc[1]))
     share = f"{100 * k / m:.0f}%" if m else "-"
     return (
         f"transformers {version}: {n} model types of the registry swept, {m} text families built from a tiny config, "
         f"{k} running every stage on the default backend ({share})."
+    )
+
+
+def weights_line(rows: list[dict], weights: dict[str, dict], version: str | None) -> str:
+    """How many built families have checked per-head weights, from which study (``version``: its transformers)."""
+    p, m = weights_count(rows, weights)
+    theirs = {r["transformers"] for r in rows}
+    study = f" (transformers {version})" if version and theirs != {version} else ""
+    return (
+        f"{p} of these {m} text families have per-head weights (hf backend) that pass the check against their "
+        f"forward to 1e-5: data/figures/hf_weights_families.json{study}, `make weights-families`."
     )
 
 
@@ -89,6 +132,7 @@ def render(rows: list[dict], weights: dict[str, dict] | None = None) -> str:
     """The Markdown of ``rows`` (see the module): one summary line, the table, the collapsed lists;
     ``weights``: the per-head weights study per family (default: the committed one,
     :func:`weights_study`), its column and its list of the families without weights."""
+    version = study_version() if weights is None else None
     weights = weights_study() if weights is None else weights
     built = [r for r in rows if r["built"] == "ok"]
     by_backend: dict[str, list[str]] = defaultdict(list)
@@ -100,7 +144,13 @@ def render(rows: list[dict], weights: dict[str, dict] | None = None) -> str:
             passed = tuple(s for s in CHECKS if r[s] == "ok")
             partial[passed].append(f"{r['family']} ({BACKEND_NAMES.get(r['backend'], r['backend'])})")
     head = "| backend `auto` chose | stages that run | per-head weights (hf, checked) | families |"
-    lines = [summary(rows), "", head, "|---|---|---|---|"]
+    lines = [
+        summary(rows),
+        "",
+        *([weights_line(rows, weights, version), ""] if weights else []),
+        head,
+        "|---|---|---|---|",
+    ]
     for backend in ("inhouse", "hf", "bridge"):
         if by_backend.get(backend):
             name = BACKEND_NAMES[backend]
