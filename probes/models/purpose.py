@@ -24,6 +24,7 @@ The rule, first match wins:
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,10 +33,8 @@ PURPOSES = ("lm", "embedding")
 #: the metric kind (:data:`headscope.analyses.metrics.MODELS`) each purpose is scored by
 METRIC_KIND = {"lm": "decoder", "embedding": "encoder"}
 
-#: tensor-name endings of a causal LM's own output head (the first two; the others whole names: GGUF-style
-#: ``output.weight``, DeepSeek-V4's original ``head.weight``, which transformers saves it as and renames to
-#: ``lm_head.weight`` on loading), and of an encoder's masked-LM head
-_LM_HEADS = ("lm_head.weight", "embed_out.weight", "output.weight", "head.weight")
+#: tensor-name endings of a causal LM's own output head, and of an encoder's masked-LM head
+_LM_HEADS = ("lm_head.weight", "embed_out.weight", "output.weight")
 _MLM_HEADS = ("cls.predictions.", "lm_head.dense.", "lm_head.decoder.", "vocab_projector.", "generator_lm_head.")
 
 
@@ -128,11 +127,32 @@ def lm_head_absent(directory: Path | None, arch) -> bool:
     if arch.tie_embeddings or arch.encoder:
         return False
     names = tensor_names(directory)
-    return names is not None and not any(_is_lm_head(n) for n in names)
+    return names is not None and not _has_lm_head(names, arch.model_type)
 
 
 def _is_lm_head(name: str) -> bool:
     return name in _LM_HEADS or name.endswith(tuple("." + h for h in _LM_HEADS[:2]))
+
+
+def _has_lm_head(names: set[str], model_type: str | None) -> bool:
+    """Whether one of ``names`` is an LM head, as named or as transformers loads it: a checkpoint saved under
+    the family's original names has its head renamed by the family's checkpoint conversion (DeepSeek-V4's
+    ``head.weight``, Inkling 2's ``model.llm.unembed.weight``: ``lm_head.weight``)."""
+    if any(_is_lm_head(n) for n in names):
+        return True
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+        renamings = get_checkpoint_conversion_mapping(model_type) or () if model_type else ()
+    except ImportError:  # a transformers without checkpoint conversions: the names as they are
+        return False
+    to_head = [
+        (re.compile(source), t.target_patterns[0])
+        for t in renamings
+        if type(t).__name__ == "WeightRenaming" and str(t.target_patterns[0]).startswith("lm_head")
+        for source in t.source_patterns
+    ]
+    return any(_is_lm_head(p.sub(lambda m, t=target: t, n, count=1)) for n in names for p, target in to_head)
 
 
 def purpose_from_source(arch, source, *, causal: bool | None = None, loaded_head: bool | None = None) -> Purpose:
@@ -143,11 +163,7 @@ def purpose_from_source(arch, source, *, causal: bool | None = None, loaded_head
     differs from the config's (an encoder-decoder's encoder runs alone)."""
     folder = getattr(source, "path", None) if getattr(source, "kind", None) == "hf-dir" else None
     names = tensor_names(folder)
-    own = (
-        None
-        if names is None
-        else any(n in _LM_HEADS or n.endswith(tuple("." + h for h in _LM_HEADS[:2])) for n in names)
-    )
+    own = None if names is None else _has_lm_head(names, getattr(arch, "model_type", None))
     if own is None and loaded_head is not None:
         own = loaded_head
     mlm = bool(names) and any(n.startswith(_MLM_HEADS) for n in names)

@@ -139,20 +139,28 @@ def test_squeezebert_patterns_are_the_softmax_of_the_scores_it_returns_and_its_g
         assert outside.abs().max() == 0 and w_q[h, h * d : (h + 1) * d].abs().max() > 0
 
 
-def test_deepseek_v4_saved_with_its_original_names_loads_with_its_lm_head(tmp_path):
-    """transformers saves DeepSeek-V4 under its original tensor names (``head.weight`` for the LM head, renamed
-    back on loading): it is read as a causal LM with its head, so it loads (the base model alone lost its final
-    norm, 'norm.weight' missing) and is refused by structure, naming its grouped output projection."""
+@pytest.mark.parametrize("family", ["deepseek_v4", "inkling2_text"])
+def test_a_checkpoint_saved_under_its_original_names_has_its_lm_head(family, tmp_path):
+    """transformers 5.25 saves DeepSeek-V4 and Inkling 2 under their original tensor names (``head.weight``,
+    ``model.llm.unembed.weight``; renamed to ``lm_head.weight`` on loading): each is read as a causal LM with
+    its head, not as a base model without one (DeepSeek-V4's then lost its final norm, 'norm.weight' missing;
+    Inkling 2 was pruned by an embedding metric its causal attention refuses). DeepSeek-V4 then loads and
+    is refused by structure, naming its grouped output projection."""
+    from safetensors import safe_open
+
     from headscope.probes.models.arch import arch_from_hf_config
     from headscope.probes.models.purpose import lm_head_absent
     from headscope.reports.tools.sweep.tiny_config import save_tiny
 
-    _, folder = save_tiny("deepseek_v4", tmp_path / "dsv4")
+    _, folder = save_tiny(family, tmp_path / family)
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as st:
+        assert not any(n.endswith("lm_head.weight") for n in st.keys())  # saved under another name
     arch = arch_from_hf_config(json.loads((folder / "config.json").read_text()), str(folder / "config.json"))
     assert not arch.tie_embeddings and not lm_head_absent(folder, arch)
-    model = load_model(str(folder), backend="hf")
-    with pytest.raises(ModelIncompatibleError, match="grouped low-rank output projection"):
-        model.layout  # noqa: B018
+    if family == "deepseek_v4":
+        model = load_model(str(folder), backend="hf")
+        with pytest.raises(ModelIncompatibleError, match="grouped low-rank output projection"):
+            model.layout  # noqa: B018
 
 
 def test_convolved_values_are_refused_in_one_line():
