@@ -67,3 +67,6 @@ def test_a_sweep_of_two_transformers_versions_says_which_rows_are_whose():
     line = weights_line(rows, weights, "5.25.0")
     assert line.startswith("1 of these 3 text families") and "(transformers 5.25.0)" in line
     assert "(transformers" not in weights_line(rows[:1], weights, "5.25.0")
+    table = render(rows, weights=weights)
+    assert "1 rows swept on transformers 5.24.0, not rerun on 5.25.0" in table and "\n`bert`\n" in table
+    assert "not rerun" not in render(rows[:1], weights=weights)

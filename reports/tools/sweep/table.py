@@ -200,7 +200,25 @@ def render(rows: list[dict], weights: dict[str, dict] | None = None) -> str:
             + "; ".join(f"{n} {reason}" for reason, n in sorted(why.items(), key=lambda kv: (-kv[1], kv[0])))
             + ".",
         ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _other_versions(rows)) + "\n"
+
+
+def _other_versions(rows: list[dict]) -> list[str]:
+    """Where the rows ran on several transformers versions (a sweep rerun in parts), the families of each
+    version but the most common one's, in collapsed lists: which rows are whose."""
+    versions: dict[str, int] = defaultdict(int)
+    for r in rows:
+        versions[r["transformers"]] += 1
+    if len(versions) < 2:
+        return []
+    main = max(versions, key=versions.get)
+    out = []
+    for v in sorted(versions):
+        if v != main:
+            families = [r["family"] for r in rows if r["transformers"] == v]
+            out += ["", f"<details><summary>{len(families)} rows swept on transformers {v}, not rerun on {main}"]
+            out += ["</summary>", "", _names(families), "", "</details>"]
+    return out
 
 
 def readme_block(text: str) -> str:
