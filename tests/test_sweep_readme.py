@@ -55,6 +55,27 @@ def test_the_weights_column_is_the_committed_weights_study():
     assert render(rows, weights={}).count("per-head weights") == 1  # no study: the column says "-"
 
 
+def test_the_committed_sweeps_weights_count_is_the_studys_and_at_least_185():
+    """The table's per-head weights count (its line and its column summed) is the built families of the
+    committed sweep that pass the committed weights study, counted here from the CSV and the JSON; at least
+    185 (issue 39); every row of the sweep and the study ran on one transformers version (a sweep rerun in
+    parts on another lists the rows it left, see below)."""
+    import json
+    import re
+
+    study = json.loads((ROOT / "data" / "figures" / "hf_weights_families.json").read_text(encoding="utf-8"))
+    rows = read_sweep(SWEEP)
+    built = [r["family"] for r in rows if r["built"] == "ok"]
+    passing = sum(study["families"].get(f, {}).get("status") == "pass" for f in built)
+    table = render(rows)
+    assert f"{passing} of these {len(built)} text families have per-head weights" in table
+    cells = re.findall(r"^\| [^|]+ \| [^|]+ \| (\d+) of (\d+) \| ", table, flags=re.M)
+    assert sum(int(p) for p, _ in cells) == passing and sum(int(n) for _, n in cells) <= len(built)
+    assert passing >= 185
+    assert {r["transformers"] for r in rows} == {study["transformers"]}  # one transformers: no row left behind
+    assert "not rerun" not in table and "hf_weights_families.json, `make weights-families`" in table
+
+
 def test_a_sweep_of_two_transformers_versions_says_which_rows_are_whose():
     from headscope.reports.tools.sweep.table import summary, weights_line
 
