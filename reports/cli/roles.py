@@ -111,7 +111,9 @@ def register(sub) -> None:
 
 
 def _add_group_flags(p) -> None:
-    """The flags one role group reads (syntactic labels, IOI's S-inhibition)."""
+    """The flags one role group reads (syntactic labels, IOI's S-inhibition, function vectors' prompts)."""
+    from headscope.reports.cli.argtypes import int_in
+
     p.add_argument(
         "--full-labels", action="store_true", help="keep full UD labels (nmod:poss) instead of the part before ':'"
     )
@@ -123,10 +125,10 @@ def _add_group_flags(p) -> None:
     )
     p.add_argument(
         "--fv-prompts",
-        type=int,
+        type=int_in(2, 10, "the roles' 64 generated sequences shared by 6 tasks"),
         default=None,
         metavar="N",
-        help="function-vector heads: mean and scored prompts per task (default 5, at least 2; the study in the "
+        help="function-vector heads: mean and scored prompts per task (default 5, 2 to 10; the study in the "
         "roles guide uses 8; each costs about two re-runs of the last position per head)",
     )
 

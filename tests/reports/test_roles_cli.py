@@ -143,14 +143,15 @@ def test_cli_unknown_role_group(capsys):
     assert "unknown role group 'syntax'" in capsys.readouterr().err
 
 
-def test_fv_prompts_flag_reaches_the_config_and_fewer_than_two_are_refused(capsys):
+def test_fv_prompts_flag_reaches_the_config_and_values_outside_2_to_10_are_refused(capsys):
     from headscope.reports.cli.app import build_parser
     from headscope.reports.cli.roles import _config
 
     assert _config(build_parser().parse_args(["roles", "smollm2-135m", "--fv-prompts", "8"])).fv_prompts == 8
     assert _config(build_parser().parse_args(["roles", "smollm2-135m"])).fv_prompts == 5
-    assert main(["roles", "smollm2-135m", "--fv-prompts", "1"]) == 2
-    assert "'fv_prompts' parameter of RolesConfig must be an int >= 2; got 1" in capsys.readouterr().err
+    for value, says in (("1", "must be an integer >= 2; got '1'"), ("11", "must be an integer <= 10")):
+        assert main(["roles", "smollm2-135m", "--fv-prompts", value]) == 2
+        assert says in capsys.readouterr().err
 
 
 def test_default_out_dir():
