@@ -63,6 +63,7 @@ __all__ = [
     "fit",
     "parse_size",
     "peak_rss_bytes",
+    "peak_vm_bytes",
     "rss_bytes",
 ]
 
@@ -358,13 +359,13 @@ def parse_size(text) -> int:
 
 
 def _status() -> dict[str, int]:
-    """``/proc/self/status`` sizes in bytes (VmRSS, VmHWM, VmSize, VmData); {} off Linux."""
+    """``/proc/self/status`` sizes in bytes (VmRSS, VmHWM, VmSize, VmPeak, VmData); {} off Linux."""
     out = {}
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 key, _, rest = line.partition(":")
-                if key in ("VmRSS", "VmHWM", "VmSize", "VmData"):
+                if key in ("VmRSS", "VmHWM", "VmSize", "VmPeak", "VmData"):
                     out[key] = int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -382,6 +383,12 @@ def peak_rss_bytes() -> int:
     if hwm:
         return hwm
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def peak_vm_bytes() -> int | None:
+    """The most address space this process has mapped (``VmPeak``: what ``RLIMIT_AS`` bounds, far
+    above the resident ``VmHWM`` in a torch process); None off Linux."""
+    return _status().get("VmPeak")
 
 
 def _read_int(path: str) -> int | None:

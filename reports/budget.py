@@ -32,6 +32,7 @@ from headscope.probes.budget import (
     fit,
     gib,
     peak_rss_bytes,
+    peak_vm_bytes,
 )
 from headscope.reports.stages.plans import (
     apply_patch,
@@ -158,8 +159,9 @@ class Budget:
 
     def record(self, *, peak: int | None = None) -> dict:
         """run.json's ``memory``: the estimate (``estimate_bytes``, ``breakdown``, ``phases``,
-        ``batch_sizes``), ``available_bytes``/``available_source``, ``peak_rss_bytes``, and what
-        it was computed from (``shape``, ``stages``)."""
+        ``batch_sizes``), ``available_bytes``/``available_source``, ``peak_rss_bytes`` (VmHWM, the
+        resident peak the estimate is of), ``peak_vm_bytes`` (VmPeak, the address space ``RLIMIT_AS``
+        bounds), and what it was computed from (``shape``, ``stages``)."""
         out = self.estimate.record() if self.estimate else {"estimate_bytes": None}
         out["available_bytes"] = self.available.budget
         out["available_source"] = self.available.source
@@ -168,6 +170,7 @@ class Budget:
         out["stages"] = [dataclasses.asdict(st) for st in self.stages]
         out["shape"] = dataclasses.asdict(self.shape) if self.shape is not None else None
         out["peak_rss_bytes"] = int(peak if peak is not None else peak_rss_bytes())
+        out["peak_vm_bytes"] = peak_vm_bytes()
         return out
 
 

@@ -236,6 +236,7 @@ def test_an_address_space_limit_above_the_need_lets_the_run_complete(tmp_path, s
     assert proc.returncode == 0, proc.stderr
     mem = _run_json(out)["memory"]
     assert mem["estimate_bytes"] < limit - base  # the need was below what the limit left
+    assert mem["peak_rss_bytes"] < mem["peak_vm_bytes"] <= limit  # RLIMIT_AS bounds VmPeak, not VmHWM
     assert mem["available_source"].startswith(("RLIMIT_AS", "MemAvailable", "cgroup"))
 
 
