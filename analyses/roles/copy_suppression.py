@@ -192,7 +192,7 @@ class CopySuppressionReducer(ItemValuesReducer):
         self.folding = w.folding
         cols = list(dict.fromkeys(t for it in self.items for t in it.columns))
         self._col = {t: i for i, t in enumerate(cols)}
-        self._w_u = w.W_U[:, cols]
+        self._w_u = w.W_U_columns(cols)
 
     def update(self, cap: Capture) -> None:
         self.layers = check_layers(cap.layers, self.layers)
@@ -281,8 +281,8 @@ def ov_negative_copying(model, tokens, layers, w_u: torch.Tensor | None = None) 
     tokens = list(tokens)
     if len(tokens) < 2:
         return f"ov_negative_copying ranks a token among others: got {len(tokens)} token"
-    e = w.W_E[tokens]  # [n, d_model]
-    u = w.W_U[:, tokens] if w_u is None else w_u  # [d_model, n]
+    e = w.W_E_rows(tokens)  # [n, d_model]
+    u = w.W_U_columns(tokens) if w_u is None else w_u  # [d_model, n]
     own = torch.arange(len(tokens))
     rows = []
     for layer in layers:

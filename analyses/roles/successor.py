@@ -164,7 +164,7 @@ def readout(model, layers, ids) -> dict[int, torch.Tensor]:
     from headscope.probes.models.weights_provider import model_weights
 
     w = model_weights(model)
-    w_u = w.W_U[:, list(ids)]
+    w_u = w.W_U_columns(list(ids))
     return {l: torch.einsum("hed,dv->hev", w.layer(l).W_O, w_u) for l in layers}
 
 

@@ -119,6 +119,10 @@ def layer_heads(cfg: ModelConfig, layer: int) -> tuple[tuple[int, ...], list[int
     return tuple(kept), [kv_kept.index(cfg.kv_head_of(h)) for h in kept]
 
 
+#: rows of the embedding or unembedding read at once by :meth:`ModelWeights.W_E_rows` / ``W_U_columns``
+ROW_BLOCK = 4096
+
+
 class ModelWeights:
     """Lazy view of a model's head weights; :meth:`layer` builds one layer's matrices when asked,
     :meth:`vocab_chunks` the embedding and unembedding a block of tokens at a time (nothing is
@@ -185,6 +189,26 @@ class ModelWeights:
         """``[d_model, vocab]``; the final norm's scale folded into its rows where norms are."""
         final = self._norm_scale("ln_final") if self._fold else None
         return self._fold_unembed(self._src.tensor(self._unembed_name()), final)
+
+    def W_E_rows(self, ids) -> torch.Tensor:
+        """``W_E[ids]`` ``[len(ids), d_model]``, equal to it, reading the embedding :data:`ROW_BLOCK`
+        rows at a time: the whole vocabulary's copy (:attr:`W_E`) is never made."""
+        return self._fold_embed(self._take(self._src, "embed.weight", ids))
+
+    def W_U_columns(self, ids) -> torch.Tensor:
+        """``W_U[:, ids]`` ``[d_model, len(ids)]``, equal to it, read as :meth:`W_E_rows` (:attr:`W_U`
+        makes two copies of the whole unembedding: 297 MiB for a 151,936-entry vocabulary at d_model 256)."""
+        final = self._norm_scale("ln_final") if self._fold else None
+        return self._fold_unembed(self._take(self._src, self._unembed_name(), ids), final)
+
+    def _take(self, src, name: str, ids) -> torch.Tensor:
+        ids = torch.as_tensor(list(ids), dtype=torch.long)
+        out = torch.empty(len(ids), self.d_model)
+        for block in torch.unique(ids // ROW_BLOCK).tolist():
+            a = block * ROW_BLOCK
+            hit = (ids >= a) & (ids < a + ROW_BLOCK)
+            out[hit] = src.rows(name, a, min(a + ROW_BLOCK, self.vocab_size))[ids[hit] - a]
+        return out
 
     @property
     def W_pos(self) -> torch.Tensor:
