@@ -94,8 +94,9 @@ class CircuitsStage(Stage[CircuitsConfig]):
     def fitted(self, cfg: CircuitsConfig, batch_sizes) -> CircuitsConfig:
         from dataclasses import replace
 
-        b = min([batch_sizes.get(n, cfg.batch_size) for n in ("circuit scores", "circuit evaluation")])
-        return cfg if b >= cfg.batch_size else replace(cfg, batch_size=b)
+        asked = min(cfg.batch_size, cfg.n_items)  # the plan's batch (circuit_stages): no more than the items
+        b = min([batch_sizes.get(n, asked) for n in ("circuit scores", "circuit evaluation")])
+        return cfg if b >= asked else replace(cfg, batch_size=b)
 
     def run(self, ctx: RunContext, cfg: CircuitsConfig) -> StageResult:
         from headscope.analyses.circuits.edges.study import run_circuits

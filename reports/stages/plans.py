@@ -449,6 +449,7 @@ def circuit_stages(shape: Shape, *, batch_size: int, longest: int, n_items: int)
     L, h, kv = shape.n_layers, shape.n_heads, shape.n_kv_heads
     senders, receivers = 1 + L * (h + 1), L * (h + 2 * kv + 1) + 1
     per_token = longest * shape.d_model * 4
+    batch_size = max(1, min(batch_size, n_items))  # a batch holds at most the items there are
     scores = WorkingSet(
         name="circuit scores",
         batch_size=batch_size,

@@ -105,6 +105,8 @@ CASES: tuple[Case, ...] = (
     Case("qwen2-vocab152k", dtype="bf16", items=_SMOL_SUBSET),
     Case("llama-dhead256", items=_SMOL_SUBSET),
     Case("llama-dhead256", batch=0.25, items=_SMOL_SUBSET),
+    # off by default, on decoders only: SmolLM2-135M's induction circuit as the stage runs it (8 items)
+    Case("smollm2-135m", only=("circuits",)),
 )
 
 #: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
@@ -402,6 +404,37 @@ def _child(case: Case, timeout: float) -> list[dict]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _replan_child(case: Case, rows: list[dict], timeout: float = 600) -> list[dict]:
+    """:func:`replan_rows` in a child process of its own (the plan counts the process's resident
+    memory, as the case's own run did); ``rows`` with their first estimate put back first."""
+    back = [r | {"estimate_mb": r["estimate_before_mb"]} if "estimate_before_mb" in r else r for r in rows]
+    code = (
+        "import json,sys; from headscope.reports.tools.bench.estimates import Case, replan_rows; "
+        "a = json.loads(sys.stdin.read()); print(json.dumps(replan_rows(Case(**a['case']), a['rows'])))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps({"case": asdict(case), "rows": back}),
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"replanning {case.name} failed (exit {proc.returncode}); its log is above")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def replan(names, out: Path) -> dict:
+    """The rows of the cases ``names`` in the calibration JSON ``out`` planned again by the code as
+    it is now (:func:`replan_rows`, no model loaded), their measured peaks kept -> the document written."""
+    doc = json.loads(Path(out).read_text(encoding="utf-8"))
+    for case in [c for c in CASES if c.name in set(names)]:
+        new = iter(_replan_child(case, [r for r in doc["rows"] if r["case"] == case.name]))
+        doc["rows"] = [next(new) if r["case"] == case.name else r for r in doc["rows"]]
+    Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return doc
+
+
 def _report_child(model: str, progress=None, timeout: float = 3600) -> dict:
     """:func:`measure_report` of ``model`` in a child process of its own, on one thread
     (``OMP_NUM_THREADS=1``, as the committed factors were measured), its folder in a temporary directory."""
@@ -422,7 +455,7 @@ def _report_child(model: str, progress=None, timeout: float = 3600) -> dict:
 
 def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, progress=None) -> list[dict]:
     """Run every case (each in its own process) -> the rows; written as JSON to ``out`` (None: not
-    written) with the band and the machine."""
+    written) with the band and the machine, replacing the rows of the cases run and keeping the others."""
     import os
 
     rows = []
@@ -432,13 +465,16 @@ def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, pr
         rows.extend(_child(c, timeout))
     if out is not None:
         kept = json.loads(Path(out).read_text(encoding="utf-8")) if Path(out).exists() else {}
+        ran = {c.name for c in cases}
+        # the cases not run this time keep their rows (a subset can be run again alone), as do the
+        # default reports' rows and time section (:func:`calibrate_reports` writes them)
         doc = {
             "band": list(BAND),
             "small_mb": SMALL_MB,
             "cpus": os.cpu_count(),
-            "cases": [asdict(c) | {"name": c.name} for c in cases],
-            # the default reports' rows and time section stay (:func:`calibrate_reports` writes them)
-            "rows": rows + [r for r in kept.get("rows", []) if r["case"].endswith("/default report")],
+            "cases": [c for c in kept.get("cases", []) if c["name"] not in ran]
+            + [asdict(c) | {"name": c.name} for c in cases],
+            "rows": [r for r in kept.get("rows", []) if r["case"] not in ran] + rows,
             **({"time": kept["time"]} if "time" in kept else {}),
         }
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
@@ -506,21 +542,24 @@ def write_page(doc: dict, page: Path) -> None:
 
 def main(argv=None) -> int:
     """``python -m headscope.reports.tools.bench.estimates [--out JSON] [--page MD] [--cases a,b]``:
-    :func:`calibrate` (``--cases``: only the cases of these models), the JSON written, the guide
-    page's table rewritten from it."""
+    :func:`calibrate` (``--cases``: only the cases of these models, or of these names), the JSON written
+    (``--replan``: these cases' rows planned again, their peaks kept), the guide page's table rewritten from it."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m headscope.reports.tools.bench.estimates")
     p.add_argument("--out", default="data/figures/estimates.json")
     p.add_argument("--page", default="docs/guide/estimates.md")
-    p.add_argument("--cases", default=None, help="comma-separated models (default: every case; none: no case)")
+    p.add_argument(
+        "--cases", default=None, help="comma-separated models or case names (default: every case; none: no case)"
+    )
     p.add_argument(
         "--reports", default=",".join(REPORT_MODELS), help="default reports to measure (none: keep the JSON's)"
     )
     p.add_argument("--measured", default=None, help="comma-separated measure_report JSON files instead of --reports")
+    p.add_argument("--replan", default=None, help="comma-separated case names whose rows are planned again (no run)")
     args = p.parse_args(argv)
     keep = None if args.cases is None else set(args.cases.split(","))
-    cases = [c for c in CASES if keep is None or c.model in keep]
+    cases = [c for c in CASES if keep is None or c.model in keep or c.name in keep]
     say = lambda name: print(f"estimates: {name}", file=sys.stderr, flush=True)  # noqa: E731
     if cases:
         calibrate(cases, Path(args.out), progress=say)
@@ -530,6 +569,8 @@ def main(argv=None) -> int:
         measured = [_report_child(m, say) for m in args.reports.split(",") if m and m != "none"]
     if measured:
         calibrate_reports(measured, Path(args.out))
+    if args.replan:
+        replan(args.replan.split(","), Path(args.out))
     write_page(json.loads(Path(args.out).read_text(encoding="utf-8")), Path(args.page))
     return 0
 

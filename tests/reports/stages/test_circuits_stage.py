@@ -95,6 +95,13 @@ def test_the_plan_sizes_one_gradient_per_receiver_input():
     per_item = (EDGE_PER_SENDER * 301 + EDGE_PER_RECEIVER * 481) * 19 * 576 * 4  # SmolLM2: 301 senders, 481 receivers
     assert scores.cache_per_row == per_item and scores.grad
     assert evaluation.cache_per_row == (2 * 301 + 9 + 6 + 1) * 19 * 576 * 4 and not evaluation.grad
+    # the default batch (16) over 8 items: a batch holds the 8 there are (issue #38: the plan of 16 rows
+    # was +84% on SmolLM2-135M's induction circuit, 5.28 GiB planned for a 2.87 GiB peak)
+    assert circuit_stages(s, batch_size=16, longest=19, n_items=8) == [scores, evaluation]
+    cfg = CircuitsConfig()
+    assert (cfg.batch_size, cfg.n_items) == (16, 8)
+    assert STAGES["circuits"].fitted(cfg, {"circuit scores": 8, "circuit evaluation": 8}) is cfg
+    assert STAGES["circuits"].fitted(cfg, {"circuit scores": 3, "circuit evaluation": 8}).batch_size == 3
 
 
 def test_quick_settings_say_what_full_adds():
