@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,7 +24,14 @@ import torch
 
 from headscope.probes.chunked import ChunkSource, PatternPiece, chunk_support, query_chunks
 from headscope.probes.errors import MemoryBudgetError, NumericalError
-from headscope.probes.models.backends.protocol import Backend, ModelSpec, batch_to, placement
+from headscope.probes.models.backends.protocol import (
+    Backend,
+    ModelSpec,
+    batch_to,
+    placement,
+    rows_unembedded,
+    unembed_at,
+)
 from headscope.probes.tokens import TokenBatch, collate, pad_id, tokenize_one
 
 log = logging.getLogger(__name__)
@@ -286,9 +293,23 @@ def pattern_line(model, reducers: Sequence, query_chunk: int | None, chunks: Chu
 
 def run_batch(model, batch: TokenBatch, quantities, layers, chunks: ChunkSource | None) -> dict:
     """``model.run`` of one batch; with ``chunks``, the attention computes ``pattern @ v`` in
-    the same query chunks the pieces are recomputed in (:func:`~headscope.probes.chunked.query_chunks`)."""
-    with query_chunks(model, chunks.chunk) if chunks is not None else nullcontext():
-        return model.run(batch, quantities, layers)
+    the same query chunks the pieces are recomputed in (:func:`~headscope.probes.chunked.query_chunks`).
+    The logits, unless ``"output"`` is among ``quantities``, are neither computed where the model's
+    unembedding reads chosen rows (:func:`~headscope.probes.models.backends.protocol.unembed_at`:
+    none) nor returned: a stream holds one batch's captures while the next batch runs, and two
+    batches' logits (``rows × vocab``) were the largest thing a roles run held at a 151,936-entry
+    vocabulary (issue #38)."""
+    quantities = tuple(quantities)
+    want = "output" in quantities
+    with ExitStack() as stack:
+        if chunks is not None:
+            stack.enter_context(query_chunks(model, chunks.chunk))
+        if not want and rows_unembedded(model):
+            stack.enter_context(unembed_at(model, torch.zeros(batch.input_ids.shape, dtype=torch.bool)))
+        data = model.run(batch, quantities, layers)
+    if not want:
+        data.pop(("output", None), None)
+    return data
 
 
 @dataclass

@@ -99,7 +99,8 @@ class RolesStage(Stage[RolesConfig]):
 
     def work(self, ctx: RunContext, cfg: RolesConfig) -> float:
         """Every item of its corpora and generated sequences, each a forward at the mean of the
-        corpora's longest lengths (one forward per item; the reducers and statistics ride on it)."""
+        corpora's longest lengths (one forward per item; the reducers and statistics ride on it),
+        without the unembedding (:func:`~headscope.probes.capture.run_batch` computes no logits)."""
         from headscope.analyses.roles.pipeline import check_roles
         from headscope.reports.stages.clock import token_gflop
         from headscope.reports.stages.plans import role_corpora, roles_items
@@ -108,7 +109,7 @@ class RolesStage(Stage[RolesConfig]):
         sets = ctx.plans.get(self.name) or self.plan(ctx, cfg)
         t = sum(w.longest for w in sets) / max(1, len(sets))
         n = roles_items(groups, role_corpora(groups, ctx.inputs), cfg)
-        return n * t * token_gflop(ctx.shape, int(t), logits=ctx.shape.causal)
+        return n * t * token_gflop(ctx.shape, int(t))
 
     def fitted(self, cfg: RolesConfig, batch_sizes) -> RolesConfig:
         from dataclasses import replace
