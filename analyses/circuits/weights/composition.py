@@ -42,12 +42,14 @@ import torch
 
 from headscope.analyses.circuits.weights.baselines import bh_adjust, empirical_p
 from headscope.analyses.circuits.weights.frames import ABOVE, COMPOSITION_COLUMNS, NOT_ABOVE
+from headscope.probes.allocator import trim_heap
 
 #: (mode, level) of every score family, in frame order
 FAMILIES = (("Q", "head"), ("K", "head"), ("K", "kv_group"), ("V", "head"), ("V", "kv_group"))
 #: float64 bytes of the held senders scored in one product
 SENDER_GROUP_BYTES = 64 << 20
-#: float64 bytes of one block of one matrix's null draws (three such blocks are held at most)
+#: float64 bytes of one block of one matrix's null draws (four are live at once, with their QR copies and products
+#: about ten blocks' worth: the heap is handed back after each block)
 NULL_BLOCK_BYTES = 384 << 20
 
 
@@ -156,6 +158,7 @@ def null_scores(
         num = (P @ XR).flatten(1).norm(dim=-1)
         out.append(num / (P.flatten(1).norm(dim=-1) * XR.flatten(1).norm(dim=-1)))
         del P, XR
+        trim_heap()  # the block's float64 pieces sit under glibc's mmap threshold: hand them back
     if len(blocks) > 1:
         gen.set_state(end)
     return torch.cat(out)
