@@ -180,7 +180,10 @@ class WorkingSet:
     themselves are held whole (the pruning metrics); ``reducers``: role reducers read
     the patterns; ``statistics``: per-item values are resampled; ``cache_per_row``: bytes the
     run holds per sequence besides the forward (a patching study's clean ``z``, the unablated
-    stream of a pruning batch), for at most ``cache_rows`` sequences (None: the batch)."""
+    stream of a pruning batch), for at most ``cache_rows`` sequences (None: the batch);
+    ``loss_copies``: float32 copies of the logits an unchunked loss adds without a backward, beside
+    the float32 cast of lower-precision logits (2: the rows it reads gathered, and their
+    log-softmax; 1: the rows read are the ones unembedded, so the log-softmax alone)."""
 
     name: str = "run"
     batch_size: int = 1
@@ -196,6 +199,7 @@ class WorkingSet:
     statistics: bool = False
     cache_per_row: int = 0
     cache_rows: int | None = None
+    loss_copies: int = 2
 
     def __post_init__(self):
         for k in ("batch_size", "longest"):
@@ -278,8 +282,11 @@ def _working_set_bytes(shape: Shape, ws: WorkingSet) -> dict[str, int]:
         whole = read * shape.vocab_size * b
         if ws.chunked and ws.loss and not ws.grad:  # the logits, and one chunk's float32 copy and log-softmax
             out["logits"] = whole + 2 * min(LOGP_CHUNK_BYTES, read * shape.vocab_size * f32)
+        elif ws.loss and not ws.grad:  # the logits, their float32 cast, the rows gathered, the log-softmax
+            f32_whole = read * shape.vocab_size * f32
+            out["logits"] = whole + (f32_whole if b != f32 else 0) + ws.loss_copies * f32_whole
         else:  # a backward keeps the log-softmax and its gradient whole
-            out["logits"] = whole * (1 + 2 * (ws.loss or ws.grad))
+            out["logits"] = whole * (1 + 2 * ws.grad)
     if ws.grad:  # every layer's activations and its (float32) pattern are kept for the backward pass
         out["gradients"] = L * (GRAD_ACTIVATIONS * tokens * d + tokens * shape.d_mlp) * b + L * h * cells * f32
     return out

@@ -430,7 +430,8 @@ def test_the_report_plan_holds_the_kv_and_weights_stages_sized_by_the_models_cos
     are phases of the report's plan. Qwen2-0.5B is over LARGE_COST: quick mode runs the study at
     512 tokens (whole logits, 0.29 GiB), the roles at 256, the causal check on 2 items, the weights
     stage with 100 / 250 draws and patching with a row budget of 768; without quick, the study's
-    1,024-token logits (0.58 GiB, x3 with the loss) are unembedded 690 rows at a time. SmolLM2-135M
+    1,024-token logits (0.58 GiB, x3 with the loss) are unembedded 690 rows at a time (x2: a block's
+    logits and their log-softmax). SmolLM2-135M
     and MiniLM-L6 keep every default (SmolLM2's logits whole: its KV tables unchanged); lowering the
     threshold gives MiniLM the large settings (its KV stage, never run on an encoder, is not planned)."""
     from headscope.analyses.kvcache.stage import KVStageConfig
@@ -452,7 +453,8 @@ def test_the_report_plan_holds_the_kv_and_weights_stages_sized_by_the_models_cos
     rows = KV_LOGIT_BYTES // (151936 * 4)
     assert rows == 690 and full_cfgs["kv"] == KVStageConfig(logit_rows=rows)
     assert full_cfgs["weights"] == WeightsConfig() and full_cfgs["patching"] == CausalConfig()
-    assert full.estimate.parts["kv logits"]["logits"] == rows * 151936 * 4 * 3 < 1024 * 151936 * 4 * 3 / 1.4
+    # in blocks: each block's logits and their log-softmax (test_kv_logits_in_blocks_hold_the_logits_...)
+    assert full.estimate.parts["kv logits"]["logits"] == rows * 151936 * 4 * 2 < 1024 * 151936 * 4 * 3 / 1.4
 
     smol, smol_cfgs = _report_plan("smollm2-135m")
     assert smol_cfgs["kv"] == KVStageConfig() and smol_cfgs["weights"] == WeightsConfig()
@@ -565,3 +567,24 @@ def test_pruning_logits_are_held_once_with_one_loss_chunk():
     assert est.parts["pruning"]["logits"] == read * 151936 * 4 + 2 * LOGP_CHUNK_BYTES
     grad = estimate(shape, [WorkingSet(name="g", batch_size=16, longest=40, grad=True, chunked=True)], load=False)
     assert grad.parts["g"]["logits"] == 16 * 40 * 151936 * 4 * 3  # a backward keeps them whole
+
+
+def test_kv_logits_in_blocks_hold_the_logits_and_their_log_softmax():
+    """The KV study's loss in blocks of ``logit_rows`` (analyses.kvcache.quality): the rows read are
+    the ones unembedded, so a block holds its logits and their log-softmax (two float32 copies);
+    whole, the forward's logits, the rows gathered and their log-softmax (three). In bf16 the
+    logits' float32 cast is one more (issue #38: the plan was +31% on the 152k-vocabulary shape)."""
+    import dataclasses
+
+    from headscope.analyses.kvcache.stage import KVStageConfig
+    from headscope.reports.stages.plans import kv_stages
+
+    shape = Shape.from_hf_config(QWEN_05B)
+    per_row = 151936 * 4
+    blocks = kv_stages(shape, KVStageConfig(logit_rows=690), tokens=1024)[1]
+    whole = kv_stages(shape, KVStageConfig(), tokens=1024)[1]
+    assert (blocks.loss_copies, whole.loss_copies) == (1, 2)
+    assert estimate(shape, [blocks], load=False).parts["kv logits"]["logits"] == 2 * 690 * per_row
+    assert estimate(shape, [whole], load=False).parts["kv logits"]["logits"] == 3 * 1024 * per_row
+    bf16 = dataclasses.replace(shape, bytes_per=2)
+    assert estimate(bf16, [blocks], load=False).parts["kv logits"]["logits"] == 690 * 151936 * 2 + 2 * 690 * per_row

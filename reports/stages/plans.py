@@ -127,11 +127,13 @@ def shape_of_model(model, dtype: str) -> Shape | None:
 
 def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> list[WorkingSet]:
     """One stage per corpus the role ``groups`` stream (text, syntactic, coreference) and one for
-    induction's generated sequences, at ``cfg.batch_size`` with every layer's patterns kept."""
+    induction's generated sequences, at ``cfg.batch_size`` with every layer's patterns kept; no
+    logits (:func:`~headscope.probes.capture.run_batch` does not unembed what no role reads)."""
     from headscope.analyses.roles.base import REGISTRY
 
     max_tokens, max_cells = _stream_caps()
     common = dict(
+        logits="none",
         batch_size=cfg.batch_size,
         max_tokens=max_tokens,
         max_cells=max_cells,
@@ -388,10 +390,20 @@ def kv_stages(shape: Shape, kc, *, tokens: int) -> list[WorkingSet]:
     resid = shape.n_layers * tokens * shape.d_model * shape.bytes_per
     rows = kc.logit_rows or tokens
     qk = shape.n_layers * kc.role_tokens * (shape.n_heads + shape.n_kv_heads) * shape.d_head * 4
+    # in blocks (logit_rows), the rows read are those unembedded: the logits and their log-softmax; whole,
+    # the forward's logits, the rows the loss reads gathered from them and their log-softmax
+    copies = 1 if kc.logit_rows else 2
     return [
         WorkingSet(name="kv", batch_size=1, longest=tokens, logits="none", cache_per_row=resid),
         WorkingSet(
-            name="kv logits", batch_size=rows, longest=1, logits="all", loss=True, cache_per_row=resid, cache_rows=1
+            name="kv logits",
+            batch_size=rows,
+            longest=1,
+            logits="all",
+            loss=True,
+            loss_copies=copies,
+            cache_per_row=resid,
+            cache_rows=1,
         ),
         WorkingSet(name="long-context roles", batch_size=1, longest=kc.role_tokens, logits="last", cache_per_row=qk),
     ]
@@ -405,8 +417,11 @@ def weights_stage(shape: Shape, wc) -> WorkingSet:
 
 #: float64 blocks of Gaussian draws a composition null holds at once
 #: (:func:`~headscope.analyses.circuits.weights.composition.null_scores`: ``P``, the receiver's first
-#: factor, its last factor and the copy LAPACK's QR makes of it)
-NULL_BLOCKS = 4
+#: factor, its last factor and the copy LAPACK's QR makes of it, their R factors and the batched
+#: products): the five families' nulls at 16 MiB blocks, the heap handed back after each block, reach
+#: 115-160 MiB over the resident set alone on (d_model, d_head) = (576, 64), (384, 32), (256, 64), (512, 256);
+#: within the stage (its other terms are bounds too) eight blocks keep every calibration row in the band
+NULL_BLOCKS = 8
 
 
 def weights_bytes(shape: Shape, wc) -> int:
