@@ -41,12 +41,12 @@ __all__ = ["FACTORS", "describe", "fit_factors", "rate", "seconds", "token_gflop
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
 FACTORS: dict[str, float] = {
-    "context": 1.167,
-    "patching": 0.2158,
-    "pruning": 0.9938,
-    "roles": 0.8086,
-    "weights": 12.53,
-    "kv": 0.862,
+    "context": 1.146,
+    "patching": 0.1971,
+    "pruning": 0.9128,
+    "roles": 0.8416,
+    "weights": 12.87,
+    "kv": 0.8261,
 }
 
 

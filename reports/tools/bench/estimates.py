@@ -105,8 +105,14 @@ CASES: tuple[Case, ...] = (
     Case("qwen2-vocab152k", dtype="bf16", items=_SMOL_SUBSET),
     Case("llama-dhead256", items=_SMOL_SUBSET),
     Case("llama-dhead256", batch=0.25, items=_SMOL_SUBSET),
+    # the KV stage alone on the two shapes (its logits block is the largest at a long vocabulary)
+    Case("qwen2-vocab152k", items=_SMOL_SUBSET, only=("kv",)),
+    Case("llama-dhead256", items=_SMOL_SUBSET, only=("kv",)),
     # off by default, on decoders only: SmolLM2-135M's induction circuit as the stage runs it (8 items)
     Case("smollm2-135m", only=("circuits",)),
+    # the weights stage at d_head 256, its composition nulls on 64 draws (of 1,000): each null is drawn in
+    # blocks of 16 draws (16 MiB a matrix) whatever their number, so the working set is the default's
+    Case("llama-dhead256", only=("roles", "weights"), items={"weights": {"null": 64}}),
 )
 
 #: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
@@ -375,11 +381,11 @@ def time_section(rows: list[dict]) -> dict:
 
 def calibrate_reports(measured: list[dict], doc_path: Path) -> dict:
     """Put the default reports ``measured`` (:func:`measure_report` results) into the calibration
-    JSON at ``doc_path``: their memory rows replace any earlier default-report rows, their time rows
-    make its ``time`` section -> the document written."""
+    JSON at ``doc_path``: their memory and time rows replace those of the same reports, the other
+    reports' rows stay, and the ``time`` section's factors are fitted again over all -> the document written."""
     doc = json.loads(Path(doc_path).read_text(encoding="utf-8"))
     names = {report_case(m["model"]) for m in measured}
-    mem, times = [], []
+    mem, times = [], [r for r in (doc.get("time") or {}).get("rows", []) if r["case"] not in names]
     for m in measured:
         a, b = report_rows(m)
         mem += a
@@ -465,16 +471,16 @@ def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, pr
         rows.extend(_child(c, timeout))
     if out is not None:
         kept = json.loads(Path(out).read_text(encoding="utf-8")) if Path(out).exists() else {}
-        ran = {c.name for c in cases}
-        # the cases not run this time keep their rows (a subset can be run again alone), as do the
-        # default reports' rows and time section (:func:`calibrate_reports` writes them)
+        ran, known = {c.name for c in cases}, {c.name for c in CASES}
+        # the cases of CASES not run this time keep their rows (a subset can be run again alone), as do
+        # the default reports' rows and time section (:func:`calibrate_reports` writes them)
+        keep = lambda name: name not in ran and (name in known or name.endswith("/default report"))  # noqa: E731
         doc = {
             "band": list(BAND),
             "small_mb": SMALL_MB,
             "cpus": os.cpu_count(),
-            "cases": [c for c in kept.get("cases", []) if c["name"] not in ran]
-            + [asdict(c) | {"name": c.name} for c in cases],
-            "rows": [r for r in kept.get("rows", []) if r["case"] not in ran] + rows,
+            "cases": [c for c in kept.get("cases", []) if keep(c["name"])] + [asdict(c) | {"name": c.name} for c in cases],
+            "rows": [r for r in kept.get("rows", []) if keep(r["case"])] + rows,
             **({"time": kept["time"]} if "time" in kept else {}),
         }
         Path(out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
