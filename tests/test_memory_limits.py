@@ -179,4 +179,3 @@ def test_a_cgroup_limit_above_the_need_lets_the_run_complete_and_is_what_it_read
     assert mem["estimate_bytes"] < mem["available_bytes"]
     assert abs(mem["peak_rss_bytes"] - peak) <= 16 * MiB  # run.json's VmHWM is the child's ru_maxrss
     assert mem["peak_vm_bytes"] > 2 * mem["peak_rss_bytes"]
-

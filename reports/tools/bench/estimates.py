@@ -479,7 +479,8 @@ def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, pr
             "band": list(BAND),
             "small_mb": SMALL_MB,
             "cpus": os.cpu_count(),
-            "cases": [c for c in kept.get("cases", []) if keep(c["name"])] + [asdict(c) | {"name": c.name} for c in cases],
+            "cases": [c for c in kept.get("cases", []) if keep(c["name"])]
+            + [asdict(c) | {"name": c.name} for c in cases],
             "rows": [r for r in kept.get("rows", []) if keep(r["case"])] + rows,
             **({"time": kept["time"]} if "time" in kept else {}),
         }
