@@ -299,8 +299,8 @@ def run_batch(model, batch: TokenBatch, quantities, layers, chunks: ChunkSource 
     none) nor returned: a stream holds one batch's captures while the next batch runs, and two
     batches' logits (``rows × vocab``) were the largest thing a roles run held at a 151,936-entry
     vocabulary (issue #38)."""
-    quantities = tuple(quantities)
     want = "output" in quantities
+    quantities = tuple(q for q in quantities if q != "output")  # the logits are the run's own, not a hook's
     with ExitStack() as stack:
         if chunks is not None:
             stack.enter_context(query_chunks(model, chunks.chunk))

@@ -93,7 +93,7 @@ def chunked_capture(model, batch, chunk: int, reducers=()) -> Capture:
     """``batch`` run with Q and K captured in place of patterns, pieces of ``chunk`` rows."""
     qs, src = chunk_plan(model, list(reducers) or [PieceShapes()], ("pattern",), chunk)
     assert src is not None
-    data = run_batch(model, batch, qs, None, src)
+    data = run_batch(model, batch, [*qs, "output"], None, src)  # the logits too: the tests compare them
     ids = list(range(batch.input_ids.shape[0]))
     return Capture(
         tokens=batch, data=data, layers=tuple(range(model.spec.n_layers)), spec=model.spec, item_ids=ids, chunks=src

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -33,24 +32,31 @@ def _env() -> dict:
     return env
 
 
-def _run(args, preexec_fn) -> tuple[int, str, int]:
-    """``headscope ARGS`` under ``preexec_fn`` -> (exit status, stderr, the child's peak resident bytes)."""
-    proc = subprocess.Popen(
-        [*HEADSCOPE, *map(str, args)],
-        cwd=ROOT,
-        env=_env(),
-        preexec_fn=preexec_fn,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+#: The launcher: a fresh interpreter forks the child. A forked child's ``ru_maxrss`` counts the
+#: resident set it had before ``exec``: the forking process's, which in a pytest worker holding
+#: session models is over 1 GiB; a fresh launcher holds ~10 MiB.
+_LAUNCH = """
+import json, os, resource, subprocess, sys
+args, setup = json.loads(sys.argv[1])
+p = subprocess.Popen(args, preexec_fn=lambda: exec(setup), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+err = p.stderr.read()
+p.stderr.close()
+_pid, status, usage = os.wait4(p.pid, 0)
+sys.stderr.write(err)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024]))
+"""
+
+
+def _run(args, setup: str) -> tuple[int, str, int]:
+    """``headscope ARGS`` with ``setup`` (Python source) run in the child before ``exec``, forked by
+    a fresh launcher -> (exit status, stderr, the child's peak resident bytes)."""
+    job = json.dumps([[*HEADSCOPE, *map(str, args)], setup])
+    proc = subprocess.run(
+        [sys.executable, "-c", _LAUNCH, job], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600
     )
-    try:
-        err = proc.stderr.read()
-    finally:
-        proc.stderr.close()
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-    return proc.returncode, err, usage.ru_maxrss * 1024
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, peak = json.loads(proc.stdout.strip().splitlines()[-1])
+    return code, proc.stderr, peak
 
 
 def _after_imports() -> dict[str, int]:
@@ -82,9 +88,7 @@ def test_an_address_space_limit_below_the_need_refuses_the_report_before_the_loa
     resident to load with its HF probe copy) is refused in one line naming RLIMIT_AS."""
     limit = _after_imports()["VmSize"] + 200 * MiB
 
-    def cap():
-        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
-
+    cap = f"resource.setrlimit(resource.RLIMIT_AS, ({limit}, resource.RLIM_INFINITY))"
     code, err, peak = _run(["report", "minilm-l6", "--out", tmp_path / "r"], cap)
     _refused_before_the_load(code, err, peak, "RLIMIT_AS")
     assert not (tmp_path / "r").exists()
@@ -135,11 +139,7 @@ def cgroup():
 
 def _join(folder: Path, limit_file: str, limit: int):
     (folder / limit_file).write_text(str(limit))
-
-    def join():
-        (folder / "cgroup.procs").write_text("0")
-
-    return join
+    return f"open({str(folder / 'cgroup.procs')!r}, 'w').write('0')"
 
 
 def test_a_cgroup_limit_below_the_need_refuses_the_report_before_the_load(tmp_path, cgroup):

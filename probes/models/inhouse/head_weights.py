@@ -202,13 +202,17 @@ class ModelWeights:
         return self._fold_unembed(self._take(self._src, self._unembed_name(), ids), final)
 
     def _take(self, src, name: str, ids) -> torch.Tensor:
-        ids = torch.as_tensor(list(ids), dtype=torch.long)
-        out = torch.empty(len(ids), self.d_model)
-        for block in torch.unique(ids // ROW_BLOCK).tolist():
+        # every tensor here on the rows' own device, never the default one (tests/test_device_hygiene.py)
+        ids = torch.as_tensor(list(ids), dtype=torch.long, device="cpu")
+        out = None
+        for block in sorted({int(i) // ROW_BLOCK for i in ids.tolist()}):
             a = block * ROW_BLOCK
-            hit = (ids >= a) & (ids < a + ROW_BLOCK)
-            out[hit] = src.rows(name, a, min(a + ROW_BLOCK, self.vocab_size))[ids[hit] - a]
-        return out
+            rows = src.rows(name, a, min(a + ROW_BLOCK, self.vocab_size))
+            if out is None:
+                out = rows.new_empty((len(ids), self.d_model), dtype=torch.get_default_dtype())
+            hit = ((ids >= a) & (ids < a + ROW_BLOCK)).to(rows.device)
+            out[hit] = rows[(ids.to(rows.device)[hit] - a)].to(out.dtype)
+        return out if out is not None else torch.empty(0, self.d_model, device="cpu")
 
     @property
     def W_pos(self) -> torch.Tensor:
