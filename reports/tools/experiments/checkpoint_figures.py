@@ -16,6 +16,7 @@ minutes on one core).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[3]
+log = logging.getLogger(__name__)
 OUT = ROOT / "data" / "figures" / "checkpoints_minilm.json"
 STATIC = ROOT / "docs" / "_static"
 #: heads whose W_O is zeroed in checkpoint-200
@@ -112,6 +114,7 @@ def figures(out: Path, seconds: float) -> dict:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     with tempfile.TemporaryDirectory() as tmp:
         root = write_example_checkpoints(Path(tmp))
         out = root / "compared"
@@ -134,8 +137,8 @@ def main() -> None:
         OUT.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         for name in ("role_emergence", "importance_by_step"):
             shutil.copyfile(out / "figures" / f"{name}.png", STATIC / f"checkpoints_{name}.png")
-        print((out / "comparison.md").read_text(encoding="utf-8")[:3000])
-    print(f"wrote {OUT}")
+        log.info("%s", (out / "comparison.md").read_text(encoding="utf-8")[:3000])
+    log.info("wrote %s", OUT)
 
 
 if __name__ == "__main__":
