@@ -63,15 +63,19 @@ _CLIENT_PORT, _GCS_PORT = 10001, 6379
 class RayConfig:
     """``--ray``: ``workers`` (None: one per CPU of the cluster), ``address`` (``--ray-address``:
     ``HOST:PORT`` of a cluster's head, ``ray://HOST:PORT``, or ``auto``; None: start a local
-    cluster), ``connect_timeout``: seconds to reach ``address`` before giving up."""
+    cluster), ``connect_timeout``: seconds to reach ``address`` before giving up, ``threads``:
+    torch threads (and Ray CPUs) per worker (None: ``cluster CPUs // workers``)."""
 
     workers: int | None = None
     address: str | None = None
     connect_timeout: float = 5.0
+    threads: int | None = None
 
     def __post_init__(self):
         if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
             raise ValueError(f"--workers must be an integer >= 1; got {self.workers!r}")
+        if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
+            raise ValueError(f"threads must be an integer >= 1; got {self.threads!r}")
 
 
 def import_ray():
@@ -249,7 +253,10 @@ class ShardPool:
             self.close()
             raise ValueError(f"--workers {cfg.workers}: {where} hosts at most {cpus} (one CPU each)")
         self.workers = cfg.workers or max(1, cpus)
-        self.threads = max(1, min(cpus // self.workers, node_cpus))
+        self.threads = cfg.threads or max(1, min(cpus // self.workers, node_cpus))
+        if self.workers * self.threads > cpus:
+            self.close()
+            raise ValueError(f"--workers {self.workers} x {self.threads} threads: {where} hosts at most {cpus} CPUs")
         return self
 
     def _start_actors(self, memory: int | None = None) -> None:

@@ -1,8 +1,9 @@
 """Small real report runs the stage tests share: MiniLM-L6 with every stage's settings cut down
 (the same frames, columns and dtypes as the default run, a fraction of its time), and a tiny
 random Llama, whose KV-cache stage runs (MiniLM, an encoder, has none). Each runs once a session.
-The sharded-stage tests share one local Ray cluster (``num_cpus=2``) and one pool of two MiniLM
-workers (``minilm_pool``), started on first use and shut down at the session's end."""
+The sharded-stage tests share one local Ray cluster (``ray_cluster``: 4 logical CPUs) and two pools
+of two one-thread workers each, MiniLM's (``minilm_pool``) and SmolLM2's (``smollm_pool``), started
+on first use and shut down at the session's end."""
 
 from __future__ import annotations
 
@@ -38,26 +39,54 @@ def llama_report(tiny_llama_dir, tmp_path_factory):
     return _report(tiny_llama_dir, tmp_path_factory.mktemp("stages") / "llama")
 
 
+#: Ray CPUs of the test cluster: room for both pools' workers at once (2 pools x 2 workers x 1 thread)
+RAY_CPUS = 4
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A local Ray cluster of 2 CPUs (skipped where Ray, the ``ray`` extra, is not installed);
-    one a session, shut down after it (a cluster the process had already started is kept)."""
+    """A local Ray cluster of ``RAY_CPUS`` (4) logical CPUs (skipped where Ray, the ``ray`` extra,
+    is not installed); one a session, shut down after it (a cluster the process had already
+    started is kept).
+
+    Each Ray worker asks for as many CPUs as it runs torch threads and holds them while it lives
+    (a pool's actors live the whole session), so a cluster of 2 CPUs held by ``minilm_pool``'s two
+    workers could never place ``smollm_pool``'s: its first test would wait for ever. Ray's CPUs are
+    a count it schedules by, not the machine's cores: 4 of them, with every pool's workers pinned
+    to one thread (``RayConfig(threads=1)``), host both pools at once. The tests run one at a time,
+    so only one pool computes at once and the 2 cores are not oversubscribed. (Pools that gave
+    their CPUs back between tests would each load their model again per test: minutes.)"""
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     yield ray
     if started:
         ray.shutdown()
 
 
-@pytest.fixture(scope="session")
-def minilm_pool(ray_cluster):
-    """A :class:`~headscope.reports.stages.sharded.ShardPool` of two workers (one thread each),
-    each loading MiniLM once, for every sharded-stage test of the session."""
+def _pool(model: str):
     from headscope.reports.stages.sharded import RayConfig, ShardPool
 
-    load = {"model": "minilm-l6", "backend": "inhouse", "dtype": "fp32", "trust_remote_code": False}
-    p = ShardPool(RayConfig(workers=2), load).connect()
+    load = {"model": model, "backend": "inhouse", "dtype": "fp32", "trust_remote_code": False}
+    return ShardPool(RayConfig(workers=2, threads=1), load).connect()
+
+
+@pytest.fixture(scope="session")
+def minilm_pool(ray_cluster):
+    """A :class:`~headscope.reports.stages.sharded.ShardPool` of two workers (one thread and one
+    Ray CPU each), each loading MiniLM once, for every sharded-stage test of the session."""
+    p = _pool("minilm-l6")
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def smollm_pool(ray_cluster):
+    """A :class:`~headscope.reports.stages.sharded.ShardPool` of two workers (one thread and one
+    Ray CPU each), each loading SmolLM2-135M (the shipped GGUF, dequantised once into the cache)
+    once, for every sharded-stage test of the session; it holds the two Ray CPUs ``minilm_pool``
+    leaves free (see ``ray_cluster``), so both live in one session."""
+    p = _pool("smollm2-135m")
     yield p
     p.close()
