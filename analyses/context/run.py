@@ -102,7 +102,12 @@ def _similarity(occ: dict, intra: torch.Tensor, tokens: list, cfg: ContextConfig
     """occ: word -> [n, depth, d]; intra: [sentence, depth] intra-sentence similarities;
     tokens: per sentence (ids [n_tok], reps [depth, n_tok, d])."""
     ids = torch.cat([t for t, _ in tokens])
-    aniso = SIM.anisotropy(torch.cat([r for _, r in tokens], 1), ids, seed=cfg.seed)  # [depth]
+    # one depth at a time (the same pairs at each): a [depth, every token, d] copy of all the
+    # sentences' states, and its gathered pairs, cost SmolLM2-135M 790 MB more than the states
+    depths = tokens[0][1].shape[0]
+    aniso = torch.stack(
+        [SIM.anisotropy(torch.cat([r[d] for _, r in tokens]), ids, seed=cfg.seed) for d in range(depths)]
+    )  # [depth]
     by_depth = [r.transpose(0, 1) for r in occ.values()]  # [depth, n, d] per word
     ss = torch.stack([SIM.self_similarity(r) for r in by_depth], 1)  # [depth, word]
     mev = torch.stack([SIM.max_explainable_variance(r) for r in by_depth], 1)
