@@ -99,13 +99,52 @@ class CircuitsStage(Stage[CircuitsConfig]):
         return cfg if b >= asked else replace(cfg, batch_size=b)
 
     def run(self, ctx: RunContext, cfg: CircuitsConfig) -> StageResult:
+        return self._study(ctx, cfg, None)
+
+    def _study(self, ctx: RunContext, cfg: CircuitsConfig, sums: dict | None) -> StageResult:
         from headscope.analyses.circuits.edges.study import run_circuits
 
         try:
-            frames, summary = run_circuits(ctx.model, cfg)
+            frames, summary = run_circuits(ctx.model, cfg, sums)
         except ValueError as e:  # a task the model's tokenizer cannot give, or one that does not move the metric
             raise StageAbsent(f"the circuits stage could not run: {str(e).splitlines()[0]}") from e
         return StageResult(frames, summary)
+
+    def split(self, ctx: RunContext, cfg: CircuitsConfig, n: int) -> list:
+        """Interleaved parts of the task's batches of items (cut as one process cuts them: ``cfg.batch_size``
+        items of one length each), at most one per batch: each worker returns its batches' sums of
+        the edge scores over their items; the driver adds them in batch order (the same floats as one
+        process, so the tables are equal) and runs the circuit search, faithfulness and random
+        circuits on the merged scores (:meth:`finish`). The quick settings' 8 items are one batch of
+        16: ``--batch-size 4`` gives two workers two batches each."""
+        from headscope.analyses.circuits.edges.study import circuit_task, n_batches
+        from headscope.reports.stages.sharded import Interleaved
+
+        try:
+            task = circuit_task(ctx.model, cfg)
+        except ValueError as e:  # as in run(): the task the model cannot give, said before any worker starts
+            raise StageAbsent(f"the circuits stage could not run: {str(e).splitlines()[0]}") from e
+        m = max(1, min(n, n_batches(task, cfg.batch_size)))
+        return [Interleaved(k, m) for k in range(m)]
+
+    def run_part(self, ctx: RunContext, cfg: CircuitsConfig, part) -> StageResult:
+        from headscope.analyses.circuits.edges.study import score_part
+
+        return StageResult({}, {"sums": score_part(ctx.model, cfg, (part.k, part.n))})
+
+    def merge(self, parts) -> StageResult:
+        """The parts' batch sums in one ``{batch: [sender, receiver]}`` (the parts' batches are
+        disjoint; ``ValueError`` if two parts computed one batch)."""
+        sums: dict = {}
+        for p in parts:
+            twice = sorted(set(sums) & set(p.summary["sums"]))
+            if twice:
+                raise ValueError(f"the circuits stage's parts overlap: batches {twice} were computed twice")
+            sums.update(p.summary["sums"])
+        return StageResult({}, {"sums": sums})
+
+    def finish(self, ctx: RunContext, cfg: CircuitsConfig, merged: StageResult) -> StageResult:
+        return self._study(ctx, cfg, merged.summary["sums"])
 
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.circuits import circuits_section

@@ -155,18 +155,46 @@ def _activation_gradients(net, clean, outs_c, outs_x, metric, answer, wrong, ste
     return grad / n
 
 
+def batch_sums(model, task: Task, cfg: EdgeConfig = EdgeConfig(), part: tuple[int, int] | None = None) -> dict:
+    """``{batch number: Σ over the batch's items of the edge scores [sender, receiver]}`` (float32,
+    on the host) of the task's batches (:meth:`~headscope.analyses.patching.items.Task.batches`,
+    numbered from 0); ``part`` ``(k, n)``: only every ``n``-th batch from the ``k``-th
+    (:func:`~headscope.probes.capture.in_part`), as a sharded run's worker computes it.
+    ``ModelIncompatibleError`` off a pre-norm in-house decoder; ``ValueError`` for a task
+    without items."""
+    from headscope.probes.capture import in_part
+
+    check_decoder(model)
+    if not task.items:
+        raise ValueError(f"task {task.name!r} has no usable items ({task.n_unusable} unusable)")
+    net, metric = check_graph_model(model), metric_fn(task.metric)
+    dev = next(net.parameters()).device
+    out = {}
+    for b, (clean, corrupted, answer, wrong, _) in enumerate(task.batches(cfg.batch_size)):
+        if not in_part(part, b):
+            continue
+        wrong = None if wrong is None else wrong.to(dev)
+        out[b] = _batch_scores(net, clean.to(dev), corrupted.to(dev), answer.to(dev), wrong, metric, cfg).cpu()
+    return out
+
+
+def mean_scores(graph: EdgeGraph, sums: dict, n_items: int, n_batches: int | None = None) -> torch.Tensor:
+    """The edges' mean scores ``[sender, receiver]`` from :func:`batch_sums` (of one process, or
+    the parts' joined): the batches' sums added in batch order from zero, as one process adds
+    them (so the same floats), divided by ``n_items``; 0 off the graph's edges. ``n_batches``:
+    the task's batches, all of which ``sums`` must hold (``ValueError`` naming the missing ones)."""
+    if n_batches is not None and sorted(sums) != list(range(n_batches)):
+        missing = sorted(set(range(n_batches)) - set(sums))
+        raise ValueError(f"edge scores need every one of the task's {n_batches} batches; batches {missing} are missing")
+    total = torch.zeros(graph.valid.shape)
+    for b in sorted(sums):
+        total += sums[b]
+    return torch.where(graph.valid, total / n_items, torch.zeros(()))
+
+
 def edge_scores(model, task: Task, cfg: EdgeConfig = EdgeConfig()) -> tuple[EdgeGraph, torch.Tensor]:
     """``(graph, scores [sender, receiver])``: each edge's mean score over the task's items
     (module docstring), 0 off the graph's edges. ``ModelIncompatibleError`` off a pre-norm
     in-house decoder; ``ValueError`` for a task without items."""
     graph = model_graph(model)
-    check_decoder(model)
-    if not task.items:
-        raise ValueError(f"task {task.name!r} has no usable items ({task.n_unusable} unusable)")
-    net, metric = check_graph_model(model), metric_fn(task.metric)
-    total = torch.zeros(graph.valid.shape)
-    dev = next(net.parameters()).device
-    for clean, corrupted, answer, wrong, _ in task.batches(cfg.batch_size):
-        wrong = None if wrong is None else wrong.to(dev)
-        total += _batch_scores(net, clean.to(dev), corrupted.to(dev), answer.to(dev), wrong, metric, cfg).cpu()
-    return graph, torch.where(graph.valid, total / len(task.items), torch.zeros(()))
+    return graph, mean_scores(graph, batch_sums(model, task, cfg), len(task.items))

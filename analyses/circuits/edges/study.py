@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 
-from headscope.analyses.circuits.edges.attribution import DEFAULT_STEPS, EdgeConfig, edge_scores
+from headscope.analyses.circuits.edges.attribution import (
+    DEFAULT_STEPS,
+    EdgeConfig,
+    batch_sums,
+    edge_scores,
+    mean_scores,
+    model_graph,
+)
 from headscope.analyses.circuits.edges.evaluate import PatchedBatches, faithfulness_frame
 from headscope.analyses.circuits.edges.frames import edges_frame
 from headscope.analyses.circuits.edges.graph import EdgeGraph, budget_edges, top_circuit
 from headscope.analyses.patching.items import Task
+from headscope.probes.models.inhouse.edge_forward import check_graph_model
 
 #: faithfulness a circuit must reach for the figure to prefer it (MIB's and the issue's bar)
 GOOD_FAITHFULNESS = 0.8
@@ -62,13 +71,20 @@ def figure_budget(faith: pd.DataFrame, asked: float | None = None) -> float | No
 
 
 def circuit_study(
-    model, task: Task, *, method: str, steps: int, budgets, seeds: int, batch_size: int
+    model, task: Task, *, method: str, steps: int, budgets, seeds: int, batch_size: int, sums: dict | None = None
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """``(edges, faithfulness, summary)`` of one study (module docstring); raises what
-    :func:`~headscope.analyses.circuits.edges.attribution.edge_scores` raises."""
+    :func:`~headscope.analyses.circuits.edges.attribution.edge_scores` raises. ``sums``: the
+    batches' score sums computed already (:func:`~headscope.analyses.circuits.edges.attribution.batch_sums`
+    of a sharded run's parts, joined; every batch of the task: ``ValueError`` otherwise)."""
     budgets = sorted(float(b) for b in budgets)
     t0 = time.perf_counter()
-    graph, scores = edge_scores(model, task, EdgeConfig(method=method, steps=steps, batch_size=batch_size))
+    edge_cfg = EdgeConfig(method=method, steps=steps, batch_size=batch_size)
+    if sums is None:
+        graph, scores = edge_scores(model, task, edge_cfg)
+    else:
+        graph = model_graph(model)
+        scores = mean_scores(graph, sums, len(task.items), n_batches(task, batch_size))
     t_scores = time.perf_counter() - t0
     edges = edges_frame(graph, scores, method)
     at = kept_at(graph, scores, budgets)
@@ -131,19 +147,43 @@ class CircuitsConfig:
             budget_edges(b, 1)  # a budget outside [0, 1] is refused
 
 
-def run_circuits(model, cfg: CircuitsConfig) -> tuple[dict[str, pd.DataFrame], dict]:
-    """The report stage's work: ``({"circuit_edges", "circuit_faithfulness"}, summary)`` of
-    :func:`circuit_study` on ``cfg.task``, the summary with the graph's shape and the budget the
-    figure draws. Raises ``ValueError`` / ``ModelIncompatibleError`` as the study does."""
+def circuit_task(model, cfg: CircuitsConfig) -> Task:
+    """The study's task (``cfg.task``, ``cfg.n_items`` items of ``cfg.seq_len`` tokens, ``cfg.seed``),
+    its unusable items counted in its record rather than warned about. Raises what
+    :func:`~headscope.analyses.patching.tasks.load_task` raises."""
     import warnings
 
     from headscope.analyses.patching.tasks import load_task
-    from headscope.probes.models.inhouse.edge_forward import check_graph_model
 
-    net = check_graph_model(model)
     with warnings.catch_warnings():  # unusable items are counted in the summary's task record
         warnings.filterwarnings("ignore", message=r"task .* items unusable", category=UserWarning)
-        task = load_task(model, cfg.task, n_items=cfg.n_items, seed=cfg.seed, seq_len=cfg.seq_len)
+        return load_task(model, cfg.task, n_items=cfg.n_items, seed=cfg.seed, seq_len=cfg.seq_len)
+
+
+def n_batches(task: Task, batch_size: int) -> int:
+    """How many batches of at most ``batch_size`` items (of one length each) the task's items make."""
+    return sum(-(-n // batch_size) for n in Counter(len(it.clean) for it in task.items).values())
+
+
+def score_part(model, cfg: CircuitsConfig, part: tuple[int, int]) -> dict:
+    """Part ``(k, n)`` of the study's edge scores, a sharded run's worker's work: ``{batch number:
+    Σ over its items of the scores [sender, receiver]}`` of every ``n``-th batch from the ``k``-th
+    (:func:`~headscope.analyses.circuits.edges.attribution.batch_sums`). The parts' sums joined are
+    :func:`run_circuits`'s ``sums``: the circuits, faithfulness and random baselines run there,
+    on the merged scores. Raises what :func:`run_circuits` raises."""
+    check_graph_model(model)
+    task = circuit_task(model, cfg)
+    return batch_sums(model, task, EdgeConfig(method=cfg.method, steps=cfg.steps, batch_size=cfg.batch_size), part)
+
+
+def run_circuits(model, cfg: CircuitsConfig, sums: dict | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+    """The report stage's work: ``({"circuit_edges", "circuit_faithfulness"}, summary)`` of
+    :func:`circuit_study` on ``cfg.task``, the summary with the graph's shape and the budget the
+    figure draws. ``sums``: the edge scores' batch sums of a sharded run (:func:`score_part`'s,
+    joined): the same floats as one process adds, so the same tables. Raises ``ValueError`` /
+    ``ModelIncompatibleError`` as the study does."""
+    net = check_graph_model(model)
+    task = circuit_task(model, cfg)
     edges, faith, summary = circuit_study(
         model,
         task,
@@ -152,6 +192,7 @@ def run_circuits(model, cfg: CircuitsConfig) -> tuple[dict[str, pd.DataFrame], d
         budgets=cfg.budgets,
         seeds=cfg.seeds,
         batch_size=cfg.batch_size,
+        sums=sums,
     )
     summary["figure_budget"] = figure_budget(faith, cfg.figure_budget)
     summary["graph"] = {"n_layers": net.cfg.n_layers, "n_heads": net.cfg.n_heads, "n_kv_heads": net.cfg.n_kv_heads}
