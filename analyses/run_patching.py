@@ -161,7 +161,13 @@ def patching_blocker(model) -> str | None:
 
 
 def run_patching(
-    model, roles: pd.DataFrame, cfg: CausalConfig, *, full: bool, activation: dict | None = None
+    model,
+    roles: pd.DataFrame,
+    cfg: CausalConfig,
+    *,
+    full: bool,
+    activation: dict | None = None,
+    attribution: dict | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Activation (denoising) + attribution patching on the task of each role of ``roles``
     that has one -> ``(frame, summary)``: the frame is ``task`` + the patching frame's columns
@@ -170,7 +176,8 @@ def run_patching(
     ``patching_study`` summary + ``warnings``), ``refused`` (task -> reason), ``n_items``,
     ``unit``, ``method``, ``top_k``, ``seconds``. A task the model refuses is recorded in
     ``refused``, never raised. ``activation``: ``{task: (frame, run metrics)}`` of activation
-    patching computed already (a sharded run, :mod:`~headscope.analyses.patching.parts`)."""
+    patching computed already (a sharded run, :mod:`~headscope.analyses.patching.parts`);
+    ``attribution``: ``{task: (estimates, run metrics)}`` of attribution patching likewise."""
     from headscope.analyses.patching.frames import PATCH_COLUMNS
     from headscope.analyses.patching.study import patching_study
     from headscope.analyses.patching.tasks import load_task
@@ -184,7 +191,7 @@ def run_patching(
             with warnings.catch_warnings(record=True) as caught:  # unusable items, a task without a gap
                 warnings.simplefilter("always")
                 task = load_task(model, t, n_items=n_items, seed=cfg.seed)
-                res = patching_study(model, task, study, (activation or {}).get(t))
+                res = patching_study(model, task, study, (activation or {}).get(t), (attribution or {}).get(t))
         except (HeadscopeError, ValueError) as e:
             refused[t] = str(e)
             log.warning("patching task %s refused: %s", t, e)

@@ -43,6 +43,7 @@ from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.tasks import REFERENCE_METRICS, check_decoder, metric_fn
 from headscope.analyses.stats.resampling import adjust_p
+from headscope.probes.capture import in_part
 from headscope.probes.embedding import pipeline_of, sentence_embedding
 from headscope.probes.models.backends.protocol import rows_unembedded, unembed_at
 from headscope.probes.models.purpose import purpose_of
@@ -325,13 +326,16 @@ class PairedBatch:
     m_corrupted: torch.Tensor
 
 
-def paired_runs(model, task: Task, cfg: PatchConfig, metric, run: RunMetrics):
+def paired_runs(model, task: Task, cfg: PatchConfig, metric, run: RunMetrics, part: tuple[int, int] | None = None):
     """Run the clean and the corrupted input of every batch of ``task``, capturing ``z``;
     write each item's two metrics into ``run`` and yield the :class:`PairedBatch`.
+    ``part`` ``(k, n)``: only batches ``k, k+n, ...`` (:func:`~headscope.probes.capture.in_part`).
     ``ModelIncompatibleError`` for a logit metric on an encoder."""
     if task.metric not in REFERENCE_METRICS:
         check_decoder(model)
-    for clean, corrupted, answer, wrong, rows in task.batches(cfg.batch_size):
+    for i, (clean, corrupted, answer, wrong, rows) in enumerate(task.batches(cfg.batch_size)):
+        if not in_part(part, i):
+            continue
         logits_c, z_c = capture_z(model, clean)
         logits_x, z_x = capture_z(model, corrupted)
         if task.metric in REFERENCE_METRICS:

@@ -67,16 +67,31 @@ def z_gradients(
 
 def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) -> tuple[pd.DataFrame, RunMetrics]:
     """Attribution patching in ``cfg.directions`` -> (:data:`PATCH_COLUMNS` frame, metrics of the runs)."""
-    from headscope.analyses.patching.atp_star import ATP_LABELS, atp_star_estimates, check_atp_model
+    delta, run = attribution_deltas(model, task, cfg)
+    return attribution_frames(model, delta, run, cfg), run
+
+
+def attribution_deltas(
+    model, task: Task, cfg: PatchConfig = PatchConfig(), part: tuple[int, int] | None = None
+) -> tuple[dict, RunMetrics]:
+    """``({direction: [n_items, n_units]} estimates, the runs' metrics)`` of attribution patching
+    (per position: ``{direction: {position: [n_items, n_units]}}``). ``part`` ``(k, n)``: only the
+    task's batches ``k, k+n, ...`` (:func:`~headscope.probes.capture.in_part`; not per position),
+    the other items' estimates and metrics NaN: the parts joined by
+    :func:`~headscope.analyses.patching.activation.merge_deltas` are the whole run's, each
+    item's values from the same batch as one process."""
+    from headscope.analyses.patching.atp_star import atp_star_estimates, check_atp_model
 
     check_atp_model(model, cfg.atp_fix)
+    per_pos = cfg.per_position
+    if per_pos and part is not None:
+        raise ValueError("attribution patching per position does not shard: part must be None")
     units = patch_units(model.spec, cfg.unit)
     metric = metric_fn(task.metric)
     n = len(task.items)
-    run = RunMetrics(torch.empty(n), torch.empty(n))
-    per_pos = cfg.per_position
-    delta = {d: ({} if per_pos else torch.empty(n, len(units))) for d in cfg.directions}
-    for b in paired_runs(model, task, cfg, metric, run):
+    run = RunMetrics(torch.full((n,), torch.nan), torch.full((n,), torch.nan))
+    delta = {d: ({} if per_pos else torch.full((n, len(units)), torch.nan)) for d in cfg.directions}
+    for b in paired_runs(model, task, cfg, metric, run, part):
         for d in cfg.directions:
             at, z_at, z_other = (
                 (b.corrupted, b.z_corrupted, b.z_clean) if d == "denoising" else (b.clean, b.z_clean, b.z_corrupted)
@@ -97,8 +112,17 @@ def attribution_patching(model, task: Task, cfg: PatchConfig = PatchConfig()) ->
                 store_positions(delta[d], est, b.rows, n)
             else:
                 delta[d][b.rows] = est
+    return delta, run
+
+
+def attribution_frames(model, delta: dict, run: RunMetrics, cfg: PatchConfig = PatchConfig()) -> pd.DataFrame:
+    """The :data:`PATCH_COLUMNS` frame of :func:`attribution_deltas`' estimates (every item's, of one
+    process or of the parts merged): effects, bootstrap intervals and permutation p-values over all items."""
+    from headscope.analyses.patching.atp_star import ATP_LABELS
+
+    units = patch_units(model.spec, cfg.unit)
     label = "attribution" if cfg.gradient == "total" else f"attribution_{cfg.gradient}"
     label = ATP_LABELS.get(cfg.atp_fix, label)
-    if per_pos:
-        return position_frames(delta, float(run.gap.mean()), units, cfg, label), run
-    return direction_frames(delta, run, units, cfg, label), run
+    if cfg.per_position:
+        return position_frames(delta, float(run.gap.mean()), units, cfg, label)
+    return direction_frames(delta, run, units, cfg, label)

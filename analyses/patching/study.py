@@ -24,7 +24,7 @@ from headscope.analyses.patching.activation import (
     direction_frames,
     measures,
 )
-from headscope.analyses.patching.attribution import attribution_patching
+from headscope.analyses.patching.attribution import attribution_frames, attribution_patching
 from headscope.analyses.patching.frames import agreement, top_heads
 from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.path import READS, VIAS, check_path, path_patching
@@ -87,11 +87,15 @@ def _top_units(frame: pd.DataFrame, k: int) -> list[str]:
     return [f"L{int(r.layer)}H{int(r.head)}@{int(r.position)}" for r in f.head(k).itertuples()]
 
 
-def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig(), activation=None) -> PatchResult:
+def patching_study(
+    model, task: Task, cfg: StudyConfig = StudyConfig(), activation=None, attribution=None
+) -> PatchResult:
     """Run ``cfg.methods`` on ``task`` -> :class:`PatchResult` (one frame, a summary with the
     clean/corrupted metric, the top heads per method, agreement and timings). ``activation``:
     activation patching's ``(effects, run metrics)`` (:func:`~headscope.analyses.patching.activation.activation_deltas`)
-    computed already, by a sharded run's parts: its frame and statistics are made here."""
+    computed already, by a sharded run's parts: its frame and statistics are made here;
+    ``attribution``: attribution patching's ``(estimates, run metrics)`` likewise
+    (:func:`~headscope.analyses.patching.attribution.attribution_deltas`)."""
     if "path" in cfg.methods:  # refused (backend, heads) before any long run
         for via in cfg.vias:
             check_path(model, cfg.receiver, via, None if cfg.senders is None else list(cfg.senders))
@@ -108,7 +112,11 @@ def patching_study(model, task: Task, cfg: StudyConfig = StudyConfig(), activati
         timings["activation"] = round(time.perf_counter() - t, 2)
     if "attribution" in cfg.methods:
         t = time.perf_counter()
-        f, run = attribution_patching(model, task, cfg.patch)
+        if attribution is None:
+            f, run = attribution_patching(model, task, cfg.patch)
+        else:
+            run = attribution[1]
+            f = attribution_frames(model, attribution[0], run, cfg.patch)
         frames.append(f)
         timings["attribution"] = round(time.perf_counter() - t, 2)
     if "ablation" in cfg.methods:

@@ -95,30 +95,38 @@ class PatchingStage(Stage[CausalConfig]):
         return StageResult({"patching": frame}, summary)
 
     def split(self, ctx: RunContext, cfg: CausalConfig, n: int) -> list:
-        """``n`` interleaved parts of activation patching's patched forwards (each patching a run of
-        units, heads or KV groups, as one process does): the effects of every unit are merged, then
-        the frames, intervals, p-values and the adjustment over all units, and attribution
-        patching, run in the driver (:meth:`finish`)."""
+        """``n`` interleaved parts: of activation patching's patched forwards (each patching a run of
+        units, heads or KV groups, as one process does) and of attribution patching's batches of
+        items (cut as one process cuts them). The effects of every unit and the estimates of every
+        item are merged, then the frames, intervals, p-values and the adjustment over all units run
+        in the driver (:meth:`finish`)."""
         from headscope.reports.stages.sharded import Interleaved
 
         return [Interleaved(k, n) for k in range(n)]
 
     def run_part(self, ctx: RunContext, cfg: CausalConfig, part) -> StageResult:
-        from headscope.analyses.patching.parts import activation_part
+        from headscope.analyses.patching.parts import patching_part
 
-        done = activation_part(ctx.model, ctx.frames["roles"], cfg, full=ctx.full, part=(part.k, part.n))
-        return StageResult({}, {"activation": done})  # per-unit effects: merged and finished in the driver
+        done = patching_part(ctx.model, ctx.frames["roles"], cfg, full=ctx.full, part=(part.k, part.n))
+        return StageResult({}, done)  # per-unit effects, per-item estimates: merged and finished in the driver
 
     def merge(self, parts) -> StageResult:
-        from headscope.analyses.patching.parts import merge_activation
+        from headscope.analyses.patching.parts import merge_parts
 
-        return StageResult({}, {"activation": merge_activation([p.summary["activation"] for p in parts])})
+        return StageResult({}, merge_parts([dict(p.summary) for p in parts]))
 
     def finish(self, ctx: RunContext, cfg: CausalConfig, merged: StageResult) -> StageResult:
         from headscope.analyses.run_patching import run_patching
 
-        activation = merged.summary["activation"]
-        frame, summary = run_patching(ctx.model, ctx.frames["roles"], cfg, full=ctx.full, activation=activation)
+        done = merged.summary
+        frame, summary = run_patching(
+            ctx.model,
+            ctx.frames["roles"],
+            cfg,
+            full=ctx.full,
+            activation=done["activation"],
+            attribution=done["attribution"],
+        )
         return StageResult({"patching": frame}, summary)
 
     def section(self, frames, meta) -> list:
