@@ -52,7 +52,7 @@ from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.icl_tasks import TASKS, TEMPLATE, prompt_ids, prompt_text, task_pairs
 from headscope.analyses.roles.pattern_stats import ItemValues, check_layers, stats_frame
 from headscope.analyses.stats.verdicts import layered_rows
-from headscope.probes.capture import Capture, StreamReport
+from headscope.probes.capture import Capture, StreamReport, in_part
 from headscope.probes.capture import feed as feed_capture
 from headscope.probes.errors import ModelIncompatibleError
 
@@ -294,8 +294,11 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     ``("control", layer)`` ``[batch, head]``, and ``("shuffled", None)``, ``("icl", None)``,
     ``("shuffled_hit", None)`` ``[batch]``; ``progress(done, total)`` counts :func:`work`."""
     items, size = ctx.items, ctx.cfg.batch_size
-    report = StreamReport(n_items=len(items), n_used=len(items), n_batches=0)
-    report.real_tokens = sum(len(it.ids) + len(it.mean_ids) for it in items)
+    # under a sharded run's part: its groups of tasks (each group's means need all its prompts)
+    groups = [g for i, g in enumerate(task_groups(items, size)) if in_part(ctx.part, i)]
+    mine = [it for it in items if any(it.task in g for g in groups)]
+    report = StreamReport(n_items=len(items), n_used=len(mine), n_batches=0)
+    report.real_tokens = sum(len(it.ids) + len(it.mean_ids) for it in mine)
     if not items:
         return report
     try:
@@ -310,7 +313,7 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     layers = _layers(ctx)
     dev, spec = ctx.model.device, ctx.model.spec
     total, done = work(ctx.cfg, spec, len(items)), 0
-    for group in task_groups(items, size):
+    for group in groups:
         idx = [i for i, it in enumerate(items) if it.task in group]
         its = [items[i] for i in idx]
         mean, control, icl_hit, runs = _group_data(ctx.model, its, size)
@@ -454,6 +457,7 @@ ROLE_DEF = Role(
     items=probe_items,
     feed=feed,
     options=("tasks", "template", "n_demos", "n_prompts", "layers", "items"),
+    shards=True,
     generated=_generated,
     work=work,
     description=(

@@ -58,7 +58,7 @@ from headscope.analyses.roles.base import Role, RoleContext
 from headscope.analyses.roles.config import RoleOutput
 from headscope.analyses.roles.pattern_stats import ItemValues
 from headscope.analyses.stats.verdicts import layered_rows, verdict_rows
-from headscope.probes.capture import StreamReport
+from headscope.probes.capture import StreamReport, in_part
 from headscope.probes.direct_effects import direct_effects
 
 GROUP = "ioi"
@@ -176,13 +176,15 @@ def feed(ctx: RoleContext, reducers, progress=None) -> StreamReport:
     path patching in :func:`finish` counts on up to it from ``report.progress``, ``(progress, done,
     total)``)."""
     items = ctx.items
-    report = StreamReport(n_items=len(items), n_used=len(items), n_batches=0)
-    report.real_tokens = 2 * sum(len(it.clean) for it in items)
+    batches = [b for i, b in enumerate(_task(items).batches(ctx.cfg.batch_size)) if in_part(ctx.part, i)]
+    mine = [r for b in batches for r in b[4]]  # under a sharded run's part: the items of its batches
+    report = StreamReport(n_items=len(items), n_used=len(mine), n_batches=0)
+    report.real_tokens = 2 * sum(len(items[r].clean) for r in mine)
     total = work(ctx.cfg, ctx.model.spec, len(items))
     if not items or _no_rows(ctx.model) is not None:
         return report
     done = 0
-    for clean, corrupted, answer, wrong, rows in _task(items).batches(ctx.cfg.batch_size):
+    for clean, corrupted, answer, wrong, rows in batches:
         e_c, ld_c = direct_effects(ctx.model, clean, answer, wrong)
         e_x, ld_x = direct_effects(ctx.model, corrupted, answer, wrong)
         batch = IOIBatch(list(rows), e_c, e_x, ld_c, ld_x)
@@ -358,6 +360,7 @@ ROLE_DEF = Role(
     items=probe_items,
     feed=feed,
     options=("items",),
+    shards=True,
     generated=lambda cfg: (40, cfg.ioi_n_items),
     work=work,
     description=(
