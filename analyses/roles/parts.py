@@ -10,8 +10,9 @@ stream reports (:func:`~headscope.probes.capture.merge_reports`); :func:`finish_
 each group's ``finish`` on the merged reducers (the verdicts, bootstrap intervals and
 permutation p-values, on the collected per-item values) and assembles the
 :class:`~headscope.analyses.roles.pipeline.RolesResult` as ``head_roles`` does. A generated
-group whose feed does not shard (:attr:`~headscope.analyses.roles.base.Role.shards`: IOI,
-function vectors) runs whole in part 0.
+group's feed shards where it says so (:attr:`~headscope.analyses.roles.base.Role.shards`: every
+shipped one; IOI by batches of items, function vectors by groups of tasks); one that does not
+runs whole in part 0.
 
 >>> parts = [fill_roles(model, cfg=cfg, part=(k, 2)) for k in range(2)]  # doctest: +SKIP
 >>> res = finish_filled(model, merge_filled(parts), cfg=cfg)  # doctest: +SKIP

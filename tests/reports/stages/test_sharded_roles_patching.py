@@ -3,7 +3,8 @@
 role group's corpus (cut as one process cuts them), or every other patched forward of activation
 patching (each patching the heads one process patches in it); the driver merges the per-item
 values or per-head effects and runs the verdicts, bootstrap intervals, permutation p-values and
-adjustments on them. Every table ``DataFrame.equals`` the single-process run.
+adjustments on them; attribution patching runs every other batch of items on each worker, its
+per-item estimates joined in the driver. Every table ``DataFrame.equals`` the single-process run.
 
 Cut-down corpora (60 sentences, the hand-written trees, the coreference set, 24 induction
 sequences) in batches of 8, so each part runs several batches of each; the cluster and the
@@ -67,11 +68,12 @@ def test_one_part_alone_is_not_the_whole(minilm, ctx):
 
 
 def test_patching_sharded_by_heads_equals_the_single_process_run(minilm_pool, minilm, roles):
-    """Activation patching of MiniLM's 72 heads on the induction task (8 items: 4 patched forwards
-    of 18 heads each, two per worker); attribution patching and the statistics in the driver."""
+    """Activation patching of MiniLM's 72 heads on the induction task (8 items in 2 batches of 4,
+    each batch's patched forwards split between the workers), attribution patching by
+    batches of items (one batch per worker); the statistics in the driver."""
     frame = roles.frames["roles"]
     ctx = RunContext(name="minilm-l6", model=minilm, frames={"roles": frame[frame.role == "induction"]})
-    stage, cfg = STAGES["patching"], CausalConfig(n_items=8, n_boot=200, n_perm=400)
+    stage, cfg = STAGES["patching"], CausalConfig(n_items=8, batch_size=4, n_boot=200, n_perm=400)
     whole = stage.run(ctx, cfg)
     parts = stage.split(ctx, cfg, minilm_pool.workers)
     sharded = minilm_pool.run(ctx, stage, cfg, parts)
@@ -80,6 +82,8 @@ def test_patching_sharded_by_heads_equals_the_single_process_run(minilm_pool, mi
     activation = patched[patched.method == "activation_denoising"]
     assert list(patched.task.unique()) == ["induction"] and len(activation) == 72 and activation.effect.notna().all()
     assert activation.effect.max() > 0.1 and (activation.ci_low > 0).any()  # heads restoring >10% of the gap
+    attribution = patched[patched.method == "attribution_denoising"]
+    assert len(attribution) == 72 and attribution.effect.notna().all() and (attribution.n == 8).all()
     timing = {"seconds"}  # the summaries differ only in how long each part took
     for t, summary in whole.summary["tasks"].items():
         got = sharded.summary["tasks"][t]
