@@ -11,8 +11,14 @@ forward is no sum of sender outputs (another backend, post-norm, sandwich norms,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from headscope.analyses.circuits.edges.study import CircuitsConfig
 from headscope.reports.stages.base import RunContext, Stage, StageAbsent, StageResult, WorkingSet
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CircuitsStage(Stage[CircuitsConfig]):
@@ -99,13 +105,13 @@ class CircuitsStage(Stage[CircuitsConfig]):
         return cfg if b >= asked else replace(cfg, batch_size=b)
 
     def run(self, ctx: RunContext, cfg: CircuitsConfig) -> StageResult:
-        return self._study(ctx, cfg, None)
+        return self._study(ctx, cfg, None, None)
 
-    def _study(self, ctx: RunContext, cfg: CircuitsConfig, sums: dict | None) -> StageResult:
+    def _study(self, ctx: RunContext, cfg: CircuitsConfig, sums: dict | None, evaluate) -> StageResult:
         from headscope.analyses.circuits.edges.study import run_circuits
 
         try:
-            frames, summary = run_circuits(ctx.model, cfg, sums)
+            frames, summary = run_circuits(ctx.model, cfg, sums, evaluate)
         except ValueError as e:  # a task the model's tokenizer cannot give, or one that does not move the metric
             raise StageAbsent(f"the circuits stage could not run: {str(e).splitlines()[0]}") from e
         return StageResult(frames, summary)
@@ -128,8 +134,11 @@ class CircuitsStage(Stage[CircuitsConfig]):
         return [Interleaved(k, m) for k in range(m)]
 
     def run_part(self, ctx: RunContext, cfg: CircuitsConfig, part) -> StageResult:
-        from headscope.analyses.circuits.edges.study import score_part
+        from headscope.analyses.circuits.edges.study import evaluate_part, score_part
 
+        if isinstance(part, CircuitEvaluation):  # the second round: circuits' metrics (finish)
+            which = list(range(part.k, len(part.masks), part.n))
+            return StageResult({}, {"metrics": evaluate_part(ctx.model, cfg, part.masks, which)})
         return StageResult({}, {"sums": score_part(ctx.model, cfg, (part.k, part.n))})
 
     def merge(self, parts) -> StageResult:
@@ -144,7 +153,13 @@ class CircuitsStage(Stage[CircuitsConfig]):
         return StageResult({}, {"sums": sums})
 
     def finish(self, ctx: RunContext, cfg: CircuitsConfig, merged: StageResult) -> StageResult:
-        return self._study(ctx, cfg, merged.summary["sums"])
+        """The study on the merged scores; with the run's workers (``ctx.shards``) its circuits'
+        exact evaluation (the full and empty graphs, each budget's circuit and random ones) is
+        shared among them too, interleaved by circuit: each circuit's metric is computed as one
+        process computes it, over every batch, so the faithfulness frame is the same."""
+        pool = ctx.shards
+        evaluate = None if pool is None else (lambda masks: _evaluate_on(pool, ctx, cfg, masks))
+        return self._study(ctx, cfg, merged.summary["sums"], evaluate)
 
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.circuits import circuits_section
@@ -160,6 +175,44 @@ class CircuitsStage(Stage[CircuitsConfig]):
             return None
         rows = ", ".join(f"{r['budget']:g}: {r['faithfulness']:.3f}" for r in summary.get("faithfulness", []))
         return f"circuits: faithfulness by budget {rows}; CPR {summary['cpr']:.3f} (random {summary['random_cpr']:.3f})"
+
+
+@dataclass(frozen=True)
+class CircuitEvaluation:
+    """Part ``k`` of ``n`` of the circuits' evaluation: circuits ``k, k+n, ...`` of ``masks``
+    (``[circuit, sender, receiver]`` bool, :func:`~headscope.analyses.circuits.edges.evaluate.circuit_masks`)."""
+
+    k: int
+    n: int
+    masks: torch.Tensor
+
+    def __repr__(self) -> str:
+        return f"circuits {self.k}, {self.k + self.n}, ... of {len(self.masks)}"
+
+
+class _Evaluation:
+    """The circuits stage's second round on the workers (its :meth:`CircuitsStage.run_part` takes
+    :class:`CircuitEvaluation` parts): the parts' metrics joined, nothing to finish."""
+
+    name, unit = "circuits", "items"
+
+    def merge(self, parts) -> StageResult:
+        metrics: dict = {}
+        for p in parts:
+            metrics.update(p.summary["metrics"])
+        return StageResult({}, {"metrics": metrics})
+
+    def finish(self, ctx, cfg, merged: StageResult) -> StageResult:
+        return merged
+
+
+def _evaluate_on(pool, ctx: RunContext, cfg: CircuitsConfig, masks: torch.Tensor) -> list[float]:
+    """``m(C)`` of every circuit of ``masks``, the circuits interleaved over ``pool``'s workers."""
+    n = max(1, min(pool.workers, len(masks)))
+    got = pool.run(ctx, _Evaluation(), cfg, [CircuitEvaluation(k, n, masks) for k in range(n)]).summary["metrics"]
+    if sorted(got) != list(range(len(masks))):
+        raise ValueError(f"the circuits' evaluation gave circuits {sorted(got)} of {len(masks)}")
+    return [got[i] for i in range(len(masks))]
 
 
 STAGE = CircuitsStage()

@@ -125,36 +125,49 @@ def cpr_cmd(budgets: list[float], faith: list[float]) -> tuple[float, float]:
     return _area(budgets, faith), _area(budgets, [abs(1.0 - f) for f in faith])
 
 
+def circuit_masks(graph: EdgeGraph, scores: torch.Tensor, budgets: list[float], seeds: int) -> torch.Tensor:
+    """``[circuit, sender, receiver]`` bool: every circuit :func:`faithfulness_frame` evaluates, in
+    its order: the full graph, the empty circuit, then per budget its top-``|score|`` circuit,
+    pruned, and ``seeds`` random circuits of as many edges (pruned)."""
+    out = [graph.valid.clone(), torch.zeros_like(graph.valid)]
+    for b in budgets:
+        n = budget_edges(b, graph.n_edges)
+        out.append(graph.prune(top_circuit(graph, scores, n)))
+        out += [graph.prune(random_circuit(graph, n, seed)) for seed in range(seeds)]
+    return torch.stack(out).bool()
+
+
 def faithfulness_frame(
-    patched: PatchedBatches,
+    patched: PatchedBatches | None,
     graph: EdgeGraph,
     scores: torch.Tensor,
     budgets: list[float],
     *,
     seeds: int = 5,
+    evaluate=None,
 ) -> tuple[pd.DataFrame, dict]:
     """Each budget's top-``|score|`` circuit, pruned, evaluated exactly, beside ``seeds`` random
     circuits of the same number of edges (also pruned) -> (:data:`FAITHFULNESS_COLUMNS` frame,
-    summary ``{m_full, m_empty, cpr, cmd, random_cpr, n_edges_total}``)."""
-    m_full = patched.metric_of(graph.valid)
-    m_empty = patched.metric_of(torch.zeros_like(graph.valid))
+    summary ``{m_full, m_empty, cpr, cmd, random_cpr, n_edges_total}``). ``evaluate``: ``masks
+    [circuit, sender, receiver] -> [m(C) per circuit]`` (:func:`circuit_masks`' circuits; a
+    sharded run's workers evaluate them); None: ``patched.metric_of`` of each, in this process."""
+    masks = circuit_masks(graph, scores, budgets, seeds)
+    metrics = [patched.metric_of(m) for m in masks] if evaluate is None else list(evaluate(masks))
+    if len(metrics) != len(masks):
+        raise ValueError(f"evaluate must give one metric per circuit ({len(masks)}); got {len(metrics)}")
+    m_full, m_empty = metrics[0], metrics[1]
     rows = []
-    for b in budgets:
-        n = budget_edges(b, graph.n_edges)
-        circuit = graph.prune(top_circuit(graph, scores, n))
-        m_c = patched.metric_of(circuit)
+    for i, b in enumerate(budgets):
+        at = 2 + i * (1 + seeds)  # the budget's circuit, then its random ones
+        m_c = metrics[at]
         rand = torch.tensor(
-            [
-                faithfulness(patched.metric_of(graph.prune(random_circuit(graph, n, seed))), m_full, m_empty)
-                for seed in range(seeds)
-            ],
-            dtype=torch.float64,
+            [faithfulness(m, m_full, m_empty) for m in metrics[at + 1 : at + 1 + seeds]], dtype=torch.float64
         )
         rows.append(
             {
                 "budget": float(b),
-                "n_edges": n,
-                "n_edges_pruned": int(circuit.sum()),
+                "n_edges": budget_edges(b, graph.n_edges),
+                "n_edges_pruned": int(masks[at].sum()),
                 "metric": m_c,
                 "faithfulness": faithfulness(m_c, m_full, m_empty),
                 "random_mean": float(rand.mean()) if seeds else float("nan"),

@@ -71,12 +71,23 @@ def figure_budget(faith: pd.DataFrame, asked: float | None = None) -> float | No
 
 
 def circuit_study(
-    model, task: Task, *, method: str, steps: int, budgets, seeds: int, batch_size: int, sums: dict | None = None
+    model,
+    task: Task,
+    *,
+    method: str,
+    steps: int,
+    budgets,
+    seeds: int,
+    batch_size: int,
+    sums: dict | None = None,
+    evaluate=None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """``(edges, faithfulness, summary)`` of one study (module docstring); raises what
     :func:`~headscope.analyses.circuits.edges.attribution.edge_scores` raises. ``sums``: the
     batches' score sums computed already (:func:`~headscope.analyses.circuits.edges.attribution.batch_sums`
-    of a sharded run's parts, joined; every batch of the task: ``ValueError`` otherwise)."""
+    of a sharded run's parts, joined; every batch of the task: ``ValueError`` otherwise);
+    ``evaluate``: the circuits' metrics from elsewhere (a sharded run's workers,
+    :func:`~headscope.analyses.circuits.edges.evaluate.faithfulness_frame`'s ``evaluate``)."""
     budgets = sorted(float(b) for b in budgets)
     t0 = time.perf_counter()
     edge_cfg = EdgeConfig(method=method, steps=steps, batch_size=batch_size)
@@ -95,8 +106,8 @@ def circuit_study(
         for s, r, v in zip(edges["sender"].astype(str), edges["receiver"].astype(str), edges["via"].astype(str))
     ]
     t1 = time.perf_counter()
-    patched = PatchedBatches.of(model, task, batch_size)
-    faith, summary = faithfulness_frame(patched, graph, scores, budgets, seeds=seeds)
+    patched = PatchedBatches.of(model, task, batch_size) if evaluate is None else None
+    faith, summary = faithfulness_frame(patched, graph, scores, budgets, seeds=seeds, evaluate=evaluate)
     t_faith = time.perf_counter() - t1
     top = [f"{r.sender}->{r.receiver}.{r.via}" for r in edges.head(10).itertuples()]
     summary = {
@@ -176,12 +187,23 @@ def score_part(model, cfg: CircuitsConfig, part: tuple[int, int]) -> dict:
     return batch_sums(model, task, EdgeConfig(method=cfg.method, steps=cfg.steps, batch_size=cfg.batch_size), part)
 
 
-def run_circuits(model, cfg: CircuitsConfig, sums: dict | None = None) -> tuple[dict[str, pd.DataFrame], dict]:
+def evaluate_part(model, cfg: CircuitsConfig, masks: torch.Tensor, which: list[int]) -> dict[int, float]:
+    """``{circuit index: m(C)}`` of the circuits ``masks[which]`` (``[circuit, sender, receiver]``),
+    a sharded run's worker's share of the faithfulness evaluation: the task's corrupted runs made
+    as one process makes them, then each circuit's metric over every batch, as one process sums it."""
+    patched = PatchedBatches.of(model, circuit_task(model, cfg), cfg.batch_size)
+    return {i: patched.metric_of(masks[i]) for i in which}
+
+
+def run_circuits(
+    model, cfg: CircuitsConfig, sums: dict | None = None, evaluate=None
+) -> tuple[dict[str, pd.DataFrame], dict]:
     """The report stage's work: ``({"circuit_edges", "circuit_faithfulness"}, summary)`` of
     :func:`circuit_study` on ``cfg.task``, the summary with the graph's shape and the budget the
     figure draws. ``sums``: the edge scores' batch sums of a sharded run (:func:`score_part`'s,
-    joined): the same floats as one process adds, so the same tables. Raises ``ValueError`` /
-    ``ModelIncompatibleError`` as the study does."""
+    joined): the same floats as one process adds, so the same tables; ``evaluate``: ``masks ->
+    [m(C)]``, the circuits' metrics from a sharded run's workers (:func:`evaluate_part`'s, joined).
+    Raises ``ValueError`` / ``ModelIncompatibleError`` as the study does."""
     net = check_graph_model(model)
     task = circuit_task(model, cfg)
     edges, faith, summary = circuit_study(
@@ -193,6 +215,7 @@ def run_circuits(model, cfg: CircuitsConfig, sums: dict | None = None) -> tuple[
         seeds=cfg.seeds,
         batch_size=cfg.batch_size,
         sums=sums,
+        evaluate=evaluate,
     )
     summary["figure_budget"] = figure_budget(faith, cfg.figure_budget)
     summary["graph"] = {"n_layers": net.cfg.n_layers, "n_heads": net.cfg.n_heads, "n_kv_heads": net.cfg.n_kv_heads}

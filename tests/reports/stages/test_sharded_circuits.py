@@ -1,7 +1,8 @@
 """What ran whole in the driver under ``--ray`` now shards by items, on SmolLM2-135M workers
 (conftest.py's ``smollm_pool``): the circuits stage's edge scores (each worker sums the EAP-IG
 scores over the items of every other batch; the driver adds the batches' sums in batch order, as
-one process does, and runs the circuit search, faithfulness and random circuits), and the IOI
+one process does, and runs the circuit search; the workers then evaluate every other circuit,
+the budgets' and the random ones, over all batches, and the driver makes the faithfulness frame), and the IOI
 role group of the roles stage (every other batch of its items; per-item direct effects merged in
 item order, the verdicts and intervals after the merge). The function-vector group shards by
 groups of tasks (each group's means need all its prompts), checked here in process.
@@ -12,11 +13,21 @@ and the merges add them in the same order (no tolerance is needed for any table)
 
 from __future__ import annotations
 
+import logging
+
 import pytest
+import torch
 
 pytest.importorskip("ray")
 
-from headscope.analyses.circuits.edges.study import CircuitsConfig, run_circuits, score_part  # noqa: E402
+from headscope.analyses.circuits.edges.attribution import model_graph  # noqa: E402
+from headscope.analyses.circuits.edges.evaluate import circuit_masks  # noqa: E402
+from headscope.analyses.circuits.edges.study import (  # noqa: E402
+    CircuitsConfig,
+    evaluate_part,
+    run_circuits,
+    score_part,
+)
 from headscope.analyses.roles.config import RolesConfig  # noqa: E402
 from headscope.reports.stages.base import RunContext  # noqa: E402
 from headscope.reports.stages.registry import STAGES  # noqa: E402
@@ -32,12 +43,15 @@ def _timeless(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k not in ("seconds", "faithfulness")}
 
 
-def test_circuits_sharded_by_items_equal_the_single_process_run(smollm_pool, smollm):
-    ctx, stage = RunContext(name="smollm2-135m", model=smollm), STAGES["circuits"]
+def test_circuits_sharded_by_items_equal_the_single_process_run(smollm_pool, smollm, caplog):
+    ctx, stage = RunContext(name="smollm2-135m", model=smollm, shards=smollm_pool), STAGES["circuits"]
     whole = stage.run(ctx, CIRCUIT)
     parts = stage.split(ctx, CIRCUIT, smollm_pool.workers)
     assert parts == [Interleaved(0, 2), Interleaved(1, 2)]  # 4 items of one length: 2 batches of 2
-    sharded = smollm_pool.run(ctx, stage, CIRCUIT, parts)
+    with caplog.at_level(logging.INFO, logger="headscope.reports.stages.sharded"):
+        sharded = smollm_pool.run(ctx, stage, CIRCUIT, parts)
+    # two rounds on the workers: the scores by batches, then the 6 circuits' evaluation by circuits
+    assert [r.getMessage().split(" in ")[0] for r in caplog.records] == ["circuits: 2 shards on 2 workers"] * 2
     assert set(sharded.frames) == set(whole.frames) == {"circuit_edges", "circuit_faithfulness"}
     for name, frame in whole.frames.items():  # exact: the batches' sums added in batch order, as one process
         assert sharded.frames[name].equals(frame), name
@@ -50,11 +64,16 @@ def test_circuits_sharded_by_items_equal_the_single_process_run(smollm_pool, smo
 
 
 def test_one_circuit_part_alone_is_not_the_whole(smollm):
-    """A part holds its own batches' sums only; the study refuses scores missing a batch."""
+    """A part holds its own batches' sums only; the study refuses scores missing a batch. An
+    evaluation part gives the metrics of its own circuits only."""
     part = score_part(smollm, CIRCUIT, (1, 2))
     assert sorted(part) == [1] and float(part[1].abs().sum()) > 0
     with pytest.raises(ValueError, match=r"every one of the task's 2 batches; batches \[0\] are missing"):
         run_circuits(smollm, CIRCUIT, part)
+    graph = model_graph(smollm)
+    masks = circuit_masks(graph, torch.rand(graph.valid.shape), [0.1], 0)  # full, empty, one circuit
+    got = evaluate_part(smollm, CIRCUIT, masks, [1])
+    assert list(got) == [1] and got[1] < -5  # the empty circuit: the corrupted run's log-prob of the answer
 
 
 def test_ioi_roles_sharded_by_items_equal_the_single_process_run(smollm_pool, smollm):
