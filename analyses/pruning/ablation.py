@@ -59,16 +59,29 @@ class MeanZ:
 
 def mean_z(model, metric) -> torch.Tensor:
     """Corpus mean of ``z`` over the metric's tokens (padding excluded), with every head
-    on: the mean-ablation value ``[layer, head, d_head]``."""
+    on: the mean-ablation value ``[layer, head, d_head]``. A metric whose forwards run
+    elsewhere (one with its own ``mean_z()``, e.g. a sharded run's) gives its own."""
+    if hasattr(metric, "mean_z"):
+        return metric.mean_z()
     check_head_hooks(model)
     red = MeanZ(model.spec.n_layers, model.spec.n_heads, model.spec.d_head)
+    for unit_red in unit_mean_z(model, metric):
+        red.sum = red.sum.to(unit_red.sum.device)  # the sums follow the data, as in update
+        red.merge(unit_red)  # 0 + x is x: the same additions, in the same order, as one running sum
+    return red.result()
+
+
+def unit_mean_z(model, metric):
+    """One :class:`MeanZ` per unit of ``metric.units``, in order (a generator): folded with
+    :meth:`MeanZ.merge` in unit order they give :func:`mean_z`'s sums bit for bit."""
     layers = tuple(range(model.spec.n_layers))
     if hasattr(metric, "place"):  # its tokens go where the model takes its inputs
         metric.place(model)
     for unit in metric.units:
+        red = MeanZ(model.spec.n_layers, model.spec.n_heads, model.spec.d_head)
         data = model.run(unit.batch, ("z",), layers)
         red.update(Capture(tokens=unit.batch, data=data, layers=layers, spec=model.spec, item_ids=unit.items))
-    return red.result()
+        yield red
 
 
 def ablation_values(model, metric, mode: str) -> torch.Tensor | None:

@@ -129,8 +129,11 @@ def head_importance(
     spec = model.spec
     if scores and per_example:
         raise ValueError("scores=True needs batch gradients (per_example=False)")
-    units = metric.single_item_units() if per_example else None
-    g, items, *scored = gate_gradients(model, metric, mask=mask, units=units, scores=scores)  # [batch, layer, head]
+    if hasattr(metric, "gate_gradients"):  # its forwards run elsewhere (a sharded run's metric)
+        g, items, *scored = metric.gate_gradients(mask=mask, per_example=per_example, scores=scores)
+    else:
+        units = metric.single_item_units() if per_example else None
+        g, items, *scored = gate_gradients(model, metric, mask=mask, units=units, scores=scores)  # [batch, layer, head]
     if unit == "kv_group":
         g = g.view(g.shape[0], spec.n_layers, spec.n_kv_heads, spec.group_size).sum(-1)
     imp = (g.abs() * items[:, None, None]).sum(0) / items.sum()

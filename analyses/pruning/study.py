@@ -74,6 +74,7 @@ __all__ = [
     "PruneTables",
     "curve_keys",
     "pruning_study",
+    "study_metric",
     "study_summary",
 ]
 
@@ -334,7 +335,7 @@ def _stages(model, metric, cfg: PruneConfig, roles, unpruned: Scored, importance
     return stages
 
 
-def _study_metric(model, cfg: PruneConfig, metric):
+def study_metric(model, cfg: PruneConfig, metric):
     """The metric the study scores (``cfg.metric``'s on its shipped data unless one is passed);
     ``ValueError`` when it disagrees with ``cfg`` or cannot serve the studies asked for."""
     if metric is None:
@@ -363,7 +364,7 @@ def _study(model, cfg: PruneConfig, out_dir, *, metric, roles, step_limit, progr
     check_head_hooks(model)
     parts = _Progress(progress, _parts(cfg, roles is not None))
     torch.manual_seed(cfg.seed)
-    metric = _study_metric(model, cfg, metric)
+    metric = study_metric(model, cfg, metric)
     store = StudyStore(out_dir, cfg.to_dict(), model.spec.name, metric.name)
     unpruned = evaluate(model, metric, max_rows=cfg.max_rows)  # (values, weights): scored once, shared by every stage
     importance = _Importance(model, metric, cfg)

@@ -120,6 +120,47 @@ class PruningStage(Stage[PruneConfig]):
         pr = pruning_study(ctx.model, cfg, None, roles=ctx.frames.get("roles"), progress=ctx.progress)
         return StageResult(prune_frames(pr.tables), pr.summary)
 
+    def split(self, ctx: RunContext, cfg: PruneConfig, n: int) -> list:
+        """``n`` interleaved parts of the metric's items (every ``n``-th batch, cut as one process
+        cuts them): the study runs in the driver (:meth:`finish`), each of its forwards a round over
+        the parts (:mod:`~headscope.reports.stages.prune_shards`): single-head ablation and every
+        other score by items, gradient importance by items (per-batch gradients back in batch
+        order), curves by items, a round per step. The first pass builds each part's metric."""
+        from headscope.reports.stages.sharded import Interleaved
+
+        return [Interleaved(k, n) for k in range(n)]
+
+    def run_part(self, ctx: RunContext, cfg: PruneConfig, part) -> StageResult:
+        from headscope.reports.stages.prune_shards import PruneRequest, serve
+
+        req = part if isinstance(part, PruneRequest) else PruneRequest("items", part.k, part.n)
+        return StageResult({}, {"reply": serve(ctx.model, cfg, req)})
+
+    def merge(self, parts) -> StageResult:
+        return StageResult({}, {"replies": [p.summary["reply"] for p in parts]})
+
+    def finish(self, ctx: RunContext, cfg: PruneConfig, merged: StageResult) -> StageResult:
+        """The study in the driver, its forwards on the workers (:class:`ShardedMetric`); its
+        bootstrap, summaries and tables here, on the merged per-item values."""
+        from headscope.analyses.pruning.study import pruning_study, study_metric
+        from headscope.reports.stages.frames import prune_frames
+        from headscope.reports.stages.prune_shards import ShardedMetric
+
+        replies = merged.summary["replies"]
+        metric = study_metric(ctx.model, cfg, None)
+        held = sorted(i for r in replies for i in r["items"])
+        if held != list(range(metric.n_items)):
+            raise RuntimeError(
+                f"the pruning shards hold {len(held)} items, not each of the metric's {metric.n_items} once"
+            )
+
+        def call(requests):
+            return [r.summary["reply"] for r in ctx.shards.each(ctx, self, cfg, requests)]
+
+        sharded = ShardedMetric(metric, call, len(replies), ctx.model.spec)
+        pr = pruning_study(ctx.model, cfg, None, metric=sharded, roles=ctx.frames.get("roles"), progress=ctx.progress)
+        return StageResult(prune_frames(pr.tables), pr.summary)
+
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.pruning import pruning_absent_section, pruning_section
 

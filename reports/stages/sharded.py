@@ -302,12 +302,25 @@ class ShardPool:
 
     # ------------------------------------------------------------------ a stage
     def run(self, ctx: RunContext, stage: Stage, cfg, parts: Sequence) -> StageResult:
-        """``stage``'s ``parts`` on the workers (round robin), each tried at most twice; the
-        parts' results merged in order, then finished in the driver."""
+        """``stage``'s ``parts`` on the workers (:meth:`each`); the parts' results merged in order,
+        then finished in the driver."""
+        t0 = time.perf_counter()
+        results = self.each(ctx, stage, cfg, parts, frames=ctx.frames)
+        merged = stage.merge(results)
+        log.info(
+            "%s: %d shards on %d workers in %.1f s", stage.name, len(parts), len(self._actors), time.perf_counter() - t0
+        )
+        return stage.finish(ctx, cfg, merged)
+
+    def each(self, ctx: RunContext, stage: Stage, cfg, parts: Sequence, frames: dict | None = None) -> list:
+        """:meth:`~headscope.reports.stages.base.Stage.run_part` of each of ``parts`` on the workers
+        (part ``i`` on worker ``i`` modulo their number), each tried at most twice (the second time on
+        the next worker) -> their results, in order. ``frames``: the earlier stages' frames the parts
+        read (put once into the object store; None: none). A stage whose driver goes back to the
+        workers several times (the pruning study, a round per step) calls it for each round."""
         ray = self.ray
         self._start_actors(worker_memory(ctx))
-        t0 = time.perf_counter()
-        frames = ray.put({k: v for k, v in ctx.frames.items()})  # once, into the object store
+        frames = ray.put(dict(frames or {}))  # once, into the object store
         run = {"full": ctx.full, "seed": ctx.seed, "inputs": dict(ctx.inputs or {}), "role_groups": ctx.role_groups}
 
         def submit(i: int, attempt: int):
@@ -315,7 +328,7 @@ class ShardPool:
             return actor.run_part.remote(stage.name, cfg, parts[i], frames, run)
 
         pending = {i: submit(i, 0) for i in range(len(parts))}
-        results: dict[int, StageResult] = {}
+        results: dict = {}
         for attempt in (0, 1):
             retry = {}
             for i, ref in pending.items():
@@ -332,11 +345,7 @@ class ShardPool:
                     )
                     retry[i] = submit(i, 1)
             pending = retry
-        merged = stage.merge([results[i] for i in range(len(parts))])
-        log.info(
-            "%s: %d shards on %d workers in %.1f s", stage.name, len(parts), len(self._actors), time.perf_counter() - t0
-        )
-        return stage.finish(ctx, cfg, merged)
+        return [results[i] for i in range(len(parts))]
 
     def close(self) -> None:
         ray = self.ray
