@@ -90,10 +90,30 @@ def _units(cfg: KVConfig, groups, nbytes, nbytes_max, evaluate):
     def summed(b):
         return {u: tuple(sum(b[x][i] for x in gs) for i in (0, 1)) for u, gs in members.items()}
 
-    def measure(windows):
-        return evaluate({x: w for u, w in windows.items() for x in members[u]})
+    def spread(windows):
+        return {x: w for u, w in windows.items() for x in members[u]}
 
+    def measure(windows):
+        return evaluate(spread(windows))
+
+    if hasattr(evaluate, "many"):  # a sharded run's evaluator takes a round of configurations at once
+        measure.many = lambda configs: evaluate.many([spread(w) for w in configs])
     return list(members), summed(nbytes), summed(nbytes_max), measure
+
+
+def kv_inputs(model, cfg: KVConfig):
+    """The study's inputs on ``model``'s tokenizer (:func:`~headscope.analyses.kvcache.quality.study_inputs`)."""
+    from headscope.analyses.kvcache.quality import study_inputs
+
+    return study_inputs(
+        model.tokenizer,
+        cfg.tokens,
+        n_items=cfg.items,
+        n_texts=cfg.texts,
+        sink=cfg.sink,
+        window=cfg.window,
+        seed=cfg.seed,
+    )
 
 
 #: the long-context roles and causal check beside a study: 16 needle items (the sign-flip p of n items is at least
@@ -183,6 +203,8 @@ def run_kv(
     causal_items: int | None = CAUSAL_ITEMS,
     bos_pass: bool = False,
     logit_rows: int | None = None,
+    evaluator=None,
+    long: tuple[dict, dict] | None = None,
 ) -> tuple[dict[str, pd.DataFrame], dict]:
     """``(frames, summary)`` of the study on ``model`` (see :mod:`~headscope.analyses.kvcache.study`);
     with ``role_items``, first the long-context roles and their causal check on that many needle
@@ -190,10 +212,12 @@ def run_kv(
     roles' second sink pass with BOS put in or taken out (:func:`long_roles_config`,
     :func:`run_long_roles`), whose retrieval scores the study is joined with (else those of
     ``roles``, where it has any). ``logit_rows``: the study's logits that many rows at a time
-    (:class:`~headscope.analyses.kvcache.quality.Evaluator`; None: whole). ``KVStudyError`` where :func:`kv_blocker` refuses or
+    (:class:`~headscope.analyses.kvcache.quality.Evaluator`; None: whole). ``evaluator``: what measures
+    the configurations instead (a sharded run's); ``long``: the long-context roles' ``(frames,
+    summary)`` already run (a sharded run's first pass). ``KVStudyError`` where :func:`kv_blocker` refuses or
     ``cfg.tokens`` is past the context. ``summary["timings"]["cpu_s"]``: the CPU seconds of it all."""
     from headscope.analyses.kvcache.bytes import groups_bytes
-    from headscope.analyses.kvcache.quality import Evaluator, study_inputs
+    from headscope.analyses.kvcache.quality import Evaluator
     from headscope.analyses.kvcache.roles_join import retrieval_join
 
     if (why := kv_blocker(model)) is not None:
@@ -203,19 +227,13 @@ def run_kv(
     frames: dict[str, pd.DataFrame] = {}
     long_summary = None
     if role_items:
-        lcfg = long_roles_config(cfg, role_items, tokens=role_tokens, causal_items=causal_items, bos_pass=bos_pass)
-        frames, long_summary = run_long_roles(model, lcfg)
+        if long is None:
+            lcfg = long_roles_config(cfg, role_items, tokens=role_tokens, causal_items=causal_items, bos_pass=bos_pass)
+            long = run_long_roles(model, lcfg)
+        frames, long_summary = dict(long[0]), long[1]
         roles = frames["long_context_roles"]
     t0 = time.perf_counter()
-    inputs = study_inputs(
-        model.tokenizer,
-        cfg.tokens,
-        n_items=cfg.items,
-        n_texts=cfg.texts,
-        sink=cfg.sink,
-        window=cfg.window,
-        seed=cfg.seed,
-    )
+    inputs = kv_inputs(model, cfg)
     net_cfg = model.network.cfg
     spec = model.spec
     held = net_cfg.heads_kept or [range(spec.n_heads)] * spec.n_layers  # a physically pruned layer holds fewer
@@ -225,7 +243,7 @@ def run_kv(
     context = max(int(x.input_ids.shape[1]) for x in inputs)
     nbytes = groups_bytes(groups, windows, spec.d_head, context, kept)
     nbytes_max = groups_bytes(groups, windows, spec.d_head, spec.max_positions, kept)
-    evaluate = Evaluator(model, inputs, logit_rows=logit_rows)
+    evaluate = Evaluator(model, inputs, logit_rows=logit_rows) if evaluator is None else evaluator
     units, nbytes, nbytes_max, measure = _units(cfg, groups, nbytes, nbytes_max, evaluate)
     t1 = time.perf_counter()
     frame, summary = kv_study(measure, units, nbytes, nbytes_max, cfg)

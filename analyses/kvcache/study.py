@@ -130,10 +130,18 @@ class _Study:
         self._memo: dict = {frozenset(): self.full}
 
     def measure(self, restricted) -> dict:
-        key = frozenset(restricted)
-        if key not in self._memo:
-            self._memo[key] = self.evaluate({g: (self.cfg.sink, self.cfg.window) for g in sorted(key)})
-        return self._memo[key]
+        self.measure_all([restricted])
+        return self._memo[frozenset(restricted)]
+
+    def measure_all(self, configs) -> None:
+        """Each configuration of ``configs`` (lists of restricted groups) not measured yet, measured
+        once: in one call of ``evaluate.many`` where the evaluator has it (a sharded run's, which
+        cuts the list over its workers), else one by one. Each result is the configuration's alone."""
+        todo = list(dict.fromkeys(k for k in map(frozenset, configs) if k not in self._memo))
+        windows = [{g: (self.cfg.sink, self.cfg.window) for g in sorted(k)} for k in todo]
+        many = getattr(self.evaluate, "many", None)
+        results = many(windows) if many is not None and windows else [self.evaluate(w) for w in windows]
+        self._memo.update(zip(todo, results))
 
     def record(self, study, draw, step, group, restricted, result):
         saved = sum(self.nbytes[g][0] - self.nbytes[g][1] for g in restricted)
@@ -159,6 +167,7 @@ class _Study:
     def single(self) -> dict:
         """Each group restricted alone -> its quality change."""
         damage = {}
+        self.measure_all([[g] for g in self.groups])
         for i, g in enumerate(self.groups):
             r = self.measure([g])
             self.record("single", 0, i, g, [g], r)
@@ -168,6 +177,12 @@ class _Study:
     def order(self, study, draw, sequence, checkpoints):
         """Give the groups back in ``sequence``; measure at ``checkpoints`` full groups."""
         restricted = list(self.groups)
+        left, at = list(restricted), [list(restricted)]
+        for step, g in enumerate(sequence, 1):
+            left.remove(g)
+            if step in checkpoints:
+                at.append(list(left))
+        self.measure_all(at)
         self.record(study, draw, 0, None, restricted, self.measure(restricted))
         for step, g in enumerate(sequence, 1):
             restricted.remove(g)
@@ -184,6 +199,7 @@ class _Study:
             if len(pool) == 1:
                 best = pool[0]
             else:
+                self.measure_all([[x for x in restricted if x != g] for g in pool])
                 scored = []
                 for g in pool:
                     r = self.measure([x for x in restricted if x != g])

@@ -144,6 +144,9 @@ class KVStage(Stage[KVStageConfig]):
         return replace(cfg, logit_rows=rows)
 
     def run(self, ctx: RunContext, cfg: KVStageConfig) -> StageResult:
+        return self._run(ctx, cfg)
+
+    def _run(self, ctx: RunContext, cfg: KVStageConfig, **sharded) -> StageResult:
         from headscope.analyses.kvcache.stage import report_config, run_kv
         from headscope.probes.errors import HeadscopeError
 
@@ -155,10 +158,57 @@ class KVStage(Stage[KVStageConfig]):
                 role_tokens=cfg.role_tokens,
                 causal_items=cfg.causal_items,
                 logit_rows=cfg.logit_rows,
+                **sharded,
             )
         except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: said, not fatal
             raise StageAbsent(f"the KV-cache stage could not run: {str(e).splitlines()[0]}") from e
         return StageResult(frames, summary)
+
+    def split(self, ctx: RunContext, cfg: KVStageConfig, n: int) -> list:
+        """``n`` workers' parts of the study, cut by KV groups (:mod:`~headscope.reports.stages.kv_shards`):
+        the first pass builds each worker's inputs and unrestricted pass (and, on the first, runs the
+        long-context roles); then every round of configurations (each group alone, a greedy step's
+        candidates, an order's checkpoints) goes out in contiguous runs, one per worker, from the
+        driver, which runs the greedy choice, the bytes and the frames (:meth:`finish`)."""
+        from headscope.reports.stages.sharded import Interleaved
+
+        return [Interleaved(k, n) for k in range(n)]
+
+    def run_part(self, ctx: RunContext, cfg: KVStageConfig, part) -> StageResult:
+        from headscope.analyses.kvcache.stage import long_roles_config, report_config, run_long_roles
+        from headscope.probes.errors import HeadscopeError
+        from headscope.reports.stages.kv_shards import KVRequest, serve_kv
+
+        kcfg = report_config(ctx.model, ctx.seed, cfg.tokens)
+        if isinstance(part, KVRequest):
+            return StageResult({}, {"reply": serve_kv(ctx.model, kcfg, cfg.logit_rows, part.configs)})
+        try:
+            reply, frames = serve_kv(ctx.model, kcfg, cfg.logit_rows, ()), {}
+            if part.k == 0 and cfg.role_items:  # one unit: on the first worker, while the others run their full pass
+                lcfg = long_roles_config(
+                    kcfg, cfg.role_items, tokens=cfg.role_tokens, causal_items=cfg.causal_items, bos_pass=False
+                )
+                frames, reply["long_summary"] = run_long_roles(ctx.model, lcfg)
+        except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: absent in finish
+            return StageResult({}, {"reply": {"error": str(e).splitlines()[0]}})
+        return StageResult(frames, {"reply": reply})
+
+    def merge(self, parts) -> StageResult:
+        return StageResult(dict(parts[0].frames), {"replies": [p.summary["reply"] for p in parts]})
+
+    def finish(self, ctx: RunContext, cfg: KVStageConfig, merged: StageResult) -> StageResult:
+        """The study in the driver, its configurations measured on the workers (:class:`ShardedEvaluator`)."""
+        from headscope.reports.stages.kv_shards import ShardedEvaluator
+
+        replies = merged.summary["replies"]
+        if errors := [r["error"] for r in replies if "error" in r]:
+            raise StageAbsent(f"the KV-cache stage could not run: {errors[0]}")
+        long = (dict(merged.frames), replies[0]["long_summary"]) if cfg.role_items else None
+
+        def call(requests):
+            return [r.summary["reply"] for r in ctx.shards.each(ctx, self, cfg, requests)]
+
+        return self._run(ctx, cfg, evaluator=ShardedEvaluator(call, len(replies), replies[0]), long=long)
 
     def section(self, frames, meta) -> list:
         from headscope.reports.sections.long_context import long_context_section

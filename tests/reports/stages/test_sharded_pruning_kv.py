@@ -16,6 +16,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from headscope.analyses.kvcache.stage import KVStageConfig
 from headscope.analyses.pruning.study import PruneConfig, pruning_study, study_metric
 from headscope.reports.stages.base import RunContext
 from headscope.reports.stages.prune_shards import PruneRequest, ShardedMetric, serve
@@ -106,3 +107,67 @@ def test_one_part_alone_is_not_the_whole(minilm, ctx, whole):
     half = stage.merge([stage.run_part(ctx, CFG, Interleaved(1, 2))])
     with pytest.raises(RuntimeError, match="not each of the metric's 8 once"):
         stage.finish(ctx, CFG, half)
+
+
+# ----------------------------------------------------------------------------- the KV-cache stage
+#: the study at 64 tokens, the long-context roles on 2 needle items, their causal check on 2
+KV_CFG = KVStageConfig(tokens=64, role_items=2, role_tokens=64, causal_items=2)
+
+
+def _load_spec(path) -> dict:
+    return {"model": str(path), "backend": "inhouse", "dtype": "fp32", "trust_remote_code": False}
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_llama_dir):
+    """The tiny random Llama (2 layers of 4 query heads over 2 KV heads), in this process."""
+    from headscope.probes.models import checkpoints
+    from headscope.probes.models.loading import load_model
+
+    return load_model(checkpoints.resolve(str(tiny_llama_dir)), "inhouse", dtype="fp32", trust_remote_code=False)
+
+
+@pytest.fixture(scope="module")
+def llama_pool(minilm_pool, tiny_llama_dir):
+    """Two tiny-Llama workers for this module's KV tests. The shared cluster's 2 CPUs are held by the
+    MiniLM workers, so those are stopped first (the MiniLM pool starts them again on its next use),
+    and these are stopped after the module: never two pools asking for the same CPUs at once."""
+    from headscope.reports.stages.sharded import RayConfig, ShardPool
+
+    minilm_pool.close()
+    pool = ShardPool(RayConfig(workers=2), _load_spec(tiny_llama_dir)).connect()
+    yield pool
+    pool.close()
+
+
+def test_kv_sharded_by_kv_groups_equals_the_single_process_run(llama_pool, llama, tiny_llama_dir):
+    stage = STAGES["kv"]
+    ctx = RunContext(name=str(tiny_llama_dir), model=llama)
+    whole = stage.run(ctx, KV_CFG)
+    parts = stage.split(ctx, KV_CFG, llama_pool.workers)
+    assert parts == [Interleaved(0, 2), Interleaved(1, 2)]
+    sharded = llama_pool.run(replace(ctx, shards=llama_pool), stage, KV_CFG, parts)
+    assert set(sharded.frames) == set(whole.frames) >= {"kv_study", "long_context_roles", "long_context_causal"}
+    for name, frame in whole.frames.items():  # exact: each configuration measured alone, as one process does
+        assert sharded.frames[name].equals(frame), name
+    a, b = dict(sharded.summary), dict(whole.summary)
+    for key in ("full", "greedy_order", "evaluations", "forwards", "layers_run", "groups", "savings_at_tolerance"):
+        assert a[key] == b[key], key
+    study = sharded.frames["kv_study"]
+    assert set(study.study) == {"single", "greedy", "random"} and a["groups"] == 4  # 2 layers x 2 KV heads
+    assert len(study[study.study == "single"]) == a["units"] * 2  # each unit alone: lm_loss, copy_accuracy
+
+
+def test_kv_one_worker_measures_only_what_it_is_sent(llama, tiny_llama_dir):
+    """A worker's reply holds its configurations alone; the driver puts the runs back in order."""
+    from headscope.analyses.kvcache.stage import report_config
+    from headscope.reports.stages.kv_shards import ShardedEvaluator, serve_kv
+
+    kcfg = report_config(llama, 0, KV_CFG.tokens)
+    configs = [{(0, 0): (kcfg.sink, kcfg.window)}, {(1, 1): (kcfg.sink, kcfg.window)}]
+    first = serve_kv(llama, kcfg, None, ())
+    ev = ShardedEvaluator(lambda reqs: [serve_kv(llama, kcfg, None, r.configs) for r in reqs], 2, first)
+    both = ev.many(configs)
+    alone = serve_kv(llama, kcfg, None, configs[1:])
+    assert alone["results"] == both[1:] and len(alone["results"]) == 1
+    assert both[0] != both[1] and both[0]["lm_loss"] != first["full"]["lm_loss"]
