@@ -136,13 +136,14 @@ def llama(tiny_llama_dir):
 
 @pytest.fixture(scope="module")
 def llama_pool(minilm_pool, tiny_llama_dir):
-    """Two tiny-Llama workers for this module's KV tests. The shared cluster's 2 CPUs are held by the
-    MiniLM workers, so those are stopped first (the MiniLM pool starts them again on its next use),
-    and these are stopped after the module: never two pools asking for the same CPUs at once."""
+    """Two one-thread tiny-Llama workers for this module's KV tests. The shared cluster's 4 CPUs are
+    held by the MiniLM and SmolLM2 pools where both have started, so MiniLM's workers are stopped
+    first (the MiniLM pool starts them again on its next use), and these are stopped after the
+    module: never more workers asking for CPUs than the cluster has."""
     from headscope.reports.stages.sharded import RayConfig, ShardPool
 
     minilm_pool.close()
-    pool = ShardPool(RayConfig(workers=2), _load_spec(tiny_llama_dir)).connect()
+    pool = ShardPool(RayConfig(workers=2, threads=1), _load_spec(tiny_llama_dir)).connect()
     yield pool
     pool.close()
 
