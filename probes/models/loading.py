@@ -73,6 +73,7 @@ def load_model(
     dtype: str = "float32",
     device: str | torch.device | None = None,
     device_map: str | None = None,
+    max_memory: dict | None = None,
     tokenizer=None,
     trust_remote_code: bool = False,
 ) -> Backend:
@@ -106,7 +107,9 @@ def load_model(
     CLI's ``--device`` goes through :func:`~headscope.reports.cli.argtypes.resolve_device`);
     every backend's ``run`` and ``forward`` move their inputs there. ``device_map="auto"``
     (the hf backend only) spreads a checkpoint over every visible GPU through accelerate;
-    inputs then go to the embedding's device (``model.input_device``).
+    inputs then go to the embedding's device (``model.input_device``); ``max_memory``
+    (``{gpu index: bytes}``) bounds what each GPU holds, as the placement plan computed it
+    (:func:`~headscope.probes.models.placement.plan_placement`).
 
     Raises ``ValueError`` for an unknown backend, dtype or device map, a backend other than a loaded
     model's own, a missing tokenizer, or a non-eager HF model; ``TypeError`` for another
@@ -123,7 +126,7 @@ def load_model(
     ...
     TypeError: load_model takes a model name or path, ...; got float
     """
-    backend, torch_dtype = _check_options(backend, dtype, device, device_map)
+    backend, torch_dtype = _check_options(backend, dtype, device, device_map, max_memory)
     if not isinstance(model, (str, os.PathLike, ModelSource)):
         return _place(_from_object(model, backend, torch_dtype, tokenizer), device)
     if tokenizer is not None:
@@ -137,9 +140,8 @@ def load_model(
     if backend == "inhouse":
         loaded = InHouseModel.from_source(source, dtype=torch_dtype, trust_remote_code=trust_remote_code)
     elif backend == "hf":
-        loaded = HFReference.from_source(
-            source, dtype=torch_dtype, device_map=device_map, trust_remote_code=trust_remote_code
-        )
+        spread = {"device_map": device_map, "max_memory": max_memory}
+        loaded = HFReference.from_source(source, dtype=torch_dtype, trust_remote_code=trust_remote_code, **spread)
     else:
         loaded = BACKENDS[backend].from_source(source, trust_remote_code=trust_remote_code)
     loaded.backend_choice = f"{backend} (asked for)"
@@ -158,7 +160,9 @@ def _with_purpose(model: Backend, source: ModelSource) -> Backend:
     return model
 
 
-def _check_options(backend: str | None, dtype: str, device, device_map) -> tuple[str | None, torch.dtype]:
+def _check_options(
+    backend: str | None, dtype: str, device, device_map, max_memory=None
+) -> tuple[str | None, torch.dtype]:
     """``(backend, torch dtype)`` of :func:`load_model`'s options (``"auto"``: None), or the
     ``ValueError`` / ``ImportError`` it raises for an unknown or conflicting one."""
     if backend == "auto":
@@ -173,6 +177,8 @@ def _check_options(backend: str | None, dtype: str, device, device_map) -> tuple
         check_device_map(device_map)
         if device is not None:
             raise ValueError("give device or device_map, not both (device_map places every layer itself)")
+    elif max_memory is not None:
+        raise ValueError("max_memory goes with device_map='auto' (it bounds what each device holds)")
     return backend, DTYPES[dtype]
 
 

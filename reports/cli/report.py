@@ -32,6 +32,7 @@ def register(sub) -> None:
     add_backend(p)
     add_dtype(p)
     add_device(p, device_map=True)
+    add_plan_flags(p, max_memory=True)
     add_ray(p)
     p.add_argument("--full", action="store_true", help="every pruning study to 100%% (default: quick, up to 50%%)")
     add_stage_switches(p)
@@ -53,6 +54,37 @@ _SWITCH_HELP = {
     "kv": "the 'Long context and the KV cache' section on a causal decoder: the KV-cache compression study at "
     "1,024 tokens, quick settings (default: on; headscope kv runs it alone)",
 }
+
+
+def add_plan_flags(p, *, max_memory: bool = False) -> None:
+    """``--dry-run`` (the plan, printed, and exit 0 before any weight loads) and, with ``max_memory``,
+    ``--max-memory GPU=SIZE,...`` (the devices a ``--device-map auto`` placement is planned over)."""
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (each stage's estimated peak, batch and time; with --device-map auto, the layers "
+        "and memory per device) and exit before anything loads",
+    )
+    if max_memory:
+        p.add_argument(
+            "--max-memory",
+            type=max_memory_flag,
+            default=None,
+            metavar="GPU=SIZE,...",
+            help="with --device-map auto: the memory of each GPU to place the layers in, e.g. 0=8GiB,1=8GiB "
+            "(default: each GPU's free memory); with --dry-run any GPUs, present or not",
+        )
+
+
+def max_memory_flag(text: str) -> dict:
+    """``--max-memory``'s type: :func:`~headscope.probes.models.placement.parse_max_memory`, its
+    ``ValueError`` as argparse's one-line error (exit 2)."""
+    from headscope.probes.models.placement import parse_max_memory
+
+    try:
+        return parse_max_memory(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--max-memory ")) from None
 
 
 def add_stage_switches(p) -> None:
@@ -122,8 +154,13 @@ def run(args) -> int:
         dtype=args.dtype,
         device=None if args.device_map else resolve_device(args.device),
         device_map=args.device_map,
+        max_memory=args.max_memory,
         ray=ray_config(args),
     )
+    if args.dry_run:
+        if many:
+            raise ValueError("--dry-run plans one model; give one MODEL")
+        return print_plan(name, config)
     if many:
         return run_checkpoints(args, config)
     with StageProgress(quiet=args.quiet or args.json) as progress:
@@ -139,6 +176,15 @@ def run(args) -> int:
         print_summary(result.summary, as_json=True)
     elif not args.quiet:
         print_summary(result.summary)
+    return 0
+
+
+def print_plan(model, config) -> int:
+    """``--dry-run``: the plan's lines on stdout (:func:`~headscope.reports.dry_run.dry_run`), exit 0."""
+    from headscope.reports.dry_run import dry_run
+
+    for line in dry_run(model, config):
+        print(line)
     return 0
 
 

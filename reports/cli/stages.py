@@ -84,6 +84,7 @@ def register(sub) -> None:
     """A subcommand per registered stage with no hand-written command (:attr:`Stage.command`)."""
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, add_ray, seed
+    from headscope.reports.cli.report import add_plan_flags
     from headscope.reports.stages.registry import STAGES
 
     for name, stage in STAGES.items():
@@ -94,6 +95,7 @@ def register(sub) -> None:
         add_backend(p)
         add_dtype(p)
         add_device(p)
+        add_plan_flags(p)
         add_ray(p)
         p.add_argument("--full", action="store_true", help="the stages' full settings (default: quick)")
         p.add_argument("--out", type=out_argument, default=None, metavar="DIR", help=f"default: runs/{name}-<model>")
@@ -127,6 +129,10 @@ def _runner(name: str, fields: list[str]):
             configs={name: cfg} if cfg is not None else {},
             ray=ray_config(args),
         )
+        if args.dry_run:
+            from headscope.reports.cli.report import print_plan
+
+            return print_plan(args.model, config)
         out = args.out or Path("runs") / f"{name}-{Path(str(args.model)).name}"
         with StageProgress(quiet=args.quiet) as progress:
             result = build_report(

@@ -46,7 +46,9 @@ class RunConfig:
 
     ``backend``: ``"auto"`` (the loader's choice; a held model keeps its own backend),
     ``"inhouse"``, ``"bridge"`` or ``"hf"``; ``dtype`` / ``device`` / ``device_map`` /
-    ``trust_remote_code``: as :func:`~headscope.probes.models.loading.load_model`.
+    ``trust_remote_code``: as :func:`~headscope.probes.models.loading.load_model`; ``max_memory``
+    (``{gpu index: bytes}``, with ``device_map``): the devices the placement is planned over
+    (:mod:`~headscope.reports.device_plan`; None: every CUDA device's free memory).
     ``full``: every stage's full settings (default: the quick ones, sized by the model's cost over
     ``large_cost``, None: :data:`~headscope.reports.stages.quick.LARGE_COST`). ``seed``: every
     random draw. ``only`` / ``skip`` / ``off``: registered stage names to run alone / leave out /
@@ -75,6 +77,7 @@ class RunConfig:
     dtype: str = "fp32"
     device: str | torch.device | None = None
     device_map: str | None = None
+    max_memory: Mapping[int, int] | None = field(default=None, compare=False)
     patching: bool = True
     weights: bool = True
     kv: bool = True
@@ -99,6 +102,8 @@ class RunConfig:
                 object.__setattr__(self, k, tuple(x.strip() for x in v.split(",") if x.strip()))
             elif v is not None:
                 object.__setattr__(self, k, tuple(v))
+        if self.max_memory is not None and self.device_map is None:
+            raise ValueError("--max-memory goes with --device-map auto (it bounds what each GPU holds)")
         legacy = tuple(n for n in ("patching", "weights", "kv") if getattr(self, n) is False)
         object.__setattr__(self, "off", tuple(dict.fromkeys((*self.off, *legacy))))
 

@@ -170,9 +170,10 @@ def _model_hash(source) -> dict:
     return {"path": str(f) if f else None, "name": f.name if f else None, "sha256": file_sha256(f) if f else None}
 
 
-def load_into(ctx: RunContext, model, config: RunConfig) -> None:
+def load_into(ctx: RunContext, model, config: RunConfig, *, max_memory: dict | None = None) -> None:
     """Load the model once into ``ctx.model`` (a resolved source, or a model a notebook holds: its
-    card, shape and name then read from it); the tokenizer becomes the model's."""
+    card, shape and name then read from it); the tokenizer becomes the model's. ``max_memory``: the
+    bytes per GPU a device plan placed the layers under (:mod:`~headscope.reports.device_plan`)."""
     from headscope.probes.models.loading import load_model
 
     load = dict(
@@ -181,6 +182,8 @@ def load_into(ctx: RunContext, model, config: RunConfig) -> None:
         device_map=config.device_map,
         trust_remote_code=config.trust_remote_code,
     )
+    if max_memory is not None:
+        load["max_memory"] = max_memory
     if ctx.source is not None:
         with timed(ctx.timings, "load", ctx.progress):
             ctx.model = load_model(ctx.source, config.backend, **load)
@@ -431,8 +434,9 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         seconds = time_estimates(ctx, cfgs, [n for n in registry.STAGES if n not in off])
         if notice is not None and any(seconds.values()) and (line := describe(seconds, rate())) is not None:
             notice(line)
+        placed = _device_plan(ctx, budget, config, notice)
         if ctx.model is None:
-            load_into(ctx, model, config)
+            load_into(ctx, model, config, max_memory=placed.max_memory if placed else None)
         if pool is not None:  # the workers load what the driver loaded (no second --backend auto probe)
             pool.load["backend"] = ctx.model.backend
         for r in getattr(ctx.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
@@ -461,7 +465,27 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         "quick": None if config.full else {"leaves_out": _leaves_out(ctx, cfgs, status)},
     }
     meta["prune_metric"] = (meta.get("prune_summary") or {}).get("metric")
+    if placed is not None:
+        meta["device_plan"] = placed.record()
     return dict(ctx.frames), ctx.card, ctx.card_text, meta
+
+
+def _device_plan(ctx: RunContext, budget, config: RunConfig, notice):
+    """The :class:`~headscope.reports.device_plan.DevicePlan` of a ``--device-map auto`` run, told
+    through ``notice`` before the load (None without a device map, or where none can be made)."""
+    if config.device_map is None:
+        return None
+    from headscope.reports import device_plan
+
+    if config.max_memory:
+        device_plan.check_present(config.max_memory)
+    placed, note = device_plan.plan_run(ctx, budget, config)
+    for line in placed.lines() if placed is not None else [note] if note else []:
+        if notice is not None:
+            notice(line)
+        else:
+            log.info("%s", line)
+    return placed
 
 
 def _pool(model, config: RunConfig):

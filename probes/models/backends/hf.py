@@ -38,7 +38,7 @@ from headscope.probes.models.head_check import input_embeddings
 from headscope.probes.models.purpose import lm_head_absent
 from headscope.probes.tokens import TokenBatch
 
-__all__ = ["HFReference", "check_device_map"]
+__all__ = ["HFReference", "check_device_map", "model_class"]
 
 
 class HFReference(ResumableForward, BackendCommon):
@@ -118,14 +118,18 @@ class HFReference(ResumableForward, BackendCommon):
         trust_remote_code: bool = False,
         dtype: torch.dtype = torch.float32,
         device_map: str | None = None,
+        max_memory: dict | None = None,
     ):
         """``dtype``: the weights' dtype (HF keeps softmax in fp32 and norms in the weights'
         dtype); ``device_map="auto"`` spreads the layers over every visible GPU through
-        accelerate (:func:`check_device_map` says when it cannot)."""
-        from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+        accelerate (:func:`check_device_map` says when it cannot), each GPU ``i`` holding at most
+        ``max_memory[i]`` bytes where given (:mod:`~headscope.probes.models.placement` plans it)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
 
         if device_map is not None:
             check_device_map(device_map)
+        elif max_memory is not None:
+            raise ValueError("max_memory goes with device_map='auto' (it bounds what each device holds)")
 
         directory = hf_dir(source)
         hf_cfg = read_hf_config(source)
@@ -139,16 +143,7 @@ class HFReference(ResumableForward, BackendCommon):
             if f.suffix == ".safetensors":
                 check_safetensors(f)
         where = files[0] if len(files) == 1 else directory
-        encoder_only = _encoder_only(hf_cfg)
-        its_encoder = not (encoder_only or for_bridge) and _seq2seq(hf_cfg)  # load it whole, keep its encoder
-        if encoder_only:
-            from transformers import AutoModelForTextEncoding as klass
-        elif arch.encoder or its_encoder:
-            klass = AutoModelForMaskedLM if for_bridge else AutoModel
-        elif not for_bridge and lm_head_absent(directory, arch):  # a decoder saved without its LM head (#47)
-            klass = AutoModel  # its base model: forward returns the last hidden states, not random logits
-        else:
-            klass = AutoModelForCausalLM
+        klass, encoder_only, its_encoder = model_class(hf_cfg, arch, directory, for_bridge=for_bridge)
         torch.manual_seed(0)  # heads missing from the checkpoint (BERT MLM head) initialise the same every time
         try:
             with quiet_transformers():
@@ -164,6 +159,7 @@ class HFReference(ResumableForward, BackendCommon):
                     output_loading_info=True,
                     ignore_mismatched_sizes=True,
                     **({"device_map": device_map} if device_map is not None else {}),
+                    **({"max_memory": dict(max_memory)} if max_memory is not None else {}),
                 )
         except (HeadscopeError, ImportError, MemoryError):
             raise
@@ -422,6 +418,24 @@ def unshare_layer_groups(model, spec) -> None:
         )
         module.config = copy.copy(config)  # the encoder's own: the model's config keeps its groups
         module.config.num_hidden_groups = n
+
+
+def model_class(hf_cfg: dict, arch, directory, *, for_bridge: bool = False) -> tuple[type, bool, bool]:
+    """``(auto class, encoder_only, its_encoder)`` :meth:`HFReference.from_source` loads a checkpoint
+    with (``its_encoder``: a seq2seq model loaded whole, its encoder kept)."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    encoder_only = _encoder_only(hf_cfg)
+    its_encoder = not (encoder_only or for_bridge) and _seq2seq(hf_cfg)  # load it whole, keep its encoder
+    if encoder_only:
+        from transformers import AutoModelForTextEncoding as klass
+    elif arch.encoder or its_encoder:
+        klass = AutoModelForMaskedLM if for_bridge else AutoModel
+    elif not for_bridge and lm_head_absent(directory, arch):  # a decoder saved without its LM head (#47)
+        klass = AutoModel  # its base model: forward returns the last hidden states, not random logits
+    else:
+        klass = AutoModelForCausalLM
+    return klass, encoder_only, its_encoder
 
 
 def _encoder_only(hf_cfg: dict) -> bool:
