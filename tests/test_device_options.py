@@ -210,6 +210,8 @@ def test_gpu_check_dry_run_runs_every_step_on_the_cpu(tmp_path):
     assert result["info"]["shapes"]["num_hidden_layers"] == 2 and result["info"]["device"] == "cpu"
     tests = (tmp_path / "gpu_tests.xml").read_text()
     assert 'skipped="' in tests and "needs CUDA" in tests  # the gpu tests ran and skipped with the reason
+    plan = json.loads((tmp_path / "device_map_check.json").read_text())  # the device plan step, planned, no load
+    assert [r["n_layers"] for r in plan["plan"]["devices"]] == [4, 4] and plan["equal"] is None
 
 
 def test_gpu_check_refuses_an_unknown_flag():

@@ -173,3 +173,40 @@ def test_dry_run_refusals_are_one_line_exit_2(folder, capsys, extra, message):
     assert main(["report", str(folder), "--only", "roles", "--dry-run", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_tied_unembedding_lands_with_the_embedding_as_from_pretrained_builds_it(tmp_path):
+    """A tied Qwen2 (the unembedding is the embedding): the map equals transformers' on the model as
+    ``from_pretrained`` builds it (meta device, weights not tied yet), and the logits go to the embedding's device."""
+    import torch
+    from transformers import AutoConfig, Qwen2ForCausalLM
+    from transformers.integrations.accelerate import _get_device_map
+    from transformers.utils.generic import ContextManagers
+
+    from headscope.probes.models.checkpoints import read_hf_config, resolve
+    from headscope.probes.models.placement import meta_model
+    from headscope.reports.budget import plan
+    from headscope.reports.device_plan import plan_devices
+
+    cfg = AutoConfig.for_model(
+        "qwen2",
+        num_hidden_layers=N_LAYERS,
+        hidden_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=1024,
+        vocab_size=8192,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    cfg.save_pretrained(tmp_path)
+    source = resolve(str(tmp_path))
+    shape = Shape.from_hf_config(read_hf_config(source))
+    budget = plan("report", shape, [WorkingSet(name="pruning", batch_size=4, longest=64, logits="all")])
+    p = plan_devices(meta_model(source), budget, dict.fromkeys(range(3), 32 * MiB), source="--max-memory")
+    assert p.placement.output_device == p.placement.input_device == 0
+    assert p.working[0] >= budget.estimate.parts["pruning"]["logits"] > 0
+    assert [i for d in range(3) for i in p.placement.layers()[d]] == list(range(N_LAYERS))
+    with ContextManagers(Qwen2ForCausalLM.get_init_context(torch.float32, False, False, None, cfg)):
+        as_loaded = Qwen2ForCausalLM(cfg)
+    assert dict(_get_device_map(as_loaded, "auto", p.max_memory, None)) == p.placement.device_map
