@@ -210,3 +210,16 @@ def test_a_tied_unembedding_lands_with_the_embedding_as_from_pretrained_builds_i
     with ContextManagers(Qwen2ForCausalLM.get_init_context(torch.float32, False, False, None, cfg)):
         as_loaded = Qwen2ForCausalLM(cfg)
     assert dict(_get_device_map(as_loaded, "auto", p.max_memory, None)) == p.placement.device_map
+
+
+def test_a_stage_command_plans_its_stage_and_loads_nothing(folder, monkeypatch, capsys):
+    import headscope.probes.models.loading as loading
+    from headscope.reports.cli.app import main
+
+    loads = []
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a))
+    assert main(["context", str(folder), "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert loads == []
+    assert next(line for line in out if line.split()[:1] == ["context"]).endswith("planned")
+    assert next(line for line in out if line.split()[:1] == ["roles"]).endswith("not in --only")
