@@ -122,10 +122,9 @@ class DevicePlan:
                 f"  {r['device']:<8} {layers:<10} {size(r['weights_bytes']):>11} {size(r['working_bytes']):>12} "
                 f"{size(r['total_bytes']):>11} {size(r['memory_bytes']):>11}"
             )
-        out.append(
-            f"  embedding on {device_name(p.input_device)}, unembedding on {device_name(p.output_device)}; "
-            f"{size(p.total_bytes)} of weights in all"
-        )
+        pair = (("embedding", p.input_device), ("unembedding", p.output_device))
+        ends = ", ".join(f"{what} on {device_name(d)}" for what, d in pair if d is not None) or "no embedding"
+        out.append(f"  {ends}; {size(p.total_bytes)} of weights in all")
         return out
 
     def record(self) -> dict:
@@ -146,7 +145,8 @@ def _largest(budget) -> tuple[str, dict[str, int]]:
     if not runs:
         return "load", {}
     name = max(runs, key=lambda k: sum(runs[k].get(c, 0) for c in WORK))
-    return name, runs[name]
+    owner = budget.settings.get("owner", {}).get(name) if isinstance(getattr(budget, "settings", None), dict) else None
+    return (f"{owner} ({name})" if owner and owner != name else name), runs[name]
 
 
 def _refuse(need: int, given: dict, source: str, why: str) -> MemoryBudgetError:

@@ -145,7 +145,7 @@ def _device_of(name: str, device_map: dict):
 def place(model, max_memory: dict[int, int]) -> Placement:
     """What ``from_pretrained(device_map="auto", max_memory=max_memory)`` does with ``model`` (built
     by :func:`meta_model`): the balanced budgets, then the placement (see the module doc). A layer
-    is a module of one of the model's ``_no_split_modules`` classes, in order."""
+    is a module of one of the model's ``_no_split_modules`` classes held in a list, in order."""
     from transformers.integrations.accelerate import compute_module_sizes, get_balanced_memory, infer_auto_device_map
 
     no_split = model._no_split_modules
@@ -165,7 +165,8 @@ def place(model, max_memory: dict[int, int]) -> Placement:
     finally:
         quiet.setLevel(level)
     sizes, _ = compute_module_sizes(model, only_modules=False)
-    layers = [n for n, m in model.named_modules() if type(m).__name__ in set(no_split or ())]
+    kinds = set(no_split or ())  # a layer: an unsplit module of a list (BERT's embeddings are unsplit too, not a layer)
+    layers = [n for n, m in model.named_modules() if type(m).__name__ in kinds and n.rpartition(".")[2].isdigit()]
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     names = {id(m): n for n, m in model.named_modules()}
     return Placement(

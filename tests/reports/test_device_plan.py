@@ -223,3 +223,13 @@ def test_a_stage_command_plans_its_stage_and_loads_nothing(folder, monkeypatch, 
     assert loads == []
     assert next(line for line in out if line.split()[:1] == ["context"]).endswith("planned")
     assert next(line for line in out if line.split()[:1] == ["roles"]).endswith("not in --only")
+
+
+def test_an_encoders_layers_are_its_layer_list_and_it_has_no_unembedding():
+    """MiniLM-L6 (BERT): its embeddings are an unsplit module too, but not a layer; its base model has no unembedding."""
+    from headscope.probes.models.checkpoints import resolve
+    from headscope.probes.models.placement import meta_model, place
+
+    p = place(meta_model(resolve("minilm-l6")), {0: 1 << 30})
+    assert p.layer_devices == (0,) * 6
+    assert p.input_device == 0 and p.output_device is None and not p.offloaded()
