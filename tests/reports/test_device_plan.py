@@ -233,3 +233,16 @@ def test_an_encoders_layers_are_its_layer_list_and_it_has_no_unembedding():
     p = place(meta_model(resolve("minilm-l6")), {0: 1 << 30})
     assert p.layer_devices == (0,) * 6
     assert p.input_device == 0 and p.output_device is None and not p.offloaded()
+
+
+def test_a_run_naming_a_gpu_not_here_is_refused_before_the_load(folder, monkeypatch, capsys, tmp_path):
+    import headscope.probes.models.loading as loading
+    from headscope.reports.cli.app import main
+
+    loads = []
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: loads.append(a))
+    argv = ["report", str(folder), "--only", "roles", "--device-map", "auto", "--max-memory", "64=1GiB"]
+    assert main([*argv, "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("headscope: error: --max-memory names GPU 64; this machine has") and "\n" not in err
+    assert loads == [] and not (tmp_path / "r").exists()
