@@ -173,6 +173,8 @@ def plan_devices(model, budget, given: dict[int, int], *, source: str) -> Device
     for _ in range(TRIES):
         room = {d: given[d] - reserve[d] for d in devices}
         if min(room.values()) <= 0:
+            d = min(room, key=room.get)
+            why = f"{device_name(d)}'s share of the working set alone is ~{size(reserve[d])}, more than its {size(given[d])}"
             break
         placement = place(model, room)
         working = split_working_set(parts, placement.layers(), placement.input_device, placement.output_device)
