@@ -212,6 +212,7 @@ def _report_json(frames, card, meta) -> dict:
         quick=meta.get("quick"),
         stages=meta.get("stages") or {},
         **{k: meta.get(k) or {} for k in _stage_keys()},
+        **({"device_plan": meta["device_plan"]} if meta.get("device_plan") else {}),  # --device-map auto's plan
     )
 
 

@@ -246,3 +246,11 @@ def test_a_run_naming_a_gpu_not_here_is_refused_before_the_load(folder, monkeypa
     err = capsys.readouterr().err.strip()
     assert err.startswith("headscope: error: --max-memory names GPU 64; this machine has") and "\n" not in err
     assert loads == [] and not (tmp_path / "r").exists()
+
+
+def test_run_json_keeps_the_device_plan_of_a_device_map_run_only():
+    from headscope.reports.pipeline import _report_json
+
+    plan = {"device_map": {"model.layers.0": "cuda:0"}, "devices": [], "stage": "roles"}
+    assert _report_json({}, {}, {"device_plan": plan})["device_plan"] == plan
+    assert "device_plan" not in _report_json({}, {}, {})
