@@ -52,7 +52,7 @@ bench: bootstrap
 # MiniLM-L6 and SmolLM2 on one thread (each stage's memory and seconds; the time factors are fitted on them), into
 # data/figures/estimates.json (~40 min on 2 cores); tests/test_estimates_calibration.py holds each stage to the bands
 estimates: bootstrap
-	nice -n 10 $(PY) -m headscope.reports.tools.bench.estimates --out data/figures/estimates.json --page docs/guide/estimates.md
+	nice -n 10 $(PY) -m headscope.reports.tools.bench.estimates --out data/figures/estimates.json --page docs/guide/estimates.md --replan-time
 
 # The README's figures, regenerated: patching on SmolLM2 (~15 min on 2 cores) into data/figures/patching.json,
 # attribution and AtP* vs activation patching on every task of MiniLM-L6 and SmolLM2 (~1 h) into atp.json,

@@ -111,7 +111,8 @@ GRAD_ACTIVATIONS = 4
 @dataclass(frozen=True, kw_only=True)
 class Shape:
     """The sizes :func:`estimate` reads: ``bytes_per`` is the run's dtype (4: fp32, 2: bf16/fp16);
-    ``n_params`` counts the weights (a tied unembedding once)."""
+    ``n_params`` counts the weights (a tied unembedding once); ``tied``: the unembedding is the
+    embedding matrix (False: ``n_params`` counts a second ``vocab × d_model``)."""
 
     n_layers: int = 1
     n_heads: int = 1
@@ -123,6 +124,7 @@ class Shape:
     n_params: int = 0
     causal: bool = False
     bytes_per: int = 4
+    tied: bool = True
 
     def __post_init__(self):
         for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "d_mlp"):
@@ -161,6 +163,7 @@ class Shape:
             vocab_size=arch.vocab_size or 0,
             n_params=estimate_params(hf) or 0,
             causal=arch.causal,
+            tied=arch.tie_embeddings,
             bytes_per=2 if dtype in ("bf16", "bfloat16", "fp16", "float16") else 4,
         )
 

@@ -13,7 +13,7 @@ import pytest
 
 from headscope.data import path
 from headscope.reports.stages import registry
-from headscope.reports.stages.clock import FACTORS, fit_factors
+from headscope.reports.stages.clock import FACTORS, Work, fit_factors, seconds
 from headscope.reports.tools.bench.estimates import (
     BAND,
     CASES,
@@ -26,6 +26,7 @@ from headscope.reports.tools.bench.estimates import (
     render_table,
     report_case,
 )
+from headscope.reports.tools.bench.estimates_time import TIMED_CASES
 
 DOC = json.loads(path("figures/estimates.json").read_text(encoding="utf-8"))
 MEASURED = [r for r in DOC["rows"] if r["estimate_mb"] and r["peak_mb"]]
@@ -41,8 +42,8 @@ UNCALIBRATED: dict[str, str] = {}
 #: registered stages with no time factor yet, each with why: exactly these may lack one
 UNTIMED = {
     "circuits": (
-        "off by default: the time factors are fitted on the default reports' CPU seconds, and the stage "
-        "has no work model (Stage.work) yet; its memory is calibrated on SmolLM2-135M's induction circuit"
+        "off by default: its time row is its calibration case run on one thread (TIMED_CASES), whose CPU "
+        "seconds and rate the committed row predates"
     ),
 }
 
@@ -68,19 +69,9 @@ def test_the_calibration_cases_cover_the_issue():
 #: (case, stage) rows measured outside the band and not fixed yet (issue #38 stays open on them): each
 #: is expected to fail, strictly, so the list must shrink the day one is fixed
 OPEN: dict = {}
-#: (case, stage) time rows outside 1.5x with the factors fitted over every default report: one factor per
-#: stage does not carry from MiniLM-L6 (72 heads) to a 2-layer, 4-head shape of d_head 256, which runs
-#: faster per GFLOP of its work than the others (its matmul rate is not faster: the work model misses a
-#: per-head cost). Strict expected failures, as above.
-TIME_OPEN = {
-    ("minilm-l6/fp32/default report", "pruning"): "0.65x: one factor per stage does not carry across the three shapes",
-    ("minilm-l6/fp32/default report", "weights"): "0.66x: the weights' work model over-counts the d_head-256 shape",
-    ("qwen2-vocab152k/fp32/default report", "roles"): "0.31x: roles no longer unembed; the factor mixes shapes",
-    ("llama-dhead256/fp32/default report", "context"): "1.8x: per-head costs the work model misses",
-    ("llama-dhead256/fp32/default report", "pruning"): "2.1x: per-head costs the work model misses",
-    ("llama-dhead256/fp32/default report", "roles"): "4.2x: per-head costs the work model misses",
-    ("llama-dhead256/fp32/default report", "weights"): "1.8x: the weights' work at d_head 256 is over-counted",
-}
+#: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict
+#: expected failures, as above
+TIME_OPEN: dict = {}
 
 
 def _rows_with_open_marked(rows, open_rows=OPEN):
@@ -132,17 +123,38 @@ def test_every_registered_stage_has_a_time_factor_fitted_by_the_calibration():
     every registered stage has one: a stage added without a calibration row fails here."""
     missing = [name for name in registry.STAGES if name not in FACTORS]
     assert missing == list(UNTIMED), f"registered stages with no time factor (run `make estimates`): {missing}"
-    assert FACTORS == TIME["factors"] == fit_factors([r | {"work": r["work_gflop"]} for r in TIME["rows"]])
-    assert {report_case(m) for m in REPORT_MODELS} == {r["case"] for r in TIME["rows"]}
+    assert FACTORS == TIME["factors"] == fit_factors(TIME["rows"])
+    timed = {c for c, stage in TIMED_CASES.items() if stage not in UNTIMED}
+    assert {report_case(m) for m in REPORT_MODELS} | timed == {r["case"] for r in TIME["rows"]}
+
+
+def test_the_time_fit_recovers_planted_factors():
+    """Rows made from known factors (a GFLOP term and a per-call term, three shapes) give those
+    factors back, and a stage of two rows keeps to its GFLOP term."""
+    planted = {"gflop": 0.8, "calls": 0.05}
+    works = [Work(1000.0, 9000), Work(150.0, 3000), Work(700.0, 3000)]
+    rows = [
+        {
+            "stage": "s",
+            "rate": 50.0,
+            "work_gflop": w.gflop,
+            "work_calls": w.calls,
+            "seconds": seconds("s", w, 50.0, {"s": planted}),
+        }
+        for w in works
+    ]
+    fit = fit_factors(rows + [r | {"stage": "two"} for r in rows[:2]])
+    assert fit["s"] == pytest.approx(planted, rel=0.01)
+    assert fit["two"]["calls"] == 0.0 and fit["two"]["gflop"] > 0
 
 
 @pytest.mark.parametrize(
     "row", _rows_with_open_marked(TIME["rows"], TIME_OPEN), ids=lambda r: f"{r['case']}:{r['stage']}"
 )
 def test_each_stage_time_estimate_is_within_the_time_band(row):
-    """Each stage's estimated seconds (its work x its factor / the rate measured with the run) within
-    1.5x of the seconds it took, read from the JSON: never a timed test."""
-    est = row["work_gflop"] * FACTORS[row["stage"]] / row["rate"]
+    """Each stage's estimated seconds (its work's GFLOP and calls times its factors / the rate measured
+    with the run) within 1.5x of the seconds it took, read from the JSON: never a timed test."""
+    est = seconds(row["stage"], Work(row["work_gflop"], row["work_calls"]), row["rate"])
     assert 1 / TIME_BAND <= est / row["seconds"] <= TIME_BAND, (
         f"{row['case']} {row['stage']}: estimated {est:.1f} s, took {row['seconds']:.1f} s"
     )

@@ -79,6 +79,9 @@ import pandas as pd
 
 from headscope.probes.budget import Shape, WorkingSet
 
+if typing.TYPE_CHECKING:
+    from headscope.reports.stages.clock import Work
+
 __all__ = ["UNITS", "RunContext", "Stage", "StageAbsent", "StageResult", "Unit", "WorkingSet", "check_config_type"]
 
 #: what a stage's work divides into (:attr:`Stage.unit`), for a sharded run
@@ -220,8 +223,9 @@ class Stage(Generic[C]):
         (``batch_sizes``: working set name -> batch; only those :meth:`plan` returned)."""
         return cfg
 
-    def work(self, ctx: RunContext, cfg: C) -> float | None:
-        """GFLOP of its work with these settings, from ``ctx.shape`` (never None here) and its settings
+    def work(self, ctx: RunContext, cfg: C) -> Work | None:
+        """Its work with these settings (:class:`~headscope.reports.stages.clock.Work`: GFLOP and
+        fixed-cost calls), from ``ctx.shape`` (never None here) and its settings
         (:mod:`~headscope.reports.stages.clock`: what its loop scales with); None: not known."""
         return None
 

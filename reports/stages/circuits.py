@@ -97,6 +97,22 @@ class CircuitsStage(Stage[CircuitsConfig]):
         longest = task_longest(cfg.task, cfg.seq_len, ctx.tokenizer)
         return circuit_stages(ctx.shape, batch_size=cfg.batch_size, longest=longest, n_items=cfg.n_items)
 
+    def work(self, ctx: RunContext, cfg: CircuitsConfig):
+        """Its passes over the task's items at the longest item's length, with their logits: the edge
+        scores' clean run and, per interpolation step, a forward and its backward (three passes;
+        EAP: one step; EAP-IG-activations: ``2 × layers + 1`` node runs per step), then the
+        faithfulness's clean and corrupted runs and one per budget for its circuit and each random
+        one; calls: the passes' items × layers."""
+        from headscope.reports.stages.clock import Work, forward_work
+        from headscope.reports.stages.plans import task_longest
+
+        if not ctx.shape.causal:
+            return Work()
+        steps = {"eap": 1, "eap-ig": cfg.steps}.get(cfg.method, (2 * ctx.shape.n_layers + 1) * cfg.steps)
+        passes = 1 + 3 * steps + 2 + len(cfg.budgets) * (1 + cfg.seeds)
+        t = task_longest(cfg.task, cfg.seq_len, ctx.tokenizer)
+        return forward_work(ctx.shape, passes * cfg.n_items, t, logits=True)
+
     def fitted(self, cfg: CircuitsConfig, batch_sizes) -> CircuitsConfig:
         from dataclasses import replace
 

@@ -1,64 +1,102 @@
-"""Each stage's time, estimated before it runs: its work (in GFLOP of the model's forwards, or of
-the weights' products) times a per-stage factor, divided by this machine's matmul rate.
+"""Each stage's time, estimated before it runs from what its loop does, in two quantities: the
+GFLOP of its products and the count of its fixed-cost calls, each times a per-stage factor, over
+this machine's matmul rate.
 
 A stage's :meth:`~headscope.reports.stages.base.Stage.work` counts what its loop does, from the
-model's shape and the stage's settings (items × tokens × a forward's GFLOP per token for the
-stages that run forwards; the weights' products for the weights stage). Work alone is not time:
-a forward also pays for Python, the hooks, softmaxes and the statistics, and those differ by
-stage. :data:`FACTORS` holds, per stage, how many GFLOP of the reference matmul
-(:func:`~headscope.probes.timing.reference_rate`, a float32 512-square ``torch.mm``) one GFLOP of
-the stage's work costs, fitted by ``make estimates`` from the default reports of
-:data:`~headscope.reports.tools.bench.estimates.REPORT_MODELS` (``data/figures/estimates.json``'s
-``time`` rows; the geometric mean of ``seconds × rate / work`` over them). So
+model's shape and the stage's settings, as a :class:`Work`: ``gflop`` (items × tokens × a
+forward's GFLOP per token for the stages that run forwards; the weights' products for the weights
+stage) and ``calls`` (a layer of one sequence's forward; a draw of the weights stage's null). FLOPs
+alone are not time: a forward also pays, per layer and sequence, for Python, the hooks, the norms,
+softmaxes and the statistics, which no FLOP count sees, so a 2-layer shape of 4 wide heads runs
+faster per GFLOP than MiniLM-L6's 6 layers of 12 narrow ones. :data:`FACTORS` holds, per stage,
+the reference-matmul GFLOP (:func:`~headscope.probes.timing.reference_rate`, a float32 512-square
+``torch.mm``) that one GFLOP of its work costs and that one call costs, fitted by ``make estimates``
+(:func:`fit_factors`: least squares on the log of estimate / measured over the ``time`` rows of
+``data/figures/estimates.json``, the default reports of
+:data:`~headscope.reports.tools.bench.estimates.REPORT_MODELS`). So
 
-    seconds = work × factor / rate
+    seconds = (gflop × factor["gflop"] + calls × factor["calls"]) / rate
 
 where ``rate`` is measured on the machine that runs the estimate, once per process, before the
 load (:func:`rate`): a factor measured on one machine reads on another at that machine's matmul
-rate. It does not follow what the rate leaves out (a machine whose memory is slower than its
-matmul suggests, other processes taking the cores after the rate was read), so the estimate is
-a guide, held to 1.5× of the measured stage time on the calibration reports by a test reading the
-committed JSON, never by a timed test. A stage's work that is 0 (the KV stage on an encoder) has no
-time.
+rate (the calls' cost too: a machine with a faster matmul is taken to run Python faster). It does
+not follow what the rate leaves out (a machine whose memory is slower than its matmul suggests,
+other processes taking the cores after the rate was read), so the estimate is a guide, held to
+1.5× of the measured stage time on the calibration reports by a test reading the committed JSON,
+never by a timed test. A stage whose work is 0 (the KV stage on an encoder) has no time.
 
 >>> from headscope.probes.budget import Shape
 >>> s = Shape(n_layers=2, n_heads=4, n_kv_heads=4, d_model=64, d_head=16, d_mlp=256, vocab_size=1000,
 ...           n_params=200_000, causal=False)
 >>> round(token_gflop(s, 10) * 1e9)  # FLOP: 2 x the 136,000 non-embedding parameters, plus attention
 277120
+>>> forward_work(s, rows=3, tokens=10).calls  # 3 sequences through 2 layers
+6
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 from headscope.probes.budget import Shape
 
-__all__ = ["FACTORS", "describe", "fit_factors", "rate", "seconds", "token_gflop"]
+__all__ = ["FACTORS", "Work", "describe", "fit_factors", "forward_work", "rate", "seconds", "token_gflop"]
 
-#: stage -> reference-matmul GFLOP per GFLOP of the stage's work (:meth:`~.base.Stage.work`), fitted by
+#: stage -> {"gflop": reference-matmul GFLOP per GFLOP of its products, "calls": reference-matmul GFLOP
+#: per call (a layer of one sequence's forward; a null draw)} (:meth:`~.base.Stage.work`), fitted by
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
-FACTORS: dict[str, float] = {
-    "context": 1.146,
-    "patching": 0.1971,
-    "pruning": 0.9128,
-    "roles": 0.8416,
-    "weights": 12.87,
-    "kv": 0.8261,
+FACTORS: dict[str, dict[str, float]] = {
+    "context": {"gflop": 1.208, "calls": 0.02814},
+    "patching": {"gflop": 0.2248, "calls": 0.0},
+    "pruning": {"gflop": 0.9403, "calls": 0.0345},
+    "roles": {"gflop": 0.5326, "calls": 0.0837},
+    "weights": {"gflop": 6.746, "calls": 0.111},
+    "kv": {"gflop": 1.198, "calls": 0.0},
 }
 
 
-def token_gflop(shape: Shape, tokens: int, *, logits: bool = False) -> float:
+@dataclass(frozen=True)
+class Work:
+    """What a stage's loop does: ``gflop``, its products' GFLOP; ``calls``, its fixed-cost calls
+    (what the stage's :meth:`~.base.Stage.work` says they are). Added and scaled as a pair.
+
+    >>> Work(2.0, 3) + 2 * Work(1.0, 1)
+    Work(gflop=4.0, calls=5)
+    """
+
+    gflop: float = 0.0
+    calls: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.gflop + other.gflop, self.calls + other.calls)
+
+    def __mul__(self, k: float) -> Work:
+        return Work(self.gflop * k, self.calls * k)
+
+    __rmul__ = __mul__
+
+
+def token_gflop(shape: Shape, tokens: float, *, logits: bool = False) -> float:
     """GFLOP of one token's forward at a length of ``tokens``: two per non-embedding parameter
-    (``n_params`` less the ``vocab × d_model`` embedding), the attention's scores and weighted
-    sum over ``tokens`` keys (``4 × layers × heads × d_head × tokens``), and with ``logits`` the
-    unembedding (``2 × d_model × vocab``)."""
-    dense = 2 * max(0, shape.n_params - shape.vocab_size * shape.d_model)
+    (``n_params`` less the ``vocab × d_model`` embedding, and less the unembedding where it is not
+    tied), the attention's scores and weighted sum over ``tokens`` keys
+    (``4 × layers × heads × d_head × tokens``), and with ``logits`` the unembedding
+    (``2 × d_model × vocab``)."""
+    embeddings = shape.vocab_size * shape.d_model * (1 if shape.tied else 2)
+    dense = 2 * max(0, shape.n_params - embeddings)
     attention = 4 * shape.n_layers * shape.n_heads * shape.d_head * max(1, tokens)
     unembed = 2 * shape.d_model * shape.vocab_size if logits else 0
     return (dense + attention + unembed) / 1e9
+
+
+def forward_work(shape: Shape, rows: float, tokens: float, *, logits: bool = False) -> Work:
+    """The :class:`Work` of ``rows`` sequences of ``tokens`` tokens through the model: their GFLOP
+    (:func:`token_gflop`) and, as calls, ``rows × layers`` (one layer of one sequence: its hooks,
+    norms, softmax and Python, which cost the same whatever the FLOPs)."""
+    return Work(rows * tokens * token_gflop(shape, tokens, logits=logits), rows * shape.n_layers)
 
 
 @functools.lru_cache(maxsize=1)
@@ -70,24 +108,61 @@ def rate() -> float:
     return reference_rate()
 
 
-def seconds(stage: str, work: float | None, at_rate: float | None = None) -> float | None:
-    """Estimated seconds of ``stage`` doing ``work`` GFLOP at ``at_rate`` GFLOP/s (None: :func:`rate`);
-    None when the work is unknown or the stage has no factor yet."""
-    factor = FACTORS.get(stage)
+def seconds(stage: str, work: Work | None, at_rate: float | None = None, factors: dict | None = None) -> float | None:
+    """Estimated seconds of ``stage`` doing ``work`` at ``at_rate`` GFLOP/s (None: :func:`rate`) with
+    ``factors`` (None: :data:`FACTORS`); None when the work is unknown or the stage has no factor yet."""
+    factor = (FACTORS if factors is None else factors).get(stage)
     if work is None or factor is None:
         return None
-    return work * factor / (rate() if at_rate is None else at_rate)
+    ref = work.gflop * factor["gflop"] + work.calls * factor["calls"]
+    return ref / (rate() if at_rate is None else at_rate)
 
 
-def fit_factors(rows: list[dict]) -> dict[str, float]:
-    """``{stage: factor}`` from calibration rows (``stage``, ``seconds``, ``rate``, ``work``): the
-    geometric mean of ``seconds × rate / work`` over each stage's rows (a stage's factor is as far
-    from each calibration model's by the same ratio)."""
-    logs: dict[str, list[float]] = {}
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def fit_factors(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """``{stage: {"gflop": a, "calls": b}}`` from calibration rows (``stage``, ``seconds``, ``rate``,
+    ``work_gflop``, ``work_calls``): per stage, the ``a, b >= 0`` that minimise the sum of squared
+    ``log(estimate / seconds)`` (the band is a ratio), with ``estimate = (a × gflop + b × calls) / rate``.
+    A stage with no more rows than two keeps to one term (``calls`` at 0: two rows fit two terms
+    exactly, which says nothing of a third shape). Deterministic: a grid of the two terms' mix, then
+    the scale in closed form (the mean of the logs).
+
+    >>> fit_factors([{"stage": "s", "seconds": 2.0, "rate": 10.0, "work_gflop": 4.0, "work_calls": 1}])
+    {'s': {'gflop': 5.0, 'calls': 0.0}}
+    """
+    by: dict[str, list[tuple[float, float, float]]] = {}
     for r in rows:
-        if r.get("seconds") and r.get("work") and r.get("rate"):
-            logs.setdefault(r["stage"], []).append(math.log(r["seconds"] * r["rate"] / r["work"]))
-    return {s: float(f"{math.exp(sum(v) / len(v)):.4g}") for s, v in logs.items()}
+        if r.get("seconds") and r.get("rate") and (r.get("work_gflop") or r.get("work_calls")):
+            by.setdefault(r["stage"], []).append(
+                (r["seconds"] * r["rate"], r["work_gflop"] or 0.0, r.get("work_calls") or 0.0)
+            )
+    return {s: _fit(v) for s, v in by.items()}
+
+
+def _fit(points: list[tuple[float, float, float]]) -> dict[str, float]:
+    """:func:`fit_factors` of one stage: ``points`` of (reference GFLOP measured, gflop, calls)."""
+    logy = [math.log(y) for y, _, _ in points]
+    g_sum = sum(g for _, g, _ in points) or 1.0
+    c_sum = sum(c for _, _, c in points) or 1.0
+    every_g = all(g > 0 for _, g, _ in points)
+    two = len(points) > 2 and any(c for _, _, c in points) and any(g for _, g, _ in points)
+    mixes = [i / 1000 for i in range(1001)] if two else [1.0 if every_g else 0.0]
+    best = None
+    for w in mixes:
+        m = [w * g / g_sum + (1 - w) * c / c_sum for _, g, c in points]
+        if min(m) <= 0:
+            continue
+        logs = [math.log(x) for x in m]
+        scale = sum(a - b for a, b in zip(logy, logs)) / len(points)
+        sse = sum((b + scale - a) ** 2 for a, b in zip(logy, logs))
+        if best is None or sse < best[0] - 1e-12:
+            best = (sse, w, scale)
+    _, w, scale = best
+    k = math.exp(scale)
+    return {"gflop": _sig(w * k / g_sum), "calls": _sig((1 - w) * k / c_sum)}
 
 
 def duration(s: float) -> str:

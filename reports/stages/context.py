@@ -105,16 +105,16 @@ class ContextStage(Stage[ContextConfig]):
         sentences = run_sentences(cfg)
         return [context_working_set(ctx.shape, cfg, len(sentences), longest_tokens(sentences, ctx.tokenizer))]
 
-    def work(self, ctx: RunContext, cfg: ContextConfig) -> float:
+    def work(self, ctx: RunContext, cfg: ContextConfig):
         """One forward per distinct sentence at the longest one's length (the contributions and
-        the anisotropy baseline ride on its captured states)."""
+        the anisotropy baseline ride on its captured states); calls: its sentences × layers."""
         from headscope.analyses.context.run import run_sentences
-        from headscope.reports.stages.clock import token_gflop
+        from headscope.reports.stages.clock import forward_work
         from headscope.reports.stages.plans import longest_tokens
 
         sentences = run_sentences(cfg)
         t = longest_tokens(sentences, ctx.tokenizer)
-        return len(sentences) * t * token_gflop(ctx.shape, t, logits=ctx.shape.causal)
+        return forward_work(ctx.shape, len(sentences), t, logits=ctx.shape.causal)
 
     def fitted(self, cfg: ContextConfig, batch_sizes) -> ContextConfig:
         b = batch_sizes.get("context")

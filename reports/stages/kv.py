@@ -123,19 +123,19 @@ class KVStage(Stage[KVStageConfig]):
 
         return kv_stages(ctx.shape, cfg, tokens=_tokens(cfg)) if ctx.shape.causal else []
 
-    def work(self, ctx: RunContext, cfg: KVStageConfig) -> float:
+    def work(self, ctx: RunContext, cfg: KVStageConfig):
         """The study's forwards of its input (the full cache, then each compression's restricted
         runs at its points and orders, and the causal items), each of ``tokens`` tokens with its
-        logits, and the long-context roles' needle items at ``role_tokens``."""
+        logits, and the long-context roles' needle items at ``role_tokens``; calls: their
+        sequences × layers."""
         from headscope.analyses.kvcache.study import REPORT_KV
-        from headscope.reports.stages.clock import token_gflop
+        from headscope.reports.stages.clock import Work, forward_work
 
         s, t = ctx.shape, _tokens(cfg)
         if not s.causal:
-            return 0.0
+            return Work()
         study = 1 + len(REPORT_KV.points) * REPORT_KV.orders + cfg.causal_items
-        roles = cfg.role_items * cfg.role_tokens * token_gflop(s, cfg.role_tokens)
-        return study * t * token_gflop(s, t, logits=True) + roles
+        return forward_work(s, study, t, logits=True) + forward_work(s, cfg.role_items, cfg.role_tokens)
 
     def fitted(self, cfg: KVStageConfig, batch_sizes) -> KVStageConfig:
         rows = batch_sizes.get("kv logits")

@@ -68,17 +68,18 @@ class PatchingStage(Stage[CausalConfig]):
         patch = PatchConfig(batch_size=cfg.batch_size, max_rows=cfg.max_rows)
         return patch_stages(ctx.shape, patch, longest=longest)
 
-    def work(self, ctx: RunContext, cfg: CausalConfig) -> float:
+    def work(self, ctx: RunContext, cfg: CausalConfig):
         """Its patched rows (items per task × heads × tasks, :meth:`CausalConfig.items_per_task`),
-        each a forward of the tasks' longest sequence plus :data:`PATCH_ROW_GFLOP`."""
-        from headscope.reports.stages.clock import token_gflop
+        each a forward of the tasks' longest sequence plus :data:`PATCH_ROW_GFLOP`; calls: the
+        rows × layers."""
+        from headscope.reports.stages.clock import Work, forward_work
         from headscope.reports.stages.plans import report_tasks
 
         s, tasks = ctx.shape, report_tasks()
         heads = s.n_layers * s.n_heads
         rows = cfg.items_per_task(n_heads=heads, n_tasks=len(tasks), full=ctx.full) * heads * len(tasks)
         t = max(w.longest for w in ctx.plans.get(self.name) or self.plan(ctx, cfg))
-        return rows * (t * token_gflop(s, t) + PATCH_ROW_GFLOP)
+        return forward_work(s, rows, t) + Work(rows * PATCH_ROW_GFLOP)
 
     def fitted(self, cfg: CausalConfig, batch_sizes) -> CausalConfig:
         from headscope.reports.stages.plans import apply_patch

@@ -87,15 +87,16 @@ class PruningStage(Stage[PruneConfig]):
 
         return prune_stages(ctx.shape, cfg, ctx.tokenizer)
 
-    def work(self, ctx: RunContext, cfg: PruneConfig) -> float:
+    def work(self, ctx: RunContext, cfg: PruneConfig):
         """Evaluations of the metric's items, each a forward of its longest item: one per head
         ablated alone (per ablation mode), one per step of every curve (``fraction_limit / step``
-        steps), the role ablation's draws, and three for a gradient (forward and backward)."""
+        steps), the role ablation's draws, and three for a gradient (forward and backward); calls:
+        the evaluations' sequences × layers."""
         import math
 
         from headscope.analyses.pruning.metrics import default_metric
         from headscope.analyses.pruning.study import curve_keys
-        from headscope.reports.stages.clock import token_gflop
+        from headscope.reports.stages.clock import forward_work
         from headscope.reports.stages.plans import _prune_data, longest_tokens
 
         s = ctx.shape
@@ -106,7 +107,7 @@ class PruningStage(Stage[PruneConfig]):
         if "curves" in cfg.studies:
             passes += len(curve_keys(cfg)) * math.ceil(cfg.fraction_limit / cfg.step)
         passes += 3 * ("importance" in cfg.studies or "curves" in cfg.studies) + cfg.role_draws + 1
-        return passes * len(items) * t * token_gflop(s, t, logits=s.causal)
+        return forward_work(s, passes * len(items), t, logits=s.causal)
 
     def fitted(self, cfg: PruneConfig, batch_sizes) -> PruneConfig:
         from headscope.reports.stages.plans import apply_prune

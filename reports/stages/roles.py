@@ -97,19 +97,20 @@ class RolesStage(Stage[RolesConfig]):
         groups = check_roles(ctx.role_groups)
         return roles_stages(ctx.shape, cfg, groups, role_corpora(groups, ctx.inputs), ctx.tokenizer)
 
-    def work(self, ctx: RunContext, cfg: RolesConfig) -> float:
+    def work(self, ctx: RunContext, cfg: RolesConfig):
         """Every item of its corpora and generated sequences, each a forward at the mean of the
         corpora's longest lengths (one forward per item; the reducers and statistics ride on it),
-        without the unembedding (:func:`~headscope.probes.capture.run_batch` computes no logits)."""
+        without the unembedding (:func:`~headscope.probes.capture.run_batch` computes no logits);
+        calls: the items × layers (each layer's reducers run per item)."""
         from headscope.analyses.roles.pipeline import check_roles
-        from headscope.reports.stages.clock import token_gflop
+        from headscope.reports.stages.clock import forward_work
         from headscope.reports.stages.plans import role_corpora, roles_items
 
         groups = check_roles(ctx.role_groups)
         sets = ctx.plans.get(self.name) or self.plan(ctx, cfg)
         t = sum(w.longest for w in sets) / max(1, len(sets))
         n = roles_items(groups, role_corpora(groups, ctx.inputs), cfg)
-        return n * t * token_gflop(ctx.shape, int(t))
+        return forward_work(ctx.shape, n, int(t))
 
     def fitted(self, cfg: RolesConfig, batch_sizes) -> RolesConfig:
         from dataclasses import replace

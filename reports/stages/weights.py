@@ -114,19 +114,21 @@ class WeightsStage(Stage[WeightsConfig]):
         ``make weights-families`` (``data/figures/hf_weights_families.json``), not by the sweep."""
         return backend != "inhouse" and "per-head weights" in reason
 
-    def work(self, ctx: RunContext, cfg: WeightsConfig) -> float:
+    def work(self, ctx: RunContext, cfg: WeightsConfig):
         """Its products: every sender head's ``[d_head, d_model]`` factor against every later layer's
         receivers (Q, K, V per head and KV group: ``2 × d_head² × d_model`` a pair), the null's
         draws (a QR and three products of ``d_model × d_head²`` each, per draw and family), the head
-        baselines' Gaussian heads against the unembedding (``draws`` per layer, ``d_model × vocab``)."""
+        baselines' Gaussian heads against the unembedding (``draws`` per layer, ``d_model × vocab``);
+        calls: the null's draws per family (each a QR and its Python, whatever the shape)."""
         from headscope.analyses.circuits.weights.composition import FAMILIES
+        from headscope.reports.stages.clock import Work
 
         s = ctx.shape
         L, h, kv, k, d = s.n_layers, s.n_heads, s.n_kv_heads, s.d_head, s.d_model
         pairs = L * (L - 1) // 2 * h * (3 * h + 2 * kv)
         nulls = len(FAMILIES) * cfg.null * 8 * d * k * k
         heads = L * (cfg.draws + h) * 2 * k * d * max(1, s.vocab_size) / 64  # the unembedding in chunks of rows
-        return (pairs * 2 * k * k * d + nulls + heads) / 1e9
+        return Work((pairs * 2 * k * k * d + nulls + heads) / 1e9, len(FAMILIES) * cfg.null)
 
     def plan(self, ctx: RunContext, cfg: WeightsConfig) -> list[WorkingSet]:
         from headscope.reports.stages.plans import weights_stage

@@ -174,7 +174,14 @@ def _plan_case(case: Case, progress=None):
 
 
 def run_case(case: Case) -> list[dict]:
-    """Run ``case`` in this process (see the module doc) -> one row per registered stage."""
+    """Run ``case`` in this process (see the module doc) -> one row per registered stage, with the
+    CPU-clock reference rate measured around the stages (``rate``, GFLOP/s) and torch's ``threads``."""
+    import math
+    import time
+
+    import torch
+
+    from headscope.probes.timing import reference_rate
     from headscope.reports.stages.runner import _estimates, load_into, run_stages
 
     def progress(stage, done, total):
@@ -184,9 +191,14 @@ def run_case(case: Case) -> list[dict]:
     ctx, config, cfgs, budget, model = _plan_case(case, progress)
     load_into(ctx, model, config)
     off = {n: "not in the case" for n in cfgs if case.only and n not in case.only}
+    before = reference_rate(clock=time.process_time)
     status, _counts = run_stages(ctx, cfgs, off, _estimates(budget))
+    cpu = {
+        "rate": round(math.sqrt(before * reference_rate(clock=time.process_time)), 2),
+        "threads": torch.get_num_threads(),
+    }
     rows = [_whole(case, budget)]
-    rows += [_stage_row(case, budget, name, rec, rec.get("estimate_mb")) for name, rec in status.items()]
+    rows += [_stage_row(case, budget, name, rec, rec.get("estimate_mb")) | cpu for name, rec in status.items()]
     return rows
 
 
@@ -205,6 +217,7 @@ def _stage_row(case: Case, budget, name: str, rec: dict, estimate_mb: float | No
         "peak_mb": peak,
         "error": None if not (estimate_mb and peak) else round((estimate_mb - peak) / peak, 4),
         "seconds": rec.get("seconds"),
+        "cpu_s": rec.get("cpu_s"),
         "batch_sizes": dict(budget.estimate.batch_sizes) if budget.estimate else {},
     }
 
@@ -333,6 +346,7 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
     from headscope.reports.stages import registry
     from headscope.reports.stages.config import RunConfig
     from headscope.reports.stages.runner import plan_report
+    from headscope.reports.tools.bench.estimates_time import work_fields
 
     model, run, name = measured["model"], measured["run"], report_case(measured["model"])
     memory = [r | {"case": name} for r in rows_from_run(Case(model), run)]
@@ -347,7 +361,6 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
     for stage, rec in run["stages"].items():
         if rec["status"] != "ran" or stage not in registry.STAGES:
             continue
-        work = registry.STAGES[stage].work(ctx, cfgs[stage])
         times.append(
             {
                 "case": name,
@@ -356,27 +369,12 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
                 "seconds": rec["cpu_s"] if cpu else rec["seconds"],
                 "wall_s": rec["seconds"],
                 "clock": "cpu" if cpu else "wall",
-                "work_gflop": None if work is None else round(work, 3),
+                **work_fields(registry.STAGES[stage].work(ctx, cfgs[stage])),
                 "rate": round(rate, 2),
                 "threads": measured["threads"],
             }
         )
     return memory, times
-
-
-def time_section(rows: list[dict]) -> dict:
-    """The JSON's ``time``: the factors fitted on ``rows`` (:func:`~headscope.reports.stages.clock.fit_factors`)
-    and each row with the estimate those factors give at its rate, and estimate / measured."""
-    from headscope.reports.stages.clock import fit_factors
-
-    factors = fit_factors([r | {"work": r["work_gflop"]} for r in rows])
-    out = []
-    for r in rows:
-        f = factors.get(r["stage"])
-        est = None if f is None or not r["work_gflop"] else r["work_gflop"] * f / r["rate"]
-        ratio = None if est is None or not r["seconds"] else round(est / r["seconds"], 3)
-        out.append(r | {"estimate_s": None if est is None else round(est, 1), "ratio": ratio})
-    return {"band": TIME_BAND, "factors": factors, "rows": out}
 
 
 def calibrate_reports(measured: list[dict], doc_path: Path) -> dict:
@@ -391,6 +389,8 @@ def calibrate_reports(measured: list[dict], doc_path: Path) -> dict:
         mem += a
         times += b
     doc["rows"] = [r for r in doc["rows"] if r["case"] not in names] + mem
+    from headscope.reports.tools.bench.estimates_time import time_section
+
     doc["time"] = time_section(times)
     Path(doc_path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return doc
@@ -515,28 +515,9 @@ def render_table(doc: dict) -> str:
             f"Largest under-estimate: {lo['error']:+.1%} ({lo['case']}, {lo['stage']}); largest over-estimate: "
             f"{hi['error']:+.1%} ({hi['case']}, {hi['stage']}).",
         ]
-    return "\n".join(lines + _time_lines(doc.get("time")))
+    from headscope.reports.tools.bench.estimates_time import time_lines
 
-
-def _time_lines(time_doc: dict | None) -> list[str]:
-    """The time table of a calibration document: per default report and stage, its work, the
-    estimate its factor gives at the measured rate, the measured seconds, their ratio."""
-    if not time_doc:
-        return []
-    lines = [
-        "",
-        "| case | stage | work GFLOP | factor | rate GFLOP/s | estimate s | measured s | estimate / measured |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in time_doc["rows"]:
-        f = time_doc["factors"].get(r["stage"])
-        est = "-" if r["estimate_s"] is None else f"{r['estimate_s']:.1f}"
-        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        lines.append(
-            f"| {r['case']} | {r['stage']} | {r['work_gflop']:.1f} | {f if f is not None else '-'} | {r['rate']:.1f} "
-            f"| {est} | {r['seconds']:.1f} | {ratio} |"
-        )
-    return lines
+    return "\n".join(lines + time_lines(doc.get("time")))
 
 
 def write_page(doc: dict, page: Path) -> None:
@@ -550,7 +531,8 @@ def write_page(doc: dict, page: Path) -> None:
 def main(argv=None) -> int:
     """``python -m headscope.reports.tools.bench.estimates [--out JSON] [--page MD] [--cases a,b]``:
     :func:`calibrate` (``--cases``: only the cases of these models, or of these names), the JSON written
-    (``--replan``: these cases' rows planned again, their peaks kept), the guide page's table rewritten from it."""
+    (``--replan``: these cases' rows planned again, their peaks kept; ``--replan-time``: the time
+    rows' work planned again and the factors fitted again), the guide page's table rewritten from it."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m headscope.reports.tools.bench.estimates")
@@ -564,6 +546,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--measured", default=None, help="comma-separated measure_report JSON files instead of --reports")
     p.add_argument("--replan", default=None, help="comma-separated case names whose rows are planned again (no run)")
+    p.add_argument(
+        "--replan-time",
+        action="store_true",
+        help="the time rows' work planned again (no run), the factors fitted again",
+    )
     args = p.parse_args(argv)
     keep = None if args.cases is None else set(args.cases.split(","))
     cases = [c for c in CASES if keep is None or c.model in keep or c.name in keep]
@@ -578,6 +565,12 @@ def main(argv=None) -> int:
         calibrate_reports(measured, Path(args.out))
     if args.replan:
         replan(args.replan.split(","), Path(args.out))
+    if args.replan_time:
+        doc = json.loads(Path(args.out).read_text(encoding="utf-8"))
+        from headscope.reports.tools.bench.estimates_time import replan_time
+
+        doc["time"] = replan_time(doc)
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     write_page(json.loads(Path(args.out).read_text(encoding="utf-8")), Path(args.page))
     return 0
 
