@@ -158,3 +158,22 @@ def test_each_stage_time_estimate_is_within_the_time_band(row):
     assert 1 / TIME_BAND <= est / row["seconds"] <= TIME_BAND, (
         f"{row['case']} {row['stage']}: estimated {est:.1f} s, took {row['seconds']:.1f} s"
     )
+
+
+def test_the_estimate_printed_before_a_run_is_the_calibrated_model(monkeypatch):
+    """What ``headscope report`` prints before its stages run (``runner.time_estimates`` -> the line of
+    ``clock.describe``), planned for MiniLM-L6's default report at the rate its calibration run
+    measured, is each time row's estimate."""
+    from headscope.reports.stages import clock
+    from headscope.reports.stages.config import RunConfig
+    from headscope.reports.stages.runner import plan_report, time_estimates
+    from headscope.reports.tools.bench.estimates_time import _measured_groups
+
+    name = report_case("minilm-l6")
+    rows = {r["stage"]: r for r in TIME["rows"] if r["case"] == name}
+    monkeypatch.setattr(clock, "rate", lambda: rows["roles"]["rate"])
+    ctx, _budget, cfgs, off = plan_report("minilm-l6", RunConfig(role_groups=_measured_groups(DOC, name)))
+    est = time_estimates(ctx, cfgs, [n for n in registry.STAGES if n not in off])
+    assert {k: round(v, 1) for k, v in est.items() if v} == {k: r["estimate_s"] for k, r in rows.items()}
+    assert est["kv"] == 0.0  # an encoder: no KV cache, no time
+    assert clock.describe(est, rows["roles"]["rate"]).startswith("estimated time: roles ~")
