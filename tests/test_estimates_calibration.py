@@ -68,10 +68,30 @@ def test_the_calibration_cases_cover_the_issue():
 
 #: (case, stage) rows measured outside the band and not fixed yet (issue #38 stays open on them): each
 #: is expected to fail, strictly, so the list must shrink the day one is fixed
-OPEN: dict = {}
+OPEN = {
+    ("smollm2-135m/fp32/default report", WHOLE): "-24%: the peak is the last stage's (context), see below",
+    ("smollm2-135m/fp32/default report", "context"): (
+        "-31%: the last stage of a 30-layer report whose resident set grew over its run (the stages after "
+        "roles peak above their own plans); the plan's residue terms were fitted on 2- and 6-layer models"
+    ),
+    ("smollm2-135m/fp32/default report", "pruning"): "-22%: as context (not yet investigated)",
+    ("smollm2-135m/fp32/default report", "roles"): "-18%: as context (not yet investigated)",
+}
 #: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict
-#: expected failures, as above
-TIME_OPEN: dict = {}
+#: expected failures, as above. SmolLM2-135M's report ran on a machine shared by several jobs: its
+#: CPU-clock reference rate fell from 92 to 27 GFLOP/s between the start and the end of the run (a
+#: core's CPU second bought less work once its other hyperthread was busy), so its rows read at the
+#: geometric mean (50), and the stages that ran in the middle of it (pruning, patching, weights) took
+#: fewer CPU seconds than that rate says; at the rate before the run they read about 1x.
+TIME_OPEN = {
+    ("smollm2-135m/fp32/default report", "patching"): "1.77x: the run's rate fell 3.4x during it (see above)",
+    ("smollm2-135m/fp32/default report", "pruning"): "1.82x: the run's rate fell 3.4x during it (see above)",
+    ("smollm2-135m/fp32/default report", "weights"): "1.92x: the run's rate fell 3.4x during it (see above)",
+    ("llama-dhead256/fp32/default report", "weights"): (
+        "0.55x: its null's QRs at d_head 256 cost more per GFLOP than the composition's batched products, "
+        "one GFLOP factor for both (SmolLM2's 30 layers are mostly products) cannot fit both"
+    ),
+}
 
 
 def _rows_with_open_marked(rows, open_rows=OPEN):

@@ -49,12 +49,12 @@ __all__ = ["FACTORS", "Work", "describe", "fit_factors", "forward_work", "rate",
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
 FACTORS: dict[str, dict[str, float]] = {
-    "context": {"gflop": 1.208, "calls": 0.02814},
-    "patching": {"gflop": 0.2248, "calls": 0.0},
-    "pruning": {"gflop": 0.9403, "calls": 0.0345},
-    "roles": {"gflop": 0.5326, "calls": 0.0837},
-    "weights": {"gflop": 6.746, "calls": 0.111},
-    "kv": {"gflop": 1.198, "calls": 0.0},
+    "context": {"gflop": 1.155, "calls": 0.02324},
+    "patching": {"gflop": 0.1858, "calls": 0.0},
+    "pruning": {"gflop": 0.8067, "calls": 0.02029},
+    "roles": {"gflop": 0.3408, "calls": 0.09832},
+    "weights": {"gflop": 3.345, "calls": 0.145},
+    "kv": {"gflop": 0.7927, "calls": 0.0},
 }
 
 

@@ -124,17 +124,21 @@ class KVStage(Stage[KVStageConfig]):
         return kv_stages(ctx.shape, cfg, tokens=_tokens(cfg)) if ctx.shape.causal else []
 
     def work(self, ctx: RunContext, cfg: KVStageConfig):
-        """The study's forwards of its input (the full cache, then each compression's restricted
-        runs at its points and orders, and the causal items), each of ``tokens`` tokens with its
-        logits, and the long-context roles' needle items at ``role_tokens``; calls: their
-        sequences × layers."""
+        """The study's forwards of its input (the full cache; each group restricted alone, a group
+        being a layer or a layer's KV head as :data:`REPORT_KV` says; every group restricted; each
+        order's points, the greedy's and the random ones'; the greedy's candidates where its pool
+        is over 1; the causal items), each of ``tokens`` tokens with its logits, and the
+        long-context roles' needle items at ``role_tokens``; calls: their sequences × layers."""
         from headscope.analyses.kvcache.study import REPORT_KV
         from headscope.reports.stages.clock import Work, forward_work
 
-        s, t = ctx.shape, _tokens(cfg)
+        s, t, kv = ctx.shape, _tokens(cfg), REPORT_KV
         if not s.causal:
             return Work()
-        study = 1 + len(REPORT_KV.points) * REPORT_KV.orders + cfg.causal_items
+        groups = s.n_layers * (1 if kv.unit == "layer" else s.n_kv_heads)
+        points = len(kv.points) if kv.points is not None else groups
+        greedy = 0 if kv.pool == 1 else sum(min(kv.pool or n, n) for n in range(2, groups + 1))
+        study = 2 + groups + (1 + kv.orders) * points + greedy + cfg.causal_items
         return forward_work(s, study, t, logits=True) + forward_work(s, cfg.role_items, cfg.role_tokens)
 
     def fitted(self, cfg: KVStageConfig, batch_sizes) -> KVStageConfig:
