@@ -40,12 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: may lack one, so the list must shrink the day one is calibrated
 UNCALIBRATED: dict[str, str] = {}
 #: registered stages with no time factor yet, each with why: exactly these may lack one
-UNTIMED = {
-    "circuits": (
-        "off by default: its time row is its calibration case run on one thread (TIMED_CASES), whose CPU "
-        "seconds and rate the committed row predates"
-    ),
-}
+UNTIMED: dict[str, str] = {}
 
 
 def test_every_registered_stage_has_a_calibration_row():
@@ -76,6 +71,11 @@ OPEN = {
     ),
     ("smollm2-135m/fp32/default report", "pruning"): "-22%: as context (not yet investigated)",
     ("smollm2-135m/fp32/default report", "roles"): "-18%: as context (not yet investigated)",
+    ("smollm2-135m/fp32/batch x1/circuits alone", WHOLE): "+49%: as its circuits row",
+    ("smollm2-135m/fp32/batch x1/circuits alone", "circuits"): (
+        "+57% (an over-estimate): re-run on one thread for its time row, it peaked at 2100 MiB where the "
+        "run on the machine's threads before peaked at 2937 MiB (+12%); the plan does not model the threads"
+    ),
 }
 #: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict
 #: expected failures, as above. SmolLM2-135M's report ran on a machine shared by several jobs: its

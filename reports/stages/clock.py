@@ -55,6 +55,7 @@ FACTORS: dict[str, dict[str, float]] = {
     "roles": {"gflop": 0.3408, "calls": 0.09832},
     "weights": {"gflop": 3.345, "calls": 0.145},
     "kv": {"gflop": 0.7927, "calls": 0.0},
+    "circuits": {"gflop": 2.648, "calls": 0.0},
 }
 
 
