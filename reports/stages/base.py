@@ -26,8 +26,8 @@ Design note
   run's seed, ``--full`` and the model's shape), :meth:`Stage.blocker` (why it cannot run on this
   model or these inputs, one line, or None), :meth:`Stage.plan` (the memory working sets of its
   forwards, from ``ctx.shape`` and ``ctx.tokenizer``; no model is loaded yet),
-  :meth:`Stage.fitted` (its config with the batch sizes the plan fitted), :meth:`Stage.work` (GFLOP
-  of its work, from which :meth:`Stage.seconds` estimates its time), :meth:`Stage.run`
+  :meth:`Stage.fitted` (its config with the batch sizes the plan fitted), :meth:`Stage.work` (its
+  GFLOP and fixed-cost calls, from which :meth:`Stage.seconds` estimates its time), :meth:`Stage.run`
   (the computation on ``ctx.model``, reading earlier stages' frames from ``ctx.frames``; returns
   a :class:`StageResult`), :meth:`Stage.section` (its part of the report from frames and meta
   alone: no model), :meth:`Stage.leaves_out` (what quick mode leaves out of ``--full``),

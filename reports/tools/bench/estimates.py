@@ -336,7 +336,7 @@ def report_case(model: str) -> str:
 def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
     """``(memory rows, time rows)`` of one :func:`measure_report` result: each stage's estimate
     planned again here (before any load) against the peak its run.json measured; per stage that
-    ran, its work (:meth:`~headscope.reports.stages.base.Stage.work`, GFLOP), its seconds and the
+    ran, its work (:meth:`~headscope.reports.stages.base.Stage.work`: GFLOP and calls), its seconds and the
     reference rate the run measured (the geometric mean of the rates before and after it). On one
     thread the seconds are the stage's CPU seconds and the rate the CPU-clock one: a core of its
     own, whatever else the shared machine runs (its wall seconds are kept as ``wall_s``)."""
