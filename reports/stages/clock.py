@@ -15,7 +15,7 @@ the reference-matmul GFLOP (:func:`~headscope.probes.timing.reference_rate`, a f
 ``data/figures/estimates.json``, the default reports of
 :data:`~headscope.reports.tools.bench.estimates.REPORT_MODELS`). So
 
-    seconds = (gflop × factor["gflop"] + calls × factor["calls"]) / rate
+    seconds = (gflop × factor["gflop"] + calls × factor["calls"] + slow_gflop × factor["slow_gflop"]) / rate
 
 where ``rate`` is measured on the machine that runs the estimate, once per process, before the
 load (:func:`rate`): a factor measured on one machine reads on another at that machine's matmul
@@ -45,37 +45,41 @@ from headscope.probes.budget import Shape
 __all__ = ["FACTORS", "Work", "describe", "fit_factors", "forward_work", "rate", "seconds", "token_gflop"]
 
 #: stage -> {"gflop": reference-matmul GFLOP per GFLOP of its products, "calls": reference-matmul GFLOP
-#: per call (a layer of one sequence's forward; a null draw)} (:meth:`~.base.Stage.work`), fitted by
+#: per call (a layer of one sequence's forward; a null draw), "slow_gflop": per GFLOP of its QRs (the
+#: weights stage's null)} (:meth:`~.base.Stage.work`), fitted by
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
 FACTORS: dict[str, dict[str, float]] = {
-    "context": {"gflop": 1.155, "calls": 0.02324},
-    "patching": {"gflop": 0.1858, "calls": 0.0},
-    "pruning": {"gflop": 0.8067, "calls": 0.02029},
-    "roles": {"gflop": 0.3408, "calls": 0.09832},
-    "weights": {"gflop": 3.345, "calls": 0.145},
-    "kv": {"gflop": 0.7927, "calls": 0.0},
-    "circuits": {"gflop": 2.648, "calls": 0.0},
+    "context": {"gflop": 1.155, "calls": 0.02324, "slow_gflop": 0.0},
+    "patching": {"gflop": 0.1858, "calls": 0.0, "slow_gflop": 0.0},
+    "pruning": {"gflop": 0.8067, "calls": 0.02029, "slow_gflop": 0.0},
+    "roles": {"gflop": 0.3408, "calls": 0.09832, "slow_gflop": 0.0},
+    "weights": {"gflop": 0.8988, "calls": 0.1421, "slow_gflop": 6.94},
+    "kv": {"gflop": 0.7927, "calls": 0.0, "slow_gflop": 0.0},
+    "circuits": {"gflop": 2.648, "calls": 0.0, "slow_gflop": 0.0},
 }
 
 
 @dataclass(frozen=True)
 class Work:
     """What a stage's loop does: ``gflop``, its products' GFLOP; ``calls``, its fixed-cost calls
-    (what the stage's :meth:`~.base.Stage.work` says they are). Added and scaled as a pair.
+    (what the stage's :meth:`~.base.Stage.work` says they are); ``slow_gflop``, GFLOP of a kind
+    that runs at a rate of its own (the weights stage's null draws: QR factorisations). Added and
+    scaled together.
 
     >>> Work(2.0, 3) + 2 * Work(1.0, 1)
-    Work(gflop=4.0, calls=5)
+    Work(gflop=4.0, calls=5, slow_gflop=0.0)
     """
 
     gflop: float = 0.0
     calls: float = 0.0
+    slow_gflop: float = 0.0
 
     def __add__(self, other: Work) -> Work:
-        return Work(self.gflop + other.gflop, self.calls + other.calls)
+        return Work(self.gflop + other.gflop, self.calls + other.calls, self.slow_gflop + other.slow_gflop)
 
     def __mul__(self, k: float) -> Work:
-        return Work(self.gflop * k, self.calls * k)
+        return Work(self.gflop * k, self.calls * k, self.slow_gflop * k)
 
     __rmul__ = __mul__
 
@@ -115,7 +119,7 @@ def seconds(stage: str, work: Work | None, at_rate: float | None = None, factors
     factor = (FACTORS if factors is None else factors).get(stage)
     if work is None or factor is None:
         return None
-    ref = work.gflop * factor["gflop"] + work.calls * factor["calls"]
+    ref = work.gflop * factor["gflop"] + work.calls * factor["calls"] + work.slow_gflop * factor["slow_gflop"]
     return ref / (rate() if at_rate is None else at_rate)
 
 
@@ -124,36 +128,39 @@ def _sig(x: float) -> float:
 
 
 def fit_factors(rows: list[dict]) -> dict[str, dict[str, float]]:
-    """``{stage: {"gflop": a, "calls": b}}`` from calibration rows (``stage``, ``seconds``, ``rate``,
-    ``work_gflop``, ``work_calls``): per stage, the ``a, b >= 0`` that minimise the sum of squared
-    ``log(estimate / seconds)`` (the band is a ratio), with ``estimate = (a × gflop + b × calls) / rate``.
-    A stage with no more rows than two keeps to one term (``calls`` at 0: two rows fit two terms
-    exactly, which says nothing of a third shape). Deterministic: a grid of the two terms' mix, then
-    the scale in closed form (the mean of the logs).
+    """``{stage: {"gflop": a, "calls": b, "slow_gflop": c}}`` from calibration rows (``stage``,
+    ``seconds``, ``rate``, ``work_gflop``, ``work_calls``, ``work_slow_gflop``): per stage, the
+    factors ``>= 0`` that minimise the sum of squared ``log(estimate / seconds)`` (the band is a
+    ratio), ``estimate = (a × gflop + b × calls + c × slow_gflop) / rate``, over the terms its rows
+    have. A stage keeps fewer terms than rows (``n`` rows fit ``n`` terms exactly, which says
+    nothing of another shape): the GFLOP term first, then calls, then the slow GFLOP.
+    Deterministic: a grid of the terms' mix (steps of 1/1000 for two terms, 1/200 for three), the
+    scale in closed form (the mean of the logs).
 
     >>> fit_factors([{"stage": "s", "seconds": 2.0, "rate": 10.0, "work_gflop": 4.0, "work_calls": 1}])
-    {'s': {'gflop': 5.0, 'calls': 0.0}}
+    {'s': {'gflop': 5.0, 'calls': 0.0, 'slow_gflop': 0.0}}
     """
-    by: dict[str, list[tuple[float, float, float]]] = {}
+    by: dict[str, list[tuple[float, ...]]] = {}
     for r in rows:
-        if r.get("seconds") and r.get("rate") and (r.get("work_gflop") or r.get("work_calls")):
-            by.setdefault(r["stage"], []).append(
-                (r["seconds"] * r["rate"], r["work_gflop"] or 0.0, r.get("work_calls") or 0.0)
-            )
+        work = (r.get("work_gflop") or 0.0, r.get("work_calls") or 0.0, r.get("work_slow_gflop") or 0.0)
+        if r.get("seconds") and r.get("rate") and any(work):
+            by.setdefault(r["stage"], []).append((r["seconds"] * r["rate"], *work))
     return {s: _fit(v) for s, v in by.items()}
 
 
-def _fit(points: list[tuple[float, float, float]]) -> dict[str, float]:
-    """:func:`fit_factors` of one stage: ``points`` of (reference GFLOP measured, gflop, calls)."""
-    logy = [math.log(y) for y, _, _ in points]
-    g_sum = sum(g for _, g, _ in points) or 1.0
-    c_sum = sum(c for _, _, c in points) or 1.0
-    every_g = all(g > 0 for _, g, _ in points)
-    two = len(points) > 2 and any(c for _, _, c in points) and any(g for _, g, _ in points)
-    mixes = [i / 1000 for i in range(1001)] if two else [1.0 if every_g else 0.0]
+_TERMS = ("gflop", "calls", "slow_gflop")
+
+
+def _fit(points: list[tuple[float, ...]]) -> dict[str, float]:
+    """:func:`fit_factors` of one stage: ``points`` of (reference GFLOP measured, gflop, calls, slow gflop)."""
+    logy = [math.log(p[0]) for p in points]
+    have = [i for i in range(3) if any(p[1 + i] for p in points)][: max(1, len(points) - 1)]
+    sums = [sum(p[1 + i] for p in points) for i in have]
+    n = 1000 if len(have) <= 2 else 200
+    mixes = [(1.0,)] if len(have) == 1 else _simplex(len(have), n)
     best = None
     for w in mixes:
-        m = [w * g / g_sum + (1 - w) * c / c_sum for _, g, c in points]
+        m = [sum(wi * p[1 + i] / s for wi, i, s in zip(w, have, sums)) for p in points]
         if min(m) <= 0:
             continue
         logs = [math.log(x) for x in m]
@@ -162,8 +169,17 @@ def _fit(points: list[tuple[float, float, float]]) -> dict[str, float]:
         if best is None or sse < best[0] - 1e-12:
             best = (sse, w, scale)
     _, w, scale = best
-    k = math.exp(scale)
-    return {"gflop": _sig(w * k / g_sum), "calls": _sig((1 - w) * k / c_sum)}
+    out = dict.fromkeys(_TERMS, 0.0)
+    for wi, i, s in zip(w, have, sums):
+        out[_TERMS[i]] = _sig(wi * math.exp(scale) / s)
+    return out
+
+
+def _simplex(k: int, n: int) -> list[tuple[float, ...]]:
+    """Every mix of ``k`` non-negative weights in steps of ``1/n`` summing to 1."""
+    if k == 1:
+        return [(1.0,)]
+    return [(i / n, *(x * (n - i) / n for x in rest)) for i in range(n + 1) for rest in _simplex(k - 1, n - i or 1)]
 
 
 def duration(s: float) -> str:

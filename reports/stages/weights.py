@@ -119,7 +119,8 @@ class WeightsStage(Stage[WeightsConfig]):
         receivers (Q, K, V per head and KV group: ``2 × d_head² × d_model`` a pair), the null's
         draws (a QR and three products of ``d_model × d_head²`` each, per draw and family), the head
         baselines' Gaussian heads against the unembedding (``draws`` per layer, ``d_model × vocab``);
-        calls: the null's draws per family (each a QR and its Python, whatever the shape)."""
+        calls: the null's draws per family (each a QR and its Python, whatever the shape); the null's
+        GFLOP are its slow GFLOP (QR factorisations, not batched products: their own factor)."""
         from headscope.analyses.circuits.weights.composition import FAMILIES
         from headscope.reports.stages.clock import Work
 
@@ -128,7 +129,7 @@ class WeightsStage(Stage[WeightsConfig]):
         pairs = L * (L - 1) // 2 * h * (3 * h + 2 * kv)
         nulls = len(FAMILIES) * cfg.null * 8 * d * k * k
         heads = L * (cfg.draws + h) * 2 * k * d * max(1, s.vocab_size) / 64  # the unembedding in chunks of rows
-        return Work((pairs * 2 * k * k * d + nulls + heads) / 1e9, len(FAMILIES) * cfg.null)
+        return Work((pairs * 2 * k * k * d + heads) / 1e9, len(FAMILIES) * cfg.null, nulls / 1e9)
 
     def plan(self, ctx: RunContext, cfg: WeightsConfig) -> list[WorkingSet]:
         from headscope.reports.stages.plans import weights_stage

@@ -18,8 +18,12 @@ __all__ = ["TIMED_CASES", "case_time_rows", "replan_time", "time_lines", "time_s
 def work_fields(work) -> dict:
     """A time row's ``work_gflop`` and ``work_calls`` (:class:`~headscope.reports.stages.clock.Work`)."""
     if work is None:
-        return {"work_gflop": None, "work_calls": None}
-    return {"work_gflop": round(work.gflop, 3), "work_calls": round(work.calls, 1)}
+        return {"work_gflop": None, "work_calls": None, "work_slow_gflop": None}
+    return {
+        "work_gflop": round(work.gflop, 3),
+        "work_calls": round(work.calls, 1),
+        "work_slow_gflop": round(work.slow_gflop, 3),
+    }
 
 
 #: calibration cases whose stage joins the time fit (a stage the default reports leave off): case name ->
@@ -98,15 +102,15 @@ def time_section(rows: list[dict]) -> dict:
     factors = fit_factors(rows)
     out = []
     for r in rows:
-        work = Work(r["work_gflop"] or 0.0, r.get("work_calls") or 0.0)
-        est = seconds(r["stage"], work, r["rate"], factors) if (work.gflop or work.calls) else None
+        work = Work(r["work_gflop"] or 0.0, r.get("work_calls") or 0.0, r.get("work_slow_gflop") or 0.0)
+        est = seconds(r["stage"], work, r["rate"], factors) if (work.gflop or work.calls or work.slow_gflop) else None
         ratio = None if est is None or not r["seconds"] else round(est / r["seconds"], 3)
         out.append(r | {"estimate_s": None if est is None else round(est, 1), "ratio": ratio})
     return {"band": TIME_BAND, "factors": factors, "rows": out}
 
 
 def time_lines(time_doc: dict | None) -> list[str]:
-    """The time tables of a calibration document: per stage, its two fitted factors
+    """The time tables of a calibration document: per stage, its fitted factors
     (:func:`~headscope.reports.stages.clock.fit_factors`) and its rows' range of estimate /
     measured; then per row, its work (GFLOP and calls), the rate, the estimate, the measured CPU
     seconds and their ratio."""
@@ -115,23 +119,26 @@ def time_lines(time_doc: dict | None) -> list[str]:
     rows = [r for r in time_doc["rows"] if r["ratio"] is not None]
     lines = [
         "",
-        "| stage | reference GFLOP per GFLOP | reference GFLOP per call | rows | estimate / measured |",
-        "|---|---:|---:|---:|---|",
+        "| stage | reference GFLOP per GFLOP | reference GFLOP per call | per slow GFLOP | rows | estimate / measured |",
+        "|---|---:|---:|---:|---:|---|",
     ]
     for stage, f in time_doc["factors"].items():
         ratios = [r["ratio"] for r in rows if r["stage"] == stage]
         span = f"{min(ratios):.2f}" if len(ratios) == 1 else f"{min(ratios):.2f} to {max(ratios):.2f}"
-        lines.append(f"| {stage} | {f['gflop']:.4g} | {f['calls']:.4g} | {len(ratios)} | {span} |")
+        lines.append(
+            f"| {stage} | {f['gflop']:.4g} | {f['calls']:.4g} | {f['slow_gflop']:.4g} | {len(ratios)} | {span} |"
+        )
     lines += [
         "",
-        "| case | stage | work GFLOP | calls | rate GFLOP/s | estimate s | measured s | estimate / measured |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| case | stage | work GFLOP | calls | slow GFLOP | rate GFLOP/s | estimate s | measured s | estimate / measured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in time_doc["rows"]:
         est = "-" if r["estimate_s"] is None else f"{r['estimate_s']:.1f}"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         lines.append(
-            f"| {r['case']} | {r['stage']} | {r['work_gflop']:.1f} | {r.get('work_calls') or 0:,.0f} | {r['rate']:.1f} "
+            f"| {r['case']} | {r['stage']} | {r['work_gflop']:.1f} | {r.get('work_calls') or 0:,.0f} "
+            f"| {r.get('work_slow_gflop') or 0:.1f} | {r['rate']:.1f} "
             f"| {est} | {r['seconds']:.1f} | {ratio} |"
         )
     if rows:
