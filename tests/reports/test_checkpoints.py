@@ -234,8 +234,8 @@ def test_the_docs_quote_the_regenerated_example():
     assert figs["roles.upstream"]["value"] == 0.0 and figs["matching.tiny"]["value"] == {"0": 1, "1": 3, "2": 5}
 
 
-# The Ray run goes in its own process: a session that already holds a Ray cluster (the sharded-stage
-# tests' two workers hold both its CPUs) would queue the jobs' tasks behind those actors for ever.
+# The Ray runs go in their own process: a session that already holds a Ray cluster (the sharded-stage
+# tests' pools hold every CPU of it) would queue the jobs' tasks behind those actors for ever.
 _RAY_RUN = """
 import json, pickle, sys
 from headscope.reports import checkpoint_report
@@ -245,30 +245,106 @@ r = checkpoint_report.compare_checkpoints(cks, cfg, out, ray=RayConfig(workers=2
 print(json.dumps(sorted(r.failed)))
 """
 
+# the tiny checkpoint's worker killed once it has claimed its report folder (its pid in the folder's
+# lock, ``.tiny.lock``, while its analyses run); the pid that claims it next is the retry's
+_RAY_KILL = """
+import json, os, pickle, signal, sys, threading, time
+from pathlib import Path
+from headscope.reports import checkpoint_report
+from headscope.reports.stages.sharded import RayConfig
+cks, cfg, out = pickle.load(open(sys.argv[1], "rb"))
+lock, pids, done = Path(out) / ".tiny.lock", [], threading.Event()
 
-@pytest.mark.slow  # a local Ray cluster: ~40 s on a loaded 2-core machine
-def test_on_ray_the_jobs_write_what_they_write_in_one_process(ckpts, tmp_path):
-    """Two checkpoints and a broken one as Ray tasks on two workers (a fresh process, its own local
-    cluster): the same tables as one process, the broken one counted."""
-    pytest.importorskip("ray")
+def ray_worker(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"ray::")
+    except OSError:
+        return False
+
+def watch():
+    while not done.is_set():
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and pid not in pids and ray_worker(pid):
+            pids.append(pid)
+            if len(pids) == 1:
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.02)
+
+threading.Thread(target=watch, daemon=True).start()
+notices = []
+r = checkpoint_report.compare_checkpoints(cks, cfg, out, ray=RayConfig(workers=2), notice=notices.append)
+done.set()
+print(json.dumps({"failed": sorted(r.failed), "pids": pids, "notices": notices}))
+"""
+
+
+@pytest.fixture(scope="module")
+def on_one(ckpts, tmp_path_factory):
+    """The tiny and the broken checkpoint (stages made small) in one process: ``(checkpoints,
+    config, result, out)``, what the Ray runs must reproduce."""
+    from headscope.analyses.roles.pipeline import default_text
+    from headscope.reports.stages.config import RunConfig
+
+    tmp = tmp_path_factory.mktemp("on_one")
+    text = tmp / "text.txt"
+    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:12]), encoding="utf-8")
+    cks = read_checkpoints([str(ckpts / "tiny"), str(ckpts / "broken")])
+    cfg = _small(RunConfig(only=("roles", "pruning")), text)
+    return cks, cfg, checkpoint_report.compare_checkpoints(cks, cfg, tmp / "one"), tmp / "one"
+
+
+def _in_a_process(script: str, cks, cfg, out: Path) -> str:
+    """``script`` run on ``(cks, cfg, out)`` in a fresh Python (its own local Ray cluster): its last line."""
     import pickle
     import subprocess
     import sys
 
-    from headscope.analyses.roles.pipeline import default_text
-    from headscope.reports.stages.config import RunConfig
-
-    text = tmp_path / "text.txt"
-    text.write_text("".join(open(default_text(), encoding="utf-8").readlines()[:12]), encoding="utf-8")
-    cks = read_checkpoints([str(ckpts / "tiny"), str(ckpts / "broken")])
-    cfg = _small(RunConfig(only=("roles", "pruning")), text)
-    one = checkpoint_report.compare_checkpoints(cks, cfg, tmp_path / "one")
-    job = tmp_path / "job.pkl"
-    job.write_bytes(pickle.dumps((cks, cfg, tmp_path / "ray")))
-    run = subprocess.run([sys.executable, "-c", _RAY_RUN, str(job)], capture_output=True, text=True, timeout=600)
+    job = out.with_name(out.name + ".pkl")
+    job.write_bytes(pickle.dumps((cks, cfg, out)))
+    run = subprocess.run([sys.executable, "-c", script, str(job)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert sorted(one.failed) == json.loads(run.stdout.strip().splitlines()[-1]) == ["broken"]
-    for name in ("checkpoint_heads", "role_emergence"):
-        mine = pd.read_parquet(tmp_path / "one" / "tables" / f"{name}.parquet")
-        theirs = pd.read_parquet(tmp_path / "ray" / "tables" / f"{name}.parquet")
-        assert theirs.equals(mine), name
+    return run.stdout.strip().splitlines()[-1]
+
+
+def _same_tables(mine: Path, theirs: Path, names=("checkpoint_heads", "role_emergence")) -> None:
+    for name in names:
+        a, b = (pd.read_parquet(d / "tables" / f"{name}.parquet") for d in (mine, theirs))
+        assert b.equals(a), name
+
+
+@pytest.mark.slow  # a local Ray cluster: ~40 s on a loaded 2-core machine
+def test_on_ray_the_jobs_write_what_they_write_in_one_process(on_one, tmp_path):
+    """Two checkpoints and a broken one as Ray tasks on two workers (a fresh process, its own local
+    cluster): the same tables as one process, the broken one counted."""
+    pytest.importorskip("ray")
+    cks, cfg, one, one_out = on_one
+    failed = json.loads(_in_a_process(_RAY_RUN, cks, cfg, tmp_path / "ray"))
+    assert sorted(one.failed) == failed == ["broken"]
+    _same_tables(one_out, tmp_path / "ray")
+
+
+@pytest.mark.slow  # a local Ray cluster, one job run twice: ~60 s on a loaded 2-core machine
+def test_a_job_whose_worker_is_killed_runs_again_on_another_once(on_one, tmp_path):
+    """The tiny checkpoint's Ray worker killed (``SIGKILL``) while its analyses run: Ray runs the job
+    again on another worker; its report and the comparison equal the one-process run's, and nothing is
+    written twice: the checkpoint is told once, its folder holds what one process writes (no
+    half-written staging folder of the killed worker beside it, no second copy)."""
+    pytest.importorskip("ray")
+    cks, cfg, one, one_out = on_one
+    out = tmp_path / "ray"
+    got = json.loads(_in_a_process(_RAY_KILL, cks, cfg, out))
+    killed, *again = got["pids"]
+    assert len(again) == 1 and again[0] != killed, got  # claimed again by one other worker process
+    assert got["failed"] == sorted(one.failed) == ["broken"]
+    assert [n.split(":")[0] for n in got["notices"]] == ["tiny", "broken"], got["notices"]
+    assert "report written" in got["notices"][0]
+    _same_tables(one_out, out)
+    _same_tables(one_out / "tiny", out / "tiny", names=("roles", "prune_ablation"))
+
+    def files(root):
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+    assert files(out) == files(one_out)  # no staging folder, lock or second copy left
