@@ -8,7 +8,9 @@ workers`` CPUs as its torch (and BLAS) threads, so workers × threads ≤ cores;
 own checkpoint by path (the path must be readable from every node: a shared folder on a cluster).
 The stages inside a job run in that task's process (a job's own ``RunConfig.ray`` is dropped: the
 checkpoints are the parallel unit here, not the stages' items). A task whose worker dies is run
-once more by Ray; a job that raises is recorded as failed with its error's first line.
+once more by Ray; a job that raises is recorded as failed with its error's first line. Jobs that
+wait for CPUs other work holds are waited for with a warning naming the CPUs asked and free
+(:func:`~headscope.reports.stages.sharded.wait_get`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,23 @@ def run_jobs(checkpoints: list[Checkpoint], config: RunConfig, out: Path, *, ray
     return _on_ray(checkpoints, config, out, ray, notice)
 
 
+def _unplaced(ray, refs, pool) -> str | None:
+    """A line when jobs may be waiting for CPUs that other work holds: fewer free than one job asks
+    for, and more held than this run's unfinished jobs can hold; else None."""
+    unfinished = len(refs) - len(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+    total, free = ray.cluster_resources().get("CPU", 0), ray.available_resources().get("CPU", 0)
+    ours = min(unfinished, pool.workers) * pool.threads  # the most this run's running jobs hold
+    others = total - free - ours
+    if unfinished == 0 or free >= pool.threads or others <= 0:
+        return None
+    where = pool.config.address or "the local Ray cluster"
+    return (
+        f"Ray cannot start every checkpoint job yet: each asks for {pool.threads} CPU; {where} has "
+        f"{free:g} of {total:g} CPUs free and other jobs' actors or tasks hold at least {others:g}; "
+        f"{unfinished} job(s) wait or run"
+    )
+
+
 def _result(ck: Checkpoint, out: Path, r: dict, notice) -> JobResult:
     res = JobResult(checkpoint=ck, out_dir=out / ck.label, ok=r["ok"], error=r["error"], seconds=r["seconds"])
     if notice is not None:
@@ -91,7 +110,7 @@ def _on_ray(checkpoints, config, out, ray_config, notice) -> list[JobResult]:
     """The jobs as Ray tasks (``--workers`` at a time); the cluster joined or started by
     :class:`~headscope.reports.stages.sharded.ShardPool` (a bad address or worker count refused in
     one line before any job runs)."""
-    from headscope.reports.stages.sharded import ShardPool
+    from headscope.reports.stages.sharded import ShardPool, wait_get
 
     pool = ShardPool(ray_config, load={}).connect()
     try:
@@ -104,7 +123,7 @@ def _on_ray(checkpoints, config, out, ray_config, notice) -> list[JobResult]:
         results = []
         for ck, ref in zip(checkpoints, refs):
             try:
-                r = ray.get(ref)
+                r = wait_get(ray, ref, lambda: _unplaced(ray, refs, pool), ray_config.notice_after)
             except ray.exceptions.RayError as e:  # the worker died twice: this checkpoint failed
                 r = {"ok": False, "error": f"Ray: {_first_line(e)}", "seconds": float("nan")}
             results.append(_result(ck, out, r, notice))

@@ -18,6 +18,9 @@ Memory: where the run has a memory plan (``ctx.shape`` and the stages' working s
 also asks Ray for the plan's peak (:func:`worker_memory`: the weights, loaded, and the largest
 working set), so Ray places no more workers on a node than its memory holds; a cluster whose
 memory cannot host one is refused in one line.
+Waiting: workers Ray cannot place (another job's actors or tasks hold the CPUs or memory they
+ask for) are waited for, as Ray does, but not silently: after ``notice_after`` seconds (5) a
+warning names how many wait, what each asks for and what the cluster has free, once a minute.
 Faults: a part whose worker dies (or that raises) is run once more (the actor is restarted by Ray,
 loading the model again); a part failing twice fails the stage with the part named, and the runner
 records the stage as failed while the other stages still run.
@@ -49,6 +52,7 @@ __all__ = [
     "StageWorker",
     "contiguous",
     "import_ray",
+    "wait_get",
     "worker_memory",
 ]
 
@@ -64,18 +68,23 @@ class RayConfig:
     """``--ray``: ``workers`` (None: one per CPU of the cluster), ``address`` (``--ray-address``:
     ``HOST:PORT`` of a cluster's head, ``ray://HOST:PORT``, or ``auto``; None: start a local
     cluster), ``connect_timeout``: seconds to reach ``address`` before giving up, ``threads``:
-    torch threads (and Ray CPUs) per worker (None: ``cluster CPUs // workers``)."""
+    torch threads (and Ray CPUs) per worker (None: ``cluster CPUs // workers``), ``notice_after``:
+    seconds a run waits on workers (or jobs) that Ray cannot place before it says so (a warning
+    naming the resources asked and free, repeated every minute while it waits)."""
 
     workers: int | None = None
     address: str | None = None
     connect_timeout: float = 5.0
     threads: int | None = None
+    notice_after: float = 5.0
 
     def __post_init__(self):
         if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
             raise ValueError(f"--workers must be an integer >= 1; got {self.workers!r}")
         if self.threads is not None and (isinstance(self.threads, bool) or self.threads < 1):
             raise ValueError(f"threads must be an integer >= 1; got {self.threads!r}")
+        if not self.notice_after > 0:
+            raise ValueError(f"notice_after must be > 0 seconds; got {self.notice_after!r}")
 
 
 def import_ray():
@@ -284,6 +293,19 @@ class ShardPool:
             for _ in range(self.workers)
         ]
 
+    def _unplaced(self) -> str | None:
+        """A line saying how many workers Ray has not placed yet, what each asks for and what the
+        cluster has free; None when every worker is placed (loading its model or running)."""
+        waiting = [a for a in self._actors if not _placed(self.ray, a)]
+        if not waiting:
+            return None
+        asks = {"CPU": self.threads, **({"memory": self.memory} if self.memory else {})}
+        return (
+            f"Ray cannot place {len(waiting)} of the {len(self._actors)} workers yet: each asks for "
+            f"{_resources(asks)}; {self.config.address or 'the local Ray cluster'} has {_free(self.ray)} "
+            "(other jobs' actors or tasks hold the rest); waiting for them to be freed"
+        )
+
     def pids(self, wait: float = 120.0) -> list[int]:
         """The workers' process ids (started if they were not); a worker Ray is restarting (it
         loads the model again) is waited for, up to ``wait`` seconds."""
@@ -333,7 +355,7 @@ class ShardPool:
             retry = {}
             for i, ref in pending.items():
                 try:
-                    results[i] = ray.get(ref)
+                    results[i] = wait_get(ray, ref, self._unplaced, self.config.notice_after)
                 except ray.exceptions.RayError as e:
                     why = _first_line(e)
                     if attempt:
@@ -377,6 +399,53 @@ def _held_stderr():
         os.close(saved)
         held.seek(0)
         sys.stderr.write(held.read().decode(errors="replace"))
+
+
+def wait_get(ray, ref, unplaced, notice_after: float = 5.0, every: float = 60.0):
+    """``ray.get(ref)``, saying why it waits: after ``notice_after`` seconds and then every
+    ``every`` seconds, ``unplaced()`` (a line naming what Ray cannot place, or None when all is
+    placed and merely running) is logged as a warning."""
+    start = time.monotonic()
+    told = None
+    while True:
+        done, _ = ray.wait([ref], timeout=1.0)
+        if done:
+            return ray.get(ref)
+        now = time.monotonic()
+        if now - start >= notice_after and (told is None or now - told >= every):
+            line = unplaced()
+            if line:
+                log.warning("%s (%.0f s so far)", line, now - start)
+                told = now
+
+
+def _placed(ray, actor) -> bool:
+    """Whether Ray has given ``actor`` a worker process (its constructor may still be running):
+    the cluster's actor table has its pid. Where that table cannot be read, True (nothing said)."""
+    try:
+        from ray._private import state
+
+        info = state.actors(actor_id=actor._actor_id.hex())
+        return bool(info.get("Pid")) or info.get("State") not in ("PENDING_CREATION", "DEPENDENCIES_UNREADY")
+    except Exception:  # noqa: BLE001 - a private table: a Ray version without it says nothing
+        return True
+
+
+def _resources(r: dict) -> str:
+    """``{"CPU": 1, "memory": 2**30}`` as ``1 CPU, 1.0 GiB of memory``."""
+    parts = [f"{r['CPU']:g} CPU"] if "CPU" in r else []
+    if r.get("memory"):
+        parts.append(f"{r['memory'] / 2**30:.1f} GiB of memory")
+    return ", ".join(parts)
+
+
+def _free(ray) -> str:
+    """What the cluster has free of what it has: ``0 of 4 CPUs and 9.3 of 12.1 GiB of memory free``."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    line = f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs"
+    if total.get("memory"):
+        line += f" and {free.get('memory', 0) / 2**30:.1f} of {total['memory'] / 2**30:.1f} GiB of memory"
+    return line + " free"
 
 
 def _name(stage: Stage, part) -> str:
