@@ -186,8 +186,9 @@ ioi-roles: bootstrap
 checkpoints: bootstrap
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 $(PY) -m headscope.reports.tools.experiments.checkpoint_figures
 
-# The bench's Ray row (issue #45): the roles stage's text groups on MiniLM-L6 in one process and over two Ray workers
-# of one thread each (wall, and whether every table equals the single run), into data/figures/ray_bench.json
+# The bench's Ray rows (issue #45): the roles stage's text groups on SmolLM2 in one process, on one Ray worker and
+# over two, one thread each (Ray's overhead and the 2-worker speed-up as targets of one run, and whether every
+# table equals the single run), into data/figures/ray_bench.json
 .PHONY: ray-bench
 ray-bench: bootstrap
-	OMP_NUM_THREADS=1 .venv/bin/headscope bench minilm-l6 --paths roles roles_ray2 --sentences 256 --repeats 2 --json > data/figures/ray_bench.json
+	OMP_NUM_THREADS=1 .venv/bin/headscope bench smollm2-135m --paths roles_stage roles_ray1 roles_ray2 --sentences 64 --batch 8 --repeats 2 --json > data/figures/ray_bench.json

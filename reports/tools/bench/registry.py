@@ -21,9 +21,10 @@ path                            what runs
                                 tokenising, word alignment, bucketing and the capture, the
                                 same work ``roles`` does before any statistic
 ``roles``                       ``analyses.roles.head_roles`` text roles over the same sentences
-``roles_ray2``                  the roles stage's text groups on the same sentences, sharded over
-                                two Ray workers (:mod:`~headscope.reports.tools.bench.ray_paths`);
-                                the note: tables equal to one process, and its seconds
+``roles_stage``                 the roles stage's text groups on the same sentences, in this process
+``roles_ray1``                  the same on one Ray worker (``--ray --workers 1``: Ray's overhead)
+``roles_ray2``                  the same sharded over two Ray workers (:mod:`~headscope.reports.tools.bench.ray_paths`);
+                                the notes: tables equal to one process
 ``ablation_separate``           zero-ablating every head alone, one full forward per head
 ``ablation_batched``            the same, as ``single_head_ablation`` runs it: every head's mask
                                 in one call, replicas of a batch each running the layers from its
@@ -102,6 +103,8 @@ PATHS: dict[str, BenchPath] = {
         "capture of all patterns from raw text (probes.capture.stream, no reducer)", cap.capture_stream
     ),
     "roles": BenchPath("all text role statistics (analyses.roles.head_roles)", cap.roles),
+    "roles_stage": BenchPath("the roles stage's text groups in this process", ray_paths.roles_stage),
+    "roles_ray1": BenchPath("the roles stage's text groups on 1 Ray worker (--ray --workers 1)", ray_paths.roles_ray1),
     "roles_ray2": BenchPath(
         "the roles stage's text groups sharded over 2 Ray workers (--ray --workers 2)", ray_paths.roles_ray2
     ),

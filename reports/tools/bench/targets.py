@@ -122,6 +122,22 @@ RATIO_TARGETS: tuple[RatioTarget, ...] = (
         False,
         "time ratio; every edge's score against (steps + 1) forward + backward passes of the same batch (#42)",
     ),
+    RatioTarget(
+        "Ray 1 worker / one process <= 1.15",
+        "roles_ray1",
+        "roles_stage",
+        1.15,
+        False,
+        "time ratio; the roles stage's text groups, 1 thread each, the same sentences (#45)",
+    ),
+    RatioTarget(
+        "one process / Ray 2 workers > 1",
+        "roles_stage",
+        "roles_ray2",
+        1.0,
+        True,
+        "speed-up of 2 one-thread workers on 2 cores, measured in the same run as the row above (#45)",
+    ),
 )
 
 SECONDS_TARGETS: tuple[SecondsTarget, ...] = (
