@@ -99,6 +99,10 @@ class Role:
     #: its ``feed`` honours ``ctx.part`` (a corpus role always does: the pipeline's stream runs the
     #: part); False: a sharded run feeds it whole on the first part only
     shards: bool = False
+    #: its items are read through the logits: on an encoder (no unembedding) it has none and runs no
+    #: forward, so the memory plan holds no working set for it there
+    #: (:func:`~headscope.reports.stages.plans.roles_stages`)
+    needs_logits: bool = False
 
     def __post_init__(self):
         if self.corpus not in CORPORA:

@@ -355,6 +355,7 @@ ROLE_DEF = Role(
     finish=finish,
     items=probe_items,
     feed=feed,
+    needs_logits=True,
     shards=True,
     options=("items", "vocab_ids"),
     generated=lambda cfg: (2 * cfg.induction_seq_len + 1, min(cfg.induction_n_sequences, MAX_SEQUENCES)),

@@ -456,6 +456,7 @@ ROLE_DEF = Role(
     finish=finish,
     items=probe_items,
     feed=feed,
+    needs_logits=True,
     options=("tasks", "template", "n_demos", "n_prompts", "layers", "items"),
     shards=True,
     generated=_generated,

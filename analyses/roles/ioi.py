@@ -359,6 +359,7 @@ ROLE_DEF = Role(
     finish=finish,
     items=probe_items,
     feed=feed,
+    needs_logits=True,
     options=("items",),
     shards=True,
     generated=lambda cfg: (40, cfg.ioi_n_items),

@@ -284,6 +284,7 @@ ROLE_DEF = Role(
     finish=finish,
     items=probe_items,
     feed=feed,
+    needs_logits=True,
     shards=True,
     options=("sets", "items"),
     generated=lambda cfg: (cfg.induction_seq_len + 1, cfg.induction_n_sequences),

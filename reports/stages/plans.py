@@ -126,9 +126,11 @@ def shape_of_model(model, dtype: str) -> Shape | None:
 
 
 def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> list[WorkingSet]:
-    """One stage per corpus the role ``groups`` stream (text, syntactic, coreference) and one for
-    induction's generated sequences, at ``cfg.batch_size`` with every layer's patterns kept; no
-    logits (:func:`~headscope.probes.capture.run_batch` does not unembed what no role reads)."""
+    """One stage per corpus the role ``groups`` stream (text, syntactic, coreference) and one per
+    generated role, at ``cfg.batch_size`` with every layer's patterns kept; no logits
+    (:func:`~headscope.probes.capture.run_batch` does not unembed what no role reads). A generated
+    role read through the logits (:attr:`~headscope.analyses.roles.base.Role.needs_logits`) has no
+    items on an encoder, and no working set there."""
     from headscope.analyses.roles.base import REGISTRY
 
     max_tokens, max_cells = _stream_caps()
@@ -148,7 +150,7 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
     for corpus, gs in corpora.items():
         if corpus == "generated":  # each generated role says how long its sequences are
             for g in gs:
-                if REGISTRY[g].generated is not None:
+                if REGISTRY[g].generated is not None and (shape.causal or not REGISTRY[g].needs_logits):
                     out.append(WorkingSet(name=g, longest=REGISTRY[g].generated(cfg)[0], **common))
             continue
         items = inputs.get(corpus)

@@ -83,6 +83,9 @@ class Case:
     batch: float = 1.0
     items: dict = field(default_factory=dict)
     only: tuple = ()  # these stages alone (empty: every registered one)
+    #: role corpus -> how many of its longest items the roles stage reads (the largest batch, the one the
+    #: plan sizes, is made of them); empty: the shipped corpora whole
+    corpora: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -113,6 +116,26 @@ CASES: tuple[Case, ...] = (
     # the weights stage at d_head 256, its composition nulls on 64 draws (of 1,000): each null is drawn in
     # blocks of 16 draws (16 MiB a matrix) whatever their number, so the working set is the default's
     Case("llama-dhead256", only=("roles", "weights"), items={"weights": {"null": 64}}),
+    # Qwen2-0.5B's shape as a GGUF (F16, random weights: :func:`~.qwen_gguf.qwen05_gguf`), every default stage
+    # in one run (~30 min of one core). Cut where the peak is one batch's whatever the items' number: the role
+    # corpora to their 48 longest items each (the largest batch, 32 of the longest, is the one the plan sizes)
+    # and 32 generated sequences (one batch: successor, induction and copy suppression read as many); the
+    # pruning study on 8 items (its masked replicas, 64 rows a forward, are the working set); the weights'
+    # nulls and Gaussian heads on 64 and 20 draws (drawn in blocks of 16 MiB and 8 MiB, 18 draws at this shape,
+    # whatever their number); the long-context roles on 4 needle items (each its own forward at batch 1); the
+    # contextualisation on its first 6 words. Patching runs as the report runs it (quick: 4 items a task).
+    Case(
+        "qwen2-0.5b-gguf",
+        items={
+            "roles": {"induction_n_sequences": 32},
+            "pruning": {"n_items": 8},
+            "weights": {"null": 64, "draws": 20},
+            "kv": {"role_items": 4},
+            "context": {"max_words": 6},
+        },
+        only=("roles", "pruning", "patching", "weights", "kv", "context"),
+        corpora={"text": 48, "conllu": 48, "coref": 48},
+    ),
 )
 
 #: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
@@ -150,6 +173,48 @@ def shape_dir(name: str) -> Path:
     return out
 
 
+#: GGUF calibration checkpoints: name -> the function that writes it once under the cache and returns its path
+GGUFS = {"qwen2-0.5b-gguf": "headscope.reports.tools.bench.qwen_gguf:qwen05_gguf"}
+
+
+def case_model(name: str) -> str:
+    """The MODEL argument of a case's ``model``: a :data:`SHAPES` folder, a :data:`GGUFS` file (each
+    written once under the cache), else the name itself (a shipped checkpoint)."""
+    import importlib
+
+    if name in SHAPES:
+        return str(shape_dir(name))
+    if name in GGUFS:
+        module, _, fn = GGUFS[name].partition(":")
+        return str(getattr(importlib.import_module(module), fn)())
+    return name
+
+
+def longest_items(keep: dict) -> dict:
+    """The shipped role corpora (text lines, CoNLL-U sentences, coreference items) cut to the
+    ``keep[corpus]`` longest items of each (UTF-8 bytes of their words), in their order in the
+    files: as the roles stage's ``role_inputs``. ``{}`` for ``{}``."""
+    from headscope.analyses.roles.pipeline import check_roles
+    from headscope.reports.stages.plans import role_corpora
+
+    if not keep:
+        return {}
+    full = role_corpora(check_roles(None), None)
+    units = {
+        "text": lambda c: list(c.lines),
+        "conllu": lambda c: [s for doc in c for s in doc.sentences],
+        "coref": lambda c: list(c.items),
+    }
+    size = {"text": lambda t: len(t.encode()), "conllu": lambda s: len(" ".join(s.words).encode())}
+    size["coref"] = size["conllu"]
+    out = {}
+    for corpus, n in keep.items():
+        items = units[corpus](full[corpus])
+        longest = sorted(range(len(items)), key=lambda i: size[corpus](items[i]), reverse=True)[:n]
+        out[corpus] = [items[i] for i in sorted(longest)]
+    return out
+
+
 def _scaled(cfg, case: Case, stage: str):
     """``cfg`` with its batch sizes times ``case.batch`` (at least 1) and the case's item subset."""
     names = {f.name for f in fields(cfg)}
@@ -164,8 +229,10 @@ def _plan_case(case: Case, progress=None):
     from headscope.reports.stages.config import RunConfig
     from headscope.reports.stages.runner import open_context, plan_memory
 
-    model = str(shape_dir(case.model)) if case.model in SHAPES else case.model
-    config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES))
+    model = case_model(case.model)
+    config = RunConfig(
+        dtype=case.dtype, backend="auto", on=tuple(registry.STAGES), role_inputs=longest_items(case.corpora) or None
+    )
     ctx, extra = open_context(model, config, progress=progress)
     stages = list(registry.STAGES.values())
     cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}
