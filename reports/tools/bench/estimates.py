@@ -97,6 +97,23 @@ class Case:
 #: working set of one is the same), the pruning study of a decoder on 8 items
 _SUBSET = {"context": {"max_words": 6}}
 _SMOL_SUBSET = {**_SUBSET, "pruning": {"n_items": 8}}
+#: the Qwen2-0.5B GGUF's cuts, each where the peak is one batch's whatever the items' number: 32 generated
+#: sequences (one batch: successor, induction and copy suppression read as many; function vectors keep their
+#: 5 prompts a task, whose number sets the rows of their patched re-runs); the pruning study on 8 items (its
+#: masked replicas, 64 rows a forward, are the working set); the weights' nulls and Gaussian heads on 64 and
+#: 20 draws (drawn in blocks of 16 MiB and 8 MiB, 18 draws at this shape, whatever their number); the
+#: long-context roles on 4 needle items (each its own forward at batch 1); the contextualisation on its first
+#: 6 words. Patching runs as the report runs it (quick: 4 items a task, a KV group a unit).
+_QWEN05_SUBSET = {
+    "roles": {"induction_n_sequences": 32},
+    "pruning": {"n_items": 8},
+    "weights": {"null": 64, "draws": 20},
+    "kv": {"role_items": 4},
+    "context": {"max_words": 6},
+}
+#: ... and the role corpora on their 48 longest items each (the largest batch, 32 of the longest, is the
+#: one the plan sizes; the reducers' per-item values are a few KiB)
+_QWEN05_CORPORA = {"text": 48, "conllu": 48, "coref": 48}
 CASES: tuple[Case, ...] = (
     Case("minilm-l6", items=_SUBSET),
     Case("minilm-l6", batch=0.25, items=_SUBSET),
@@ -116,26 +133,10 @@ CASES: tuple[Case, ...] = (
     # the weights stage at d_head 256, its composition nulls on 64 draws (of 1,000): each null is drawn in
     # blocks of 16 draws (16 MiB a matrix) whatever their number, so the working set is the default's
     Case("llama-dhead256", only=("roles", "weights"), items={"weights": {"null": 64}}),
-    # Qwen2-0.5B's shape as a GGUF (F16, random weights: :func:`~.qwen_gguf.qwen05_gguf`), every default stage
-    # in one run (~30 min of one core). Cut where the peak is one batch's whatever the items' number: the role
-    # corpora to their 48 longest items each (the largest batch, 32 of the longest, is the one the plan sizes)
-    # and 32 generated sequences (one batch: successor, induction and copy suppression read as many); the
-    # pruning study on 8 items (its masked replicas, 64 rows a forward, are the working set); the weights'
-    # nulls and Gaussian heads on 64 and 20 draws (drawn in blocks of 16 MiB and 8 MiB, 18 draws at this shape,
-    # whatever their number); the long-context roles on 4 needle items (each its own forward at batch 1); the
-    # contextualisation on its first 6 words. Patching runs as the report runs it (quick: 4 items a task).
-    Case(
-        "qwen2-0.5b-gguf",
-        items={
-            "roles": {"induction_n_sequences": 32},
-            "pruning": {"n_items": 8},
-            "weights": {"null": 64, "draws": 20},
-            "kv": {"role_items": 4},
-            "context": {"max_words": 6},
-        },
-        only=("roles", "pruning", "patching", "weights", "kv", "context"),
-        corpora={"text": 48, "conllu": 48, "coref": 48},
-    ),
+    # Qwen2-0.5B's shape as a GGUF (F16, random weights: :func:`~.qwen_gguf.qwen05_gguf`), its default stages in
+    # two runs (~10 min of one core each, :data:`_QWEN05_SUBSET`): the forward stages, then patching and weights
+    Case("qwen2-0.5b-gguf", items=_QWEN05_SUBSET, only=("roles", "pruning", "kv", "context"), corpora=_QWEN05_CORPORA),
+    Case("qwen2-0.5b-gguf", items=_QWEN05_SUBSET, only=("patching", "weights")),
 )
 
 #: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
@@ -525,7 +526,7 @@ def _report_child(model: str, progress=None, timeout: float = 3600) -> dict:
         return json.loads((Path(tmp) / "m.json").read_text(encoding="utf-8"))
 
 
-def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 1800, progress=None) -> list[dict]:
+def calibrate(cases=CASES, out: Path | None = None, *, timeout: float = 3600, progress=None) -> list[dict]:
     """Run every case (each in its own process) -> the rows; written as JSON to ``out`` (None: not
     written) with the band and the machine, replacing the rows of the cases run and keeping the others."""
     import os

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["QWEN05", "qwen05_gguf"]
+__all__ = ["QWEN05", "qwen05_gguf", "write_qwen05_gguf"]
 
 
 #: the GGUF calibration shape: Qwen2-0.5B's sizes (494 M parameters, a 151,936-entry vocabulary)
@@ -20,14 +20,24 @@ def qwen05_gguf() -> Path:
     package: random F16 weights (normal, std 0.02, seed 0; norms 1), tied embeddings, q/k/v biases,
     and SmolLM2-135M's byte-level BPE tokenizer with its vocabulary padded to 151,936 entries
     (tokens no merge reaches), so texts tokenize as a real byte-level BPE tokenizes them. ~1 GB."""
+    from headscope.probes.models.checkpoints import cache_dir
+
+    out = cache_dir() / "calibration" / "qwen2-0.5b-shape-f16.gguf"
+    if not out.exists():
+        write_qwen05_gguf(out)
+    return out
+
+
+def write_qwen05_gguf(out: Path, *, weights: bool = True) -> Path:
+    """Write :func:`qwen05_gguf`'s file to ``out`` -> ``out``. ``weights=False``: the same metadata and
+    tensor table, the tensors' bytes left as a hole of zeros (a sparse file: nothing written, ~1 GB
+    apparent) and SmolLM2-135M's 49,152 tokens unpadded (no text reaches the padding; the metadata's
+    ``vocab_size`` still says 151,936), for what reads the header alone (a memory plan)."""
     import gguf
     import numpy as np
 
-    from headscope.probes.models.checkpoints import cache_dir, resolve
+    from headscope.probes.models.checkpoints import resolve
 
-    out = cache_dir() / "calibration" / "qwen2-0.5b-shape-f16.gguf"
-    if out.exists():
-        return out
     q = QWEN05
     smol = gguf.GGUFReader(str(resolve("smollm2-135m").path))
 
@@ -37,7 +47,7 @@ def qwen05_gguf() -> Path:
 
     tokens = field("tokenizer.ggml.tokens")
     types = field("tokenizer.ggml.token_type")
-    pad = q["vocab"] - len(tokens)
+    pad = q["vocab"] - len(tokens) if weights else 0  # a header alone: vocab_size says 151,936
     tokens, types = tokens + [f"<|unused{i}|>" for i in range(pad)], types + [1] * pad
     tmp = out.with_suffix(".part")
     tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -65,28 +75,47 @@ def qwen05_gguf() -> Path:
     d, k, f = q["d_model"], q["d_head"], q["d_mlp"]
 
     def normal(*shape):
-        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16)
+        if not weights:
+            return np.empty(0, dtype=np.float16), shape
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float16), shape
 
-    w.add_tensor("token_embd.weight", normal(q["vocab"], d))
-    w.add_tensor("output_norm.weight", np.ones(d, dtype=np.float32))
+    def add(name, made):
+        array, shape = made if isinstance(made, tuple) else (made, made.shape)
+        if weights:
+            w.add_tensor(name, array)
+        else:
+            w.add_tensor_info(name, shape, array.dtype, int(np.prod(shape)) * array.itemsize)
+
+    def bias(rows):
+        return (rng.standard_normal(rows, dtype=np.float32) * 0.02) if weights else np.empty(0, np.float32), (rows,)
+
+    add("token_embd.weight", normal(q["vocab"], d))
+    add("output_norm.weight", np.ones(d, dtype=np.float32))
     for i in range(q["n_layers"]):
         b = f"blk.{i}"
-        w.add_tensor(f"{b}.attn_norm.weight", np.ones(d, dtype=np.float32))
-        w.add_tensor(f"{b}.ffn_norm.weight", np.ones(d, dtype=np.float32))
+        add(f"{b}.attn_norm.weight", np.ones(d, dtype=np.float32))
+        add(f"{b}.ffn_norm.weight", np.ones(d, dtype=np.float32))
         for name, rows in (
             ("attn_q", q["n_heads"] * k),
             ("attn_k", q["n_kv_heads"] * k),
             ("attn_v", q["n_kv_heads"] * k),
         ):
-            w.add_tensor(f"{b}.{name}.weight", normal(rows, d))
-            w.add_tensor(f"{b}.{name}.bias", (rng.standard_normal(rows, dtype=np.float32) * 0.02))
-        w.add_tensor(f"{b}.attn_output.weight", normal(d, q["n_heads"] * k))
-        w.add_tensor(f"{b}.ffn_gate.weight", normal(f, d))
-        w.add_tensor(f"{b}.ffn_up.weight", normal(f, d))
-        w.add_tensor(f"{b}.ffn_down.weight", normal(d, f))
+            add(f"{b}.{name}.weight", normal(rows, d))
+            add(f"{b}.{name}.bias", bias(rows))
+        add(f"{b}.attn_output.weight", normal(d, q["n_heads"] * k))
+        add(f"{b}.ffn_gate.weight", normal(f, d))
+        add(f"{b}.ffn_up.weight", normal(f, d))
+        add(f"{b}.ffn_down.weight", normal(d, f))
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    if weights:
+        w.write_tensors_to_file()
+    else:  # the table, its padding, then the tensors' padded bytes as a hole
+        w.write_ti_data_to_file()
+        fout = w.fout[0]
+        w.write_padding(fout, fout.tell())
+        size = sum(gguf.GGUFWriter.ggml_pad(t.nbytes, w.data_alignment) for t in w.tensors[0].values())
+        fout.truncate(fout.tell() + size)
     w.close()
     tmp.rename(out)
     return out
