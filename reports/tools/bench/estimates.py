@@ -27,6 +27,8 @@ import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from headscope.reports.tools.bench.case_inputs import QWEN05_CORPORA, QWEN05_ITEMS, case_model, longest_items
+
 log = logging.getLogger(__name__)
 
 __all__ = ["BAND", "CASES", "SHAPES", "Case", "calibrate", "in_band", "run_case"]
@@ -97,23 +99,6 @@ class Case:
 #: working set of one is the same), the pruning study of a decoder on 8 items
 _SUBSET = {"context": {"max_words": 6}}
 _SMOL_SUBSET = {**_SUBSET, "pruning": {"n_items": 8}}
-#: the Qwen2-0.5B GGUF's cuts, each where the peak is one batch's whatever the items' number: 32 generated
-#: sequences (one batch: successor, induction and copy suppression read as many; function vectors keep their
-#: 5 prompts a task, whose number sets the rows of their patched re-runs); the pruning study on 8 items (its
-#: masked replicas, 64 rows a forward, are the working set); the weights' nulls and Gaussian heads on 64 and
-#: 20 draws (drawn in blocks of 16 MiB and 8 MiB, 18 draws at this shape, whatever their number); the
-#: long-context roles on 4 needle items (each its own forward at batch 1); the contextualisation on its first
-#: 6 words. Patching runs as the report runs it (quick: 4 items a task, a KV group a unit).
-_QWEN05_SUBSET = {
-    "roles": {"induction_n_sequences": 32},
-    "pruning": {"n_items": 8},
-    "weights": {"null": 64, "draws": 20},
-    "kv": {"role_items": 4},
-    "context": {"max_words": 6},
-}
-#: ... and the role corpora on their 48 longest items each (the largest batch, 32 of the longest, is the
-#: one the plan sizes; the reducers' per-item values are a few KiB)
-_QWEN05_CORPORA = {"text": 48, "conllu": 48, "coref": 48}
 CASES: tuple[Case, ...] = (
     Case("minilm-l6", items=_SUBSET),
     Case("minilm-l6", batch=0.25, items=_SUBSET),
@@ -133,10 +118,10 @@ CASES: tuple[Case, ...] = (
     # the weights stage at d_head 256, its composition nulls on 64 draws (of 1,000): each null is drawn in
     # blocks of 16 draws (16 MiB a matrix) whatever their number, so the working set is the default's
     Case("llama-dhead256", only=("roles", "weights"), items={"weights": {"null": 64}}),
-    # Qwen2-0.5B's shape as a GGUF (F16, random weights: :func:`~.qwen_gguf.qwen05_gguf`), its default stages in
-    # two runs (~10 min of one core each, :data:`_QWEN05_SUBSET`): the forward stages, then patching and weights
-    Case("qwen2-0.5b-gguf", items=_QWEN05_SUBSET, only=("roles", "pruning", "kv", "context"), corpora=_QWEN05_CORPORA),
-    Case("qwen2-0.5b-gguf", items=_QWEN05_SUBSET, only=("patching", "weights")),
+    # Qwen2-0.5B's shape as a GGUF (F16, random weights), its default stages in two runs of ~10 CPU-minutes
+    # each, cut where the peak is one batch's (:mod:`.case_inputs`): the forward stages, then patching and weights
+    Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("roles", "pruning", "kv", "context"), corpora=QWEN05_CORPORA),
+    Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("patching", "weights")),
 )
 
 #: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
@@ -174,48 +159,6 @@ def shape_dir(name: str) -> Path:
     return out
 
 
-#: GGUF calibration checkpoints: name -> the function that writes it once under the cache and returns its path
-GGUFS = {"qwen2-0.5b-gguf": "headscope.reports.tools.bench.qwen_gguf:qwen05_gguf"}
-
-
-def case_model(name: str) -> str:
-    """The MODEL argument of a case's ``model``: a :data:`SHAPES` folder, a :data:`GGUFS` file (each
-    written once under the cache), else the name itself (a shipped checkpoint)."""
-    import importlib
-
-    if name in SHAPES:
-        return str(shape_dir(name))
-    if name in GGUFS:
-        module, _, fn = GGUFS[name].partition(":")
-        return str(getattr(importlib.import_module(module), fn)())
-    return name
-
-
-def longest_items(keep: dict) -> dict:
-    """The shipped role corpora (text lines, CoNLL-U sentences, coreference items) cut to the
-    ``keep[corpus]`` longest items of each (UTF-8 bytes of their words), in their order in the
-    files: as the roles stage's ``role_inputs``. ``{}`` for ``{}``."""
-    from headscope.analyses.roles.pipeline import check_roles
-    from headscope.reports.stages.plans import role_corpora
-
-    if not keep:
-        return {}
-    full = role_corpora(check_roles(None), None)
-    units = {
-        "text": lambda c: list(c.lines),
-        "conllu": lambda c: [s for doc in c for s in doc.sentences],
-        "coref": lambda c: list(c.items),
-    }
-    size = {"text": lambda t: len(t.encode()), "conllu": lambda s: len(" ".join(s.words).encode())}
-    size["coref"] = size["conllu"]
-    out = {}
-    for corpus, n in keep.items():
-        items = units[corpus](full[corpus])
-        longest = sorted(range(len(items)), key=lambda i: size[corpus](items[i]), reverse=True)[:n]
-        out[corpus] = [items[i] for i in sorted(longest)]
-    return out
-
-
 def _scaled(cfg, case: Case, stage: str):
     """``cfg`` with its batch sizes times ``case.batch`` (at least 1) and the case's item subset."""
     names = {f.name for f in fields(cfg)}
@@ -231,9 +174,8 @@ def _plan_case(case: Case, progress=None):
     from headscope.reports.stages.runner import open_context, plan_memory
 
     model = case_model(case.model)
-    config = RunConfig(
-        dtype=case.dtype, backend="auto", on=tuple(registry.STAGES), role_inputs=longest_items(case.corpora) or None
-    )
+    inputs = longest_items(case.corpora) or None
+    config = RunConfig(dtype=case.dtype, backend="auto", on=tuple(registry.STAGES), role_inputs=inputs)
     ctx, extra = open_context(model, config, progress=progress)
     stages = list(registry.STAGES.values())
     cfgs = {s.name: _scaled(s.config(ctx, None), case, s.name) for s in stages}

@@ -34,7 +34,6 @@ def write_qwen05_gguf(out: Path, *, weights: bool = True) -> Path:
     apparent) and SmolLM2-135M's 49,152 tokens unpadded (no text reaches the padding; the metadata's
     ``vocab_size`` still says 151,936), for what reads the header alone (a memory plan)."""
     import gguf
-    import numpy as np
 
     from headscope.probes.models.checkpoints import resolve
 
@@ -71,6 +70,27 @@ def write_qwen05_gguf(out: Path, *, weights: bool = True) -> Path:
     for key in ("bos", "eos", "padding"):
         getattr(w, f"add_{'pad' if key == 'padding' else key}_token_id")(int(field(f"tokenizer.ggml.{key}_token_id")))
     w.add_add_bos_token(False)
+    _add_tensors(w, q, weights)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    if weights:
+        w.write_tensors_to_file()
+    else:  # the table, its padding, then the tensors' padded bytes as a hole
+        w.write_ti_data_to_file()
+        fout = w.fout[0]
+        w.write_padding(fout, fout.tell())
+        size = sum(gguf.GGUFWriter.ggml_pad(t.nbytes, w.data_alignment) for t in w.tensors[0].values())
+        fout.truncate(fout.tell() + size)
+    w.close()
+    tmp.rename(out)
+    return out
+
+
+def _add_tensors(w, q: dict, weights: bool) -> None:
+    """Every tensor of shape ``q`` into writer ``w``: random F16 matrices (normal, std 0.02, seed 0),
+    norms 1, q/k/v biases; ``weights=False``: their table entries alone."""
+    import numpy as np
+
     rng = np.random.default_rng(0)
     d, k, f = q["d_model"], q["d_head"], q["d_mlp"]
 
@@ -106,16 +126,3 @@ def write_qwen05_gguf(out: Path, *, weights: bool = True) -> Path:
         add(f"{b}.ffn_gate.weight", normal(f, d))
         add(f"{b}.ffn_up.weight", normal(f, d))
         add(f"{b}.ffn_down.weight", normal(d, f))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    if weights:
-        w.write_tensors_to_file()
-    else:  # the table, its padding, then the tensors' padded bytes as a hole
-        w.write_ti_data_to_file()
-        fout = w.fout[0]
-        w.write_padding(fout, fout.tell())
-        size = sum(gguf.GGUFWriter.ggml_pad(t.nbytes, w.data_alignment) for t in w.tensors[0].values())
-        fout.truncate(fout.tell() + size)
-    w.close()
-    tmp.rename(out)
-    return out
