@@ -103,6 +103,9 @@ class Role:
     #: forward, so the memory plan holds no working set for it there
     #: (:func:`~headscope.reports.stages.plans.roles_stages`)
     needs_logits: bool = False
+    #: its own working sets ``plan(shape, cfg) -> [WorkingSet]`` where its forwards are not a stream
+    #: batch of its generated sequences (None: one such batch, ``generated``'s longest)
+    plan: Callable[..., list] | None = None
 
     def __post_init__(self):
         if self.corpus not in CORPORA:

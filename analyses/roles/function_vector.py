@@ -438,6 +438,36 @@ def work(cfg, spec, n_items: int | None = None) -> int:
     return round(n * (2 + REPLICA_COST * 2 * heads * (layers + 1) / (2 * LONGEST)))
 
 
+def plan(shape, cfg) -> list:
+    """The memory plan's working sets of :func:`feed` (``shape`` a :class:`~headscope.probes.budget.Shape`):
+    the prompts' forwards (a group of at most ``cfg.batch_size`` prompts of :data:`LONGEST` tokens: each
+    layer's residual, keys, values and ``z`` the hooks read, and the keys and values of the mean
+    prompts' run kept while the shuffled ones run) and the patched re-runs (their rows, replicas ×
+    prompts up to :data:`MAX_ROWS`: the logits and their softmax, the shuffled run's keys and values kept)."""
+    from headscope.probes.budget import WorkingSet
+
+    b = min(cfg.batch_size, default_prompts(cfg) * len(TASKS))
+    kv = shape.n_layers * LONGEST * 2 * shape.n_kv_heads * shape.d_head * shape.bytes_per  # a prompt's keys, values
+    hooked = shape.n_layers * LONGEST * (shape.d_model + shape.n_heads * shape.d_head) * shape.bytes_per + kv
+    replicas = 2 * shape.n_heads  # the mean's and the control's patch of every head
+    calls = -(-replicas // max(1, MAX_ROWS // b))
+    rows = -(-replicas // calls) * b
+    return [
+        # at the batch asked (a group holds at most that many prompts): roles fit one batch to all corpora
+        WorkingSet(
+            name=ROLE,
+            batch_size=cfg.batch_size,
+            longest=LONGEST,
+            logits="last",
+            statistics=True,
+            cache_per_row=hooked + kv,
+        ),
+        WorkingSet(
+            name=f"{ROLE} patches", batch_size=rows, longest=1, loss=True, loss_copies=1, cache_per_row=kv, cache_rows=b
+        ),
+    ]
+
+
 def _reducer(ctx: RoleContext) -> FunctionVectorReducer:
     return FunctionVectorReducer(ctx.items)
 
@@ -457,6 +487,7 @@ ROLE_DEF = Role(
     items=probe_items,
     feed=feed,
     needs_logits=True,
+    plan=plan,
     options=("tasks", "template", "n_demos", "n_prompts", "layers", "items"),
     shards=True,
     generated=_generated,

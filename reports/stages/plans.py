@@ -150,8 +150,13 @@ def roles_stages(shape: Shape, cfg, groups, inputs: dict, tokenizer=None) -> lis
     for corpus, gs in corpora.items():
         if corpus == "generated":  # each generated role says how long its sequences are
             for g in gs:
-                if REGISTRY[g].generated is not None and (shape.causal or not REGISTRY[g].needs_logits):
-                    out.append(WorkingSet(name=g, longest=REGISTRY[g].generated(cfg)[0], **common))
+                role = REGISTRY[g]
+                if not shape.causal and role.needs_logits:
+                    continue
+                if role.plan is not None:
+                    out += role.plan(shape, cfg)
+                elif role.generated is not None:
+                    out.append(WorkingSet(name=g, longest=role.generated(cfg)[0], **common))
             continue
         items = inputs.get(corpus)
         if corpus == "text":
