@@ -77,9 +77,9 @@ OPEN = {
         "run on the machine's threads before peaked at 2937 MiB (+12%); the plan does not model the threads"
     ),
     ("qwen2-0.5b-gguf/fp32/batch x1/roles+pruning+kv+context alone", "context"): (
-        "-14%: ~570 MiB the plan does not count, likely the anisotropy baseline "
-        "(analyses.context.similarity.anisotropy gathers [depth, 2000 pairs, d_model] twice in float32 and "
-        "cosine_similarity adds a third: ~560 MiB at 26 depths x 896, a few MiB on the small shapes); to chunk"
+        "-14%, measured before the fix: the anisotropy baseline gathered [depth, 2000 pairs, d_model] at once "
+        "(~0.9 GiB at 26 depths x 896, a few MiB on the small shapes); it now runs a depth at a time (~0.2 GiB, "
+        "equal values): the row is to be measured again"
     ),
 }
 #: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict

@@ -56,7 +56,11 @@ def anisotropy(reps: torch.Tensor, token_ids: torch.Tensor, *, n_pairs: int = 20
     a, b = a[keep][:n_pairs], b[keep][:n_pairs]
     if a.numel() == 0:
         return torch.full(reps.shape[:-2], float("nan"))
-    return F.cosine_similarity(reps[..., a, :].float(), reps[..., b, :].float(), dim=-1).mean(-1)
+    flat = reps.reshape(
+        -1, *reps.shape[-2:]
+    )  # one leading index at a time: [n_pairs, d] gathers, not [..., n_pairs, d]
+    out = [F.cosine_similarity(r[a].float(), r[b].float(), dim=-1).mean(-1) for r in flat]
+    return torch.stack(out).reshape(reps.shape[:-2])
 
 
 def intra_sentence_similarity(reps: torch.Tensor) -> torch.Tensor:
