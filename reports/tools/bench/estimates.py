@@ -122,6 +122,7 @@ CASES: tuple[Case, ...] = (
     # each, cut where the peak is one batch's (:mod:`.case_inputs`): the forward stages, then patching and weights
     Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("roles", "pruning", "kv", "context"), corpora=QWEN05_CORPORA),
     Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("patching", "weights")),
+    Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("context",)),  # the anisotropy baseline by depth
 )
 
 #: the batch-size fields of the stages' settings that :attr:`Case.batch` scales
