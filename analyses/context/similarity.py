@@ -56,9 +56,8 @@ def anisotropy(reps: torch.Tensor, token_ids: torch.Tensor, *, n_pairs: int = 20
     a, b = a[keep][:n_pairs], b[keep][:n_pairs]
     if a.numel() == 0:
         return torch.full(reps.shape[:-2], float("nan"))
-    flat = reps.reshape(
-        -1, *reps.shape[-2:]
-    )  # one leading index at a time: [n_pairs, d] gathers, not [..., n_pairs, d]
+    # one leading index at a time: [n_pairs, d] gathers, not [..., n_pairs, d]
+    flat = reps.reshape(-1, *reps.shape[-2:])
     out = [F.cosine_similarity(r[a].float(), r[b].float(), dim=-1).mean(-1) for r in flat]
     return torch.stack(out).reshape(reps.shape[:-2])
 
