@@ -65,7 +65,7 @@ def reference_rate(seconds: float = 0.3, trials: int = 6, clock: Callable[[], fl
     ``REFERENCE_N``-square products, ``seconds`` in all, with torch's threads as set (on a busy
     machine, the share of the cores this process gets now). The time estimates divide by it
     (:mod:`headscope.reports.stages.clock`), so a factor measured on one machine reads on another
-    at that machine's rate. ``clock=time.process_time`` on one thread: the rate of a core of its
+    at that machine's rate. ``clock=time.thread_time`` on one thread: the rate of a core of its
     own however busy the machine is (what ``make estimates`` measures on a shared machine).
 
     >>> reference_rate(0.02) > 0

@@ -50,12 +50,12 @@ __all__ = ["FACTORS", "Work", "describe", "fit_factors", "forward_work", "rate",
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
 FACTORS: dict[str, dict[str, float]] = {
-    "context": {"gflop": 1.155, "calls": 0.02324, "slow_gflop": 0.0},
-    "patching": {"gflop": 0.1858, "calls": 0.0, "slow_gflop": 0.0},
-    "pruning": {"gflop": 0.8067, "calls": 0.02029, "slow_gflop": 0.0},
-    "roles": {"gflop": 0.3408, "calls": 0.09832, "slow_gflop": 0.0},
-    "weights": {"gflop": 0.8988, "calls": 0.1421, "slow_gflop": 6.94},
-    "kv": {"gflop": 0.7927, "calls": 0.0, "slow_gflop": 0.0},
+    "context": {"gflop": 1.597, "calls": 0.011, "slow_gflop": 0.0},
+    "patching": {"gflop": 0.2443, "calls": 0.0, "slow_gflop": 0.0},
+    "pruning": {"gflop": 1.192, "calls": 0.003382, "slow_gflop": 0.0},
+    "roles": {"gflop": 0.7665, "calls": 0.0968, "slow_gflop": 0.0},
+    "weights": {"gflop": 2.01, "calls": 0.1499, "slow_gflop": 9.449},
+    "kv": {"gflop": 0.6928, "calls": 5.023, "slow_gflop": 0.0},
     "circuits": {"gflop": 2.648, "calls": 0.0, "slow_gflop": 0.0},
 }
 

@@ -202,10 +202,10 @@ def run_case(case: Case) -> list[dict]:
     ctx, config, cfgs, budget, model = _plan_case(case, progress)
     load_into(ctx, model, config)
     off = {n: "not in the case" for n in cfgs if case.only and n not in case.only}
-    before = reference_rate(clock=time.process_time)
+    before = reference_rate(clock=time.thread_time)
     status, _counts = run_stages(ctx, cfgs, off, _estimates(budget))
     cpu = {
-        "rate": round(math.sqrt(before * reference_rate(clock=time.process_time)), 2),
+        "rate": round(math.sqrt(before * reference_rate(clock=time.thread_time)), 2),
         "threads": torch.get_num_threads(),
     }
     rows = [_whole(case, budget)]
@@ -316,9 +316,9 @@ def measure_report(model: str, out: Path) -> dict:
     from headscope.reports.pipeline import build_report
 
     tune_allocator()  # as the headscope command does
-    before, cpu_before = reference_rate(), reference_rate(clock=time.process_time)
+    before, cpu_before = reference_rate(), reference_rate(clock=time.thread_time)
     build_report(str(shape_dir(model)) if model in SHAPES else model, out_dir=out, quiet=True)
-    after, cpu_after = reference_rate(), reference_rate(clock=time.process_time)
+    after, cpu_after = reference_rate(), reference_rate(clock=time.thread_time)
     run = json.loads((Path(out) / "run.json").read_text(encoding="utf-8"))
     return {
         "model": model,
@@ -356,14 +356,15 @@ def report_rows(measured: dict) -> tuple[list[dict], list[dict]]:
     from headscope.reports.stages import registry
     from headscope.reports.stages.config import RunConfig
     from headscope.reports.stages.runner import plan_report
-    from headscope.reports.tools.bench.estimates_time import work_fields
+    from headscope.reports.tools.bench.estimates_time import one_thread_rate, work_fields
 
     model, run, name = measured["model"], measured["run"], report_case(measured["model"])
     memory = [r | {"case": name} for r in rows_from_run(Case(model), run)]
     ctx, _budget, cfgs, _off = plan_report(str(shape_dir(model)) if model in SHAPES else model, RunConfig())
     cpu = measured["threads"] == 1 and "cpu_rate_before" in measured
     rate = math.sqrt(
-        measured["cpu_rate_before"] * measured["cpu_rate_after"]
+        one_thread_rate(measured["cpu_rate_before"], measured["rate_before"])
+        * one_thread_rate(measured["cpu_rate_after"], measured["rate_after"])
         if cpu
         else measured["rate_before"] * measured["rate_after"]
     )
