@@ -18,21 +18,27 @@ MiB = 1 << 20
 N_LAYERS = 12
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
+def _qwen2_config(vocab_size: int, tied: bool):
+    """A Qwen2 config of ``N_LAYERS`` small layers (4 query heads on 2 KV heads), no weights."""
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(
+    return AutoConfig.for_model(
         "qwen2",
         num_hidden_layers=N_LAYERS,
         hidden_size=256,
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=1024,
-        vocab_size=2048,
+        vocab_size=vocab_size,
         max_position_embeddings=512,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+
+    cfg = _qwen2_config(vocab_size=2048, tied=False)
     out = tmp_path_factory.mktemp("qwen2-config-only")
     cfg.save_pretrained(out)
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]  # no weight file anywhere
@@ -179,7 +185,7 @@ def test_a_tied_unembedding_lands_with_the_embedding_as_from_pretrained_builds_i
     """A tied Qwen2 (the unembedding is the embedding): the map equals transformers' on the model as
     ``from_pretrained`` builds it (meta device, weights not tied yet), and the logits go to the embedding's device."""
     import torch
-    from transformers import AutoConfig, Qwen2ForCausalLM
+    from transformers import Qwen2ForCausalLM
     from transformers.integrations.accelerate import _get_device_map
     from transformers.utils.generic import ContextManagers
 
@@ -188,17 +194,7 @@ def test_a_tied_unembedding_lands_with_the_embedding_as_from_pretrained_builds_i
     from headscope.reports.budget import plan
     from headscope.reports.device_plan import plan_devices
 
-    cfg = AutoConfig.for_model(
-        "qwen2",
-        num_hidden_layers=N_LAYERS,
-        hidden_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=1024,
-        vocab_size=8192,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
+    cfg = _qwen2_config(vocab_size=8192, tied=True)
     cfg.save_pretrained(tmp_path)
     source = resolve(str(tmp_path))
     shape = Shape.from_hf_config(read_hf_config(source))
