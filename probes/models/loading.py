@@ -109,7 +109,7 @@ def load_model(
     (the hf backend only) spreads a checkpoint over every visible GPU through accelerate;
     inputs then go to the embedding's device (``model.input_device``); ``max_memory``
     (``{gpu index: bytes}``) bounds what each GPU holds, as the placement plan computed it
-    (:func:`~headscope.probes.models.placement.plan_placement`).
+    (``headscope.probes.models.placement.place``, which ``report --dry-run --device-map auto`` prints).
 
     Raises ``ValueError`` for an unknown backend, dtype or device map, a backend other than a loaded
     model's own, a missing tokenizer, or a non-eager HF model; ``TypeError`` for another
