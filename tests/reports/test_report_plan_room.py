@@ -33,8 +33,14 @@ def qwen_gguf_context(tmp_path_factory):
     return open_context(str(path), RunConfig())
 
 
+#: the resident memory of a fresh ``headscope report`` process before its load (the plan counts what
+#: the process holds: a pytest worker that has loaded other tests' models holds gigabytes more)
+FRESH_PROCESS = int(0.5 * GiB)
+
+
 def _machine(monkeypatch, available: int, limit: str | None) -> None:
     monkeypatch.setattr("headscope.probes.models.checkpoints.available_memory_bytes", lambda: available)
+    monkeypatch.setattr("headscope.probes.budget._status", lambda: {"VmRSS": FRESH_PROCESS})
     monkeypatch.setattr("headscope.probes.budget._cgroup_headroom", lambda: None)
     if limit is None:
         monkeypatch.delenv("HEADSCOPE_MEMORY_LIMIT", raising=False)
