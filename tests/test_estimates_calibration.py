@@ -77,13 +77,9 @@ OPEN = {
 }
 #: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict
 #: expected failures, as above (none: the SmolLM2 rows once out of it read a rate its process clock
-#: had counted other threads into; see estimates_time.one_thread_rate)
-TIME_OPEN = {
-    ("llama-dhead256/fp32/default report", "patching"): (
-        "0.66x: the patching rows span 0.66x (2 layers x 4 heads of d_head 256) to 1.44x (SmolLM2-135M) with "
-        "one GFLOP factor (the fit sets its per-call factor to 0): its work model misses a per-unit cost"
-    ),
-}
+#: had counted other threads into, see estimates_time.one_thread_rate; the patching rows once out of it
+#: counted heads where quick mode patches KV groups, and no unembedding, see patching.patch_work)
+TIME_OPEN: dict[tuple[str, str], str] = {}
 
 
 def _rows_with_open_marked(rows, open_rows=OPEN):

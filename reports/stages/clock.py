@@ -49,9 +49,11 @@ __all__ = ["FACTORS", "Work", "describe", "fit_factors", "forward_work", "rate",
 #: weights stage's null)} (:meth:`~.base.Stage.work`), fitted by
 #: ``make estimates`` (:func:`fit_factors` over ``data/figures/estimates.json``'s ``time`` rows; a test
 #: holds these to that fit)
+#: patching's "slow_gflop": per GFLOP of one row's unembedding counted once per forward that unembeds (a
+#: product of a few rows reads the whole matrix; :func:`~headscope.reports.stages.patching.patch_work`)
 FACTORS: dict[str, dict[str, float]] = {
     "context": {"gflop": 1.597, "calls": 0.011, "slow_gflop": 0.0},
-    "patching": {"gflop": 0.2443, "calls": 0.0, "slow_gflop": 0.0},
+    "patching": {"gflop": 1.402, "calls": 0.0, "slow_gflop": 49.51},
     "pruning": {"gflop": 1.192, "calls": 0.003382, "slow_gflop": 0.0},
     "roles": {"gflop": 0.7665, "calls": 0.0968, "slow_gflop": 0.0},
     "weights": {"gflop": 2.01, "calls": 0.1499, "slow_gflop": 9.449},
@@ -64,8 +66,8 @@ FACTORS: dict[str, dict[str, float]] = {
 class Work:
     """What a stage's loop does: ``gflop``, its products' GFLOP; ``calls``, its fixed-cost calls
     (what the stage's :meth:`~.base.Stage.work` says they are); ``slow_gflop``, GFLOP of a kind
-    that runs at a rate of its own (the weights stage's null draws: QR factorisations). Added and
-    scaled together.
+    that runs at a rate of its own (the weights stage's null draws: QR factorisations; the patching
+    stage's unembedding of a few rows, bound by reading the matrix). Added and scaled together.
 
     >>> Work(2.0, 3) + 2 * Work(1.0, 1)
     Work(gflop=4.0, calls=5, slow_gflop=0.0)

@@ -12,10 +12,9 @@ from dataclasses import replace
 from headscope.analyses.run_patching import CausalConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
 
-#: a patched row's cost beside its forward, in GFLOP of work: its hooks' reads and writes, its metric
-#: and its share of the statistics. Set from the calibration's patching rows, where it dominates (MiniLM-L6
-#: and a 2-layer Qwen2 shape take 6-7 ms a row on one core whatever their forward's FLOPs), not fitted
-PATCH_ROW_GFLOP = 2.0
+#: attribution patching's backward, in forwards of its rows: the gradient reaching every layer's ``z``
+#: and the weights' (the model's parameters keep ``requires_grad``), each about a forward's products
+BACKWARD_FORWARDS = 2
 
 
 class PatchingStage(Stage[CausalConfig]):
@@ -69,17 +68,11 @@ class PatchingStage(Stage[CausalConfig]):
         return patch_stages(ctx.shape, patch, longest=longest)
 
     def work(self, ctx: RunContext, cfg: CausalConfig):
-        """Its patched rows (items per task × heads × tasks, :meth:`CausalConfig.items_per_task`),
-        each a forward of the tasks' longest sequence plus :data:`PATCH_ROW_GFLOP`; calls: the
-        rows × layers."""
-        from headscope.reports.stages.clock import Work, forward_work
-        from headscope.reports.stages.plans import report_tasks
+        """:func:`patch_work` of the report's tasks, each at its longest sequence."""
+        from headscope.reports.stages.plans import report_tasks, task_longest
 
-        s, tasks = ctx.shape, report_tasks()
-        heads = s.n_layers * s.n_heads
-        rows = cfg.items_per_task(n_heads=heads, n_tasks=len(tasks), full=ctx.full) * heads * len(tasks)
-        t = max(w.longest for w in ctx.plans.get(self.name) or self.plan(ctx, cfg))
-        return forward_work(s, rows, t) + Work(rows * PATCH_ROW_GFLOP)
+        longest = {t: task_longest(t, 10, ctx.tokenizer) for t in report_tasks()}
+        return patch_work(ctx.shape, cfg, longest, full=ctx.full)
 
     def fitted(self, cfg: CausalConfig, batch_sizes) -> CausalConfig:
         from headscope.reports.stages.plans import apply_patch
@@ -144,6 +137,54 @@ class PatchingStage(Stage[CausalConfig]):
             f"patching: heads one by one on GQA models (quick patches a KV group as one unit); items per task "
             f"past {cfg.row_budget} // (units x tasks) (at least {cfg.min_items}; --full: {cfg.max_items})"
         ]
+
+
+def patch_work(shape, cfg: CausalConfig, longest: dict[str, int], *, full: bool):
+    """The :class:`~headscope.reports.stages.clock.Work` of :func:`~headscope.analyses.run_patching.run_patching`
+    on tasks of ``longest`` tokens (task -> its longest sequence, every item counted at it), from what
+    its loop runs per batch of ``min(batch_size, items)`` items of each task:
+
+    * activation and attribution patching each run the clean and the corrupted input (4 forwards);
+    * activation patching: a row per unit, ``max_rows // batch`` units per forward, each forward
+      resumed at its first unit's layer (the in-house backend) after one forward of the batch up to
+      that layer; units are KV groups where :meth:`CausalConfig.unit_for` says so;
+    * attribution patching: one forward with gradients and its backward (:data:`BACKWARD_FORWARDS`).
+
+    ``gflop``: those rows' layers (:func:`~headscope.reports.stages.clock.token_gflop` per layer) and,
+    on a decoder, each row's unembedding of its last position (``2 × d_model × vocab``); ``slow_gflop``:
+    per forward that unembeds, one row's unembedding again: a product of a few rows reads the whole
+    ``vocab × d_model`` matrix, at the memory's speed, not the matmul's (much of a 2-layer model's
+    time, little of SmolLM2-135M's). ``calls``: none (each forward's hooks and Python, a few hundred
+    forwards, are under what the calibration's four rows resolve).
+
+    >>> from headscope.probes.budget import Shape
+    >>> s = Shape(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16, d_mlp=256, vocab_size=1000,
+    ...           n_params=200_000, causal=True)
+    >>> w = patch_work(s, CausalConfig(), {"t": 10}, full=False)  # 64 items: 4 batches of 8 forwards
+    >>> round(w.slow_gflop * 1e9 / (2 * 64 * 1000))
+    32
+    """
+    from math import ceil
+
+    from headscope.reports.stages.clock import Work, token_gflop
+
+    n_layers = shape.n_layers
+    per_layer = shape.n_kv_heads if cfg.unit_for(shape, full=full) == "kv_group" else shape.n_heads
+    units = n_layers * per_layer
+    items = cfg.items_per_task(n_heads=units, n_tasks=len(longest), full=full)
+    batch = min(cfg.batch_size, items)
+    per = max(1, cfg.max_rows // batch)
+    firsts = [s // per_layer for s in range(0, units, per)]  # each patched forward's first layer
+    patched_layers = sum(min(per, units - s) * (n_layers - s // per_layer) for s in range(0, units, per))
+    whole = 4 + 1 + BACKWARD_FORWARDS  # per item: both runs of both methods, attribution's forward and backward
+    row_layers = whole * n_layers + patched_layers + sum(set(firsts))  # per item, the prefixes' included
+    unembed = 2 * shape.d_model * shape.vocab_size / 1e9 if shape.causal else 0.0
+    work = Work()
+    for t in longest.values():
+        layer = t * token_gflop(shape, t) / n_layers
+        reads = ceil(items / batch) * (whole + len(firsts)) * unembed
+        work += Work(items * (row_layers * layer + (whole + units) * unembed), 0, reads)
+    return work
 
 
 STAGE = PatchingStage()
