@@ -84,6 +84,17 @@ def test_pruning_sharded_by_items_equals_the_single_process_run(minilm_pool, ctx
     assert (f["prune_importance"].value > 0).all() and f["prune_importance"].n.eq(8).all()
 
 
+def test_all_but_one_sharded_by_items_equals_the_single_process_run(minilm_pool, ctx):
+    """The full report's keep-one-head-per-layer study, not among the quick studies above: 72 masks
+    in one score round, 4 items in 2 batches, one a worker."""
+    stage, cfg = STAGES["pruning"], replace(CFG, n_items=4, batch_size=2, studies=("all_but_one",), orders=("random",))
+    whole = stage.run(ctx, cfg)
+    sharded = minilm_pool.run(replace(ctx, shards=minilm_pool), stage, cfg, stage.split(ctx, cfg, minilm_pool.workers))
+    _assert_equal(sharded, whole)
+    abo = sharded.frames["prune_all_but_one"]
+    assert len(abo) == 6 * 2 and sorted(abo.layer.unique()) == list(range(6))  # a layer's best head: value, delta
+
+
 def test_the_sharded_metric_merges_exactly_in_process(minilm, whole):
     """The merge alone (no Ray): three parts served in this process (the third holds no batch)."""
     from headscope.reports.stages.frames import prune_frames
