@@ -11,8 +11,8 @@ curves to 20% in steps of 10%. The cluster and the workers are conftest.py's (``
 
 The KV-cache stage sharded by KV groups (:mod:`headscope.reports.stages.kv_shards`) on two workers
 of a tiny random Llama (``llama_pool``, this module's: the MiniLM workers are stopped first, as the
-shared cluster has 2 CPUs): each round of cache configurations is cut in contiguous runs over the
-workers, the greedy choice and the frames in the driver. ``kv_study``, ``long_context_roles`` and
+shared cluster's 4 CPUs may all be held): each round of cache configurations is cut in contiguous
+runs over the workers, the greedy choice and the frames in the driver. ``kv_study``, ``long_context_roles`` and
 ``long_context_causal`` ``DataFrame.equals`` the single-process run (tolerance 0), and the summary's
 evaluations, forwards and layers run add up to one process's."""
 

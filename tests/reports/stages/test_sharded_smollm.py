@@ -118,3 +118,31 @@ def test_context_sharded_by_items_equals_the_single_process_run(smollm_pool, smo
         assert sharded.frames[name].equals(frame), name
     assert sharded.summary == whole.summary
     assert whole.summary["n_sentences"] == 8 and len(whole.frames["context_layers"]) == 30
+
+
+@pytest.mark.slow  # seven groups, two runs: 260 s on the shared 2-core machine (load ~20)
+def test_the_other_default_role_groups_sharded_by_items_equal_the_single_process_run(smollm_pool, smollm):
+    """SmolLM2's default role groups the tests above and test_sharded_circuits.py leave out: the
+    text groups on 8 sentences, the syntactic ones on the hand-written trees, coreference and the
+    generated successor and copy-suppression groups, in batches of 4; the reference on one thread."""
+    import torch
+
+    from headscope.analyses.roles.inputs import default_conllu, default_text
+
+    groups = ("rare-word", "summary", "clustering", "successor", "copy-suppression", "syntactic", "coreference")
+    texts = default_text().read_text().splitlines()[:8]
+    conllu = [p for p in default_conllu() if p.name == "handwritten.conllu"]
+    ctx = RunContext(name="smollm2-135m", model=smollm, role_groups=groups, inputs={"text": texts, "conllu": conllu})
+    stage, threads = STAGES["roles"], torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker runs
+    try:
+        whole = stage.run(ctx, ROLES)
+    finally:
+        torch.set_num_threads(threads)
+    sharded = smollm_pool.run(ctx, stage, ROLES, stage.split(ctx, ROLES, smollm_pool.workers))
+    assert set(sharded.frames) == set(whole.frames)
+    for name, frame in whole.frames.items():
+        assert sharded.frames[name].equals(frame), name
+    assert dict(sharded.counts) == dict(whole.counts) and set(whole.counts) == set(groups)
+    assert all(n > 0 for n in whole.counts.values())
+    assert set(sharded.frames["roles"].role.str.split(":").str[0]) >= {"successor", "copy-suppression", "syntactic"}
