@@ -54,8 +54,49 @@ def weights_head_rows(model, cfg: WeightsConfig, layers) -> pd.DataFrame:
     return head_rows(model_weights(model), n_draws=cfg.draws, seed=cfg.seed, layers=layers)
 
 
+def weights_composition_part(model, cfg: WeightsConfig, receivers, families) -> dict:
+    """One shard of the composition scores: the pairs into the receiver layers ``receivers``
+    (:func:`~headscope.analyses.circuits.weights.composition.receiver_scores`: ``scores``, ``units``,
+    ``senders``) and the nulls of the families ``families`` (indices into
+    :data:`~headscope.analyses.circuits.weights.composition.FAMILIES`, ``nulls``: index -> ``[null]``),
+    each as :func:`run_weights` computes it; :func:`composition_from_parts` joins the shards."""
+    from headscope.analyses.circuits.weights.composition import family_null, receiver_scores
+    from headscope.probes.models.weights_provider import model_weights
+
+    weights = model_weights(model)
+    scores, units, senders = receiver_scores(weights, receivers)
+    nulls = {
+        f: family_null(weights.d_model, weights.d_head, f, cfg.null, cfg.seed, cfg.null_block_bytes) for f in families
+    }
+    return {"scores": scores, "units": units, "senders": senders, "nulls": nulls}
+
+
+def composition_from_parts(model, parts) -> pd.DataFrame:
+    """``weights_composition`` from :func:`weights_composition_part` of disjoint receivers and
+    families covering every layer and family: the frame :func:`run_weights` computes itself
+    (``ValueError`` naming what no part computed)."""
+    from headscope.analyses.circuits.weights.composition import FAMILIES, composition_frame
+    from headscope.probes.models.weights_provider import model_weights
+
+    n_layers = model_weights(model).n_layers
+    got: dict = {"scores": {}, "units": {}, "senders": {}, "nulls": {}}
+    for part in parts:
+        for key, table in got.items():
+            table.update(part[key])
+    missing = sorted(set(range(1, n_layers)) - set(got["units"])), sorted(set(range(len(FAMILIES))) - set(got["nulls"]))
+    if missing[0] or missing[1]:
+        raise ValueError(f"the composition shards miss receiver layers {missing[0]} and null families {missing[1]}")
+    nulls = [got["nulls"][f] for f in range(len(FAMILIES))]
+    return composition_frame(got["scores"], got["units"], got["senders"], n_layers, nulls)
+
+
 def run_weights(
-    model, frames: dict[str, pd.DataFrame], cfg: WeightsConfig = WeightsConfig(), *, heads: pd.DataFrame | None = None
+    model,
+    frames: dict[str, pd.DataFrame],
+    cfg: WeightsConfig = WeightsConfig(),
+    *,
+    heads: pd.DataFrame | None = None,
+    composition: pd.DataFrame | None = None,
 ):
     """``(frames, summary)``: ``weights_heads`` (:data:`~headscope.analyses.circuits.weights.frames.HEAD_COLUMNS`),
     ``weights_composition`` (:data:`~headscope.analyses.circuits.weights.frames.COMPOSITION_COLUMNS`) and the
@@ -63,7 +104,8 @@ def run_weights(
     patching through K, ``join_path``; ``summary``: the weights' reading (folding, unembedding,
     method), the seconds of each part and the settings. ``heads``: the per-head rows of every layer
     computed elsewhere (:func:`weights_head_rows` on shards, concatenated in layer order): only their
-    adjustment over all heads runs here, with the same result as computing them here."""
+    adjustment over all heads runs here, with the same result as computing them here.
+    ``composition``: ``weights_composition`` computed elsewhere (:func:`composition_from_parts`)."""
     from headscope.analyses.circuits.weights.composition import composition_scores
     from headscope.analyses.circuits.weights.joins import (
         copying_patching_join,
@@ -80,7 +122,9 @@ def run_weights(
     else:
         heads = head_verdicts(weights, heads)
     t1 = time.perf_counter()
-    comp = composition_scores(weights, n_null=cfg.null, seed=cfg.seed, null_block_bytes=cfg.null_block_bytes)
+    comp = composition
+    if comp is None:
+        comp = composition_scores(weights, n_null=cfg.null, seed=cfg.seed, null_block_bytes=cfg.null_block_bytes)
     t2 = time.perf_counter()
     roles, patching = frames.get("roles"), frames.get("patching")
     out = {

@@ -8,7 +8,7 @@ run.json's ``weights_summary``. Its report part is "From the weights".
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from headscope.analyses.run_weights import WeightsConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
@@ -142,24 +142,45 @@ class WeightsStage(Stage[WeightsConfig]):
         frames, summary = run_weights(ctx.model, ctx.frames, cfg)
         return StageResult(frames, summary)
 
-    def split(self, ctx: RunContext, cfg: WeightsConfig, n: int) -> list[tuple[int, ...]]:
-        """The model's layers in ``n`` contiguous runs (fewer when it has fewer layers): each
-        shard computes its heads' rows against the model's null (same seed), the adjustment over
-        all heads, the composition scores (their nulls are drawn over every pair from one
-        generator) and the joins run once after the merge (:meth:`finish`)."""
+    def split(self, ctx: RunContext, cfg: WeightsConfig, n: int) -> list[WeightsPart]:
+        """At most ``n`` parts (:class:`WeightsPart`), each with its share of three kinds of work: the
+        per-head rows of a contiguous run of layers (against the model's null, same seed; the
+        adjustment over all heads runs after the merge), the composition scores into some receiver
+        layers (each with every earlier layer's senders, as one process holds them) and the nulls of
+        some score families (each drawn from the one generator, stepped over the earlier families'
+        draws). The receivers and families go, largest first, to the part with the least estimated
+        work so far (:func:`_balance`); :meth:`finish` builds the tables from the merged pieces
+        exactly as one process does, then the joins."""
         from headscope.reports.stages.sharded import contiguous
 
-        return contiguous(int(ctx.model.spec.n_layers), n)
+        L = int(ctx.model.spec.n_layers)
+        runs = contiguous(L, n)
+        parts = [list(r) for r in runs] + [[] for _ in range(n - len(runs))]
+        bins = _balance(ctx.model.spec, cfg, parts)
+        out = [WeightsPart(tuple(p), tuple(sorted(r)), tuple(sorted(f))) for p, (r, f) in zip(parts, bins)]
+        return [p for p in out if p.layers or p.receivers or p.families]
 
-    def run_part(self, ctx: RunContext, cfg: WeightsConfig, part: tuple[int, ...]) -> StageResult:
-        from headscope.analyses.run_weights import weights_head_rows
+    def run_part(self, ctx: RunContext, cfg: WeightsConfig, part: WeightsPart) -> StageResult:
+        from headscope.analyses.run_weights import weights_composition_part, weights_head_rows
 
-        return StageResult({"head_rows": weights_head_rows(ctx.model, cfg, part)})
+        frames = {"head_rows": weights_head_rows(ctx.model, cfg, part.layers)} if part.layers else {}
+        return StageResult(frames, weights_composition_part(ctx.model, cfg, part.receivers, part.families))
+
+    def merge(self, parts) -> StageResult:
+        """The parts' head rows concatenated in order (their layers' order), their composition
+        pieces listed in order (:func:`~headscope.analyses.run_weights.composition_from_parts`)."""
+        import pandas as pd
+
+        rows = [p.frames["head_rows"] for p in parts if "head_rows" in p.frames]
+        return StageResult(
+            {"head_rows": pd.concat(rows, ignore_index=True)}, {"composition": [p.summary for p in parts]}
+        )
 
     def finish(self, ctx: RunContext, cfg: WeightsConfig, merged: StageResult) -> StageResult:
-        from headscope.analyses.run_weights import run_weights
+        from headscope.analyses.run_weights import composition_from_parts, run_weights
 
-        frames, summary = run_weights(ctx.model, ctx.frames, cfg, heads=merged.frames["head_rows"])
+        comp = composition_from_parts(ctx.model, merged.summary["composition"])
+        frames, summary = run_weights(ctx.model, ctx.frames, cfg, heads=merged.frames["head_rows"], composition=comp)
         return StageResult(frames, summary)
 
     def section(self, frames, meta) -> list:
@@ -172,6 +193,56 @@ class WeightsStage(Stage[WeightsConfig]):
         from headscope.reports.stages.quick import stages_leave_out
 
         return stages_leave_out(None, cfg, context=ctx.context)
+
+
+@dataclass(frozen=True)
+class WeightsPart:
+    """One worker's share of the weights stage: the per-head rows of ``layers``, the composition
+    scores into the receiver layers ``receivers``, the nulls of the score families ``families``
+    (indices into :data:`~headscope.analyses.circuits.weights.composition.FAMILIES`)."""
+
+    layers: tuple[int, ...]
+    receivers: tuple[int, ...]
+    families: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        def span(xs):
+            if len(xs) < 2:
+                return str(xs[0]) if xs else "none"
+            return f"{xs[0]}-{xs[-1]}" if list(xs) == list(range(xs[0], xs[-1] + 1)) else ",".join(map(str, xs))
+
+        return f"{span(self.layers)}; receivers {span(self.receivers)}; null families {span(self.families)}"
+
+
+#: a family's null stepped over (the draws not made, the generator moved as they would move it) costs
+#: about this share of drawing and scoring it (0.78 s of 6.6 s CPU on SmolLM2's shapes)
+STEP_SHARE = 0.12
+
+
+def _balance(spec, cfg: WeightsConfig, layers: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+    """``(receivers, families)`` for each part whose head-row layers are ``layers``: each receiver
+    layer and each null family, largest first, to the part with the least work so far, in the
+    reference-matmul GFLOP of :data:`~headscope.reports.stages.clock.FACTORS` (the estimate
+    :meth:`WeightsStage.work` makes of the whole), a family's null with the stepping over the
+    families before it. The same cut for the same shape, settings and ``n``."""
+    from headscope.analyses.circuits.weights.composition import FAMILIES
+    from headscope.reports.stages.clock import FACTORS
+
+    f = FACTORS["weights"]
+    h, kv, k, d = spec.n_heads, spec.n_kv_heads, spec.d_head, spec.d_model
+    vocab = max(1, int(getattr(spec, "vocab_size", 0) or 0))
+    head_layer = (cfg.draws + h) * 2 * k * d * vocab / 64 / 1e9 * f["gflop"]
+    sender = h * (3 * h + 2 * kv) * 2 * k * k * d / 1e9 * f["gflop"]  # one sender layer into one receiver
+    family = cfg.null * (f["calls"] + 8 * d * k * k / 1e9 * f["slow_gflop"])
+    jobs = [(lb * sender, "r", lb) for lb in range(1, sum(len(ls) for ls in layers))]
+    jobs += [(family * (1 + STEP_SHARE * i), "f", i) for i in range(len(FAMILIES))]
+    load = [len(ls) * head_layer for ls in layers]
+    out: list[tuple[list[int], list[int]]] = [([], []) for _ in layers]
+    for cost, kind, unit in sorted(jobs, key=lambda j: (-j[0], j[1], j[2])):
+        i = min(range(len(load)), key=lambda b: (load[b], b))
+        load[i] += cost
+        out[i][0 if kind == "r" else 1].append(unit)
+    return out
 
 
 STAGE = WeightsStage()

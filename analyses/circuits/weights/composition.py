@@ -114,6 +114,34 @@ def _layer_scores(P: torch.Tensor, side: dict) -> dict[tuple[str, str], torch.Te
     return out
 
 
+def _null_shapes(d_model: int, d_head: int, level: str) -> list[tuple[int, int]]:
+    """The Gaussian matrices of one null draw, in the order the formula reads them."""
+    return [(d_model, d_head), (d_head, d_model), (d_model, d_head)] + ([(d_model, d_head)] * (level == "head"))
+
+
+def _blocks(numel: int, n: int, block_bytes: int) -> tuple[int, list[tuple[int, int]]]:
+    """``(step, [(first draw, draws)])``: ``n`` draws of a ``numel``-number matrix in blocks of at most
+    ``block_bytes`` (whole blocks of 16 numbers: randn's unit)."""
+    step = max(16, block_bytes // (8 * numel) // 16 * 16)
+    return step, [(a, min(step, n - a)) for a in range(0, n, step)]
+
+
+def _step(gen: torch.Generator, shapes, blocks, numel: int) -> list[list]:
+    """Step ``gen`` over every block of every matrix of ``shapes`` as :func:`null_scores` draws them
+    (one ``randn`` per block), without drawing the normals -> the state where each block starts
+    (``[matrix][block]``); ``gen`` is left where the last block ends."""
+    starts = [[None] * len(blocks) for _ in shapes]
+    skip = torch.empty(max(m for _a, m in blocks) * numel, dtype=torch.float64)
+    for i in range(len(shapes)):
+        for j, (_a, m) in enumerate(blocks):
+            starts[i][j] = gen.get_state()
+            if (m * numel) % 16:  # randn redraws a ragged tail: draw it as randn does
+                torch.randn(m * numel, generator=gen, dtype=torch.float64)
+            else:  # uniform_ steps the stream exactly as randn does (one 64-bit draw per number)
+                skip[: m * numel].uniform_(generator=gen)
+    return starts
+
+
 def null_scores(
     d_model: int,
     d_head: int,
@@ -128,22 +156,13 @@ def null_scores(
     ``block_bytes`` (:data:`NULL_BLOCK_BYTES`) per matrix they are drawn a block at a time (the
     generator stepped over the other blocks), so memory stays bounded and the numbers do not
     depend on the block size."""
-    shapes = [(d_model, d_head), (d_head, d_model), (d_model, d_head)] + ([(d_model, d_head)] * (level == "head"))
+    shapes = _null_shapes(d_model, d_head, level)
     numel = d_model * d_head
-    step = max(16, block_bytes // (8 * numel) // 16 * 16)  # whole blocks of 16 numbers: randn's unit
-    blocks = [(a, min(step, n - a)) for a in range(0, n, step)]
+    _s, blocks = _blocks(numel, n, block_bytes)
     starts = [[None] * len(blocks) for _ in shapes]  # generator state where each block of each matrix starts
     if len(blocks) > 1:
-        skip = torch.empty(step * numel, dtype=torch.float64)
-        for i in range(len(shapes)):
-            for j, (_a, m) in enumerate(blocks):
-                starts[i][j] = gen.get_state()
-                if (m * numel) % 16:  # randn redraws a ragged tail: draw it as randn does
-                    torch.randn(m * numel, generator=gen, dtype=torch.float64)
-                else:  # uniform_ steps the stream exactly as randn does (one 64-bit draw per number)
-                    skip[: m * numel].uniform_(generator=gen)
+        starts = _step(gen, shapes, blocks, numel)
         end = gen.get_state()
-        del skip  # only the stepping reads it: not held beside the blocks below
     out = []
     for j, (_a, m) in enumerate(blocks):
 
@@ -162,6 +181,19 @@ def null_scores(
     if len(blocks) > 1:
         gen.set_state(end)
     return torch.cat(out)
+
+
+def family_null(d_model: int, d_head: int, family: int, n: int, seed: int, block_bytes: int = NULL_BLOCK_BYTES):
+    """``[n]`` the null of ``FAMILIES[family]`` exactly as :func:`composition_scores` draws it from
+    ``seed`` (one generator, the families in order): the generator stepped over the earlier
+    families' draws (no normals drawn, no products), then :func:`null_scores`. One shard of a
+    sharded run's nulls."""
+    gen = torch.Generator().manual_seed(seed)
+    numel = d_model * d_head
+    for _mode, level in FAMILIES[:family]:
+        _step(gen, _null_shapes(d_model, d_head, level), _blocks(numel, n, block_bytes)[1], numel)
+    mode, level = FAMILIES[family]
+    return null_scores(d_model, d_head, mode, level, n, gen, block_bytes)
 
 
 def _score_layer(held: list[tuple[int, torch.Tensor]], lw, scores: dict) -> None:
@@ -206,6 +238,30 @@ def _all_scores(weights, max_held_bytes: int | None) -> tuple[dict, dict, dict]:
             senders[lb] = list(lw.heads)
             nbytes += f.numel() * 4
         start = nxt
+    return scores, units, senders
+
+
+def receiver_scores(weights, receivers) -> tuple[dict, dict, dict]:
+    """:func:`_all_scores`' ``(scores, units, senders)`` for the pairs whose receiver layer is in
+    ``receivers`` (all senders held, as one process with no ``max_held_bytes`` holds them: the same
+    products, the same numbers): one shard of a sharded run's scores. ``senders`` covers every layer
+    below the last receiver, ``units`` the receivers."""
+    wanted = sorted(set(int(r) for r in receivers))
+    if wanted and not 0 <= wanted[0] <= wanted[-1] < weights.n_layers:
+        raise ValueError(f"receivers must be layers 0..{weights.n_layers - 1}; got {wanted}")
+    scores: dict = {}
+    units: dict = {}
+    senders: dict = {}
+    held: list[tuple[int, torch.Tensor]] = []
+    for lb in range(wanted[-1] + 1 if wanted else 0):
+        lw = weights.layer(lb)
+        if lb in wanted:
+            if held:
+                _score_layer(held, lw, scores)
+            units[lb] = (list(lw.heads), [int(g) for g in lw.kv_index], lw.W_K.shape[0])
+        if lb < wanted[-1]:
+            held.append((lb, sender_factors(lw).float()))
+            senders[lb] = list(lw.heads)
     return scores, units, senders
 
 
@@ -257,11 +313,20 @@ def composition_scores(
         raise ValueError(f"max_held_bytes must be None or >= 1; got {max_held_bytes}")
     scores, units, senders = _all_scores(weights, max_held_bytes)
     gen = torch.Generator().manual_seed(seed)
+    nulls = [null_scores(weights.d_model, weights.d_head, m, lv, n_null, gen, null_block_bytes) for m, lv in FAMILIES]
+    return composition_frame(scores, units, senders, weights.n_layers, nulls, alpha=alpha)
+
+
+def composition_frame(scores: dict, units: dict, senders: dict, n_layers: int, nulls, *, alpha: float = 0.05):
+    """:func:`composition_scores`' frame from the pairs' scores (:func:`_all_scores`' triple, or the
+    union of :func:`receiver_scores`' over receiver layers) and each family's null (``[n]`` each, in
+    :data:`FAMILIES` order: :func:`null_scores` or :func:`family_null`)."""
     frames = []
-    for mode, level in FAMILIES:
-        cols = _family_rows(scores, units, senders, weights.n_layers, mode, level)
+    for (mode, level), null in zip(FAMILIES, nulls):
+        n_null = len(null)
+        cols = _family_rows(scores, units, senders, n_layers, mode, level)
         value = np.concatenate(cols["value"]) if cols["value"] else np.zeros(0, dtype=np.float32)
-        null = null_scores(weights.d_model, weights.d_head, mode, level, n_null, gen, null_block_bytes).float()
+        null = null.float()
         p = empirical_p(torch.from_numpy(value), null)
         df = pd.DataFrame(
             {

@@ -1,5 +1,6 @@
 """Stages sharded on Ray workers (:mod:`headscope.reports.stages.sharded`): the weights stage cut
-by layers on a local 2-worker cluster equals the single-process run; a worker killed mid-shard has
+by layers (its head rows), receiver layers (its composition scores) and score families (their
+nulls) on a local 2-worker cluster equals the single-process run; a worker killed mid-shard has
 its shard run again with the same result; a shard failing twice fails its stage, named.
 
 The local cluster and the pool of two MiniLM workers (``minilm_pool``) (one thread each) are conftest.py's, shared
@@ -36,7 +37,8 @@ def test_weights_sharded_by_layers_equals_single_process(minilm_pool, single):
     ctx, whole = single
     stage = STAGES["weights"]
     parts = stage.split(ctx, CFG, minilm_pool.workers)
-    assert parts == [(0, 1, 2), (3, 4, 5)] and minilm_pool.threads == 1  # 2 workers x 1 thread on 2 CPUs
+    assert [p.layers for p in parts] == [(0, 1, 2), (3, 4, 5)] and minilm_pool.threads == 1  # 2 workers x 1 thread
+    assert sorted(r for p in parts for r in p.receivers) == [1, 2, 3, 4, 5] and all(p.families for p in parts)
     sharded = minilm_pool.run(ctx, stage, CFG, parts)
     assert set(sharded.frames) == set(whole.frames)
     for name, frame in whole.frames.items():  # exact: each head's p-value depends on its layer and the null alone
@@ -44,7 +46,11 @@ def test_weights_sharded_by_layers_equals_single_process(minilm_pool, single):
     heads = sharded.frames["weights_heads"]
     assert sorted(heads.layer.unique()) == list(range(6)) and len(heads) == len(whole.frames["weights_heads"]) > 0
     # the adjustment runs after the merge, over every head: one shard's own adjustment would differ
-    alone = stage.finish(ctx, CFG, stage.run_part(ctx, CFG, parts[0])).frames["weights_heads"]
+    from headscope.analyses.circuits.weights.ov_qk import head_verdicts
+    from headscope.probes.models.weights_provider import model_weights
+
+    rows = stage.run_part(ctx, CFG, parts[0]).frames["head_rows"]
+    alone = head_verdicts(model_weights(ctx.model), rows)
     joined = heads.merge(alone, on=["layer", "head", "statistic"], suffixes=("", "_alone"))
     assert joined.p_value.equals(joined.p_value_alone)
     assert not joined.p_adjusted.equals(joined.p_adjusted_alone)
@@ -75,7 +81,9 @@ def test_a_shard_failing_twice_fails_its_stage_with_the_shard_named(minilm_pool,
     record = {}
     result = _run_one(ctx, STAGES["weights"], WeightsConfig(draws=0), record)  # every shard raises
     assert result is None and record["status"] == "failed" and record["shards"] == 2
-    assert "the weights shard (layers 0-2) failed twice" in ctx.absent["weights"]
+    assert (
+        "the weights shard (layers 0-2; receivers " in ctx.absent["weights"] and "failed twice" in ctx.absent["weights"]
+    )
     assert "n_draws must be >= 1" in ctx.absent["weights"]
 
 

@@ -28,31 +28,62 @@ def test_smollm_and_minilm_pools_live_in_one_cluster(minilm_pool, smollm_pool, r
     assert ray_cluster.available_resources().get("CPU", 0) == 0  # the 4 CPUs held, 2 by each pool
 
 
-def test_weights_sharded_by_layers_equals_single_process(smollm_pool, smollm, monkeypatch):
-    """The per-head rows, computed by layer on the workers, merged and adjusted over all 270 heads,
-    equal the single process's. The composition scores are left out of both runs (an empty
-    frame): the driver computes them after the merge from its own model, the same call with or
-    without Ray (test_sharded.py compares them on MiniLM), and on SmolLM2's 30 layers they take
-    about 40 s a run."""
-    import pandas as pd
+#: the weights stage cut down: 4 Gaussian heads a head baseline, 40 null draws in blocks of 16 (SmolLM2's
+#: 576 x 64 matrices: 16 draws of 8 bytes is 4.7 MB), so each family's null is stepped over block by block
+WEIGHTS = WeightsConfig(draws=4, null=40, null_block_bytes=16 * 576 * 64 * 8)
 
-    from headscope.analyses.circuits.weights import composition
-    from headscope.analyses.circuits.weights.frames import COMPOSITION_COLUMNS
 
-    monkeypatch.setattr(composition, "composition_scores", lambda *a, **k: pd.DataFrame(columns=COMPOSITION_COLUMNS))
-    ctx, stage, cfg = RunContext(name="smollm2-135m", model=smollm), STAGES["weights"], WeightsConfig(draws=4, null=8)
-    whole = stage.run(ctx, cfg)
-    parts = stage.split(ctx, cfg, smollm_pool.workers)
-    assert parts == [tuple(range(15)), tuple(range(15, 30))]
-    sharded = smollm_pool.run(ctx, stage, cfg, parts)
-    assert set(sharded.frames) == set(whole.frames)
+def test_weights_sharded_equals_single_process(smollm_pool, smollm):
+    """Every table of the weights stage, its per-head rows and its composition scores (435 layer pairs
+    of SmolLM2, five families' nulls) computed on the workers and merged, equals the single process's
+    (one torch thread, as each worker runs): the head rows by contiguous layers, the composition
+    scores by receiver layer, the nulls by family, each family's generator stepped over the earlier
+    families' blocks."""
+    import torch
+
+    from headscope.reports.stages.weights import WeightsPart
+
+    ctx, stage = RunContext(name="smollm2-135m", model=smollm), STAGES["weights"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        whole = stage.run(ctx, WEIGHTS)
+    finally:
+        torch.set_num_threads(threads)
+    parts = stage.split(ctx, WEIGHTS, smollm_pool.workers)
+    assert [p.layers for p in parts] == [tuple(range(15)), tuple(range(15, 30))]
+    assert sorted(r for p in parts for r in p.receivers) == list(range(1, 30))
+    assert sorted(f for p in parts for f in p.families) == [0, 1, 2, 3, 4]
+    assert all(isinstance(p, WeightsPart) and p.receivers and p.families for p in parts)
+    sharded = smollm_pool.run(ctx, stage, WEIGHTS, parts)
+    assert set(sharded.frames) == set(whole.frames) >= {"weights_heads", "weights_composition"}
     for name, frame in whole.frames.items():
         assert sharded.frames[name].equals(frame), name
     heads = sharded.frames["weights_heads"]
     assert sorted(heads.layer.unique()) == list(range(30)) and set(heads["head"]) == set(range(9))
     tested = heads.p_value.notna()  # the adjustment over every head's tests, after the merge
     assert tested.any() and heads.p_adjusted.notna().equals(tested)
-    assert (heads.p_adjusted[tested] >= heads.p_value[tested]).all()
+    comp = sharded.frames["weights_composition"]
+    assert len(comp) == 435 * (3 * 81 + 2 * 27)  # Q, K, V head pairs and K, V kv-group pairs
+    assert comp.groupby(["mode", "level"], observed=True).baseline_mean.nunique().eq(1).all()
+    assert comp.value.notna().all() and (comp.n == 40).all()
+
+
+def test_weights_split_covers_every_unit_once(smollm):
+    """For 1 to 8 workers: each layer's head rows, each receiver layer and each null family in
+    exactly one part; a part missing from the merge is named, not a table with a hole."""
+    from headscope.analyses.run_weights import composition_from_parts
+
+    ctx, stage = RunContext(name="smollm2-135m", model=smollm), STAGES["weights"]
+    for n in range(1, 9):
+        parts = stage.split(ctx, WEIGHTS, n)
+        assert len(parts) <= n
+        assert sorted(x for p in parts for x in p.layers) == list(range(30))
+        assert sorted(x for p in parts for x in p.receivers) == list(range(1, 30))
+        assert sorted(x for p in parts for x in p.families) == [0, 1, 2, 3, 4]
+    piece = {"scores": {}, "units": {lb: None for lb in range(1, 29)}, "senders": {}, "nulls": {0: None}}
+    with pytest.raises(ValueError, match=r"receiver layers \[29\] and null families \[1, 2, 3, 4\]"):
+        composition_from_parts(smollm, [piece])
 
 
 @pytest.fixture(scope="module")
