@@ -41,6 +41,7 @@ from headscope.analyses.patching.activation import (
 from headscope.analyses.patching.frames import effect_frame
 from headscope.analyses.patching.items import Task
 from headscope.analyses.patching.tasks import metric_fn
+from headscope.probes.capture import in_part
 from headscope.probes.errors import ModelIncompatibleError
 from headscope.probes.models.inhouse.hooks import hooks
 
@@ -155,28 +156,26 @@ def path_deltas(
     cfg: PatchConfig = PatchConfig(),
     also: tuple[int, ...] = (),
     progress=None,
+    part: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, RunMetrics, list[tuple[int, int]], str]:
     """The per-item effects behind :func:`path_patching`: ``(delta [item, sender], runs, senders,
     whose read)``. ``also``: more query heads of the receiver's layer patched together with it
     (``via="q"`` only: a sender's path into the queries of several heads at once, e.g. the name
-    movers of IOI); ``progress(done, total)`` counts senders × batches."""
+    movers of IOI); ``progress(done, total)`` counts senders × batches. ``part`` ``(k, n)``: every
+    ``n``-th patched forward from the ``k``-th only, the other cells NaN (:func:`merge_deltas`)."""
     senders = check_path(model, receiver, via, senders)
     point, slot, read_by = _receiver_slot(model.spec, receiver, via, direction, reads)
-    slots = [slot, *(int(h) for h in also if int(h) != slot)]
-    if also and via != "q":
-        raise ValueError(f"more receivers (also) are patched through their queries only; got via {via!r}")
-    if any(not 0 <= h < model.spec.n_heads for h in slots):
-        raise ValueError(f"also: heads of layer {receiver[0]} lie in 0..{model.spec.n_heads - 1}; got {list(also)}")
+    slots = _slots(model.spec, receiver, slot, via, also)
     metric = metric_fn(task.metric)
     points = model.hook_points
     spec = model.spec
     lr, hr = receiver
     n = len(task.items)
     run = RunMetrics(torch.empty(n), torch.empty(n))
-    delta = torch.empty(n, len(senders))
+    delta = torch.full((n, len(senders)), float("nan"))
     layers = sorted({l for l, _ in senders})
     n_batches = sum(1 for _ in task.batches(cfg.batch_size))
-    done = 0
+    done, forward = 0, -1  # forward: the patched forwards' count over the batches (``part``)
     for pb in paired_runs(model, task, cfg, metric, run):
         clean, corrupted, answer, wrong, rows = pb.clean, pb.corrupted, pb.answer, pb.wrong, pb.rows
         z_c, z_x, m_c, m_x = pb.z_clean, pb.z_corrupted, pb.m_clean, pb.m_corrupted
@@ -190,6 +189,9 @@ def path_deltas(
         target_mid = dict(mids)
         per = max(1, cfg.max_rows // b)
         for s in range(0, len(senders), per):
+            forward += 1
+            if not in_part(part, forward):
+                continue
             chunk = senders[s : s + per]
             r = len(chunk)
             ids, mask_r = target.repeat(r, 1), mask.repeat(r, 1)
@@ -222,3 +224,25 @@ def path_deltas(
             if progress is not None:
                 progress(done, len(senders) * n_batches)
     return delta, run, senders, read_by
+
+
+def _slots(spec, receiver, slot: int, via: str, also) -> list[int]:
+    """The receiver's slot and those of ``also`` (more query heads of its layer); ``ValueError``
+    for ``also`` through keys or values, or a head outside the layer."""
+    slots = [slot, *(int(h) for h in also if int(h) != slot)]
+    if also and via != "q":
+        raise ValueError(f"more receivers (also) are patched through their queries only; got via {via!r}")
+    if any(not 0 <= h < spec.n_heads for h in slots):
+        raise ValueError(f"also: heads of layer {receiver[0]} lie in 0..{spec.n_heads - 1}; got {list(also)}")
+    return slots
+
+
+def merge_deltas(deltas) -> torch.Tensor:
+    """:func:`path_deltas`' ``delta`` of the parts ``(k, n)``, ``k = 0..n-1`` -> one process's: a part
+    runs every ``n``-th patched forward (a batch's senders in runs of ``cfg.max_rows`` rows, counted
+    over the batches, as one process cuts them), so each cell is taken from the part that computed
+    it (the others hold NaN there; a NaN it computed stays NaN)."""
+    out = deltas[0].clone()
+    for d in deltas[1:]:
+        out = torch.where(torch.isnan(out), d, out)
+    return out

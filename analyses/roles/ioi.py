@@ -37,7 +37,9 @@ as a share of the mean clean logit difference. ``RoleOutput.extra``: ``clean_log
 Decoders on the in-house backend only: an encoder (no unembedding) or another backend gives no
 rows, with a note. Options: ``items`` (a :class:`~headscope.analyses.patching.items.Task` with
 metric ``logit_diff``, or its :class:`~headscope.analyses.patching.items.PairItem` list, to use
-instead of the IOI task of ``cfg.ioi_n_items`` items).
+instead of the IOI task of ``cfg.ioi_n_items`` items); ``paths``: what runs the S-inhibition path
+patching, called as :func:`~headscope.analyses.patching.path.path_deltas` (default: that function;
+a sharded report passes one that runs its patched forwards on the Ray workers).
 
 >>> item_hits(torch.tensor([[1.0, -0.5, 0.05]]), torch.tensor([2.0]))
 tensor([[1., 0., 0.]])
@@ -246,7 +248,8 @@ def _s_inhibition(ctx: RoleContext, rows: list[dict], notes: list[str], counted)
     if progress is not None:
         step = lambda d, t: progress(done + round((total - done) * d / max(t, 1)), total)  # noqa: E731
     pcfg = PatchConfig(batch_size=ctx.cfg.batch_size, seed=ctx.cfg.seed)
-    delta, run, senders, _ = path_deltas(
+    paths = ctx.options.get("paths") or path_deltas  # a sharded run's: the same call on its workers
+    delta, run, senders, _ = paths(
         ctx.model,
         _task(ctx.items),
         receiver=(layer, heads[0]),
@@ -360,7 +363,7 @@ ROLE_DEF = Role(
     items=probe_items,
     feed=feed,
     needs_logits=True,
-    options=("items",),
+    options=("items", "paths"),
     shards=True,
     generated=lambda cfg: (40, cfg.ioi_n_items),
     work=work,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from headscope.analyses.roles.config import RolesConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
@@ -136,6 +138,12 @@ class RolesStage(Stage[RolesConfig]):
     def run_part(self, ctx: RunContext, cfg: RolesConfig, part) -> StageResult:
         from headscope.analyses.roles.parts import fill_roles
 
+        if isinstance(part, PathsPart):  # the second round: IOI's S-inhibition path patching (finish)
+            from headscope.analyses.patching.path import path_deltas
+
+            delta, run, senders, read = path_deltas(ctx.model, part.task, part=(part.k, part.n), **part.kwargs)
+            return StageResult({}, {"delta": delta, "run": run, "senders": senders, "read": read})
+
         filled = fill_roles(ctx.model, cfg=cfg, roles=ctx.role_groups, inputs=ctx.inputs, part=(part.k, part.n))
         return StageResult({}, {"filled": filled})  # the filled reducers: merged and finished in the driver
 
@@ -148,7 +156,13 @@ class RolesStage(Stage[RolesConfig]):
         from headscope.analyses.roles.parts import finish_filled
 
         filled = merged.summary["filled"]
-        rr = finish_filled(ctx.model, filled, cfg=cfg, roles=ctx.role_groups, inputs=ctx.inputs)
+        options = None
+        if ctx.shards is not None:  # a group's path patching (IOI's S-inhibition) on the workers (PathsPart)
+            from headscope.analyses.roles.base import REGISTRY
+
+            paths = lambda model, task, **kw: _paths_on(ctx.shards, ctx, cfg, task, kw)  # noqa: E731
+            options = {g: {"paths": paths} for g in filled.groups if "paths" in REGISTRY[g].options}
+        rr = finish_filled(ctx.model, filled, cfg=cfg, roles=ctx.role_groups, inputs=ctx.inputs, options=options)
         return _result(ctx, cfg, rr)
 
     def section(self, frames, meta) -> list:
@@ -215,6 +229,49 @@ def _timer(ctx: RunContext, cfg: RolesConfig):
     names = {name for name, _corpus, _gs in _stages(groups)}
     n = roles_items(groups, role_corpora(groups, ctx.inputs), cfg, getattr(ctx.model, "spec", None))
     return TimeEstimate(n, ctx.notice, inner=ctx.progress, unit="items of the role analyses", stages=names)
+
+
+@dataclass(frozen=True)
+class PathsPart:
+    """Part ``k`` of ``n`` of a path patching's patched forwards (:func:`~headscope.analyses.patching.path.path_deltas`
+    with ``part``): the task and the call's settings (``kwargs``, no ``progress``)."""
+
+    k: int
+    n: int
+    task: Any
+    kwargs: dict
+
+    def __repr__(self) -> str:
+        return f"path-patching forwards {self.k}, {self.k + self.n}, ..."
+
+
+class _Paths:
+    """The roles stage's second round on the workers (:class:`PathsPart`): the parts' deltas merged
+    cell by cell, the runs' metrics (each part computes them all) from the first."""
+
+    name, unit = "roles", "items"
+
+    def merge(self, parts) -> StageResult:
+        from headscope.analyses.patching.path import merge_deltas
+
+        first = parts[0].summary
+        delta = merge_deltas([p.summary["delta"] for p in parts])
+        return StageResult({}, {**first, "delta": delta})
+
+    def finish(self, ctx, cfg, merged: StageResult) -> StageResult:
+        return merged
+
+
+def _paths_on(pool, ctx: RunContext, cfg: RolesConfig, task, kwargs: dict):
+    """:func:`~headscope.analyses.patching.path.path_deltas` of ``task`` with ``kwargs``, its patched
+    forwards interleaved over ``pool``'s workers -> the same ``(delta, runs, senders, read)``."""
+    kw = {k: v for k, v in kwargs.items() if k != "progress"}  # the workers' progress is not the driver's
+    parts = [PathsPart(k, pool.workers, task, kw) for k in range(pool.workers)]
+    got = pool.run(ctx, _Paths(), cfg, parts).summary
+    progress = kwargs.get("progress")
+    if progress is not None:
+        progress(1, 1)
+    return got["delta"], got["run"], got["senders"], got["read"]
 
 
 STAGE = RolesStage()

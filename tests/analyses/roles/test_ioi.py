@@ -165,3 +165,25 @@ def test_roles_s_inhibition_flag_reaches_the_config_and_the_estimate(ioi_model):
     assert on.ioi_s_inhibition and not off.ioi_s_inhibition
     assert roles_items(["ioi"], {}, off, ioi_model.spec) == 32
     assert roles_items(["ioi"], {}, on, ioi_model.spec) == work(on, ioi_model.spec) > 32
+
+
+def test_s_inhibition_through_a_sharded_paths_option_equals_the_single_run(ioi_model, task):
+    """The ``paths`` option (what a sharded report passes: the path patching's forwards on its workers)
+    run here as three interleaved parts merged cell by cell: the same rows, the planted S-inhibition
+    head found as before."""
+    from headscope.analyses.patching.path import merge_deltas
+
+    calls = []
+
+    def sharded(model, task, **kw):
+        kw.pop("progress", None)
+        parts = [path_deltas(model, task, part=(k, 3), **kw) for k in range(3)]
+        calls.append(len(parts))
+        return merge_deltas([p[0] for p in parts]), *parts[0][1:]
+
+    cfg = RolesConfig(n_boot=200, n_perm=500, batch_size=8, ioi_s_inhibition=True)
+    whole = run_role("ioi", ioi_model, task, cfg)
+    parts = run_role("ioi", ioi_model, task, cfg, paths=sharded)
+    assert calls == [3] and parts.frame.equals(whole.frame)
+    f = parts.frame.set_index(["role", "layer", "head"])
+    assert f.score["ioi:s-inhibition", 0, 2] == 1.0
