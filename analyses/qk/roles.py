@@ -26,7 +26,17 @@ import pandas as pd
 
 from headscope.analyses.qk.study import QKConfig, QKItem, duplicate_items, induction_items, qk_study
 
-__all__ = ["DRIVER_COLUMNS", "N_ITEMS", "ROLE_ITEMS", "TOP", "driver_sentences", "drivers_frame", "role_drivers"]
+__all__ = [
+    "DRIVER_COLUMNS",
+    "N_ITEMS",
+    "ROLE_ITEMS",
+    "TOP",
+    "driver_parts",
+    "driver_sentences",
+    "drivers_frame",
+    "drivers_from_parts",
+    "role_drivers",
+]
 
 #: items of a role's task attributed at most
 N_ITEMS = 16
@@ -85,49 +95,70 @@ def top_heads(roles: pd.DataFrame) -> dict[str, tuple[int, int]]:
 def role_drivers(model, roles: pd.DataFrame, *, n_items: int = N_ITEMS, seed: int = 0) -> tuple[pd.DataFrame, list]:
     """``(frame, notes)``: the :data:`DRIVER_COLUMNS` rows of each role's top head (module
     docstring) and one line per role or task that could not be attributed (why)."""
+    return drivers_from_parts(driver_parts(model, roles, n_items=n_items, seed=seed))
+
+
+def driver_parts(model, roles: pd.DataFrame, *, n_items: int = N_ITEMS, seed: int = 0, part=None) -> dict:
+    """``{index: (rows, notes)}`` of each role attributed (``index``: its place in the order
+    :func:`role_drivers` attributes them, by task; -1: the model's refusal). ``part`` ``(k, n)``:
+    every ``n``-th role from the ``k``-th only (each role's study is its own: a sharded run's
+    parts, joined by :func:`drivers_from_parts`, give one process's frame)."""
+    from headscope.probes.capture import in_part
     from headscope.probes.qk_parts import qk_refusal
 
     heads = top_heads(roles)
-    notes: list[str] = []
     if not heads:
-        return drivers_frame(), notes
+        return {}
     why = qk_refusal(model)
     if why is not None:
-        return drivers_frame(), [why]
+        return {-1: ([], [why])}
     by_task: dict[str, list[str]] = {}
     for role in heads:
         by_task.setdefault(ROLE_ITEMS[role][0], []).append(role)
-    rows = []
-    for task_name, task_roles in by_task.items():
-        try:
-            task = _generated(task_name)(model, n_items, seed)
-        except Exception as e:  # an encoder has no IOI task, a tokenizer too few names: said, not raised
-            notes.append(f"{', '.join(task_roles)}: no {task_name} items ({str(e).strip().splitlines()[0]})")
+    order = [(task_name, role) for task_name, task_roles in by_task.items() for role in task_roles]
+    tasks: dict = {}
+    out: dict = {}
+    for i, (task_name, role) in enumerate(order):
+        if not in_part(part, i):
             continue
-        for role in task_roles:
-            layer, head = heads[role]
-            items = ROLE_ITEMS[role][1](task)[:n_items]
-            res = qk_study(model, [(layer, head)], items, QKConfig(top_pairs=1))
-            f = res.frame
-            if f.empty:
-                notes.append(f"{role}: L{layer}H{head}: no item attributed")
-                continue
-            for side in ("query", "key"):
-                part = f[(f.side == side) & (f["rank"] <= TOP)].sort_values("rank")
-                for r in part.itertuples(index=False):
-                    rows.append(
-                        {
-                            "role": role,
-                            "layer": layer,
-                            "head": head,
-                            "side": side,
-                            "rank": int(r.rank),
-                            "component": r.query_component if side == "query" else r.key_component,
-                            "share": float(r.share),
-                            "n": int(r.n),
-                        }
-                    )
+        if task_name not in tasks:
+            try:
+                tasks[task_name] = _generated(task_name)(model, n_items, seed)
+            except Exception as e:  # an encoder has no IOI task, a tokenizer too few names: said, not raised
+                tasks[task_name] = e
+        task = tasks[task_name]
+        if isinstance(task, Exception):  # said once, at the task's first role
+            first = role == by_task[task_name][0]
+            why = f"{', '.join(by_task[task_name])}: no {task_name} items ({str(task).strip().splitlines()[0]})"
+            out[i] = ([], [why] if first else [])
+            continue
+        out[i] = _role_rows(model, role, heads[role], ROLE_ITEMS[role][1](task)[:n_items])
+    return out
+
+
+def drivers_from_parts(parts: dict) -> tuple[pd.DataFrame, list]:
+    """:func:`driver_parts` (of one process, or every part's merged) -> :func:`role_drivers`' ``(frame, notes)``."""
+    rows, notes = [], []
+    for i in sorted(parts):
+        rows += parts[i][0]
+        notes += parts[i][1]
     return drivers_frame(rows), notes
+
+
+def _role_rows(model, role: str, head: tuple[int, int], items) -> tuple[list[dict], list[str]]:
+    """The :data:`DRIVER_COLUMNS` rows of ``role``'s top ``head`` on ``items`` (or a note why none)."""
+    layer, h = head
+    f = qk_study(model, [(layer, h)], items, QKConfig(top_pairs=1)).frame
+    if f.empty:
+        return [], [f"{role}: L{layer}H{h}: no item attributed"]
+    rows = []
+    for side in ("query", "key"):
+        part = f[(f.side == side) & (f["rank"] <= TOP)].sort_values("rank")
+        for r in part.itertuples(index=False):
+            component = r.query_component if side == "query" else r.key_component
+            row = {"role": role, "layer": layer, "head": h, "side": side, "rank": int(r.rank)}
+            rows.append({**row, "component": component, "share": float(r.share), "n": int(r.n)})
+    return rows, []
 
 
 def driver_sentences(frame: pd.DataFrame) -> list[str]:

@@ -129,8 +129,9 @@ class RolesStage(Stage[RolesConfig]):
     def split(self, ctx: RunContext, cfg: RolesConfig, n: int) -> list:
         """``n`` interleaved parts of every role group's batches (:class:`~headscope.reports.stages.sharded.Interleaved`):
         each worker reads and buckets the corpora as one process does and runs every ``n``-th
-        batch, so each item's values are the single run's; the verdicts, intervals and p-values,
-        the examples and the QK drivers run after the merge (:meth:`finish`)."""
+        batch, so each item's values are the single run's; the verdicts, intervals and p-values
+        and the examples run after the merge (:meth:`finish`); IOI's S-inhibition path patching
+        (:class:`PathsPart`) and the QK drivers (:class:`DriversPart`) go back to the workers."""
         from headscope.reports.stages.sharded import Interleaved
 
         return [Interleaved(k, n) for k in range(n)]
@@ -138,6 +139,12 @@ class RolesStage(Stage[RolesConfig]):
     def run_part(self, ctx: RunContext, cfg: RolesConfig, part) -> StageResult:
         from headscope.analyses.roles.parts import fill_roles
 
+        if isinstance(part, DriversPart):  # the last round: the QK drivers of every n-th role (_result)
+            from headscope.analyses.qk.roles import driver_parts
+
+            return StageResult(
+                {}, {"drivers": driver_parts(ctx.model, part.roles, seed=part.seed, part=(part.k, part.n))}
+            )
         if isinstance(part, PathsPart):  # the second round: IOI's S-inhibition path patching (finish)
             from headscope.analyses.patching.path import path_deltas
 
@@ -198,18 +205,24 @@ def _result(ctx: RunContext, cfg: RolesConfig, rr) -> StageResult:
     }
     timings = {f"roles.{k}": round(float(v), 3) for k, v in rr.timings.items()}
     t0 = time.perf_counter()
-    frames["qk_drivers"] = _qk_drivers(ctx, rr.frame, cfg.seed)
+    frames["qk_drivers"] = _qk_drivers(ctx, rr.frame, cfg.seed, cfg)
     timings["roles.qk_drivers"] = round(time.perf_counter() - t0, 3)
     return StageResult(frames, {}, timings, dict(rr.n_items))
 
 
-def _qk_drivers(ctx: RunContext, roles, seed: int):
+def _qk_drivers(ctx: RunContext, roles, seed: int, cfg: RolesConfig | None = None):
     """What drives the attention of each task role's top head (:func:`~headscope.analyses.qk.roles.role_drivers`):
-    one forward per batch of up to 16 items of the role's task; a model it cannot split gives no rows (logged)."""
-    from headscope.analyses.qk.roles import drivers_frame, role_drivers
+    one forward per batch of up to 16 items of the role's task; a model it cannot split gives no rows (logged).
+    With the run's workers (``ctx.shards``) the roles are interleaved over them (:class:`DriversPart`)."""
+    from headscope.analyses.qk.roles import drivers_frame, drivers_from_parts, role_drivers, top_heads
 
     try:
-        frame, notes = role_drivers(ctx.model, roles, seed=seed)
+        n = 0 if ctx.shards is None else min(ctx.shards.workers, len(top_heads(roles)))
+        if n:
+            parts = [DriversPart(k, n, roles, seed) for k in range(n)]
+            frame, notes = drivers_from_parts(ctx.shards.run(ctx, _Drivers(), cfg, parts).summary["drivers"])
+        else:
+            frame, notes = role_drivers(ctx.model, roles, seed=seed)
     except Exception as e:  # the roles table is written whatever the attribution does
         frame, notes = drivers_frame(), [f"QK drivers: {str(e).strip().splitlines()[0]}"]
     for note in notes:
@@ -257,6 +270,36 @@ class _Paths:
         first = parts[0].summary
         delta = merge_deltas([p.summary["delta"] for p in parts])
         return StageResult({}, {**first, "delta": delta})
+
+    def finish(self, ctx, cfg, merged: StageResult) -> StageResult:
+        return merged
+
+
+@dataclass(frozen=True)
+class DriversPart:
+    """Part ``k`` of ``n`` of the QK drivers: every ``n``-th role's top head
+    (:func:`~headscope.analyses.qk.roles.driver_parts` with ``part``) of the ``roles`` frame."""
+
+    k: int
+    n: int
+    roles: Any
+    seed: int
+
+    def __repr__(self) -> str:
+        return f"QK drivers of roles {self.k}, {self.k + self.n}, ..."
+
+
+class _Drivers:
+    """The roles stage's QK-driver round on the workers (:class:`DriversPart`): each role's rows and
+    notes joined by their place in the attribution order."""
+
+    name, unit = "roles", "items"
+
+    def merge(self, parts) -> StageResult:
+        got: dict = {}
+        for p in parts:
+            got.update(p.summary["drivers"])
+        return StageResult({}, {"drivers": got})
 
     def finish(self, ctx, cfg, merged: StageResult) -> StageResult:
         return merged

@@ -177,3 +177,35 @@ def test_the_other_default_role_groups_sharded_by_items_equal_the_single_process
     assert dict(sharded.counts) == dict(whole.counts) and set(whole.counts) == set(groups)
     assert all(n > 0 for n in whole.counts.values())
     assert set(sharded.frames["roles"].role.str.split(":").str[0]) >= {"successor", "copy-suppression", "syntactic"}
+
+
+def test_qk_drivers_sharded_by_roles_equal_the_single_process_run(smollm_pool, smollm):
+    """The QK drivers of three roles' top heads (SmolLM2's induction head L18H6 and previous-token
+    head L16H0 on the induction task, a duplicate-token head on its own task), every n-th role on
+    each worker (roles 0 and 2 on one, 1 on the other), joined in the attribution order: the single
+    process's frame."""
+    import pandas as pd
+    import torch
+
+    from headscope.analyses.qk.roles import role_drivers, top_heads
+    from headscope.reports.stages.roles import _qk_drivers
+
+    frame = pd.DataFrame(
+        {
+            "layer": [18, 16, 3],
+            "head": [6, 0, 2],
+            "role": ["induction", "previous-token", "duplicate-token"],
+            "score": [0.4, 0.9, 0.5],
+            "verdict": [True, True, True],
+        }
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        whole, notes = role_drivers(smollm, frame, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    ctx = RunContext(name="smollm2-135m", model=smollm, shards=smollm_pool)
+    sharded = _qk_drivers(ctx, frame, 0, ROLES)
+    assert sharded.equals(whole.reset_index(drop=True)) and not notes
+    assert set(sharded.role) == set(top_heads(frame)) and set(sharded.side) == {"query", "key"}
