@@ -49,6 +49,7 @@ __all__ = [
     "add_backend",
     "add_device",
     "add_dtype",
+    "add_ray",
     "batch_size",
     "cap_note",
     "fraction",
@@ -59,6 +60,9 @@ __all__ = [
     "listed",
     "load_from_args",
     "print_rejected",
+    "ray_config",
+    "ray_in_driver",
+    "ray_pool",
     "positive_int",
     "resolve_device",
     "seed",
@@ -126,9 +130,10 @@ MAX_RAY_WORKERS = 4096
 
 
 def add_ray(parser) -> None:
-    """``--ray``, ``--workers N`` and ``--ray-address ADDR`` of every command that runs report
-    stages: the stages that shard run on Ray workers (:mod:`~headscope.reports.stages.sharded`);
-    :func:`ray_config` reads them. Without ``--ray`` nothing imports Ray."""
+    """``--ray``, ``--workers N``, ``--ray-address ADDR`` and ``--worker-threads N`` of every command
+    that runs report stages: the stages that shard run on Ray workers
+    (:mod:`~headscope.reports.stages.sharded`); :func:`ray_config` reads them. Without ``--ray``
+    nothing imports Ray."""
     parser.add_argument(
         "--ray",
         action="store_true",
@@ -148,13 +153,26 @@ def add_ray(parser) -> None:
         metavar="ADDR",
         help="join an existing Ray cluster (HOST:PORT, ray://HOST:PORT or auto; default: start a local one; with --ray)",
     )
+    parser.add_argument(
+        "--worker-threads",
+        type=int_in(1, MAX_RAY_WORKERS, "torch threads per Ray worker"),
+        default=None,
+        metavar="N",
+        help="torch threads (and Ray CPUs) of each worker (default: the cluster's CPUs // --workers); gradient "
+        "sums depend on it: compare with a run on as many threads (with --ray)",
+    )
 
 
 def ray_config(args):
     """The :class:`~headscope.reports.stages.sharded.RayConfig` of ``--ray`` (None without it;
     ``--workers`` or ``--ray-address`` without ``--ray`` refused in one line)."""
     if not args.ray:
-        given = [f for f, v in (("--workers", args.workers), ("--ray-address", args.ray_address)) if v is not None]
+        flags = (
+            ("--workers", args.workers),
+            ("--ray-address", args.ray_address),
+            ("--worker-threads", getattr(args, "worker_threads", None)),
+        )
+        given = [f for f, v in flags if v is not None]
         if given:
             raise ValueError(
                 f"{' and '.join(given)} {'go' if len(given) > 1 else 'goes'} with --ray; add --ray or leave them out"
@@ -162,7 +180,40 @@ def ray_config(args):
         return None
     from headscope.reports.stages.sharded import RayConfig
 
-    return RayConfig(workers=args.workers, address=args.ray_address)
+    return RayConfig(workers=args.workers, address=args.ray_address, threads=getattr(args, "worker_threads", None))
+
+
+def ray_pool(args):
+    """A context manager holding the command's Ray workers under ``--ray``
+    (:func:`~headscope.reports.stages.command_shards.command_pool`: connected on entry, before the
+    model loads, closed on exit), yielding None without it; the workers load ``args.model`` on
+    the command's ``--backend``, ``--dtype`` and ``--trust-remote-code``."""
+    from headscope.reports.stages.command_shards import command_pool
+
+    load = {
+        "backend": getattr(args, "backend", "auto"),  # a command without --backend: the first that loads it
+        "dtype": getattr(args, "dtype", "fp32"),
+        "trust_remote_code": getattr(args, "trust_remote_code", False),
+    }
+    return command_pool(ray_config(args), args.model, **load)
+
+
+def ray_in_driver(args, command: str, why: str):
+    """The :func:`ray_config` of a command whose work has no stage split: with ``--ray`` the flags
+    are checked as a sharded command checks them (Ray installed, else one line naming the extra;
+    ``--ray-address`` reachable; ``--workers`` within this machine's cores when no address is
+    given), no worker is started, and one line on stderr says the work runs in the driver
+    (``why``: what has no split). Returns the config (None without ``--ray``)."""
+    ray = ray_config(args)
+    if ray is None:
+        return None
+    import sys
+
+    from headscope.reports.stages.sharded import preflight
+
+    preflight(ray)
+    print(f"note: {command} --ray: {why}; it runs in the driver, without Ray workers", file=sys.stderr)
+    return ray
 
 
 def add_dtype(parser, default: str = "fp32") -> None:

@@ -40,7 +40,16 @@ def register(sub) -> None:
     from headscope.analyses.circuits.edges.graph import MIB_BUDGETS
     from headscope.analyses.patching.tasks import MAX_GENERATED_ITEMS, TASKS
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import MAX_SEQ_LEN, add_backend, add_device, add_dtype, batch_size, int_in, seed
+    from headscope.reports.cli.argtypes import (
+        MAX_SEQ_LEN,
+        add_backend,
+        add_device,
+        add_dtype,
+        add_ray,
+        batch_size,
+        int_in,
+        seed,
+    )
 
     p = sub.add_parser("circuit", help="an edge circuit: EAP/EAP-IG scores, faithfulness at budgets, random baseline")
     p.add_argument("model", nargs="?", default="smollm2-135m", help="shipped name or directory (pre-norm decoder)")
@@ -87,6 +96,7 @@ def register(sub) -> None:
         "reaching faithfulness 0.8, else the most faithful below 1)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_ray(p)
     p.set_defaults(func=run, backend="inhouse")  # edge circuits run on the in-house stack
 
 
@@ -135,6 +145,33 @@ def _write_mib(path: Path, model, edges, faith, asked: float | None) -> dict:
     return {"path": str(path), "in_graph_budget": b, "n_edges": len(doc["edges"]), "format": MIB_FORMAT_SOURCE}
 
 
+def _on_workers(pool, model, task, args, batch_size: int) -> dict:
+    """``circuit_study``'s ``sums`` and ``evaluate`` from the circuits stage's parts on ``pool``'s
+    workers, as the report shards it: each worker sums the edge scores over every other batch of
+    the task's items, then evaluates every other circuit over all batches. The workers load the task
+    from the settings; ``ValueError`` (one line) where they would not load the items the driver holds."""
+    from headscope.analyses.circuits.edges.study import CircuitsConfig, circuit_task
+    from headscope.reports.stages.circuits import evaluate_on
+    from headscope.reports.stages.command_shards import merged, shard_context
+
+    cfg = CircuitsConfig(
+        task=args.task,
+        n_items=args.n_items or max(1, len(task.items) + task.n_unusable),
+        seq_len=args.seq_len,
+        method=args.method,
+        steps=args.steps,
+        budgets=tuple(args.budgets),
+        seeds=args.seeds,
+        batch_size=batch_size,
+        seed=args.seed,
+    )
+    if circuit_task(model, cfg).items != task.items:
+        raise ValueError(f"--ray: the workers would not load the items of --task {args.task}; give --n-items")
+    ctx = shard_context(pool, model, seed=args.seed)
+    sums = merged(ctx, "circuits", cfg).summary["sums"]
+    return {"sums": sums, "evaluate": lambda masks: evaluate_on(pool, ctx, cfg, masks)}
+
+
 def run(args) -> int:
     from headscope.analyses.circuits.edges.study import circuit_study
     from headscope.analyses.patching.tasks import load_task
@@ -142,7 +179,7 @@ def run(args) -> int:
     from headscope.probes.outputs.atomic import write_frame
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory
-    from headscope.reports.cli.argtypes import load_from_args, resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, ray_pool, resolve_device
 
     device = resolve_device(args.device)  # checked before anything loads
     if args.mib_budget is not None and args.mib_budget not in args.budgets:
@@ -153,13 +190,17 @@ def run(args) -> int:
         raise FileNotFoundError(f"--mib {args.mib}: expected a file in an existing folder")
     # the memory plan, from the model's config alone: refused in one line when one item cannot fit
     budget, batch_size = memory.circuit_start(args, device, args.n_items or PLANNED_ITEMS)
-    with claim_output(args.out, "circuit") if args.out else nullcontext() as folder:
+    with (
+        ray_pool(args) as pool,  # --ray: a bad --ray-address or --workers refused here, before the model loads
+        claim_output(args.out, "circuit") if args.out else nullcontext() as folder,
+    ):
         model = load_from_args(args, device)
         with warnings.catch_warnings():  # unusable items are said below in one line
             warnings.filterwarnings("ignore", message=r"task .* items unusable", category=UserWarning)
             task = load_task(model, args.task, n_items=args.n_items, seed=args.seed, seq_len=args.seq_len)
         for line in _skipped_lines(task):
             print(line, file=sys.stderr)
+        shards = _on_workers(pool, model, task, args, batch_size) if pool is not None else {}
         edges, faith, summary = circuit_study(
             model,
             task,
@@ -168,6 +209,7 @@ def run(args) -> int:
             budgets=args.budgets,
             seeds=args.seeds,
             batch_size=batch_size,
+            **shards,
         )
         used = memory.finish(budget)
         if args.mib is not None:

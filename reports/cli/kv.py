@@ -22,7 +22,7 @@ MAX_TOKENS = 65536
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import int_in, seed
+    from headscope.reports.cli.argtypes import add_ray, int_in, seed
 
     p = sub.add_parser("kv", help="KV-cache compression study: which KV groups keep a full cache, sink + window")
     p.add_argument("model", nargs="?", default="smollm2-135m", help="shipped name (smollm2-135m), directory or .gguf")
@@ -53,6 +53,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed, default=0, help="seed of the inputs and the random orders (0)")
     p.add_argument("--out", type=out_argument, help="output folder (default runs/kv-<model>)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_ray(p)
     p.set_defaults(func=run)
 
 
@@ -99,7 +100,13 @@ def run(args) -> int:
     from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame
     from headscope.probes.outputs.folder import claim_output
+    from headscope.reports.cli.argtypes import ray_in_driver
 
+    ray_in_driver(
+        args,
+        "kv",
+        "its study at its own --tokens/--sink/--window has no stage split yet (the report's KV stage splits by KV groups at the report's settings)",
+    )
     cfg = config_of(args)
     out = Path(args.out) if args.out else default_out(args.model)
     with claim_output(out, "kv") as folder:  # refused before the model loads

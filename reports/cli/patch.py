@@ -21,7 +21,7 @@ from pathlib import Path
 def register(sub) -> None:
     from headscope.analyses.patching.tasks import TASKS
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, add_ray
 
     p = sub.add_parser("patch", help="causal evidence per head: activation, attribution and path patching")
     p.add_argument(
@@ -41,6 +41,7 @@ def register(sub) -> None:
         "--out", type=out_argument, default=None, help="folder for patch.csv/.parquet, run.json and figures/"
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_ray(p)
     p.set_defaults(func=run)
 
 
@@ -228,8 +229,13 @@ def run(args) -> int:
     from headscope.probes.outputs.atomic import atomic_write, write_frame
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory
-    from headscope.reports.cli.argtypes import load_from_args, resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, ray_in_driver, resolve_device
 
+    ray_in_driver(
+        args,
+        "patch",
+        "its study (one task, its methods and paths) has no stage split yet (the report's patching stage splits its own tasks' forwards)",
+    )
     device = resolve_device(args.device)  # checked before anything loads
     cfg = StudyConfig(
         methods=tuple(dict.fromkeys(args.method)),

@@ -20,6 +20,7 @@ def register(sub) -> None:
         add_backend,
         add_device,
         add_dtype,
+        add_ray,
         batch_size,
         fraction,
         int_at_least,
@@ -32,6 +33,7 @@ def register(sub) -> None:
     add_backend(p)
     add_dtype(p)
     add_device(p, device_map=True)
+    add_ray(p)
     p.add_argument(
         "--metric",
         choices=list(METRICS),
@@ -164,12 +166,22 @@ def render_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _sharded_metric(pool, model, cfg):
+    """The pruning stage's metric with its forwards on ``pool``'s workers, each over its part of
+    the items (:func:`~headscope.reports.stages.pruning.sharded_metric`), as the report runs it."""
+    from headscope.reports.stages.command_shards import merged, shard_context
+    from headscope.reports.stages.pruning import sharded_metric
+
+    ctx = shard_context(pool, model, seed=cfg.seed)
+    return sharded_metric(ctx, cfg, merged(ctx, "pruning", cfg))
+
+
 def run(args) -> int:
     from headscope.analyses.pruning.study import PruneConfig, pruning_study
     from headscope.analyses.run_json import add_to_run_json
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory
-    from headscope.reports.cli.argtypes import load_from_args, resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, ray_pool, resolve_device
 
     device = None if args.device_map else resolve_device(args.device)
     n_items, notes = _capped_items(args)  # before the model loads: an absurd count answers at once
@@ -192,7 +204,10 @@ def run(args) -> int:
     roles = _read_roles(args.roles) if args.roles else None
     asked = cfg
     budget, cfg = memory.prune_start(args, asked, device)  # refused in one line if it cannot fit
-    with claim_output(args.out, "prune") if args.out else nullcontext():  # checked and locked before the model loads
+    with (
+        ray_pool(args) as pool,  # --ray: a bad --ray-address or --workers refused here, before anything else
+        claim_output(args.out, "prune") if args.out else nullcontext(),  # checked and locked before the model loads
+    ):
         model = load_from_args(args, device)
         if cfg.metric is not None:  # #47: a metric that does not apply to what the model is for, in one line
             from headscope.analyses.pruning.metrics import METRICS, check_kind
@@ -202,7 +217,8 @@ def run(args) -> int:
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
         timer = memory.parts_timer(None, "pruning", None, False, "parts of the study")
-        result = pruning_study(model, cfg, args.out, roles=roles, progress=timer)  # frames and state into --out
+        metric = _sharded_metric(pool, model, cfg) if pool is not None else None  # --ray: forwards on the workers
+        result = pruning_study(model, cfg, args.out, metric=metric, roles=roles, progress=timer)  # frames, state: --out
         add_to_run_json(args.out, memory=memory.finish(budget, memory.emitter(False)))
         if notes:
             result.summary["notes"] = notes

@@ -18,6 +18,7 @@ def register(sub) -> None:
         add_backend,
         add_device,
         add_dtype,
+        add_ray,
         batch_size,
         head,
         int_in,
@@ -54,6 +55,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=batch_size, default=16, help="items per forward (default 16)")
     p.add_argument("--out", type=out_argument, default=None, help="folder for qk.csv/.parquet and run.json")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_ray(p)
     p.set_defaults(func=run)
 
 
@@ -117,8 +119,9 @@ def run(args) -> int:
     from headscope.probes.outputs.atomic import atomic_write, write_frame
     from headscope.probes.outputs.folder import claim_output
     from headscope.probes.qk_parts import qk_refusal
-    from headscope.reports.cli.argtypes import load_from_args, resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, ray_in_driver, resolve_device
 
+    ray_in_driver(args, "qk", "QK attribution has no stage split")
     device = resolve_device(args.device)
     cfg = QKConfig(baseline=args.baseline, batch_size=args.batch_size, top_pairs=args.top)
     with claim_output(args.out, "qk") if args.out else nullcontext() as folder:

@@ -33,9 +33,6 @@ def register(sub) -> None:
     from headscope.analyses.roles import REGISTRY  # the help lists the registered groups
     from headscope.probes.outputs.folder import out_argument
     from headscope.reports.cli.argtypes import (
-        add_backend,
-        add_device,
-        add_dtype,
         batch_size,
         int_in,
         listed,
@@ -49,9 +46,7 @@ def register(sub) -> None:
     p.add_argument(
         "model", nargs="?", default="minilm-l6", help="shipped name (minilm-l6, smollm2-135m), directory or .gguf"
     )
-    add_backend(p)
-    add_dtype(p)
-    add_device(p, device_map=True)
+    _add_model_flags(p)
     p.add_argument(
         "--conllu",
         action="append",
@@ -108,6 +103,17 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="print nothing (files only)")
     p.set_defaults(func=run)
+
+
+def _add_model_flags(p) -> None:
+    """How the model loads and runs: ``--backend``, ``--dtype``, ``--device`` (and ``--device-map``),
+    ``--ray``/``--workers``/``--ray-address``/``--worker-threads``."""
+    from headscope.reports.cli.argtypes import add_backend, add_device, add_dtype, add_ray
+
+    add_backend(p)
+    add_dtype(p)
+    add_device(p, device_map=True)
+    add_ray(p)
 
 
 def _add_group_flags(p) -> None:
@@ -279,11 +285,20 @@ def _groups(args) -> tuple[str, ...]:
     return check_roles(wanted)
 
 
-def _analyse(args, model, cfg, groups, inputs: dict):
+def _analyse(args, model, cfg, groups, inputs: dict, pool=None):
     """:func:`~headscope.analyses.roles.pipeline.head_roles` on the loaded model, with the
-    terminal's stage progress (long stages only when stderr is a log)."""
+    terminal's stage progress (long stages only when stderr is a log); with ``pool`` (``--ray``)
+    the roles stage's parts on its workers, merged and finished here as the report does."""
     from headscope.analyses.roles.pipeline import head_roles
     from headscope.reports import budget as memory
+
+    if pool is not None:
+        from headscope.analyses.roles.parts import finish_filled
+        from headscope.reports.stages.command_shards import merged, shard_context
+
+        ctx = shard_context(pool, model, seed=cfg.seed, inputs=_corpora(inputs), role_groups=groups)
+        filled = merged(ctx, "roles", cfg).summary["filled"]
+        return finish_filled(model, filled, cfg=cfg, roles=groups, inputs=ctx.inputs)
 
     progress = None
     if not (args.quiet or args.json):
@@ -300,6 +315,11 @@ def _analyse(args, model, cfg, groups, inputs: dict):
             cfg=cfg,
             progress=memory.roles_timer(progress, groups, inputs, cfg, args.quiet, model.spec),
         )
+
+
+def _corpora(inputs: dict) -> dict:
+    """``inputs`` without the run's records (``long_text``): the corpora the role groups read."""
+    return {k: v for k, v in inputs.items() if k in ("text", "conllu", "coref")}
 
 
 def _write(tmp: Path, args, model, result, groups, inputs: dict, budget) -> None:
@@ -369,7 +389,7 @@ def _long_passages(args, model, inputs: dict) -> dict:
 def run(args) -> int:
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory
-    from headscope.reports.cli.argtypes import load_from_args, resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, ray_pool, resolve_device
 
     if args.dtype != "fp32" and args.backend == "bridge":
         raise ValueError(
@@ -381,14 +401,17 @@ def run(args) -> int:
     inputs = _read_inputs(args, cfg, groups)
     budget, cfg = memory.roles_start(args, cfg, groups, inputs, device)  # refused in one line if it cannot fit
     out = Path(args.out) if args.out else default_out(args.model)
-    with claim_output(out, "roles") as folder:  # refused before the model loads; locked until written
+    with (
+        ray_pool(args) as pool,  # --ray: a bad --ray-address or --workers refused here, before anything else
+        claim_output(out, "roles") as folder,  # refused before the model loads; locked until written
+    ):
         model = load_from_args(args, device)
         if args.max_tokens is not None and "text" in inputs:
             inputs = _long_passages(args, model, inputs)
         budget, cfg = memory.roles_refine(budget, model, cfg, groups, inputs)
         if not (args.quiet or args.json):
             print(f"backend {model.backend_choice}", file=sys.stderr)
-        result = _analyse(args, model, cfg, groups, inputs)
+        result = _analyse(args, model, cfg, groups, inputs, pool)
         check_usable(result, inputs, args)  # before anything is written
         if not args.quiet and any(result.skipped.values()):
             print(f"skipped: {_skipped_text(result.skipped)} (skipped.json)", file=sys.stderr)

@@ -26,6 +26,7 @@ SEED = 0
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
+    from headscope.reports.cli.argtypes import add_ray
 
     p = sub.add_parser("validate", help="headscope's verdicts against known truth: compiled tracr programs")
     p.add_argument("suite", help="what to validate against: tracr (compiled RASP programs; needs headscope[tracr])")
@@ -33,6 +34,7 @@ def register(sub) -> None:
     p.add_argument("--out", type=out_argument, default=None, help="output folder (default runs/validate-tracr)")
     p.add_argument("--no-cache", action="store_true", help="compile again, and write nothing to the cache")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_ray(p)
     p.set_defaults(func=run)
 
 
@@ -141,7 +143,9 @@ def run(args) -> int:
     from headscope.analyses.validation.tracr import ValidateConfig, auroc_scores, role_scores, validate
     from headscope.probes.models.compiled.tracr import require_tracr
     from headscope.probes.outputs.atomic import write_json
+    from headscope.reports.cli.argtypes import ray_in_driver
 
+    ray_in_driver(args, "validate", "the tracr programs have no stage split")
     if args.suite != "tracr":
         raise ValueError(f"validate knows one suite, 'tracr'; got {args.suite!r}")
     names = _programs(args.programs)

@@ -34,7 +34,7 @@ MAX_NULL = 1_000_000
 
 def register(sub) -> None:
     from headscope.probes.outputs.folder import out_argument
-    from headscope.reports.cli.argtypes import int_in, listed, seed
+    from headscope.reports.cli.argtypes import add_ray, int_in, listed, seed
 
     p = sub.add_parser("weights", help="circuits from the weights alone: OV copying, QK/OV composition (GQA-aware)")
     p.add_argument(
@@ -56,6 +56,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed, default=0, help="seed of the Gaussian baselines (0)")
     p.add_argument("--top", type=listed, default=10, help="rows per table in the summary (10)")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    add_ray(p)
     p.set_defaults(func=run)
 
 
@@ -174,18 +175,43 @@ def held_budget(weights) -> int | None:
     return None if free is None or total <= free // 4 else max(1, free // 4)
 
 
+def _heads_on_workers(pool, weights, args):
+    """:func:`~headscope.analyses.circuits.weights.ov_qk.head_circuits` with the per-head rows
+    computed by the weights stage's parts on ``pool``'s workers, the layers in contiguous runs
+    (each worker loads the model and reads its layers' matrices; the rows of a layer depend on it
+    and the seeded null alone), and the adjustment and verdicts over all heads here."""
+    from headscope.analyses.circuits.weights.ov_qk import head_verdicts
+    from headscope.reports.stages.base import RunContext
+    from headscope.reports.stages.command_shards import merged
+    from headscope.reports.stages.registry import STAGES
+    from headscope.reports.stages.sharded import contiguous
+
+    cfg = STAGES["weights"].Config(draws=args.draws, seed=args.seed)
+    ctx = RunContext(name=str(args.model), seed=args.seed, shards=pool)
+    parts = contiguous(weights.n_layers, pool.workers)  # the stage's split, from the weights read here
+    rows = merged(ctx, "weights", cfg, parts).frames["head_rows"]
+    return head_verdicts(weights, rows)
+
+
 def run(args) -> int:
     from headscope.analyses.circuits.weights.composition import composition_scores
     from headscope.analyses.circuits.weights.ov_qk import head_circuits
     from headscope.probes.outputs.atomic import write_frame, write_json
     from headscope.probes.outputs.folder import claim_output
     from headscope.probes.outputs.kinds import manifest_header
+    from headscope.reports.cli.argtypes import ray_pool
 
     out = Path(args.out) if args.out else default_out(args.model)
-    with claim_output(out, "weights") as folder:  # refused before the model is read
+    with (
+        ray_pool(args) as pool,  # --ray: a bad --ray-address or --workers refused here, before anything is read
+        claim_output(out, "weights") as folder,  # refused before the model is read
+    ):
         weights = open_weights(args.model)
         t0 = time.perf_counter()
-        heads = head_circuits(weights, n_draws=args.draws, seed=args.seed)
+        if pool is None:
+            heads = head_circuits(weights, n_draws=args.draws, seed=args.seed)
+        else:
+            heads = _heads_on_workers(pool, weights, args)
         t1 = time.perf_counter()
         held = held_budget(weights)
         comp = composition_scores(weights, n_null=args.null, seed=args.seed, max_held_bytes=held)

@@ -174,7 +174,7 @@ class CircuitsStage(Stage[CircuitsConfig]):
         shared among them too, interleaved by circuit: each circuit's metric is computed as one
         process computes it, over every batch, so the faithfulness frame is the same."""
         pool = ctx.shards
-        evaluate = None if pool is None else (lambda masks: _evaluate_on(pool, ctx, cfg, masks))
+        evaluate = None if pool is None else (lambda masks: evaluate_on(pool, ctx, cfg, masks))
         return self._study(ctx, cfg, merged.summary["sums"], evaluate)
 
     def section(self, frames, meta) -> list:
@@ -222,8 +222,9 @@ class _Evaluation:
         return merged
 
 
-def _evaluate_on(pool, ctx: RunContext, cfg: CircuitsConfig, masks: torch.Tensor) -> list[float]:
-    """``m(C)`` of every circuit of ``masks``, the circuits interleaved over ``pool``'s workers."""
+def evaluate_on(pool, ctx: RunContext, cfg: CircuitsConfig, masks: torch.Tensor) -> list[float]:
+    """``m(C)`` of every circuit of ``masks``, the circuits interleaved over ``pool``'s workers (the
+    stage's :meth:`CircuitsStage.finish` and ``headscope circuit --ray``)."""
     n = max(1, min(pool.workers, len(masks)))
     got = pool.run(ctx, _Evaluation(), cfg, [CircuitEvaluation(k, n, masks) for k in range(n)]).summary["metrics"]
     if sorted(got) != list(range(len(masks))):

@@ -143,22 +143,10 @@ class PruningStage(Stage[PruneConfig]):
     def finish(self, ctx: RunContext, cfg: PruneConfig, merged: StageResult) -> StageResult:
         """The study in the driver, its forwards on the workers (:class:`ShardedMetric`); its
         bootstrap, summaries and tables here, on the merged per-item values."""
-        from headscope.analyses.pruning.study import pruning_study, study_metric
+        from headscope.analyses.pruning.study import pruning_study
         from headscope.reports.stages.frames import prune_frames
-        from headscope.reports.stages.prune_shards import ShardedMetric
 
-        replies = merged.summary["replies"]
-        metric = study_metric(ctx.model, cfg, None)
-        held = sorted(i for r in replies for i in r["items"])
-        if held != list(range(metric.n_items)):
-            raise RuntimeError(
-                f"the pruning shards hold {len(held)} items, not each of the metric's {metric.n_items} once"
-            )
-
-        def call(requests):
-            return [r.summary["reply"] for r in ctx.shards.each(ctx, self, cfg, requests)]
-
-        sharded = ShardedMetric(metric, call, len(replies), ctx.model.spec)
+        sharded = sharded_metric(ctx, cfg, merged)
         pr = pruning_study(ctx.model, cfg, None, metric=sharded, roles=ctx.frames.get("roles"), progress=ctx.progress)
         return StageResult(prune_frames(pr.tables), pr.summary)
 
@@ -185,6 +173,27 @@ class PruningStage(Stage[PruneConfig]):
 
         said = leaves_out(cfg)
         return [f"pruning: {said}"] if said else []
+
+
+def sharded_metric(ctx: RunContext, cfg: PruneConfig, merged: StageResult):
+    """The study's metric in the driver with its forwards on ``ctx.shards``' workers
+    (:class:`~headscope.reports.stages.prune_shards.ShardedMetric`), from the :meth:`PruningStage.merge`
+    of the parts' first pass (which items each part holds: each of the metric's once, else
+    ``RuntimeError``). The stage's :meth:`PruningStage.finish` and ``headscope prune --ray`` run
+    :func:`~headscope.analyses.pruning.study.pruning_study` with it."""
+    from headscope.analyses.pruning.study import study_metric
+    from headscope.reports.stages.prune_shards import ShardedMetric
+
+    replies = merged.summary["replies"]
+    metric = study_metric(ctx.model, cfg, None)
+    held = sorted(i for r in replies for i in r["items"])
+    if held != list(range(metric.n_items)):
+        raise RuntimeError(f"the pruning shards hold {len(held)} items, not each of the metric's {metric.n_items} once")
+
+    def call(requests):
+        return [r.summary["reply"] for r in ctx.shards.each(ctx, STAGE, cfg, requests)]
+
+    return ShardedMetric(metric, call, len(replies), ctx.model.spec)
 
 
 STAGE = PruningStage()

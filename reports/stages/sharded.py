@@ -52,6 +52,7 @@ __all__ = [
     "StageWorker",
     "contiguous",
     "import_ray",
+    "preflight",
     "wait_get",
     "worker_memory",
 ]
@@ -174,6 +175,17 @@ def _reachable(address: str, timeout: float) -> None:
         socket.create_connection(hp, timeout=timeout).close()
     except OSError as e:
         raise ValueError(f"--ray-address {address}: cannot reach the Ray cluster: {e.strerror or e}") from None
+
+
+def preflight(config: RayConfig) -> None:
+    """The checks of ``--ray`` that need no cluster, for a command whose work runs in the driver:
+    ``ValueError`` (one line) for an unreachable ``--ray-address``, for ``--workers`` past this
+    machine's cores when no address is given, and for Ray not installed (naming the extra)."""
+    if config.address is not None:
+        _reachable(config.address, config.connect_timeout)
+    elif config.workers is not None and config.workers > (cores := os.cpu_count() or 1):
+        raise ValueError(f"--workers {config.workers}: this machine hosts at most {cores} (one per core)")
+    import_ray()
 
 
 class StageWorker:
