@@ -181,11 +181,14 @@ def _heads_on_workers(pool, weights, args):
     (each worker loads the model and reads its layers' matrices; the rows of a layer depend on it
     and the seeded null alone), and the adjustment and verdicts over all heads here."""
     from headscope.analyses.circuits.weights.ov_qk import head_verdicts
+    from headscope.probes.models.checkpoints import resolve
     from headscope.reports.stages.base import RunContext
     from headscope.reports.stages.command_shards import merged
     from headscope.reports.stages.registry import STAGES
     from headscope.reports.stages.sharded import contiguous
 
+    if _inhouse_type(resolve(args.model)):  # the in-house stack builds it: no --backend auto probe per worker
+        pool.load["backend"] = "inhouse"
     cfg = STAGES["weights"].Config(draws=args.draws, seed=args.seed)
     ctx = RunContext(name=str(args.model), seed=args.seed, shards=pool)
     parts = contiguous(weights.n_layers, pool.workers)  # the stage's split, from the weights read here
