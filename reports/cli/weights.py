@@ -186,12 +186,14 @@ def _heads_on_workers(pool, weights, args):
     from headscope.reports.stages.command_shards import merged
     from headscope.reports.stages.registry import STAGES
     from headscope.reports.stages.sharded import contiguous
+    from headscope.reports.stages.weights import WeightsPart
 
     if _inhouse_type(resolve(args.model)):  # the in-house stack builds it: no --backend auto probe per worker
         pool.load["backend"] = "inhouse"
     cfg = STAGES["weights"].Config(draws=args.draws, seed=args.seed)
     ctx = RunContext(name=str(args.model), seed=args.seed, shards=pool)
-    parts = contiguous(weights.n_layers, pool.workers)  # the stage's split, from the weights read here
+    # the stage's head-row split, from the weights read here (the composition scores run here, lazily)
+    parts = [WeightsPart(tuple(r), (), ()) for r in contiguous(weights.n_layers, pool.workers)]
     rows = merged(ctx, "weights", cfg, parts).frames["head_rows"]
     return head_verdicts(weights, rows)
 
