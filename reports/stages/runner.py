@@ -503,6 +503,7 @@ def _pool(model, config: RunConfig):
         "model": str(model),
         "backend": config.backend,
         "dtype": config.dtype,
+        "device": None if config.device is None else str(config.device),  # cuda: each worker asks Ray for a GPU
         "trust_remote_code": config.trust_remote_code,
     }
     return ShardPool(config.ray, load).connect()

@@ -14,6 +14,10 @@ the driver, as without ``--ray``.
 
 Threads: each worker asks Ray for ``threads`` CPUs and sets torch's (and BLAS's) threads to them,
 ``threads = cluster CPUs // workers`` (at most a node's CPUs), so workers x threads <= cores.
+GPUs: with ``--device cuda`` each worker also asks Ray for ``num_gpus`` (:func:`gpu_share`: one GPU
+each where the cluster has one per worker, else an equal fraction, the workers sharing a GPU) and
+loads the model on ``cuda``, which in a Ray worker is the GPU Ray assigned it (Ray sets
+``CUDA_VISIBLE_DEVICES`` per worker); a cluster without GPUs is refused in one line.
 Memory: where the run has a memory plan (``ctx.shape`` and the stages' working sets), each worker
 also asks Ray for the plan's peak (:func:`worker_memory`: the weights, loaded, and the largest
 working set), so Ray places no more workers on a node than its memory holds; a cluster whose
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import sys
@@ -51,6 +56,7 @@ __all__ = [
     "ShardPool",
     "StageWorker",
     "contiguous",
+    "gpu_share",
     "import_ray",
     "preflight",
     "wait_get",
@@ -71,13 +77,16 @@ class RayConfig:
     cluster), ``connect_timeout``: seconds to reach ``address`` before giving up, ``threads``:
     torch threads (and Ray CPUs) per worker (None: ``cluster CPUs // workers``), ``notice_after``:
     seconds a run waits on workers (or jobs) that Ray cannot place before it says so (a warning
-    naming the resources asked and free, repeated every minute while it waits)."""
+    naming the resources asked and free, repeated every minute while it waits); ``gpus``: GPUs
+    each worker asks for under ``--device cuda`` (None: :func:`gpu_share`'s default; a fraction
+    puts several workers on one GPU; above 1, a whole number, as Ray requires)."""
 
     workers: int | None = None
     address: str | None = None
     connect_timeout: float = 5.0
     threads: int | None = None
     notice_after: float = 5.0
+    gpus: float | None = None
 
     def __post_init__(self):
         if self.workers is not None and (isinstance(self.workers, bool) or self.workers < 1):
@@ -86,6 +95,8 @@ class RayConfig:
             raise ValueError(f"threads must be an integer >= 1; got {self.threads!r}")
         if not self.notice_after > 0:
             raise ValueError(f"notice_after must be > 0 seconds; got {self.notice_after!r}")
+        if self.gpus is not None and not (0.0001 <= self.gpus and (self.gpus <= 1 or float(self.gpus).is_integer())):
+            raise ValueError(f"gpus per worker must be a fraction in [0.0001, 1] or a whole number; got {self.gpus!r}")
 
 
 def import_ray():
@@ -131,6 +142,27 @@ class Interleaved:
 
     def __repr__(self) -> str:
         return f"batches {self.k}, {self.k + self.n}, {self.k + 2 * self.n}, ..."
+
+
+def gpu_share(workers: int, gpus: float, asked: float | None = None) -> float:
+    """GPUs each of ``workers`` asks Ray for on a cluster of ``gpus`` GPUs: ``asked`` where given,
+    else one each where there is a GPU per worker, else an equal share, ``1 / ceil(workers /
+    gpus)`` rounded down to Ray's 0.0001 (so that many workers fit on one GPU and share its
+    memory). ``ValueError`` (one line) for a cluster without GPUs or an ``asked`` it cannot host.
+
+    >>> gpu_share(2, 4), gpu_share(4, 2), gpu_share(3, 1), gpu_share(2, 1, asked=0.25)
+    (1.0, 0.5, 0.3333, 0.25)
+    """
+    if gpus <= 0:
+        raise ValueError("no GPUs")
+    if asked is not None:
+        if workers * asked > gpus + 1e-9:
+            raise ValueError(f"{workers} workers x {asked:g} GPUs each exceed its {gpus:g} GPUs")
+        return float(asked)
+    if workers <= gpus:
+        return 1.0
+    per = math.ceil(workers / gpus)
+    return math.floor(10_000 / per) / 10_000
 
 
 def worker_memory(ctx: RunContext) -> int | None:
@@ -201,7 +233,11 @@ class StageWorker:
         from headscope.probes.models.loading import load_model
 
         source = checkpoints.resolve(load["model"])
-        model = load_model(source, load["backend"], dtype=load["dtype"], trust_remote_code=load["trust_remote_code"])
+        # a GPU worker sees the GPU(s) Ray assigned it as cuda:0..: the driver's index means nothing here
+        device = "cuda" if str(load.get("device") or "").startswith("cuda") else load.get("device")
+        model = load_model(
+            source, load["backend"], dtype=load["dtype"], device=device, trust_remote_code=load["trust_remote_code"]
+        )
         self.ctx = RunContext(name=load["model"], source=source, model=model, tokenizer=model.tokenizer)
 
     def pid(self) -> int:
@@ -226,6 +262,7 @@ class ShardPool:
         self.workers = 0
         self.threads = 1
         self.memory: int | None = None  # bytes each worker asked Ray for (None: none)
+        self.gpus: float | None = None  # GPUs each worker asks Ray for (None: a CPU run)
         self._actors: list = []
         self._started = False
 
@@ -278,6 +315,18 @@ class ShardPool:
         if self.workers * self.threads > cpus:
             self.close()
             raise ValueError(f"--workers {self.workers} x {self.threads} threads: {where} hosts at most {cpus} CPUs")
+        if str(self.load.get("device") or "").startswith("cuda"):
+            gpus = float(ray.cluster_resources().get("GPU", 0))
+            try:
+                self.gpus = gpu_share(self.workers, gpus, cfg.gpus)
+            except ValueError as e:
+                self.close()
+                if gpus <= 0:
+                    raise ValueError(
+                        f"--ray --device cuda: {where} has no GPUs (Ray counts {cpus} CPUs and no GPU); "
+                        "use --device cpu, or join a cluster whose nodes have GPUs"
+                    ) from None
+                raise ValueError(f"--ray --device cuda: {where}: {e}") from None
         return self
 
     def _start_actors(self, memory: int | None = None) -> None:
@@ -289,7 +338,7 @@ class ShardPool:
         env = {k: os.environ[k] for k in _ENV_PASSED if k in os.environ}
         threads = str(self.threads)
         env_vars = {**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
-        asks = {"num_cpus": self.threads}
+        asks = self.asks()
         if memory:
             node = max((n["Resources"].get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
             if node and memory > node:
@@ -305,13 +354,22 @@ class ShardPool:
             for _ in range(self.workers)
         ]
 
+    def asks(self) -> dict:
+        """What each worker asks Ray for, as ``ray.remote`` takes it: ``num_cpus`` (its threads) and,
+        on a GPU run, ``num_gpus`` (:func:`gpu_share`); the memory is added when the workers start."""
+        return {"num_cpus": self.threads, **({"num_gpus": self.gpus} if self.gpus else {})}
+
     def _unplaced(self) -> str | None:
         """A line saying how many workers Ray has not placed yet, what each asks for and what the
         cluster has free; None when every worker is placed (loading its model or running)."""
         waiting = [a for a in self._actors if not _placed(self.ray, a)]
         if not waiting:
             return None
-        asks = {"CPU": self.threads, **({"memory": self.memory} if self.memory else {})}
+        asks = {
+            "CPU": self.threads,
+            **({"GPU": self.gpus} if self.gpus else {}),
+            **({"memory": self.memory} if self.memory else {}),
+        }
         return (
             f"Ray cannot place {len(waiting)} of the {len(self._actors)} workers yet: each asks for "
             f"{_resources(asks)}; {self.config.address or 'the local Ray cluster'} has {_free(self.ray)} "
@@ -446,6 +504,8 @@ def _placed(ray, actor) -> bool:
 def _resources(r: dict) -> str:
     """``{"CPU": 1, "memory": 2**30}`` as ``1 CPU, 1.0 GiB of memory``."""
     parts = [f"{r['CPU']:g} CPU"] if "CPU" in r else []
+    if r.get("GPU"):
+        parts.append(f"{r['GPU']:g} GPU")
     if r.get("memory"):
         parts.append(f"{r['memory'] / 2**30:.1f} GiB of memory")
     return ", ".join(parts)
@@ -455,6 +515,8 @@ def _free(ray) -> str:
     """What the cluster has free of what it has: ``0 of 4 CPUs and 9.3 of 12.1 GiB of memory free``."""
     total, free = ray.cluster_resources(), ray.available_resources()
     line = f"{free.get('CPU', 0):g} of {total.get('CPU', 0):g} CPUs"
+    if total.get("GPU"):
+        line += f", {free.get('GPU', 0):g} of {total['GPU']:g} GPUs"
     if total.get("memory"):
         line += f" and {free.get('memory', 0) / 2**30:.1f} of {total['memory'] / 2**30:.1f} GiB of memory"
     return line + " free"
