@@ -171,6 +171,9 @@ class Budget:
         out["shape"] = dataclasses.asdict(self.shape) if self.shape is not None else None
         out["peak_rss_bytes"] = int(peak if peak is not None else peak_rss_bytes())
         out["peak_vm_bytes"] = peak_vm_bytes()
+        for key in ("host", "ray"):  # a device map's host share; a --ray run's driver and workers
+            if self.settings.get(key):
+                out[key] = self.settings[key]
         return out
 
 
@@ -205,22 +208,29 @@ def plan(
     probe: bool = False,
     trimmed: bool = False,
     staged: bool = False,
+    refuse: bool = True,
 ) -> Budget:
     """Fit ``stages`` of ``command`` to the memory available now (see the module doc; ``uniform``:
     one batch size for every stage, the smallest fitted; ``probe``: ``--backend auto`` will probe
     the in-house model against an HF copy while loading; ``trimmed``: the heap is trimmed after
-    the load, :data:`~headscope.probes.budget.TRIMMED_RESIDUE`); raises
+    the load, :data:`~headscope.probes.budget.TRIMMED_RESIDUE`; ``refuse`` False: estimated as
+    asked, neither fitted nor refused here: a ``--device-map auto`` run, whose weights and working
+    sets go to the GPUs, is checked against the host by :func:`~headscope.reports.device_plan.check_host`); raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit, or when
     ``HEADSCOPE_MEMORY_LIMIT`` is not a size or is below the weights alone
     (:func:`~headscope.probes.budget.check_limit`)."""
-    if shape is not None:
+    if shape is not None and refuse:
         check_limit(shape, load=load)
     avail = available_memory()
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:
         return Budget(command, None, stages, avail, None, load, convert, asked, probe=probe, trimmed=trimmed)
     kw = dict(load=load, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed, staged=staged)
-    est = _fit(command, shape, stages, avail, **kw)
+    if refuse:
+        est = _fit(command, shape, stages, avail, **kw)
+    else:
+        kw.pop("uniform")
+        est = estimate(shape, stages, process=avail.resident, **kw)
     return Budget(command, shape, stages, avail, est, load, convert, asked, probe=probe, trimmed=trimmed, staged=staged)
 
 

@@ -29,12 +29,26 @@ from headscope.probes.errors import MemoryBudgetError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WORK", "DevicePlan", "check_present", "plan_devices", "split_working_set"]
+__all__ = [
+    "WORK",
+    "DevicePlan",
+    "check_host",
+    "check_present",
+    "host_bytes",
+    "plan_devices",
+    "plannable",
+    "split_working_set",
+]
 
 #: the components of a working set (:func:`~headscope.probes.budget.estimate`'s parts beyond what every phase holds)
 WORK = ("patterns", "attention", "activations", "logits", "reducers", "statistics", "gradients", "cache")
 #: placements computed before giving up on reserving what a device's part turned out to need
 TRIES = 4
+#: tensors a ``device_map`` load holds on the host at once: transformers (5.x) builds the model on the meta
+#: device and reads each tensor from the checkpoint straight to its device, in a pool of
+#: ``transformers.core_model_loading.GLOBAL_WORKERS = min(4, cpus)`` threads, so no float32 copy of the
+#: whole model is made on the host; each in-flight tensor is read, then cast, then moved (two host copies)
+IN_FLIGHT = 4
 
 
 def size(n: int) -> str:
@@ -227,3 +241,51 @@ def plan_run(ctx, budget, config) -> tuple[DevicePlan | None, str | None]:
         return None, "device plan: no CUDA device here and no --max-memory; device_map auto loads the model on the CPU"
     model = meta_model(source, dtype=ctx.dtype, trust_remote_code=config.trust_remote_code)
     return plan_devices(model, budget, given, source=where), None
+
+
+def plannable(ctx, config) -> bool:
+    """Whether :func:`plan_run` will place the model over GPUs (``--device-map auto`` on an hf folder,
+    with ``--max-memory`` or CUDA devices here): the run's weights and working sets then go to the
+    GPUs and the host is checked by :func:`check_host`, not by the single-process plan."""
+    from headscope.probes.models.placement import gpu_memory
+
+    if config.device_map is None or ctx.source is None or ctx.source.kind != "hf-dir" or ctx.shape is None:
+        return False
+    return bool(config.max_memory) or bool(gpu_memory())
+
+
+def host_bytes(plan: DevicePlan, shape, process: int) -> dict[str, int]:
+    """``{part: bytes}`` the host holds while a placed run loads and runs: the process as it is, the
+    weights the map leaves on ``cpu`` (``disk`` is read from disk), :data:`IN_FLIGHT` tensors of the
+    largest kind being loaded (the embedding, or an MLP or attention projection: read and cast, two
+    float32 copies each) with the loader's code and buffers, and the tokenizer."""
+    from headscope.probes.budget import LOADER_EXTRA, TOKENIZER_BYTES_PER_ENTRY
+
+    on_host = sum(b for d, b in plan.placement.weights().items() if d == "cpu")
+    d = shape.d_model
+    largest = max(shape.vocab_size * d, d * shape.d_mlp, d * shape.n_heads * shape.d_head)
+    return {
+        "process": int(process),
+        "weights on the host": int(on_host),
+        "loading": IN_FLIGHT * 2 * largest * 4 + LOADER_EXTRA,
+        "tokenizer": TOKENIZER_BYTES_PER_ENTRY * shape.vocab_size,
+    }
+
+
+def check_host(plan: DevicePlan, budget) -> dict:
+    """The host's share of a placed run (:func:`host_bytes`) against what the host may use: run.json's
+    ``memory.host`` (``estimate_bytes``, ``parts``, ``available_bytes``); raises
+    :class:`~headscope.probes.errors.MemoryBudgetError` (one line) when it does not fit."""
+    from headscope.probes.budget import gib
+
+    parts = host_bytes(plan, budget.shape, budget.available.resident)
+    need, room = sum(parts.values()), budget.available.budget
+    top = ", ".join(f"{k} {gib(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v)
+    if room is not None and need > room:
+        raise MemoryBudgetError(
+            f"--device-map auto: the host needs ~{gib(need)} ({top}) with the layers on the GPUs, more than the "
+            f"{gib(room)} this run may use ({budget.available.source}); free host memory"
+        )
+    rec = {"estimate_bytes": int(need), "parts": parts, "available_bytes": room}
+    budget.settings["host"] = rec
+    return rec

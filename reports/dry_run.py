@@ -69,4 +69,11 @@ def dry_run(model, config: RunConfig) -> list[str]:
         out.append(line)
     placed, note = device_plan.plan_run(ctx, budget, config)
     out += placed.lines() if placed is not None else [note] if note else []
+    if placed is not None:
+        host = device_plan.check_host(placed, budget)
+        room = host["available_bytes"]
+        out.append(
+            f"  host: ~{device_plan.size(host['estimate_bytes'])} with the layers on the GPUs"
+            + (f" ({device_plan.size(room)} available)" if room is not None else "")
+        )
     return out

@@ -259,6 +259,7 @@ def plan_memory(ctx: RunContext, cfgs: dict, on: list, extra: dict) -> tuple[Bud
     held = extra["held"]
     kw = {"load": False} if held else {"convert": extra["convert"], "probe": extra["probe"], "trimmed": True}
     kw["staged"] = len(on) > 1  # stages run one after another: what earlier ones leave is held too
+    kw["refuse"] = not extra.get("devices")  # placed on GPUs: the host is checked once placed (check_host)
     budget = memory.plan("report", ctx.shape, sets, **kw)
     budget.emit = ctx.notice
     memory.say(budget)
@@ -412,6 +413,10 @@ def plan_report(model, config: RunConfig, *, progress=None, notice=None):
     nothing fits), every stage's settled config with its fitted batch sizes, the stages turned off."""
     off = turned_off(config)
     ctx, extra = open_context(model, config, progress=progress, notice=notice)
+    if config.device_map is not None:
+        from headscope.reports.device_plan import plannable
+
+        extra["devices"] = plannable(ctx, config)
     stages = list(registry.STAGES.values())
     cfgs = {s.name: s.config(ctx, config.given(s.name)) for s in stages}
     budget, cfgs = plan_memory(ctx, cfgs, [s for s in stages if s.name not in off], extra)
@@ -480,6 +485,8 @@ def _device_plan(ctx: RunContext, budget, config: RunConfig, notice):
     if config.max_memory:
         device_plan.check_present(config.max_memory)
     placed, note = device_plan.plan_run(ctx, budget, config)
+    if placed is not None:
+        device_plan.check_host(placed, budget)
     for line in placed.lines() if placed is not None else [note] if note else []:
         if notice is not None:
             notice(line)
