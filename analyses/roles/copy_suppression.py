@@ -242,6 +242,14 @@ class CopySuppressionReducer(ItemValuesReducer):
             res["direct_logit"].append((own - logits.mean(-1)).mean(-1))
         return {k: torch.stack(v).cpu() for k, v in res.items()}
 
+    def __getstate__(self) -> dict:
+        """Pickled (a Ray part's result, on its way to the driver) without the model and what was read
+        from its weights: merging, ``result()`` and the role's finish read the values alone (the finish
+        reads the driver's own model), while the model would ship a copy of every weight with each part
+        (SmolLM2-135M: 0.5 GiB a part, held by the driver in the object store and again unpickled).
+        An unpickled reducer merges and finishes; it is not fed again."""
+        return {**self.__dict__, "model": None, "_w_o": {}}
+
     def merge(self, other: CopySuppressionReducer) -> CopySuppressionReducer:
         super().merge(other)
         self.refused = self.refused or other.refused

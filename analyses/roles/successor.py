@@ -207,6 +207,14 @@ class SuccessorReducer(ItemValuesReducer):
         self.values.add(ROLE, cap.item_ids, hits)
         self.values.add("baseline:" + ROLE, cap.item_ids, base)
 
+    def __getstate__(self) -> dict:
+        """Pickled (a Ray part's result, on its way to the driver) without the model and what was read
+        from its weights: merging, ``result()`` and the role's finish read the values alone (the finish
+        reads the driver's own model), while the model would ship a copy of every weight with each part
+        (SmolLM2-135M: 0.5 GiB a part, held by the driver in the object store and again unpickled).
+        An unpickled reducer merges and finishes; it is not fed again."""
+        return {**self.__dict__, "model": None, "_readout": None}
+
     def merge(self, other: SuccessorReducer) -> SuccessorReducer:
         super().merge(other)
         self.refused = self.refused or other.refused
