@@ -305,6 +305,7 @@ def estimate(
     probe: bool = False,
     trimmed: bool = False,
     staged: bool = False,
+    beside: dict[str, int] | None = None,
 ) -> Estimate:
     """The peak resident memory of a run (see the module doc). ``process``: bytes this process
     holds now (:func:`rss_bytes`); ``load``: the weights are still to be read (False: a model
@@ -313,7 +314,8 @@ def estimate(
     beside them to check their patterns (:data:`PROBE_COPIES`), and the load phase is the larger
     of reading the weights and that probe; ``trimmed``: the heap is trimmed once the model is
     loaded, so the working sets hold :data:`TRIMMED_RESIDUE` of the loading copy, not :data:`LOADER_RESIDUE`;
-    ``staged``: the working sets are a report's stages, run one after another (:data:`STAGED_RESIDUE`).
+    ``staged``: the working sets are a report's stages, run one after another (:data:`STAGED_RESIDUE`);
+    ``beside``: components every working set's phase holds besides (a ``--ray`` driver's object store).
     ``breakdown`` gives the components of the largest phase (``weights``, ``loading``,
     ``process``, and that working set's ``patterns``, ``logits``, …).
 
@@ -343,6 +345,7 @@ def estimate(
         parts[ws.name] = {**base, **residue, **work, "allocator": ALLOCATOR_SLACK}
         if staged:
             parts[ws.name]["staged residue"] = STAGED_RESIDUE
+        parts[ws.name].update({k: int(v) for k, v in (beside or {}).items()})
         phases[ws.name] = sum(parts[ws.name].values())
     phase = max(phases, key=phases.get)
     return Estimate(
@@ -545,6 +548,7 @@ def fit(
     probe: bool = False,
     trimmed: bool = False,
     staged: bool = False,
+    beside: dict[str, int] | None = None,
     remedies: dict[str, str] | None = None,
 ) -> Estimate:
     """The estimate with each working set's batch at most its ``batch_size``, shrunk (largest first)
@@ -553,7 +557,8 @@ def fit(
     every working set at a batch of one, does not fit. With no known limit, the estimate as asked.
     ``remedies``: component -> advice (``{"weights": "use --dtype bf16"}``) for the message."""
     working_sets = list(working_sets)
-    kw = dict(process=available.resident, load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged)
+    kw = dict(load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged, beside=beside)
+    kw["process"] = available.resident
     est = estimate(shape, working_sets, **kw)
     budget = available.budget
     if budget is None or est.total <= budget:

@@ -171,9 +171,14 @@ class Budget:
         out["shape"] = dataclasses.asdict(self.shape) if self.shape is not None else None
         out["peak_rss_bytes"] = int(peak if peak is not None else peak_rss_bytes())
         out["peak_vm_bytes"] = peak_vm_bytes()
-        for key in ("host", "ray"):  # a device map's host share; a --ray run's driver and workers
-            if self.settings.get(key):
-                out[key] = self.settings[key]
+        if self.settings.get("host"):  # a device map's host share
+            out["host"] = self.settings["host"]
+        if self.settings.get("ray"):  # a --ray run: the estimate and peak above are the driver's; the workers'
+            out["ray"] = {
+                **self.settings["ray"],
+                "driver_estimate_bytes": out.get("estimate_bytes"),
+                "driver_peak_rss_bytes": out["peak_rss_bytes"],
+            }
         return out
 
 
@@ -186,10 +191,10 @@ def _changes(sizes: dict[str, tuple[int, int]]) -> str:
 
 
 def _fit(
-    command, shape, stages, avail, *, load, convert, uniform, probe=False, trimmed=False, staged=False
+    command, shape, stages, avail, *, load, convert, uniform, probe=False, trimmed=False, staged=False, beside=None
 ) -> Estimate:
     """:func:`~headscope.probes.budget.fit`, then (``uniform``) every stage at the smallest batch fitted."""
-    kw = dict(load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged)
+    kw = dict(load=load, convert=convert, probe=probe, trimmed=trimmed, staged=staged, beside=beside)
     est = fit(shape, stages, avail, command=command, remedies=REMEDIES.get(command), **kw)
     if uniform and len(set(est.batch_sizes.values())) > 1:
         b = min(est.batch_sizes.values())
@@ -209,13 +214,15 @@ def plan(
     trimmed: bool = False,
     staged: bool = False,
     refuse: bool = True,
+    beside: dict[str, int] | None = None,
 ) -> Budget:
     """Fit ``stages`` of ``command`` to the memory available now (see the module doc; ``uniform``:
     one batch size for every stage, the smallest fitted; ``probe``: ``--backend auto`` will probe
     the in-house model against an HF copy while loading; ``trimmed``: the heap is trimmed after
     the load, :data:`~headscope.probes.budget.TRIMMED_RESIDUE`; ``refuse`` False: estimated as
     asked, neither fitted nor refused here: a ``--device-map auto`` run, whose weights and working
-    sets go to the GPUs, is checked against the host by :func:`~headscope.reports.device_plan.check_host`); raises
+    sets go to the GPUs, is checked against the host by :func:`~headscope.reports.device_plan.check_host`;
+    ``beside``: components every run phase holds besides its working set, as ``{name: bytes}``); raises
     :class:`~headscope.probes.errors.MemoryBudgetError` when it cannot fit, or when
     ``HEADSCOPE_MEMORY_LIMIT`` is not a size or is below the weights alone
     (:func:`~headscope.probes.budget.check_limit`)."""
@@ -225,7 +232,7 @@ def plan(
     asked = {s.name: s.batch_size for s in stages}
     if shape is None:
         return Budget(command, None, stages, avail, None, load, convert, asked, probe=probe, trimmed=trimmed)
-    kw = dict(load=load, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed, staged=staged)
+    kw = dict(load=load, convert=convert, uniform=uniform, probe=probe, trimmed=trimmed, staged=staged, beside=beside)
     if refuse:
         est = _fit(command, shape, stages, avail, **kw)
     else:

@@ -260,6 +260,10 @@ def plan_memory(ctx: RunContext, cfgs: dict, on: list, extra: dict) -> tuple[Bud
     kw = {"load": False} if held else {"convert": extra["convert"], "probe": extra["probe"], "trimmed": True}
     kw["staged"] = len(on) > 1  # stages run one after another: what earlier ones leave is held too
     kw["refuse"] = not extra.get("devices")  # placed on GPUs: the host is checked once placed (check_host)
+    if extra.get("ray"):  # the driver maps what it puts into Ray's object store and the parts it reads back
+        from headscope.reports.stages.sharded import RAY_DRIVER_OBJECTS
+
+        kw["beside"] = {"ray objects": RAY_DRIVER_OBJECTS}
     budget = memory.plan("report", ctx.shape, sets, **kw)
     budget.emit = ctx.notice
     memory.say(budget)
@@ -388,7 +392,7 @@ def run_stages(
 
 
 #: the parts of a run phase that every stage holds, whatever its working set
-_HELD = ("process", "weights", "loader residue", "tokenizer", "allocator", "staged residue")
+_HELD = ("process", "weights", "loader residue", "tokenizer", "allocator", "staged residue", "ray objects")
 
 
 def _estimates(budget: Budget) -> dict[str, float]:
@@ -417,6 +421,7 @@ def plan_report(model, config: RunConfig, *, progress=None, notice=None):
         from headscope.reports.device_plan import plannable
 
         extra["devices"] = plannable(ctx, config)
+    extra["ray"] = config.ray is not None
     stages = list(registry.STAGES.values())
     cfgs = {s.name: s.config(ctx, config.given(s.name)) for s in stages}
     budget, cfgs = plan_memory(ctx, cfgs, [s for s in stages if s.name not in off], extra)
@@ -435,6 +440,8 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
     try:
         ctx, budget, cfgs, off = plan_report(model, config, progress=progress, notice=notice)
         ctx.shards = pool
+        if pool is not None:  # a worker starts as this process did before its load
+            pool.process = budget.available.resident
         stages = list(registry.STAGES.values())
         seconds = time_estimates(ctx, cfgs, [n for n in registry.STAGES if n not in off])
         if notice is not None and any(seconds.values()) and (line := describe(seconds, rate())) is not None:
@@ -447,6 +454,8 @@ def report_run(model, config: RunConfig, *, progress=None, notice=None):
         for r in getattr(ctx.model, "backend_rejected", ()) if notice is not None else ():  # the library prints none
             notice(f"backend auto: rejected {r['backend']} ({r['reason']})")
         status, counts = run_stages(ctx, cfgs, off, _estimates(budget), seconds)
+        if pool is not None:
+            budget.settings["ray"] = pool.record()
     finally:
         if pool is not None:
             pool.close()

@@ -165,9 +165,17 @@ def gpu_share(workers: int, gpus: float, asked: float | None = None) -> float:
     return math.floor(10_000 / per) / 10_000
 
 
-def worker_memory(ctx: RunContext) -> int | None:
-    """Bytes one worker holds at its peak, from the run's memory plan: the model's weights as a
-    worker loads them and the largest working set of the stages planned (``ctx.plans``), by
+#: what a ``--ray`` driver maps of Ray's object store and keeps resident: the frames it puts for each stage
+#: and the parts' results it reads (pickled on the workers, mapped into the driver, then unpickled), the
+#: store's pages staying resident once touched. Measured (RssShmem of the driver, default reports,
+#: ``--workers 2``): see docs/guide/ray.md, "What the driver holds"
+RAY_DRIVER_OBJECTS = 64 << 20
+
+
+def worker_memory(ctx: RunContext, process: int = 0) -> int | None:
+    """Bytes one worker holds at its peak, from the run's memory plan: ``process`` (what a process
+    holds before its load: the driver's, measured when the run was planned), the model's weights
+    as a worker loads them and the largest working set of the stages planned (``ctx.plans``), by
     :func:`~headscope.probes.budget.estimate`; None where the run has no plan (no ``ctx.shape``,
     a model held by a notebook, a GPU run)."""
     sets = [w for ws in ctx.plans.values() for w in ws]
@@ -175,7 +183,7 @@ def worker_memory(ctx: RunContext) -> int | None:
         return None
     from headscope.probes.budget import estimate
 
-    return int(estimate(ctx.shape, sets, load=True, trimmed=True).total)
+    return int(estimate(ctx.shape, sets, process=process, load=True, trimmed=True).total)
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -243,6 +251,12 @@ class StageWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def peak(self) -> int:
+        """This worker's resident peak (``VmHWM``), bytes."""
+        from headscope.probes.budget import peak_rss_bytes
+
+        return peak_rss_bytes()
+
     def run_part(self, stage: str, cfg, part, frames: dict, run: dict) -> StageResult:
         from headscope.reports.stages.registry import STAGES
 
@@ -263,6 +277,7 @@ class ShardPool:
         self.threads = 1
         self.memory: int | None = None  # bytes each worker asked Ray for (None: none)
         self.gpus: float | None = None  # GPUs each worker asks Ray for (None: a CPU run)
+        self.process = 0  # bytes a process holds before its load (the driver's, when the run was planned)
         self._actors: list = []
         self._started = False
 
@@ -411,7 +426,7 @@ class ShardPool:
         read (put once into the object store; None: none). A stage whose driver goes back to the
         workers several times (the pruning study, a round per step) calls it for each round."""
         ray = self.ray
-        self._start_actors(worker_memory(ctx))
+        self._start_actors(worker_memory(ctx, self.process))
         frames = ray.put(dict(frames or {}))  # once, into the object store
         run = {"full": ctx.full, "seed": ctx.seed, "inputs": dict(ctx.inputs or {}), "role_groups": ctx.role_groups}
 
@@ -438,6 +453,26 @@ class ShardPool:
                     retry[i] = submit(i, 1)
             pending = retry
         return [results[i] for i in range(len(parts))]
+
+    def record(self) -> dict:
+        """run.json's ``memory.ray``: the workers, their threads and GPUs, what each asked Ray for
+        (``worker_estimate_bytes``: :func:`worker_memory`) and each one's measured resident peak
+        (``worker_peak_rss_bytes``; None for a worker that cannot answer), and the object store's
+        allowance in the driver's plan (:data:`RAY_DRIVER_OBJECTS`)."""
+        peaks = []
+        for a in self._actors:
+            try:
+                peaks.append(int(self.ray.get(a.peak.remote(), timeout=30)))
+            except Exception:  # noqa: BLE001 - a dead or restarting worker: no figure, the others still count
+                peaks.append(None)
+        return {
+            "workers": self.workers,
+            "threads": self.threads,
+            "gpus_per_worker": self.gpus,
+            "worker_estimate_bytes": self.memory,
+            "worker_peak_rss_bytes": peaks,
+            "driver_objects_bytes": RAY_DRIVER_OBJECTS,
+        }
 
     def close(self) -> None:
         ray = self.ray

@@ -42,3 +42,36 @@ def test_an_unpickled_part_merges_and_finishes_as_the_one_in_memory(smollm, part
     driver = finish_filled(smollm, merge_filled(shipped), roles=ROLES)
     direct = finish_filled(smollm, merge_filled([part, other]), roles=ROLES)
     assert not direct.frame.empty and driver.frame.equals(direct.frame)
+
+
+def test_a_ray_plan_holds_the_drivers_objects_in_every_run_phase():
+    """Under ``--ray`` each stage's phase of the plan (the driver's) holds the object store's pages the
+    driver maps beside what one process holds; the load, before any part, does not."""
+    from headscope.probes.budget import Shape, WorkingSet
+    from headscope.reports.budget import plan
+    from headscope.reports.stages.sharded import RAY_DRIVER_OBJECTS
+
+    shape = Shape(n_layers=2, n_heads=4, d_model=64, d_head=16, d_mlp=256, vocab_size=1000, n_params=10**6)
+    sets = [WorkingSet(name="a", batch_size=8, longest=16), WorkingSet(name="b", batch_size=2, longest=64)]
+    one = plan("report", shape, sets).estimate
+    budget = plan("report", shape, sets, beside={"ray objects": RAY_DRIVER_OBJECTS})
+    driver = budget.estimate
+    assert driver.phases["load"] == one.phases["load"]
+    budget.settings["ray"] = {"workers": 2, "worker_peak_rss_bytes": [1, 2]}  # what the pool records
+    rec = budget.record()  # run.json's memory: the driver's plan and peak beside the workers'
+    assert rec["ray"]["driver_estimate_bytes"] == rec["estimate_bytes"] == driver.total
+    assert rec["ray"]["driver_peak_rss_bytes"] == rec["peak_rss_bytes"] and rec["ray"]["workers"] == 2
+    for name in ("a", "b"):
+        assert driver.phases[name] - one.phases[name] == RAY_DRIVER_OBJECTS
+        assert driver.parts[name]["ray objects"] == RAY_DRIVER_OBJECTS
+
+
+def test_the_pool_records_each_workers_peak_beside_its_ask(minilm_pool, minilm):
+    """run.json's ``memory.ray``: every worker's measured resident peak (it holds MiniLM's weights,
+    under the 4 GiB no MiniLM worker comes near), its threads and no GPU on a CPU run."""
+    assert len(minilm_pool.pids()) == 2  # the workers exist and have loaded MiniLM
+    rec = minilm_pool.record()
+    weights = sum(p.numel() * p.element_size() for p in minilm.network.parameters())
+    assert rec["workers"] == 2 and rec["threads"] == 1 and rec["gpus_per_worker"] is None
+    assert len(rec["worker_peak_rss_bytes"]) == 2
+    assert all(weights < p < 4 * 2**30 for p in rec["worker_peak_rss_bytes"]), rec
