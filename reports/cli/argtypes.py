@@ -187,13 +187,14 @@ def ray_pool(args):
     """A context manager holding the command's Ray workers under ``--ray``
     (:func:`~headscope.reports.stages.command_shards.command_pool`: connected on entry, before the
     model loads, closed on exit), yielding None without it; the workers load ``args.model`` on
-    the command's ``--backend``, ``--dtype`` and ``--trust-remote-code``."""
+    the command's ``--backend``, ``--dtype``, ``--device`` and ``--trust-remote-code``."""
     from headscope.reports.stages.command_shards import command_pool
 
     load = {
         "backend": getattr(args, "backend", "auto"),  # a command without --backend: the first that loads it
         "dtype": getattr(args, "dtype", "fp32"),
         "trust_remote_code": getattr(args, "trust_remote_code", False),
+        "device": resolve_device(args.device).type if getattr(args, "device", None) else None,
     }
     return command_pool(ray_config(args), args.model, **load)
 

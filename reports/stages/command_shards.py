@@ -31,17 +31,26 @@ __all__ = ["command_pool", "merged", "shard_context"]
 
 @contextlib.contextmanager
 def command_pool(
-    ray, model: str, *, backend: str = "auto", dtype: str = "fp32", trust_remote_code: bool = False
+    ray,
+    model: str,
+    *,
+    backend: str = "auto",
+    dtype: str = "fp32",
+    trust_remote_code: bool = False,
+    device: str | None = None,
 ) -> Iterator[object | None]:
     """The command's :class:`~headscope.reports.stages.sharded.ShardPool` under ``ray`` (a
     :class:`~headscope.reports.stages.sharded.RayConfig`), connected, closed on exit; None without
-    ``--ray``. ``model``: the MODEL argument (the workers load it by name or path)."""
+    ``--ray``. ``model``: the MODEL argument (the workers load it by name or path); ``device``: the
+    command's resolved ``--device`` (``cuda``: each worker asks Ray for its GPU share)."""
     if ray is None:
         yield None
         return
     from headscope.reports.stages.sharded import ShardPool
 
     load = {"model": str(model), "backend": backend, "dtype": dtype, "trust_remote_code": trust_remote_code}
+    if device is not None:
+        load["device"] = str(device)
     pool = ShardPool(ray, load).connect()
     try:
         yield pool
