@@ -90,3 +90,18 @@ def smollm_pool(ray_cluster):
     p = _pool("smollm2-135m")
     yield p
     p.close()
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test, as each pool worker runs (``RayConfig(threads=1)``), then
+    back: a single-process reference compared exactly with the workers' must run on as many threads
+    as they do (EAP-IG's gradient reductions, for one, depend on the thread count). Under ``make
+    test`` a 2-core machine's xdist workers already run one thread each; ``-n 0``, or more cores,
+    do not."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -20,7 +20,6 @@ import pytest
 
 pytest.importorskip("ray")
 
-import torch  # noqa: E402
 
 from headscope.reports.cli.app import main  # noqa: E402
 
@@ -31,14 +30,6 @@ RAY = ["--ray", "--workers", "2", "--worker-threads", "1"]
 def room(ray_cluster, minilm_pool):
     """Two of the shared cluster's CPUs free for a command's workers (MiniLM's pool stopped)."""
     minilm_pool.close()
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _tables(out) -> dict[str, pd.DataFrame]:

@@ -43,7 +43,7 @@ def _timeless(summary: dict) -> dict:
     return {k: v for k, v in summary.items() if k not in ("seconds", "faithfulness")}
 
 
-def test_circuits_sharded_by_items_equal_the_single_process_run(smollm_pool, smollm, caplog):
+def test_circuits_sharded_by_items_equal_the_single_process_run(smollm_pool, smollm, one_thread, caplog):
     ctx, stage = RunContext(name="smollm2-135m", model=smollm, shards=smollm_pool), STAGES["circuits"]
     whole = stage.run(ctx, CIRCUIT)
     parts = stage.split(ctx, CIRCUIT, smollm_pool.workers)
