@@ -118,10 +118,11 @@ CASES: tuple[Case, ...] = (
     # the weights stage at d_head 256, its composition nulls on 64 draws (of 1,000): each null is drawn in
     # blocks of 16 draws (16 MiB a matrix) whatever their number, so the working set is the default's
     Case("llama-dhead256", only=("roles", "weights"), items={"weights": {"null": 64}}),
-    # Qwen2-0.5B's shape as a GGUF (F16, random weights), its default stages in two runs of ~10 CPU-minutes
-    # each, cut where the peak is one batch's (:mod:`.case_inputs`): the forward stages, then patching and weights
+    # Qwen2-0.5B's shape as a GGUF (F16, random weights), its default stages in two runs, cut where the peak is
+    # one batch's (:mod:`.case_inputs`): the forward stages, then patching and weights, which read the roles'
+    # frame (``requires``: without roles they are absent), so the roles run before them on the same cut corpora
     Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("roles", "pruning", "kv", "context"), corpora=QWEN05_CORPORA),
-    Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("patching", "weights")),
+    Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("roles", "patching", "weights"), corpora=QWEN05_CORPORA),
     Case("qwen2-0.5b-gguf", items=QWEN05_ITEMS, only=("context",)),  # the anisotropy baseline by depth
 )
 
