@@ -106,12 +106,14 @@ def _ig_gradients(net, clean, corrupted, metric, answer, wrong, steps: int):
             grads = torch.autograd.grad(metric(logits, answer, wrong).sum(), probes)
         if total is None:
             total = torch.cat(grads)
-            continue
-        start = 0
-        for g in grads:  # [receivers of a group, batch, pos, d_model]
-            total[start : start + len(g)] += g
-            start += len(g)
-    return total / steps, outs_x.detach()
+        else:
+            start = 0
+            for g in grads:  # [receivers of a group, batch, pos, d_model]
+                total[start : start + len(g)] += g
+                start += len(g)
+        # dropped now, not at the next step's rebinding: else the next backward runs beside a third receiver set
+        del grads, probes, logits
+    return total.div_(steps), outs_x.detach()  # in place: no second [receiver, ...] copy (the same floats)
 
 
 def _upstream_products(diff: torch.Tensor, grad: torch.Tensor, cfg) -> torch.Tensor:
