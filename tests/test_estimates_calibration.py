@@ -69,11 +69,6 @@ OPEN = {
         "+57% (an over-estimate): re-run on one thread for its time row, it peaked at 2100 MiB where the "
         "run on the machine's threads before peaked at 2937 MiB (+12%); the plan does not model the threads"
     ),
-    ("qwen2-0.5b-gguf/fp32/batch x1/roles+pruning+kv+context alone", "context"): (
-        "-14%, measured before the fix: the anisotropy baseline gathered [depth, 2000 pairs, d_model] at once "
-        "(~0.9 GiB at 26 depths x 896, a few MiB on the small shapes); it now runs a depth at a time (~0.2 GiB, "
-        "equal values): the row is to be measured again"
-    ),
 }
 #: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict
 #: expected failures, as above (none: the SmolLM2 rows once out of it read a rate its process clock
