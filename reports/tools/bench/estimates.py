@@ -409,13 +409,25 @@ def calibrate_reports(measured: list[dict], doc_path: Path) -> dict:
 
 
 def _child(case: Case, timeout: float) -> list[dict]:
-    """:func:`run_case` in a child process of its own (its own resident set)."""
+    """:func:`run_case` in a child process of its own (its own resident set); a case of
+    :data:`~.estimates_time.TIMED_CASES` on one thread (``OMP_NUM_THREADS=1``), as its time row is read:
+    its memory row comes from the same run, planned in that process at that thread count (the circuits
+    stage's peak is the same on 1 and 2 threads: docs/guide/estimates.md)."""
+    import os
+
+    from headscope.reports.tools.bench.estimates_time import TIMED_CASES
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if case.name in TIMED_CASES else None
     code = (
         "import json,sys; from headscope.reports.tools.bench.estimates import Case, run_case; "
         "print(json.dumps(run_case(Case(**json.loads(sys.argv[1])))))"
     )
     proc = subprocess.run(  # its log goes to this process's stderr
-        [sys.executable, "-c", code, json.dumps(asdict(case))], stdout=subprocess.PIPE, text=True, timeout=timeout
+        [sys.executable, "-c", code, json.dumps(asdict(case))],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=timeout,
+        env=env,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"calibration case {case.name} failed (exit {proc.returncode}); its log is above")
