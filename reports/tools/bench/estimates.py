@@ -409,10 +409,8 @@ def calibrate_reports(measured: list[dict], doc_path: Path) -> dict:
 
 
 def _child(case: Case, timeout: float) -> list[dict]:
-    """:func:`run_case` in a child process of its own (its own resident set); a case of
-    :data:`~.estimates_time.TIMED_CASES` on one thread (``OMP_NUM_THREADS=1``), as its time row is read:
-    its memory row comes from the same run, planned in that process at that thread count (the circuits
-    stage's peak is the same on 1 and 2 threads: docs/guide/estimates.md)."""
+    """:func:`run_case` in a child process of its own (its own resident set); a :data:`~.estimates_time.TIMED_CASES`
+    case on one thread, as its time row is read (its memory row, from that run, is planned at that thread count)."""
     import os
 
     from headscope.reports.tools.bench.estimates_time import TIMED_CASES
@@ -422,13 +420,8 @@ def _child(case: Case, timeout: float) -> list[dict]:
         "import json,sys; from headscope.reports.tools.bench.estimates import Case, run_case; "
         "print(json.dumps(run_case(Case(**json.loads(sys.argv[1])))))"
     )
-    proc = subprocess.run(  # its log goes to this process's stderr
-        [sys.executable, "-c", code, json.dumps(asdict(case))],
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    args = [sys.executable, "-c", code, json.dumps(asdict(case))]  # its log goes to this process's stderr
+    proc = subprocess.run(args, stdout=subprocess.PIPE, text=True, timeout=timeout, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"calibration case {case.name} failed (exit {proc.returncode}); its log is above")
     return json.loads(proc.stdout.strip().splitlines()[-1])
