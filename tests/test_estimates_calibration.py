@@ -63,13 +63,7 @@ def test_the_calibration_cases_cover_the_issue():
 
 #: (case, stage) rows measured outside the band and not fixed yet (issue #38 stays open on them): each
 #: is expected to fail, strictly, so the list must shrink the day one is fixed
-OPEN = {
-    ("smollm2-135m/fp32/batch x1/circuits alone", WHOLE): "+49%: as its circuits row",
-    ("smollm2-135m/fp32/batch x1/circuits alone", "circuits"): (
-        "+57% (an over-estimate): re-run on one thread for its time row, it peaked at 2100 MiB where the "
-        "run on the machine's threads before peaked at 2937 MiB (+12%); the plan does not model the threads"
-    ),
-}
+OPEN = {}
 #: (case, stage) time rows outside 1.5x with the factors fitted over every calibration row: strict
 #: expected failures, as above (none: the SmolLM2 rows once out of it read a rate its process clock
 #: had counted other threads into, see estimates_time.one_thread_rate; the patching rows once out of it

@@ -58,7 +58,7 @@ FACTORS: dict[str, dict[str, float]] = {
     "roles": {"gflop": 0.7665, "calls": 0.0968, "slow_gflop": 0.0},
     "weights": {"gflop": 2.01, "calls": 0.1499, "slow_gflop": 9.449},
     "kv": {"gflop": 0.6928, "calls": 5.023, "slow_gflop": 0.0},
-    "circuits": {"gflop": 2.648, "calls": 0.0, "slow_gflop": 0.0},
+    "circuits": {"gflop": 2.869, "calls": 0.0, "slow_gflop": 0.0},
 }
 
 

@@ -454,12 +454,12 @@ def weights_bytes(shape: Shape, wc) -> int:
     return senders + min(SENDER_GROUP_BYTES, 2 * senders) + receiver + frame + compare + blocks
 
 
-#: values per item, token and ``d_model`` an edge-attribution backward holds per sender (the clean and
-#: corrupted outputs and their difference) and per receiver input (the gradient, its running sum and the
-#: concatenated copy; the receiver inputs, their norms and the probes kept for the backward). Measured:
-#: SmolLM2-135M (301 senders, 481 receivers), 8 induction items of 19 tokens, EAP-IG: 1.86 GiB over the
-#: loaded model against 3 x 301 + 9 x 481 = 5,232 values (1.79 GiB)
-EDGE_PER_SENDER, EDGE_PER_RECEIVER = 3, 9
+#: values per item, token and ``d_model`` an EAP-IG batch holds per sender (its clean and corrupted outputs,
+#: the difference taken in place) and per receiver input (the steps' running sum of gradients and one step's
+#: gradients: :func:`~headscope.analyses.circuits.edges.attribution._ig_gradients`). Measured: SmolLM2-135M
+#: (301 senders, 481 receivers), 8 induction items of 19 tokens, one thread: a 1766 MiB peak, 1871 planned
+#: at the plan's 22-token bound (+5.9%); the peak does not grow with torch's threads (docs/guide/estimates.md)
+EDGE_PER_SENDER, EDGE_PER_RECEIVER = 2, 2
 
 
 def circuit_stages(shape: Shape, *, batch_size: int, longest: int, n_items: int) -> list[WorkingSet]:
