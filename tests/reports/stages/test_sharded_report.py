@@ -8,7 +8,6 @@ stage that shards ran in two parts."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pandas as pd
@@ -22,26 +21,13 @@ from stage_cases import small_config  # noqa: E402
 SHARDED = ("roles", "pruning", "patching", "weights", "context")
 
 
-@contextlib.contextmanager
-def one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 @pytest.mark.slow  # two small reports of every stage: 263 s on the shared 2-core machine
-def test_the_report_on_two_ray_workers_writes_the_single_process_tables(minilm_pool, tmp_path):
+def test_the_report_on_two_ray_workers_writes_the_single_process_tables(minilm_pool, one_thread, tmp_path):
     from headscope.reports.pipeline import build_report
     from headscope.reports.stages.sharded import RayConfig
 
     minilm_pool.close()  # its 2 Ray CPUs to the report's pool (it starts again on its next use)
-    with one_thread():
-        one = build_report("minilm-l6", small_config(), out_dir=tmp_path / "one", quiet=True)
+    one = build_report("minilm-l6", small_config(), out_dir=tmp_path / "one", quiet=True)
     two = build_report(
         "minilm-l6", small_config(ray=RayConfig(workers=2, threads=1)), out_dir=tmp_path / "ray", quiet=True
     )

@@ -15,7 +15,6 @@ study (by layers) at 64 tokens, the long-context roles on 2 needle items and the
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 
 import pandas as pd
@@ -54,29 +53,15 @@ ROLES = pd.DataFrame(
 KV = KVStageConfig(tokens=64, role_items=2, role_tokens=64, causal_items=2)
 
 
-@contextlib.contextmanager
-def one_thread():
-    """torch on one thread, as each worker runs, then back to what it was."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def _assert_tables_equal(sharded, whole):
     assert set(sharded.frames) == set(whole.frames)
     for name, frame in whole.frames.items():  # exact: each value from the same batches' forwards
         assert sharded.frames[name].equals(frame), name
 
 
-def test_pruning_sharded_by_items_equals_the_single_process_run(smollm_pool, smollm):
+def test_pruning_sharded_by_items_equals_the_single_process_run(smollm_pool, smollm, one_thread):
     ctx, stage = RunContext(name="smollm2-135m", model=smollm, frames={"roles": ROLES}), STAGES["pruning"]
-    with one_thread():
-        whole = stage.run(ctx, PRUNE)
+    whole = stage.run(ctx, PRUNE)
     parts = stage.split(ctx, PRUNE, smollm_pool.workers)
     assert parts == [Interleaved(0, 2), Interleaved(1, 2)]
     sharded = smollm_pool.run(replace(ctx, shards=smollm_pool), stage, PRUNE, parts)
@@ -90,10 +75,9 @@ def test_pruning_sharded_by_items_equals_the_single_process_run(smollm_pool, smo
 
 
 @pytest.mark.slow  # ~20 CPU s in one process and as much over the workers; 80 s on the shared machine
-def test_kv_sharded_by_kv_groups_equals_the_single_process_run(smollm_pool, smollm):
+def test_kv_sharded_by_kv_groups_equals_the_single_process_run(smollm_pool, smollm, one_thread):
     ctx, stage = RunContext(name="smollm2-135m", model=smollm), STAGES["kv"]
-    with one_thread():
-        whole = stage.run(ctx, KV)
+    whole = stage.run(ctx, KV)
     parts = stage.split(ctx, KV, smollm_pool.workers)
     assert parts == [Interleaved(0, 2), Interleaved(1, 2)]
     sharded = smollm_pool.run(replace(ctx, shards=smollm_pool), stage, KV, parts)
