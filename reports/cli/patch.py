@@ -220,6 +220,30 @@ def figures(frame, spec) -> dict[str, bytes]:
     return out
 
 
+def _driver_note(pool, cfg) -> None:
+    """With ``--ray``: one line on stderr naming the methods that run in the driver (no split)."""
+    rest = [m for m in cfg.methods if m != "activation"]
+    if pool is not None and rest:
+        print(
+            f"note: patch --ray: activation patching runs on the Ray workers; {', '.join(rest)} "
+            "run in the driver (no split)",
+            file=sys.stderr,
+        )
+
+
+def _sharded_activation(pool, model, task, cfg):
+    """Activation patching's ``(effects, run metrics)`` of ``task``, its patched forwards split over
+    ``pool``'s workers by the patching stage (:class:`~headscope.reports.stages.patching.StudyPart`)
+    and merged: the effects one process computes, each from the same forward."""
+    from headscope.analyses.run_patching import CausalConfig
+    from headscope.reports.stages.command_shards import merged, shard_context
+    from headscope.reports.stages.patching import study_parts
+
+    ctx = shard_context(pool, model, seed=cfg.patch.seed)
+    parts = study_parts(model, task, cfg.patch, pool.workers)
+    return merged(ctx, "patching", CausalConfig(seed=cfg.patch.seed), parts).summary["study"]
+
+
 def run(args) -> int:
     from headscope.analyses.patching.activation import PatchConfig
     from headscope.analyses.patching.study import StudyConfig, patching_study
@@ -229,13 +253,11 @@ def run(args) -> int:
     from headscope.probes.outputs.atomic import atomic_write, write_frame
     from headscope.probes.outputs.folder import claim_output
     from headscope.reports import budget as memory
-    from headscope.reports.cli.argtypes import load_from_args, ray_in_driver, resolve_device
+    from headscope.reports.cli.argtypes import load_from_args, ray_in_driver, ray_pool, resolve_device
 
-    ray_in_driver(
-        args,
-        "patch",
-        "its study (one task, its methods and paths) has no stage split yet (the report's patching stage splits its own tasks' forwards)",
-    )
+    shards = "activation" in args.method and not args.per_position  # what has a split: activation's forwards
+    if not shards:
+        ray_in_driver(args, "patch", "only activation patching (not --per-position) splits over workers")
     device = resolve_device(args.device)  # checked before anything loads
     cfg = StudyConfig(
         methods=tuple(dict.fromkeys(args.method)),
@@ -269,7 +291,11 @@ def run(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     asked = cfg
     budget, cfg = memory.patch_start(args, asked, device)  # refused in one line if it cannot fit
-    with claim_output(args.out, "patch") if args.out else nullcontext() as folder:  # checked before the model loads
+    with (
+        ray_pool(args) if shards else nullcontext() as pool,  # --ray: a bad --ray-address or --workers refused here
+        claim_output(args.out, "patch") if args.out else nullcontext() as folder,  # checked before the model loads
+    ):
+        _driver_note(pool, cfg)
         model = load_from_args(args, device)
         if not args.json:
             print(f"backend {model.backend_choice}", file=sys.stderr)
@@ -279,7 +305,8 @@ def run(args) -> int:
         if task.n_unusable:
             print(_unusable_line(task), file=sys.stderr)
         budget, cfg = memory.patch_refine(budget, task, cfg, asked)
-        result = patching_study(model, task, cfg)
+        activation = _sharded_activation(pool, model, task, cfg) if pool is not None else None
+        result = patching_study(model, task, cfg, activation)
         used = memory.finish(budget, memory.emitter(False))
         summary = {"model": model.spec.name, "backend": model.backend, **placement(model), **result.summary}
         if notes:

@@ -7,7 +7,7 @@ Writes ``patching`` (``task`` + the patching frame's columns); its summary is ru
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from headscope.analyses.run_patching import CausalConfig
 from headscope.reports.stages.base import RunContext, Stage, StageResult, WorkingSet
@@ -101,12 +101,21 @@ class PatchingStage(Stage[CausalConfig]):
     def run_part(self, ctx: RunContext, cfg: CausalConfig, part) -> StageResult:
         from headscope.analyses.patching.parts import patching_part
 
+        if isinstance(part, StudyPart):  # headscope patch --ray: its own task and settings
+            from headscope.analyses.patching.activation import activation_deltas
+
+            return StageResult({}, {"study": activation_deltas(ctx.model, part.task, part.patch, (part.k, part.n))})
         done = patching_part(ctx.model, ctx.frames["roles"], cfg, full=ctx.full, part=(part.k, part.n))
         return StageResult({}, done)  # per-unit effects, per-item estimates: merged and finished in the driver
 
     def merge(self, parts) -> StageResult:
         from headscope.analyses.patching.parts import merge_parts
 
+        if parts and "study" in parts[0].summary:  # StudyPart's: each unit's effect from the part that ran it
+            from headscope.analyses.patching.activation import merge_deltas
+
+            done = [p.summary["study"] for p in parts]
+            return StageResult({}, {"study": (merge_deltas([d for d, _ in done]), done[0][1])})
         return StageResult({}, merge_parts([dict(p.summary) for p in parts]))
 
     def finish(self, ctx: RunContext, cfg: CausalConfig, merged: StageResult) -> StageResult:
@@ -137,6 +146,33 @@ class PatchingStage(Stage[CausalConfig]):
             f"patching: heads one by one on GQA models (quick patches a KV group as one unit); items per task "
             f"past {cfg.row_budget} // (units x tasks) (at least {cfg.min_items}; --full: {cfg.max_items})"
         ]
+
+
+@dataclass(frozen=True)
+class StudyPart:
+    """Part ``k`` of ``n`` of one task's activation patching as ``headscope patch --ray`` sets it
+    (``task``: the loaded :class:`~headscope.analyses.patching.items.Task`; ``patch``: its
+    :class:`~headscope.analyses.patching.activation.PatchConfig`, not per position): the patched
+    forwards ``k, k+n, ...`` of every batch (:func:`~headscope.analyses.patching.activation.activation_deltas`).
+    The stage's :meth:`PatchingStage.merge` joins the parts' effects (each unit's from the forward
+    one process patches it in) and the clean and corrupted runs' metrics (every part runs them)."""
+
+    k: int
+    n: int
+    task: object
+    patch: object
+
+    def __repr__(self) -> str:
+        return f"patched forwards {self.k}, {self.k + self.n}, ... of task {getattr(self.task, 'name', '?')}"
+
+
+def study_parts(model, task, patch, workers: int) -> list[StudyPart]:
+    """``task``'s activation patching in ``min(workers, units)`` :class:`StudyPart` s (a batch
+    patches its units in at most that many forwards)."""
+    from headscope.analyses.patching.activation import chosen_units
+
+    n = max(1, min(workers, len(chosen_units(model.spec, patch))))
+    return [StudyPart(k, n, task, patch) for k in range(n)]
 
 
 def patch_work(shape, cfg: CausalConfig, longest: dict[str, int], *, full: bool):

@@ -92,3 +92,22 @@ def test_weights_with_ray_writes_the_files_of_its_run_without(room, tiny_llama_d
     _assert_same_files(tmp_path / "whole", tmp_path / "ray")
     heads = _tables(tmp_path / "ray")["heads.parquet"]
     assert sorted(set(heads.layer)) == [0, 1] and heads.p_value.notna().any()
+
+
+def test_patch_with_ray_writes_the_files_of_its_run_without(room, one_thread, tmp_path, capsys):
+    """Activation patching of MiniLM's 72 heads, both directions, 4 induction items in one batch
+    and 9 heads a forward (8 patched forwards, every other one on each worker); attribution
+    patching, which has no split here, runs in the driver and the command says so."""
+    argv = ["patch", "minilm-l6", "--n-items", "4", "--batch-size", "4", "--max-rows", "36", "--json"]
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "ray"), *RAY]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "patch --ray" in line]
+    assert notes == [
+        "note: patch --ray: activation patching runs on the Ray workers; attribution run in the driver (no split)"
+    ]
+    _assert_same_files(tmp_path / "whole", tmp_path / "ray")
+    frame = _tables(tmp_path / "ray")["patch.parquet"]
+    act = frame[frame.method.astype(str).str.startswith("activation")]
+    assert set(act.method.astype(str)) == {"activation_denoising", "activation_noising"}
+    assert len(act) == 144 and act.effect.notna().all() and act.effect.abs().sum() > 0
