@@ -131,13 +131,24 @@ class KVStageConfig:
     rows at a time (None: whole; :class:`~headscope.analyses.kvcache.quality.Evaluator`). The
     defaults are the stage's; the report's memory plan sets ``logit_rows`` and, in quick mode on a
     model over :data:`~headscope.reports.stages.quick.LARGE_COST`, the shorter settings of
-    :data:`~headscope.reports.stages.quick.QUICK_KV_LARGE`."""
+    :data:`~headscope.reports.stages.quick.QUICK_KV_LARGE`.
+
+    ``study``: the study's own settings, taken as they are instead of :func:`report_config`'s (the
+    report leaves it None; ``headscope kv --ray`` sets its ``--tokens``/``--sink``/``--window``/
+    ``--quick`` study here, ``role_tokens`` None for the study's context); ``bos_pass``: the
+    long-context roles' second sink pass (:func:`long_roles_config`)."""
 
     tokens: int | None = None
     role_items: int = LONG_ITEMS
-    role_tokens: int = LONG_TOKENS
+    role_tokens: int | None = LONG_TOKENS
     causal_items: int = CAUSAL_ITEMS
     logit_rows: int | None = None
+    study: KVConfig | None = None
+    bos_pass: bool = False
+
+    def study_config(self, model, seed: int = 0) -> KVConfig:
+        """The study's settings on ``model``: ``study`` where given, else :func:`report_config`'s."""
+        return self.study if self.study is not None else report_config(model, seed, self.tokens)
 
 
 def long_roles_config(

@@ -90,6 +90,28 @@ def summary_text(name: str, summary: dict) -> str:
     return "\n".join(lines)
 
 
+def sharded_kv(pool, model, cfg, long_roles: dict) -> tuple[dict, dict]:
+    """``(frames, summary)`` of the study ``cfg`` (and, with ``long_roles``, the long-context roles)
+    with its configurations measured on ``pool``'s workers: the KV stage's parts
+    (:mod:`~headscope.reports.stages.kv_shards`: each worker's unrestricted pass, the long-context
+    roles on the first, then each round of configurations cut over the workers), the study's
+    choices and frames in the driver, at the command's own settings (``KVStageConfig.study``)."""
+    from headscope.analyses.kvcache.stage import KVStageConfig, KVStudyError, check_tokens
+    from headscope.reports.stages.base import StageAbsent
+    from headscope.reports.stages.command_shards import merged, shard_context
+    from headscope.reports.stages.registry import STAGES
+
+    check_tokens(model, cfg.tokens)  # in one line, before any worker builds its inputs
+    given = {k: long_roles[k] for k in ("role_items", "role_tokens", "causal_items", "bos_pass") if k in long_roles}
+    scfg = KVStageConfig(study=cfg, **{"role_items": 0, **given})
+    ctx = shard_context(pool, model, seed=cfg.seed)
+    try:
+        result = STAGES["kv"].finish(ctx, scfg, merged(ctx, "kv", scfg))
+    except StageAbsent as e:  # inputs the tokenizer or context cannot give: one line, as without --ray
+        raise KVStudyError(str(e)) from e
+    return result.frames, result.summary
+
+
 def run(args) -> int:
     import dataclasses
     import time
@@ -100,16 +122,14 @@ def run(args) -> int:
     from headscope.probes.models.loading import load_model
     from headscope.probes.outputs.atomic import write_frame
     from headscope.probes.outputs.folder import claim_output
-    from headscope.reports.cli.argtypes import ray_in_driver
+    from headscope.reports.cli.argtypes import ray_pool
 
-    ray_in_driver(
-        args,
-        "kv",
-        "its study at its own --tokens/--sink/--window has no stage split yet (the report's KV stage splits by KV groups at the report's settings)",
-    )
     cfg = config_of(args)
     out = Path(args.out) if args.out else default_out(args.model)
-    with claim_output(out, "kv") as folder:  # refused before the model loads
+    with (
+        ray_pool(args) as pool,  # --ray: a bad --ray-address or --workers refused here, before anything else
+        claim_output(out, "kv") as folder,  # refused before the model loads
+    ):
         t0 = time.perf_counter()
         model = load_model(args.model, backend="inhouse")
         load_s = round(time.perf_counter() - t0, 3)
@@ -120,7 +140,11 @@ def run(args) -> int:
         long_roles = dict(role_items=LONG_ITEMS, role_tokens=LONG_TOKENS, causal_items=CAUSAL_ITEMS, bos_pass=True)
         if not args.quick:  # the roles at the study's own context, the causal check on 8 items
             long_roles.update(role_tokens=None, causal_items=8)
-        frames, summ = run_kv(model, cfg, **(long_roles if args.roles else {}))
+        long_roles = long_roles if args.roles else {}
+        if pool is None:
+            frames, summ = run_kv(model, cfg, **long_roles)
+        else:  # --ray: the configurations measured on the workers, by rounds
+            frames, summ = sharded_kv(pool, model, cfg, long_roles)
         summ["timings"]["load_s"] = load_s
         text = summary_text(model.spec.name, summ)
         with folder.staging() as tmp:

@@ -17,6 +17,8 @@ from headscope.reports.stages.base import RunContext, Stage, StageAbsent, StageR
 def _tokens(cfg: KVStageConfig) -> int:
     from headscope.analyses.kvcache.study import REPORT_KV
 
+    if cfg.study is not None:
+        return cfg.study.tokens
     return REPORT_KV.tokens if cfg.tokens is None else cfg.tokens
 
 
@@ -132,7 +134,7 @@ class KVStage(Stage[KVStageConfig]):
         from headscope.analyses.kvcache.study import REPORT_KV
         from headscope.reports.stages.clock import Work, forward_work
 
-        s, t, kv = ctx.shape, _tokens(cfg), REPORT_KV
+        s, t, kv = ctx.shape, _tokens(cfg), cfg.study or REPORT_KV
         if not s.causal:
             return Work()
         groups = s.n_layers * (1 if kv.unit == "layer" else s.n_kv_heads)
@@ -151,16 +153,17 @@ class KVStage(Stage[KVStageConfig]):
         return self._run(ctx, cfg)
 
     def _run(self, ctx: RunContext, cfg: KVStageConfig, **sharded) -> StageResult:
-        from headscope.analyses.kvcache.stage import report_config, run_kv
+        from headscope.analyses.kvcache.stage import run_kv
         from headscope.probes.errors import HeadscopeError
 
         try:
             frames, summary = run_kv(
                 ctx.model,
-                report_config(ctx.model, ctx.seed, cfg.tokens),
+                cfg.study_config(ctx.model, ctx.seed),
                 role_items=cfg.role_items,
                 role_tokens=cfg.role_tokens,
                 causal_items=cfg.causal_items,
+                bos_pass=cfg.bos_pass,
                 logit_rows=cfg.logit_rows,
                 **sharded,
             )
@@ -179,18 +182,18 @@ class KVStage(Stage[KVStageConfig]):
         return [Interleaved(k, n) for k in range(n)]
 
     def run_part(self, ctx: RunContext, cfg: KVStageConfig, part) -> StageResult:
-        from headscope.analyses.kvcache.stage import long_roles_config, report_config, run_long_roles
+        from headscope.analyses.kvcache.stage import long_roles_config, run_long_roles
         from headscope.probes.errors import HeadscopeError
         from headscope.reports.stages.kv_shards import KVRequest, serve_kv
 
-        kcfg = report_config(ctx.model, ctx.seed, cfg.tokens)
+        kcfg = cfg.study_config(ctx.model, ctx.seed)
         if isinstance(part, KVRequest):
             return StageResult({}, {"reply": serve_kv(ctx.model, kcfg, cfg.logit_rows, part.configs)})
         try:
             reply, frames = serve_kv(ctx.model, kcfg, cfg.logit_rows, ()), {}
             if part.k == 0 and cfg.role_items:  # one unit: on the first worker, while the others run their full pass
                 lcfg = long_roles_config(
-                    kcfg, cfg.role_items, tokens=cfg.role_tokens, causal_items=cfg.causal_items, bos_pass=False
+                    kcfg, cfg.role_items, tokens=cfg.role_tokens, causal_items=cfg.causal_items, bos_pass=cfg.bos_pass
                 )
                 frames, reply["long_summary"] = run_long_roles(ctx.model, lcfg)
         except (HeadscopeError, ValueError) as e:  # inputs the tokenizer or context cannot give: absent in finish

@@ -111,3 +111,20 @@ def test_patch_with_ray_writes_the_files_of_its_run_without(room, one_thread, tm
     act = frame[frame.method.astype(str).str.startswith("activation")]
     assert set(act.method.astype(str)) == {"activation_denoising", "activation_noising"}
     assert len(act) == 144 and act.effect.notna().all() and act.effect.abs().sum() > 0
+
+
+def test_kv_with_ray_writes_the_files_of_its_run_without(room, one_thread, tiny_llama_dir, tmp_path):
+    """The study at the command's own settings (64 tokens, sink 2, window 16) on a tiny random
+    Llama's 4 KV groups: each worker's unrestricted pass, the long-context roles (BOS pass too) on
+    the first, then each round of configurations (each group alone, the greedy's candidates, the
+    orders' points) cut over the workers; the greedy choice and the frames in the driver."""
+    argv = ["kv", str(tiny_llama_dir), "--tokens", "64", "--sink", "2", "--window", "16", "--quiet"]
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    assert main([*argv, "--out", str(tmp_path / "ray"), *RAY]) == 0
+    _assert_same_files(tmp_path / "whole", tmp_path / "ray")
+    assert (tmp_path / "ray" / "kv.md").read_text() == (tmp_path / "whole" / "kv.md").read_text()
+    tables = _tables(tmp_path / "ray")
+    assert {"kv_study.parquet", "kv_curve.parquet", "long_context_roles.parquet"} <= set(tables)
+    study = tables["kv_study.parquet"]
+    assert set(study.study) == {"single", "greedy", "random"} and study.kv_group.nunique() == 2
+    assert tables["long_context_roles.parquet"].bos.notna().any()  # the BOS pass ran on the first worker

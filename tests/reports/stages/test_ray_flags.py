@@ -95,14 +95,14 @@ COMMANDS = {
     "circuit": ["circuit", "smollm2-135m", "--n-items", "4"],
     "weights": ["weights", "minilm-l6", "--quiet"],
     "patch": ["patch", "smollm2-135m", "--n-items", "4"],
-    # the commands whose work has no stage split (not in SHARDED): the flags checked, the work in the driver (one line says so)
     "kv": ["kv", "smollm2-135m", "--quick", "--quiet"],
+    # the commands whose work has no stage split (not in SHARDED): the flags checked, the work in the driver (one line says so)
     "qk": ["qk", "smollm2-135m", "--head", "1.1"],
     "validate": ["validate", "tracr", "--quiet"],
 }
 
 #: the commands whose stage shards over the workers (the others run in the driver)
-SHARDED = ("roles", "prune", "circuit", "weights", "patch")
+SHARDED = ("roles", "prune", "circuit", "weights", "patch", "kv")
 
 
 def test_without_ray_flag_the_commands_import_no_ray():
