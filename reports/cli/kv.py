@@ -7,6 +7,9 @@ measured configuration and metric: :data:`~headscope.analyses.kvcache.study.COLU
 ``kv_curve.csv``/``.parquet`` (the greedy and random orders' points with their quality change),
 ``kv.md`` (a short summary) and ``run.json``. An encoder is refused in one line: the KV cache is
 a decoder's.
+
+With ``--ray`` the configurations are measured on the workers by rounds, as the report's KV stage
+shards them (:func:`sharded_kv`), and the files equal the run without it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ and its other files (examples, skipped counts) are equal too.
 ``roles``: the positional group on 12 sentences in batches of 4 (each worker runs every other
 batch); ``prune``: gradient importance and two curves (importance, random) to 20 % on 8 items in
 batches of 4 (the iterative order a round over the workers per step); ``circuit``: EAP-IG on a
-tiny random Llama; ``weights``: its per-head rows by layers. The
+tiny random Llama; ``weights``: its per-head rows by layers; ``kv``: its study's rounds of cache
+configurations (the tiny Llama's 4 KV groups), the long-context roles on the first worker. The
 cluster is conftest.py's (4 CPUs); MiniLM's pool workers are stopped first (its next user starts
 them again), so the command's two workers find two free CPUs whichever pools have started."""
 
