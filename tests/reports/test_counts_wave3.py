@@ -379,7 +379,10 @@ def _count_flags() -> list[tuple[str, str, object]]:
     out = []
     for command, p in sub.choices.items():
         for a in p._actions:
-            if a.option_strings[-1:] == ["--workers"]:  # with --ray and a cluster: test_ray_flags.py
+            if a.option_strings[-1:] in (
+                ["--workers"],
+                ["--worker-threads"],
+            ):  # with --ray and a cluster: test_ray_flags.py
                 continue
             if a.option_strings and (a.type is int or hasattr(a.type, "low")):
                 out.append((command, a.option_strings[-1], a.type))
