@@ -225,9 +225,18 @@ def preflight(config: RayConfig) -> None:
     machine's cores when no address is given, and for Ray not installed (naming the extra)."""
     if config.address is not None:
         _reachable(config.address, config.connect_timeout)
-    elif config.workers is not None and config.workers > (cores := os.cpu_count() or 1):
-        raise ValueError(f"--workers {config.workers}: this machine hosts at most {cores} (one per core)")
+    else:
+        _local_cores(config.workers)
     import_ray()
+
+
+def _local_cores(workers: int | None) -> int:
+    """This machine's cores, the CPUs of a local cluster; ``ValueError`` (one line) for ``--workers``
+    past them."""
+    cores = os.cpu_count() or 1
+    if workers is not None and workers > cores:
+        raise ValueError(f"--workers {workers}: this machine hosts at most {cores} (one per core)")
+    return cores
 
 
 class StageWorker:
@@ -315,9 +324,7 @@ class ShardPool:
                         else:
                             os.environ[k] = v
             else:
-                cores = os.cpu_count() or 1
-                if cfg.workers is not None and cfg.workers > cores:
-                    raise ValueError(f"--workers {cfg.workers}: this machine hosts at most {cores} (one per core)")
+                cores = _local_cores(cfg.workers)
                 ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
                 self._started = True
         self.ray = ray
